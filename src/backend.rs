@@ -1,0 +1,147 @@
+//! The one place that knows which Burn backends exist: probing for a GPU without crashing,
+//! and calling the training loop with the backend type the plan chose. CPU is Burn's Flex
+//! backend; CUDA is burn-cuda (with fusion and autotune), compiled in with `--features cuda`.
+
+use crate::plan::{Device, Machine};
+
+/// What this binary can run on, found without touching Burn: cudarc panics when libcuda
+/// cannot be loaded, so the driver is asked directly first.
+pub fn probe() -> Machine {
+    Machine {
+        cuda_compiled: cfg!(feature = "cuda"),
+        cuda_devices: cuda_devices().map(|d| d.len()),
+    }
+}
+
+/// Names of the CUDA devices the driver reports.
+pub fn cuda_devices() -> Result<Vec<String>, String> {
+    #[cfg(feature = "cuda")]
+    {
+        cuda_probe::devices()
+    }
+    #[cfg(not(feature = "cuda"))]
+    {
+        Err("this binary was built without the `cuda` feature".into())
+    }
+}
+
+/// The backend's name as the run records it.
+pub fn describe(device: Device) -> (&'static str, String) {
+    match device {
+        Device::Cpu => ("flex (cpu)", cpu_name()),
+        Device::Cuda(i) => (
+            "cuda (fusion, autotune)",
+            cuda_devices()
+                .ok()
+                .and_then(|d| d.get(i).cloned())
+                .unwrap_or_else(|| format!("CUDA device {i}")),
+        ),
+    }
+}
+
+fn cpu_name() -> String {
+    std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split(':').nth(1))
+                .map(|s| s.trim().to_string())
+        })
+        .unwrap_or_else(|| std::env::consts::ARCH.to_string())
+}
+
+/// Sets the CPU backend's thread count (0 = one per core). Only the first call takes effect.
+pub fn set_cpu_threads(threads: usize) -> usize {
+    if threads > 0 {
+        let _ = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .build_global();
+    }
+    rayon::current_num_threads()
+}
+
+/// Device memory (in use, reserved) from the backend's pool; `None` where it keeps none.
+pub type MemFn<D> = fn(&D) -> Option<(u64, u64)>;
+
+pub type CpuBackend = burn::backend::Autodiff<burn::backend::Flex>;
+
+pub fn cpu_device() -> burn::backend::flex::FlexDevice {
+    burn::backend::flex::FlexDevice
+}
+
+pub fn cpu_memory(_: &burn::backend::flex::FlexDevice) -> Option<(u64, u64)> {
+    None
+}
+
+#[cfg(feature = "cuda")]
+pub type CudaBackend = burn::backend::Autodiff<burn::backend::Cuda>;
+
+#[cfg(feature = "cuda")]
+pub fn cuda_device(index: usize) -> burn::backend::cuda::CudaDevice {
+    burn::backend::cuda::CudaDevice::new(index)
+}
+
+#[cfg(feature = "cuda")]
+pub fn cuda_memory(device: &burn::backend::cuda::CudaDevice) -> Option<(u64, u64)> {
+    use cubecl::Runtime;
+    let client = cubecl::cuda::CudaRuntime::client(device);
+    client
+        .memory_usage()
+        .ok()
+        .map(|m| (m.bytes_in_use, m.bytes_reserved))
+}
+
+#[cfg(feature = "cuda")]
+mod cuda_probe {
+    //! The CUDA driver API, loaded at run time: enough to count and name devices.
+    use std::ffi::{c_char, c_int, c_uint, CStr};
+
+    type CuInit = unsafe extern "C" fn(c_uint) -> c_int;
+    type CuDeviceGetCount = unsafe extern "C" fn(*mut c_int) -> c_int;
+    type CuDeviceGet = unsafe extern "C" fn(*mut c_int, c_int) -> c_int;
+    type CuDeviceGetName = unsafe extern "C" fn(*mut c_char, c_int, c_int) -> c_int;
+
+    pub fn devices() -> Result<Vec<String>, String> {
+        // SAFETY: loading the system's libcuda runs its initialisers, as any CUDA program
+        // does; the symbols are looked up with their documented driver-API signatures.
+        unsafe {
+            let lib = libloading::Library::new("libcuda.so.1")
+                .or_else(|_| libloading::Library::new("libcuda.so"))
+                .map_err(|e| format!("the NVIDIA driver (libcuda.so.1) cannot be loaded: {e}"))?;
+            let sym = |name: &[u8]| -> Result<*const (), String> {
+                lib.get::<*const ()>(name)
+                    .map(|s| *s)
+                    .map_err(|e| format!("libcuda lacks {}: {e}", String::from_utf8_lossy(name)))
+            };
+            let init: CuInit = std::mem::transmute(sym(b"cuInit\0")?);
+            let count: CuDeviceGetCount = std::mem::transmute(sym(b"cuDeviceGetCount\0")?);
+            let get: CuDeviceGet = std::mem::transmute(sym(b"cuDeviceGet\0")?);
+            let name: CuDeviceGetName = std::mem::transmute(sym(b"cuDeviceGetName\0")?);
+            let rc = init(0);
+            if rc != 0 {
+                return Err(format!(
+                    "cuInit failed with CUDA error {rc} (100 means no device)"
+                ));
+            }
+            let mut n: c_int = 0;
+            if count(&mut n) != 0 {
+                return Err("cuDeviceGetCount failed".into());
+            }
+            let mut names = vec![];
+            for i in 0..n {
+                let mut dev: c_int = 0;
+                let mut buf = [0 as c_char; 256];
+                let label = if get(&mut dev, i) == 0 && name(buf.as_mut_ptr(), 256, dev) == 0 {
+                    CStr::from_ptr(buf.as_ptr()).to_string_lossy().into_owned()
+                } else {
+                    format!("CUDA device {i}")
+                };
+                names.push(label);
+            }
+            // The library stays loaded: Burn's CUDA runtime uses the same driver.
+            std::mem::forget(lib);
+            Ok(names)
+        }
+    }
+}

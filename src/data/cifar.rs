@@ -1,0 +1,143 @@
+//! The CIFAR-10 binary format: records of 1 label byte + 3,072 pixel bytes (32×32, planar
+//! R, G, B planes, each row-major), no header. Owns reading and checking those files;
+//! knows nothing of batching or tensors.
+
+use std::path::{Path, PathBuf};
+
+use super::{DataError, Images};
+
+pub const SIDE: usize = 32;
+pub const CHANNELS: usize = 3;
+pub const PIXELS: usize = CHANNELS * SIDE * SIDE;
+pub const RECORD: usize = 1 + PIXELS;
+
+/// Records in a file, from its size alone; a partial last record is an error that names
+/// the byte offset where it starts.
+pub fn count_records(path: &Path) -> Result<usize, DataError> {
+    let len = std::fs::metadata(path)
+        .map_err(|e| DataError::io(path, e))?
+        .len() as usize;
+    check_whole(path, len)?;
+    Ok(len / RECORD)
+}
+
+fn check_whole(path: &Path, len: usize) -> Result<(), DataError> {
+    if len == 0 {
+        return Err(DataError::new(path, "is empty: no CIFAR-10 records")
+            .help("point at a data_batch_*.bin or test_batch.bin file"));
+    }
+    if len % RECORD != 0 {
+        let whole = len / RECORD;
+        let offset = whole * RECORD;
+        return Err(DataError::new(
+            path,
+            format!(
+                "is truncated: {len} bytes is not a whole number of {RECORD}-byte records; \
+                 record {whole} starts at byte offset {offset} and has only {} of its {RECORD} bytes",
+                len - offset
+            ),
+        )
+        .help(format!(
+            "download the file again, or cut it to {offset} bytes to keep the {whole} whole records"
+        )));
+    }
+    Ok(())
+}
+
+/// Class names from `batches.meta.txt` beside the file (one per line), if it is there.
+pub fn class_names(path: &Path) -> Option<Vec<String>> {
+    let meta = path.parent()?.join("batches.meta.txt");
+    let text = std::fs::read_to_string(meta).ok()?;
+    let names: Vec<String> = text
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .map(String::from)
+        .collect();
+    (!names.is_empty()).then_some(names)
+}
+
+/// Reads the first `limit` records of the files, in order, checking each label.
+pub fn read(files: &[PathBuf], limit: usize, classes: usize) -> Result<Images, DataError> {
+    let mut pixels = Vec::with_capacity(limit * PIXELS);
+    let mut labels = Vec::with_capacity(limit);
+    for path in files {
+        if labels.len() >= limit {
+            break;
+        }
+        let bytes = std::fs::read(path).map_err(|e| DataError::io(path, e))?;
+        check_whole(path, bytes.len())?;
+        for (i, rec) in bytes.chunks_exact(RECORD).enumerate() {
+            if labels.len() >= limit {
+                break;
+            }
+            let label = rec[0] as usize;
+            if label >= classes {
+                return Err(DataError::new(
+                    path,
+                    format!(
+                        "record {i} (byte offset {}) has label {label}, but there are {classes} classes",
+                        i * RECORD
+                    ),
+                )
+                .help("check the file is CIFAR-10 binary, or raise model.num_classes"));
+            }
+            labels.push(label as u32);
+            pixels.extend_from_slice(&rec[1..]);
+        }
+    }
+    Ok(Images {
+        channels: CHANNELS,
+        height: SIDE,
+        width: SIDE,
+        pixels,
+        labels,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn write(name: &str, bytes: &[u8]) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("runner-cifar-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let p = dir.join(name);
+        std::fs::write(&p, bytes).unwrap();
+        p
+    }
+
+    #[test]
+    fn reads_planar_records() {
+        let mut rec = vec![7u8];
+        rec.extend((0..PIXELS).map(|i| (i / 1024) as u8 * 100 + (i % 3) as u8));
+        let p = write("one.bin", &rec);
+        let img = read(&[p], 10, 10).unwrap();
+        assert_eq!(img.labels, vec![7]);
+        assert_eq!(img.pixels[0], 0);
+        assert_eq!(img.pixels[1024], 101); // first G pixel: plane 1, index 1024 % 3 = 1
+        assert_eq!(img.pixels[2048], 202);
+    }
+
+    #[test]
+    fn truncation_names_the_offset() {
+        let p = write("short.bin", &vec![1u8; RECORD * 2 + 100]);
+        let e = count_records(&p).unwrap_err().to_string();
+        assert!(
+            e.contains("record 2 starts at byte offset 6146 and has only 100 of its 3073 bytes"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn bad_label_names_record_and_offset() {
+        let mut bytes = vec![0u8; RECORD * 2];
+        bytes[RECORD] = 12;
+        let p = write("label.bin", &bytes);
+        let e = read(&[p], 10, 10).unwrap_err().to_string();
+        assert!(
+            e.contains("record 1 (byte offset 3073) has label 12"),
+            "{e}"
+        );
+    }
+}

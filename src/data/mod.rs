@@ -1,0 +1,279 @@
+//! Data sets held in host memory as raw bytes (`Images`), and the per-sample preparation
+//! the loader's workers apply (augmentation, normalisation). Owns reading the sources the
+//! recipe names; knows nothing of devices, tensors or batching order (`loader` does).
+
+pub mod cifar;
+pub mod synthetic;
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+use crate::plan::{DataPlan, Source};
+use crate::rng::SplitMix64;
+
+/// Images as bytes, `pixels[i * C*H*W ..]` planar (channel, row, column), with labels.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Images {
+    pub channels: usize,
+    pub height: usize,
+    pub width: usize,
+    pub pixels: Vec<u8>,
+    pub labels: Vec<u32>,
+}
+
+impl Images {
+    pub fn len(&self) -> usize {
+        self.labels.len()
+    }
+    pub fn is_empty(&self) -> bool {
+        self.labels.is_empty()
+    }
+    pub fn sample_len(&self) -> usize {
+        self.channels * self.height * self.width
+    }
+    pub fn sample(&self, i: usize) -> &[u8] {
+        let n = self.sample_len();
+        &self.pixels[i * n..(i + 1) * n]
+    }
+}
+
+/// A data file that cannot be used, with its path and what to do.
+#[derive(Debug, Clone)]
+pub struct DataError {
+    pub path: PathBuf,
+    pub message: String,
+    help: String,
+}
+
+impl DataError {
+    pub fn new(path: &Path, message: impl Into<String>) -> Self {
+        Self {
+            path: path.to_path_buf(),
+            message: message.into(),
+            help: String::new(),
+        }
+    }
+    pub fn io(path: &Path, e: std::io::Error) -> Self {
+        Self::new(path, format!("cannot be read: {e}")).help("check the path and its permissions")
+    }
+    pub fn help(mut self, h: impl Into<String>) -> Self {
+        self.help = h.into();
+        self
+    }
+    pub fn help_text(&self) -> &str {
+        &self.help
+    }
+}
+
+impl fmt::Display for DataError {
+    fn fmt(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        write!(f, "{} {}", self.path.display(), self.message)
+    }
+}
+
+impl std::error::Error for DataError {}
+
+/// The training and test sets a plan names, read into memory.
+pub fn load(plan: &DataPlan, classes: usize, seed: u64) -> Result<(Images, Images), DataError> {
+    match &plan.source {
+        Source::Cifar { train, test } => {
+            let tr = cifar::read(train, plan.train_len, classes)?;
+            let te = if test.is_empty() {
+                Images {
+                    pixels: vec![],
+                    labels: vec![],
+                    ..tr.clone_shape()
+                }
+            } else {
+                cifar::read(test, plan.test_len, classes)?
+            };
+            Ok((tr, te))
+        }
+        Source::Synthetic { .. } => Ok((
+            synthetic::generate(plan, plan.train_len, seed, 0),
+            synthetic::generate(plan, plan.test_len, seed, 1),
+        )),
+    }
+}
+
+impl Images {
+    fn clone_shape(&self) -> Images {
+        Images {
+            channels: self.channels,
+            height: self.height,
+            width: self.width,
+            pixels: vec![],
+            labels: vec![],
+        }
+    }
+}
+
+/// Per-sample preparation on the host: random crop and flip (training only), then bytes
+/// either stay bytes (normalised later on the device) or become normalised f32.
+#[derive(Debug, Clone)]
+pub struct Prepare {
+    pub crop_padding: usize,
+    pub hflip: bool,
+    /// `Some((scale, shift))` per channel: `x * scale + shift` on the host; `None` keeps bytes.
+    pub host_affine: Option<Vec<(f32, f32)>>,
+    pub seed: u64,
+}
+
+/// Host batch contents: what crosses to the device.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Pixels {
+    F32(Vec<f32>),
+    U8(Vec<u8>),
+}
+
+impl Prepare {
+    /// `x/255` then `(x - mean) / std`, folded into one multiply-add per channel.
+    pub fn affine(mean: &[f32], std: &[f32]) -> Vec<(f32, f32)> {
+        mean.iter()
+            .zip(std)
+            .map(|(m, s)| (1.0 / (255.0 * s), -m / s))
+            .collect()
+    }
+
+    /// Builds one batch's pixels from sample indices; augmentation draws come from
+    /// (seed, epoch, sample index), so they do not depend on which worker runs this.
+    pub fn batch(&self, data: &Images, indices: &[usize], epoch: usize, train: bool) -> Pixels {
+        let n = data.sample_len();
+        let mut bytes = vec![0u8; indices.len() * n];
+        for (out, &i) in bytes.chunks_exact_mut(n).zip(indices) {
+            let src = data.sample(i);
+            if train && (self.crop_padding > 0 || self.hflip) {
+                let mut rng = SplitMix64::new(self.seed ^ 0xA5A5_0000_0000_0000)
+                    .fork(epoch as u64)
+                    .fork(i as u64);
+                self.augment(data, src, out, &mut rng);
+            } else {
+                out.copy_from_slice(src);
+            }
+        }
+        match &self.host_affine {
+            None => Pixels::U8(bytes),
+            Some(aff) => {
+                let plane = data.height * data.width;
+                let mut f = Vec::with_capacity(bytes.len());
+                for (k, b) in bytes.iter().enumerate() {
+                    let (scale, shift) = aff[(k / plane) % data.channels];
+                    f.push(*b as f32 * scale + shift);
+                }
+                Pixels::F32(f)
+            }
+        }
+    }
+
+    fn augment(&self, data: &Images, src: &[u8], out: &mut [u8], rng: &mut SplitMix64) {
+        let (h, w, p) = (
+            data.height as isize,
+            data.width as isize,
+            self.crop_padding as isize,
+        );
+        // Offsets into the zero-padded image, as torchvision's RandomCrop(size, padding=p).
+        let (dy, dx) = if p > 0 {
+            (
+                rng.below(2 * p as u64 + 1) as isize - p,
+                rng.below(2 * p as u64 + 1) as isize - p,
+            )
+        } else {
+            (0, 0)
+        };
+        let flip = self.hflip && rng.below(2) == 1;
+        for c in 0..data.channels as isize {
+            for y in 0..h {
+                for x in 0..w {
+                    let sy = y + dy;
+                    let sx0 = if flip { w - 1 - x } else { x };
+                    let sx = sx0 + dx;
+                    let v = if (0..h).contains(&sy) && (0..w).contains(&sx) {
+                        src[(c * h * w + sy * w + sx) as usize]
+                    } else {
+                        0
+                    };
+                    out[(c * h * w + y * w + x) as usize] = v;
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tiny() -> Images {
+        Images {
+            channels: 1,
+            height: 2,
+            width: 3,
+            pixels: vec![1, 2, 3, 4, 5, 6, 10, 20, 30, 40, 50, 60],
+            labels: vec![0, 1],
+        }
+    }
+
+    #[test]
+    fn host_normalisation_is_x_over_255_minus_mean_over_std() {
+        let p = Prepare {
+            crop_padding: 0,
+            hflip: false,
+            host_affine: Some(Prepare::affine(&[0.5], &[0.25])),
+            seed: 0,
+        };
+        let Pixels::F32(v) = p.batch(&tiny(), &[1], 0, true) else {
+            panic!()
+        };
+        let want: Vec<f32> = [10., 20., 30., 40., 50., 60.]
+            .iter()
+            .map(|x| (x / 255.0 - 0.5) / 0.25)
+            .collect();
+        for (a, b) in v.iter().zip(&want) {
+            assert!((a - b).abs() < 1e-5, "{a} vs {b}");
+        }
+    }
+
+    #[test]
+    fn augmentation_depends_on_sample_and_epoch_only() {
+        let p = Prepare {
+            crop_padding: 1,
+            hflip: true,
+            host_affine: None,
+            seed: 3,
+        };
+        let d = tiny();
+        let a = p.batch(&d, &[0, 1], 0, true);
+        let b = p.batch(&d, &[1], 0, true);
+        let Pixels::U8(a) = a else { panic!() };
+        let Pixels::U8(b) = b else { panic!() };
+        assert_eq!(
+            &a[6..],
+            &b[..],
+            "sample 1 must not depend on its batch mates"
+        );
+        let differs = (0..20).any(|e| p.batch(&d, &[1], e, true) != p.batch(&d, &[1], 0, true));
+        assert!(differs, "augmentation never changes across epochs");
+        assert_eq!(
+            p.batch(&d, &[1], 0, false),
+            Pixels::U8(d.sample(1).to_vec()),
+            "eval batches are not augmented"
+        );
+    }
+
+    #[test]
+    fn flip_mirrors_rows() {
+        let p = Prepare {
+            crop_padding: 0,
+            hflip: true,
+            host_affine: None,
+            seed: 0,
+        };
+        let d = tiny();
+        // Find an epoch where sample 0 is flipped.
+        let flipped = (0..64)
+            .map(|e| p.batch(&d, &[0], e, true))
+            .find(|b| *b != Pixels::U8(d.sample(0).to_vec()))
+            .expect("never flipped in 64 epochs");
+        assert_eq!(flipped, Pixels::U8(vec![3, 2, 1, 6, 5, 4]));
+    }
+}

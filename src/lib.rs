@@ -1,0 +1,20 @@
+//! `runner`: a declarative experiment runner for deep-learning training on Burn.
+//!
+//! The pipeline, in the order `main` calls it: `recipe` (read and type-check the TOML) →
+//! `plan` (every rule across keys, defaults resolved) → `run` (data, run directory,
+//! backend) → `train` (the loop) → `metrics` (what is written). Only `backend`, `model`
+//! and `train` know Burn.
+
+pub mod backend;
+pub mod data;
+pub mod loader;
+pub mod metrics;
+pub mod model;
+pub mod plan;
+pub mod policy;
+pub mod progress;
+pub mod recipe;
+pub mod rng;
+pub mod run;
+pub mod schedule;
+pub mod train;

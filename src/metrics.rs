@@ -1,0 +1,311 @@
+//! The metrics schema and its files. `StepRecord` is the one schema of a `metrics.jsonl`
+//! line (CSV is generated from the same struct, so the two cannot drift); `Summary` is
+//! `summary.json`. Writers open their file before the first step and flush every record,
+//! so a crash leaves whole lines. No Burn types here.
+
+use std::fs::File;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+/// One optimizer step. Times are host wall-clock milliseconds.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct StepRecord {
+    /// 1-based optimizer step.
+    pub step: u64,
+    /// 0-based epoch.
+    pub epoch: usize,
+    /// Mean training loss over the step's micro-batches.
+    pub loss: f64,
+    /// Learning rate used for this step.
+    pub lr: f64,
+    /// Samples in the step (all micro-batches).
+    pub samples: usize,
+    /// Micro-batches in the step (`accumulation_steps`, fewer at an epoch's end).
+    pub micro_batches: usize,
+    /// Whole step: from asking for its first batch to the end of its cleanup.
+    pub iter_ms: f64,
+    /// Waiting for the loader (or, with no workers, building the batch).
+    pub data_wait_ms: f64,
+    /// Creating device tensors from the host batch (the host-to-device copy).
+    pub h2d_ms: f64,
+    /// Forward, loss and backward of every micro-batch.
+    pub forward_backward_ms: f64,
+    /// The optimizer update.
+    pub optimizer_ms: f64,
+    /// The cleanup actions run after this step (0 when none was due).
+    pub cleanup_ms: f64,
+    /// `samples / iter_ms`.
+    pub samples_per_s: f64,
+    /// Device memory in use / reserved by the backend's pool, where the backend reports it.
+    pub mem_in_use_bytes: Option<u64>,
+    pub mem_reserved_bytes: Option<u64>,
+    /// Resident memory of this process.
+    pub rss_bytes: Option<u64>,
+}
+
+impl StepRecord {
+    /// The CSV header: the JSON field names, in order.
+    pub fn csv_header() -> String {
+        let v = serde_json::to_value(StepRecord::default()).expect("record is JSON");
+        v.as_object()
+            .expect("object")
+            .keys()
+            .cloned()
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+
+    /// The record as a CSV row, field for field as in JSON (null → empty).
+    pub fn csv_row(&self) -> String {
+        let v = serde_json::to_value(self).expect("record is JSON");
+        v.as_object()
+            .expect("object")
+            .values()
+            .map(|x| match x {
+                serde_json::Value::Null => String::new(),
+                other => other.to_string(),
+            })
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+}
+
+/// Order statistics of a set of times.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Stats {
+    pub count: usize,
+    pub median: f64,
+    pub mean: f64,
+    pub p95: f64,
+    pub min: f64,
+    pub max: f64,
+    /// Standard deviation (sample, n-1).
+    pub std: f64,
+}
+
+impl Stats {
+    pub fn of(values: &[f64]) -> Self {
+        if values.is_empty() {
+            return Self::default();
+        }
+        let mut v = values.to_vec();
+        v.sort_by(f64::total_cmp);
+        let n = v.len();
+        let mean = v.iter().sum::<f64>() / n as f64;
+        let var = if n > 1 {
+            v.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / (n - 1) as f64
+        } else {
+            0.0
+        };
+        Self {
+            count: n,
+            median: quantile(&v, 0.5),
+            mean,
+            p95: quantile(&v, 0.95),
+            min: v[0],
+            max: v[n - 1],
+            std: var.sqrt(),
+        }
+    }
+}
+
+/// Linear interpolation between closest ranks (numpy's default) on sorted data.
+pub fn quantile(sorted: &[f64], q: f64) -> f64 {
+    let pos = q * (sorted.len() - 1) as f64;
+    let (lo, hi) = (pos.floor() as usize, pos.ceil() as usize);
+    sorted[lo] + (sorted[hi] - sorted[lo]) * (pos - lo as f64)
+}
+
+/// One evaluation on the test set.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Eval {
+    pub epoch: usize,
+    pub step: u64,
+    pub samples: usize,
+    pub accuracy: f64,
+    pub loss: f64,
+    pub ms: f64,
+}
+
+/// `summary.json`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Summary {
+    pub name: String,
+    pub run_id: String,
+    /// `completed`, `failed` (see `error`) or `running` while the run is under way.
+    pub status: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    pub backend: String,
+    pub device: String,
+    pub steps: u64,
+    pub epochs_completed: usize,
+    pub samples: u64,
+    pub parameters: usize,
+    /// Steps left out of the timing statistics below.
+    pub warmup_steps: u64,
+    /// `iter_ms` over the timed steps (after warm-up).
+    pub iter_ms: Stats,
+    /// Timed samples over timed time.
+    pub samples_per_s: f64,
+    pub data_wait_ms_total: f64,
+    pub cleanup_ms_total: f64,
+    /// Cleanup time as a share of the timed steps' time, in percent.
+    pub cleanup_pct: f64,
+    pub data_wait_pct: f64,
+    pub peak_mem_in_use_bytes: Option<u64>,
+    pub peak_mem_reserved_bytes: Option<u64>,
+    pub peak_rss_bytes: Option<u64>,
+    pub final_loss: Option<f64>,
+    pub test_accuracy: Option<f64>,
+    pub evals: Vec<Eval>,
+    pub loader_workers_started: usize,
+    pub wall_s: f64,
+}
+
+impl Summary {
+    /// Fills the statistics from the step records (timed ones are those after warm-up).
+    pub fn absorb(&mut self, records: &[StepRecord], warmup_steps: u64) {
+        self.warmup_steps = warmup_steps;
+        self.steps = records.len() as u64;
+        self.samples = records.iter().map(|r| r.samples as u64).sum();
+        self.final_loss = records.last().map(|r| r.loss);
+        let timed: Vec<&StepRecord> = records.iter().filter(|r| r.step > warmup_steps).collect();
+        let iters: Vec<f64> = timed.iter().map(|r| r.iter_ms).collect();
+        self.iter_ms = Stats::of(&iters);
+        let total_ms: f64 = iters.iter().sum();
+        let timed_samples: usize = timed.iter().map(|r| r.samples).sum();
+        self.samples_per_s = if total_ms > 0.0 {
+            timed_samples as f64 / (total_ms / 1e3)
+        } else {
+            0.0
+        };
+        self.cleanup_ms_total = records.iter().map(|r| r.cleanup_ms).sum();
+        self.data_wait_ms_total = records.iter().map(|r| r.data_wait_ms).sum();
+        let pct = |f: fn(&StepRecord) -> f64| {
+            if total_ms > 0.0 {
+                100.0 * timed.iter().map(|r| f(r)).sum::<f64>() / total_ms
+            } else {
+                0.0
+            }
+        };
+        self.cleanup_pct = pct(|r| r.cleanup_ms);
+        self.data_wait_pct = pct(|r| r.data_wait_ms);
+        self.peak_mem_in_use_bytes = records.iter().filter_map(|r| r.mem_in_use_bytes).max();
+        self.peak_mem_reserved_bytes = records.iter().filter_map(|r| r.mem_reserved_bytes).max();
+        self.peak_rss_bytes = records.iter().filter_map(|r| r.rss_bytes).max();
+    }
+}
+
+/// An append-only JSON-lines file; every record is written whole and flushed.
+pub struct JsonLines {
+    file: File,
+    path: PathBuf,
+}
+
+impl JsonLines {
+    pub fn create(path: &Path) -> std::io::Result<Self> {
+        Ok(Self {
+            file: File::create(path)?,
+            path: path.to_path_buf(),
+        })
+    }
+
+    pub fn write<T: Serialize>(&mut self, record: &T) -> std::io::Result<()> {
+        let mut line = serde_json::to_string(record).map_err(std::io::Error::other)?;
+        line.push('\n');
+        self.file.write_all(line.as_bytes())?;
+        self.file.flush()
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+/// Writes a JSON file whole: to a temporary name first, then renamed over the target, so
+/// a reader never sees half a file.
+pub fn write_json_atomic<T: Serialize>(path: &Path, value: &T) -> std::io::Result<()> {
+    let tmp = path.with_extension("json.tmp");
+    let text = serde_json::to_string_pretty(value).map_err(std::io::Error::other)?;
+    std::fs::write(&tmp, text + "\n")?;
+    std::fs::rename(&tmp, path)
+}
+
+/// Resident set size of this process, from `/proc/self/statm` (Linux).
+pub fn rss_bytes() -> Option<u64> {
+    let s = std::fs::read_to_string("/proc/self/statm").ok()?;
+    let pages: u64 = s.split_whitespace().nth(1)?.parse().ok()?;
+    Some(pages * 4096)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn quantiles_match_numpy() {
+        let s = Stats::of(&[4.0, 1.0, 3.0, 2.0, 10.0]);
+        assert_eq!(s.median, 3.0);
+        assert_eq!(s.mean, 4.0);
+        assert!((s.p95 - 8.8).abs() < 1e-12); // numpy.percentile([1,2,3,4,10], 95)
+        assert_eq!((s.min, s.max), (1.0, 10.0));
+    }
+
+    #[test]
+    fn csv_and_json_carry_the_same_fields() {
+        let r = StepRecord {
+            step: 3,
+            loss: 0.5,
+            mem_in_use_bytes: Some(7),
+            ..Default::default()
+        };
+        let json = serde_json::to_value(&r).unwrap();
+        let header = StepRecord::csv_header();
+        let row = r.csv_row();
+        let keys: Vec<&str> = header.split(',').collect();
+        let cells: Vec<&str> = row.split(',').collect();
+        assert_eq!(keys.len(), cells.len());
+        assert_eq!(
+            keys,
+            json.as_object()
+                .unwrap()
+                .keys()
+                .map(String::as_str)
+                .collect::<Vec<_>>()
+        );
+        for (k, c) in keys.iter().zip(cells) {
+            let v = &json[*k];
+            assert_eq!(
+                if v.is_null() {
+                    String::new()
+                } else {
+                    v.to_string()
+                },
+                c,
+                "field {k}"
+            );
+        }
+    }
+
+    #[test]
+    fn summary_excludes_warmup_from_timing() {
+        let recs: Vec<StepRecord> = (1..=4)
+            .map(|s| StepRecord {
+                step: s,
+                samples: 10,
+                iter_ms: if s == 1 { 1000.0 } else { 10.0 },
+                cleanup_ms: 1.0,
+                ..Default::default()
+            })
+            .collect();
+        let mut sum = Summary::default();
+        sum.absorb(&recs, 1);
+        assert_eq!(sum.iter_ms.median, 10.0);
+        assert_eq!(sum.samples_per_s, 1000.0);
+        assert!((sum.cleanup_pct - 10.0).abs() < 1e-9);
+        assert_eq!(sum.cleanup_ms_total, 4.0);
+    }
+}

@@ -1,0 +1,922 @@
+//! Validation: turns a type-checked `Recipe` into a `Plan` the training loop can trust.
+//! Owns every rule that spans keys, the defaults that depend on other keys or on the data,
+//! and the cheap file checks (dataset files exist and hold whole records). It reports
+//! every violation at once and touches no device: the backend probe's answer comes in as
+//! plain data. It does not read the dataset's samples (`data` does).
+
+use std::path::{Path, PathBuf};
+
+use crate::data::cifar;
+use crate::policy::CleanupPolicy;
+use crate::recipe::{
+    Arch, BackendKind, CleanupAction, DataFormat, Diagnostic, Eval, Every, Loaded, NormalizeOn,
+    Optimizer, Recipe, Report, Schedule, Stem,
+};
+
+/// What the machine offers, found before validation (see `backend::probe`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Machine {
+    /// The binary was built with `--features cuda`.
+    pub cuda_compiled: bool,
+    /// CUDA devices found, or why none could be looked for.
+    pub cuda_devices: Result<usize, String>,
+}
+
+impl Machine {
+    pub fn cpu_only() -> Self {
+        Self {
+            cuda_compiled: false,
+            cuda_devices: Err("this binary was built without the `cuda` feature".into()),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Device {
+    Cpu,
+    Cuda(usize),
+}
+
+/// A recipe that passed every check, with every default resolved.
+#[derive(Debug, Clone)]
+pub struct Plan {
+    pub name: String,
+    pub seed: u64,
+    pub recipe_path: PathBuf,
+    /// The recipe with every default filled in and paths made absolute: runs on its own.
+    pub resolved: Recipe,
+    pub device: Device,
+    /// Why this device (for `auto`, what was found).
+    pub device_reason: String,
+    pub threads: usize,
+    pub model: ModelPlan,
+    pub data: DataPlan,
+    pub loader: LoaderPlan,
+    pub optim: OptimPlan,
+    pub cleanup: CleanupPolicy,
+    pub run: RunPlan,
+    pub log: LogPlan,
+    /// Warnings found on the way (shown before the run, kept in the run directory).
+    pub warnings: Vec<Diagnostic>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct ModelPlan {
+    pub arch: Arch,
+    pub stem: Stem,
+    pub num_classes: usize,
+    pub width: usize,
+    pub hidden: Vec<usize>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum Source {
+    /// CIFAR-10 binary files, read in the order given.
+    Cifar {
+        train: Vec<PathBuf>,
+        test: Vec<PathBuf>,
+    },
+    Synthetic {
+        samples: usize,
+        test_samples: usize,
+    },
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct DataPlan {
+    pub source: Source,
+    /// Image shape, channels × height × width.
+    pub channels: usize,
+    pub height: usize,
+    pub width: usize,
+    pub classes: usize,
+    /// Training samples used (after `limit`).
+    pub train_len: usize,
+    pub test_len: usize,
+    /// Per-channel mean and std (one per channel) and where they are applied.
+    pub normalize: Normalize,
+    pub crop_padding: usize,
+    pub hflip: bool,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Normalize {
+    pub mean: Vec<f32>,
+    pub std: Vec<f32>,
+    pub on: NormalizeOn,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct LoaderPlan {
+    pub batch_size: usize,
+    pub workers: usize,
+    pub pin_memory: bool,
+    pub persistent_workers: bool,
+    pub prefetch: usize,
+    pub shuffle: bool,
+    pub drop_last: bool,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct OptimPlan {
+    pub optimizer: Optimizer,
+    pub lr: f64,
+    pub momentum: f64,
+    pub weight_decay: f64,
+    pub nesterov: bool,
+    pub betas: [f64; 2],
+    pub eps: f64,
+    pub accumulation_steps: usize,
+    pub schedule: crate::schedule::LrSchedule,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct RunPlan {
+    pub epochs: usize,
+    /// Optimizer steps the run will take (epochs × steps per epoch, capped by `max_steps`).
+    pub total_steps: u64,
+    pub steps_per_epoch: u64,
+    pub micro_batches_per_epoch: u64,
+    pub warmup_steps: u64,
+    pub eval: Eval,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct LogPlan {
+    pub dir: PathBuf,
+    pub every: u64,
+    pub progress: bool,
+}
+
+/// Checks a loaded recipe against every rule; all violations come back together.
+pub fn validate(loaded: &Loaded, machine: &Machine) -> Result<Plan, Report> {
+    let mut v = Validator {
+        l: loaded,
+        report: Report::default(),
+    };
+    let plan = v.run(machine);
+    match plan {
+        Some(p) if !v.report.has_errors() => Ok(Plan {
+            warnings: v.report.0,
+            ..p
+        }),
+        _ => Err(v.report.sorted()),
+    }
+}
+
+struct Validator<'a> {
+    l: &'a Loaded,
+    report: Report,
+}
+
+impl<'a> Validator<'a> {
+    /// The recipe, borrowed for `'a` rather than from `self`, so checks can report.
+    fn recipe(&self) -> &'a Recipe {
+        &self.l.recipe
+    }
+
+    fn err(&mut self, key: &str, msg: impl Into<String>, help: impl Into<String>) {
+        let d = self.l.error(key, msg).help(help);
+        self.report.push(d);
+    }
+
+    fn warn(&mut self, key: &str, msg: impl Into<String>, help: impl Into<String>) {
+        let d = self.l.warning(key, msg).help(help);
+        self.report.push(d);
+    }
+
+    /// `key` is set in the file although it has no effect for `why`.
+    fn only_for(&mut self, key: &str, why: &str) {
+        if self.l.is_set(key) {
+            self.err(key, format!("only applies {why}"), "remove the key");
+        }
+    }
+
+    fn run(&mut self, machine: &Machine) -> Option<Plan> {
+        let r = self.recipe();
+        let name = r.name.clone().unwrap_or_else(|| {
+            self.l
+                .path
+                .file_stem()
+                .map(|s| s.to_string_lossy().into_owned())
+                .unwrap_or_else(|| "recipe".into())
+        });
+        if name.is_empty() || name.contains(['/', '\\']) || name == "." || name == ".." {
+            self.err(
+                "name",
+                format!("{name:?} cannot name a run directory"),
+                "use letters, digits, '-', '_' or '.'",
+            );
+        }
+        let (device, device_reason) = self.device(machine);
+        let threads = r.backend.threads;
+        let data = self.data();
+        let model = self.model(data.as_ref());
+        let loader = self.loader(device);
+        let optim = self.optim();
+        let cleanup = self.cleanup(device);
+        let log = self.log();
+        let run = self.run_section(data.as_ref(), &loader, optim.as_ref());
+        let (data, model, optim, run, log) = (data?, model?, optim?, run?, log?);
+
+        let mut resolved = r.clone();
+        resolved.name = Some(name.clone());
+        resolved.model.arch = Some(model.arch);
+        resolved.model.num_classes = Some(model.num_classes);
+        if model.arch.is_resnet() {
+            resolved.model.stem = Some(model.stem);
+        }
+        match model.arch {
+            Arch::SmallCnn => resolved.model.width = Some(model.width),
+            Arch::Mlp => resolved.model.hidden = Some(model.hidden.clone()),
+            _ => {}
+        }
+        resolved.optim.weight_decay = Some(optim.weight_decay);
+        resolved.run.eval = run.eval;
+        let base = absolute(&self.l.base_dir());
+        for p in [&mut resolved.data.train, &mut resolved.data.test]
+            .into_iter()
+            .flatten()
+        {
+            *p = base.join(&*p).display().to_string();
+        }
+        if resolved.data.format == Some(DataFormat::Synthetic) && resolved.data.synthetic.is_none()
+        {
+            resolved.data.synthetic = Some(Default::default());
+        }
+
+        Some(Plan {
+            name,
+            seed: r.seed,
+            recipe_path: self.l.path.clone(),
+            resolved,
+            device,
+            device_reason,
+            threads,
+            model,
+            data,
+            loader,
+            optim,
+            cleanup,
+            run,
+            log,
+            warnings: vec![],
+        })
+    }
+
+    fn device(&mut self, m: &Machine) -> (Device, String) {
+        let b = &self.recipe().backend;
+        match b.kind {
+            BackendKind::Cpu => (Device::Cpu, "backend.kind = \"cpu\"".into()),
+            BackendKind::Auto => match (&m.cuda_devices, m.cuda_compiled) {
+                (Ok(n), true) if b.device < *n => (
+                    Device::Cuda(b.device),
+                    format!("auto: CUDA device {} of {n} found", b.device),
+                ),
+                (Ok(n), true) if *n > 0 => {
+                    self.err(
+                        "backend.device",
+                        format!("CUDA device {} does not exist: {n} found", b.device),
+                        format!("use a device index below {n}"),
+                    );
+                    (Device::Cpu, String::new())
+                }
+                (Ok(_), _) => (
+                    Device::Cpu,
+                    "auto: no CUDA device found, using the CPU".into(),
+                ),
+                (Err(why), _) => (Device::Cpu, format!("auto: {why}; using the CPU")),
+            },
+            BackendKind::Cuda => {
+                match (&m.cuda_devices, m.cuda_compiled) {
+                    (_, false) => self.err(
+                        "backend.kind",
+                        "CUDA was asked for, but this binary was built without it",
+                        "build with `cargo build --release --features cuda`, or set kind = \"auto\" or \"cpu\"",
+                    ),
+                    (Err(why), true) => self.err(
+                        "backend.kind",
+                        format!("CUDA was asked for, but no GPU can be used: {why}"),
+                        "run on a machine with an NVIDIA driver, or set kind = \"auto\" or \"cpu\"",
+                    ),
+                    (Ok(n), true) if b.device >= *n => self.err(
+                        "backend.device",
+                        format!("CUDA device {} does not exist: {n} found", b.device),
+                        if *n == 0 {
+                            "run on a machine with a GPU, or set backend.kind = \"cpu\"".to_string()
+                        } else {
+                            format!("use a device index below {n}")
+                        },
+                    ),
+                    _ => {}
+                }
+                (Device::Cuda(b.device), "backend.kind = \"cuda\"".into())
+            }
+        }
+    }
+
+    fn model(&mut self, data: Option<&DataPlan>) -> Option<ModelPlan> {
+        let m = &self.recipe().model;
+        let Some(arch) = m.arch else {
+            self.err(
+                "model.arch",
+                "missing: every recipe names its model",
+                "add `arch = \"small_cnn\"` (or resnet18, resnet34, resnet50, mlp) under [model]",
+            );
+            return None;
+        };
+        if !arch.is_resnet() {
+            self.only_for("model.stem", "to resnet18, resnet34 and resnet50");
+        }
+        if arch != Arch::SmallCnn {
+            self.only_for("model.width", "to small_cnn");
+        }
+        if arch != Arch::Mlp {
+            self.only_for("model.hidden", "to mlp");
+        }
+        let width = m.width.unwrap_or(32);
+        if !(1..=1024).contains(&width) {
+            self.err(
+                "model.width",
+                format!("{width} is out of range"),
+                "use 1 to 1024 channels",
+            );
+        }
+        let hidden = m.hidden.clone().unwrap_or_else(|| vec![256]);
+        if hidden.contains(&0) {
+            self.err(
+                "model.hidden",
+                "a hidden layer of size 0",
+                "every size must be at least 1",
+            );
+        }
+        let data = data?;
+        let num_classes = m.num_classes.unwrap_or(data.classes);
+        if num_classes < 2 {
+            self.err(
+                "model.num_classes",
+                format!("{num_classes} classes"),
+                "a classifier needs at least 2",
+            );
+        } else if num_classes < data.classes {
+            self.err(
+                "model.num_classes",
+                format!(
+                    "{num_classes} is fewer than the {} classes the data has",
+                    data.classes
+                ),
+                format!("remove the key to use {}", data.classes),
+            );
+        }
+        if arch.is_resnet() && m.stem != Some(Stem::Imagenet) && data.height < 8 {
+            self.err(
+                "model.arch",
+                "images are too small for a ResNet",
+                "use small_cnn or mlp",
+            );
+        }
+        if arch == Arch::SmallCnn && data.height < 4 {
+            self.err(
+                "model.arch",
+                "images are too small for small_cnn (two 2×2 pools)",
+                "use mlp",
+            );
+        }
+        Some(ModelPlan {
+            arch,
+            stem: m.stem.unwrap_or(Stem::Cifar),
+            num_classes,
+            width,
+            hidden,
+        })
+    }
+
+    fn data(&mut self) -> Option<DataPlan> {
+        let d = &self.recipe().data;
+        let Some(format) = d.format else {
+            self.err(
+                "data.format",
+                "missing: every recipe names its data",
+                "add `format = \"cifar10-bin\"` (with train = \"...\") or `format = \"synthetic\"` under [data]",
+            );
+            return None;
+        };
+        let (source, channels, size, classes, train_total, test_total) = match format {
+            DataFormat::Cifar10Bin => {
+                self.only_for("data.synthetic", "to format = \"synthetic\"");
+                let Some(train) = &d.train else {
+                    self.err(
+                        "data.train",
+                        "missing: format \"cifar10-bin\" needs training data",
+                        "set train = \"path/to/data_batch.bin\" (a file, or a directory of data_batch_*.bin), relative to the recipe",
+                    );
+                    return None;
+                };
+                let train = self.cifar_files("data.train", train, "data_batch")?;
+                let test = match &d.test {
+                    Some(t) => self.cifar_files("data.test", t, "test_batch")?,
+                    None => vec![],
+                };
+                let train_n = self.count_records("data.train", &train)?;
+                let test_n = self.count_records("data.test", &test)?;
+                let classes = cifar::class_names(&train[0]).map_or(10, |n| n.len());
+                (
+                    Source::Cifar { train, test },
+                    3,
+                    32,
+                    classes,
+                    train_n,
+                    test_n,
+                )
+            }
+            DataFormat::Synthetic => {
+                self.only_for("data.train", "to format = \"cifar10-bin\"");
+                self.only_for("data.test", "to format = \"cifar10-bin\"");
+                let s = d.synthetic.clone().unwrap_or_default();
+                for (key, v, lo, hi) in [
+                    ("data.synthetic.samples", s.samples, 1, 10_000_000),
+                    ("data.synthetic.test_samples", s.test_samples, 0, 10_000_000),
+                    ("data.synthetic.classes", s.classes, 2, 100_000),
+                    ("data.synthetic.image_size", s.image_size, 1, 1024),
+                    ("data.synthetic.channels", s.channels, 1, 64),
+                ] {
+                    if !(lo..=hi).contains(&v) {
+                        self.err(
+                            key,
+                            format!("{v} is out of range"),
+                            format!("use {lo} to {hi}"),
+                        );
+                    }
+                }
+                (
+                    Source::Synthetic {
+                        samples: s.samples,
+                        test_samples: s.test_samples,
+                    },
+                    s.channels,
+                    s.image_size,
+                    s.classes,
+                    s.samples,
+                    s.test_samples,
+                )
+            }
+        };
+        let train_len = match d.limit {
+            Some(0) => {
+                self.err(
+                    "data.limit",
+                    "0 samples leaves nothing to train on",
+                    "remove the key to use all samples",
+                );
+                0
+            }
+            Some(n) => n.min(train_total),
+            None => train_total,
+        };
+        if d.limit.is_some_and(|n| n > train_total) {
+            self.warn(
+                "data.limit",
+                format!("the training data has only {train_total} samples; using all of them"),
+                "lower the limit or remove it",
+            );
+        }
+        let test_len = d.test_limit.map_or(test_total, |n| n.min(test_total));
+        if d.test_limit.is_some() && test_total == 0 {
+            self.err(
+                "data.test_limit",
+                "there is no test data to limit",
+                "set data.test, or remove the key",
+            );
+        }
+
+        let normalize = match &d.normalize {
+            None => Normalize {
+                mean: vec![0.0; channels],
+                std: vec![1.0; channels],
+                on: NormalizeOn::Host,
+            },
+            Some(n) => {
+                let mut widen = |key: &str, v: &[f32]| -> Vec<f32> {
+                    if v.len() == 1 {
+                        vec![v[0]; channels]
+                    } else if v.len() == channels {
+                        v.to_vec()
+                    } else {
+                        self.err(
+                            key,
+                            format!("{} values for {channels} channels", v.len()),
+                            format!("give one value, or one per channel ({channels})"),
+                        );
+                        vec![1.0; channels]
+                    }
+                };
+                let mean = widen("data.normalize.mean", &n.mean);
+                let std = widen("data.normalize.std", &n.std);
+                if std.iter().any(|s| !(s.is_finite() && *s > 0.0)) {
+                    self.err(
+                        "data.normalize.std",
+                        "every std must be a positive number",
+                        "pixels are divided by it",
+                    );
+                }
+                if mean.iter().any(|m| !m.is_finite()) {
+                    self.err(
+                        "data.normalize.mean",
+                        "every mean must be a finite number",
+                        "means are of pixels in 0..1",
+                    );
+                }
+                Normalize {
+                    mean,
+                    std,
+                    on: n.on,
+                }
+            }
+        };
+        let a = &d.augment;
+        if a.crop_padding > size / 2 {
+            self.err(
+                "data.augment.crop_padding",
+                format!(
+                    "{} pixels of padding for {size}-pixel images",
+                    a.crop_padding
+                ),
+                format!("use at most {}", size / 2),
+            );
+        }
+        Some(DataPlan {
+            source,
+            channels,
+            height: size,
+            width: size,
+            classes,
+            train_len,
+            test_len,
+            normalize,
+            crop_padding: a.crop_padding,
+            hflip: a.hflip,
+        })
+    }
+
+    /// A `.bin` file, or a directory: its `<stem>*.bin` files in name order.
+    fn cifar_files(&mut self, key: &str, rel: &str, stem: &str) -> Option<Vec<PathBuf>> {
+        let path = self.l.base_dir().join(rel);
+        if path.is_dir() {
+            let mut files: Vec<PathBuf> = std::fs::read_dir(&path)
+                .ok()?
+                .filter_map(|e| e.ok().map(|e| e.path()))
+                .filter(|p| {
+                    p.file_name()
+                        .and_then(|n| n.to_str())
+                        .is_some_and(|n| n.starts_with(stem) && n.ends_with(".bin"))
+                })
+                .collect();
+            files.sort();
+            if files.is_empty() {
+                self.err(
+                    key,
+                    format!("directory {} holds no {stem}*.bin file", path.display()),
+                    "point at the cifar-10-batches-bin directory or at one .bin file",
+                );
+                return None;
+            }
+            Some(files)
+        } else if path.is_file() {
+            Some(vec![path])
+        } else {
+            self.err(
+                key,
+                format!("{} does not exist", path.display()),
+                "paths are relative to the recipe file; the shipped data is under datasets/",
+            );
+            None
+        }
+    }
+
+    fn count_records(&mut self, key: &str, files: &[PathBuf]) -> Option<usize> {
+        let mut n = 0;
+        for f in files {
+            match cifar::count_records(f) {
+                Ok(k) => n += k,
+                Err(e) => {
+                    self.err(key, e.to_string(), e.help_text().to_string());
+                    return None;
+                }
+            }
+        }
+        Some(n)
+    }
+
+    fn loader(&mut self, device: Device) -> LoaderPlan {
+        let l = &self.recipe().loader;
+        if l.batch_size == 0 {
+            self.err("loader.batch_size", "0 samples per batch", "use at least 1");
+        }
+        if l.persistent_workers && l.workers == 0 {
+            self.err(
+                "loader.persistent_workers",
+                "persistent workers need workers > 0 (PyTorch rejects this too)",
+                "set loader.workers to 1 or more, or remove persistent_workers",
+            );
+        }
+        if self.l.is_set("loader.prefetch") && l.workers == 0 {
+            self.err(
+                "loader.prefetch",
+                "prefetch applies to worker threads, and loader.workers = 0 has none (PyTorch rejects this too)",
+                "set loader.workers to 1 or more, or remove prefetch",
+            );
+        }
+        if l.prefetch == 0 {
+            self.err(
+                "loader.prefetch",
+                "0 batches ahead would stall every worker",
+                "use at least 1",
+            );
+        }
+        if l.workers > 256 {
+            self.err(
+                "loader.workers",
+                format!("{} worker threads", l.workers),
+                "use at most 256",
+            );
+        }
+        if l.pin_memory && device == Device::Cpu {
+            self.warn(
+                "loader.pin_memory",
+                "does nothing on the CPU backend: there is no host-to-device copy to speed up",
+                "keep it for CUDA runs, or set it to false",
+            );
+        }
+        LoaderPlan {
+            batch_size: l.batch_size,
+            workers: l.workers,
+            pin_memory: l.pin_memory,
+            persistent_workers: l.persistent_workers,
+            prefetch: l.prefetch,
+            shuffle: l.shuffle,
+            drop_last: l.drop_last,
+        }
+    }
+
+    fn optim(&mut self) -> Option<OptimPlan> {
+        let o = &self.recipe().optim;
+        let sgd = o.optimizer == Optimizer::Sgd;
+        if !(o.lr.is_finite() && o.lr > 0.0) {
+            self.err(
+                "optim.lr",
+                format!("{} is not a positive learning rate", o.lr),
+                "e.g. 0.1 for SGD, 1e-3 for AdamW",
+            );
+        }
+        if sgd {
+            self.only_for("optim.betas", "to optimizer = \"adamw\"");
+            self.only_for("optim.eps", "to optimizer = \"adamw\"");
+            if !(0.0..1.0).contains(&o.momentum) {
+                self.err(
+                    "optim.momentum",
+                    format!("{} is outside [0, 1)", o.momentum),
+                    "0.9 is usual",
+                );
+            }
+            if o.nesterov && o.momentum == 0.0 {
+                self.err(
+                    "optim.nesterov",
+                    "Nesterov momentum needs momentum > 0 (PyTorch rejects this too)",
+                    "set optim.momentum, e.g. 0.9",
+                );
+            }
+        } else {
+            self.only_for("optim.momentum", "to optimizer = \"sgd\"");
+            self.only_for("optim.nesterov", "to optimizer = \"sgd\"");
+            for (i, b) in o.betas.iter().enumerate() {
+                if !(0.0..1.0).contains(b) {
+                    self.err(
+                        "optim.betas",
+                        format!("beta{} = {b} is outside [0, 1)", i + 1),
+                        "PyTorch's default is [0.9, 0.999]",
+                    );
+                }
+            }
+            if !(o.eps.is_finite() && o.eps > 0.0) {
+                self.err(
+                    "optim.eps",
+                    format!("{} is not positive", o.eps),
+                    "PyTorch's default is 1e-8",
+                );
+            }
+        }
+        let weight_decay = o.weight_decay.unwrap_or(if sgd { 0.0 } else { 0.01 });
+        if !(weight_decay.is_finite() && weight_decay >= 0.0) {
+            self.err(
+                "optim.weight_decay",
+                format!("{weight_decay} is negative"),
+                "use 0 or more",
+            );
+        }
+        if o.accumulation_steps == 0 {
+            self.err(
+                "optim.accumulation_steps",
+                "0 accumulation steps would never step the optimizer",
+                "use 1 for no accumulation, or N to sum N micro-batches per step",
+            );
+        }
+        if o.schedule != Schedule::Cosine {
+            self.only_for("optim.min_lr", "to schedule = \"cosine\"");
+        }
+        if o.schedule != Schedule::Step {
+            self.only_for("optim.step_size", "to schedule = \"step\"");
+            self.only_for("optim.gamma", "to schedule = \"step\"");
+        }
+        if o.schedule == Schedule::Cosine && !(o.min_lr >= 0.0 && o.min_lr < o.lr) {
+            self.err(
+                "optim.min_lr",
+                format!("{} is not in [0, lr)", o.min_lr),
+                "cosine decays from lr down to min_lr",
+            );
+        }
+        if o.schedule == Schedule::Step {
+            if o.step_size == 0 {
+                self.err(
+                    "optim.step_size",
+                    "0 steps between decays",
+                    "use at least 1",
+                );
+            }
+            if !(o.gamma > 0.0 && o.gamma <= 1.0) {
+                self.err(
+                    "optim.gamma",
+                    format!("{} is outside (0, 1]", o.gamma),
+                    "0.1 is usual",
+                );
+            }
+        }
+        Some(OptimPlan {
+            optimizer: o.optimizer,
+            lr: o.lr,
+            momentum: o.momentum,
+            weight_decay,
+            nesterov: o.nesterov,
+            betas: o.betas,
+            eps: o.eps,
+            accumulation_steps: o.accumulation_steps.max(1),
+            schedule: crate::schedule::LrSchedule {
+                kind: o.schedule,
+                lr: o.lr,
+                warmup_steps: o.lr_warmup_steps,
+                min_lr: o.min_lr,
+                step_size: o.step_size.max(1),
+                gamma: o.gamma,
+                total_steps: 0,
+            },
+        })
+    }
+
+    fn cleanup(&mut self, device: Device) -> CleanupPolicy {
+        let c = &self.recipe().cleanup;
+        if c.every != Every::Never && c.actions.is_empty() {
+            self.err(
+                "cleanup.actions",
+                "empty, so a cleanup would do nothing",
+                "list \"sync\", \"empty_cache\" or \"trim_host\", or set every = \"never\"",
+            );
+        }
+        let mut seen = vec![];
+        for a in &c.actions {
+            if seen.contains(a) {
+                self.err(
+                    "cleanup.actions",
+                    format!("{a:?} is listed twice"),
+                    "list each action once",
+                );
+            }
+            seen.push(*a);
+        }
+        if c.every == Every::Never && self.l.is_set("cleanup.actions") {
+            self.warn(
+                "cleanup.actions",
+                "never run: cleanup.every is \"never\"",
+                "set cleanup.every to run them",
+            );
+        }
+        if c.every != Every::Never && device == Device::Cpu {
+            let noop: Vec<String> = c
+                .actions
+                .iter()
+                .filter(|a| matches!(a, CleanupAction::Sync | CleanupAction::EmptyCache))
+                .map(|a| format!("{:?}", crate::policy::action_name(*a)))
+                .collect();
+            if !noop.is_empty() {
+                self.warn(
+                    "cleanup.actions",
+                    format!("{} cost next to nothing on the CPU backend (it runs each op to completion and keeps no memory pool)", noop.join(" and ")),
+                    "\"trim_host\" has a real cost on the CPU; the device actions are for CUDA runs",
+                );
+            }
+        }
+        CleanupPolicy {
+            every: c.every,
+            actions: c.actions.clone(),
+        }
+    }
+
+    fn log(&mut self) -> Option<LogPlan> {
+        let g = &self.recipe().log;
+        if g.every == 0 {
+            self.err(
+                "log.every",
+                "0 steps between reads",
+                "use 1 to log every step",
+            );
+        }
+        if g.dir.is_empty() {
+            self.err("log.dir", "empty", "use \"runs\" or another directory");
+        }
+        Some(LogPlan {
+            dir: PathBuf::from(&g.dir),
+            every: g.every.max(1),
+            progress: g.progress,
+        })
+    }
+
+    fn run_section(
+        &mut self,
+        data: Option<&DataPlan>,
+        loader: &LoaderPlan,
+        optim: Option<&OptimPlan>,
+    ) -> Option<RunPlan> {
+        let r = &self.recipe().run;
+        if r.epochs == 0 {
+            self.err("run.epochs", "0 epochs", "use at least 1");
+        }
+        if r.max_steps == Some(0) {
+            self.err(
+                "run.max_steps",
+                "0 steps",
+                "use at least 1, or remove the key for no limit",
+            );
+        }
+        let has_test = data.is_some_and(|d| d.test_len > 0);
+        let eval = if !has_test && r.eval != Eval::Never {
+            if self.l.is_set("run.eval") {
+                self.err(
+                    "run.eval",
+                    format!("{:?} needs test data", r.eval).to_lowercase(),
+                    "set data.test (cifar10-bin) or data.synthetic.test_samples, or eval = \"never\"",
+                );
+            }
+            Eval::Never
+        } else {
+            r.eval
+        };
+        let (data, optim) = (data?, optim?);
+        let bs = loader.batch_size.max(1);
+        let n = data.train_len;
+        let micro = if loader.drop_last {
+            n / bs
+        } else {
+            n.div_ceil(bs)
+        } as u64;
+        if micro == 0 {
+            self.err(
+                "loader.drop_last",
+                format!("drops every batch: {n} training samples are fewer than batch_size = {bs}"),
+                "lower loader.batch_size, or set drop_last = false",
+            );
+            return None;
+        }
+        let steps_per_epoch = micro.div_ceil(optim.accumulation_steps as u64);
+        let mut total = steps_per_epoch * r.epochs as u64;
+        if let Some(m) = r.max_steps {
+            total = total.min(m);
+        }
+        if r.warmup_steps >= total && total > 0 {
+            self.warn(
+                "run.warmup_steps",
+                format!("the run has only {total} optimizer steps, so none is timed"),
+                format!("lower warmup_steps below {total}"),
+            );
+        }
+        Some(RunPlan {
+            epochs: r.epochs,
+            total_steps: total,
+            steps_per_epoch,
+            micro_batches_per_epoch: micro,
+            warmup_steps: r.warmup_steps,
+            eval,
+        })
+    }
+}
+
+fn absolute(p: &Path) -> PathBuf {
+    std::fs::canonicalize(p).unwrap_or_else(|_| p.to_path_buf())
+}
+
+impl Plan {
+    /// The learning-rate schedule with the run's length filled in.
+    pub fn lr_schedule(&self) -> crate::schedule::LrSchedule {
+        crate::schedule::LrSchedule {
+            total_steps: self.run.total_steps,
+            ..self.optim.schedule.clone()
+        }
+    }
+}

@@ -1,0 +1,218 @@
+//! Diagnostics: an error or warning that points into a file (path, line, column, key) and
+//! says what to do. Owns rendering and "did you mean"; it does not decide what is wrong.
+
+use std::fmt;
+use std::ops::Range;
+use std::path::{Path, PathBuf};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Severity {
+    Error,
+    Warning,
+}
+
+/// One finding about an input file.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Diagnostic {
+    pub severity: Severity,
+    /// The file as the user named it.
+    pub file: PathBuf,
+    /// 1-based line and column, when the finding has a place in the file.
+    pub line: Option<usize>,
+    pub col: Option<usize>,
+    /// The source line shown under the message, and the span's columns within it.
+    pub snippet: Option<(String, Range<usize>)>,
+    /// The dotted key, as the user wrote it (`loader.workers`).
+    pub key: Option<String>,
+    pub message: String,
+    /// What to do about it.
+    pub help: Option<String>,
+}
+
+impl Diagnostic {
+    pub fn error(file: &Path, message: impl Into<String>) -> Self {
+        Self {
+            severity: Severity::Error,
+            file: file.to_path_buf(),
+            line: None,
+            col: None,
+            snippet: None,
+            key: None,
+            message: message.into(),
+            help: None,
+        }
+    }
+
+    pub fn warning(file: &Path, message: impl Into<String>) -> Self {
+        Self {
+            severity: Severity::Warning,
+            ..Self::error(file, message)
+        }
+    }
+
+    pub fn key(mut self, key: impl Into<String>) -> Self {
+        self.key = Some(key.into());
+        self
+    }
+
+    pub fn help(mut self, help: impl Into<String>) -> Self {
+        self.help = Some(help.into());
+        self
+    }
+
+    /// Places the finding at a byte span of `source`.
+    pub fn at(mut self, source: &str, span: Range<usize>) -> Self {
+        let start = span.start.min(source.len());
+        let line_start = source[..start].rfind('\n').map_or(0, |i| i + 1);
+        let line_end = source[start..]
+            .find('\n')
+            .map_or(source.len(), |i| start + i);
+        let line_no = source[..start].matches('\n').count() + 1;
+        let text = source[line_start..line_end].trim_end_matches('\r');
+        let col_chars = source[line_start..start].chars().count();
+        let end = span.end.clamp(start, line_end);
+        let width = source[start..end].chars().count().max(1);
+        self.line = Some(line_no);
+        self.col = Some(col_chars + 1);
+        self.snippet = Some((text.to_string(), col_chars..col_chars + width));
+        self
+    }
+
+    pub fn is_error(&self) -> bool {
+        self.severity == Severity::Error
+    }
+}
+
+impl fmt::Display for Diagnostic {
+    /// `error: recipes/x.toml:12:9: loader.wokers: unknown key`, the source line with a
+    /// caret under the span, and `help:` when there is one.
+    fn fmt(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        let label = match self.severity {
+            Severity::Error => "error",
+            Severity::Warning => "warning",
+        };
+        write!(f, "{label}: {}", self.file.display())?;
+        if let (Some(l), Some(c)) = (self.line, self.col) {
+            write!(f, ":{l}:{c}")?;
+        }
+        write!(f, ": ")?;
+        if let Some(k) = &self.key {
+            write!(f, "{k}: ")?;
+        }
+        write!(f, "{}", self.message)?;
+        if let (Some(l), Some((text, cols))) = (self.line, &self.snippet) {
+            let gutter = l.to_string().len();
+            write!(f, "\n{:gutter$} |\n{l} | {text}\n{:gutter$} | ", "", "")?;
+            write!(f, "{}{}", " ".repeat(cols.start), "^".repeat(cols.len()))?;
+        }
+        if let Some(h) = &self.help {
+            write!(f, "\n  = help: {h}")?;
+        }
+        Ok(())
+    }
+}
+
+/// All findings about one input, errors and warnings together.
+#[derive(Debug, Clone, Default)]
+pub struct Report(pub Vec<Diagnostic>);
+
+impl Report {
+    pub fn push(&mut self, d: Diagnostic) {
+        self.0.push(d);
+    }
+    pub fn has_errors(&self) -> bool {
+        self.0.iter().any(Diagnostic::is_error)
+    }
+    pub fn errors(&self) -> impl Iterator<Item = &Diagnostic> {
+        self.0.iter().filter(|d| d.is_error())
+    }
+    pub fn warnings(&self) -> impl Iterator<Item = &Diagnostic> {
+        self.0.iter().filter(|d| !d.is_error())
+    }
+    /// Errors first, each kind in file order.
+    pub fn sorted(mut self) -> Self {
+        self.0
+            .sort_by_key(|d| (!d.is_error(), d.line.unwrap_or(usize::MAX), d.col));
+        self
+    }
+}
+
+impl fmt::Display for Report {
+    fn fmt(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        for (i, d) in self.0.iter().enumerate() {
+            if i > 0 {
+                writeln!(f)?;
+            }
+            writeln!(f, "{d}")?;
+        }
+        let n = self.errors().count();
+        if n > 0 {
+            let file = self.0[0].file.display();
+            write!(f, "{n} error{} in {file}", if n == 1 { "" } else { "s" })?;
+        }
+        Ok(())
+    }
+}
+
+/// The candidate closest to `word` by edit distance, if it is close enough to be a typo.
+pub fn did_you_mean<'a>(word: &str, candidates: &[&'a str]) -> Option<&'a str> {
+    let limit = (word.chars().count() / 3).max(1) + 1;
+    candidates
+        .iter()
+        .map(|c| (edit_distance(&word.to_lowercase(), c), *c))
+        .filter(|(d, _)| *d <= limit)
+        .min_by_key(|(d, _)| *d)
+        .map(|(_, c)| c)
+}
+
+/// Damerau–Levenshtein distance (optimal string alignment): a swap of neighbours costs 1.
+pub fn edit_distance(a: &str, b: &str) -> usize {
+    let a: Vec<char> = a.chars().collect();
+    let b: Vec<char> = b.chars().collect();
+    let mut d = vec![vec![0usize; b.len() + 1]; a.len() + 1];
+    for (i, row) in d.iter_mut().enumerate() {
+        row[0] = i;
+    }
+    for j in 0..=b.len() {
+        d[0][j] = j;
+    }
+    for i in 1..=a.len() {
+        for j in 1..=b.len() {
+            let cost = usize::from(a[i - 1] != b[j - 1]);
+            d[i][j] = (d[i - 1][j] + 1)
+                .min(d[i][j - 1] + 1)
+                .min(d[i - 1][j - 1] + cost);
+            if i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1] {
+                d[i][j] = d[i][j].min(d[i - 2][j - 2] + 1);
+            }
+        }
+    }
+    d[a.len()][b.len()]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn suggests_near_keys_only() {
+        let keys = ["workers", "batch_size", "pin_memory"];
+        assert_eq!(did_you_mean("wokers", &keys), Some("workers"));
+        assert_eq!(did_you_mean("batchsize", &keys), Some("batch_size"));
+        assert_eq!(did_you_mean("pin_memroy", &keys), Some("pin_memory"));
+        assert_eq!(did_you_mean("colour", &keys), None);
+    }
+
+    #[test]
+    fn renders_place_and_caret() {
+        let src = "[loader]\nwokers = 4\n";
+        let d = Diagnostic::error(Path::new("r.toml"), "unknown key")
+            .key("loader.wokers")
+            .at(src, 9..15)
+            .help("did you mean `workers`?");
+        assert_eq!(
+            d.to_string(),
+            "error: r.toml:2:1: loader.wokers: unknown key\n  |\n2 | wokers = 4\n  | ^^^^^^\n  = help: did you mean `workers`?"
+        );
+    }
+}

@@ -1,0 +1,525 @@
+//! The recipe format, v1: one serde struct per TOML table, mirroring what the user typed.
+//!
+//! Every table denies unknown keys and every key has a default, so a table that names only
+//! some keys deserializes. Each field is documented once, here, with its default and unit;
+//! README.md repeats the table for users and a test checks that it names every key.
+//! Nothing here checks rules across keys or touches files: that is `plan`'s work.
+
+use serde::{Deserialize, Serialize};
+
+/// A whole recipe file.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Recipe {
+    /// Run name; the run directory is `<log.dir>/<name>/<run-id>`. Default: the file stem.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// Free text saying what the recipe measures. Default: empty.
+    pub description: String,
+    /// Seed for model initialisation, shuffling, augmentation and synthetic data. Default 0.
+    pub seed: u64,
+    pub backend: BackendSection,
+    pub model: ModelSection,
+    pub data: DataSection,
+    pub loader: LoaderSection,
+    pub optim: OptimSection,
+    pub cleanup: CleanupSection,
+    pub run: RunSection,
+    pub log: LogSection,
+}
+
+/// `[backend]`: where the run executes.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct BackendSection {
+    /// `auto` (CUDA when compiled in and a GPU answers, else CPU), `cpu` or `cuda`.
+    /// Default `auto`.
+    pub kind: BackendKind,
+    /// CUDA device index. Default 0. Ignored by the CPU backend.
+    pub device: usize,
+    /// Threads for the CPU backend's kernels (rayon). Default 0 = one per core.
+    pub threads: usize,
+}
+
+impl Default for BackendSection {
+    fn default() -> Self {
+        Self {
+            kind: BackendKind::Auto,
+            device: 0,
+            threads: 0,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum BackendKind {
+    Auto,
+    Cpu,
+    Cuda,
+}
+
+/// `[model]`: the network.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ModelSection {
+    /// `resnet18`, `resnet34`, `resnet50`, `small_cnn` or `mlp`. Required.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub arch: Option<Arch>,
+    /// ResNet stem: `cifar` (3×3 stride-1 conv, no max-pool) or `imagenet` (7×7 stride-2
+    /// conv + 3×3 stride-2 max-pool). Default `cifar`. ResNets only.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stem: Option<Stem>,
+    /// Output classes. Default: the dataset's class count.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub num_classes: Option<usize>,
+    /// `small_cnn` only: channels of the first conv block (doubled in the second). Default 32.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub width: Option<usize>,
+    /// `mlp` only: sizes of the hidden layers. Default `[256]`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub hidden: Option<Vec<usize>>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Arch {
+    Resnet18,
+    Resnet34,
+    Resnet50,
+    SmallCnn,
+    Mlp,
+}
+
+impl Arch {
+    pub fn is_resnet(self) -> bool {
+        matches!(self, Arch::Resnet18 | Arch::Resnet34 | Arch::Resnet50)
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Stem {
+    Cifar,
+    Imagenet,
+}
+
+/// `[data]`: where samples come from and how they are prepared.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct DataSection {
+    /// `cifar10-bin` (CIFAR-10 binary records) or `synthetic`. Required.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub format: Option<DataFormat>,
+    /// `cifar10-bin`: training data, a `.bin` file or a directory holding `data_batch_*.bin`,
+    /// relative to the recipe file. Required for `cifar10-bin`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub train: Option<String>,
+    /// `cifar10-bin`: test data, a `.bin` file or a directory holding `test_batch.bin`,
+    /// relative to the recipe file. Default: none (no evaluation).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub test: Option<String>,
+    /// Use only the first N training samples. Default: all.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub limit: Option<usize>,
+    /// Use only the first N test samples. Default: all.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub test_limit: Option<usize>,
+    /// Per-channel normalisation `(x/255 - mean) / std`. Default: none (pixels scaled to 0..1).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub normalize: Option<NormalizeSection>,
+    /// Training-time augmentation. Default: none.
+    pub augment: AugmentSection,
+    /// `synthetic` only: the generated data set.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub synthetic: Option<SyntheticSection>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum DataFormat {
+    #[serde(rename = "cifar10-bin")]
+    Cifar10Bin,
+    #[serde(rename = "synthetic")]
+    Synthetic,
+}
+
+/// `[data.normalize]`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct NormalizeSection {
+    /// Per-channel mean of pixels scaled to 0..1 (one value, or one per channel).
+    /// Default `[0.5]`.
+    pub mean: Vec<f32>,
+    /// Per-channel standard deviation, same shape as `mean`. Default `[0.5]`.
+    pub std: Vec<f32>,
+    /// `host`: loader workers convert to normalised f32 before the copy; `device`: bytes
+    /// (u8, a quarter of the f32 size) are copied and normalised on the device. Default `host`.
+    pub on: NormalizeOn,
+}
+
+impl Default for NormalizeSection {
+    fn default() -> Self {
+        Self {
+            mean: vec![0.5],
+            std: vec![0.5],
+            on: NormalizeOn::Host,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum NormalizeOn {
+    Host,
+    Device,
+}
+
+/// `[data.augment]`: applied to training samples only, deterministic per (seed, epoch, sample).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AugmentSection {
+    /// Random crop back to the image size after zero-padding each side by this many pixels.
+    /// Default 0 (off). CIFAR practice: 4.
+    pub crop_padding: usize,
+    /// Random horizontal flip with probability 1/2. Default false.
+    pub hflip: bool,
+}
+
+/// `[data.synthetic]`: deterministic generated images, each class a distinct pattern plus noise.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SyntheticSection {
+    /// Training samples. Default 1024.
+    pub samples: usize,
+    /// Test samples. Default 256.
+    pub test_samples: usize,
+    /// Classes. Default 10.
+    pub classes: usize,
+    /// Image side in pixels. Default 32.
+    pub image_size: usize,
+    /// Channels. Default 3.
+    pub channels: usize,
+}
+
+impl Default for SyntheticSection {
+    fn default() -> Self {
+        Self {
+            samples: 1024,
+            test_samples: 256,
+            classes: 10,
+            image_size: 32,
+            channels: 3,
+        }
+    }
+}
+
+/// `[loader]`: batching and the worker pool (PyTorch DataLoader semantics).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LoaderSection {
+    /// Samples per micro-batch (one forward/backward). Default 64.
+    pub batch_size: usize,
+    /// Worker threads preparing batches; 0 prepares them on the training thread. Default 0.
+    pub workers: usize,
+    /// Stage each batch for a fast host-to-device copy (pinned memory on CUDA); does
+    /// nothing on the CPU backend. Default false.
+    pub pin_memory: bool,
+    /// Keep the workers alive across epochs instead of starting them every epoch.
+    /// Needs `workers > 0`. Default false.
+    pub persistent_workers: bool,
+    /// Batches each worker prepares ahead (PyTorch's `prefetch_factor`). Needs
+    /// `workers > 0`. Default 2.
+    pub prefetch: usize,
+    /// Reshuffle the training samples every epoch. Default true.
+    pub shuffle: bool,
+    /// Drop the last incomplete batch of an epoch. Default false.
+    pub drop_last: bool,
+}
+
+impl Default for LoaderSection {
+    fn default() -> Self {
+        Self {
+            batch_size: 64,
+            workers: 0,
+            pin_memory: false,
+            persistent_workers: false,
+            prefetch: 2,
+            shuffle: true,
+            drop_last: false,
+        }
+    }
+}
+
+/// `[optim]`: optimizer, gradient accumulation and learning-rate schedule (PyTorch semantics).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct OptimSection {
+    /// `sgd` or `adamw`. Default `sgd`.
+    pub optimizer: Optimizer,
+    /// Peak learning rate. Default 0.01.
+    pub lr: f64,
+    /// SGD momentum (no dampening, as `torch.optim.SGD`). Default 0.
+    pub momentum: f64,
+    /// SGD: L2 penalty added to the gradient; AdamW: decoupled decay. Default 0 for SGD,
+    /// 0.01 for AdamW (the PyTorch defaults).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub weight_decay: Option<f64>,
+    /// SGD Nesterov momentum. Default false.
+    pub nesterov: bool,
+    /// AdamW `(beta1, beta2)`. Default `[0.9, 0.999]`.
+    pub betas: [f64; 2],
+    /// AdamW epsilon. Default 1e-8 (PyTorch's; Burn's own default is 1e-5).
+    pub eps: f64,
+    /// Micro-batches whose gradients are summed (loss scaled by 1/N) before one optimizer
+    /// step; the effective batch is `batch_size × accumulation_steps`. Default 1.
+    pub accumulation_steps: usize,
+    /// `constant`, `cosine` (to `min_lr` at the last step) or `step` (× `gamma` every
+    /// `step_size` optimizer steps). Default `constant`.
+    pub schedule: Schedule,
+    /// Linear learning-rate warm-up from 0 over this many optimizer steps. Default 0.
+    pub lr_warmup_steps: u64,
+    /// `cosine`: final learning rate. Default 0.
+    pub min_lr: f64,
+    /// `step`: optimizer steps between decays. Default 1000.
+    pub step_size: u64,
+    /// `step`: decay factor. Default 0.1.
+    pub gamma: f64,
+}
+
+impl Default for OptimSection {
+    fn default() -> Self {
+        Self {
+            optimizer: Optimizer::Sgd,
+            lr: 0.01,
+            momentum: 0.0,
+            weight_decay: None,
+            nesterov: false,
+            betas: [0.9, 0.999],
+            eps: 1e-8,
+            accumulation_steps: 1,
+            schedule: Schedule::Constant,
+            lr_warmup_steps: 0,
+            min_lr: 0.0,
+            step_size: 1000,
+            gamma: 0.1,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Optimizer {
+    Sgd,
+    Adamw,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Schedule {
+    Constant,
+    Cosine,
+    Step,
+}
+
+/// `[cleanup]`: the memory-cleanup policy under study.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct CleanupSection {
+    /// When to clean up: `"never"`, `"step"` (after every optimizer step), `"epoch"` (after
+    /// every epoch) or an integer N (after every N optimizer steps). Default `"never"`.
+    pub every: Every,
+    /// What a cleanup does, in order: `sync` (wait for the device queue to drain),
+    /// `empty_cache` (release the device memory pool's free blocks, Burn's
+    /// `memory_cleanup`), `trim_host` (return freed host heap to the OS, glibc
+    /// `malloc_trim`). Default `["sync", "empty_cache"]`.
+    pub actions: Vec<CleanupAction>,
+}
+
+impl Default for CleanupSection {
+    fn default() -> Self {
+        Self {
+            every: Every::Never,
+            actions: vec![CleanupAction::Sync, CleanupAction::EmptyCache],
+        }
+    }
+}
+
+/// When cleanup runs. Written as a word or a positive integer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Every {
+    Never,
+    Step,
+    Epoch,
+    Steps(u64),
+}
+
+impl Serialize for Every {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self {
+            Every::Never => s.serialize_str("never"),
+            Every::Step => s.serialize_str("step"),
+            Every::Epoch => s.serialize_str("epoch"),
+            Every::Steps(n) => s.serialize_u64(*n),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for Every {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        const EXPECTED: &str = "\"never\", \"step\", \"epoch\" or a positive number of steps";
+        impl serde::de::Visitor<'_> for V {
+            type Value = Every;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str(EXPECTED)
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Every, E> {
+                match v {
+                    "never" => Ok(Every::Never),
+                    "step" => Ok(Every::Step),
+                    "epoch" => Ok(Every::Epoch),
+                    other => Err(E::unknown_variant(other, &["never", "step", "epoch"])),
+                }
+            }
+            fn visit_i64<E: serde::de::Error>(self, v: i64) -> Result<Every, E> {
+                if v >= 1 {
+                    Ok(Every::Steps(v as u64))
+                } else {
+                    Err(E::invalid_value(serde::de::Unexpected::Signed(v), &self))
+                }
+            }
+            fn visit_u64<E: serde::de::Error>(self, v: u64) -> Result<Every, E> {
+                self.visit_i64(v.min(i64::MAX as u64) as i64)
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CleanupAction {
+    Sync,
+    EmptyCache,
+    TrimHost,
+}
+
+/// `[run]`: how long to train and what to time.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RunSection {
+    /// Passes over the training data. Default 1.
+    pub epochs: usize,
+    /// Stop after this many optimizer steps, whatever `epochs` says. Default: no limit.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_steps: Option<u64>,
+    /// First optimizer steps left out of the timing summary (allocator and autotune
+    /// warm-up). Default 5.
+    pub warmup_steps: u64,
+    /// When to measure test accuracy: `"epoch"` (after every epoch), `"end"` or `"never"`.
+    /// Default `"end"`.
+    pub eval: Eval,
+}
+
+impl Default for RunSection {
+    fn default() -> Self {
+        Self {
+            epochs: 1,
+            max_steps: None,
+            warmup_steps: 5,
+            eval: Eval::End,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Eval {
+    Epoch,
+    End,
+    Never,
+}
+
+/// `[log]`: where metrics go and how often.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LogSection {
+    /// Root of the run directories, relative to the working directory. Default `"runs"`.
+    pub dir: String,
+    /// Read losses back from the device every N optimizer steps (each read waits for the
+    /// device) and write their `metrics.jsonl` lines then. Default 1.
+    pub every: u64,
+    /// Show a progress bar on a terminal. Default true.
+    pub progress: bool,
+}
+
+impl Default for LogSection {
+    fn default() -> Self {
+        Self {
+            dir: "runs".into(),
+            every: 1,
+            progress: true,
+        }
+    }
+}
+
+/// The tables of the format and the keys each allows, for the unknown-key check.
+/// `T::deserialize` names its fields to serde; this asks it for them without data.
+pub fn tables() -> Vec<(&'static str, &'static [&'static str])> {
+    vec![
+        ("", fields_of::<Recipe>()),
+        ("backend", fields_of::<BackendSection>()),
+        ("model", fields_of::<ModelSection>()),
+        ("data", fields_of::<DataSection>()),
+        ("data.normalize", fields_of::<NormalizeSection>()),
+        ("data.augment", fields_of::<AugmentSection>()),
+        ("data.synthetic", fields_of::<SyntheticSection>()),
+        ("loader", fields_of::<LoaderSection>()),
+        ("optim", fields_of::<OptimSection>()),
+        ("cleanup", fields_of::<CleanupSection>()),
+        ("run", fields_of::<RunSection>()),
+        ("log", fields_of::<LogSection>()),
+    ]
+}
+
+/// The field names serde's derive gives a struct, found by letting it ask a stub deserializer.
+fn fields_of<T: serde::de::DeserializeOwned>() -> &'static [&'static str] {
+    use serde::de::{self, Visitor};
+    struct Probe(Option<&'static [&'static str]>);
+    #[derive(Debug)]
+    struct Stop;
+    impl std::fmt::Display for Stop {
+        fn fmt(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str("probe")
+        }
+    }
+    impl std::error::Error for Stop {}
+    impl de::Error for Stop {
+        fn custom<M: std::fmt::Display>(_: M) -> Self {
+            Stop
+        }
+    }
+    impl<'de> de::Deserializer<'de> for &mut Probe {
+        type Error = Stop;
+        fn deserialize_any<V: Visitor<'de>>(self, _: V) -> Result<V::Value, Stop> {
+            Err(Stop)
+        }
+        fn deserialize_struct<V: Visitor<'de>>(
+            self,
+            _: &'static str,
+            fields: &'static [&'static str],
+            _: V,
+        ) -> Result<V::Value, Stop> {
+            self.0 = Some(fields);
+            Err(Stop)
+        }
+        serde::forward_to_deserialize_any! {
+            bool i8 i16 i32 i64 i128 u8 u16 u32 u64 u128 f32 f64 char str string bytes
+            byte_buf option unit unit_struct newtype_struct seq tuple tuple_struct map enum
+            identifier ignored_any
+        }
+    }
+    let mut probe = Probe(None);
+    let _ = T::deserialize(&mut probe);
+    probe.0.unwrap_or(&[])
+}

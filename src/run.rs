@@ -1,0 +1,336 @@
+//! One run of a plan: reads the data, creates the run directory (resolved recipe,
+//! environment record, metrics, summary), picks the backend and runs the training loop,
+//! and records how it ended, a crash included. Owns the run directory's layout.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+use serde::Serialize;
+
+use crate::backend;
+use crate::data::{self, Images};
+use crate::metrics::{write_json_atomic, Eval, JsonLines, StepRecord, Summary};
+use crate::plan::{Device, Plan};
+use crate::progress::Progress;
+use crate::train::{self, Sink};
+
+/// The Burn version this binary is built against (pinned in Cargo.toml; a test checks).
+pub const BURN_VERSION: &str = "0.21.0";
+
+#[derive(Debug, Clone, Default)]
+pub struct RunOptions {
+    /// No progress bar or per-epoch lines.
+    pub quiet: bool,
+}
+
+/// Why a run could not start (nothing written) or how it failed (its directory says more).
+#[derive(Debug)]
+pub enum RunError {
+    /// Bad input found before anything was written: exit code 2.
+    Input(String),
+    /// The run started and failed; its directory holds what was recorded: exit code 1.
+    Failed { dir: PathBuf, message: String },
+}
+
+pub struct Finished {
+    pub dir: PathBuf,
+    pub summary: Summary,
+}
+
+/// `env.json`: what a colleague needs to know to reproduce the run.
+#[derive(Debug, Clone, Serialize)]
+pub struct Environment {
+    pub runner_version: String,
+    pub burn_version: String,
+    pub backend: String,
+    pub device: String,
+    pub device_reason: String,
+    pub threads: usize,
+    pub cpus: usize,
+    pub os: String,
+    pub arch: String,
+    pub hostname: Option<String>,
+    pub command: Vec<String>,
+    pub recipe: String,
+    pub git: Option<GitInfo>,
+    pub started_at: String,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct GitInfo {
+    pub commit: String,
+    /// The recipe file differs from the commit (or is not tracked).
+    pub recipe_dirty: bool,
+}
+
+/// The commit of the git repository holding `file`, if any.
+pub fn git_info(file: &Path) -> Option<GitInfo> {
+    let dir = match file.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    };
+    let git = |args: &[&str]| {
+        std::process::Command::new("git")
+            .arg("-C")
+            .arg(dir)
+            .args(args)
+            .output()
+            .ok()
+            .filter(|o| o.status.success())
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+    };
+    let commit = git(&["rev-parse", "HEAD"])?;
+    let name = file.file_name()?.to_str()?;
+    let status = git(&["status", "--porcelain", "--", name]).unwrap_or_default();
+    Some(GitInfo {
+        commit,
+        recipe_dirty: !status.is_empty(),
+    })
+}
+
+/// UTC time as `YYYY-MM-DDTHH:MM:SSZ`.
+pub fn utc_now() -> String {
+    let secs = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let (days, rem) = (secs / 86_400, secs % 86_400);
+    // Days since 1970-01-01 to a civil date (Howard Hinnant's algorithm).
+    let z = days as i64 + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!(
+        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    )
+}
+
+/// Creates `<dir>/<name>/<run-id>`; the id is the UTC start time, with a suffix if taken.
+fn create_run_dir(root: &Path, name: &str) -> std::io::Result<(PathBuf, String)> {
+    let parent = root.join(name);
+    std::fs::create_dir_all(&parent)?;
+    let stamp: String = utc_now()
+        .chars()
+        .filter(|c| c.is_ascii_digit() || *c == 'T')
+        .collect();
+    for k in 0..1000 {
+        let id = if k == 0 {
+            stamp.clone()
+        } else {
+            format!("{stamp}-{k}")
+        };
+        match std::fs::create_dir(parent.join(&id)) {
+            Ok(()) => return Ok((parent.join(&id), id)),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
+            Err(e) => return Err(e),
+        }
+    }
+    Err(std::io::Error::other("no free run id"))
+}
+
+/// Writes metrics lines as they come, keeps them for the summary, drives the progress bar.
+struct FileSink {
+    metrics: JsonLines,
+    records: Vec<StepRecord>,
+    evals: Vec<Eval>,
+    parameters: usize,
+    progress: Progress,
+    io_error: Option<String>,
+}
+
+impl Sink for FileSink {
+    fn started(&mut self, parameters: usize) {
+        self.parameters = parameters;
+    }
+    fn step(&mut self, r: &StepRecord) {
+        if let Err(e) = self.metrics.write(r) {
+            self.io_error
+                .get_or_insert(format!("{}: {e}", self.metrics.path().display()));
+        }
+        self.progress.step(r);
+        self.records.push(r.clone());
+    }
+    fn eval(&mut self, e: &Eval) {
+        self.progress.eval(e);
+        self.evals.push(e.clone());
+    }
+    fn epoch_end(&mut self, epoch: usize) {
+        self.progress.epoch_end(epoch, &self.records);
+    }
+}
+
+/// Runs a validated plan. Data errors come back before anything is written.
+pub fn execute(plan: &Plan, opts: &RunOptions) -> Result<Finished, RunError> {
+    let wall = Instant::now();
+    let (train_set, test_set) = data::load(&plan.data, plan.model.num_classes, plan.seed)
+        .map_err(|e| RunError::Input(format!("error: {e}\n  = help: {}", e.help_text())))?;
+    let threads = backend::set_cpu_threads(plan.threads);
+    let (backend_name, device_name) = backend::describe(plan.device);
+
+    let (dir, run_id) = create_run_dir(&plan.log.dir, &plan.name).map_err(|e| {
+        RunError::Input(format!(
+            "error: cannot create a run directory under {}: {e}\n  = help: check log.dir",
+            plan.log.dir.display()
+        ))
+    })?;
+    let fail = |message: String| RunError::Failed {
+        dir: dir.clone(),
+        message,
+    };
+
+    let header = format!(
+        "# Resolved recipe of run {}/{run_id}: every default filled in, paths absolute.\n# Re-run with: runner {}\n",
+        plan.name,
+        dir.join("recipe.toml").display()
+    );
+    let toml = toml::to_string(&plan.resolved)
+        .map_err(|e| fail(format!("cannot write the resolved recipe: {e}")))?;
+    std::fs::write(dir.join("recipe.toml"), header + &toml)
+        .map_err(|e| fail(format!("recipe.toml: {e}")))?;
+    if !plan.warnings.is_empty() {
+        let text: Vec<String> = plan.warnings.iter().map(|w| w.to_string()).collect();
+        std::fs::write(dir.join("warnings.txt"), text.join("\n") + "\n")
+            .map_err(|e| fail(format!("warnings.txt: {e}")))?;
+    }
+    let env = Environment {
+        runner_version: env!("CARGO_PKG_VERSION").into(),
+        burn_version: BURN_VERSION.into(),
+        backend: backend_name.into(),
+        device: device_name.clone(),
+        device_reason: plan.device_reason.clone(),
+        threads,
+        cpus: std::thread::available_parallelism().map_or(1, |n| n.get()),
+        os: std::env::consts::OS.into(),
+        arch: std::env::consts::ARCH.into(),
+        hostname: std::fs::read_to_string("/etc/hostname")
+            .ok()
+            .map(|s| s.trim().to_string()),
+        command: std::env::args().collect(),
+        recipe: plan.recipe_path.display().to_string(),
+        git: git_info(&plan.recipe_path),
+        started_at: utc_now(),
+    };
+    write_json_atomic(&dir.join("env.json"), &env).map_err(|e| fail(format!("env.json: {e}")))?;
+    let mut summary = Summary {
+        name: plan.name.clone(),
+        run_id: run_id.clone(),
+        status: "running".into(),
+        backend: backend_name.into(),
+        device: device_name,
+        ..Default::default()
+    };
+    let summary_path = dir.join("summary.json");
+    write_json_atomic(&summary_path, &summary).map_err(|e| fail(format!("summary.json: {e}")))?;
+    let metrics = JsonLines::create(&dir.join("metrics.jsonl"))
+        .map_err(|e| fail(format!("metrics.jsonl: {e}")))?;
+
+    let mut sink = FileSink {
+        metrics,
+        records: vec![],
+        evals: vec![],
+        parameters: 0,
+        progress: Progress::new(plan, opts.quiet),
+        io_error: None,
+    };
+    let (train_set, test_set) = (Arc::new(train_set), Arc::new(test_set));
+    let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        dispatch(
+            plan,
+            Arc::clone(&train_set),
+            Arc::clone(&test_set),
+            &mut sink,
+        )
+    }));
+    sink.progress.finish();
+
+    summary.absorb(&sink.records, plan.run.warmup_steps);
+    summary.parameters = sink.parameters;
+    summary.evals = sink.evals.clone();
+    summary.test_accuracy = sink.evals.last().map(|e| e.accuracy);
+    summary.wall_s = wall.elapsed().as_secs_f64();
+    let failure = match &outcome {
+        Ok(o) => {
+            summary.loader_workers_started = o.loader_workers_started;
+            summary.epochs_completed = o.epochs_completed;
+            sink.io_error.clone()
+        }
+        Err(panic) => Some(panic_message(panic.as_ref())),
+    };
+    summary.status = if failure.is_some() {
+        "failed"
+    } else {
+        "completed"
+    }
+    .into();
+    summary.error = failure.clone();
+    write_json_atomic(&summary_path, &summary).map_err(|e| fail(format!("summary.json: {e}")))?;
+    match failure {
+        Some(message) => Err(fail(message)),
+        None => Ok(Finished { dir, summary }),
+    }
+}
+
+fn dispatch(
+    plan: &Plan,
+    train_set: Arc<Images>,
+    test_set: Arc<Images>,
+    sink: &mut dyn Sink,
+) -> train::Outcome {
+    match plan.device {
+        Device::Cpu => train::train::<backend::CpuBackend>(
+            plan,
+            train_set,
+            test_set,
+            backend::cpu_device(),
+            backend::cpu_memory,
+            sink,
+        ),
+        #[cfg(feature = "cuda")]
+        Device::Cuda(i) => train::train::<backend::CudaBackend>(
+            plan,
+            train_set,
+            test_set,
+            backend::cuda_device(i),
+            backend::cuda_memory,
+            sink,
+        ),
+        #[cfg(not(feature = "cuda"))]
+        Device::Cuda(_) => unreachable!("validation rejects CUDA when it is not compiled in"),
+    }
+}
+
+fn panic_message(p: &(dyn std::any::Any + Send)) -> String {
+    if let Some(s) = p.downcast_ref::<&str>() {
+        s.to_string()
+    } else if let Some(s) = p.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "the training loop panicked".into()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn utc_stamp_has_the_iso_shape() {
+        let s = utc_now();
+        assert_eq!(s.len(), 20, "{s}");
+        assert!(s.starts_with("20") && s.ends_with('Z') && &s[10..11] == "T");
+    }
+
+    #[test]
+    fn burn_version_matches_the_pin() {
+        let cargo = include_str!("../Cargo.toml");
+        assert!(cargo.contains(&format!("version = \"={BURN_VERSION}\"")));
+    }
+}
