@@ -54,6 +54,29 @@ impl<B: Backend> Net<B> {
         }
     }
 
+    /// Trainable parameters, as torchvision counts them. Burn's `num_params` also counts
+    /// BatchNorm's running statistics (buffers in PyTorch), which are taken out here.
+    pub fn parameters(&self) -> usize {
+        let buffers = match self {
+            Net::ResNet(n) => {
+                n.stem.buffers()
+                    + n.blocks
+                        .iter()
+                        .map(|b| {
+                            b.convs
+                                .iter()
+                                .chain(&b.downsample)
+                                .map(ConvBn::buffers)
+                                .sum::<usize>()
+                        })
+                        .sum::<usize>()
+            }
+            Net::SmallCnn(n) => n.c1.buffers() + n.c2.buffers(),
+            Net::Mlp(_) => 0,
+        };
+        self.num_params() - buffers
+    }
+
     /// Images `[batch, channels, height, width]` → logits `[batch, classes]`.
     pub fn forward(&self, x: Tensor<B, 4>) -> Tensor<B, 2> {
         match self {
@@ -86,6 +109,11 @@ impl<B: Backend> ConvBn<B> {
 
     fn forward(&self, x: Tensor<B, 4>) -> Tensor<B, 4> {
         self.bn.forward(self.conv.forward(x))
+    }
+
+    /// Elements of the batch norm's running statistics.
+    fn buffers(&self) -> usize {
+        2 * self.bn.gamma.val().dims()[0]
     }
 }
 

@@ -152,7 +152,7 @@ pub struct LogPlan {
 pub fn validate(loaded: &Loaded, machine: &Machine) -> Result<Plan, Report> {
     let mut v = Validator {
         l: loaded,
-        report: Report::default(),
+        report: loaded.findings.clone(),
     };
     let plan = v.run(machine);
     match plan {
@@ -176,6 +176,9 @@ impl<'a> Validator<'a> {
     }
 
     fn err(&mut self, key: &str, msg: impl Into<String>, help: impl Into<String>) {
+        if self.l.was_dropped(key) {
+            return;
+        }
         let d = self.l.error(key, msg).help(help);
         self.report.push(d);
     }
@@ -231,7 +234,27 @@ impl<'a> Validator<'a> {
             Arch::Mlp => resolved.model.hidden = Some(model.hidden.clone()),
             _ => {}
         }
-        resolved.optim.weight_decay = Some(optim.weight_decay);
+        // Every default that applies is written out; keys that do not apply stay out.
+        let ro = &mut resolved.optim;
+        ro.weight_decay = Some(optim.weight_decay);
+        match optim.optimizer {
+            Optimizer::Sgd => {
+                ro.momentum = Some(optim.momentum);
+                ro.nesterov = Some(optim.nesterov);
+            }
+            Optimizer::Adamw => {
+                ro.betas = Some(optim.betas);
+                ro.eps = Some(optim.eps);
+            }
+        }
+        match optim.schedule.kind {
+            Schedule::Cosine => ro.min_lr = Some(optim.schedule.min_lr),
+            Schedule::Step => {
+                ro.step_size = Some(optim.schedule.step_size);
+                ro.gamma = Some(optim.schedule.gamma);
+            }
+            Schedule::Constant => {}
+        }
         resolved.run.eval = run.eval;
         let base = absolute(&self.l.base_dir());
         for p in [&mut resolved.data.train, &mut resolved.data.test]
@@ -355,7 +378,7 @@ impl<'a> Validator<'a> {
         if num_classes < 2 {
             self.err(
                 "model.num_classes",
-                format!("{num_classes} classes"),
+                format!("{num_classes} class: too few"),
                 "a classifier needs at least 2",
             );
         } else if num_classes < data.classes {
@@ -586,7 +609,7 @@ impl<'a> Validator<'a> {
         } else {
             self.err(
                 key,
-                format!("{} does not exist", path.display()),
+                format!("{} does not exist", lexical(&path).display()),
                 "paths are relative to the recipe file; the shipped data is under datasets/",
             );
             None
@@ -599,7 +622,11 @@ impl<'a> Validator<'a> {
             match cifar::count_records(f) {
                 Ok(k) => n += k,
                 Err(e) => {
-                    self.err(key, e.to_string(), e.help_text().to_string());
+                    self.err(
+                        key,
+                        format!("{} {}", lexical(&e.path).display(), e.message),
+                        e.help_text().to_string(),
+                    );
                     return None;
                 }
             }
@@ -661,6 +688,13 @@ impl<'a> Validator<'a> {
     fn optim(&mut self) -> Option<OptimPlan> {
         let o = &self.recipe().optim;
         let sgd = o.optimizer == Optimizer::Sgd;
+        let momentum = o.momentum.unwrap_or(0.0);
+        let nesterov = o.nesterov.unwrap_or(false);
+        let betas = o.betas.unwrap_or([0.9, 0.999]);
+        let eps = o.eps.unwrap_or(1e-8);
+        let min_lr = o.min_lr.unwrap_or(0.0);
+        let step_size = o.step_size.unwrap_or(1000);
+        let gamma = o.gamma.unwrap_or(0.1);
         if !(o.lr.is_finite() && o.lr > 0.0) {
             self.err(
                 "optim.lr",
@@ -671,14 +705,14 @@ impl<'a> Validator<'a> {
         if sgd {
             self.only_for("optim.betas", "to optimizer = \"adamw\"");
             self.only_for("optim.eps", "to optimizer = \"adamw\"");
-            if !(0.0..1.0).contains(&o.momentum) {
+            if !(0.0..1.0).contains(&momentum) {
                 self.err(
                     "optim.momentum",
-                    format!("{} is outside [0, 1)", o.momentum),
+                    format!("{momentum} is outside [0, 1)"),
                     "0.9 is usual",
                 );
             }
-            if o.nesterov && o.momentum == 0.0 {
+            if nesterov && momentum == 0.0 {
                 self.err(
                     "optim.nesterov",
                     "Nesterov momentum needs momentum > 0 (PyTorch rejects this too)",
@@ -688,7 +722,7 @@ impl<'a> Validator<'a> {
         } else {
             self.only_for("optim.momentum", "to optimizer = \"sgd\"");
             self.only_for("optim.nesterov", "to optimizer = \"sgd\"");
-            for (i, b) in o.betas.iter().enumerate() {
+            for (i, b) in betas.iter().enumerate() {
                 if !(0.0..1.0).contains(b) {
                     self.err(
                         "optim.betas",
@@ -697,10 +731,10 @@ impl<'a> Validator<'a> {
                     );
                 }
             }
-            if !(o.eps.is_finite() && o.eps > 0.0) {
+            if !(eps.is_finite() && eps > 0.0) {
                 self.err(
                     "optim.eps",
-                    format!("{} is not positive", o.eps),
+                    format!("{eps} is not positive"),
                     "PyTorch's default is 1e-8",
                 );
             }
@@ -727,25 +761,25 @@ impl<'a> Validator<'a> {
             self.only_for("optim.step_size", "to schedule = \"step\"");
             self.only_for("optim.gamma", "to schedule = \"step\"");
         }
-        if o.schedule == Schedule::Cosine && !(o.min_lr >= 0.0 && o.min_lr < o.lr) {
+        if o.schedule == Schedule::Cosine && !(min_lr >= 0.0 && min_lr < o.lr) {
             self.err(
                 "optim.min_lr",
-                format!("{} is not in [0, lr)", o.min_lr),
+                format!("{min_lr} is not in [0, lr)"),
                 "cosine decays from lr down to min_lr",
             );
         }
         if o.schedule == Schedule::Step {
-            if o.step_size == 0 {
+            if step_size == 0 {
                 self.err(
                     "optim.step_size",
                     "0 steps between decays",
                     "use at least 1",
                 );
             }
-            if !(o.gamma > 0.0 && o.gamma <= 1.0) {
+            if !(gamma > 0.0 && gamma <= 1.0) {
                 self.err(
                     "optim.gamma",
-                    format!("{} is outside (0, 1]", o.gamma),
+                    format!("{gamma} is outside (0, 1]"),
                     "0.1 is usual",
                 );
             }
@@ -753,19 +787,19 @@ impl<'a> Validator<'a> {
         Some(OptimPlan {
             optimizer: o.optimizer,
             lr: o.lr,
-            momentum: o.momentum,
+            momentum,
             weight_decay,
-            nesterov: o.nesterov,
-            betas: o.betas,
-            eps: o.eps,
+            nesterov,
+            betas,
+            eps,
             accumulation_steps: o.accumulation_steps.max(1),
             schedule: crate::schedule::LrSchedule {
                 kind: o.schedule,
                 lr: o.lr,
                 warmup_steps: o.lr_warmup_steps,
-                min_lr: o.min_lr,
-                step_size: o.step_size.max(1),
-                gamma: o.gamma,
+                min_lr,
+                step_size: step_size.max(1),
+                gamma,
                 total_steps: 0,
             },
         })
@@ -860,7 +894,7 @@ impl<'a> Validator<'a> {
             if self.l.is_set("run.eval") {
                 self.err(
                     "run.eval",
-                    format!("{:?} needs test data", r.eval).to_lowercase(),
+                    format!("\"{}\" needs test data", format!("{:?}", r.eval).to_lowercase()),
                     "set data.test (cifar10-bin) or data.synthetic.test_samples, or eval = \"never\"",
                 );
             }
@@ -905,6 +939,22 @@ impl<'a> Validator<'a> {
             eval,
         })
     }
+}
+
+/// `a/b/../c` → `a/c`, without touching the file system (for messages about missing files).
+pub fn lexical(p: &Path) -> PathBuf {
+    use std::path::Component;
+    let mut out: Vec<Component> = vec![];
+    for c in p.components() {
+        match c {
+            Component::CurDir => {}
+            Component::ParentDir if matches!(out.last(), Some(Component::Normal(_))) => {
+                out.pop();
+            }
+            other => out.push(other),
+        }
+    }
+    out.iter().collect()
 }
 
 fn absolute(p: &Path) -> PathBuf {

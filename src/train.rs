@@ -6,7 +6,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use burn::module::{AutodiffModule, Module};
+use burn::module::AutodiffModule;
 use burn::nn::loss::{CrossEntropyLoss, CrossEntropyLossConfig};
 use burn::optim::adaptor::OptimizerAdaptor;
 use burn::optim::decay::WeightDecayConfig;
@@ -197,7 +197,7 @@ pub fn train<B: AutodiffBackend>(
     B::seed(&device, plan.seed);
     let d = &plan.data;
     let mut model: Net<B> = Net::new(&plan.model, d.channels, d.height, &device);
-    let parameters = model.num_params();
+    let parameters = model.parameters();
     sink.started(parameters);
     let mut optim = Optim::<B>::new(&plan.optim);
     let loss_fn: CrossEntropyLoss<B> = CrossEntropyLossConfig::new().init(&device);

@@ -27,12 +27,24 @@ pub struct Loaded {
     pub source: String,
     /// Dotted key → (span of the key, span of the value), for every key in the file.
     spans: BTreeMap<String, (Range<usize>, Range<usize>)>,
+    /// Unknown keys and values of the wrong type, already reported and left out of `recipe`
+    /// (which holds the defaults in their place). Later checks add to these.
+    pub findings: Report,
+    dropped: Vec<String>,
 }
 
 impl Loaded {
     /// Whether the file sets this dotted key (as opposed to taking its default).
     pub fn is_set(&self, key: &str) -> bool {
-        self.spans.contains_key(key)
+        self.spans.contains_key(key) && !self.was_dropped(key)
+    }
+
+    /// Whether the key (or a table above it) was reported and dropped: later checks stay
+    /// quiet about it rather than report the same mistake twice.
+    pub fn was_dropped(&self, key: &str) -> bool {
+        self.dropped
+            .iter()
+            .any(|d| key == d || key.starts_with(&format!("{d}.")))
     }
 
     /// An error about a key's value, placed at the value when the file sets it.
@@ -68,7 +80,9 @@ impl Loaded {
     }
 }
 
-/// Reads and type-checks a recipe file. All findings come back at once.
+/// Reads and type-checks a recipe file. A file that cannot be read or is not TOML is an
+/// error; keys and values that do not fit the format are `findings` of the result, so the
+/// checks that follow can add theirs and the user sees every mistake at once.
 pub fn load(path: &Path) -> Result<Loaded, Report> {
     let source = std::fs::read_to_string(path).map_err(|e| {
         let help = if e.kind() == std::io::ErrorKind::NotFound {
@@ -104,15 +118,18 @@ pub fn parse(path: &Path, source: String) -> Result<Loaded, Report> {
     index_spans(doc.get_ref(), "", &mut spans);
 
     check_unknown_keys(path, &source, &mut doc, &mut report);
-    let recipe = deserialize_collecting(path, &source, &mut doc, &spans, &mut report);
+    let mut dropped = vec![];
+    let recipe = deserialize_collecting(path, &source, &mut doc, &spans, &mut report, &mut dropped);
     match recipe {
-        Some(recipe) if !report.has_errors() => Ok(Loaded {
+        Some(recipe) => Ok(Loaded {
             recipe,
             path: path.to_path_buf(),
             source,
             spans,
+            findings: report,
+            dropped,
         }),
-        _ => Err(report.sorted()),
+        None => Err(report.sorted()),
     }
 }
 
@@ -162,6 +179,7 @@ fn check_unknown_keys(
 ) {
     let tables = schema::tables();
     for (table_path, allowed) in &tables {
+        // A table the user wrote where a value belongs is a type error, reported below.
         let Some(t) = table_at(doc.get_mut(), table_path) else {
             continue;
         };
@@ -176,22 +194,18 @@ fn check_unknown_keys(
             } else {
                 format!("in [{table_path}]")
             };
-            let mut d = Diagnostic::error(path, format!("unknown key {where_}"))
+            let d = Diagnostic::error(path, format!("unknown key {where_}"))
                 .key(join(table_path, &key))
                 .at(source, span);
-            d = match did_you_mean(&key, allowed) {
-                Some(s) => d.help(format!("did you mean `{s}`?")),
-                None => d.help(format!("known keys {where_}: {}", allowed.join(", "))),
-            };
             // A key that belongs to another table is a common slip: say which.
-            if d.help.as_deref().is_some_and(|h| h.starts_with("known")) {
-                if let Some((other, _)) = tables
-                    .iter()
-                    .find(|(p, f)| !p.is_empty() && p != table_path && f.contains(&key.as_str()))
-                {
-                    d = d.help(format!("`{key}` belongs in [{other}]"));
-                }
-            }
+            let home = tables
+                .iter()
+                .find(|(p, f)| !p.is_empty() && p != table_path && f.contains(&key.as_str()));
+            let d = match (home, did_you_mean(&key, allowed)) {
+                (Some((other, _)), _) => d.help(format!("`{key}` belongs in [{other}]")),
+                (None, Some(s)) => d.help(format!("did you mean `{s}`?")),
+                (None, None) => d.help(format!("known keys {where_}: {}", allowed.join(", "))),
+            };
             report.push(d);
             t.remove(key.as_str());
         }
@@ -206,7 +220,9 @@ fn deserialize_collecting(
     doc: &mut Spanned<DeTable<'_>>,
     spans: &BTreeMap<String, (Range<usize>, Range<usize>)>,
     report: &mut Report,
+    dropped: &mut Vec<String>,
 ) -> Option<Recipe> {
+    dropped.extend(report.0.iter().filter_map(|d| d.key.clone()));
     for _ in 0..=spans.len() {
         let de = toml::de::Deserializer::from(doc.clone());
         let err = match Recipe::deserialize(de) {
@@ -224,12 +240,13 @@ fn deserialize_collecting(
             .max_by_key(|(p, _)| p.matches('.').count())
             .map(|(p, _)| p.clone());
         let mut d = Diagnostic::error(path, friendly(err.message())).at(source, span.clone());
-        if let Some(help) = variant_help(err.message()) {
+        if let Some(help) = value_help(err.message()) {
             d = d.help(help);
         }
         match key {
             Some(k) => {
                 report.push(d.key(k.clone()));
+                dropped.push(k.clone());
                 let (parent, leaf) = match k.rfind('.') {
                     Some(i) => (&k[..i], &k[i + 1..]),
                     None => ("", k.as_str()),
@@ -271,8 +288,19 @@ fn friendly(msg: &str) -> String {
     m
 }
 
-/// For "unknown variant `x`, expected one of `a`, `b`": the nearest allowed value.
-fn variant_help(msg: &str) -> Option<String> {
+/// What to do about a value serde rejected: the nearest allowed word, or the quotes to drop.
+fn value_help(msg: &str) -> Option<String> {
+    if let Some(rest) = msg.strip_prefix("invalid type: string \"") {
+        let (got, expected) = rest.split_once("\", expected ")?;
+        let expected = friendly(&format!("expected {expected}"));
+        if ["integer", "number", "true or false"]
+            .iter()
+            .any(|k| expected.contains(k))
+        {
+            return Some(format!("write {got} without quotes"));
+        }
+        return None;
+    }
     let rest = msg.strip_prefix("unknown variant `")?;
     let (got, rest) = rest.split_once('`')?;
     let allowed: Vec<&str> = rest.split('`').skip(1).step_by(2).collect();
@@ -285,7 +313,12 @@ mod tests {
 
     fn errors(src: &str) -> Vec<String> {
         match parse(Path::new("r.toml"), src.to_string()) {
-            Ok(_) => vec![],
+            Ok(l) => l
+                .findings
+                .sorted()
+                .errors()
+                .map(|d| d.to_string())
+                .collect(),
             Err(r) => r.errors().map(|d| d.to_string()).collect(),
         }
     }

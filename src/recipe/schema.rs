@@ -258,18 +258,22 @@ pub struct OptimSection {
     pub optimizer: Optimizer,
     /// Peak learning rate. Default 0.01.
     pub lr: f64,
-    /// SGD momentum (no dampening, as `torch.optim.SGD`). Default 0.
-    pub momentum: f64,
+    /// SGD momentum (no dampening, as `torch.optim.SGD`). Default 0. SGD only.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub momentum: Option<f64>,
     /// SGD: L2 penalty added to the gradient; AdamW: decoupled decay. Default 0 for SGD,
     /// 0.01 for AdamW (the PyTorch defaults).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub weight_decay: Option<f64>,
-    /// SGD Nesterov momentum. Default false.
-    pub nesterov: bool,
-    /// AdamW `(beta1, beta2)`. Default `[0.9, 0.999]`.
-    pub betas: [f64; 2],
-    /// AdamW epsilon. Default 1e-8 (PyTorch's; Burn's own default is 1e-5).
-    pub eps: f64,
+    /// SGD Nesterov momentum. Default false. SGD only.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub nesterov: Option<bool>,
+    /// AdamW `(beta1, beta2)`. Default `[0.9, 0.999]`. AdamW only.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub betas: Option<[f64; 2]>,
+    /// AdamW epsilon. Default 1e-8 (PyTorch's; Burn's own default is 1e-5). AdamW only.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub eps: Option<f64>,
     /// Micro-batches whose gradients are summed (loss scaled by 1/N) before one optimizer
     /// step; the effective batch is `batch_size × accumulation_steps`. Default 1.
     pub accumulation_steps: usize,
@@ -279,11 +283,14 @@ pub struct OptimSection {
     /// Linear learning-rate warm-up from 0 over this many optimizer steps. Default 0.
     pub lr_warmup_steps: u64,
     /// `cosine`: final learning rate. Default 0.
-    pub min_lr: f64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub min_lr: Option<f64>,
     /// `step`: optimizer steps between decays. Default 1000.
-    pub step_size: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub step_size: Option<u64>,
     /// `step`: decay factor. Default 0.1.
-    pub gamma: f64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub gamma: Option<f64>,
 }
 
 impl Default for OptimSection {
@@ -291,17 +298,17 @@ impl Default for OptimSection {
         Self {
             optimizer: Optimizer::Sgd,
             lr: 0.01,
-            momentum: 0.0,
+            momentum: None,
             weight_decay: None,
-            nesterov: false,
-            betas: [0.9, 0.999],
-            eps: 1e-8,
+            nesterov: None,
+            betas: None,
+            eps: None,
             accumulation_steps: 1,
             schedule: Schedule::Constant,
             lr_warmup_steps: 0,
-            min_lr: 0.0,
-            step_size: 1000,
-            gamma: 0.1,
+            min_lr: None,
+            step_size: None,
+            gamma: None,
         }
     }
 }
@@ -378,7 +385,7 @@ impl<'de> Deserialize<'de> for Every {
                     "never" => Ok(Every::Never),
                     "step" => Ok(Every::Step),
                     "epoch" => Ok(Every::Epoch),
-                    other => Err(E::unknown_variant(other, &["never", "step", "epoch"])),
+                    other => Err(E::invalid_value(serde::de::Unexpected::Str(other), &self)),
                 }
             }
             fn visit_i64<E: serde::de::Error>(self, v: i64) -> Result<Every, E> {

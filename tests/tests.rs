@@ -1,0 +1,619 @@
+//! The integration tests, in one binary (Burn links slowly). They run real training steps on
+//! the CPU backend with the shipped data, and the `runner` binary itself for exit codes and
+//! files. `UPDATE_EXPECT=1 cargo test --release` rewrites the `.expected` snapshots.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use burn::module::{Module, ModuleVisitor, Param};
+
+use burn::nn::loss::CrossEntropyLossConfig;
+use burn::tensor::backend::AutodiffBackend;
+use burn::tensor::{Int, Tensor, TensorData};
+
+use runner::backend::CpuBackend;
+use runner::metrics::{StepRecord, Summary};
+use runner::model::Net;
+use runner::plan::{self, Machine, Plan};
+use runner::recipe::{self, schema, Report};
+use runner::run::{self, RunOptions};
+use runner::train::Accumulation;
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// Recipe files under `dir`, recursively, in name order.
+fn toml_files(dir: &Path) -> Vec<PathBuf> {
+    let mut out = vec![];
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).unwrap() {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                stack.push(p);
+            } else if p.extension().is_some_and(|x| x == "toml") {
+                out.push(p);
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+/// Relative to the crate root, as a user in the checkout would type it.
+fn rel(p: &Path) -> PathBuf {
+    p.strip_prefix(root()).unwrap_or(p).to_path_buf()
+}
+
+fn check(path: &Path, machine: &Machine) -> Result<Plan, Report> {
+    recipe::load(path).and_then(|l| plan::validate(&l, machine))
+}
+
+fn any_machine() -> Machine {
+    Machine {
+        cuda_compiled: true,
+        cuda_devices: Ok(8),
+    }
+}
+
+fn expect(path: &Path, actual: &str) {
+    if std::env::var_os("UPDATE_EXPECT").is_some() {
+        std::fs::write(path, actual).unwrap();
+        return;
+    }
+    let want =
+        std::fs::read_to_string(path).unwrap_or_else(|_| panic!("missing {}", path.display()));
+    assert_eq!(
+        actual,
+        want,
+        "{} differs (UPDATE_EXPECT=1 rewrites it)",
+        path.display()
+    );
+}
+
+// ---------------------------------------------------------------- recipes and errors
+
+#[test]
+fn every_shipped_recipe_validates() {
+    std::env::set_current_dir(root()).unwrap();
+    let files = toml_files(&root().join("recipes"));
+    assert!(files.len() >= 7, "recipes/ walk found only {files:?}");
+    assert!(
+        files
+            .iter()
+            .any(|f| f.starts_with(root().join("recipes/article"))),
+        "no recursion"
+    );
+    for f in files {
+        let text = std::fs::read_to_string(&f).unwrap();
+        assert!(
+            text.starts_with("# "),
+            "{} must open with a comment saying what it measures",
+            f.display()
+        );
+        if let Err(r) = check(&rel(&f), &any_machine()) {
+            panic!("{} does not validate:\n{r}", f.display());
+        }
+    }
+}
+
+#[test]
+fn bad_recipes_give_their_expected_errors() {
+    std::env::set_current_dir(root()).unwrap();
+    let files = toml_files(&root().join("tests/fixtures/invalid"));
+    assert!(
+        files.len() >= 15,
+        "only {} bad-recipe fixtures",
+        files.len()
+    );
+    for f in files {
+        let report = match check(&rel(&f), &Machine::cpu_only()) {
+            Ok(_) => panic!("{} validated but must not", f.display()),
+            Err(r) => r,
+        };
+        assert!(report.has_errors());
+        for e in report.errors() {
+            let placed = e.line.is_some() || e.message.contains("cannot read");
+            assert!(
+                placed || e.key.is_some(),
+                "{}: finding without a place: {e}",
+                f.display()
+            );
+        }
+        expect(&f.with_extension("expected"), &format!("{report}\n"));
+    }
+}
+
+#[test]
+fn warnings_do_not_stop_a_recipe() {
+    let src = r#"
+[model]
+arch = "mlp"
+[data]
+format = "synthetic"
+[loader]
+pin_memory = true
+[cleanup]
+every = "step"
+"#;
+    let l = recipe::parse(Path::new("w.toml"), src.into()).unwrap();
+    let p = plan::validate(&l, &Machine::cpu_only()).unwrap();
+    let w: Vec<String> = p.warnings.iter().map(|w| w.to_string()).collect();
+    assert_eq!(w.len(), 2, "{w:#?}");
+    assert!(
+        w[0].contains("loader.pin_memory: does nothing on the CPU backend"),
+        "{}",
+        w[0]
+    );
+    assert!(
+        w[1].contains("cleanup.actions: \"sync\" and \"empty_cache\" cost next to nothing"),
+        "{}",
+        w[1]
+    );
+}
+
+#[test]
+fn readme_documents_every_recipe_key() {
+    let readme = std::fs::read_to_string(root().join("README.md")).unwrap();
+    for (table, fields) in schema::tables() {
+        for f in fields {
+            let key = if table.is_empty() {
+                f.to_string()
+            } else {
+                format!("{table}.{f}")
+            };
+            // Sub-tables are documented by their own keys.
+            if schema::tables().iter().any(|(t, _)| *t == key) {
+                continue;
+            }
+            assert!(
+                readme.contains(&format!("`{key}`")),
+                "README.md does not document `{key}`"
+            );
+        }
+    }
+}
+
+#[test]
+fn the_resolved_recipe_runs_on_its_own() {
+    std::env::set_current_dir(root()).unwrap();
+    let p = check(Path::new("recipes/quickstart.toml"), &Machine::cpu_only()).unwrap();
+    let text = toml::to_string(&p.resolved).unwrap();
+    let dir = tempdir("resolved");
+    let path = dir.join("recipe.toml");
+    std::fs::write(&path, &text).unwrap();
+    let again = check(&path, &Machine::cpu_only()).unwrap_or_else(|r| panic!("{r}\n{text}"));
+    assert_eq!(again.resolved, p.resolved);
+    assert!(
+        text.contains("weight_decay = 0.0005") && text.contains("num_classes = 10"),
+        "{text}"
+    );
+}
+
+// ---------------------------------------------------------------- models
+
+#[test]
+fn parameter_counts_equal_torchvision() {
+    let d = runner::backend::cpu_device();
+    let count = |arch: &str, stem: &str, classes: usize| {
+        let src = format!("[model]\narch = \"{arch}\"\nstem = \"{stem}\"\nnum_classes = {classes}\n[data]\nformat = \"synthetic\"\n");
+        let p = plan::validate(
+            &recipe::parse(Path::new("m.toml"), src).unwrap(),
+            &Machine::cpu_only(),
+        )
+        .unwrap();
+        Net::<burn::backend::Flex>::new(&p.model, 3, 32, &d).parameters()
+    };
+    assert_eq!(count("resnet18", "cifar", 10), 11_173_962);
+    assert_eq!(count("resnet34", "cifar", 10), 21_282_122);
+    assert_eq!(count("resnet50", "cifar", 10), 23_520_842);
+    // torchvision.models.resnet50() as published: ImageNet stem, 1000 classes.
+    assert_eq!(count("resnet50", "imagenet", 1000), 25_557_032);
+    assert_eq!(count("resnet18", "imagenet", 1000), 11_689_512);
+}
+
+/// Visits every parameter's gradient in two gradient sets and returns the largest difference.
+struct GradDiff<'a, B: AutodiffBackend> {
+    a: &'a burn::optim::GradientsParams,
+    b: &'a burn::optim::GradientsParams,
+    max: f32,
+    params: usize,
+    _b: std::marker::PhantomData<B>,
+}
+
+impl<B: AutodiffBackend> ModuleVisitor<B> for GradDiff<'_, B> {
+    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+        let ga = self
+            .a
+            .get::<B::InnerBackend, D>(param.id)
+            .expect("gradient in a");
+        let gb = self
+            .b
+            .get::<B::InnerBackend, D>(param.id)
+            .expect("gradient in b");
+        let d: f32 = (ga - gb)
+            .abs()
+            .max()
+            .into_data()
+            .convert::<f32>()
+            .to_vec::<f32>()
+            .unwrap()[0];
+        self.max = self.max.max(d);
+        self.params += 1;
+    }
+}
+
+#[test]
+fn accumulation_of_4_micro_batches_of_2_equals_one_batch_of_8() {
+    type B = CpuBackend;
+    let d = runner::backend::cpu_device();
+    let src = "[model]\narch = \"mlp\"\nhidden = [32, 16]\n[data]\nformat = \"synthetic\"\nsynthetic = { image_size = 8, channels = 1 }\n";
+    let p = plan::validate(
+        &recipe::parse(Path::new("a.toml"), src.into()).unwrap(),
+        &Machine::cpu_only(),
+    )
+    .unwrap();
+    let model: Net<B> = Net::new(&p.model, 1, 8, &d);
+    let loss_fn = CrossEntropyLossConfig::new().init::<B>(&d);
+    let x: Vec<f32> = (0..8 * 64)
+        .map(|i| ((i * 37 % 101) as f32 / 50.0) - 1.0)
+        .collect();
+    let y: Vec<i32> = (0..8).map(|i| (i * 3 % 10) as i32).collect();
+    let batch = |from: usize, n: usize| {
+        let xs = Tensor::<B, 4>::from_data(
+            TensorData::new(x[from * 64..(from + n) * 64].to_vec(), [n, 1, 8, 8]),
+            &d,
+        );
+        let ys =
+            Tensor::<B, 1, Int>::from_data(TensorData::new(y[from..from + n].to_vec(), [n]), &d);
+        (xs, ys)
+    };
+    let mut one = Accumulation::<B>::new(1);
+    let (xs, ys) = batch(0, 8);
+    let loss8 = one.add(&model, loss_fn.forward(model.forward(xs), ys));
+    let g1 = one.grads();
+    let mut four = Accumulation::<B>::new(4);
+    let mut loss2 = 0.0;
+    for k in 0..4 {
+        let (xs, ys) = batch(2 * k, 2);
+        loss2 += four
+            .add(&model, loss_fn.forward(model.forward(xs), ys))
+            .into_scalar()
+            / 4.0;
+    }
+    let g4 = four.grads();
+    let mut v = GradDiff::<B> {
+        a: &g1,
+        b: &g4,
+        max: 0.0,
+        params: 0,
+        _b: Default::default(),
+    };
+    model.visit(&mut v);
+    assert_eq!(v.params, 6, "3 linear layers, weight and bias each");
+    assert!(v.max < 1e-5, "gradients differ by {}", v.max);
+    assert!((loss8.into_scalar() - loss2).abs() < 1e-5);
+    // And the comparison can fail: without the 1/4 scaling the sum is 4 times the mean.
+    let mut unscaled = Accumulation::<B>::new(1);
+    let (xs, ys) = batch(0, 8);
+    unscaled.add(&model, loss_fn.forward(model.forward(xs), ys) * 4.0);
+    let g = unscaled.grads();
+    let mut v = GradDiff::<B> {
+        a: &g,
+        b: &g4,
+        max: 0.0,
+        params: 0,
+        _b: Default::default(),
+    };
+    model.visit(&mut v);
+    assert!(v.max > 1e-3, "a wrong gradient went unnoticed");
+}
+
+// ---------------------------------------------------------------- real runs
+
+fn tempdir(tag: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("runner-test-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// A plan from recipe text placed in `tests/fixtures/` (so shipped-data paths resolve),
+/// logging under a fresh temporary directory.
+fn plan_from(tag: &str, body: &str) -> Plan {
+    let logs = tempdir(tag);
+    let src = format!(
+        "{body}\n[log]\ndir = \"{}\"\nprogress = false\n",
+        logs.display()
+    );
+    let path = root().join(format!("tests/fixtures/{tag}.toml"));
+    let l = recipe::parse(&path, src).unwrap_or_else(|r| panic!("{r}"));
+    plan::validate(&l, &Machine::cpu_only()).unwrap_or_else(|r| panic!("{r}"))
+}
+
+fn records(dir: &Path) -> Vec<StepRecord> {
+    std::fs::read_to_string(dir.join("metrics.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("bad metrics line {l}: {e}")))
+        .collect()
+}
+
+fn summary(dir: &Path) -> Summary {
+    serde_json::from_str(&std::fs::read_to_string(dir.join("summary.json")).unwrap()).unwrap()
+}
+
+const FASHION: &str = r#"
+seed = 3
+[model]
+arch = "small_cnn"
+width = 16
+[data]
+format = "cifar10-bin"
+train = "../../datasets/fashion_mnist/data_batch.bin"
+test = "../../datasets/fashion_mnist/test_batch.bin"
+normalize = { mean = [0.2193], std = [0.3330] }
+"#;
+
+#[test]
+fn a_short_real_run_learns_and_writes_its_files() {
+    let p = plan_from(
+        "learn",
+        &format!("{FASHION}\n[loader]\nbatch_size = 32\nworkers = 2\n[optim]\nlr = 0.05\nmomentum = 0.9\n[run]\nepochs = 2\nwarmup_steps = 3\neval = \"epoch\"\n"),
+    );
+    let out = run::execute(&p, &RunOptions { quiet: true }).unwrap_or_else(|e| panic!("{e:?}"));
+    let recs = records(&out.dir);
+    assert_eq!(
+        recs.len() as u64,
+        p.run.total_steps,
+        "one metrics line per optimizer step"
+    );
+    assert_eq!(recs.len(), 2 * 2000usize.div_ceil(32));
+    for (i, r) in recs.iter().enumerate() {
+        assert_eq!(r.step, i as u64 + 1);
+        assert!(r.loss.is_finite() && r.iter_ms > 0.0 && r.samples_per_s > 0.0);
+        assert!(
+            r.data_wait_ms + r.h2d_ms + r.forward_backward_ms + r.optimizer_ms + r.cleanup_ms
+                <= r.iter_ms + 1e-6
+        );
+        assert!(
+            r.rss_bytes.unwrap_or(0) > 0 && r.mem_in_use_bytes.is_none(),
+            "CPU: RSS, no device pool"
+        );
+    }
+    let first: f64 = recs[..10].iter().map(|r| r.loss).sum::<f64>() / 10.0;
+    let last: f64 = recs[recs.len() - 10..].iter().map(|r| r.loss).sum::<f64>() / 10.0;
+    assert!(
+        last < 0.6 * first,
+        "loss did not fall: {first:.3} → {last:.3}"
+    );
+    let s = summary(&out.dir);
+    assert_eq!(s.status, "completed");
+    assert_eq!(s.steps, recs.len() as u64);
+    assert_eq!(
+        s.evals.len(),
+        2,
+        "eval = \"epoch\" evaluates after each epoch"
+    );
+    let acc = s.test_accuracy.unwrap();
+    assert!(
+        acc > 0.6,
+        "test accuracy {acc} is not far above chance (0.1)"
+    );
+    assert_eq!(
+        s.iter_ms.count,
+        recs.len() - 3,
+        "warm-up steps are left out of timing"
+    );
+    assert_eq!(
+        s.loader_workers_started,
+        2 * 2,
+        "non-persistent workers start every epoch"
+    );
+    // The run directory holds a resolved recipe that validates on its own.
+    let resolved = out.dir.join("recipe.toml");
+    check(&resolved, &Machine::cpu_only()).unwrap_or_else(|r| panic!("{r}"));
+    let env: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.dir.join("env.json")).unwrap()).unwrap();
+    assert_eq!(env["burn_version"], "0.21.0");
+    assert_eq!(env["backend"], "flex (cpu)");
+    assert!(env["threads"].as_u64().unwrap() >= 1);
+}
+
+#[test]
+fn cleanup_every_step_is_timed_and_only_when_due() {
+    let p = plan_from(
+        "cleanup",
+        "seed = 1\n[model]\narch = \"mlp\"\n[data]\nformat = \"synthetic\"\nsynthetic = { samples = 256, test_samples = 0 }\n[loader]\nbatch_size = 16\n[cleanup]\nevery = 3\nactions = [\"trim_host\"]\n[run]\nepochs = 1\n",
+    );
+    let out = run::execute(&p, &RunOptions { quiet: true }).unwrap();
+    let recs = records(&out.dir);
+    assert_eq!(recs.len(), 16);
+    for r in &recs {
+        if r.step % 3 == 0 {
+            assert!(
+                r.cleanup_ms > 0.0,
+                "step {}: cleanup due but not timed",
+                r.step
+            );
+        } else {
+            assert_eq!(
+                r.cleanup_ms, 0.0,
+                "step {}: cleanup ran when not due",
+                r.step
+            );
+        }
+    }
+    let s = summary(&out.dir);
+    assert!(s.cleanup_ms_total > 0.0 && s.cleanup_pct > 0.0);
+}
+
+#[test]
+fn same_seed_same_losses_for_any_worker_count() {
+    let losses = |tag: &str, workers: usize, persistent: bool, seed: u64| -> Vec<f64> {
+        let loader = if workers == 0 {
+            "[loader]\nbatch_size = 32\nworkers = 0\n".to_string()
+        } else {
+            format!("[loader]\nbatch_size = 32\nworkers = {workers}\npersistent_workers = {persistent}\n")
+        };
+        // `limit` keeps epochs short so a second epoch (new shuffle, new crops) is covered.
+        let body = FASHION.replace("seed = 3", &format!("seed = {seed}")).replace("normalize =", "limit = 1024\nnormalize =")
+            + &format!("{loader}\n[data.augment]\ncrop_padding = 2\nhflip = true\n[optim]\nlr = 0.05\nmomentum = 0.9\n[run]\nepochs = 2\nmax_steps = 70\neval = \"never\"\n");
+        let p = plan_from(tag, &body);
+        let out = run::execute(&p, &RunOptions { quiet: true }).unwrap();
+        records(&out.dir).iter().map(|r| r.loss).collect()
+    };
+    let a = losses("det-w0a", 0, false, 3);
+    assert_eq!(a.len(), 64, "two epochs of 32 steps");
+    assert_eq!(a, losses("det-w0b", 0, false, 3), "workers = 0, run twice");
+    assert_eq!(a, losses("det-w4a", 4, false, 3), "workers = 4");
+    assert_eq!(a, losses("det-w4b", 4, true, 3), "workers = 4, persistent");
+    assert_ne!(
+        a,
+        losses("det-seed", 2, false, 4),
+        "the seed changes the run"
+    );
+}
+
+#[test]
+fn device_normalisation_equals_host_normalisation() {
+    let run_with = |tag: &str, on: &str| -> Vec<f64> {
+        let body = FASHION.replace("std = [0.3330] }", &format!("std = [0.3330], on = \"{on}\" }}"))
+            + "\n[data.augment]\nhflip = true\n[loader]\nbatch_size = 16\n[run]\nmax_steps = 8\neval = \"never\"\n";
+        let p = plan_from(tag, &body);
+        let out = run::execute(&p, &RunOptions { quiet: true }).unwrap();
+        records(&out.dir).iter().map(|r| r.loss).collect()
+    };
+    let host = run_with("norm-host", "host");
+    let device = run_with("norm-device", "device");
+    assert_eq!(host.len(), 8);
+    for (h, d) in host.iter().zip(&device) {
+        assert!((h - d).abs() < 1e-4, "host {h} vs device {d}");
+    }
+}
+
+// ---------------------------------------------------------------- the binary
+
+fn runner_cmd() -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_runner"));
+    c.current_dir(root());
+    c
+}
+
+#[test]
+fn bad_input_exits_2_and_writes_nothing() {
+    let logs = tempdir("cli-bad");
+    for fixture in ["unknown_key", "truncated_dataset", "cuda_not_compiled"] {
+        let out = runner_cmd()
+            .arg(format!("tests/fixtures/invalid/{fixture}.toml"))
+            .output()
+            .unwrap();
+        assert_eq!(
+            out.status.code(),
+            Some(2),
+            "{fixture}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains(&format!("tests/fixtures/invalid/{fixture}.toml:")),
+            "{err}"
+        );
+    }
+    assert!(
+        !root().join("runs/unknown_key").exists()
+            && !root().join("runs/truncated_dataset").exists()
+    );
+
+    // A label out of range is found when the data is read: still exit 2, still nothing written.
+    let bad = logs.join("bad_label.bin");
+    let mut bytes = std::fs::read(root().join("datasets/cifar10_sample/test_batch.bin")).unwrap();
+    bytes[3073 * 5] = 42;
+    std::fs::write(&bad, bytes).unwrap();
+    let recipe = logs.join("bad_label.toml");
+    std::fs::write(
+        &recipe,
+        format!("[model]\narch = \"mlp\"\n[data]\nformat = \"cifar10-bin\"\ntrain = \"bad_label.bin\"\n[log]\ndir = \"{}\"\n", logs.join("runs").display()),
+    )
+    .unwrap();
+    let out = runner_cmd().arg(&recipe).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains(
+            "bad_label.bin record 5 (byte offset 15365) has label 42, but there are 10 classes"
+        ),
+        "{err}"
+    );
+    assert!(
+        !logs.join("runs").exists(),
+        "a run directory was created for bad data"
+    );
+}
+
+#[test]
+fn validate_command_checks_every_recipe() {
+    let ok = runner_cmd()
+        .args([
+            "validate",
+            "recipes/quickstart.toml",
+            "recipes/article/default.toml",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(
+        ok.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&ok.stderr)
+    );
+    assert!(String::from_utf8_lossy(&ok.stdout).contains("ok: recipes/quickstart.toml"));
+    let bad = runner_cmd()
+        .args([
+            "validate",
+            "recipes/quickstart.toml",
+            "tests/fixtures/invalid/many_errors.toml",
+            "tests/fixtures/invalid/unknown_key.toml",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(bad.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&bad.stderr);
+    assert!(
+        err.contains("errors in tests/fixtures/invalid/many_errors.toml")
+            && err.contains("loader.wokers"),
+        "{err}"
+    );
+    let usage = runner_cmd().arg("--no-such-flag").output().unwrap();
+    assert_eq!(usage.status.code(), Some(2));
+}
+
+#[test]
+fn a_run_prints_a_one_line_summary() {
+    let logs = tempdir("cli-run");
+    let recipe = logs.join("tiny.toml");
+    std::fs::write(
+        &recipe,
+        format!("[model]\narch = \"mlp\"\n[data]\nformat = \"synthetic\"\nsynthetic = {{ samples = 128, test_samples = 64 }}\n[run]\nepochs = 2\nwarmup_steps = 1\n[log]\ndir = \"{}\"\n", logs.join("runs").display()),
+    )
+    .unwrap();
+    let out = runner_cmd().arg(&recipe).output().unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(stdout.lines().count(), 1, "{stdout}");
+    assert!(
+        stdout.starts_with("tiny: 4 steps, median ")
+            && stdout.contains("samples/s, test accuracy "),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains(&logs.join("runs/tiny/").display().to_string()),
+        "{stdout}"
+    );
+}
