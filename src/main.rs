@@ -8,6 +8,7 @@ use clap::{Args, Parser, Subcommand};
 
 use runner::plan::{self, Machine, Plan};
 use runner::recipe;
+use runner::report;
 use runner::run::{self, RunError, RunOptions};
 
 #[derive(Parser)]
@@ -34,6 +35,20 @@ enum Command {
         #[arg(required = true)]
         recipes: Vec<PathBuf>,
     },
+    /// Compare runs: one row per recipe (repeats aggregated), recomputed from metrics.jsonl.
+    Report {
+        /// Run directories, or folders holding them at any depth.
+        #[arg(default_value = "runs")]
+        paths: Vec<PathBuf>,
+        /// The recipe the others are compared with (default: the first row).
+        #[arg(long)]
+        baseline: Option<String>,
+        #[arg(long, value_enum, default_value = "table")]
+        format: report::Format,
+        /// Also draw per-step times and bars of the main columns to this SVG file.
+        #[arg(long, value_name = "FILE.svg")]
+        plot: Option<PathBuf>,
+    },
 }
 
 #[derive(Args)]
@@ -51,6 +66,12 @@ fn main() -> ExitCode {
     match cli.command {
         Some(Command::Validate { recipes }) => validate(&recipes),
         Some(Command::Run(args)) => run_all(&args),
+        Some(Command::Report {
+            paths,
+            baseline,
+            format,
+            plot,
+        }) => report_cmd(&paths, baseline.as_deref(), format, plot.as_deref()),
         None => run_all(&cli.run),
     }
 }
@@ -150,4 +171,34 @@ fn run_all(args: &RunArgs) -> ExitCode {
         }
     }
     code
+}
+
+fn report_cmd(
+    paths: &[PathBuf],
+    baseline: Option<&str>,
+    format: report::Format,
+    plot: Option<&std::path::Path>,
+) -> ExitCode {
+    let result = (|| {
+        let dirs = report::find_runs(paths)?;
+        let runs = dirs
+            .iter()
+            .map(|d| report::load_run(d))
+            .collect::<Result<Vec<_>, _>>()?;
+        let rows = report::rows(&runs, baseline)?;
+        print!("{}", report::render(&rows, format));
+        if let Some(p) = plot {
+            runner::plot::draw(p, &runs, &rows)
+                .map_err(|e| report::ReportError(format!("error: cannot draw the plot: {e}")))?;
+            eprintln!("plot: {}", p.display());
+        }
+        Ok::<_, report::ReportError>(())
+    })();
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("{e}");
+            ExitCode::from(2)
+        }
+    }
 }

@@ -9,13 +9,16 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-/// One optimizer step. Times are host wall-clock milliseconds.
+/// One optimizer step. Times are host wall-clock milliseconds; in a `synced` step each
+/// phase ends with a device sync, so its time is the device's too.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct StepRecord {
     /// 1-based optimizer step.
     pub step: u64,
     /// 0-based epoch.
     pub epoch: usize,
+    /// When the step ended, milliseconds since the run started.
+    pub t_ms: f64,
     /// Mean training loss over the step's micro-batches.
     pub loss: f64,
     /// Learning rate used for this step.
@@ -24,7 +27,9 @@ pub struct StepRecord {
     pub samples: usize,
     /// Micro-batches in the step (`accumulation_steps`, fewer at an epoch's end).
     pub micro_batches: usize,
-    /// Whole step: from asking for its first batch to the end of its cleanup.
+    /// Inside the `[profile] steps` window: every phase below ended with a device sync.
+    pub synced: bool,
+    /// Whole step: from asking for its first batch to the end of its logging.
     pub iter_ms: f64,
     /// Waiting for the loader (or, with no workers, building the batch).
     pub data_wait_ms: f64,
@@ -36,6 +41,8 @@ pub struct StepRecord {
     pub optimizer_ms: f64,
     /// The cleanup actions run after this step (0 when none was due).
     pub cleanup_ms: f64,
+    /// Reading losses back from the device and writing metrics lines (0 when not due).
+    pub log_ms: f64,
     /// `samples / iter_ms`.
     pub samples_per_s: f64,
     /// Device memory in use / reserved by the backend's pool, where the backend reports it.
@@ -43,6 +50,17 @@ pub struct StepRecord {
     pub mem_reserved_bytes: Option<u64>,
     /// Resident memory of this process.
     pub rss_bytes: Option<u64>,
+    /// Memory just before and after this step's cleanup (the pool's reserved bytes on
+    /// CUDA, the process's resident bytes on the CPU): what the cleanup freed.
+    pub cleanup_mem_before_bytes: Option<u64>,
+    pub cleanup_mem_after_bytes: Option<u64>,
+    /// Sampler readings during the step (see `sampler`): GPU utilisation, device memory
+    /// used (all processes), SM clock and power from NVML; CPU utilisation from /proc.
+    pub gpu_util_pct: Option<f64>,
+    pub gpu_mem_used_bytes: Option<u64>,
+    pub sm_clock_mhz: Option<f64>,
+    pub power_w: Option<f64>,
+    pub cpu_util_pct: Option<f64>,
 }
 
 impl StepRecord {
@@ -129,8 +147,54 @@ pub struct Eval {
     pub ms: f64,
 }
 
-/// `summary.json`.
+/// Per-phase medians over a set of steps, milliseconds.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Phases {
+    pub steps: usize,
+    pub data_wait_ms: f64,
+    pub h2d_ms: f64,
+    pub forward_backward_ms: f64,
+    pub optimizer_ms: f64,
+    pub cleanup_ms: f64,
+    pub log_ms: f64,
+    /// What the step spent outside the phases above (bookkeeping, scheduling).
+    pub other_ms: f64,
+    pub iter_ms: f64,
+}
+
+impl Phases {
+    pub fn of(steps: &[&StepRecord]) -> Option<Self> {
+        if steps.is_empty() {
+            return None;
+        }
+        let med = |f: fn(&StepRecord) -> f64| {
+            Stats::of(&steps.iter().map(|r| f(r)).collect::<Vec<_>>()).median
+        };
+        Some(Self {
+            steps: steps.len(),
+            data_wait_ms: med(|r| r.data_wait_ms),
+            h2d_ms: med(|r| r.h2d_ms),
+            forward_backward_ms: med(|r| r.forward_backward_ms),
+            optimizer_ms: med(|r| r.optimizer_ms),
+            cleanup_ms: med(|r| r.cleanup_ms),
+            log_ms: med(|r| r.log_ms),
+            other_ms: med(|r| {
+                r.iter_ms
+                    - r.data_wait_ms
+                    - r.h2d_ms
+                    - r.forward_backward_ms
+                    - r.optimizer_ms
+                    - r.cleanup_ms
+                    - r.log_ms
+            }),
+            iter_ms: med(|r| r.iter_ms),
+        })
+    }
+}
+
+/// `summary.json`. Missing fields read as their defaults, so older summaries still load.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct Summary {
     pub name: String,
     pub run_id: String,
@@ -143,6 +207,7 @@ pub struct Summary {
     pub steps: u64,
     pub epochs_completed: usize,
     pub samples: u64,
+    /// Trainable parameters (BatchNorm running statistics excluded, as torchvision counts).
     pub parameters: usize,
     /// Steps left out of the timing statistics below.
     pub warmup_steps: u64,
@@ -150,14 +215,27 @@ pub struct Summary {
     pub iter_ms: Stats,
     /// Timed samples over timed time.
     pub samples_per_s: f64,
+    /// Host-side phase medians over the timed steps outside the profile window.
+    pub phases: Option<Phases>,
+    /// Phase medians over the synced steps of `[profile] steps`: device times.
+    pub synced_phases: Option<Phases>,
     pub data_wait_ms_total: f64,
     pub cleanup_ms_total: f64,
     /// Cleanup time as a share of the timed steps' time, in percent.
     pub cleanup_pct: f64,
     pub data_wait_pct: f64,
+    /// Sum over cleanups of (memory before − memory after), bytes.
+    pub cleanup_freed_bytes: Option<u64>,
     pub peak_mem_in_use_bytes: Option<u64>,
     pub peak_mem_reserved_bytes: Option<u64>,
     pub peak_rss_bytes: Option<u64>,
+    /// The sampler: `nvml: <device>`, `proc`, `off` or `unavailable: <why>`.
+    pub util_source: String,
+    /// Means over the timed steps of the sampler's readings.
+    pub gpu_util_pct: Option<f64>,
+    pub cpu_util_pct: Option<f64>,
+    pub sm_clock_mhz: Option<f64>,
+    pub power_w: Option<f64>,
     pub final_loss: Option<f64>,
     pub test_accuracy: Option<f64>,
     pub evals: Vec<Eval>,
@@ -193,9 +271,31 @@ impl Summary {
         };
         self.cleanup_pct = pct(|r| r.cleanup_ms);
         self.data_wait_pct = pct(|r| r.data_wait_ms);
+        let unsynced: Vec<&StepRecord> = timed.iter().copied().filter(|r| !r.synced).collect();
+        let synced: Vec<&StepRecord> = records.iter().filter(|r| r.synced).collect();
+        self.phases = Phases::of(&unsynced);
+        self.synced_phases = Phases::of(&synced);
+        let freed: Vec<u64> = records
+            .iter()
+            .filter_map(|r| {
+                Some(
+                    r.cleanup_mem_before_bytes?
+                        .saturating_sub(r.cleanup_mem_after_bytes?),
+                )
+            })
+            .collect();
+        self.cleanup_freed_bytes = (!freed.is_empty()).then(|| freed.iter().sum());
         self.peak_mem_in_use_bytes = records.iter().filter_map(|r| r.mem_in_use_bytes).max();
         self.peak_mem_reserved_bytes = records.iter().filter_map(|r| r.mem_reserved_bytes).max();
         self.peak_rss_bytes = records.iter().filter_map(|r| r.rss_bytes).max();
+        let mean = |f: fn(&StepRecord) -> Option<f64>| {
+            let v: Vec<f64> = timed.iter().filter_map(|r| f(r)).collect();
+            (!v.is_empty()).then(|| v.iter().sum::<f64>() / v.len() as f64)
+        };
+        self.gpu_util_pct = mean(|r| r.gpu_util_pct);
+        self.cpu_util_pct = mean(|r| r.cpu_util_pct);
+        self.sm_clock_mhz = mean(|r| r.sm_clock_mhz);
+        self.power_w = mean(|r| r.power_w);
     }
 }
 

@@ -56,6 +56,7 @@ pub struct Plan {
     pub cleanup: CleanupPolicy,
     pub run: RunPlan,
     pub log: LogPlan,
+    pub profile: ProfilePlan,
     /// Warnings found on the way (shown before the run, kept in the run directory).
     pub warnings: Vec<Diagnostic>,
 }
@@ -142,6 +143,13 @@ pub struct RunPlan {
 }
 
 #[derive(Debug, Clone, PartialEq)]
+pub struct ProfilePlan {
+    /// 1-based optimizer steps timed with a device sync after each phase.
+    pub window: Option<std::ops::RangeInclusive<u64>>,
+    pub sample_ms: u64,
+}
+
+#[derive(Debug, Clone, PartialEq)]
 pub struct LogPlan {
     pub dir: PathBuf,
     pub every: u64,
@@ -220,6 +228,7 @@ impl<'a> Validator<'a> {
         let cleanup = self.cleanup(device);
         let log = self.log();
         let run = self.run_section(data.as_ref(), &loader, optim.as_ref());
+        let profile = self.profile(run.as_ref());
         let (data, model, optim, run, log) = (data?, model?, optim?, run?, log?);
 
         let mut resolved = r.clone();
@@ -283,6 +292,7 @@ impl<'a> Validator<'a> {
             cleanup,
             run,
             log,
+            profile,
             warnings: vec![],
         })
     }
@@ -853,6 +863,39 @@ impl<'a> Validator<'a> {
         }
     }
 
+    fn profile(&mut self, run: Option<&RunPlan>) -> ProfilePlan {
+        let p = &self.recipe().profile;
+        let window = p.steps.as_deref().and_then(|text| {
+            let parsed = parse_steps(text);
+            match parsed {
+                Some(w) => {
+                    if let Some(run) = run {
+                        if *w.start() > run.total_steps {
+                            self.warn(
+                                "profile.steps",
+                                format!("starts after the run's last step ({})", run.total_steps),
+                                "no step will be synced; move the window",
+                            );
+                        }
+                    }
+                    Some(w)
+                }
+                None => {
+                    self.err(
+                        "profile.steps",
+                        format!("{text:?} is not a window of steps"),
+                        "write \"A..B\" (steps A to B-1) or \"A..=B\", with 1 <= A < B, e.g. \"20..30\"",
+                    );
+                    None
+                }
+            }
+        });
+        ProfilePlan {
+            window,
+            sample_ms: p.sample_ms,
+        }
+    }
+
     fn log(&mut self) -> Option<LogPlan> {
         let g = &self.recipe().log;
         if g.every == 0 {
@@ -939,6 +982,21 @@ impl<'a> Validator<'a> {
             eval,
         })
     }
+}
+
+/// `"20..30"` → steps 20 to 29; `"20..=30"` → 20 to 30. 1-based, non-empty.
+pub fn parse_steps(text: &str) -> Option<std::ops::RangeInclusive<u64>> {
+    let (a, b, inclusive) = match text.split_once("..=") {
+        Some((a, b)) => (a, b, true),
+        None => {
+            let (a, b) = text.split_once("..")?;
+            (a, b, false)
+        }
+    };
+    let a: u64 = a.trim().parse().ok()?;
+    let b: u64 = b.trim().parse().ok()?;
+    let end = if inclusive { b } else { b.checked_sub(1)? };
+    (a >= 1 && end >= a).then_some(a..=end)
 }
 
 /// `a/b/../c` → `a/c`, without touching the file system (for messages about missing files).

@@ -13,6 +13,7 @@ use crate::data::{self, Images};
 use crate::metrics::{write_json_atomic, Eval, JsonLines, StepRecord, Summary};
 use crate::plan::{Device, Plan};
 use crate::progress::Progress;
+use crate::sampler::{Sampler, Source};
 use crate::train::{self, Sink};
 
 /// The Burn version this binary is built against (pinned in Cargo.toml; a test checks).
@@ -139,6 +140,8 @@ fn create_run_dir(root: &Path, name: &str) -> std::io::Result<(PathBuf, String)>
 /// Writes metrics lines as they come, keeps them for the summary, drives the progress bar.
 struct FileSink {
     metrics: JsonLines,
+    /// Taken (and stopped) when the loop ends.
+    sampler: Option<Sampler>,
     records: Vec<StepRecord>,
     evals: Vec<Eval>,
     parameters: usize,
@@ -151,6 +154,19 @@ impl Sink for FileSink {
         self.parameters = parameters;
     }
     fn step(&mut self, r: &StepRecord) {
+        let mut r = r.clone();
+        if let Some(s) = self
+            .sampler
+            .as_ref()
+            .and_then(|s| s.window(r.t_ms - r.iter_ms, r.t_ms))
+        {
+            r.gpu_util_pct = s.gpu_util_pct;
+            r.gpu_mem_used_bytes = s.gpu_mem_used_bytes;
+            r.sm_clock_mhz = s.sm_clock_mhz;
+            r.power_w = s.power_w;
+            r.cpu_util_pct = s.cpu_util_pct;
+        }
+        let r = &r;
         if let Err(e) = self.metrics.write(r) {
             self.io_error
                 .get_or_insert(format!("{}: {e}", self.metrics.path().display()));
@@ -232,8 +248,19 @@ pub fn execute(plan: &Plan, opts: &RunOptions) -> Result<Finished, RunError> {
     let metrics = JsonLines::create(&dir.join("metrics.jsonl"))
         .map_err(|e| fail(format!("metrics.jsonl: {e}")))?;
 
+    let source = match plan.device {
+        Device::Cuda(i) => Source::Nvml(i as u32),
+        Device::Cpu => Source::Proc,
+    };
+    let t0 = Instant::now();
+    let sampler = Sampler::start(
+        source,
+        std::time::Duration::from_millis(plan.profile.sample_ms),
+        t0,
+    );
     let mut sink = FileSink {
         metrics,
+        sampler: Some(sampler),
         records: vec![],
         evals: vec![],
         parameters: 0,
@@ -246,12 +273,24 @@ pub fn execute(plan: &Plan, opts: &RunOptions) -> Result<Finished, RunError> {
             plan,
             Arc::clone(&train_set),
             Arc::clone(&test_set),
+            t0,
             &mut sink,
         )
     }));
     sink.progress.finish();
+    let sampler = sink.sampler.take().expect("the sampler runs until here");
+    let util_source = sampler.status.clone();
+    let samples = sampler.finish();
+    if !samples.is_empty() {
+        let written = JsonLines::create(&dir.join("samples.jsonl"))
+            .and_then(|mut f| samples.iter().try_for_each(|s| f.write(s)));
+        if let Err(e) = written {
+            sink.io_error.get_or_insert(format!("samples.jsonl: {e}"));
+        }
+    }
 
     summary.absorb(&sink.records, plan.run.warmup_steps);
+    summary.util_source = util_source;
     summary.parameters = sink.parameters;
     summary.evals = sink.evals.clone();
     summary.test_accuracy = sink.evals.last().map(|e| e.accuracy);
@@ -282,6 +321,7 @@ fn dispatch(
     plan: &Plan,
     train_set: Arc<Images>,
     test_set: Arc<Images>,
+    t0: Instant,
     sink: &mut dyn Sink,
 ) -> train::Outcome {
     match plan.device {
@@ -291,6 +331,7 @@ fn dispatch(
             test_set,
             backend::cpu_device(),
             backend::cpu_memory,
+            t0,
             sink,
         ),
         #[cfg(feature = "cuda")]
@@ -300,6 +341,7 @@ fn dispatch(
             test_set,
             backend::cuda_device(i),
             backend::cuda_memory,
+            t0,
             sink,
         ),
         #[cfg(not(feature = "cuda"))]

@@ -192,6 +192,7 @@ pub fn train<B: AutodiffBackend>(
     test: Arc<Images>,
     device: B::Device,
     mem: MemFn<B::Device>,
+    t0: Instant,
     sink: &mut dyn Sink,
 ) -> Outcome {
     B::seed(&device, plan.seed);
@@ -245,11 +246,30 @@ pub fn train<B: AutodiffBackend>(
     // Records whose loss is still on the device, read back every `log.every` steps.
     let mut pending: Vec<(StepRecord, Tensor<B::InnerBackend, 1>)> = vec![];
     let mut epochs_completed = 0;
+    // What a cleanup frees: the pool's reserved bytes on a device with one, else RSS.
+    let cleanup_mem = || {
+        mem(&device)
+            .map(|(_, reserved)| reserved)
+            .or_else(rss_bytes)
+    };
 
     for epoch in 0..plan.run.epochs {
         let mut batches = loader.epoch(epoch);
         let mut left = batches.len();
         while left > 0 && step < total {
+            let synced = plan
+                .profile
+                .window
+                .as_ref()
+                .is_some_and(|w| w.contains(&(step + 1)));
+            // In the profile window each phase ends with a device sync, so its time is the
+            // device's; work queued by earlier steps is drained first, outside the timing.
+            let sync = || {
+                if synced {
+                    let _ = B::sync(&device);
+                }
+            };
+            sync();
             let started = Instant::now();
             let group = accum.min(left);
             left -= group;
@@ -258,6 +278,7 @@ pub fn train<B: AutodiffBackend>(
                 epoch,
                 lr: schedule.at(step),
                 micro_batches: group,
+                synced,
                 ..Default::default()
             };
             let mut acc = Accumulation::<B>::new(group);
@@ -268,6 +289,7 @@ pub fn train<B: AutodiffBackend>(
                 rec.samples += b.samples;
                 let t = Instant::now();
                 let (x, y) = to_device::<B>(b.value, device_affine.as_deref(), &device);
+                sync();
                 rec.h2d_ms += ms(t);
                 let t = Instant::now();
                 let loss = loss_fn.forward(model.forward(x), y);
@@ -276,11 +298,13 @@ pub fn train<B: AutodiffBackend>(
                     Some(s) => s + l,
                     None => l,
                 });
+                sync();
                 rec.forward_backward_ms += ms(t);
             }
             let t = Instant::now();
             let grads = acc.grads();
             model = optim.step(rec.lr, model, grads);
+            sync();
             rec.optimizer_ms = ms(t);
             step += 1;
 
@@ -290,9 +314,12 @@ pub fn train<B: AutodiffBackend>(
                 actions.extend_from_slice(policy.decide(Point::EpochEnd));
             }
             if !actions.is_empty() {
+                rec.cleanup_mem_before_bytes = cleanup_mem();
                 let t = Instant::now();
                 run_cleanup::<B>(&actions, &device);
+                sync();
                 rec.cleanup_ms = ms(t);
+                rec.cleanup_mem_after_bytes = cleanup_mem();
             }
             if let Some((in_use, reserved)) = mem(&device) {
                 rec.mem_in_use_bytes = Some(in_use);
@@ -300,6 +327,7 @@ pub fn train<B: AutodiffBackend>(
             }
             rec.rss_bytes = rss_bytes();
             rec.iter_ms = ms(started);
+            rec.t_ms = t0.elapsed().as_secs_f64() * 1e3;
             let loss = loss_sum.expect("a step has micro-batches") / group as f32;
             pending.push((rec, loss));
             if pending.len() as u64 >= plan.log.every || epoch_done {
@@ -345,7 +373,9 @@ pub fn train<B: AutodiffBackend>(
     }
 }
 
-/// Reads the pending steps' losses back in one transfer and hands the records on.
+/// Reads the pending steps' losses back in one transfer and hands the records on. The
+/// read waits for the device; it and the writing of the earlier lines are the last
+/// record's `log_ms` (and part of its `iter_ms`).
 fn flush<B: Backend>(pending: &mut Vec<(StepRecord, Tensor<B, 1>)>, sink: &mut dyn Sink) {
     if pending.is_empty() {
         return;
@@ -357,13 +387,13 @@ fn flush<B: Backend>(pending: &mut Vec<(StepRecord, Tensor<B, 1>)>, sink: &mut d
         .convert::<f32>()
         .into_vec()
         .unwrap_or_default();
-    let read_ms = ms(t);
     let n = recs.len();
     for (i, (r, v)) in recs.iter_mut().zip(values).enumerate() {
         r.loss = v as f64;
-        // The read waits for the device: its time belongs to the step that triggered it.
         if i + 1 == n {
-            r.iter_ms += read_ms;
+            r.log_ms = ms(t);
+            r.iter_ms += r.log_ms;
+            r.t_ms += r.log_ms;
         }
         r.samples_per_s = if r.iter_ms > 0.0 {
             r.samples as f64 / (r.iter_ms / 1e3)

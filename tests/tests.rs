@@ -323,10 +323,12 @@ fn tempdir(tag: &str) -> PathBuf {
 /// logging under a fresh temporary directory.
 fn plan_from(tag: &str, body: &str) -> Plan {
     let logs = tempdir(tag);
-    let src = format!(
-        "{body}\n[log]\ndir = \"{}\"\nprogress = false\n",
-        logs.display()
-    );
+    let log = format!("[log]\ndir = \"{}\"\nprogress = false\n", logs.display());
+    let src = if body.contains("[log]\n") {
+        body.replace("[log]\n", &log)
+    } else {
+        format!("{body}\n{log}")
+    };
     let path = root().join(format!("tests/fixtures/{tag}.toml"));
     let l = recipe::parse(&path, src).unwrap_or_else(|r| panic!("{r}"));
     plan::validate(&l, &Machine::cpu_only()).unwrap_or_else(|r| panic!("{r}"))
@@ -616,4 +618,168 @@ fn a_run_prints_a_one_line_summary() {
         stdout.contains(&logs.join("runs/tiny/").display().to_string()),
         "{stdout}"
     );
+}
+
+// ---------------------------------------------------------------- measurement and report
+
+#[test]
+fn report_recomputes_the_table_from_metrics_files() {
+    use runner::report::{self, Format};
+    let dirs = report::find_runs(&[root().join("tests/fixtures/report")]).unwrap();
+    assert_eq!(dirs.len(), 4);
+    let runs: Vec<_> = dirs.iter().map(|d| report::load_run(d).unwrap()).collect();
+    let rows = report::rows(&runs, Some("default")).unwrap();
+    let names: Vec<&str> = rows.iter().map(|r| r.recipe.as_str()).collect();
+    assert_eq!(names, ["default", "gc_every_step", "tuned"]);
+    // default: medians of the timed steps (after 2 warm-up steps) 58.0 and 58.5.
+    assert_eq!(rows[0].runs, 2);
+    assert!((rows[0].ms_median - 58.25).abs() < 1e-12);
+    assert!((rows[1].ms_median - 112.5).abs() < 1e-12);
+    assert!((rows[1].ratio - 112.5 / 58.25).abs() < 1e-12 && !rows[1].within_noise);
+    assert!(rows[2].within_noise, "58.45 vs 58.25 is noise");
+    // Cleanup share: 50 ms of each ~112.7 ms timed step.
+    let cleanup = 100.0 * 50.0 * 6.0 / (112.0 + 113.0 + 112.0 + 114.0 + 112.0 + 113.0);
+    assert!((rows[1].cleanup_pct - cleanup).abs() < 1e-9);
+    assert_eq!(rows[0].gpu_util_pct, Some(92.5));
+    let dir = root().join("tests/fixtures/report");
+    expect(
+        &dir.join("expected.txt"),
+        &report::render(&rows, Format::Table),
+    );
+    expect(&dir.join("expected.md"), &report::render(&rows, Format::Md));
+    expect(
+        &dir.join("expected.csv"),
+        &report::render(&rows, Format::Csv),
+    );
+}
+
+#[test]
+fn report_command_prints_markdown_and_draws_a_plot() {
+    let out_dir = tempdir("report-cli");
+    let svg = out_dir.join("cmp.svg");
+    let out = runner_cmd()
+        .args([
+            "report",
+            "tests/fixtures/report",
+            "--baseline",
+            "default",
+            "--format",
+            "md",
+            "--plot",
+        ])
+        .arg(&svg)
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let want = std::fs::read_to_string(root().join("tests/fixtures/report/expected.md")).unwrap();
+    assert_eq!(String::from_utf8_lossy(&out.stdout), want);
+    let picture = std::fs::read_to_string(&svg).unwrap();
+    assert!(
+        picture.starts_with("<svg")
+            && picture.contains("gc_every_step")
+            && picture.contains("optimizer step")
+    );
+    let bad = runner_cmd()
+        .args(["report", "tests/fixtures/report", "--baseline", "nope"])
+        .output()
+        .unwrap();
+    assert_eq!(bad.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&bad.stderr)
+        .contains("the recipes here are: default, gc_every_step, tuned"));
+    let none = runner_cmd()
+        .args(["report", "tests/fixtures/invalid"])
+        .output()
+        .unwrap();
+    assert_eq!(none.status.code(), Some(2));
+}
+
+#[test]
+fn a_cpu_run_records_every_phase_and_its_profile_window() {
+    let p = plan_from(
+        "phases",
+        &format!("{FASHION}\n[loader]\nbatch_size = 32\nworkers = 1\n[cleanup]\nevery = 4\nactions = [\"trim_host\"]\n[run]\nmax_steps = 24\nwarmup_steps = 2\neval = \"never\"\n[log]\nevery = 3\n[profile]\nsteps = \"10..15\"\nsample_ms = 10\n"),
+    );
+    let out = run::execute(&p, &RunOptions { quiet: true }).unwrap();
+    let text = std::fs::read_to_string(out.dir.join("metrics.jsonl")).unwrap();
+    let recs = records(&out.dir);
+    assert_eq!(recs.len(), 24);
+    for line in text.lines() {
+        let v: serde_json::Value = serde_json::from_str(line).unwrap();
+        for field in [
+            "data_wait_ms",
+            "h2d_ms",
+            "forward_backward_ms",
+            "optimizer_ms",
+            "cleanup_ms",
+            "log_ms",
+            "iter_ms",
+            "synced",
+            "t_ms",
+            "cpu_util_pct",
+        ] {
+            assert!(v.get(field).is_some(), "{field} missing from {line}");
+        }
+    }
+    for r in &recs {
+        let phases = r.data_wait_ms
+            + r.h2d_ms
+            + r.forward_backward_ms
+            + r.optimizer_ms
+            + r.cleanup_ms
+            + r.log_ms;
+        assert!(
+            phases <= r.iter_ms + 1e-6,
+            "step {}: phases {phases} > step {}",
+            r.step,
+            r.iter_ms
+        );
+        assert!(r.forward_backward_ms > 0.0 && r.optimizer_ms > 0.0);
+        assert_eq!(r.synced, (10..15).contains(&r.step), "step {}", r.step);
+        assert_eq!(
+            r.log_ms > 0.0,
+            r.step % 3 == 0,
+            "losses are read every 3 steps (step {})",
+            r.step
+        );
+        assert_eq!(r.cleanup_mem_before_bytes.is_some(), r.step % 4 == 0);
+        let u = r.cpu_util_pct.expect("the /proc sampler covers every step");
+        assert!((0.0..=100.0).contains(&u));
+    }
+    assert!(recs.windows(2).all(|w| w[0].t_ms < w[1].t_ms));
+    let s = summary(&out.dir);
+    assert_eq!(s.util_source, "proc");
+    assert!(
+        s.cpu_util_pct.unwrap() > 5.0,
+        "a training process uses the CPU"
+    );
+    assert_eq!(s.synced_phases.as_ref().unwrap().steps, 5);
+    assert_eq!(s.phases.as_ref().unwrap().steps, 24 - 2 - 5);
+    assert!(s.cleanup_freed_bytes.is_some());
+    let samples = std::fs::read_to_string(out.dir.join("samples.jsonl")).unwrap();
+    assert!(samples.lines().count() >= 3);
+}
+
+#[test]
+fn a_bad_profile_window_is_an_error() {
+    let l = recipe::parse(
+        Path::new("p.toml"),
+        "[model]\narch = \"mlp\"\n[data]\nformat = \"synthetic\"\n[profile]\nsteps = \"30..20\"\n"
+            .into(),
+    )
+    .unwrap();
+    let r = plan::validate(&l, &Machine::cpu_only())
+        .unwrap_err()
+        .to_string();
+    assert!(
+        r.contains("p.toml:6:9: profile.steps: \"30..20\" is not a window of steps"),
+        "{r}"
+    );
+    assert_eq!(plan::parse_steps("20..30"), Some(20..=29));
+    assert_eq!(plan::parse_steps("20..=30"), Some(20..=30));
+    assert_eq!(plan::parse_steps("0..3"), None);
 }

@@ -26,6 +26,7 @@ pub struct Recipe {
     pub cleanup: CleanupSection,
     pub run: RunSection,
     pub log: LogSection,
+    pub profile: ProfileSection,
 }
 
 /// `[backend]`: where the run executes.
@@ -470,6 +471,29 @@ impl Default for LogSection {
     }
 }
 
+/// `[profile]`: what is measured beyond host timings.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ProfileSection {
+    /// Optimizer steps whose phases are timed with a device sync after each phase, as
+    /// `"A..B"` (steps A to B-1) or `"A..=B"`, 1-based. Outside the window the loop runs
+    /// unsynced and phase times are host times. Default: none.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub steps: Option<String>,
+    /// Interval of the utilisation sampler (NVML on CUDA, /proc on the CPU), milliseconds;
+    /// 0 turns sampling off. Default 100.
+    pub sample_ms: u64,
+}
+
+impl Default for ProfileSection {
+    fn default() -> Self {
+        Self {
+            steps: None,
+            sample_ms: 100,
+        }
+    }
+}
+
 /// The tables of the format and the keys each allows, for the unknown-key check.
 /// `T::deserialize` names its fields to serde; this asks it for them without data.
 pub fn tables() -> Vec<(&'static str, &'static [&'static str])> {
@@ -486,6 +510,7 @@ pub fn tables() -> Vec<(&'static str, &'static [&'static str])> {
         ("cleanup", fields_of::<CleanupSection>()),
         ("run", fields_of::<RunSection>()),
         ("log", fields_of::<LogSection>()),
+        ("profile", fields_of::<ProfileSection>()),
     ]
 }
 

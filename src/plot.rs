@@ -1,0 +1,156 @@
+//! The report's figure (SVG, drawn with plotters): per-step iteration time of every run on
+//! top, and bars of the main columns below, one colour per recipe throughout, so the
+//! comparison reads without reading numbers. No Burn here.
+
+use std::path::Path;
+
+use plotters::prelude::*;
+
+use crate::report::{Row, Run};
+
+const W: u32 = 1200;
+const H: u32 = 820;
+
+fn colour(i: usize) -> RGBColor {
+    // Okabe–Ito: distinguishable with the common colour-vision deficiencies.
+    const C: [(u8, u8, u8); 8] = [
+        (0, 114, 178),
+        (230, 159, 0),
+        (0, 158, 115),
+        (204, 121, 167),
+        (86, 180, 233),
+        (213, 94, 0),
+        (240, 228, 66),
+        (0, 0, 0),
+    ];
+    let (r, g, b) = C[i % C.len()];
+    RGBColor(r, g, b)
+}
+
+/// Draws the figure to `path` (SVG).
+pub fn draw(path: &Path, runs: &[Run], rows: &[Row]) -> Result<(), String> {
+    let err = |e: &dyn std::fmt::Display| format!("{}: {e}", path.display());
+    let root = SVGBackend::new(path, (W, H)).into_drawing_area();
+    root.fill(&WHITE).map_err(|e| err(&e))?;
+    let (top, bottom) = root.split_vertically(440);
+    let index = |name: &str| rows.iter().position(|r| r.recipe == name).unwrap_or(0);
+
+    // Per-step time, clipped above at 1.5 × the largest p95 so one slow first step (autotune,
+    // allocation) does not flatten the rest.
+    let steps = runs
+        .iter()
+        .map(|r| r.records.len())
+        .max()
+        .unwrap_or(1)
+        .max(2) as f64;
+    let ymax = runs
+        .iter()
+        .map(|r| r.summary.iter_ms.p95)
+        .fold(0.0, f64::max)
+        .max(1e-3)
+        * 1.5;
+    let mut chart = ChartBuilder::on(&top)
+        .caption("time per optimizer step (ms)", ("sans-serif", 22))
+        .margin(12)
+        .x_label_area_size(40)
+        .y_label_area_size(60)
+        .build_cartesian_2d(1f64..steps, 0f64..ymax)
+        .map_err(|e| err(&e))?;
+    chart
+        .configure_mesh()
+        .x_desc("optimizer step")
+        .y_desc("ms")
+        .light_line_style(WHITE.mix(0.0))
+        .draw()
+        .map_err(|e| err(&e))?;
+    let mut labelled = vec![];
+    for run in runs {
+        let i = index(&run.name);
+        let c = colour(i);
+        let points = run
+            .records
+            .iter()
+            .map(|r| (r.step as f64, r.iter_ms.min(ymax)));
+        let series = chart
+            .draw_series(LineSeries::new(points, c.stroke_width(1)))
+            .map_err(|e| err(&e))?;
+        if !labelled.contains(&i) {
+            labelled.push(i);
+            series.label(run.name.clone()).legend(move |(x, y)| {
+                PathElement::new(vec![(x, y), (x + 24, y)], c.stroke_width(3))
+            });
+        }
+    }
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::UpperRight)
+        .background_style(WHITE.mix(0.85))
+        .border_style(BLACK.mix(0.3))
+        .label_font(("sans-serif", 15))
+        .draw()
+        .map_err(|e| err(&e))?;
+
+    // Bars: one panel per column, one bar per recipe.
+    let util: Vec<f64> = rows
+        .iter()
+        .map(|r| r.gpu_util_pct.or(r.cpu_util_pct).unwrap_or(0.0))
+        .collect();
+    let util_title = if rows.iter().any(|r| r.gpu_util_pct.is_some()) {
+        "GPU utilisation (%)"
+    } else {
+        "CPU utilisation (%)"
+    };
+    let mem: Vec<f64> = rows
+        .iter()
+        .map(|r| r.peak_in_use_bytes.or(r.peak_rss_bytes).unwrap_or(0) as f64 / (1u64 << 30) as f64)
+        .collect();
+    let mem_title = if rows.iter().any(|r| r.peak_in_use_bytes.is_some()) {
+        "peak device memory in use (GiB)"
+    } else {
+        "peak resident memory (GiB)"
+    };
+    let panels: [(&str, Vec<f64>); 4] = [
+        ("median ms/iter", rows.iter().map(|r| r.ms_median).collect()),
+        (util_title, util),
+        (mem_title, mem),
+        (
+            "cleanup + data wait (% of step)",
+            rows.iter()
+                .map(|r| r.cleanup_pct + r.data_wait_pct)
+                .collect(),
+        ),
+    ];
+    let areas = bottom.split_evenly((1, panels.len()));
+    for (area, (title, values)) in areas.iter().zip(panels) {
+        let top_v = values.iter().cloned().fold(0.0, f64::max).max(1e-9) * 1.15;
+        let n = rows.len() as f64;
+        let mut c = ChartBuilder::on(area)
+            .caption(title, ("sans-serif", 16))
+            .margin(10)
+            .x_label_area_size(30)
+            .y_label_area_size(50)
+            .build_cartesian_2d(0f64..n, 0f64..top_v)
+            .map_err(|e| err(&e))?;
+        c.configure_mesh()
+            .disable_x_mesh()
+            .x_labels(0)
+            .light_line_style(WHITE.mix(0.0))
+            .draw()
+            .map_err(|e| err(&e))?;
+        c.draw_series(values.iter().enumerate().map(|(i, v)| {
+            let x = i as f64;
+            Rectangle::new([(x + 0.15, 0.0), (x + 0.85, *v)], colour(i).filled())
+        }))
+        .map_err(|e| err(&e))?;
+        c.draw_series(values.iter().enumerate().map(|(i, v)| {
+            Text::new(
+                format!("{v:.1}"),
+                (i as f64 + 0.2, *v + top_v * 0.035),
+                ("sans-serif", 13),
+            )
+        }))
+        .map_err(|e| err(&e))?;
+    }
+    root.present().map_err(|e| err(&e))?;
+    Ok(())
+}

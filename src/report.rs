@@ -1,0 +1,457 @@
+//! `runner report`: the comparison table of runs, recomputed from their `metrics.jsonl`
+//! (not copied from their summaries), one row per recipe with repeats aggregated, each
+//! row's ratio to a baseline and whether the difference is within the noise. Renders a
+//! terminal table, Markdown or CSV; `plot` draws the figure. No Burn here.
+
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+
+use crate::metrics::{Stats, StepRecord, Summary};
+
+/// One run directory, read back.
+#[derive(Debug, Clone)]
+pub struct Run {
+    pub dir: PathBuf,
+    pub name: String,
+    pub records: Vec<StepRecord>,
+    /// Recomputed from `records` (and `summary.json` for what metrics lines lack).
+    pub summary: Summary,
+}
+
+/// Why a run directory cannot be reported, with the file and what to do.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ReportError(pub String);
+
+impl std::fmt::Display for ReportError {
+    fn fmt(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// Run directories under the given paths (each a run directory or a folder holding some,
+/// at any depth), in path order.
+pub fn find_runs(paths: &[PathBuf]) -> Result<Vec<PathBuf>, ReportError> {
+    let mut out = vec![];
+    for p in paths {
+        if !p.exists() {
+            return Err(ReportError(format!("error: {} does not exist\n  = help: give run directories or folders holding them, e.g. runs/", p.display())));
+        }
+        let mut stack = vec![p.clone()];
+        while let Some(d) = stack.pop() {
+            if d.join("summary.json").is_file() && d.join("metrics.jsonl").is_file() {
+                out.push(d);
+                continue;
+            }
+            if let Ok(rd) = std::fs::read_dir(&d) {
+                stack.extend(
+                    rd.filter_map(|e| e.ok().map(|e| e.path()))
+                        .filter(|p| p.is_dir()),
+                );
+            }
+        }
+    }
+    out.sort();
+    out.dedup();
+    if out.is_empty() {
+        return Err(ReportError(format!(
+            "error: no run directories (with summary.json and metrics.jsonl) under {}\n  = help: run a recipe first; runs go to runs/<name>/<run-id>/",
+            paths.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(", ")
+        )));
+    }
+    Ok(out)
+}
+
+/// Reads a run directory and recomputes its statistics from the metrics lines.
+pub fn load_run(dir: &Path) -> Result<Run, ReportError> {
+    let sp = dir.join("summary.json");
+    let text = std::fs::read_to_string(&sp)
+        .map_err(|e| ReportError(format!("error: {}: {e}", sp.display())))?;
+    let stored: Summary = serde_json::from_str(&text).map_err(|e| {
+        ReportError(format!(
+            "error: {}:{}:{}: not a summary: {e}",
+            sp.display(),
+            e.line(),
+            e.column()
+        ))
+    })?;
+    let mp = dir.join("metrics.jsonl");
+    let text = std::fs::read_to_string(&mp)
+        .map_err(|e| ReportError(format!("error: {}: {e}", mp.display())))?;
+    let mut records = vec![];
+    let lines: Vec<&str> = text.lines().collect();
+    for (i, line) in lines.iter().enumerate() {
+        if line.trim().is_empty() {
+            continue;
+        }
+        match serde_json::from_str::<StepRecord>(line) {
+            Ok(r) => records.push(r),
+            // A run killed mid-write leaves at most a partial last line: skip it.
+            Err(_) if i + 1 == lines.len() && !text.ends_with('\n') => {}
+            Err(e) => {
+                return Err(ReportError(format!(
+                    "error: {}:{}:{}: not a metrics record: {e}\n  = help: metrics.jsonl is written by runner; was it edited?",
+                    mp.display(),
+                    i + 1,
+                    e.column()
+                )))
+            }
+        }
+    }
+    let mut summary = Summary {
+        name: stored.name.clone(),
+        run_id: stored.run_id.clone(),
+        status: stored.status.clone(),
+        backend: stored.backend.clone(),
+        device: stored.device.clone(),
+        util_source: stored.util_source.clone(),
+        evals: stored.evals.clone(),
+        test_accuracy: stored.test_accuracy,
+        parameters: stored.parameters,
+        ..Default::default()
+    };
+    summary.absorb(&records, stored.warmup_steps);
+    Ok(Run {
+        dir: dir.to_path_buf(),
+        name: stored.name,
+        records,
+        summary,
+    })
+}
+
+/// One line of the comparison: a recipe, over its repeats.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Row {
+    pub recipe: String,
+    pub runs: usize,
+    pub backend: String,
+    /// Mean over repeats of each run's median / p95 step time (timed steps).
+    pub ms_median: f64,
+    pub ms_p95: f64,
+    /// Spread of `ms_median` in percent: between repeats when there are several (their
+    /// coefficient of variation), else the standard error of one run's median.
+    pub cv_pct: f64,
+    pub samples_per_s: f64,
+    pub gpu_util_pct: Option<f64>,
+    pub cpu_util_pct: Option<f64>,
+    pub peak_in_use_bytes: Option<u64>,
+    pub peak_reserved_bytes: Option<u64>,
+    pub peak_rss_bytes: Option<u64>,
+    pub data_wait_pct: f64,
+    pub cleanup_pct: f64,
+    pub test_accuracy: Option<f64>,
+    /// `ms_median / baseline's ms_median`.
+    pub ratio: f64,
+    /// The difference to the baseline is smaller than twice the combined spread.
+    pub within_noise: bool,
+    pub is_baseline: bool,
+}
+
+fn mean(v: &[f64]) -> f64 {
+    v.iter().sum::<f64>() / v.len().max(1) as f64
+}
+
+fn mean_opt(v: impl Iterator<Item = Option<f64>>) -> Option<f64> {
+    let v: Vec<f64> = v.flatten().collect();
+    (!v.is_empty()).then(|| mean(&v))
+}
+
+/// Groups runs by recipe name (in order of first appearance) and compares each group with
+/// the baseline: `baseline` names a recipe, or the first row is the baseline.
+pub fn rows(runs: &[Run], baseline: Option<&str>) -> Result<Vec<Row>, ReportError> {
+    let mut order: Vec<&str> = vec![];
+    for r in runs {
+        if !order.contains(&r.name.as_str()) {
+            order.push(&r.name);
+        }
+    }
+    let mut out: Vec<Row> = order
+        .iter()
+        .map(|name| {
+            let group: Vec<&Run> = runs.iter().filter(|r| r.name == *name).collect();
+            let s: Vec<&Summary> = group.iter().map(|r| &r.summary).collect();
+            let medians: Vec<f64> = s.iter().map(|s| s.iter_ms.median).collect();
+            let m = mean(&medians);
+            let cv_pct = if medians.len() > 1 {
+                100.0 * Stats::of(&medians).std / m
+            } else {
+                let st = &s[0].iter_ms;
+                // Standard error of a median: 1.2533 σ / √n.
+                if st.count > 1 && m > 0.0 {
+                    100.0 * 1.2533 * st.std / (st.count as f64).sqrt() / m
+                } else {
+                    0.0
+                }
+            };
+            Row {
+                recipe: name.to_string(),
+                runs: group.len(),
+                backend: s[0].backend.clone(),
+                ms_median: m,
+                ms_p95: mean(&s.iter().map(|s| s.iter_ms.p95).collect::<Vec<_>>()),
+                cv_pct,
+                samples_per_s: mean(&s.iter().map(|s| s.samples_per_s).collect::<Vec<_>>()),
+                gpu_util_pct: mean_opt(s.iter().map(|s| s.gpu_util_pct)),
+                cpu_util_pct: mean_opt(s.iter().map(|s| s.cpu_util_pct)),
+                peak_in_use_bytes: s.iter().filter_map(|s| s.peak_mem_in_use_bytes).max(),
+                peak_reserved_bytes: s.iter().filter_map(|s| s.peak_mem_reserved_bytes).max(),
+                peak_rss_bytes: s.iter().filter_map(|s| s.peak_rss_bytes).max(),
+                data_wait_pct: mean(&s.iter().map(|s| s.data_wait_pct).collect::<Vec<_>>()),
+                cleanup_pct: mean(&s.iter().map(|s| s.cleanup_pct).collect::<Vec<_>>()),
+                test_accuracy: mean_opt(s.iter().map(|s| s.test_accuracy)),
+                ratio: 1.0,
+                within_noise: true,
+                is_baseline: false,
+            }
+        })
+        .collect();
+    let base =
+        match baseline {
+            None => 0,
+            Some(b) => out.iter().position(|r| r.recipe == b).ok_or_else(|| {
+                ReportError(format!(
+                "error: --baseline {b}: no run of that recipe\n  = help: the recipes here are: {}",
+                out.iter().map(|r| r.recipe.as_str()).collect::<Vec<_>>().join(", ")
+            ))
+            })?,
+        };
+    out[base].is_baseline = true;
+    let (bm, bcv) = (out[base].ms_median, out[base].cv_pct);
+    for r in &mut out {
+        r.ratio = if bm > 0.0 { r.ms_median / bm } else { 0.0 };
+        let noise = 2.0 * ((r.cv_pct / 100.0).powi(2) + (bcv / 100.0).powi(2)).sqrt();
+        r.within_noise = (r.ratio - 1.0).abs() < noise;
+    }
+    Ok(out)
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Format {
+    /// Aligned columns for a terminal.
+    Table,
+    /// A Markdown table (for BENCHMARKS.md, issues, pull requests).
+    Md,
+    /// Comma-separated values, full precision.
+    Csv,
+}
+
+fn gib(b: Option<u64>) -> String {
+    b.map_or("-".into(), |b| {
+        format!("{:.2}", b as f64 / (1u64 << 30) as f64)
+    })
+}
+
+fn opt(v: Option<f64>, digits: usize) -> String {
+    v.map_or("-".into(), |v| format!("{v:.digits$}"))
+}
+
+/// The table's header and cells, as text.
+fn cells(rows: &[Row]) -> (Vec<String>, Vec<Vec<String>>) {
+    let gpu = rows.iter().any(|r| r.gpu_util_pct.is_some());
+    let cpu = rows.iter().any(|r| r.cpu_util_pct.is_some());
+    let dev_mem = rows.iter().any(|r| r.peak_in_use_bytes.is_some());
+    let mut header: Vec<String> = ["recipe", "runs", "ms/iter", "± %", "p95 ms", "samples/s"]
+        .map(String::from)
+        .to_vec();
+    if gpu {
+        header.push("GPU util %".into());
+    }
+    if cpu {
+        header.push("CPU util %".into());
+    }
+    if dev_mem {
+        header.extend(["mem in use GiB".into(), "mem reserved GiB".into()]);
+    }
+    header.extend(
+        [
+            "peak RSS GiB",
+            "data wait %",
+            "cleanup %",
+            "test acc %",
+            "vs baseline",
+        ]
+        .map(String::from),
+    );
+    let body = rows
+        .iter()
+        .map(|r| {
+            let mut c = vec![
+                r.recipe.clone(),
+                r.runs.to_string(),
+                format!("{:.2}", r.ms_median),
+                format!("{:.1}", r.cv_pct),
+                format!("{:.2}", r.ms_p95),
+                format!("{:.1}", r.samples_per_s),
+            ];
+            if gpu {
+                c.push(opt(r.gpu_util_pct, 1));
+            }
+            if cpu {
+                c.push(opt(r.cpu_util_pct, 1));
+            }
+            if dev_mem {
+                c.extend([gib(r.peak_in_use_bytes), gib(r.peak_reserved_bytes)]);
+            }
+            c.extend([
+                gib(r.peak_rss_bytes),
+                format!("{:.1}", r.data_wait_pct),
+                format!("{:.1}", r.cleanup_pct),
+                opt(r.test_accuracy.map(|a| 100.0 * a), 2),
+                if r.is_baseline {
+                    "baseline".into()
+                } else if r.within_noise {
+                    format!("{:.2}x ≈", r.ratio)
+                } else {
+                    format!("{:.2}x", r.ratio)
+                },
+            ]);
+            c
+        })
+        .collect();
+    (header, body)
+}
+
+/// Renders the rows. The table and Markdown end with a note on reading them.
+pub fn render(rows: &[Row], format: Format) -> String {
+    let mut out = String::new();
+    match format {
+        Format::Csv => {
+            out.push_str("recipe,runs,backend,ms_median,ms_p95,cv_pct,samples_per_s,gpu_util_pct,cpu_util_pct,peak_mem_in_use_bytes,peak_mem_reserved_bytes,peak_rss_bytes,data_wait_pct,cleanup_pct,test_accuracy,ratio,within_noise\n");
+            let o = |v: Option<f64>| v.map_or(String::new(), |v| v.to_string());
+            let u = |v: Option<u64>| v.map_or(String::new(), |v| v.to_string());
+            let q = |s: &str| {
+                if s.contains([',', '"', '\n']) {
+                    format!("\"{}\"", s.replace('"', "\"\""))
+                } else {
+                    s.to_string()
+                }
+            };
+            for r in rows {
+                let _ = writeln!(
+                    out,
+                    "{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}",
+                    q(&r.recipe),
+                    r.runs,
+                    q(&r.backend),
+                    r.ms_median,
+                    r.ms_p95,
+                    r.cv_pct,
+                    r.samples_per_s,
+                    o(r.gpu_util_pct),
+                    o(r.cpu_util_pct),
+                    u(r.peak_in_use_bytes),
+                    u(r.peak_reserved_bytes),
+                    u(r.peak_rss_bytes),
+                    r.data_wait_pct,
+                    r.cleanup_pct,
+                    o(r.test_accuracy),
+                    r.ratio,
+                    r.within_noise
+                );
+            }
+            return out;
+        }
+        Format::Md => {
+            let (h, body) = cells(rows);
+            let _ = writeln!(out, "| {} |", h.join(" | "));
+            let _ = writeln!(
+                out,
+                "|{}|",
+                h.iter().map(|_| " --- ").collect::<Vec<_>>().join("|")
+            );
+            for c in body {
+                let _ = writeln!(out, "| {} |", c.join(" | "));
+            }
+        }
+        Format::Table => {
+            let (h, body) = cells(rows);
+            let widths: Vec<usize> = (0..h.len())
+                .map(|i| {
+                    body.iter()
+                        .map(|c| c[i].chars().count())
+                        .chain([h[i].chars().count()])
+                        .max()
+                        .unwrap_or(0)
+                })
+                .collect();
+            let line = |c: &[String]| {
+                c.iter()
+                    .zip(&widths)
+                    .enumerate()
+                    .map(|(i, (s, w))| {
+                        if i == 0 {
+                            format!("{s:<w$}")
+                        } else {
+                            format!("{s:>w$}")
+                        }
+                    })
+                    .collect::<Vec<_>>()
+                    .join("  ")
+            };
+            let _ = writeln!(out, "{}", line(&h));
+            for c in &body {
+                let _ = writeln!(out, "{}", line(c));
+            }
+        }
+    }
+    out.push_str(
+        "\nms/iter: mean over runs of each run's median step time after warm-up; ± %: spread of that \
+         median (coefficient of variation over repeats, or one run's standard error); ≈: the \
+         difference to the baseline is within twice the combined spread.\n",
+    );
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run(name: &str, iters: &[f64]) -> Run {
+        let records: Vec<StepRecord> = iters
+            .iter()
+            .enumerate()
+            .map(|(i, &ms)| StepRecord {
+                step: i as u64 + 1,
+                samples: 10,
+                iter_ms: ms,
+                ..Default::default()
+            })
+            .collect();
+        let mut summary = Summary {
+            name: name.into(),
+            ..Default::default()
+        };
+        summary.absorb(&records, 0);
+        Run {
+            dir: PathBuf::new(),
+            name: name.into(),
+            records,
+            summary,
+        }
+    }
+
+    #[test]
+    fn repeats_aggregate_and_noise_is_marked() {
+        let runs = vec![
+            run("base", &[10.0, 10.0, 10.0]),
+            run("base", &[12.0, 12.0, 12.0]),
+            run("slow", &[20.0, 20.0, 20.0]),
+            run("same", &[11.2, 11.0, 10.8]),
+        ];
+        let r = rows(&runs, None).unwrap();
+        assert_eq!(
+            r.iter().map(|r| r.recipe.as_str()).collect::<Vec<_>>(),
+            ["base", "slow", "same"]
+        );
+        assert_eq!(r[0].runs, 2);
+        assert_eq!(r[0].ms_median, 11.0);
+        assert!((r[0].cv_pct - 100.0 * 2f64.sqrt() / 11.0).abs() < 1e-9);
+        assert!(!r[1].within_noise && (r[1].ratio - 20.0 / 11.0).abs() < 1e-12);
+        assert!(r[2].within_noise, "11.0 vs 11.0 ± 12.9%");
+        let by = rows(&runs, Some("slow")).unwrap();
+        assert_eq!(by[1].ratio, 1.0);
+        assert!(rows(&runs, Some("nope"))
+            .unwrap_err()
+            .0
+            .contains("the recipes here are: base, slow, same"));
+    }
+}
