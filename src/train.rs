@@ -50,7 +50,8 @@ pub struct HostBatch {
     labels: TensorData,
 }
 
-enum Optim<B: AutodiffBackend> {
+/// The recipe's optimizer, built with PyTorch's semantics.
+pub enum Optim<B: AutodiffBackend> {
     Sgd(OptimizerAdaptor<Sgd<B::InnerBackend>, Net<B>, B>),
     AdamW(OptimizerAdaptor<AdamW, Net<B>, B>),
 }
@@ -58,7 +59,7 @@ enum Optim<B: AutodiffBackend> {
 impl<B: AutodiffBackend> Optim<B> {
     /// PyTorch semantics: SGD momentum without dampening (Burn defaults to 0.1), L2 weight
     /// decay on the gradient; AdamW with decoupled decay and the recipe's eps (Burn: 1e-5).
-    fn new(p: &crate::plan::OptimPlan) -> Self {
+    pub fn new(p: &crate::plan::OptimPlan) -> Self {
         match p.optimizer {
             OptimKind::Sgd => {
                 let momentum = (p.momentum > 0.0).then(|| MomentumConfig {
@@ -87,7 +88,7 @@ impl<B: AutodiffBackend> Optim<B> {
         }
     }
 
-    fn step(&mut self, lr: f64, model: Net<B>, grads: GradientsParams) -> Net<B> {
+    pub fn step(&mut self, lr: f64, model: Net<B>, grads: GradientsParams) -> Net<B> {
         match self {
             Optim::Sgd(o) => o.step(lr, model, grads),
             Optim::AdamW(o) => o.step(lr, model, grads),
@@ -133,7 +134,7 @@ impl<B: AutodiffBackend> Accumulation<B> {
 }
 
 /// The host-side preparation and the device-side normalisation a plan asks for.
-fn preparation(plan: &Plan) -> (Prepare, Option<Vec<(f32, f32)>>) {
+pub fn preparation(plan: &Plan) -> (Prepare, Option<Vec<(f32, f32)>>) {
     let n = &plan.data.normalize;
     let affine = Prepare::affine(&n.mean, &n.std);
     let on_host = n.on == NormalizeOn::Host;
@@ -146,7 +147,7 @@ fn preparation(plan: &Plan) -> (Prepare, Option<Vec<(f32, f32)>>) {
     (prep, (!on_host).then_some(affine))
 }
 
-fn host_batch(pixels: Pixels, labels: Vec<i32>, shape: [usize; 4]) -> HostBatch {
+pub fn host_batch(pixels: Pixels, labels: Vec<i32>, shape: [usize; 4]) -> HostBatch {
     let images = match pixels {
         Pixels::F32(v) => TensorData::new(v, shape),
         Pixels::U8(v) => TensorData::new(v, shape),
@@ -159,7 +160,7 @@ fn host_batch(pixels: Pixels, labels: Vec<i32>, shape: [usize; 4]) -> HostBatch 
 }
 
 /// Host batch → device tensors. Bytes are cast and normalised on the device.
-fn to_device<B: Backend>(
+pub fn to_device<B: Backend>(
     b: HostBatch,
     device_affine: Option<&[(f32, f32)]>,
     device: &B::Device,
