@@ -212,11 +212,13 @@ impl<'a> Validator<'a> {
                 .map(|s| s.to_string_lossy().into_owned())
                 .unwrap_or_else(|| "recipe".into())
         });
-        if name.is_empty() || name.contains(['/', '\\']) || name == "." || name == ".." {
+        // Sweep cells are named `base/key=value,...`: one directory level per '/'.
+        let bad_part = |p: &str| p.is_empty() || p == "." || p == ".." || p.starts_with('.');
+        if name.contains(['\\', '\0']) || name.split('/').any(bad_part) {
             self.err(
                 "name",
                 format!("{name:?} cannot name a run directory"),
-                "use letters, digits, '-', '_' or '.'",
+                "use letters, digits, '-', '_', '=', ',' and '.', with '/' only between parts",
             );
         }
         let (device, device_reason) = self.device(machine);
@@ -593,7 +595,7 @@ impl<'a> Validator<'a> {
 
     /// A `.bin` file, or a directory: its `<stem>*.bin` files in name order.
     fn cifar_files(&mut self, key: &str, rel: &str, stem: &str) -> Option<Vec<PathBuf>> {
-        let path = self.l.base_dir().join(rel);
+        let path = self.l.dir_of(key).join(rel);
         if path.is_dir() {
             let mut files: Vec<PathBuf> = std::fs::read_dir(&path)
                 .ok()?
@@ -619,7 +621,7 @@ impl<'a> Validator<'a> {
         } else {
             self.err(
                 key,
-                format!("{} does not exist", lexical(&path).display()),
+                format!("{} does not exist", crate::recipe::lexical(&path).display()),
                 "paths are relative to the recipe file; the shipped data is under datasets/",
             );
             None
@@ -634,7 +636,11 @@ impl<'a> Validator<'a> {
                 Err(e) => {
                     self.err(
                         key,
-                        format!("{} {}", lexical(&e.path).display(), e.message),
+                        format!(
+                            "{} {}",
+                            crate::recipe::lexical(&e.path).display(),
+                            e.message
+                        ),
                         e.help_text().to_string(),
                     );
                     return None;
@@ -997,22 +1003,6 @@ pub fn parse_steps(text: &str) -> Option<std::ops::RangeInclusive<u64>> {
     let b: u64 = b.trim().parse().ok()?;
     let end = if inclusive { b } else { b.checked_sub(1)? };
     (a >= 1 && end >= a).then_some(a..=end)
-}
-
-/// `a/b/../c` → `a/c`, without touching the file system (for messages about missing files).
-pub fn lexical(p: &Path) -> PathBuf {
-    use std::path::Component;
-    let mut out: Vec<Component> = vec![];
-    for c in p.components() {
-        match c {
-            Component::CurDir => {}
-            Component::ParentDir if matches!(out.last(), Some(Component::Normal(_))) => {
-                out.pop();
-            }
-            other => out.push(other),
-        }
-    }
-    out.iter().collect()
 }
 
 fn absolute(p: &Path) -> PathBuf {

@@ -1,42 +1,41 @@
-//! Reading a recipe file: TOML syntax, unknown keys and value types, every finding at once,
-//! each pointing at its line and column. Owns the raw `Recipe` (what the user typed, with
-//! defaults) and the key → span index that later checks use to point into the file.
-//! Rules that span keys, and anything touching the file system beyond reading the recipe,
-//! belong to `plan`.
+//! Reading a recipe: TOML syntax, `extends` chains and `--set` overrides (through `doc`),
+//! unknown keys and value types, every finding at once, each pointing at the file, line and
+//! column that wrote the key. Owns the raw `Recipe` (what the user typed, with defaults) and
+//! the provenance of every key that later checks use to point into the sources. Rules that
+//! span keys, and anything touching the file system beyond reading recipes, belong to `plan`.
 
 pub mod diag;
+pub mod doc;
 pub mod schema;
 
-use std::collections::BTreeMap;
-use std::ops::Range;
 use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
-use toml::de::{DeTable, DeValue};
-use toml::Spanned;
 
 pub use diag::{did_you_mean, Diagnostic, Report, Severity};
+pub use doc::{Doc, Origin, Source};
 pub use schema::*;
 
-/// A recipe that parsed and type-checked, with what is needed to point into its source.
+/// A recipe that parsed and type-checked, with what is needed to point into its sources.
 #[derive(Debug, Clone)]
 pub struct Loaded {
     pub recipe: Recipe,
     /// The recipe file as the user named it.
     pub path: PathBuf,
-    pub source: String,
-    /// Dotted key → (span of the key, span of the value), for every key in the file.
-    spans: BTreeMap<String, (Range<usize>, Range<usize>)>,
+    /// Values and where each key was written (this file, a file it extends, `--set`).
+    pub doc: Doc,
     /// Unknown keys and values of the wrong type, already reported and left out of `recipe`
     /// (which holds the defaults in their place). Later checks add to these.
     pub findings: Report,
     dropped: Vec<String>,
+    /// The `[sweep]` table, if the recipe is a grid (see `sweep`).
+    pub sweep: Option<toml::Table>,
 }
 
 impl Loaded {
-    /// Whether the file sets this dotted key (as opposed to taking its default).
+    /// Whether the sources set this dotted key (as opposed to it taking its default).
     pub fn is_set(&self, key: &str) -> bool {
-        self.spans.contains_key(key) && !self.was_dropped(key)
+        self.doc.origins.contains_key(key) && !self.was_dropped(key)
     }
 
     /// Whether the key (or a table above it) was reported and dropped: later checks stay
@@ -47,104 +46,120 @@ impl Loaded {
             .any(|d| key == d || key.starts_with(&format!("{d}.")))
     }
 
-    /// An error about a key's value, placed at the value when the file sets it.
+    /// An error about a key's value, placed where the value was written.
     pub fn error(&self, key: &str, message: impl Into<String>) -> Diagnostic {
-        self.place(Diagnostic::error(&self.path, message).key(key), key)
+        self.doc.diagnostic(
+            &self.path,
+            key,
+            Diagnostic::error(&self.path, message).key(key),
+        )
     }
 
     /// A warning about a key, placed like `error`.
     pub fn warning(&self, key: &str, message: impl Into<String>) -> Diagnostic {
-        self.place(Diagnostic::warning(&self.path, message).key(key), key)
+        self.doc.diagnostic(
+            &self.path,
+            key,
+            Diagnostic::warning(&self.path, message).key(key),
+        )
     }
 
-    fn place(&self, d: Diagnostic, key: &str) -> Diagnostic {
-        // A key the file does not set is reported at its table's header, if any.
-        let mut k = key;
-        loop {
-            if let Some((_, v)) = self.spans.get(k) {
-                return d.at(&self.source, v.clone());
-            }
-            match k.rfind('.') {
-                Some(i) => k = &k[..i],
-                None => return d,
-            }
-        }
-    }
-
-    /// The directory that relative paths in the recipe are resolved against.
+    /// The directory of the recipe file itself.
     pub fn base_dir(&self) -> PathBuf {
         match self.path.parent() {
             Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
             _ => PathBuf::from("."),
         }
     }
+
+    /// The directory a relative path in `key` is resolved against: that of the file that
+    /// wrote it (a parent recipe's paths stay relative to the parent).
+    pub fn dir_of(&self, key: &str) -> PathBuf {
+        match self.doc.origins.get(key) {
+            Some(o) => self.doc.source(o).dir.clone(),
+            None => self.base_dir(),
+        }
+    }
 }
 
-/// Reads and type-checks a recipe file. A file that cannot be read or is not TOML is an
-/// error; keys and values that do not fit the format are `findings` of the result, so the
-/// checks that follow can add theirs and the user sees every mistake at once.
+/// Reads and type-checks a recipe file (and the files it extends).
 pub fn load(path: &Path) -> Result<Loaded, Report> {
-    let source = std::fs::read_to_string(path).map_err(|e| {
-        let help = if e.kind() == std::io::ErrorKind::NotFound {
-            "check the path; recipes ship under recipes/ (`runner ls` lists them)"
-        } else {
-            "check that the file is readable UTF-8 text"
-        };
-        Report(vec![Diagnostic::error(
-            path,
-            format!("cannot read recipe: {e}"),
-        )
-        .help(help)])
-    })?;
-    parse(path, source)
+    load_with(path, &[])
+}
+
+/// As `load`, with `key=value` overrides applied on top.
+pub fn load_with(path: &Path, sets: &[String]) -> Result<Loaded, Report> {
+    let mut report = Report::default();
+    let Some(mut doc) = Doc::load(path, &mut report) else {
+        return Err(report.sorted());
+    };
+    doc.apply_sets(sets, &mut report);
+    check(path, doc, report)
 }
 
 /// Type-checks recipe text that claims to come from `path`.
 pub fn parse(path: &Path, source: String) -> Result<Loaded, Report> {
     let mut report = Report::default();
-    let (mut doc, syntax) = DeTable::parse_recoverable(&source);
-    if !syntax.is_empty() {
-        for e in syntax {
-            let d = Diagnostic::error(path, format!("TOML syntax: {}", e.message().trim()));
-            let d = match e.span() {
-                Some(s) => d.at(&source, s),
-                None => d,
-            };
-            report.push(d.help("see https://toml.io for the syntax"));
-        }
-        return Err(report);
-    }
-    let mut spans = BTreeMap::new();
-    index_spans(doc.get_ref(), "", &mut spans);
-
-    check_unknown_keys(path, &source, &mut doc, &mut report);
-    let mut dropped = vec![];
-    let recipe = deserialize_collecting(path, &source, &mut doc, &spans, &mut report, &mut dropped);
-    match recipe {
-        Some(recipe) => Ok(Loaded {
-            recipe,
-            path: path.to_path_buf(),
-            source,
-            spans,
-            findings: report,
-            dropped,
-        }),
-        None => Err(report.sorted()),
-    }
+    let Some(doc) = Doc::parse(path, Some(source), &mut report) else {
+        return Err(report.sorted());
+    };
+    check(path, doc, report)
 }
 
-fn index_spans(
-    t: &DeTable<'_>,
-    prefix: &str,
-    out: &mut BTreeMap<String, (Range<usize>, Range<usize>)>,
-) {
-    for (k, v) in t.iter() {
-        let path = join(prefix, k.get_ref());
-        if let DeValue::Table(inner) = v.get_ref() {
-            index_spans(inner, &path, out);
+/// Unknown keys and value types of an assembled document. A file that is not TOML is an
+/// error (`Err`); keys and values that do not fit the format are `findings` of the result,
+/// so the checks that follow can add theirs and the user sees every mistake at once.
+pub fn check(path: &Path, mut doc: Doc, mut report: Report) -> Result<Loaded, Report> {
+    let sweep = match doc.table.remove("sweep") {
+        None => None,
+        Some(toml::Value::Table(t)) => Some(t),
+        Some(_) => {
+            report.push(
+                doc.diagnostic(
+                    path,
+                    "sweep",
+                    Diagnostic::error(path, "must be a table of dotted keys and lists of values")
+                        .key("sweep"),
+                )
+                .help("[sweep]\n\"loader.workers\" = [0, 2, 4]"),
+            );
+            None
         }
-        out.insert(path, (k.span(), v.span()));
+    };
+    let mut dropped: Vec<String> = vec![];
+    check_unknown_keys(path, &mut doc, &mut report, &mut dropped);
+    check_types(path, &mut doc, &mut report, &mut dropped);
+    let recipe = match Recipe::deserialize(toml::Value::Table(doc.table.clone())) {
+        Ok(r) => r,
+        Err(e) => {
+            report.push(Diagnostic::error(path, friendly(e.message())));
+            return Err(report.sorted());
+        }
+    };
+    Ok(Loaded {
+        recipe,
+        path: path.to_path_buf(),
+        doc,
+        findings: report,
+        dropped,
+        sweep,
+    })
+}
+
+/// `a/b/../c` → `a/c`, without touching the file system (for messages about missing files).
+pub fn lexical(p: &Path) -> PathBuf {
+    use std::path::Component;
+    let mut out: Vec<Component> = vec![];
+    for c in p.components() {
+        match c {
+            Component::CurDir => {}
+            Component::ParentDir if matches!(out.last(), Some(Component::Normal(_))) => {
+                out.pop();
+            }
+            other => out.push(other),
+        }
     }
+    out.iter().collect()
 }
 
 fn join(prefix: &str, key: &str) -> String {
@@ -155,49 +170,48 @@ fn join(prefix: &str, key: &str) -> String {
     }
 }
 
-fn table_at<'a, 'i>(doc: &'a mut DeTable<'i>, path: &str) -> Option<&'a mut DeTable<'i>> {
+fn table_at<'a>(t: &'a toml::Table, path: &str) -> Option<&'a toml::Table> {
     if path.is_empty() {
-        return Some(doc);
+        return Some(t);
     }
-    let mut t = doc;
+    let mut t = t;
     for part in path.split('.') {
-        match t.get_mut(part).map(|v| v.get_mut()) {
-            Some(DeValue::Table(inner)) => t = inner,
-            _ => return None,
-        }
+        t = t.get(part)?.as_table()?;
     }
     Some(t)
 }
 
-/// Reports every key the format does not know, with the nearest known key, and removes it
-/// so the type check below sees only known keys.
-fn check_unknown_keys(
-    path: &Path,
-    source: &str,
-    doc: &mut Spanned<DeTable<'_>>,
-    report: &mut Report,
-) {
+/// Reports every key the format does not know, with the nearest known key (or the table it
+/// belongs in), and removes it so the type check sees only known keys.
+fn check_unknown_keys(path: &Path, doc: &mut Doc, report: &mut Report, dropped: &mut Vec<String>) {
     let tables = schema::tables();
     for (table_path, allowed) in &tables {
-        // A table the user wrote where a value belongs is a type error, reported below.
-        let Some(t) = table_at(doc.get_mut(), table_path) else {
+        let Some(t) = table_at(&doc.table, table_path) else {
             continue;
         };
-        let unknown: Vec<(String, Range<usize>)> = t
-            .iter()
-            .filter(|(k, _)| !allowed.contains(&k.get_ref().as_ref()))
-            .map(|(k, _)| (k.get_ref().to_string(), k.span()))
+        let unknown: Vec<String> = t
+            .keys()
+            .filter(|k| !allowed.contains(&k.as_str()))
+            .cloned()
             .collect();
-        for (key, span) in unknown {
+        for key in unknown {
             let where_ = if table_path.is_empty() {
                 "at the top level".to_string()
             } else {
                 format!("in [{table_path}]")
             };
-            let d = Diagnostic::error(path, format!("unknown key {where_}"))
-                .key(join(table_path, &key))
-                .at(source, span);
-            // A key that belongs to another table is a common slip: say which.
+            let full = join(table_path, &key);
+            let d = Diagnostic::error(path, format!("unknown key {where_}")).key(full.clone());
+            // Point at the key itself, not its value.
+            let d = match doc.origins.get(&full) {
+                Some(o) => {
+                    let s = doc.source(o);
+                    let mut d = d.at(&s.text, o.key.clone());
+                    d.file = s.name.clone();
+                    d
+                }
+                None => d,
+            };
             let home = tables
                 .iter()
                 .find(|(p, f)| !p.is_empty() && p != table_path && f.contains(&key.as_str()));
@@ -207,62 +221,53 @@ fn check_unknown_keys(
                 (None, None) => d.help(format!("known keys {where_}: {}", allowed.join(", "))),
             };
             report.push(d);
-            t.remove(key.as_str());
+            doc.remove(&full);
+            dropped.push(full);
         }
     }
 }
 
-/// Deserializes the recipe; each value of the wrong type or shape is reported and dropped,
-/// and the rest tried again, so one run reports every such value.
-fn deserialize_collecting(
-    path: &Path,
-    source: &str,
-    doc: &mut Spanned<DeTable<'_>>,
-    spans: &BTreeMap<String, (Range<usize>, Range<usize>)>,
-    report: &mut Report,
-    dropped: &mut Vec<String>,
-) -> Option<Recipe> {
-    dropped.extend(report.0.iter().filter_map(|d| d.key.clone()));
-    for _ in 0..=spans.len() {
-        let de = toml::de::Deserializer::from(doc.clone());
-        let err = match Recipe::deserialize(de) {
-            Ok(r) => return Some(r),
-            Err(e) => e,
+/// Type-checks each value on its own (a recipe holding only that key), so every value of
+/// the wrong type or shape is reported, and drops it.
+fn check_types(path: &Path, doc: &mut Doc, report: &mut Report, dropped: &mut Vec<String>) {
+    let tables = schema::tables();
+    for (table_path, _) in &tables {
+        let Some(t) = table_at(&doc.table, table_path) else {
+            continue;
         };
-        let span = err.span().unwrap_or(0..0);
-        // The innermost key whose value holds the error's span.
-        let key = spans
-            .iter()
-            .filter(|(_, (k, v))| {
-                (v.start <= span.start && span.end <= v.end.max(v.start + 1))
-                    || k.start == span.start
-            })
-            .max_by_key(|(p, _)| p.matches('.').count())
-            .map(|(p, _)| p.clone());
-        let mut d = Diagnostic::error(path, friendly(err.message())).at(source, span.clone());
-        if let Some(help) = value_help(err.message()) {
-            d = d.help(help);
-        }
-        match key {
-            Some(k) => {
-                report.push(d.key(k.clone()));
-                dropped.push(k.clone());
-                let (parent, leaf) = match k.rfind('.') {
-                    Some(i) => (&k[..i], &k[i + 1..]),
-                    None => ("", k.as_str()),
-                };
-                let removed = table_at(doc.get_mut(), parent).and_then(|t| t.remove(leaf));
-                if removed.is_none() {
-                    return None;
-                }
+        let entries: Vec<(String, toml::Value)> =
+            t.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+        for (k, v) in entries {
+            let full = join(table_path, &k);
+            if v.is_table() && tables.iter().any(|(p, _)| *p == full) {
+                continue; // a table of the format: its keys are checked one by one
             }
-            None => {
+            let mut alone = toml::Value::Table(toml::Table::new());
+            let mut slot = &mut alone;
+            for part in full.split('.') {
+                slot = slot
+                    .as_table_mut()
+                    .expect("table")
+                    .entry(part)
+                    .or_insert(toml::Value::Table(toml::Table::new()));
+            }
+            *slot = v;
+            if let Err(e) = Recipe::deserialize(alone) {
+                let msg = e.message().to_string();
+                let mut d = doc.diagnostic(
+                    path,
+                    &full,
+                    Diagnostic::error(path, friendly(&msg)).key(full.clone()),
+                );
+                if let Some(help) = value_help(&msg) {
+                    d = d.help(help);
+                }
                 report.push(d);
-                return None;
+                doc.remove(&full);
+                dropped.push(full);
             }
         }
     }
-    None
 }
 
 /// serde's type names in words a recipe author uses.
@@ -362,5 +367,29 @@ mod tests {
         assert!(l.is_set("loader.workers"));
         assert!(!l.is_set("loader.prefetch"));
         assert_eq!(l.error("loader.workers", "x").line, Some(2));
+    }
+
+    #[test]
+    fn overrides_are_typed_and_point_at_the_command_line() {
+        let mut report = Report::default();
+        let mut doc = Doc::parse(
+            Path::new("r.toml"),
+            Some("[loader]\nworkers = 2\n".into()),
+            &mut report,
+        )
+        .unwrap();
+        doc.apply_sets(
+            &["loader.workers=four".into(), "loader.batch_size=16".into()],
+            &mut report,
+        );
+        let l = check(Path::new("r.toml"), doc, report).unwrap();
+        assert_eq!(l.recipe.loader.batch_size, 16);
+        let e: Vec<String> = l.findings.errors().map(|d| d.to_string()).collect();
+        assert_eq!(e.len(), 1, "{e:?}");
+        assert!(
+            e[0].starts_with("error: --set:1:16: loader.workers: invalid type: string \"four\""),
+            "{}",
+            e[0]
+        );
     }
 }

@@ -1,0 +1,399 @@
+//! A recipe document assembled from its sources: TOML values plus, for every key, where it
+//! was written (file, key span, value span). Owns reading files, following `extends`
+//! chains (table-wise merge, cycles refused), and applying `--set key=value` overrides and
+//! sweep assignments on top. It knows the format only as far as `extends` goes.
+
+use std::collections::BTreeMap;
+use std::ops::Range;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use toml::de::{DeTable, DeValue};
+
+use super::diag::{Diagnostic, Report};
+
+/// Text a key can come from: a recipe file, or a command-line override.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Source {
+    /// The file as named (relative to the working directory), or `--set`.
+    pub name: PathBuf,
+    pub text: String,
+    /// Relative paths written in this source are resolved against this directory.
+    pub dir: PathBuf,
+}
+
+/// Where a key was written.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Origin {
+    pub source: usize,
+    pub key: Range<usize>,
+    pub value: Range<usize>,
+}
+
+/// Values and their origins. `table` never holds `extends`.
+#[derive(Debug, Clone)]
+pub struct Doc {
+    pub table: toml::Table,
+    /// Dotted key → where its current value was written.
+    pub origins: BTreeMap<String, Origin>,
+    pub sources: Arc<Vec<Source>>,
+}
+
+impl Doc {
+    pub fn source(&self, o: &Origin) -> &Source {
+        &self.sources[o.source]
+    }
+
+    /// A finding about a key, placed at its value (or at the nearest table above it that
+    /// the sources write), in the file that wrote it.
+    pub fn diagnostic(&self, fallback: &Path, key: &str, d: Diagnostic) -> Diagnostic {
+        let mut k = key;
+        loop {
+            if let Some(o) = self.origins.get(k) {
+                let s = self.source(o);
+                let mut d = d.at(&s.text, o.value.clone());
+                d.file = s.name.clone();
+                return d;
+            }
+            match k.rfind('.') {
+                Some(i) => k = &k[..i],
+                None => {
+                    let mut d = d;
+                    d.file = fallback.to_path_buf();
+                    return d;
+                }
+            }
+        }
+    }
+
+    /// The value at a dotted key.
+    pub fn get(&self, key: &str) -> Option<&toml::Value> {
+        let mut parts = key.split('.');
+        let mut v = self.table.get(parts.next()?)?;
+        for p in parts {
+            v = v.as_table()?.get(p)?;
+        }
+        Some(v)
+    }
+
+    /// Removes a dotted key (and the origins under it).
+    pub fn remove(&mut self, key: &str) -> Option<toml::Value> {
+        let (parent, leaf) = split(key);
+        let t = if parent.is_empty() {
+            Some(&mut self.table)
+        } else {
+            table_mut(&mut self.table, parent, false)
+        };
+        let v = t?.remove(leaf);
+        self.origins
+            .retain(|k, _| k != key && !k.starts_with(&format!("{key}.")));
+        v
+    }
+
+    /// Sets a dotted key, creating tables on the way; the value's origin replaces any
+    /// origins under the key.
+    pub fn set(&mut self, key: &str, value: toml::Value, origin: Origin) -> Result<(), String> {
+        let (parent, leaf) = split(key);
+        let t = if parent.is_empty() {
+            &mut self.table
+        } else {
+            table_mut(&mut self.table, parent, true)
+                .ok_or_else(|| format!("`{parent}` is not a table"))?
+        };
+        t.insert(leaf.to_string(), value);
+        self.origins
+            .retain(|k, _| !k.starts_with(&format!("{key}.")));
+        self.origins.insert(key.to_string(), origin);
+        Ok(())
+    }
+
+    /// Reads `path` and the files it extends, merged (each file's tables over its parent's).
+    pub fn load(path: &Path, report: &mut Report) -> Option<Doc> {
+        Self::parse(path, None, report)
+    }
+
+    /// As `load`, with the top file's text given (it need not exist on disk; the files it
+    /// extends must).
+    pub fn parse(path: &Path, text: Option<String>, report: &mut Report) -> Option<Doc> {
+        let mut sources = vec![];
+        let (table, origins) = load_chain(path, text, &mut vec![], &mut sources, report)?;
+        Some(Doc {
+            table,
+            origins,
+            sources: Arc::new(sources),
+        })
+    }
+
+    /// Applies `key=value` overrides from the command line. The value is TOML (`4`,
+    /// `"step"`, `[1, 2]`, `true`); a bare word that is not TOML is taken as a string.
+    pub fn apply_sets(&mut self, sets: &[String], report: &mut Report) {
+        let mut sources = (*self.sources).clone();
+        for arg in sets {
+            let text = arg.clone();
+            let name = PathBuf::from("--set");
+            let Some((key, raw)) = arg.split_once('=') else {
+                sources.push(Source {
+                    name: name.clone(),
+                    text: text.clone(),
+                    dir: PathBuf::from("."),
+                });
+                report.push(
+                    Diagnostic::error(&name, format!("`{arg}` is not key=value"))
+                        .at(&text, 0..text.len())
+                        .help("e.g. --set loader.workers=4 or --set cleanup.every=\"step\""),
+                );
+                continue;
+            };
+            let (key, raw) = (key.trim(), raw.trim());
+            let value = parse_value(raw);
+            let at = arg.find('=').unwrap_or(0) + 1;
+            sources.push(Source {
+                name: name.clone(),
+                text: text.clone(),
+                dir: PathBuf::from("."),
+            });
+            let origin = Origin {
+                source: sources.len() - 1,
+                key: 0..key.len(),
+                value: at..text.len(),
+            };
+            self.sources = Arc::new(sources.clone());
+            if key.is_empty() || key.split('.').any(str::is_empty) {
+                report.push(
+                    Diagnostic::error(&name, format!("`{key}` is not a dotted key"))
+                        .at(&text, 0..at)
+                        .help("e.g. loader.workers"),
+                );
+                continue;
+            }
+            if let Err(e) = self.set(key, value, origin) {
+                report.push(Diagnostic::error(&name, e).key(key).at(&text, 0..at));
+            }
+        }
+        self.sources = Arc::new(sources);
+    }
+}
+
+/// A command-line or sweep value: TOML if it parses as TOML, else the text as a string.
+pub fn parse_value(raw: &str) -> toml::Value {
+    toml::from_str::<toml::Table>(&format!("v = {raw}"))
+        .ok()
+        .and_then(|mut t| t.remove("v"))
+        .unwrap_or_else(|| toml::Value::String(raw.to_string()))
+}
+
+fn split(key: &str) -> (&str, &str) {
+    match key.rfind('.') {
+        Some(i) => (&key[..i], &key[i + 1..]),
+        None => ("", key),
+    }
+}
+
+fn table_mut<'a>(t: &'a mut toml::Table, path: &str, create: bool) -> Option<&'a mut toml::Table> {
+    let mut t = t;
+    for part in path.split('.') {
+        if create && !t.contains_key(part) {
+            t.insert(part.to_string(), toml::Value::Table(toml::Table::new()));
+        }
+        t = t.get_mut(part)?.as_table_mut()?;
+    }
+    Some(t)
+}
+
+fn load_chain(
+    path: &Path,
+    text: Option<String>,
+    stack: &mut Vec<PathBuf>,
+    sources: &mut Vec<Source>,
+    report: &mut Report,
+) -> Option<(toml::Table, BTreeMap<String, Origin>)> {
+    let text = match text.map_or_else(|| std::fs::read_to_string(path), Ok) {
+        Ok(t) => t,
+        Err(e) => {
+            let help = if e.kind() == std::io::ErrorKind::NotFound {
+                "check the path; recipes ship under recipes/ (`runner ls` lists them)"
+            } else {
+                "check that the file is readable UTF-8 text"
+            };
+            report.push(Diagnostic::error(path, format!("cannot read recipe: {e}")).help(help));
+            return None;
+        }
+    };
+    let (de, syntax) = DeTable::parse_recoverable(&text);
+    if !syntax.is_empty() {
+        for e in syntax {
+            let d = Diagnostic::error(path, format!("TOML syntax: {}", e.message().trim()));
+            let d = match e.span() {
+                Some(s) => d.at(&text, s),
+                None => d,
+            };
+            report.push(d.help("see https://toml.io for the syntax"));
+        }
+        return None;
+    }
+    let mut table: toml::Table = match toml::from_str(&text) {
+        Ok(t) => t,
+        Err(e) => {
+            let d = Diagnostic::error(path, format!("TOML: {}", e.message().trim()));
+            report.push(match e.span() {
+                Some(s) => d.at(&text, s),
+                None => d,
+            });
+            return None;
+        }
+    };
+    let dir = match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    sources.push(Source {
+        name: path.to_path_buf(),
+        text: text.clone(),
+        dir: dir.clone(),
+    });
+    let me = sources.len() - 1;
+    let mut origins = BTreeMap::new();
+    index_spans(de.get_ref(), "", me, &mut origins);
+
+    let Some(extends) = table.remove("extends") else {
+        return Some((table, origins));
+    };
+    let here = |key: &str| {
+        let o = &origins[key];
+        (o.value.clone(), o.key.clone())
+    };
+    let Some(parent) = extends.as_str() else {
+        report.push(
+            Diagnostic::error(
+                path,
+                "extends must be a string: the path of the recipe this one builds on",
+            )
+            .key("extends")
+            .at(&text, here("extends").0)
+            .help("e.g. extends = \"base.toml\" (relative to this file)"),
+        );
+        return None;
+    };
+    let parent_path = dir.join(parent);
+    let canonical = std::fs::canonicalize(&parent_path).unwrap_or_else(|_| parent_path.clone());
+    let me_canonical = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf());
+    stack.push(me_canonical);
+    if stack.contains(&canonical) {
+        let chain: Vec<String> = stack
+            .iter()
+            .chain([&canonical])
+            .map(|p| {
+                p.file_name()
+                    .map_or(String::new(), |n| n.to_string_lossy().into_owned())
+            })
+            .collect();
+        report.push(
+            Diagnostic::error(
+                path,
+                format!("extends forms a cycle: {}", chain.join(" → ")),
+            )
+            .key("extends")
+            .at(&text, here("extends").0)
+            .help("a recipe cannot extend itself, directly or through others"),
+        );
+        return None;
+    }
+    if !parent_path.is_file() {
+        report.push(
+            Diagnostic::error(
+                path,
+                format!(
+                    "extends {}: no such file",
+                    super::lexical(&parent_path).display()
+                ),
+            )
+            .key("extends")
+            .at(&text, here("extends").0)
+            .help("the path is relative to this recipe file"),
+        );
+        return None;
+    }
+    let (mut base, mut base_origins) = load_chain(&parent_path, None, stack, sources, report)?;
+    stack.pop();
+    origins.remove("extends");
+    merge(&mut base, &mut base_origins, table, origins, "");
+    Some((base, base_origins))
+}
+
+/// Merges `child` over `base`: tables merge key by key, anything else replaces.
+fn merge(
+    base: &mut toml::Table,
+    base_origins: &mut BTreeMap<String, Origin>,
+    child: toml::Table,
+    child_origins: BTreeMap<String, Origin>,
+    prefix: &str,
+) {
+    for (k, v) in child {
+        let path = if prefix.is_empty() {
+            k.clone()
+        } else {
+            format!("{prefix}.{k}")
+        };
+        match (base.get_mut(&k), v) {
+            (Some(toml::Value::Table(b)), toml::Value::Table(c)) => {
+                let sub: BTreeMap<String, Origin> = child_origins
+                    .iter()
+                    .filter(|(p, _)| p.starts_with(&format!("{path}.")))
+                    .map(|(p, o)| (p.clone(), o.clone()))
+                    .collect();
+                merge(b, base_origins, c, sub, &path);
+                if let Some(o) = child_origins.get(&path) {
+                    base_origins.insert(path.clone(), o.clone());
+                }
+            }
+            (_, v) => {
+                base.insert(k, v);
+                base_origins.retain(|p, _| p != &path && !p.starts_with(&format!("{path}.")));
+                for (p, o) in child_origins
+                    .iter()
+                    .filter(|(p, _)| *p == &path || p.starts_with(&format!("{path}.")))
+                {
+                    base_origins.insert(p.clone(), o.clone());
+                }
+            }
+        }
+    }
+}
+
+fn index_spans(t: &DeTable<'_>, prefix: &str, source: usize, out: &mut BTreeMap<String, Origin>) {
+    for (k, v) in t.iter() {
+        let path = if prefix.is_empty() {
+            k.get_ref().to_string()
+        } else {
+            format!("{prefix}.{}", k.get_ref())
+        };
+        if let DeValue::Table(inner) = v.get_ref() {
+            index_spans(inner, &path, source, out);
+        }
+        out.insert(
+            path,
+            Origin {
+                source,
+                key: k.span(),
+                value: v.span(),
+            },
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn values_from_the_command_line_are_toml_or_strings() {
+        assert_eq!(parse_value("4"), toml::Value::Integer(4));
+        assert_eq!(parse_value("\"step\""), toml::Value::String("step".into()));
+        assert_eq!(parse_value("step"), toml::Value::String("step".into()));
+        assert_eq!(
+            parse_value("[1, 2]"),
+            toml::Value::Array(vec![1.into(), 2.into()])
+        );
+        assert_eq!(parse_value("true"), toml::Value::Boolean(true));
+    }
+}
