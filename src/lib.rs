@@ -20,4 +20,5 @@ pub mod rng;
 pub mod run;
 pub mod sampler;
 pub mod schedule;
+pub mod sweep;
 pub mod train;

@@ -1,15 +1,17 @@
-//! The command line: load recipe → validate into a plan → run → one-line summary.
-//! Exit codes: 0 all runs ok, 1 a run failed, 2 bad recipe, data or usage.
+//! The command line: load recipe (with `extends`, `--set`) → expand its grid → validate every
+//! cell into a plan → run (or sweep) → report. Exit codes: 0 all runs ok, 1 a run failed,
+//! 2 bad recipe, data or usage.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand};
 
 use runner::plan::{self, Machine, Plan};
-use runner::recipe;
+use runner::recipe::{self, Report};
 use runner::report;
 use runner::run::{self, RunError, RunOptions};
+use runner::sweep::{self, Cell, Selection, SweepDir};
 
 #[derive(Parser)]
 #[command(
@@ -28,12 +30,29 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Train each recipe in turn (the default: `runner recipe.toml` is `runner run recipe.toml`).
+    /// Train each recipe in turn; a recipe with [sweep] runs every cell of its grid, then
+    /// prints the comparison (the default: `runner r.toml` is `runner run r.toml`).
     Run(RunArgs),
-    /// Check recipes without training: syntax, keys, types, rules, data files. Exit 2 on any error.
-    Validate {
-        #[arg(required = true)]
-        recipes: Vec<PathBuf>,
+    /// As `run`, and with --slurm writes (and with --submit submits) a Slurm job array.
+    Sweep(SweepArgs),
+    /// Check recipes without training: syntax, keys, types, rules, data files, every cell
+    /// of a grid. Exit 2 on any error; fit for a pre-commit hook.
+    Validate(CheckArgs),
+    /// Print the resolved recipe (after extends, --set and defaults); for a grid, its cells.
+    Show {
+        #[command(flatten)]
+        check: CheckArgs,
+        /// For a grid: the resolved recipe of this cell.
+        #[arg(long)]
+        cell: Option<usize>,
+    },
+    /// List the shipped recipes, the models and the data formats.
+    Ls,
+    /// Print the JSON Schema of the recipe format (editors use it to check and complete).
+    Schema {
+        /// Write it to this file instead of standard output.
+        #[arg(long, short)]
+        output: Option<PathBuf>,
     },
     /// Compare runs: one row per recipe (repeats aggregated), recomputed from metrics.jsonl.
     Report {
@@ -51,43 +70,123 @@ enum Command {
     },
 }
 
-#[derive(Args)]
-struct RunArgs {
+#[derive(Args, Clone)]
+struct CheckArgs {
     /// Recipe files (TOML).
     #[arg(required = true)]
     recipes: Vec<PathBuf>,
-    /// No progress bar or per-epoch lines (the summary line is still printed).
+    /// Override a recipe key, typed by the format: --set loader.workers=4 (repeatable).
+    #[arg(long = "set", value_name = "KEY=VALUE")]
+    sets: Vec<String>,
+    /// Refuse grids with more cells than this.
+    #[arg(long, default_value_t = sweep::DEFAULT_MAX_CELLS)]
+    max_cells: usize,
+}
+
+#[derive(Args, Clone)]
+struct RunArgs {
+    #[command(flatten)]
+    check: CheckArgs,
+    /// No progress bar or per-epoch lines (the summary lines are still printed).
     #[arg(short, long)]
     quiet: bool,
+    /// Grids: skip cells already done (by this or an earlier sweep of the same grid).
+    #[arg(long)]
+    resume: bool,
+    /// Grids: run only shard I of N (cells I-1, I-1+N, ...), e.g. --shard 2/4.
+    #[arg(long, value_name = "I/N")]
+    shard: Option<String>,
+    /// Grids: run only the cell with this index (what each Slurm array task does).
+    #[arg(long)]
+    cell: Option<usize>,
+}
+
+#[derive(Args)]
+struct SweepArgs {
+    #[command(flatten)]
+    run: RunArgs,
+    /// Write a Slurm job-array script (one task per cell) into the sweep directory instead
+    /// of running here.
+    #[arg(long)]
+    slurm: bool,
+    /// With --slurm: submit the script with sbatch.
+    #[arg(long, requires = "slurm")]
+    submit: bool,
+    /// With --slurm: one task per shard of the grid instead of one per cell.
+    #[arg(long, requires = "slurm")]
+    shards: Option<usize>,
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
-        Some(Command::Validate { recipes }) => validate(&recipes),
+        None => run_all(&cli.run),
         Some(Command::Run(args)) => run_all(&args),
+        Some(Command::Sweep(args)) if args.slurm => slurm(&args),
+        Some(Command::Sweep(args)) => run_all(&args.run),
+        Some(Command::Validate(args)) => validate(&args),
+        Some(Command::Show { check, cell }) => show(&check, cell),
+        Some(Command::Ls) => ls(),
+        Some(Command::Schema { output }) => schema(output.as_deref()),
         Some(Command::Report {
             paths,
             baseline,
             format,
             plot,
         }) => report_cmd(&paths, baseline.as_deref(), format, plot.as_deref()),
-        None => run_all(&cli.run),
     }
 }
 
-/// Loads and validates every recipe, printing every finding; `None` if any has errors.
-fn plans(paths: &[PathBuf], machine: &Machine) -> Option<Vec<Plan>> {
-    let mut plans = vec![];
+/// A recipe with its cells, each validated into a plan.
+struct Checked {
+    path: PathBuf,
+    grid: bool,
+    base: String,
+    cells: Vec<Cell>,
+    plans: Vec<Plan>,
+}
+
+/// Loads, expands and validates every recipe, printing every finding; `None` on any error.
+fn check_all(args: &CheckArgs, machine: &Machine) -> Option<Vec<Checked>> {
+    let mut out = vec![];
     let mut ok = true;
-    for path in paths {
-        let checked = recipe::load(path).and_then(|l| plan::validate(&l, machine));
-        match checked {
-            Ok(p) => {
-                for w in &p.warnings {
-                    eprintln!("{w}");
+    for path in &args.recipes {
+        let result = recipe::load_with(path, &args.sets).and_then(|loaded| {
+            let cells = sweep::cells(&loaded, args.max_cells)?;
+            let mut report = Report::default();
+            let mut plans = vec![];
+            for c in &cells {
+                match plan::validate(&c.loaded, machine) {
+                    Ok(p) => plans.push(p),
+                    Err(r) => report.0.extend(r.0),
                 }
-                plans.push(p);
+            }
+            if report.has_errors() {
+                return Err(sweep::dedup(report));
+            }
+            let base = loaded.recipe.name.clone().unwrap_or_else(|| {
+                path.file_stem()
+                    .map_or("recipe".into(), |s| s.to_string_lossy().into_owned())
+            });
+            Ok(Checked {
+                path: path.clone(),
+                grid: loaded.sweep.is_some(),
+                base,
+                cells,
+                plans,
+            })
+        });
+        match result {
+            Ok(c) => {
+                let mut warned = vec![];
+                for w in c.plans.iter().flat_map(|p| &p.warnings) {
+                    let text = w.to_string();
+                    if !warned.contains(&text) {
+                        eprintln!("{text}");
+                        warned.push(text);
+                    }
+                }
+                out.push(c);
             }
             Err(report) => {
                 eprintln!("{report}");
@@ -95,89 +194,413 @@ fn plans(paths: &[PathBuf], machine: &Machine) -> Option<Vec<Plan>> {
             }
         }
     }
-    ok.then_some(plans)
+    ok.then_some(out)
 }
 
-fn validate(paths: &[PathBuf]) -> ExitCode {
-    // A recipe is checked against the format, not this machine: a CUDA recipe is valid on a
-    // laptop without a GPU.
-    let any = Machine {
+/// Where a recipe is checked without this machine: a CUDA recipe is valid on a laptop.
+fn any_machine() -> Machine {
+    Machine {
         cuda_compiled: true,
         cuda_devices: Ok(usize::MAX),
+    }
+}
+
+fn validate(args: &CheckArgs) -> ExitCode {
+    let Some(all) = check_all(args, &any_machine()) else {
+        return ExitCode::from(2);
     };
-    match plans(paths, &any) {
-        Some(ps) => {
-            for p in ps {
+    for c in all {
+        if c.grid {
+            println!(
+                "ok: {} (grid of {} cells: {})",
+                c.path.display(),
+                c.cells.len(),
+                c.cells
+                    .iter()
+                    .map(|c| c.name.as_str())
+                    .collect::<Vec<_>>()
+                    .join(" | ")
+            );
+        } else {
+            let p = &c.plans[0];
+            println!(
+                "ok: {} ({}: {} optimizer steps of {} × {} samples)",
+                c.path.display(),
+                p.name,
+                p.run.total_steps,
+                p.loader.batch_size,
+                p.optim.accumulation_steps
+            );
+        }
+    }
+    ExitCode::SUCCESS
+}
+
+fn show(args: &CheckArgs, cell: Option<usize>) -> ExitCode {
+    let Some(all) = check_all(args, &any_machine()) else {
+        return ExitCode::from(2);
+    };
+    for c in all {
+        match (c.grid, cell) {
+            (true, None) => {
                 println!(
-                    "ok: {} ({}: {} optimizer steps of {} × {} samples)",
-                    p.recipe_path.display(),
-                    p.name,
-                    p.run.total_steps,
-                    p.loader.batch_size,
-                    p.optim.accumulation_steps
+                    "# {}: a grid of {} cells (runner show --cell N for one)",
+                    c.path.display(),
+                    c.cells.len()
+                );
+                for cell in &c.cells {
+                    println!("{:>4}  {}  {}", cell.index, cell.id, cell.name);
+                }
+            }
+            (_, Some(i)) if i >= c.cells.len() => {
+                eprintln!(
+                    "error: --cell {i}: {} has {} cell(s), 0 to {}",
+                    c.path.display(),
+                    c.cells.len(),
+                    c.cells.len() - 1
+                );
+                return ExitCode::from(2);
+            }
+            (_, i) => {
+                let p = &c.plans[i.unwrap_or(0)];
+                print!(
+                    "# {} (cell {}, id {})\n{}",
+                    c.path.display(),
+                    i.unwrap_or(0),
+                    c.cells[i.unwrap_or(0)].id,
+                    toml::to_string(&p.resolved).unwrap_or_default()
                 );
             }
-            ExitCode::SUCCESS
         }
-        None => ExitCode::from(2),
     }
+    ExitCode::SUCCESS
 }
 
 fn run_all(args: &RunArgs) -> ExitCode {
     let machine = runner::backend::probe();
-    // Every recipe is checked before the first one runs.
-    let Some(plans) = plans(&args.recipes, &machine) else {
+    // Every recipe, every cell, is checked before the first one runs.
+    let Some(all) = check_all(&args.check, &machine) else {
         return ExitCode::from(2);
     };
+    let shard = match args.shard.as_deref().map(sweep::parse_shard).transpose() {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    for c in &all {
+        if !c.grid && (shard.is_some() || args.cell.is_some() || args.resume) {
+            eprintln!(
+                "error: {}: --shard, --cell and --resume apply to recipes with a [sweep] table",
+                c.path.display()
+            );
+            return ExitCode::from(2);
+        }
+        if let Some(i) = args.cell.filter(|&i| i >= c.cells.len()) {
+            eprintln!(
+                "error: --cell {i}: {} has {} cells, 0 to {}",
+                c.path.display(),
+                c.cells.len(),
+                c.cells.len() - 1
+            );
+            return ExitCode::from(2);
+        }
+    }
     let opts = RunOptions { quiet: args.quiet };
     let mut code = ExitCode::SUCCESS;
-    for p in &plans {
-        if !args.quiet {
-            eprintln!(
-                "{}: {} ({})",
-                p.name,
-                runner::backend::describe(p.device).0,
-                p.device_reason
-            );
-        }
-        match run::execute(p, &opts) {
-            Ok(f) => {
-                let s = &f.summary;
-                let acc = s.test_accuracy.map_or("no test set".into(), |a| {
-                    format!("test accuracy {:.2}%", 100.0 * a)
-                });
-                println!(
-                    "{}: {} steps, median {:.2} ms/iter (p95 {:.2}), {:.0} samples/s, {acc}, {}",
-                    s.name,
-                    s.steps,
-                    s.iter_ms.median,
-                    s.iter_ms.p95,
-                    s.samples_per_s,
-                    f.dir.display()
-                );
-            }
+    for c in &all {
+        let outcome = if c.grid {
+            run_grid(
+                c,
+                Selection {
+                    shard,
+                    only: args.cell,
+                    resume: args.resume,
+                },
+                &opts,
+            )
+        } else {
+            run_one(&c.plans[0], &opts).map(|_| ())
+        };
+        match outcome {
+            Ok(()) => {}
             Err(RunError::Input(msg)) => {
                 eprintln!("{msg}");
                 return ExitCode::from(2);
             }
-            Err(RunError::Failed { dir, message }) => {
-                eprintln!(
-                    "error: run {} failed: {message}\n  = note: what was recorded is in {}",
-                    p.name,
-                    dir.display()
-                );
-                code = ExitCode::from(1);
-            }
+            Err(RunError::Failed { .. }) => code = ExitCode::from(1),
         }
     }
     code
+}
+
+fn run_one(p: &Plan, opts: &RunOptions) -> Result<PathBuf, RunError> {
+    if !opts.quiet {
+        eprintln!(
+            "{}: {} ({})",
+            p.name,
+            runner::backend::describe(p.device).0,
+            p.device_reason
+        );
+    }
+    match run::execute(p, opts) {
+        Ok(f) => {
+            let s = &f.summary;
+            let acc = s.test_accuracy.map_or("no test set".into(), |a| {
+                format!("test accuracy {:.2}%", 100.0 * a)
+            });
+            println!(
+                "{}: {} steps, median {:.2} ms/iter (p95 {:.2}), {:.0} samples/s, {acc}, {}",
+                s.name,
+                s.steps,
+                s.iter_ms.median,
+                s.iter_ms.p95,
+                s.samples_per_s,
+                f.dir.display()
+            );
+            Ok(f.dir)
+        }
+        Err(RunError::Failed { dir, message }) => {
+            eprintln!(
+                "error: run {} failed: {message}\n  = note: what was recorded is in {}",
+                p.name,
+                dir.display()
+            );
+            Err(RunError::Failed { dir, message })
+        }
+        Err(e) => Err(e),
+    }
+}
+
+fn run_grid(c: &Checked, sel: Selection, opts: &RunOptions) -> Result<(), RunError> {
+    let root = &c.plans[0].log.dir;
+    let dir = SweepDir::open(root, &c.base, &c.path, &c.cells).map_err(|e| {
+        RunError::Input(format!(
+            "error: cannot create the sweep directory under {}: {e}\n  = help: check log.dir",
+            root.display()
+        ))
+    })?;
+    eprintln!(
+        "sweep {}: {} cells, state in {}",
+        c.base,
+        c.cells.len(),
+        dir.dir.display()
+    );
+    let mut stop = None;
+    let outcome = sweep::execute(&dir, &c.cells, sel, |cell| {
+        if stop.is_some() {
+            return Err((None, "not run: an earlier cell's input was bad".into()));
+        }
+        match run_one(&c.plans[cell.index], opts) {
+            Ok(d) => Ok(d),
+            Err(RunError::Failed { dir, message }) => Err((Some(dir), message)),
+            Err(RunError::Input(msg)) => {
+                stop = Some(msg.clone());
+                Err((None, msg))
+            }
+        }
+    })
+    .map_err(|e| RunError::Input(format!("error: {}: {e}", dir.dir.display())))?;
+    if let Some(msg) = stop {
+        return Err(RunError::Input(msg));
+    }
+    if !outcome.skipped.is_empty() {
+        eprintln!(
+            "resumed: {} cell(s) already done were skipped",
+            outcome.skipped.len()
+        );
+    }
+    // The comparison over every cell done so far, by this process or any other shard.
+    let done: Vec<PathBuf> = c
+        .cells
+        .iter()
+        .filter(|cell| dir.is_done(cell))
+        .filter_map(|cell| dir.status(cell)?.run_dir)
+        .collect();
+    if !done.is_empty() {
+        match done
+            .iter()
+            .map(|d| report::load_run(d))
+            .collect::<Result<Vec<_>, _>>()
+            .and_then(|runs| report::rows(&runs, None))
+        {
+            Ok(rows) => {
+                println!("\n{} of {} cells done:", done.len(), c.cells.len());
+                print!("{}", report::render(&rows, report::Format::Table));
+            }
+            Err(e) => eprintln!("{e}"),
+        }
+    }
+    match outcome.failed.first() {
+        Some((i, msg)) => Err(RunError::Failed {
+            dir: dir.dir.clone(),
+            message: format!(
+                "{} cell(s) failed, the first (cell {i}): {msg}",
+                outcome.failed.len()
+            ),
+        }),
+        None => Ok(()),
+    }
+}
+
+fn slurm(args: &SweepArgs) -> ExitCode {
+    let Some(all) = check_all(&args.run.check, &any_machine()) else {
+        return ExitCode::from(2);
+    };
+    let exe = std::env::current_exe().unwrap_or_else(|_| PathBuf::from("runner"));
+    let workdir = std::env::current_dir().unwrap_or_else(|_| PathBuf::from("."));
+    for c in &all {
+        let root = &c.plans[0].log.dir;
+        let dir = match SweepDir::open(root, &c.base, &c.path, &c.cells) {
+            Ok(d) => d,
+            Err(e) => {
+                eprintln!(
+                    "error: cannot create the sweep directory under {}: {e}",
+                    root.display()
+                );
+                return ExitCode::from(2);
+            }
+        };
+        let recipe_abs = std::fs::canonicalize(&c.path).unwrap_or_else(|_| c.path.clone());
+        let mut command = vec![
+            exe.display().to_string(),
+            "sweep".into(),
+            recipe_abs.display().to_string(),
+            "--resume".into(),
+            "--quiet".into(),
+        ];
+        for s in &args.run.check.sets {
+            command.extend(["--set".into(), s.clone()]);
+        }
+        let tasks = match args.shards {
+            Some(k) if k >= 1 => {
+                command.extend(["--shard".into(), format!("$((SLURM_ARRAY_TASK_ID+1))/{k}")]);
+                k
+            }
+            Some(_) => {
+                eprintln!("error: --shards must be at least 1");
+                return ExitCode::from(2);
+            }
+            None => {
+                command.extend(["--cell".into(), "$SLURM_ARRAY_TASK_ID".into()]);
+                c.cells.len()
+            }
+        };
+        let slurm = &c.cells[0].loaded.recipe.slurm;
+        let text = sweep::slurm_script(
+            slurm,
+            &format!("runner-{}", c.base.replace('/', "-")),
+            tasks,
+            &dir.dir,
+            &workdir,
+            &command,
+        );
+        let script = dir.dir.join("slurm.sbatch");
+        if let Err(e) = std::fs::write(&script, text) {
+            eprintln!("error: {}: {e}", script.display());
+            return ExitCode::from(2);
+        }
+        println!(
+            "{}: {} array task(s) in {}",
+            c.path.display(),
+            tasks,
+            script.display()
+        );
+        if args.submit {
+            match std::process::Command::new("sbatch").arg(&script).output() {
+                Ok(o) if o.status.success() => print!("{}", String::from_utf8_lossy(&o.stdout)),
+                Ok(o) => {
+                    eprintln!(
+                        "error: sbatch {} failed: {}",
+                        script.display(),
+                        String::from_utf8_lossy(&o.stderr).trim()
+                    );
+                    return ExitCode::from(1);
+                }
+                Err(e) => {
+                    eprintln!("error: cannot run sbatch ({e})\n  = help: submit from a Slurm login node: sbatch {}", script.display());
+                    return ExitCode::from(2);
+                }
+            }
+        }
+    }
+    ExitCode::SUCCESS
+}
+
+fn ls() -> ExitCode {
+    let dir = [
+        PathBuf::from("recipes"),
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("recipes"),
+    ]
+    .into_iter()
+    .find(|d| d.is_dir());
+    println!("recipes:");
+    match dir {
+        Some(d) => {
+            let mut files = vec![];
+            let mut stack = vec![d.clone()];
+            while let Some(x) = stack.pop() {
+                for e in std::fs::read_dir(&x).into_iter().flatten().flatten() {
+                    let p = e.path();
+                    if p.is_dir() {
+                        stack.push(p);
+                    } else if p.extension().is_some_and(|e| e == "toml") {
+                        files.push(p);
+                    }
+                }
+            }
+            files.sort();
+            for f in files {
+                let about = recipe::load(&f)
+                    .map(|l| l.recipe.description)
+                    .unwrap_or_else(|_| "(does not validate)".into());
+                println!("  {:<45} {about}", f.display());
+            }
+        }
+        None => println!("  (no recipes/ directory here)"),
+    }
+    println!("models (model.arch):");
+    for (a, about) in [
+        ("resnet18", "ResNet-18, BasicBlock [2,2,2,2]; 11,173,962 parameters with the CIFAR stem and 10 classes"),
+        ("resnet34", "ResNet-34, BasicBlock [3,4,6,3]; 21,282,122 parameters (CIFAR stem, 10 classes)"),
+        ("resnet50", "ResNet-50, Bottleneck [3,4,6,3]; 23,520,842 parameters (CIFAR stem, 10 classes)"),
+        ("small_cnn", "two conv-BN-ReLU-pool blocks and a two-layer head, for quick CPU runs"),
+        ("mlp", "fully connected layers (model.hidden)"),
+    ] {
+        println!("  {a:<12} {about}");
+    }
+    println!("data formats (data.format):");
+    println!("  {:<12} CIFAR-10 binary records (1 label byte + 3,072 pixel bytes); a file or a cifar-10-batches-bin directory", "cifar10-bin");
+    println!(
+        "  {:<12} deterministic generated images, no files",
+        "synthetic"
+    );
+    ExitCode::SUCCESS
+}
+
+fn schema(output: Option<&Path>) -> ExitCode {
+    let text = serde_json::to_string_pretty(&recipe::schema::json_schema()).expect("schema") + "\n";
+    match output {
+        None => {
+            print!("{text}");
+            ExitCode::SUCCESS
+        }
+        Some(p) => match std::fs::write(p, text) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("error: {}: {e}", p.display());
+                ExitCode::from(2)
+            }
+        },
+    }
 }
 
 fn report_cmd(
     paths: &[PathBuf],
     baseline: Option<&str>,
     format: report::Format,
-    plot: Option<&std::path::Path>,
+    plot: Option<&Path>,
 ) -> ExitCode {
     let result = (|| {
         let dirs = report::find_runs(paths)?;

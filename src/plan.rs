@@ -57,6 +57,10 @@ pub struct Plan {
     pub run: RunPlan,
     pub log: LogPlan,
     pub profile: ProfilePlan,
+    /// The recipe files that made this plan (the recipe, then each file it extends).
+    pub sources: Vec<PathBuf>,
+    /// `--set` overrides, as given.
+    pub overrides: Vec<String>,
     /// Warnings found on the way (shown before the run, kept in the run directory).
     pub warnings: Vec<Diagnostic>,
 }
@@ -267,12 +271,16 @@ impl<'a> Validator<'a> {
             Schedule::Constant => {}
         }
         resolved.run.eval = run.eval;
-        let base = absolute(&self.l.base_dir());
-        for p in [&mut resolved.data.train, &mut resolved.data.test]
-            .into_iter()
-            .flatten()
-        {
-            *p = base.join(&*p).display().to_string();
+        // Paths are relative to the file that wrote them (a parent recipe's stay its own).
+        for (key, p) in [
+            ("data.train", &mut resolved.data.train),
+            ("data.test", &mut resolved.data.test),
+        ] {
+            if let Some(p) = p {
+                *p = absolute(&self.l.dir_of(key).join(&*p))
+                    .display()
+                    .to_string();
+            }
         }
         if resolved.data.format == Some(DataFormat::Synthetic) && resolved.data.synthetic.is_none()
         {
@@ -295,6 +303,22 @@ impl<'a> Validator<'a> {
             run,
             log,
             profile,
+            sources: self
+                .l
+                .doc
+                .sources
+                .iter()
+                .filter(|s| s.name.as_os_str() != "--set")
+                .map(|s| s.name.clone())
+                .collect(),
+            overrides: self
+                .l
+                .doc
+                .sources
+                .iter()
+                .filter(|s| s.name.as_os_str() == "--set")
+                .map(|s| s.text.clone())
+                .collect(),
             warnings: vec![],
         })
     }
@@ -841,7 +865,10 @@ impl<'a> Validator<'a> {
             }
             seen.push(*a);
         }
-        if c.every == Every::Never && self.l.is_set("cleanup.actions") {
+        if c.every == Every::Never
+            && self.l.is_set("cleanup.actions")
+            && !self.l.is_set("cleanup.every")
+        {
             self.warn(
                 "cleanup.actions",
                 "never run: cleanup.every is \"never\"",

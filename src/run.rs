@@ -54,18 +54,33 @@ pub struct Environment {
     pub hostname: Option<String>,
     pub command: Vec<String>,
     pub recipe: String,
-    pub git: Option<GitInfo>,
+    /// Every file that made the recipe (it, then what it extends), each with its hash and
+    /// git state, so a colleague can check out the same recipe.
+    pub sources: Vec<SourceInfo>,
+    /// `--set` overrides, as given.
+    pub overrides: Vec<String>,
     pub started_at: String,
 }
 
 #[derive(Debug, Clone, Serialize)]
-pub struct GitInfo {
-    pub commit: String,
-    /// The recipe file differs from the commit (or is not tracked).
-    pub recipe_dirty: bool,
+pub struct SourceInfo {
+    pub path: String,
+    pub sha256: String,
+    pub git: Option<GitInfo>,
 }
 
-/// The commit of the git repository holding `file`, if any.
+#[derive(Debug, Clone, Serialize)]
+pub struct GitInfo {
+    /// HEAD of the repository holding the file.
+    pub commit: String,
+    /// The file differs from that commit, or is not tracked.
+    pub dirty: bool,
+    /// When dirty: `git diff HEAD` of the file (its whole text when untracked).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub diff: Option<String>,
+}
+
+/// The commit of the git repository holding `file`, if any, and whether the file differs.
 pub fn git_info(file: &Path) -> Option<GitInfo> {
     let dir = match file.parent() {
         Some(p) if !p.as_os_str().is_empty() => p,
@@ -84,10 +99,31 @@ pub fn git_info(file: &Path) -> Option<GitInfo> {
     let commit = git(&["rev-parse", "HEAD"])?;
     let name = file.file_name()?.to_str()?;
     let status = git(&["status", "--porcelain", "--", name]).unwrap_or_default();
+    let dirty = !status.is_empty();
+    let diff = dirty.then(|| {
+        if status.starts_with("??") {
+            std::fs::read_to_string(file).unwrap_or_default()
+        } else {
+            git(&["diff", "HEAD", "--", name]).unwrap_or_default()
+        }
+    });
     Some(GitInfo {
         commit,
-        recipe_dirty: !status.is_empty(),
+        dirty,
+        diff,
     })
+}
+
+fn sha256_file(path: &Path) -> String {
+    use sha2::{Digest, Sha256};
+    std::fs::read(path)
+        .map(|b| {
+            Sha256::digest(&b)
+                .iter()
+                .map(|x| format!("{x:02x}"))
+                .collect()
+        })
+        .unwrap_or_default()
 }
 
 /// UTC time as `YYYY-MM-DDTHH:MM:SSZ`.
@@ -231,7 +267,16 @@ pub fn execute(plan: &Plan, opts: &RunOptions) -> Result<Finished, RunError> {
             .map(|s| s.trim().to_string()),
         command: std::env::args().collect(),
         recipe: plan.recipe_path.display().to_string(),
-        git: git_info(&plan.recipe_path),
+        sources: plan
+            .sources
+            .iter()
+            .map(|p| SourceInfo {
+                path: p.display().to_string(),
+                sha256: sha256_file(p),
+                git: git_info(p),
+            })
+            .collect(),
+        overrides: plan.overrides.clone(),
         started_at: utc_now(),
     };
     write_json_atomic(&dir.join("env.json"), &env).map_err(|e| fail(format!("env.json: {e}")))?;

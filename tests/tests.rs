@@ -783,3 +783,485 @@ fn a_bad_profile_window_is_an_error() {
     assert_eq!(plan::parse_steps("20..=30"), Some(20..=30));
     assert_eq!(plan::parse_steps("0..3"), None);
 }
+
+// ---------------------------------------------------------------- sweeps and sharing
+
+fn grid_cells(src: &str) -> Vec<runner::sweep::Cell> {
+    let dir = root().join("tests/fixtures/sweep");
+    let l =
+        recipe::parse(&dir.join("inline_grid.toml"), src.into()).unwrap_or_else(|r| panic!("{r}"));
+    runner::sweep::cells(&l, 256).unwrap_or_else(|r| panic!("{r}"))
+}
+
+#[test]
+fn a_three_key_grid_expands_in_the_documented_order() {
+    let cells = grid_cells(
+        "extends = \"base.toml\"\nname = \"g\"\n[sweep]\n\"loader.workers\" = [0, 2]\n\"cleanup.every\" = [\"never\", \"step\"]\noptim.lr = [0.1, 0.01]\n",
+    );
+    let names: Vec<&str> = cells.iter().map(|c| c.name.as_str()).collect();
+    assert_eq!(
+        names,
+        [
+            "g/workers=0,cleanup.every=never,optim.lr=0.1",
+            "g/workers=0,cleanup.every=never,optim.lr=0.01",
+            "g/workers=0,cleanup.every=step,optim.lr=0.1",
+            "g/workers=0,cleanup.every=step,optim.lr=0.01",
+            "g/workers=2,cleanup.every=never,optim.lr=0.1",
+            "g/workers=2,cleanup.every=never,optim.lr=0.01",
+            "g/workers=2,cleanup.every=step,optim.lr=0.1",
+            "g/workers=2,cleanup.every=step,optim.lr=0.01",
+        ]
+    );
+    assert_eq!(
+        cells.iter().map(|c| c.index).collect::<Vec<_>>(),
+        (0..8).collect::<Vec<_>>()
+    );
+    let c = &cells[6];
+    assert_eq!(c.loaded.recipe.loader.workers, 2);
+    assert_eq!(c.loaded.recipe.cleanup.every, runner::recipe::Every::Step);
+    assert_eq!(c.loaded.recipe.optim.lr, 0.1);
+    assert_eq!(
+        c.loaded.recipe.model.hidden,
+        Some(vec![32]),
+        "the rest comes from base.toml"
+    );
+}
+
+#[test]
+fn cell_ids_are_stable_and_follow_the_resolved_recipe() {
+    let a =
+        grid_cells("extends = \"base.toml\"\nname = \"g\"\n[sweep]\n\"loader.workers\" = [0, 2]\n");
+    let b =
+        grid_cells("extends = \"base.toml\"\nname = \"g\"\n[sweep]\n\"loader.workers\" = [0, 2]\n");
+    assert_eq!(
+        a.iter().map(|c| &c.id).collect::<Vec<_>>(),
+        b.iter().map(|c| &c.id).collect::<Vec<_>>()
+    );
+    assert_ne!(a[0].id, a[1].id);
+    assert_eq!(a[0].id.len(), 12);
+    // The same cell written out by hand, without extends or a grid, has the same id...
+    let inline = std::fs::read_to_string(root().join("tests/fixtures/sweep/base.toml"))
+        .unwrap()
+        .replace("name = \"tiny\"", "name = \"g/workers=2\"")
+        .replace("batch_size = 32", "batch_size = 32\nworkers = 2");
+    let l = recipe::parse(&root().join("tests/fixtures/sweep/x.toml"), inline).unwrap();
+    assert_eq!(runner::sweep::cell_id(&l.recipe), a[1].id);
+    // ...and where the logs go does not change what runs.
+    let logged = grid_cells("extends = \"base.toml\"\nname = \"g\"\n[log]\ndir = \"elsewhere\"\n[sweep]\n\"loader.workers\" = [0, 2]\n");
+    assert_eq!(logged[1].id, a[1].id);
+}
+
+#[test]
+fn bad_grids_point_into_the_file() {
+    let dir = root().join("tests/fixtures/sweep");
+    let err = |src: &str| {
+        let l = recipe::parse(&dir.join("bad.toml"), src.into()).unwrap();
+        runner::sweep::cells(&l, 4)
+            .map(|_| ())
+            .unwrap_err()
+            .to_string()
+    };
+    let e = err("extends = \"base.toml\"\n[sweep]\n\"loader.wokers\" = [0, 2]\n");
+    assert!(
+        e.contains("bad.toml:3:19: sweep.loader.wokers: `loader.wokers` is not a recipe key")
+            && e.contains("did you mean `loader.workers`?"),
+        "{e}"
+    );
+    let e = err("extends = \"base.toml\"\n[sweep]\n\"loader.workers\" = [0, \"two\"]\n");
+    assert!(
+        e.contains("bad.toml:3:24: loader.workers: invalid type: string \"two\""),
+        "{e}"
+    );
+    let e = err("extends = \"base.toml\"\n[sweep]\n\"loader.workers\" = 2\n");
+    assert!(e.contains("a sweep value must be a list"), "{e}");
+    let e =
+        err("extends = \"base.toml\"\n[sweep]\n\"loader.workers\" = [0]\nloader.workers = [1]\n");
+    assert!(e.contains("the same key is swept twice"), "{e}");
+    let e = err("extends = \"base.toml\"\n[sweep]\n\"loader.workers\" = [0, 1, 2]\n\"optim.lr\" = [0.1, 0.2]\n");
+    assert!(
+        e.contains("bad.toml:2:1: sweep: the grid has 6 cells (3 × 2), over the cap of 4"),
+        "{e}"
+    );
+}
+
+#[test]
+fn extends_chains_merge_by_table_and_refuse_cycles() {
+    let dir = tempdir("extends");
+    std::fs::create_dir_all(dir.join("sub")).unwrap();
+    std::fs::write(dir.join("a.toml"), "seed = 1\n[model]\narch = \"mlp\"\nhidden = [8]\n[data]\nformat = \"cifar10-bin\"\ntrain = \"data.bin\"\n[loader]\nbatch_size = 8\nworkers = 1\n").unwrap();
+    std::fs::copy(
+        root().join("datasets/cifar10_sample/test_batch.bin"),
+        dir.join("data.bin"),
+    )
+    .unwrap();
+    std::fs::write(
+        dir.join("sub/b.toml"),
+        "extends = \"../a.toml\"\nseed = 2\n[loader]\nbatch_size = 4\n",
+    )
+    .unwrap();
+    std::fs::write(
+        dir.join("sub/c.toml"),
+        "extends = \"b.toml\"\n[loader]\nworkers = \"x\"\n[optim]\nlr = 0.5\n",
+    )
+    .unwrap();
+    let l = recipe::load(&dir.join("sub/c.toml")).unwrap();
+    let r = &l.recipe;
+    assert_eq!(
+        (r.seed, r.loader.batch_size, r.optim.lr),
+        (2, 4, 0.5),
+        "each file's tables over its parent's, key by key"
+    );
+    let e = l.findings.to_string();
+    assert!(
+        e.contains("sub/c.toml:3:11: loader.workers: invalid type: string \"x\""),
+        "{e}"
+    );
+    // A parent's relative data path is the parent's, and its keys point into the parent.
+    let p = plan::validate(&l, &Machine::cpu_only()).unwrap_err();
+    assert!(!p.to_string().contains("does not exist"), "{p}");
+    let bad = recipe::load_with(&dir.join("sub/b.toml"), &["model.hidden=[0]".into()]).unwrap();
+    let p = plan::validate(&bad, &Machine::cpu_only())
+        .unwrap_err()
+        .to_string();
+    assert!(
+        p.contains("--set:1:14: model.hidden: a hidden layer of size 0"),
+        "{p}"
+    );
+    let ok = plan::validate(
+        &recipe::load(&dir.join("sub/b.toml")).unwrap(),
+        &Machine::cpu_only(),
+    )
+    .unwrap();
+    assert_eq!(
+        ok.resolved.data.train.as_deref(),
+        Some(
+            std::fs::canonicalize(dir.join("data.bin"))
+                .unwrap()
+                .to_str()
+                .unwrap()
+        )
+    );
+    let l = recipe::load(&dir.join("sub/b.toml")).unwrap();
+    let w = l.error("model.arch", "x").to_string();
+    assert!(w.contains("a.toml:3:8: model.arch"), "{w}");
+    // Cycles.
+    std::fs::write(dir.join("x.toml"), "extends = \"y.toml\"\n").unwrap();
+    std::fs::write(dir.join("y.toml"), "extends = \"x.toml\"\n").unwrap();
+    let e = recipe::load(&dir.join("x.toml")).unwrap_err().to_string();
+    assert!(
+        e.contains("extends forms a cycle: x.toml → y.toml → x.toml"),
+        "{e}"
+    );
+    let e = recipe::load(&dir.join("sub/missing.toml"))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("cannot read recipe"), "{e}");
+}
+
+#[test]
+fn overrides_on_the_command_line_are_typed() {
+    let out = runner_cmd()
+        .args([
+            "validate",
+            "recipes/quickstart.toml",
+            "--set",
+            "loader.workers=four",
+            "--set",
+            "loader.wokers=2",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("error: --set:1:16: loader.workers: invalid type: string \"four\", expected a non-negative integer"), "{err}");
+    assert!(
+        err.contains("error: --set:1:1: loader.wokers: unknown key in [loader]"),
+        "{err}"
+    );
+    let show = runner_cmd()
+        .args([
+            "show",
+            "recipes/quickstart.toml",
+            "--set",
+            "loader.workers=2",
+            "--set",
+            "cleanup.every=\"step\"",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(
+        show.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&show.stderr)
+    );
+    let text = String::from_utf8_lossy(&show.stdout);
+    assert!(
+        text.contains("workers = 2") && text.contains("every = \"step\""),
+        "{text}"
+    );
+}
+
+fn sweep_dir(logs: &Path) -> PathBuf {
+    let sweeps = logs.join("tiny_grid/sweeps");
+    std::fs::read_dir(&sweeps)
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap()
+        .path()
+}
+
+fn statuses(dir: &Path) -> Vec<(String, String)> {
+    let mut v: Vec<(String, String)> = std::fs::read_dir(dir.join("cells"))
+        .unwrap()
+        .map(|e| {
+            let p = e.unwrap().path();
+            let s: serde_json::Value =
+                serde_json::from_str(&std::fs::read_to_string(&p).unwrap()).unwrap();
+            (
+                p.file_name().unwrap().to_string_lossy().into_owned(),
+                s["state"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    v.sort();
+    v
+}
+
+#[test]
+fn shards_split_a_grid_and_their_union_is_the_whole() {
+    let logs = tempdir("shards");
+    let run = |extra: &[&str]| {
+        let out = runner_cmd()
+            .args(["tests/fixtures/sweep/tiny_grid.toml", "--quiet", "--set"])
+            .arg(format!("log.dir=\"{}\"", logs.display()))
+            .args(extra)
+            .output()
+            .unwrap();
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let first = run(&["--shard", "1/2"]);
+    assert!(first.contains("2 of 4 cells done"), "{first}");
+    let ran1: Vec<&str> = first
+        .lines()
+        .filter(|l| l.contains(" steps, median "))
+        .collect();
+    assert_eq!(ran1.len(), 2);
+    assert!(
+        ran1[0].starts_with("tiny_grid/workers=0,optim.lr=0.1:")
+            && ran1[1].starts_with("tiny_grid/workers=1,optim.lr=0.1:"),
+        "{ran1:?}"
+    );
+    let second = run(&["--shard", "2/2"]);
+    assert!(second.contains("4 of 4 cells done"), "{second}");
+    let dir = sweep_dir(&logs);
+    assert!(statuses(&dir).iter().all(|(_, s)| s == "done"));
+    // The report over the union has every cell, once.
+    let rep = runner_cmd()
+        .args(["report", "--format", "csv"])
+        .arg(&logs)
+        .output()
+        .unwrap();
+    let csv = String::from_utf8_lossy(&rep.stdout);
+    assert_eq!(csv.lines().count(), 1 + 4, "{csv}");
+    // And the Slurm script runs one array task per cell, resuming.
+    let out = runner_cmd()
+        .args([
+            "sweep",
+            "--slurm",
+            "tests/fixtures/sweep/tiny_grid.toml",
+            "--set",
+        ])
+        .arg(format!("log.dir=\"{}\"", logs.display()))
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let script = std::fs::read_to_string(dir.join("slurm.sbatch")).unwrap();
+    assert!(
+        script.contains("#SBATCH --array=0-3")
+            && script.contains("--cell $SLURM_ARRAY_TASK_ID")
+            && script.contains("--resume"),
+        "{script}"
+    );
+}
+
+#[test]
+fn resume_reruns_only_what_was_not_done() {
+    let logs = tempdir("resume");
+    let run = |extra: &[&str]| {
+        runner_cmd()
+            .args(["tests/fixtures/sweep/tiny_grid.toml", "--quiet", "--set"])
+            .arg(format!("log.dir=\"{}\"", logs.display()))
+            .args(extra)
+            .output()
+            .unwrap()
+    };
+    assert_eq!(run(&[]).status.code(), Some(0));
+    let dir = sweep_dir(&logs);
+    let files: Vec<String> = statuses(&dir).into_iter().map(|(f, _)| f).collect();
+    // Simulate a kill during cell 2: its status says running; cell 3 never started.
+    let p2 = dir.join("cells").join(&files[2]);
+    let text = std::fs::read_to_string(&p2)
+        .unwrap()
+        .replace("\"done\"", "\"running\"");
+    std::fs::write(&p2, text).unwrap();
+    std::fs::remove_file(dir.join("cells").join(&files[3])).unwrap();
+    let out = run(&["--resume"]);
+    assert_eq!(out.status.code(), Some(0));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let ran: Vec<&str> = stdout
+        .lines()
+        .filter(|l| l.contains(" steps, median "))
+        .collect();
+    assert_eq!(
+        ran.len(),
+        2,
+        "only the interrupted and the missing cell run again: {stdout}"
+    );
+    assert!(
+        ran[0].starts_with("tiny_grid/workers=1,optim.lr=0.1:")
+            && ran[1].starts_with("tiny_grid/workers=1,optim.lr=0.01:"),
+        "{ran:?}"
+    );
+    assert!(String::from_utf8_lossy(&out.stderr).contains("2 cell(s) already done were skipped"));
+    assert!(statuses(&dir).iter().all(|(_, s)| s == "done"));
+}
+
+#[test]
+fn a_cell_is_never_marked_done_before_its_run_completes() {
+    let l = recipe::load(&root().join("tests/fixtures/sweep/tiny_grid.toml")).unwrap();
+    let cells = runner::sweep::cells(&l, 256).unwrap();
+    let logs = tempdir("killed");
+    let dir =
+        runner::sweep::SweepDir::open(&logs, "tiny_grid", Path::new("tiny_grid.toml"), &cells)
+            .unwrap();
+    let killed = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        runner::sweep::execute(&dir, &cells, Default::default(), |c| {
+            if c.index == 1 {
+                panic!("killed while running cell 1");
+            }
+            Err((None, "failed on purpose".into()))
+        })
+    }));
+    assert!(killed.is_err());
+    let s: Vec<String> = statuses(&dir.dir).into_iter().map(|(_, s)| s).collect();
+    assert_eq!(
+        s,
+        ["failed", "running"],
+        "cell 0 failed, cell 1 was running when killed, 2 and 3 never started"
+    );
+    assert!(!dir.is_done(&cells[1]));
+}
+
+#[test]
+fn the_schema_accepts_every_shipped_recipe_and_rejects_a_wrong_one() {
+    let schema = runner::recipe::schema::json_schema();
+    let shipped: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(root().join("recipe.schema.json")).unwrap())
+            .unwrap();
+    assert_eq!(
+        shipped, schema,
+        "recipe.schema.json is stale: cargo run --release -- schema -o recipe.schema.json"
+    );
+    let validator = jsonschema::validator_for(&schema).unwrap();
+    let as_json = |path: &Path| -> serde_json::Value {
+        let t: toml::Table = toml::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+        serde_json::to_value(t).unwrap()
+    };
+    for f in toml_files(&root().join("recipes"))
+        .into_iter()
+        .chain(toml_files(&root().join("tests/fixtures/sweep")))
+    {
+        let v = as_json(&f);
+        let errors: Vec<String> = validator.iter_errors(&v).map(|e| e.to_string()).collect();
+        assert!(errors.is_empty(), "{}: {errors:?}", f.display());
+    }
+    for bad in [
+        "unknown_key",
+        "wrong_type",
+        "unknown_arch",
+        "cleanup_every_zero",
+    ] {
+        let v = as_json(&root().join(format!("tests/fixtures/invalid/{bad}.toml")));
+        assert!(
+            !validator.is_valid(&v),
+            "the schema accepts tests/fixtures/invalid/{bad}.toml"
+        );
+    }
+}
+
+#[test]
+fn a_cells_run_directory_reruns_on_its_own() {
+    let logs = tempdir("rerun");
+    let out = runner_cmd()
+        .args([
+            "tests/fixtures/sweep/tiny_grid.toml",
+            "--quiet",
+            "--cell",
+            "3",
+            "--set",
+        ])
+        .arg(format!("log.dir=\"{}\"", logs.display()))
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let run_dir = std::fs::read_dir(logs.join("tiny_grid/workers=1,optim.lr=0.01"))
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap()
+        .path();
+    let env: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(run_dir.join("env.json")).unwrap()).unwrap();
+    let sources = env["sources"].as_array().unwrap();
+    assert_eq!(
+        sources.len(),
+        2,
+        "tiny_grid.toml and the base.toml it extends: {env}"
+    );
+    assert!(sources[0]["sha256"].as_str().unwrap().len() == 64);
+    assert_eq!(
+        env["overrides"][0].as_str().unwrap(),
+        format!("log.dir=\"{}\"", logs.display())
+    );
+    let again = runner_cmd()
+        .arg(run_dir.join("recipe.toml"))
+        .arg("--quiet")
+        .output()
+        .unwrap();
+    assert_eq!(
+        again.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&again.stderr)
+    );
+    let a = records(&run_dir);
+    let newest = std::fs::read_dir(logs.join("tiny_grid/workers=1,optim.lr=0.01"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .max()
+        .unwrap();
+    assert_ne!(newest, run_dir);
+    assert_eq!(
+        records(&newest).iter().map(|r| r.loss).collect::<Vec<_>>(),
+        a.iter().map(|r| r.loss).collect::<Vec<_>>(),
+        "the same run again"
+    );
+}

@@ -367,8 +367,22 @@ fn index_spans(t: &DeTable<'_>, prefix: &str, source: usize, out: &mut BTreeMap<
         } else {
             format!("{prefix}.{}", k.get_ref())
         };
-        if let DeValue::Table(inner) = v.get_ref() {
-            index_spans(inner, &path, source, out);
+        match v.get_ref() {
+            DeValue::Table(inner) => index_spans(inner, &path, source, out),
+            // Array elements too, so a sweep can point at the one value that is wrong.
+            DeValue::Array(items) => {
+                for (i, item) in items.iter().enumerate() {
+                    out.insert(
+                        format!("{path}[{i}]"),
+                        Origin {
+                            source,
+                            key: k.span(),
+                            value: item.span(),
+                        },
+                    );
+                }
+            }
+            _ => {}
         }
         out.insert(
             path,

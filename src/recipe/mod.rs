@@ -162,6 +162,16 @@ pub fn lexical(p: &Path) -> PathBuf {
     out.iter().collect()
 }
 
+/// Checks a variant of an already checked recipe (a sweep cell: `doc` is `base.doc` with
+/// values set): the base's findings carry over, so a mistake in the base file is reported
+/// for the cell too, and its dropped keys stay quiet.
+pub fn recheck(base: &Loaded, doc: Doc) -> Result<Loaded, Report> {
+    let mut l = check(&base.path, doc, base.findings.clone())?;
+    l.dropped.extend(base.dropped.iter().cloned());
+    l.sweep = base.sweep.clone();
+    Ok(l)
+}
+
 fn join(prefix: &str, key: &str) -> String {
     if prefix.is_empty() {
         key.to_string()

@@ -5,10 +5,11 @@
 //! README.md repeats the table for users and a test checks that it names every key.
 //! Nothing here checks rules across keys or touches files: that is `plan`'s work.
 
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 /// A whole recipe file.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct Recipe {
     /// Run name; the run directory is `<log.dir>/<name>/<run-id>`. Default: the file stem.
@@ -27,10 +28,11 @@ pub struct Recipe {
     pub run: RunSection,
     pub log: LogSection,
     pub profile: ProfileSection,
+    pub slurm: SlurmSection,
 }
 
 /// `[backend]`: where the run executes.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct BackendSection {
     /// `auto` (CUDA when compiled in and a GPU answers, else CPU), `cpu` or `cuda`.
@@ -52,7 +54,7 @@ impl Default for BackendSection {
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum BackendKind {
     Auto,
@@ -61,7 +63,7 @@ pub enum BackendKind {
 }
 
 /// `[model]`: the network.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct ModelSection {
     /// `resnet18`, `resnet34`, `resnet50`, `small_cnn` or `mlp`. Required.
@@ -82,7 +84,7 @@ pub struct ModelSection {
     pub hidden: Option<Vec<usize>>,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum Arch {
     Resnet18,
@@ -98,7 +100,7 @@ impl Arch {
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum Stem {
     Cifar,
@@ -106,7 +108,7 @@ pub enum Stem {
 }
 
 /// `[data]`: where samples come from and how they are prepared.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct DataSection {
     /// `cifar10-bin` (CIFAR-10 binary records) or `synthetic`. Required.
@@ -136,7 +138,7 @@ pub struct DataSection {
     pub synthetic: Option<SyntheticSection>,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub enum DataFormat {
     #[serde(rename = "cifar10-bin")]
     Cifar10Bin,
@@ -145,7 +147,7 @@ pub enum DataFormat {
 }
 
 /// `[data.normalize]`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct NormalizeSection {
     /// Per-channel mean of pixels scaled to 0..1 (one value, or one per channel).
@@ -168,7 +170,7 @@ impl Default for NormalizeSection {
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum NormalizeOn {
     Host,
@@ -176,7 +178,7 @@ pub enum NormalizeOn {
 }
 
 /// `[data.augment]`: applied to training samples only, deterministic per (seed, epoch, sample).
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct AugmentSection {
     /// Random crop back to the image size after zero-padding each side by this many pixels.
@@ -187,7 +189,7 @@ pub struct AugmentSection {
 }
 
 /// `[data.synthetic]`: deterministic generated images, each class a distinct pattern plus noise.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct SyntheticSection {
     /// Training samples. Default 1024.
@@ -215,7 +217,7 @@ impl Default for SyntheticSection {
 }
 
 /// `[loader]`: batching and the worker pool (PyTorch DataLoader semantics).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct LoaderSection {
     /// Samples per micro-batch (one forward/backward). Default 64.
@@ -252,7 +254,7 @@ impl Default for LoaderSection {
 }
 
 /// `[optim]`: optimizer, gradient accumulation and learning-rate schedule (PyTorch semantics).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct OptimSection {
     /// `sgd` or `adamw`. Default `sgd`.
@@ -314,14 +316,14 @@ impl Default for OptimSection {
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum Optimizer {
     Sgd,
     Adamw,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum Schedule {
     Constant,
@@ -330,7 +332,7 @@ pub enum Schedule {
 }
 
 /// `[cleanup]`: the memory-cleanup policy under study.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct CleanupSection {
     /// When to clean up: `"never"`, `"step"` (after every optimizer step), `"epoch"` (after
@@ -359,6 +361,21 @@ pub enum Every {
     Step,
     Epoch,
     Steps(u64),
+}
+
+impl JsonSchema for Every {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "Every".into()
+    }
+    fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        schemars::json_schema!({
+            "description": "\"never\", \"step\", \"epoch\" or a number of optimizer steps",
+            "oneOf": [
+                { "type": "string", "enum": ["never", "step", "epoch"] },
+                { "type": "integer", "minimum": 1 }
+            ]
+        })
+    }
 }
 
 impl Serialize for Every {
@@ -404,7 +421,7 @@ impl<'de> Deserialize<'de> for Every {
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum CleanupAction {
     Sync,
@@ -413,7 +430,7 @@ pub enum CleanupAction {
 }
 
 /// `[run]`: how long to train and what to time.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct RunSection {
     /// Passes over the training data. Default 1.
@@ -440,7 +457,7 @@ impl Default for RunSection {
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum Eval {
     Epoch,
@@ -449,7 +466,7 @@ pub enum Eval {
 }
 
 /// `[log]`: where metrics go and how often.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct LogSection {
     /// Root of the run directories, relative to the working directory. Default `"runs"`.
@@ -472,7 +489,7 @@ impl Default for LogSection {
 }
 
 /// `[profile]`: what is measured beyond host timings.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct ProfileSection {
     /// Optimizer steps whose phases are timed with a device sync after each phase, as
@@ -494,6 +511,43 @@ impl Default for ProfileSection {
     }
 }
 
+/// `[slurm]`: resources of the job-array script `runner sweep --slurm` writes.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields, default)]
+pub struct SlurmSection {
+    /// Partition (`--partition`). Default: the cluster's default partition.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub partition: Option<String>,
+    /// Time limit of each array task (`--time`), `HH:MM:SS` or `D-HH:MM:SS`. Default `"01:00:00"`.
+    pub time: String,
+    /// GPUs per array task (`--gpus-per-task`). Default 0.
+    pub gpus_per_task: u32,
+    /// CPU cores per array task (`--cpus-per-task`). Default 2.
+    pub cpus_per_task: u32,
+    /// Memory per node (`--mem`), e.g. `"16G"`. Default: the cluster's default.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mem: Option<String>,
+    /// Account to charge (`--account`). Default: none.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub account: Option<String>,
+    /// Further `#SBATCH` options, written as given, e.g. `["--qos=high"]`. Default none.
+    pub extra: Vec<String>,
+}
+
+impl Default for SlurmSection {
+    fn default() -> Self {
+        Self {
+            partition: None,
+            time: "01:00:00".into(),
+            gpus_per_task: 0,
+            cpus_per_task: 2,
+            mem: None,
+            account: None,
+            extra: vec![],
+        }
+    }
+}
+
 /// The tables of the format and the keys each allows, for the unknown-key check.
 /// `T::deserialize` names its fields to serde; this asks it for them without data.
 pub fn tables() -> Vec<(&'static str, &'static [&'static str])> {
@@ -511,6 +565,7 @@ pub fn tables() -> Vec<(&'static str, &'static [&'static str])> {
         ("run", fields_of::<RunSection>()),
         ("log", fields_of::<LogSection>()),
         ("profile", fields_of::<ProfileSection>()),
+        ("slurm", fields_of::<SlurmSection>()),
     ]
 }
 
@@ -554,4 +609,31 @@ fn fields_of<T: serde::de::DeserializeOwned>() -> &'static [&'static str] {
     let mut probe = Probe(None);
     let _ = T::deserialize(&mut probe);
     probe.0.unwrap_or(&[])
+}
+
+/// The JSON Schema of the recipe format (draft 2020-12), for editors (taplo, VS Code's Even
+/// Better TOML) and CI of recipe repositories. `extends` and `[sweep]` are read before the
+/// typed tables, so they are added by hand.
+pub fn json_schema() -> serde_json::Value {
+    let mut schema = serde_json::to_value(schemars::schema_for!(Recipe)).expect("schema is JSON");
+    let props = schema["properties"]
+        .as_object_mut()
+        .expect("Recipe has properties");
+    props.insert(
+        "extends".into(),
+        serde_json::json!({
+            "type": "string",
+            "description": "Path of a recipe this one builds on, relative to this file; its tables are merged under this file's."
+        }),
+    );
+    props.insert(
+        "sweep".into(),
+        serde_json::json!({
+            "type": "object",
+            "description": "A grid: dotted recipe keys mapped to lists of values; the cartesian product runs, the last key varying fastest.",
+            "additionalProperties": { "type": "array", "minItems": 1 }
+        }),
+    );
+    schema["title"] = "runner recipe".into();
+    schema
 }

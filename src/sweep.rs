@@ -1,0 +1,629 @@
+//! Sweeps: a `[sweep]` table of dotted keys and lists of values expands into the cartesian
+//! product of cells, in a fixed order (keys in file order, the last key varying fastest).
+//! Each cell is the recipe with those values set, checked like any recipe, with a readable
+//! name and an id derived from its resolved recipe. Owns the sweep directory (a manifest of
+//! the cells, one status file per cell), resuming, sharding and the Slurm job-array script.
+//! Running a cell is a function the caller passes in; nothing here knows Burn.
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+use crate::metrics::write_json_atomic;
+use crate::recipe::{self, schema, Diagnostic, Loaded, Origin, Recipe, Report};
+
+/// Cells a grid may have unless `--max-cells` says otherwise.
+pub const DEFAULT_MAX_CELLS: usize = 256;
+
+/// One swept key and its values, with where each value was written.
+#[derive(Debug, Clone)]
+pub struct Axis {
+    pub key: String,
+    /// The shortest unambiguous name of the key, used in cell names.
+    pub label: String,
+    pub values: Vec<toml::Value>,
+    pub origins: Vec<Option<Origin>>,
+}
+
+/// One cell of a grid.
+#[derive(Debug, Clone)]
+pub struct Cell {
+    /// 0-based position in the expansion order.
+    pub index: usize,
+    /// `base/key=value,...` (just `base` for a recipe without a grid).
+    pub name: String,
+    /// Stable id: derived from the cell's resolved recipe.
+    pub id: String,
+    pub assignments: Vec<(String, toml::Value)>,
+    pub loaded: Loaded,
+}
+
+/// Every leaf key of the format (`loader.workers`, ...).
+fn all_keys() -> Vec<String> {
+    let tables = schema::tables();
+    let mut out = vec![];
+    for (t, fields) in &tables {
+        for f in *fields {
+            let k = if t.is_empty() {
+                f.to_string()
+            } else {
+                format!("{t}.{f}")
+            };
+            if !tables.iter().any(|(p, _)| *p == k) {
+                out.push(k);
+            }
+        }
+    }
+    out
+}
+
+/// The shortest dotted suffix of `key` that no other key of the format ends with (at least
+/// three letters long, so `on` reads `normalize.on`).
+pub fn label(key: &str) -> String {
+    let keys = all_keys();
+    let parts: Vec<&str> = key.split('.').collect();
+    for n in 1..=parts.len() {
+        let suffix = parts[parts.len() - n..].join(".");
+        let unique = keys
+            .iter()
+            .filter(|k| **k == suffix || k.ends_with(&format!(".{suffix}")))
+            .count()
+            <= 1;
+        if unique && suffix.len() >= 3 {
+            return suffix;
+        }
+    }
+    key.to_string()
+}
+
+/// A value as it appears in a cell name.
+fn show(v: &toml::Value) -> String {
+    let s = match v {
+        toml::Value::String(s) => s.clone(),
+        toml::Value::Array(a) => format!("[{}]", a.iter().map(show).collect::<Vec<_>>().join(";")),
+        other => other.to_string(),
+    };
+    s.replace(['/', '\\'], "_")
+}
+
+/// Flattens the `[sweep]` table into axes, in file order; dotted keys may be written quoted
+/// (`"loader.workers" = [...]`) or as nested tables.
+fn axes(loaded: &Loaded, report: &mut Report) -> Vec<Axis> {
+    let Some(sweep) = &loaded.sweep else {
+        return vec![];
+    };
+    let mut leaves: Vec<(String, String, toml::Value)> = vec![];
+    fn walk(
+        t: &toml::Table,
+        prefix: &str,
+        origin_prefix: &str,
+        out: &mut Vec<(String, String, toml::Value)>,
+    ) {
+        for (k, v) in t {
+            let key = if prefix.is_empty() {
+                k.clone()
+            } else {
+                format!("{prefix}.{k}")
+            };
+            let okey = format!("{origin_prefix}.{k}");
+            match v {
+                toml::Value::Table(inner) => walk(inner, &key, &okey, out),
+                other => out.push((key, okey, other.clone())),
+            }
+        }
+    }
+    walk(sweep, "", "sweep", &mut leaves);
+    let known = all_keys();
+    let mut seen = BTreeSet::new();
+    let mut out = vec![];
+    let err = |okey: &str, key: &str, msg: String, help: String| {
+        loaded
+            .doc
+            .diagnostic(
+                &loaded.path,
+                okey,
+                Diagnostic::error(&loaded.path, msg).key(format!("sweep.{key}")),
+            )
+            .help(help)
+    };
+    for (key, okey, value) in leaves {
+        if !seen.insert(key.clone()) {
+            report.push(err(
+                &okey,
+                &key,
+                "the same key is swept twice".into(),
+                "write each key once, quoted or as a table, not both".into(),
+            ));
+            continue;
+        }
+        if !known.contains(&key) {
+            let near: Vec<&str> = known.iter().map(String::as_str).collect();
+            let help = match recipe::did_you_mean(&key, &near) {
+                Some(s) => format!("did you mean `{s}`?"),
+                None => "sweep keys are recipe keys, e.g. \"loader.workers\" (see README)".into(),
+            };
+            report.push(err(
+                &okey,
+                &key,
+                format!("`{key}` is not a recipe key"),
+                help,
+            ));
+            continue;
+        }
+        let toml::Value::Array(values) = value else {
+            report.push(err(
+                &okey,
+                &key,
+                "a sweep value must be a list of the values to try".into(),
+                format!("\"{key}\" = [a, b, c]"),
+            ));
+            continue;
+        };
+        if values.is_empty() {
+            report.push(err(
+                &okey,
+                &key,
+                "an empty list makes an empty grid".into(),
+                "list at least one value".into(),
+            ));
+            continue;
+        }
+        let origins = (0..values.len())
+            .map(|i| loaded.doc.origins.get(&format!("{okey}[{i}]")).cloned())
+            .collect();
+        out.push(Axis {
+            label: label(&key),
+            key,
+            values,
+            origins,
+        });
+    }
+    out
+}
+
+/// The value indices of every cell, last axis fastest.
+pub fn product(sizes: &[usize]) -> Vec<Vec<usize>> {
+    let mut out = vec![vec![]];
+    for &n in sizes {
+        out = out
+            .into_iter()
+            .flat_map(|prefix| (0..n).map(move |i| [prefix.clone(), vec![i]].concat()))
+            .collect();
+    }
+    out
+}
+
+/// The cells of a recipe: one for a plain recipe, the whole grid for one with `[sweep]`.
+/// Every cell is checked; all findings come back together (each once).
+pub fn cells(loaded: &Loaded, max_cells: usize) -> Result<Vec<Cell>, Report> {
+    let mut report = Report::default();
+    let axes = axes(loaded, &mut report);
+    let base = loaded.recipe.name.clone().unwrap_or_else(|| {
+        loaded
+            .path
+            .file_stem()
+            .map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or_else(|| "recipe".into())
+    });
+    if report.has_errors() {
+        return Err(report.sorted());
+    }
+    let sizes: Vec<usize> = axes.iter().map(|a| a.values.len()).collect();
+    let count = sizes
+        .iter()
+        .try_fold(1usize, |acc, &n| acc.checked_mul(n))
+        .unwrap_or(usize::MAX);
+    if count > max_cells {
+        let d = loaded.doc.diagnostic(
+            &loaded.path,
+            "sweep",
+            Diagnostic::error(
+                &loaded.path,
+                format!(
+                    "the grid has {count} cells ({}), over the cap of {max_cells}",
+                    sizes
+                        .iter()
+                        .map(|n| n.to_string())
+                        .collect::<Vec<_>>()
+                        .join(" × ")
+                ),
+            )
+            .key("sweep"),
+        );
+        report
+            .push(d.help("sweep fewer values, split the grid, or raise the cap with --max-cells"));
+        return Err(report);
+    }
+    let mut out = vec![];
+    for (index, pick) in product(&sizes).into_iter().enumerate() {
+        let mut doc = loaded.doc.clone();
+        let mut assignments = vec![];
+        for (axis, &i) in axes.iter().zip(&pick) {
+            let v = axis.values[i].clone();
+            let origin = axis.origins[i].clone().unwrap_or(Origin {
+                source: 0,
+                key: 0..0,
+                value: 0..0,
+            });
+            if let Err(e) = doc.set(&axis.key, v.clone(), origin) {
+                report.push(Diagnostic::error(&loaded.path, e).key(axis.key.clone()));
+            }
+            assignments.push((axis.key.clone(), v));
+        }
+        let name = if axes.is_empty() {
+            base.clone()
+        } else {
+            let parts: Vec<String> = axes
+                .iter()
+                .zip(&assignments)
+                .map(|(a, (_, v))| format!("{}={}", a.label, show(v)))
+                .collect();
+            format!("{base}/{}", parts.join(","))
+        };
+        // The cell is named in its recipe, so its run directory and its resolved recipe say which it is.
+        doc.table
+            .insert("name".into(), toml::Value::String(name.clone()));
+        let checked = match recipe::recheck(loaded, doc) {
+            Ok(l) => l,
+            Err(r) => {
+                report.0.extend(r.0);
+                continue;
+            }
+        };
+        report.0.extend(checked.findings.0.iter().cloned());
+        out.push(Cell {
+            index,
+            id: cell_id(&checked.recipe),
+            name,
+            assignments,
+            loaded: checked,
+        });
+    }
+    if report.has_errors() {
+        return Err(dedup(report));
+    }
+    Ok(out)
+}
+
+/// A grid repeats one mistake in many cells: say it once.
+pub fn dedup(report: Report) -> Report {
+    let mut seen = vec![];
+    let mut out = Report::default();
+    for d in report.0 {
+        let text = d.to_string();
+        if !seen.contains(&text) {
+            seen.push(text);
+            out.push(d);
+        }
+    }
+    out.sorted()
+}
+
+fn sha256_hex(bytes: &[u8]) -> String {
+    Sha256::digest(bytes)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// The id of a cell: the first 12 hex digits of the SHA-256 of its recipe (defaults filled
+/// in, paths as written, `[log]` left out since it does not change what runs).
+pub fn cell_id(recipe: &Recipe) -> String {
+    let mut r = recipe.clone();
+    r.log = Default::default();
+    let text = toml::to_string(&r).unwrap_or_default();
+    sha256_hex(text.as_bytes())[..12].to_string()
+}
+
+/// The id of a grid: from its cells' ids in order.
+pub fn grid_id(cells: &[Cell]) -> String {
+    let all: Vec<&str> = cells.iter().map(|c| c.id.as_str()).collect();
+    sha256_hex(all.join(",").as_bytes())[..12].to_string()
+}
+
+/// `--shard i/N`: 1 <= i <= N.
+pub fn parse_shard(s: &str) -> Result<(usize, usize), String> {
+    let bad = || format!("--shard {s}: expected i/N with 1 <= i <= N, e.g. 2/4");
+    let (i, n) = s.split_once('/').ok_or_else(bad)?;
+    let (i, n): (usize, usize) = (
+        i.trim().parse().map_err(|_| bad())?,
+        n.trim().parse().map_err(|_| bad())?,
+    );
+    if n == 0 || i == 0 || i > n {
+        return Err(bad());
+    }
+    Ok((i, n))
+}
+
+/// Whether cell `index` belongs to shard `i` of `n`: round robin, so every shard gets an
+/// even share and the shards together hold every cell once.
+pub fn in_shard(index: usize, (i, n): (usize, usize)) -> bool {
+    index % n == i - 1
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum State {
+    Running,
+    Done,
+    Failed,
+}
+
+/// A cell's status file.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CellStatus {
+    pub state: State,
+    pub run_dir: Option<PathBuf>,
+    pub host: String,
+    pub pid: u32,
+    pub updated_at: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ManifestCell {
+    pub index: usize,
+    pub name: String,
+    pub id: String,
+    pub assignments: Vec<(String, toml::Value)>,
+}
+
+/// `manifest.json`: written once, when the sweep directory is made.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Manifest {
+    pub grid_id: String,
+    pub recipe: String,
+    pub axes: Vec<String>,
+    pub cells: Vec<ManifestCell>,
+}
+
+/// `<log.dir>/<name>/sweeps/<grid-id>/`: the manifest, `cells/<index>-<id>.json` status
+/// files (one writer each, written whole by rename, so shards on a shared file system never
+/// write the same file), and the Slurm script.
+pub struct SweepDir {
+    pub dir: PathBuf,
+}
+
+impl SweepDir {
+    pub fn open(root: &Path, base: &str, recipe: &Path, cells: &[Cell]) -> std::io::Result<Self> {
+        let dir = root.join(base).join("sweeps").join(grid_id(cells));
+        std::fs::create_dir_all(dir.join("cells"))?;
+        let manifest = dir.join("manifest.json");
+        if !manifest.exists() {
+            let m = Manifest {
+                grid_id: grid_id(cells),
+                recipe: recipe.display().to_string(),
+                axes: cells
+                    .first()
+                    .map(|c| c.assignments.iter().map(|(k, _)| k.clone()).collect())
+                    .unwrap_or_default(),
+                cells: cells
+                    .iter()
+                    .map(|c| ManifestCell {
+                        index: c.index,
+                        name: c.name.clone(),
+                        id: c.id.clone(),
+                        assignments: c.assignments.clone(),
+                    })
+                    .collect(),
+            };
+            write_json_atomic(&manifest, &m)?;
+        }
+        Ok(Self { dir })
+    }
+
+    fn status_path(&self, c: &Cell) -> PathBuf {
+        self.dir
+            .join("cells")
+            .join(format!("{:04}-{}.json", c.index, c.id))
+    }
+
+    pub fn status(&self, c: &Cell) -> Option<CellStatus> {
+        let text = std::fs::read_to_string(self.status_path(c)).ok()?;
+        serde_json::from_str(&text).ok()
+    }
+
+    pub fn mark(
+        &self,
+        c: &Cell,
+        state: State,
+        run_dir: Option<&Path>,
+        error: Option<String>,
+    ) -> std::io::Result<()> {
+        let s = CellStatus {
+            state,
+            run_dir: run_dir.map(Path::to_path_buf),
+            host: std::fs::read_to_string("/etc/hostname")
+                .map(|h| h.trim().to_string())
+                .unwrap_or_default(),
+            pid: std::process::id(),
+            updated_at: crate::run::utc_now(),
+            error,
+        };
+        write_json_atomic(&self.status_path(c), &s)
+    }
+
+    /// Done means: marked done, and the run directory's summary says completed.
+    pub fn is_done(&self, c: &Cell) -> bool {
+        self.status(c).is_some_and(|s| {
+            s.state == State::Done
+                && s.run_dir.as_ref().is_some_and(|d| {
+                    std::fs::read_to_string(d.join("summary.json"))
+                        .ok()
+                        .and_then(|t| serde_json::from_str::<crate::metrics::Summary>(&t).ok())
+                        .is_some_and(|s| s.status == "completed")
+                })
+        })
+    }
+}
+
+/// Which cells this process runs.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Selection {
+    pub shard: Option<(usize, usize)>,
+    pub only: Option<usize>,
+    pub resume: bool,
+}
+
+#[derive(Debug, Default)]
+pub struct Outcome {
+    pub ran: Vec<usize>,
+    pub skipped: Vec<usize>,
+    pub failed: Vec<(usize, String)>,
+}
+
+/// Runs the selected cells in order. A cell is marked running before it starts and done
+/// only after `run` returned its completed run directory; a cell whose run fails is marked
+/// failed and the sweep goes on. With `resume`, cells already done are skipped.
+pub fn execute(
+    sweep: &SweepDir,
+    cells: &[Cell],
+    sel: Selection,
+    mut run: impl FnMut(&Cell) -> Result<PathBuf, (Option<PathBuf>, String)>,
+) -> std::io::Result<Outcome> {
+    let mut out = Outcome::default();
+    for c in cells {
+        if sel.only.is_some_and(|i| i != c.index)
+            || sel.shard.is_some_and(|s| !in_shard(c.index, s))
+        {
+            continue;
+        }
+        if sel.resume && sweep.is_done(c) {
+            out.skipped.push(c.index);
+            continue;
+        }
+        sweep.mark(c, State::Running, None, None)?;
+        match run(c) {
+            Ok(dir) => {
+                sweep.mark(c, State::Done, Some(&dir), None)?;
+                out.ran.push(c.index);
+            }
+            Err((dir, e)) => {
+                sweep.mark(c, State::Failed, dir.as_deref(), Some(e.clone()))?;
+                out.failed.push((c.index, e));
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// `[slurm]` resources for the job-array script.
+pub fn slurm_script(
+    s: &schema::SlurmSection,
+    job_name: &str,
+    tasks: usize,
+    sweep_dir: &Path,
+    workdir: &Path,
+    command: &[String],
+) -> String {
+    let mut lines = vec![
+        "#!/bin/bash".to_string(),
+        format!("#SBATCH --job-name={job_name}"),
+        format!("#SBATCH --array=0-{}", tasks.saturating_sub(1)),
+        format!("#SBATCH --output={}/slurm-%A_%a.out", sweep_dir.display()),
+        format!("#SBATCH --time={}", s.time),
+        format!("#SBATCH --cpus-per-task={}", s.cpus_per_task),
+    ];
+    if let Some(p) = &s.partition {
+        lines.push(format!("#SBATCH --partition={p}"));
+    }
+    if s.gpus_per_task > 0 {
+        lines.push(format!("#SBATCH --gpus-per-task={}", s.gpus_per_task));
+    }
+    if let Some(m) = &s.mem {
+        lines.push(format!("#SBATCH --mem={m}"));
+    }
+    if let Some(a) = &s.account {
+        lines.push(format!("#SBATCH --account={a}"));
+    }
+    for extra in &s.extra {
+        lines.push(format!("#SBATCH {extra}"));
+    }
+    let quoted: Vec<String> = command.iter().map(|a| shell_quote(a)).collect();
+    lines.push(String::new());
+    lines.push(
+        "# Generated by `runner sweep --slurm`: one array task per cell (or shard); each".into(),
+    );
+    lines.push(
+        "# task skips what is already done, so resubmitting the script resumes the sweep.".into(),
+    );
+    lines.push("set -euo pipefail".into());
+    lines.push(format!(
+        "cd {}",
+        shell_quote(&workdir.display().to_string())
+    ));
+    lines.push(format!("exec {}", quoted.join(" ")));
+    lines.join("\n") + "\n"
+}
+
+fn shell_quote(s: &str) -> String {
+    // `$SLURM_ARRAY_TASK_ID` and `$((...))/N` must reach the shell unquoted to expand.
+    if s.starts_with('$') {
+        return s.to_string();
+    }
+    if !s.is_empty()
+        && s.chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-_./=:,+@%$".contains(c))
+    {
+        s.to_string()
+    } else {
+        format!("'{}'", s.replace('\'', "'\\''"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn labels_are_short_but_unambiguous() {
+        assert_eq!(label("loader.workers"), "workers");
+        assert_eq!(
+            label("cleanup.every"),
+            "cleanup.every",
+            "log.every exists too"
+        );
+        assert_eq!(label("data.normalize.on"), "normalize.on");
+        assert_eq!(label("optim.lr"), "optim.lr", "too short alone");
+        assert_eq!(label("seed"), "seed");
+    }
+
+    #[test]
+    fn shards_split_the_grid() {
+        assert_eq!(parse_shard("2/4"), Ok((2, 4)));
+        assert!(
+            parse_shard("0/4").is_err() && parse_shard("5/4").is_err() && parse_shard("x").is_err()
+        );
+        let mut union = vec![];
+        for i in 1..=3 {
+            let mine: Vec<usize> = (0..10).filter(|&c| in_shard(c, (i, 3))).collect();
+            assert!(mine.len() >= 3 && mine.len() <= 4);
+            union.extend(mine);
+        }
+        union.sort();
+        assert_eq!(
+            union,
+            (0..10).collect::<Vec<_>>(),
+            "disjoint, and together every cell"
+        );
+    }
+
+    #[test]
+    fn product_runs_the_last_axis_fastest() {
+        assert_eq!(
+            product(&[2, 3]),
+            vec![
+                vec![0, 0],
+                vec![0, 1],
+                vec![0, 2],
+                vec![1, 0],
+                vec![1, 1],
+                vec![1, 2]
+            ]
+        );
+        assert_eq!(product(&[]), vec![Vec::<usize>::new()]);
+    }
+}
