@@ -26,7 +26,7 @@ use runner::model::Net;
 use runner::plan::{self, Machine, Plan};
 use runner::recipe;
 use runner::run::{self, RunOptions};
-use runner::train::{host_batch, preparation, to_device, Accumulation, Optim};
+use runner::train::{batching, Accumulation, Batcher, Optim};
 
 const STEPS: u64 = 120;
 const TRIALS: usize = 5;
@@ -69,15 +69,11 @@ progress = false
 fn bare(p: &Plan) -> Vec<f64> {
     type B = CpuBackend;
     let device = cpu_device();
-    let (train, _) = data::load(&p.data, p.model.num_classes, p.seed).unwrap();
-    let train = Arc::new(train);
-    let (prep, device_affine) = preparation(p);
-    let d = Arc::clone(&train);
-    let make = Arc::new(move |idx: &[usize], epoch: usize| {
-        let pixels = prep.batch(&d, idx, epoch, true);
-        let labels = idx.iter().map(|&i| d.labels[i] as i32).collect();
-        host_batch(pixels, labels, [idx.len(), d.channels, d.height, d.width])
-    });
+    let sets = data::load(&p.data, p.model.num_classes, p.seed).unwrap();
+    let train = Arc::new(sets.train);
+    let batcher = Batcher::new(p, 0);
+    let (d, b2) = (Arc::clone(&train), batcher.clone());
+    let make = Arc::new(move |idx: &[usize], epoch: usize| b2.host(&d, idx, epoch, true));
     let l = &p.loader;
     let cfg = LoaderConfig {
         batch_size: l.batch_size,
@@ -87,10 +83,10 @@ fn bare(p: &Plan) -> Vec<f64> {
         shuffle: l.shuffle,
         drop_last: l.drop_last,
         seed: p.seed,
+        batching: batching(p, &train),
     };
     let mut loader = Loader::new(cfg, train.len(), make);
-    <B as burn::tensor::backend::Backend>::seed(&device, p.seed);
-    let mut model: Net<B> = Net::new(&p.model, 3, 32, &device);
+    let mut model: Net<B> = Net::new(&p.model, batcher.shape, p.seed, &device);
     let mut optim = Optim::<B>::new(&p.optim);
     let loss_fn = CrossEntropyLossConfig::new().init::<B>(&device);
     let mut times = vec![];
@@ -99,7 +95,7 @@ fn bare(p: &Plan) -> Vec<f64> {
         loop {
             let t = Instant::now();
             let Some(b) = it.next() else { break };
-            let (x, y) = to_device::<B>(b.value, device_affine.as_deref(), &device);
+            let (x, y) = batcher.to_device::<B>(b.value, &device);
             let mut acc = Accumulation::<B>::new(1);
             let loss = acc.add(&model, loss_fn.forward(model.forward(x), y));
             model = optim.step(p.optim.lr, model, acc.grads());

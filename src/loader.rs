@@ -25,10 +25,34 @@ pub struct LoaderConfig {
     pub shuffle: bool,
     pub drop_last: bool,
     pub seed: u64,
+    pub batching: Batching,
+}
+
+/// How samples are grouped into batches.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Batching {
+    /// Consecutive samples of the (shuffled) order.
+    Sequential,
+    /// Samples of similar length together (see `data::pad::bucket_batches`).
+    Buckets {
+        lengths: Arc<Vec<usize>>,
+        bounds: Vec<usize>,
+    },
 }
 
 /// The sample indices of every batch of an epoch, in delivery order.
 pub fn epoch_batches(n: usize, cfg: &LoaderConfig, epoch: usize) -> Vec<Vec<usize>> {
+    if let Batching::Buckets { lengths, bounds } = &cfg.batching {
+        return crate::data::pad::bucket_batches(
+            lengths,
+            bounds,
+            cfg.batch_size,
+            cfg.shuffle,
+            cfg.drop_last,
+            cfg.seed,
+            epoch,
+        );
+    }
     let mut order: Vec<usize> = (0..n).collect();
     if cfg.shuffle {
         SplitMix64::new(cfg.seed)
@@ -259,6 +283,7 @@ mod tests {
             shuffle: true,
             drop_last: false,
             seed: 9,
+            batching: Batching::Sequential,
         }
     }
 

@@ -61,6 +61,14 @@ pub struct StepRecord {
     pub sm_clock_mhz: Option<f64>,
     pub power_w: Option<f64>,
     pub cpu_util_pct: Option<f64>,
+    /// Text: tokens in the step's batches, and all positions of their padded rows.
+    pub real_tokens: Option<u64>,
+    pub padded_tokens: Option<u64>,
+    /// Text: `(padded - real) / padded`, percent.
+    pub pad_waste_pct: Option<f64>,
+    /// Text: real and padded tokens per second of the step.
+    pub real_tokens_per_s: Option<f64>,
+    pub padded_tokens_per_s: Option<f64>,
 }
 
 impl StepRecord {
@@ -236,6 +244,12 @@ pub struct Summary {
     pub cpu_util_pct: Option<f64>,
     pub sm_clock_mhz: Option<f64>,
     pub power_w: Option<f64>,
+    /// Text: totals over the run, padding waste, and token rates over the timed steps.
+    pub real_tokens: Option<u64>,
+    pub padded_tokens: Option<u64>,
+    pub pad_waste_pct: Option<f64>,
+    pub real_tokens_per_s: Option<f64>,
+    pub padded_tokens_per_s: Option<f64>,
     pub final_loss: Option<f64>,
     pub test_accuracy: Option<f64>,
     pub evals: Vec<Eval>,
@@ -292,6 +306,23 @@ impl Summary {
             let v: Vec<f64> = timed.iter().filter_map(|r| f(r)).collect();
             (!v.is_empty()).then(|| v.iter().sum::<f64>() / v.len() as f64)
         };
+        let sum = |v: &[&StepRecord], f: fn(&StepRecord) -> Option<u64>| {
+            let x: Vec<u64> = v.iter().filter_map(|r| f(r)).collect();
+            (!x.is_empty()).then(|| x.iter().sum::<u64>())
+        };
+        let all: Vec<&StepRecord> = records.iter().collect();
+        self.real_tokens = sum(&all, |r| r.real_tokens);
+        self.padded_tokens = sum(&all, |r| r.padded_tokens);
+        self.pad_waste_pct = match (self.real_tokens, self.padded_tokens) {
+            (Some(r), Some(p)) if p > 0 => Some(100.0 * (p - r) as f64 / p as f64),
+            _ => None,
+        };
+        let per_s = |n: Option<u64>| {
+            n.filter(|_| total_ms > 0.0)
+                .map(|n| n as f64 / (total_ms / 1e3))
+        };
+        self.real_tokens_per_s = per_s(sum(&timed, |r| r.real_tokens));
+        self.padded_tokens_per_s = per_s(sum(&timed, |r| r.padded_tokens));
         self.gpu_util_pct = mean(|r| r.gpu_util_pct);
         self.cpu_util_pct = mean(|r| r.cpu_util_pct);
         self.sm_clock_mhz = mean(|r| r.sm_clock_mhz);

@@ -1,14 +1,20 @@
-//! The networks a recipe can name: ResNet-18/34/50 (torchvision's layout, with a CIFAR or
-//! ImageNet stem), a small CNN for quick CPU runs and an MLP. Owns architecture only; the
-//! training loop owns loss, optimisation and devices.
+//! The networks a recipe can name: for images ResNet-18/34/50 (torchvision's layout, with a
+//! CIFAR or ImageNet stem), a small CNN for quick CPU runs and an MLP; for token sequences a
+//! bag-of-embeddings classifier, an LSTM and a Transformer encoder, each of which ignores
+//! padding (so a sequence's logits do not depend on how much padding its batch has). Owns
+//! architecture only; the training loop owns loss, optimisation and devices.
 
-use burn::module::{Module, Param, RunningState};
+use burn::module::{Module, ModuleVisitor, Param, RunningState};
 use burn::nn::conv::{Conv2d, Conv2dConfig};
+use burn::nn::lstm::{Lstm, LstmConfig};
 use burn::nn::pool::{AdaptiveAvgPool2d, AdaptiveAvgPool2dConfig, MaxPool2d, MaxPool2dConfig};
-use burn::nn::{Linear, LinearConfig, PaddingConfig2d};
+use burn::nn::transformer::{
+    TransformerEncoder, TransformerEncoderConfig, TransformerEncoderInput,
+};
+use burn::nn::{Embedding, EmbeddingConfig, Linear, LinearConfig, PaddingConfig2d};
 use burn::tensor::activation::relu;
 use burn::tensor::backend::Backend;
-use burn::tensor::Tensor;
+use burn::tensor::{Bool, Int, Tensor};
 
 use crate::plan::ModelPlan;
 use crate::recipe::{Arch, Stem};
@@ -19,25 +25,55 @@ pub enum Net<B: Backend> {
     ResNet(ResNet<B>),
     SmallCnn(SmallCnn<B>),
     Mlp(Mlp<B>),
+    Bag(Bag<B>),
+    Lstm(LstmClassifier<B>),
+    Transformer(TransformerClassifier<B>),
+}
+
+/// What a network reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Shape {
+    /// Images of `channels × side × side`.
+    Image { channels: usize, side: usize },
+    /// Token ids below `vocab`, rows at most `max_len` long.
+    Text { vocab: usize, max_len: usize },
+}
+
+/// A batch's inputs on the device.
+pub enum Input<B: Backend> {
+    Images(Tensor<B, 4>),
+    /// `ids` `[batch, len]`; `pad` is true at padding; `lengths` counts each row's real tokens.
+    Tokens {
+        ids: Tensor<B, 2, Int>,
+        pad: Tensor<B, 2, Bool>,
+        lengths: Tensor<B, 1, Int>,
+    },
 }
 
 impl<B: Backend> Net<B> {
-    /// Builds the network for images of `channels × side × side`.
-    pub fn new(m: &ModelPlan, channels: usize, side: usize, device: &B::Device) -> Self {
+    /// Builds the network for the data's shape (validation has paired them), its initial
+    /// weights drawn from `seed` alone. Burn's generator is process-wide and draws lazily,
+    /// so seeding and drawing every weight happen here under one lock: runs that share a
+    /// process (tests, sweeps driven from a library) cannot interleave their draws.
+    pub fn new(m: &ModelPlan, shape: Shape, seed: u64, device: &B::Device) -> Self {
+        static INIT: std::sync::Mutex<()> = std::sync::Mutex::new(());
+        let _guard = INIT.lock().unwrap_or_else(|p| p.into_inner());
+        B::seed(device, seed);
+        let net = Self::build(m, shape, device);
+        net.materialize();
+        net
+    }
+
+    fn build(m: &ModelPlan, shape: Shape, device: &B::Device) -> Self {
+        let (channels, side, vocab, max_len) = match shape {
+            Shape::Image { channels, side } => (channels, side, 0, 0),
+            Shape::Text { vocab, max_len } => (0, 0, vocab, max_len),
+        };
+        let resnet = |kind, layers| Net::ResNet(ResNet::new(kind, layers, m, channels, device));
         match m.arch {
-            Arch::Resnet18 => {
-                Net::ResNet(ResNet::new(Block::Basic, [2, 2, 2, 2], m, channels, device))
-            }
-            Arch::Resnet34 => {
-                Net::ResNet(ResNet::new(Block::Basic, [3, 4, 6, 3], m, channels, device))
-            }
-            Arch::Resnet50 => Net::ResNet(ResNet::new(
-                Block::Bottleneck,
-                [3, 4, 6, 3],
-                m,
-                channels,
-                device,
-            )),
+            Arch::Resnet18 => resnet(Block::Basic, [2, 2, 2, 2]),
+            Arch::Resnet34 => resnet(Block::Basic, [3, 4, 6, 3]),
+            Arch::Resnet50 => resnet(Block::Bottleneck, [3, 4, 6, 3]),
             Arch::SmallCnn => Net::SmallCnn(SmallCnn::new(
                 channels,
                 side,
@@ -51,7 +87,23 @@ impl<B: Backend> Net<B> {
                 m.num_classes,
                 device,
             )),
+            Arch::Bag => Net::Bag(Bag::new(vocab, m, device)),
+            Arch::Lstm => Net::Lstm(LstmClassifier::new(vocab, m, device)),
+            Arch::Transformer => {
+                Net::Transformer(TransformerClassifier::new(vocab, max_len, m, device))
+            }
         }
+    }
+
+    /// Initialises every parameter now, in module order (Burn would on first use).
+    fn materialize(&self) {
+        struct Touch;
+        impl<B: Backend> ModuleVisitor<B> for Touch {
+            fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+                let _ = param.val();
+            }
+        }
+        self.visit(&mut Touch);
     }
 
     /// Trainable parameters, as torchvision counts them. Burn's `num_params` also counts
@@ -72,17 +124,21 @@ impl<B: Backend> Net<B> {
                         .sum::<usize>()
             }
             Net::SmallCnn(n) => n.c1.buffers() + n.c2.buffers(),
-            Net::Mlp(_) => 0,
+            Net::Mlp(_) | Net::Bag(_) | Net::Lstm(_) | Net::Transformer(_) => 0,
         };
         self.num_params() - buffers
     }
 
-    /// Images `[batch, channels, height, width]` → logits `[batch, classes]`.
-    pub fn forward(&self, x: Tensor<B, 4>) -> Tensor<B, 2> {
-        match self {
-            Net::ResNet(n) => n.forward(x),
-            Net::SmallCnn(n) => n.forward(x),
-            Net::Mlp(n) => n.forward(x),
+    /// Inputs → logits `[batch, classes]`.
+    pub fn forward(&self, input: Input<B>) -> Tensor<B, 2> {
+        match (self, input) {
+            (Net::ResNet(n), Input::Images(x)) => n.forward(x),
+            (Net::SmallCnn(n), Input::Images(x)) => n.forward(x),
+            (Net::Mlp(n), Input::Images(x)) => n.forward(x),
+            (Net::Bag(n), Input::Tokens { ids, pad, .. }) => n.forward(ids, pad),
+            (Net::Lstm(n), Input::Tokens { ids, lengths, .. }) => n.forward(ids, lengths),
+            (Net::Transformer(n), Input::Tokens { ids, pad, .. }) => n.forward(ids, pad),
+            _ => unreachable!("validation pairs image models with image data"),
         }
     }
 }
@@ -355,5 +411,124 @@ impl<B: Backend> Mlp<B> {
             }
         }
         x
+    }
+}
+
+/// Mean of `x` `[batch, len, dim]` over the positions that are not padding → `[batch, dim]`.
+fn masked_mean<B: Backend>(x: Tensor<B, 3>, pad: Tensor<B, 2, Bool>) -> Tensor<B, 2> {
+    let [b, _, d] = x.dims();
+    let keep = pad.bool_not().float();
+    let count = keep.clone().sum_dim(1).clamp_min(1.0);
+    let sum = (x * keep.unsqueeze_dim::<3>(2)).sum_dim(1).reshape([b, d]);
+    sum / count
+}
+
+fn mlp_head<B: Backend>(layers: &[Linear<B>], mut x: Tensor<B, 2>) -> Tensor<B, 2> {
+    let last = layers.len() - 1;
+    for (i, l) in layers.iter().enumerate() {
+        x = l.forward(x);
+        if i < last {
+            x = relu(x);
+        }
+    }
+    x
+}
+
+/// fastText-style: the mean of the sequence's token embeddings (padding excluded), then
+/// fully connected layers.
+#[derive(Module, Debug)]
+pub struct Bag<B: Backend> {
+    embed: Embedding<B>,
+    head: Vec<Linear<B>>,
+}
+
+impl<B: Backend> Bag<B> {
+    fn new(vocab: usize, m: &ModelPlan, device: &B::Device) -> Self {
+        let mut sizes = vec![m.embed_dim];
+        sizes.extend_from_slice(&m.hidden);
+        sizes.push(m.num_classes);
+        Self {
+            embed: EmbeddingConfig::new(vocab, m.embed_dim).init(device),
+            head: sizes
+                .windows(2)
+                .map(|w| LinearConfig::new(w[0], w[1]).init(device))
+                .collect(),
+        }
+    }
+
+    fn forward(&self, ids: Tensor<B, 2, Int>, pad: Tensor<B, 2, Bool>) -> Tensor<B, 2> {
+        mlp_head(&self.head, masked_mean(self.embed.forward(ids), pad))
+    }
+}
+
+/// Stacked unidirectional LSTMs read the sequence; the classifier sees the hidden state at
+/// each row's last real token, which padding after it cannot reach.
+#[derive(Module, Debug)]
+pub struct LstmClassifier<B: Backend> {
+    embed: Embedding<B>,
+    layers: Vec<Lstm<B>>,
+    out: Linear<B>,
+}
+
+impl<B: Backend> LstmClassifier<B> {
+    fn new(vocab: usize, m: &ModelPlan, device: &B::Device) -> Self {
+        let layers = (0..m.layers)
+            .map(|i| {
+                let input = if i == 0 { m.embed_dim } else { m.hidden_size };
+                LstmConfig::new(input, m.hidden_size, true).init(device)
+            })
+            .collect();
+        Self {
+            embed: EmbeddingConfig::new(vocab, m.embed_dim).init(device),
+            layers,
+            out: LinearConfig::new(m.hidden_size, m.num_classes).init(device),
+        }
+    }
+
+    fn forward(&self, ids: Tensor<B, 2, Int>, lengths: Tensor<B, 1, Int>) -> Tensor<B, 2> {
+        let mut x = self.embed.forward(ids);
+        for l in &self.layers {
+            x = l.forward(x, None).0;
+        }
+        let [b, _, h] = x.dims();
+        let last = (lengths - 1).reshape([b, 1, 1]).repeat_dim(2, h);
+        self.out.forward(x.gather(1, last).reshape([b, h]))
+    }
+}
+
+/// Token and learned position embeddings, a Transformer encoder whose attention ignores
+/// padded keys, the mean over real positions, and a linear classifier.
+#[derive(Module, Debug)]
+pub struct TransformerClassifier<B: Backend> {
+    embed: Embedding<B>,
+    position: Embedding<B>,
+    encoder: TransformerEncoder<B>,
+    out: Linear<B>,
+}
+
+impl<B: Backend> TransformerClassifier<B> {
+    fn new(vocab: usize, max_len: usize, m: &ModelPlan, device: &B::Device) -> Self {
+        Self {
+            embed: EmbeddingConfig::new(vocab, m.embed_dim).init(device),
+            position: EmbeddingConfig::new(max_len.max(1), m.embed_dim).init(device),
+            encoder: TransformerEncoderConfig::new(m.embed_dim, m.ff_dim, m.heads, m.layers)
+                .with_dropout(m.dropout)
+                .with_norm_first(true)
+                .init(device),
+            out: LinearConfig::new(m.embed_dim, m.num_classes).init(device),
+        }
+    }
+
+    fn forward(&self, ids: Tensor<B, 2, Int>, pad: Tensor<B, 2, Bool>) -> Tensor<B, 2> {
+        let [b, t] = ids.dims();
+        let device = ids.device();
+        let positions = Tensor::<B, 1, Int>::arange(0..t as i64, &device)
+            .reshape([1, t])
+            .repeat_dim(0, b);
+        let x = self.embed.forward(ids) + self.position.forward(positions);
+        let x = self
+            .encoder
+            .forward(TransformerEncoderInput::new(x).mask_pad(pad.clone()));
+        self.out.forward(masked_mean(x, pad))
     }
 }

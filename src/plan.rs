@@ -72,6 +72,13 @@ pub struct ModelPlan {
     pub num_classes: usize,
     pub width: usize,
     pub hidden: Vec<usize>,
+    /// Text models.
+    pub embed_dim: usize,
+    pub hidden_size: usize,
+    pub layers: usize,
+    pub heads: usize,
+    pub ff_dim: usize,
+    pub dropout: f64,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -80,6 +87,11 @@ pub enum Source {
     Cifar {
         train: Vec<PathBuf>,
         test: Vec<PathBuf>,
+    },
+    /// Text, one JSON object per line.
+    Jsonl {
+        train: PathBuf,
+        test: Option<PathBuf>,
     },
     Synthetic {
         samples: usize,
@@ -102,6 +114,18 @@ pub struct DataPlan {
     pub normalize: Normalize,
     pub crop_padding: usize,
     pub hflip: bool,
+    /// Text data: fields, tokenizer and padding.
+    pub text: Option<TextPlan>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct TextPlan {
+    pub text_field: String,
+    pub label_field: String,
+    pub tokenizer: crate::recipe::TokenizerSection,
+    pub padding: crate::data::pad::Padding,
+    /// `bucket`: the number of length buckets.
+    pub buckets: usize,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -244,10 +268,34 @@ impl<'a> Validator<'a> {
         if model.arch.is_resnet() {
             resolved.model.stem = Some(model.stem);
         }
+        let rm = &mut resolved.model;
         match model.arch {
-            Arch::SmallCnn => resolved.model.width = Some(model.width),
-            Arch::Mlp => resolved.model.hidden = Some(model.hidden.clone()),
+            Arch::SmallCnn => rm.width = Some(model.width),
+            Arch::Mlp => rm.hidden = Some(model.hidden.clone()),
+            Arch::Bag => {
+                rm.hidden = Some(model.hidden.clone());
+                rm.embed_dim = Some(model.embed_dim);
+            }
+            Arch::Lstm => {
+                rm.embed_dim = Some(model.embed_dim);
+                rm.hidden_size = Some(model.hidden_size);
+                rm.layers = Some(model.layers);
+            }
+            Arch::Transformer => {
+                rm.embed_dim = Some(model.embed_dim);
+                rm.layers = Some(model.layers);
+                rm.heads = Some(model.heads);
+                rm.ff_dim = Some(model.ff_dim);
+                rm.dropout = Some(model.dropout);
+            }
             _ => {}
+        }
+        if let Some(t) = &data.text {
+            resolved.data.text_field = Some(t.text_field.clone());
+            resolved.data.label_field = Some(t.label_field.clone());
+            resolved.data.tokenizer = Some(t.tokenizer.clone());
+            let p = resolved.padding.get_or_insert_with(Default::default);
+            p.buckets = t.buckets;
         }
         // Every default that applies is written out; keys that do not apply stay out.
         let ro = &mut resolved.optim;
@@ -380,18 +428,70 @@ impl<'a> Validator<'a> {
             self.err(
                 "model.arch",
                 "missing: every recipe names its model",
-                "add `arch = \"small_cnn\"` (or resnet18, resnet34, resnet50, mlp) under [model]",
+                "add `arch = \"small_cnn\"` (or resnet18, resnet34, resnet50, mlp; bag, lstm, transformer for text) under [model]",
             );
             return None;
         };
+        let text_models = "to the text models bag, lstm and transformer";
+        if !arch.is_text() {
+            self.only_for("model.embed_dim", text_models);
+        }
+        if arch != Arch::Lstm {
+            self.only_for("model.hidden_size", "to lstm");
+        }
+        if !matches!(arch, Arch::Lstm | Arch::Transformer) {
+            self.only_for("model.layers", "to lstm and transformer");
+        }
+        if arch != Arch::Transformer {
+            for k in ["model.heads", "model.ff_dim", "model.dropout"] {
+                self.only_for(k, "to transformer");
+            }
+        }
+        let embed_dim = m.embed_dim.unwrap_or(64);
+        let heads = m.heads.unwrap_or(4);
+        let layers = m
+            .layers
+            .unwrap_or(if arch == Arch::Transformer { 2 } else { 1 });
+        let hidden_size = m.hidden_size.unwrap_or(128);
+        let ff_dim = m.ff_dim.unwrap_or(4 * embed_dim);
+        let dropout = m.dropout.unwrap_or(0.1);
+        for (key, v, hi) in [
+            ("model.embed_dim", embed_dim, 8192),
+            ("model.hidden_size", hidden_size, 8192),
+            ("model.layers", layers, 64),
+            ("model.heads", heads, 256),
+            ("model.ff_dim", ff_dim, 65536),
+        ] {
+            if !(1..=hi).contains(&v) {
+                self.err(
+                    key,
+                    format!("{v} is out of range"),
+                    format!("use 1 to {hi}"),
+                );
+            }
+        }
+        if arch == Arch::Transformer && heads > 0 && embed_dim % heads != 0 {
+            self.err(
+                "model.heads",
+                format!("{heads} heads do not divide embed_dim = {embed_dim}"),
+                "pick heads that divide the model width, e.g. 4 for 64",
+            );
+        }
+        if !(0.0..1.0).contains(&dropout) {
+            self.err(
+                "model.dropout",
+                format!("{dropout} is outside [0, 1)"),
+                "0.1 is usual",
+            );
+        }
         if !arch.is_resnet() {
             self.only_for("model.stem", "to resnet18, resnet34 and resnet50");
         }
         if arch != Arch::SmallCnn {
             self.only_for("model.width", "to small_cnn");
         }
-        if arch != Arch::Mlp {
-            self.only_for("model.hidden", "to mlp");
+        if !matches!(arch, Arch::Mlp | Arch::Bag) {
+            self.only_for("model.hidden", "to mlp and bag");
         }
         let width = m.width.unwrap_or(32);
         if !(1..=1024).contains(&width) {
@@ -401,7 +501,10 @@ impl<'a> Validator<'a> {
                 "use 1 to 1024 channels",
             );
         }
-        let hidden = m.hidden.clone().unwrap_or_else(|| vec![256]);
+        let hidden =
+            m.hidden
+                .clone()
+                .unwrap_or_else(|| if arch == Arch::Bag { vec![] } else { vec![256] });
         if hidden.contains(&0) {
             self.err(
                 "model.hidden",
@@ -410,6 +513,25 @@ impl<'a> Validator<'a> {
             );
         }
         let data = data?;
+        match (arch.is_text(), data.text.is_some()) {
+            (true, false) => self.err(
+                "model.arch",
+                format!(
+                    "{} reads token sequences, but the data are images",
+                    format!("{arch:?}").to_lowercase()
+                ),
+                "use data.format = \"jsonl\", or an image model (small_cnn, resnet18, ...)",
+            ),
+            (false, true) => self.err(
+                "model.arch",
+                format!(
+                    "{} reads images, but the data are text",
+                    format!("{arch:?}").to_lowercase()
+                ),
+                "use bag, lstm or transformer for text",
+            ),
+            _ => {}
+        }
         let num_classes = m.num_classes.unwrap_or(data.classes);
         if num_classes < 2 {
             self.err(
@@ -427,14 +549,18 @@ impl<'a> Validator<'a> {
                 format!("remove the key to use {}", data.classes),
             );
         }
-        if arch.is_resnet() && m.stem != Some(Stem::Imagenet) && data.height < 8 {
+        if arch.is_resnet()
+            && m.stem != Some(Stem::Imagenet)
+            && data.height < 8
+            && data.text.is_none()
+        {
             self.err(
                 "model.arch",
                 "images are too small for a ResNet",
                 "use small_cnn or mlp",
             );
         }
-        if arch == Arch::SmallCnn && data.height < 4 {
+        if arch == Arch::SmallCnn && data.height < 4 && data.text.is_none() {
             self.err(
                 "model.arch",
                 "images are too small for small_cnn (two 2×2 pools)",
@@ -447,6 +573,12 @@ impl<'a> Validator<'a> {
             num_classes,
             width,
             hidden,
+            embed_dim,
+            hidden_size,
+            layers,
+            heads,
+            ff_dim,
+            dropout,
         })
     }
 
@@ -488,9 +620,69 @@ impl<'a> Validator<'a> {
                     test_n,
                 )
             }
+            DataFormat::Jsonl => {
+                self.only_for("data.synthetic", "to format = \"synthetic\"");
+                let Some(train) = &d.train else {
+                    self.err(
+                        "data.train",
+                        "missing: format \"jsonl\" needs training data",
+                        "set train = \"path/to/train.jsonl\", relative to the recipe",
+                    );
+                    return None;
+                };
+                let (tf, lf) = (
+                    d.text_field.clone().unwrap_or("text".into()),
+                    d.label_field.clone().unwrap_or("label".into()),
+                );
+                let train = self.jsonl_file("data.train", train)?;
+                let test = match &d.test {
+                    Some(t) => Some(self.jsonl_file("data.test", t)?),
+                    None => None,
+                };
+                let named = crate::data::text::class_names(&train).map(|n| n.len());
+                let limit = self.recipe().model.num_classes.or(named);
+                let mut max_label = 0;
+                let mut counts = [0usize; 2];
+                for (i, (key, path)) in [("data.train", Some(&train)), ("data.test", test.as_ref())]
+                    .into_iter()
+                    .enumerate()
+                {
+                    let Some(path) = path else { continue };
+                    match crate::data::text::read_jsonl(path, &tf, &lf, limit, usize::MAX) {
+                        Ok(rows) => {
+                            counts[i] = rows.len();
+                            max_label = rows
+                                .iter()
+                                .map(|(_, l)| *l as usize)
+                                .fold(max_label, usize::max);
+                        }
+                        Err(e) => {
+                            self.err(
+                                key,
+                                format!(
+                                    "{} {}",
+                                    crate::recipe::lexical(&e.path).display(),
+                                    e.message
+                                ),
+                                e.help_text().to_string(),
+                            );
+                            return None;
+                        }
+                    }
+                }
+                let classes = named.unwrap_or(max_label + 1).max(2);
+                (
+                    Source::Jsonl { train, test },
+                    0,
+                    0,
+                    classes,
+                    counts[0],
+                    counts[1],
+                )
+            }
             DataFormat::Synthetic => {
-                self.only_for("data.train", "to format = \"cifar10-bin\"");
-                self.only_for("data.test", "to format = \"cifar10-bin\"");
+                self.only_for("data.train", "to format = \"cifar10-bin\" or \"jsonl\"");
+                self.only_for("data.test", "to format = \"cifar10-bin\" or \"jsonl\"");
                 let s = d.synthetic.clone().unwrap_or_default();
                 for (key, v, lo, hi) in [
                     ("data.synthetic.samples", s.samples, 1, 10_000_000),
@@ -593,7 +785,7 @@ impl<'a> Validator<'a> {
             }
         };
         let a = &d.augment;
-        if a.crop_padding > size / 2 {
+        if size > 0 && a.crop_padding > size / 2 {
             self.err(
                 "data.augment.crop_padding",
                 format!(
@@ -603,7 +795,9 @@ impl<'a> Validator<'a> {
                 format!("use at most {}", size / 2),
             );
         }
+        let text = self.text_plan(format);
         Some(DataPlan {
+            text,
             source,
             channels,
             height: size,
@@ -614,6 +808,98 @@ impl<'a> Validator<'a> {
             normalize,
             crop_padding: a.crop_padding,
             hflip: a.hflip,
+        })
+    }
+
+    /// A `.jsonl` file that exists.
+    fn jsonl_file(&mut self, key: &str, rel: &str) -> Option<PathBuf> {
+        let path = self.l.dir_of(key).join(rel);
+        if path.is_file() {
+            Some(path)
+        } else {
+            self.err(
+                key,
+                format!("{} does not exist", crate::recipe::lexical(&path).display()),
+                "paths are relative to the recipe file; the shipped data is under datasets/",
+            );
+            None
+        }
+    }
+
+    /// Text keys on image data, image keys on text data, and the text plan.
+    fn text_plan(&mut self, format: DataFormat) -> Option<TextPlan> {
+        let r = self.recipe();
+        let text = format == DataFormat::Jsonl;
+        if !text {
+            for k in ["data.text_field", "data.label_field", "data.tokenizer"] {
+                self.only_for(k, "to text data (format = \"jsonl\")");
+            }
+            if self.l.is_set("padding") {
+                self.err(
+                    "padding",
+                    "applies to text data (format = \"jsonl\"); images all have one size",
+                    "remove the [padding] table",
+                );
+            }
+            return None;
+        }
+        for k in ["data.normalize", "data.augment"] {
+            self.only_for(k, "to image data");
+        }
+        let p = r.padding.clone().unwrap_or_default();
+        let t = r.data.tokenizer.clone().unwrap_or_default();
+        if p.max_length == 0 {
+            self.err(
+                "padding.max_length",
+                "0 tokens",
+                "sequences are cut to this length; use at least 1",
+            );
+        }
+        if p.multiple_of == 0 {
+            self.err(
+                "padding.multiple_of",
+                "0 cannot be a multiple",
+                "use 1 for no rounding, or e.g. 8",
+            );
+        }
+        if p.strategy != crate::recipe::PaddingStrategy::Bucket {
+            self.only_for("padding.buckets", "to strategy = \"bucket\"");
+        } else if p.buckets == 0 {
+            self.err(
+                "padding.buckets",
+                "0 buckets",
+                "use at least 1 (8 is usual)",
+            );
+        }
+        if t.kind == crate::recipe::TokenizerKind::Word && t.max_vocab == 0 {
+            self.err(
+                "data.tokenizer.max_vocab",
+                "an empty vocabulary",
+                "use e.g. 20000",
+            );
+        }
+        if t.kind == crate::recipe::TokenizerKind::Byte {
+            self.only_for("data.tokenizer.max_vocab", "to kind = \"word\"");
+            self.only_for("data.tokenizer.min_freq", "to kind = \"word\"");
+        }
+        if p.pad_id > 1_000_000 {
+            self.err(
+                "padding.pad_id",
+                format!("{} would need an embedding table that large", p.pad_id),
+                "use a small id; 0 is usual",
+            );
+        }
+        Some(TextPlan {
+            text_field: r.data.text_field.clone().unwrap_or("text".into()),
+            label_field: r.data.label_field.clone().unwrap_or("label".into()),
+            tokenizer: t,
+            padding: crate::data::pad::Padding {
+                strategy: p.strategy,
+                max_length: p.max_length.max(1),
+                multiple_of: p.multiple_of.max(1),
+                pad_id: p.pad_id,
+            },
+            buckets: p.buckets.max(1),
         })
     }
 

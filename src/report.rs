@@ -139,6 +139,10 @@ pub struct Row {
     pub data_wait_pct: f64,
     pub cleanup_pct: f64,
     pub test_accuracy: Option<f64>,
+    /// Text runs: padding waste (percent of padded positions) and token rates.
+    pub pad_waste_pct: Option<f64>,
+    pub real_tokens_per_s: Option<f64>,
+    pub padded_tokens_per_s: Option<f64>,
     /// `ms_median / baseline's ms_median`.
     pub ratio: f64,
     /// The difference to the baseline is smaller than twice the combined spread.
@@ -198,6 +202,9 @@ pub fn rows(runs: &[Run], baseline: Option<&str>) -> Result<Vec<Row>, ReportErro
                 data_wait_pct: mean(&s.iter().map(|s| s.data_wait_pct).collect::<Vec<_>>()),
                 cleanup_pct: mean(&s.iter().map(|s| s.cleanup_pct).collect::<Vec<_>>()),
                 test_accuracy: mean_opt(s.iter().map(|s| s.test_accuracy)),
+                pad_waste_pct: mean_opt(s.iter().map(|s| s.pad_waste_pct)),
+                real_tokens_per_s: mean_opt(s.iter().map(|s| s.real_tokens_per_s)),
+                padded_tokens_per_s: mean_opt(s.iter().map(|s| s.padded_tokens_per_s)),
                 ratio: 1.0,
                 within_noise: true,
                 is_baseline: false,
@@ -261,16 +268,12 @@ fn cells(rows: &[Row]) -> (Vec<String>, Vec<Vec<String>>) {
     if dev_mem {
         header.extend(["mem in use GiB".into(), "mem reserved GiB".into()]);
     }
-    header.extend(
-        [
-            "peak RSS GiB",
-            "data wait %",
-            "cleanup %",
-            "test acc %",
-            "vs baseline",
-        ]
-        .map(String::from),
-    );
+    let text = rows.iter().any(|r| r.pad_waste_pct.is_some());
+    header.extend(["peak RSS GiB", "data wait %", "cleanup %"].map(String::from));
+    if text {
+        header.extend(["pad waste %", "real tok/s", "padded tok/s"].map(String::from));
+    }
+    header.extend(["test acc %", "vs baseline"].map(String::from));
     let body = rows
         .iter()
         .map(|r| {
@@ -295,6 +298,15 @@ fn cells(rows: &[Row]) -> (Vec<String>, Vec<Vec<String>>) {
                 gib(r.peak_rss_bytes),
                 format!("{:.1}", r.data_wait_pct),
                 format!("{:.1}", r.cleanup_pct),
+            ]);
+            if text {
+                c.extend([
+                    opt(r.pad_waste_pct, 1),
+                    opt(r.real_tokens_per_s, 0),
+                    opt(r.padded_tokens_per_s, 0),
+                ]);
+            }
+            c.extend([
                 opt(r.test_accuracy.map(|a| 100.0 * a), 2),
                 if r.is_baseline {
                     "baseline".into()
@@ -315,7 +327,7 @@ pub fn render(rows: &[Row], format: Format) -> String {
     let mut out = String::new();
     match format {
         Format::Csv => {
-            out.push_str("recipe,runs,backend,ms_median,ms_p95,cv_pct,samples_per_s,gpu_util_pct,cpu_util_pct,peak_mem_in_use_bytes,peak_mem_reserved_bytes,peak_rss_bytes,data_wait_pct,cleanup_pct,test_accuracy,ratio,within_noise\n");
+            out.push_str("recipe,runs,backend,ms_median,ms_p95,cv_pct,samples_per_s,gpu_util_pct,cpu_util_pct,peak_mem_in_use_bytes,peak_mem_reserved_bytes,peak_rss_bytes,data_wait_pct,cleanup_pct,pad_waste_pct,real_tokens_per_s,padded_tokens_per_s,test_accuracy,ratio,within_noise\n");
             let o = |v: Option<f64>| v.map_or(String::new(), |v| v.to_string());
             let u = |v: Option<u64>| v.map_or(String::new(), |v| v.to_string());
             let q = |s: &str| {
@@ -328,7 +340,7 @@ pub fn render(rows: &[Row], format: Format) -> String {
             for r in rows {
                 let _ = writeln!(
                     out,
-                    "{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}",
+                    "{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}",
                     q(&r.recipe),
                     r.runs,
                     q(&r.backend),
@@ -343,6 +355,9 @@ pub fn render(rows: &[Row], format: Format) -> String {
                     u(r.peak_rss_bytes),
                     r.data_wait_pct,
                     r.cleanup_pct,
+                    o(r.pad_waste_pct),
+                    o(r.real_tokens_per_s),
+                    o(r.padded_tokens_per_s),
                     o(r.test_accuracy),
                     r.ratio,
                     r.within_noise

@@ -9,7 +9,7 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 use serde::Serialize;
 
 use crate::backend;
-use crate::data::{self, Images};
+use crate::data::{self, Dataset};
 use crate::metrics::{write_json_atomic, Eval, JsonLines, StepRecord, Summary};
 use crate::plan::{Device, Plan};
 use crate::progress::Progress;
@@ -222,7 +222,7 @@ impl Sink for FileSink {
 /// Runs a validated plan. Data errors come back before anything is written.
 pub fn execute(plan: &Plan, opts: &RunOptions) -> Result<Finished, RunError> {
     let wall = Instant::now();
-    let (train_set, test_set) = data::load(&plan.data, plan.model.num_classes, plan.seed)
+    let sets = data::load(&plan.data, plan.model.num_classes, plan.seed)
         .map_err(|e| RunError::Input(format!("error: {e}\n  = help: {}", e.help_text())))?;
     let threads = backend::set_cpu_threads(plan.threads);
     let (backend_name, device_name) = backend::describe(plan.device);
@@ -312,10 +312,17 @@ pub fn execute(plan: &Plan, opts: &RunOptions) -> Result<Finished, RunError> {
         progress: Progress::new(plan, opts.quiet),
         io_error: None,
     };
-    let (train_set, test_set) = (Arc::new(train_set), Arc::new(test_set));
+    let vocab = sets.tokenizer.as_ref().map_or(0, |t| t.vocab_size());
+    if let Some(t) = &sets.tokenizer {
+        t.save(&dir.join("tokenizer.json"))
+            .map_err(|e| fail(format!("tokenizer.json: {e}")))?;
+    }
+    let batcher = train::Batcher::new(plan, vocab);
+    let (train_set, test_set) = (Arc::new(sets.train), Arc::new(sets.test));
     let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         dispatch(
             plan,
+            batcher,
             Arc::clone(&train_set),
             Arc::clone(&test_set),
             t0,
@@ -364,14 +371,16 @@ pub fn execute(plan: &Plan, opts: &RunOptions) -> Result<Finished, RunError> {
 
 fn dispatch(
     plan: &Plan,
-    train_set: Arc<Images>,
-    test_set: Arc<Images>,
+    batcher: train::Batcher,
+    train_set: Arc<Dataset>,
+    test_set: Arc<Dataset>,
     t0: Instant,
     sink: &mut dyn Sink,
 ) -> train::Outcome {
     match plan.device {
         Device::Cpu => train::train::<backend::CpuBackend>(
             plan,
+            batcher,
             train_set,
             test_set,
             backend::cpu_device(),
@@ -382,6 +391,7 @@ fn dispatch(
         #[cfg(feature = "cuda")]
         Device::Cuda(i) => train::train::<backend::CudaBackend>(
             plan,
+            batcher,
             train_set,
             test_set,
             backend::cuda_device(i),

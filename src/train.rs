@@ -15,13 +15,13 @@ use burn::optim::{
     AdamW, AdamWConfig, GradientsAccumulator, GradientsParams, Optimizer, Sgd, SgdConfig,
 };
 use burn::tensor::backend::{AutodiffBackend, Backend};
-use burn::tensor::{DType, Int, Tensor, TensorData};
+use burn::tensor::{Bool, DType, Int, Tensor, TensorData};
 
 use crate::backend::MemFn;
-use crate::data::{Images, Pixels, Prepare};
-use crate::loader::{Loader, LoaderConfig};
+use crate::data::{Collate, Dataset, HostData, Pixels, Prepare};
+use crate::loader::{Batching, Loader, LoaderConfig};
 use crate::metrics::{rss_bytes, Eval as EvalRecord, StepRecord};
-use crate::model::Net;
+use crate::model::{Input, Net, Shape};
 use crate::plan::Plan;
 use crate::policy::{trim_host, CleanupPolicy, Point};
 use crate::recipe::{CleanupAction, Eval, NormalizeOn, Optimizer as OptimKind};
@@ -46,8 +46,30 @@ pub struct Outcome {
 
 /// A batch as the loader's workers prepare it: host tensors, staged for the copy if asked.
 pub struct HostBatch {
-    images: TensorData,
+    input: HostInput,
     labels: TensorData,
+    /// Text: real and padded token positions.
+    tokens: Option<(usize, usize)>,
+}
+
+enum HostInput {
+    Images(TensorData),
+    Tokens {
+        ids: TensorData,
+        pad: TensorData,
+        lengths: TensorData,
+    },
+}
+
+impl HostBatch {
+    fn data_mut(&mut self) -> Vec<&mut TensorData> {
+        let mut v = vec![&mut self.labels];
+        match &mut self.input {
+            HostInput::Images(x) => v.push(x),
+            HostInput::Tokens { ids, pad, lengths } => v.extend([ids, pad, lengths]),
+        }
+        v
+    }
 }
 
 /// The recipe's optimizer, built with PyTorch's semantics.
@@ -133,72 +155,155 @@ impl<B: AutodiffBackend> Accumulation<B> {
     }
 }
 
-/// The host-side preparation and the device-side normalisation a plan asks for.
-pub fn preparation(plan: &Plan) -> (Prepare, Option<Vec<(f32, f32)>>) {
-    let n = &plan.data.normalize;
-    let affine = Prepare::affine(&n.mean, &n.std);
-    let on_host = n.on == NormalizeOn::Host;
-    let prep = Prepare {
-        crop_padding: plan.data.crop_padding,
-        hflip: plan.data.hflip,
-        host_affine: on_host.then(|| affine.clone()),
-        seed: plan.seed,
-    };
-    (prep, (!on_host).then_some(affine))
+/// How a plan's batches are made on the host (by the loader's workers) and finished on
+/// the device: images are augmented and normalised on the host or copied as bytes and
+/// normalised on the device; text is padded by the plan's strategy.
+#[derive(Debug, Clone)]
+pub struct Batcher {
+    pub collate: Collate,
+    /// Per-channel `(scale, shift)` applied on the device to bytes; `None` for text or host
+    /// normalisation.
+    pub device_affine: Option<Vec<(f32, f32)>>,
+    pub shape: Shape,
 }
 
-pub fn host_batch(pixels: Pixels, labels: Vec<i32>, shape: [usize; 4]) -> HostBatch {
-    let images = match pixels {
-        Pixels::F32(v) => TensorData::new(v, shape),
-        Pixels::U8(v) => TensorData::new(v, shape),
-    };
-    let n = labels.len();
-    HostBatch {
-        images,
-        labels: TensorData::new(labels, [n]),
+impl Batcher {
+    pub fn new(plan: &Plan, vocab: usize) -> Self {
+        let d = &plan.data;
+        if let Some(t) = &d.text {
+            return Self {
+                collate: Collate::Text(t.padding.clone()),
+                device_affine: None,
+                shape: Shape::Text {
+                    vocab,
+                    max_len: t.padding.max_row_len(),
+                },
+            };
+        }
+        let n = &d.normalize;
+        let affine = Prepare::affine(&n.mean, &n.std);
+        let on_host = n.on == NormalizeOn::Host;
+        Self {
+            collate: Collate::Images(Prepare {
+                crop_padding: d.crop_padding,
+                hflip: d.hflip,
+                host_affine: on_host.then(|| affine.clone()),
+                seed: plan.seed,
+            }),
+            device_affine: (!on_host).then_some(affine),
+            shape: Shape::Image {
+                channels: d.channels,
+                side: d.height,
+            },
+        }
     }
-}
 
-/// Host batch → device tensors. Bytes are cast and normalised on the device.
-pub fn to_device<B: Backend>(
-    b: HostBatch,
-    device_affine: Option<&[(f32, f32)]>,
-    device: &B::Device,
-) -> (Tensor<B, 4>, Tensor<B, 1, Int>) {
-    let labels = Tensor::<B, 1, Int>::from_data(b.labels, device);
-    let images = if b.images.dtype == DType::U8 {
-        let c = b.images.shape[1];
-        let bytes = Tensor::<B, 4, Int>::from_data(b.images, (device, DType::U8)).float();
-        let (scale, shift): (Vec<f32>, Vec<f32>) = match device_affine {
-            Some(a) => a.iter().copied().unzip(),
-            None => (vec![1.0 / 255.0; c], vec![0.0; c]),
+    /// The host batch of these samples.
+    pub fn host(&self, data: &Dataset, indices: &[usize], epoch: usize, train: bool) -> HostBatch {
+        let labels: Vec<i32> = indices.iter().map(|&i| data.labels()[i] as i32).collect();
+        let n = labels.len();
+        let labels = TensorData::new(labels, [n]);
+        match self.collate.batch(data, indices, epoch, train) {
+            HostData::Pixels(p) => {
+                let Shape::Image { channels, side } = self.shape else {
+                    unreachable!("image batcher")
+                };
+                let shape = [n, channels, side, side];
+                let images = match p {
+                    Pixels::F32(v) => TensorData::new(v, shape),
+                    Pixels::U8(v) => TensorData::new(v, shape),
+                };
+                HostBatch {
+                    input: HostInput::Images(images),
+                    labels,
+                    tokens: None,
+                }
+            }
+            HostData::Tokens(t) => {
+                let pad: Vec<bool> = t
+                    .lengths
+                    .iter()
+                    .flat_map(|&l| (0..t.len).map(move |j| j >= l))
+                    .collect();
+                let tokens = Some((t.real_tokens(), t.padded_tokens()));
+                let lengths: Vec<i32> = t.lengths.iter().map(|&l| l as i32).collect();
+                HostBatch {
+                    input: HostInput::Tokens {
+                        ids: TensorData::new(t.ids, [n, t.len]),
+                        pad: TensorData::new(pad, [n, t.len]),
+                        lengths: TensorData::new(lengths, [n]),
+                    },
+                    labels,
+                    tokens,
+                }
+            }
+        }
+    }
+
+    /// Host batch → device tensors. Bytes are cast and normalised on the device.
+    pub fn to_device<B: Backend>(
+        &self,
+        b: HostBatch,
+        device: &B::Device,
+    ) -> (Input<B>, Tensor<B, 1, Int>) {
+        let labels = Tensor::<B, 1, Int>::from_data(b.labels, device);
+        let input = match b.input {
+            HostInput::Images(x) if x.dtype == DType::U8 => {
+                let c = x.shape[1];
+                let bytes = Tensor::<B, 4, Int>::from_data(x, (device, DType::U8)).float();
+                let (scale, shift): (Vec<f32>, Vec<f32>) = match &self.device_affine {
+                    Some(a) => a.iter().copied().unzip(),
+                    None => (vec![1.0 / 255.0; c], vec![0.0; c]),
+                };
+                let scale = Tensor::<B, 4>::from_data(TensorData::new(scale, [1, c, 1, 1]), device);
+                let shift = Tensor::<B, 4>::from_data(TensorData::new(shift, [1, c, 1, 1]), device);
+                Input::Images(bytes * scale + shift)
+            }
+            HostInput::Images(x) => Input::Images(Tensor::<B, 4>::from_data(x, device)),
+            HostInput::Tokens { ids, pad, lengths } => Input::Tokens {
+                ids: Tensor::<B, 2, Int>::from_data(ids, device),
+                pad: Tensor::<B, 2, Bool>::from_data(pad, device),
+                lengths: Tensor::<B, 1, Int>::from_data(lengths, device),
+            },
         };
-        let scale = Tensor::<B, 4>::from_data(TensorData::new(scale, [1, c, 1, 1]), device);
-        let shift = Tensor::<B, 4>::from_data(TensorData::new(shift, [1, c, 1, 1]), device);
-        bytes * scale + shift
-    } else {
-        Tensor::<B, 4>::from_data(b.images, device)
-    };
-    (images, labels)
+        (input, labels)
+    }
 }
 
 fn ms(since: Instant) -> f64 {
     since.elapsed().as_secs_f64() * 1e3
 }
 
+/// How the loader groups the plan's training samples.
+pub fn batching(plan: &Plan, train: &Dataset) -> Batching {
+    match (&plan.data.text, train) {
+        (Some(t), Dataset::Text(set))
+            if t.padding.strategy == crate::recipe::PaddingStrategy::Bucket =>
+        {
+            let lengths = set.lengths();
+            let bounds = crate::data::pad::bucket_bounds(&lengths, t.buckets);
+            Batching::Buckets {
+                lengths: Arc::new(lengths),
+                bounds,
+            }
+        }
+        _ => Batching::Sequential,
+    }
+}
+
 /// Trains the plan's model on `train` and evaluates on `test`, reporting to `sink`.
+#[allow(clippy::too_many_arguments)]
 pub fn train<B: AutodiffBackend>(
     plan: &Plan,
-    train: Arc<Images>,
-    test: Arc<Images>,
+    batcher: Batcher,
+    train: Arc<Dataset>,
+    test: Arc<Dataset>,
     device: B::Device,
     mem: MemFn<B::Device>,
     t0: Instant,
     sink: &mut dyn Sink,
 ) -> Outcome {
-    B::seed(&device, plan.seed);
-    let d = &plan.data;
-    let mut model: Net<B> = Net::new(&plan.model, d.channels, d.height, &device);
+    let mut model: Net<B> = Net::new(&plan.model, batcher.shape, plan.seed, &device);
     let parameters = model.parameters();
     sink.started(parameters);
     let mut optim = Optim::<B>::new(&plan.optim);
@@ -208,20 +313,16 @@ pub fn train<B: AutodiffBackend>(
         every: plan.cleanup.every,
         actions: plan.cleanup.actions.clone(),
     };
-    let (prep, device_affine) = preparation(plan);
 
     let make = {
         let data = Arc::clone(&train);
-        let prep = prep.clone();
+        let batcher = batcher.clone();
         let stage = plan.loader.pin_memory;
         let device = device.clone();
-        let shape = [d.channels, d.height, d.width];
         Arc::new(move |idx: &[usize], epoch: usize| {
-            let pixels = prep.batch(&data, idx, epoch, true);
-            let labels = idx.iter().map(|&i| data.labels[i] as i32).collect();
-            let mut b = host_batch(pixels, labels, [idx.len(), shape[0], shape[1], shape[2]]);
+            let mut b = batcher.host(&data, idx, epoch, true);
             if stage {
-                B::staging([&mut b.images, &mut b.labels].into_iter(), &device);
+                B::staging(b.data_mut().into_iter(), &device);
             }
             b
         })
@@ -236,6 +337,7 @@ pub fn train<B: AutodiffBackend>(
             shuffle: l.shuffle,
             drop_last: l.drop_last,
             seed: plan.seed,
+            batching: batching(plan, &train),
         },
         train.len(),
         make,
@@ -289,7 +391,11 @@ pub fn train<B: AutodiffBackend>(
                 rec.data_wait_ms += b.wait.as_secs_f64() * 1e3;
                 rec.samples += b.samples;
                 let t = Instant::now();
-                let (x, y) = to_device::<B>(b.value, device_affine.as_deref(), &device);
+                if let Some((real, padded)) = b.value.tokens {
+                    *rec.real_tokens.get_or_insert(0) += real as u64;
+                    *rec.padded_tokens.get_or_insert(0) += padded as u64;
+                }
+                let (x, y) = batcher.to_device::<B>(b.value, &device);
                 sync();
                 rec.h2d_ms += ms(t);
                 let t = Instant::now();
@@ -349,14 +455,7 @@ pub fn train<B: AutodiffBackend>(
             Eval::Never => false,
         };
         if due {
-            let e = evaluate(
-                &model.valid(),
-                &test,
-                &prep,
-                device_affine.as_deref(),
-                plan,
-                &device,
-            );
+            let e = evaluate(&model.valid(), &test, &batcher, plan, &device);
             sink.eval(&EvalRecord { epoch, step, ..e });
         }
         if step >= total {
@@ -396,11 +495,19 @@ fn flush<B: Backend>(pending: &mut Vec<(StepRecord, Tensor<B, 1>)>, sink: &mut d
             r.iter_ms += r.log_ms;
             r.t_ms += r.log_ms;
         }
-        r.samples_per_s = if r.iter_ms > 0.0 {
-            r.samples as f64 / (r.iter_ms / 1e3)
-        } else {
-            0.0
+        let per_s = |n: f64| {
+            if r.iter_ms > 0.0 {
+                n / (r.iter_ms / 1e3)
+            } else {
+                0.0
+            }
         };
+        r.samples_per_s = per_s(r.samples as f64);
+        if let (Some(real), Some(padded)) = (r.real_tokens, r.padded_tokens) {
+            r.pad_waste_pct = Some(crate::data::pad::waste_pct(real as usize, padded as usize));
+            r.real_tokens_per_s = Some(per_s(real as f64));
+            r.padded_tokens_per_s = Some(per_s(padded as f64));
+        }
         sink.step(r);
     }
 }
@@ -420,9 +527,8 @@ fn run_cleanup<B: Backend>(actions: &[CleanupAction], device: &B::Device) {
 /// Accuracy and mean loss on the test set, in order, without augmentation or autodiff.
 fn evaluate<B: Backend>(
     model: &Net<B>,
-    test: &Images,
-    prep: &Prepare,
-    device_affine: Option<&[(f32, f32)]>,
+    test: &Dataset,
+    batcher: &Batcher,
     plan: &Plan,
     device: &B::Device,
 ) -> EvalRecord {
@@ -434,10 +540,7 @@ fn evaluate<B: Backend>(
     let mut loss_total: Option<Tensor<B, 1>> = None;
     let idx: Vec<usize> = (0..n).collect();
     for chunk in idx.chunks(bs) {
-        let pixels = prep.batch(test, chunk, 0, false);
-        let labels = chunk.iter().map(|&i| test.labels[i] as i32).collect();
-        let shape = [chunk.len(), test.channels, test.height, test.width];
-        let (x, y) = to_device::<B>(host_batch(pixels, labels, shape), device_affine, device);
+        let (x, y) = batcher.to_device::<B>(batcher.host(test, chunk, 0, false), device);
         let logits = model.forward(x);
         let loss = loss_fn.forward(logits.clone(), y.clone()) * chunk.len() as f32;
         let hits = logits.argmax(1).flatten::<1>(0, 1).equal(y).int().sum();

@@ -13,7 +13,7 @@ use burn::tensor::{Int, Tensor, TensorData};
 
 use runner::backend::CpuBackend;
 use runner::metrics::{StepRecord, Summary};
-use runner::model::Net;
+use runner::model::{Input, Net, Shape};
 use runner::plan::{self, Machine, Plan};
 use runner::recipe::{self, schema, Report};
 use runner::run::{self, RunOptions};
@@ -203,7 +203,16 @@ fn parameter_counts_equal_torchvision() {
             &Machine::cpu_only(),
         )
         .unwrap();
-        Net::<burn::backend::Flex>::new(&p.model, 3, 32, &d).parameters()
+        Net::<burn::backend::Flex>::new(
+            &p.model,
+            Shape::Image {
+                channels: 3,
+                side: 32,
+            },
+            0,
+            &d,
+        )
+        .parameters()
     };
     assert_eq!(count("resnet18", "cifar", 10), 11_173_962);
     assert_eq!(count("resnet34", "cifar", 10), 21_282_122);
@@ -254,7 +263,15 @@ fn accumulation_of_4_micro_batches_of_2_equals_one_batch_of_8() {
         &Machine::cpu_only(),
     )
     .unwrap();
-    let model: Net<B> = Net::new(&p.model, 1, 8, &d);
+    let model: Net<B> = Net::new(
+        &p.model,
+        Shape::Image {
+            channels: 1,
+            side: 8,
+        },
+        1,
+        &d,
+    );
     let loss_fn = CrossEntropyLossConfig::new().init::<B>(&d);
     let x: Vec<f32> = (0..8 * 64)
         .map(|i| ((i * 37 % 101) as f32 / 50.0) - 1.0)
@@ -271,14 +288,20 @@ fn accumulation_of_4_micro_batches_of_2_equals_one_batch_of_8() {
     };
     let mut one = Accumulation::<B>::new(1);
     let (xs, ys) = batch(0, 8);
-    let loss8 = one.add(&model, loss_fn.forward(model.forward(xs), ys));
+    let loss8 = one.add(
+        &model,
+        loss_fn.forward(model.forward(Input::Images(xs)), ys),
+    );
     let g1 = one.grads();
     let mut four = Accumulation::<B>::new(4);
     let mut loss2 = 0.0;
     for k in 0..4 {
         let (xs, ys) = batch(2 * k, 2);
         loss2 += four
-            .add(&model, loss_fn.forward(model.forward(xs), ys))
+            .add(
+                &model,
+                loss_fn.forward(model.forward(Input::Images(xs)), ys),
+            )
             .into_scalar()
             / 4.0;
     }
@@ -297,7 +320,10 @@ fn accumulation_of_4_micro_batches_of_2_equals_one_batch_of_8() {
     // And the comparison can fail: without the 1/4 scaling the sum is 4 times the mean.
     let mut unscaled = Accumulation::<B>::new(1);
     let (xs, ys) = batch(0, 8);
-    unscaled.add(&model, loss_fn.forward(model.forward(xs), ys) * 4.0);
+    unscaled.add(
+        &model,
+        loss_fn.forward(model.forward(Input::Images(xs)), ys) * 4.0,
+    );
     let g = unscaled.grads();
     let mut v = GradDiff::<B> {
         a: &g,
@@ -1263,5 +1289,229 @@ fn a_cells_run_directory_reruns_on_its_own() {
         records(&newest).iter().map(|r| r.loss).collect::<Vec<_>>(),
         a.iter().map(|r| r.loss).collect::<Vec<_>>(),
         "the same run again"
+    );
+}
+
+// ---------------------------------------------------------------- variable-length text
+
+/// Logits of each text model for two sequences, with the batch padded to `len` positions.
+fn text_logits(arch: &str, extra: &str, len: usize, pad_id: i32) -> Vec<f32> {
+    use burn::tensor::{Bool, Int, TensorData};
+    type B = burn::backend::Flex;
+    let src = format!("[model]\narch = \"{arch}\"\n{extra}\n[data]\nformat = \"jsonl\"\ntrain = \"../datasets/rotten_tomatoes/train.jsonl\"\n[padding]\nmax_length = 64\npad_id = {}\n", pad_id.max(0));
+    let l = recipe::parse(&root().join("recipes/m.toml"), src).unwrap();
+    let p = plan::validate(&l, &Machine::cpu_only()).unwrap_or_else(|r| panic!("{r}"));
+    let d = runner::backend::cpu_device();
+    let net: Net<B> = Net::new(
+        &p.model,
+        Shape::Text {
+            vocab: 50,
+            max_len: 64,
+        },
+        5,
+        &d,
+    );
+    let seqs: [&[i32]; 2] = [&[5, 9, 2, 7], &[3, 3, 8, 1, 4, 6, 2]];
+    let mut ids = vec![];
+    let mut pad = vec![];
+    for s in seqs {
+        for j in 0..len {
+            ids.push(if j < s.len() { s[j] } else { pad_id });
+            pad.push(j >= s.len());
+        }
+    }
+    let input = Input::Tokens {
+        ids: Tensor::<B, 2, Int>::from_data(TensorData::new(ids, [2, len]), &d),
+        pad: Tensor::<B, 2, Bool>::from_data(TensorData::new(pad, [2, len]), &d),
+        lengths: Tensor::<B, 1, Int>::from_data(TensorData::new(vec![4i32, 7], [2]), &d),
+    };
+    net.forward(input)
+        .into_data()
+        .convert::<f32>()
+        .to_vec::<f32>()
+        .unwrap()
+}
+
+#[test]
+fn padding_never_changes_a_sequences_logits() {
+    for (arch, extra) in [
+        ("bag", "embed_dim = 16\nhidden = [8]"),
+        ("lstm", "embed_dim = 16\nhidden_size = 12\nlayers = 2"),
+        (
+            "transformer",
+            "embed_dim = 16\nheads = 2\nlayers = 2\nff_dim = 32\ndropout = 0.0",
+        ),
+    ] {
+        let tight = text_logits(arch, extra, 7, 0);
+        for (len, pad_id) in [(16, 0), (40, 0), (16, 11)] {
+            let loose = text_logits(arch, extra, len, pad_id);
+            for (a, b) in tight.iter().zip(&loose) {
+                assert!((a - b).abs() < 1e-5, "{arch}: padding to {len} with id {pad_id} changed the logits: {tight:?} vs {loose:?}");
+            }
+        }
+        // And the comparison can fail: a different real token changes them.
+        let other = text_logits(arch, extra, 7, 0);
+        assert_eq!(tight, other, "{arch}: not deterministic");
+    }
+}
+
+#[test]
+fn a_short_run_on_rotten_tomatoes_beats_chance_and_counts_padding() {
+    let body =
+        std::fs::read_to_string(root().join("recipes/text/rotten_tomatoes_bucket.toml")).unwrap();
+    assert!(body.contains("extends"));
+    let logs = tempdir("rt");
+    let out = runner_cmd()
+        .args([
+            "recipes/text/rotten_tomatoes.toml",
+            "--quiet",
+            "--set",
+            "run.epochs=4",
+            "--set",
+        ])
+        .arg(format!("log.dir=\"{}\"", logs.display()))
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let dir = std::fs::read_dir(logs.join("rotten_tomatoes"))
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap()
+        .path();
+    let s = summary(&dir);
+    let acc = s.test_accuracy.unwrap();
+    // The test split is 61% positive: beat always-positive, not just a coin.
+    assert!(acc > 0.65, "test accuracy {acc}");
+    let recs = records(&dir);
+    for r in &recs {
+        let (real, padded) = (r.real_tokens.unwrap(), r.padded_tokens.unwrap());
+        assert!(real <= padded && real > 0);
+        let waste = 100.0 * (padded - real) as f64 / padded as f64;
+        assert!((r.pad_waste_pct.unwrap() - waste).abs() < 1e-9);
+    }
+    let total: u64 = recs.iter().map(|r| r.padded_tokens.unwrap()).sum();
+    assert_eq!(s.padded_tokens, Some(total));
+    let tok: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("tokenizer.json")).unwrap())
+            .unwrap();
+    assert_eq!(tok["vocab"][0], "<pad>");
+    assert_eq!(tok["vocab"][1], "<unk>");
+}
+
+#[test]
+fn bucketed_batches_pad_less_than_dynamic_on_the_same_data() {
+    let logs = tempdir("buckets");
+    let run = |recipe: &str| {
+        let out = runner_cmd()
+            .args([
+                recipe,
+                "--quiet",
+                "--set",
+                "run.epochs=1",
+                "--set",
+                "run.eval=\"never\"",
+                "--set",
+            ])
+            .arg(format!("log.dir=\"{}\"", logs.display()))
+            .output()
+            .unwrap();
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let name = std::path::Path::new(recipe)
+            .file_stem()
+            .unwrap()
+            .to_string_lossy()
+            .into_owned();
+        let dir = std::fs::read_dir(logs.join(name))
+            .unwrap()
+            .next()
+            .unwrap()
+            .unwrap()
+            .path();
+        summary(&dir)
+    };
+    let dynamic = run("recipes/text/spamassassin.toml");
+    let bucket = run("recipes/text/spamassassin_bucket.toml");
+    let fixed = run("recipes/text/spamassassin_max_length.toml");
+    assert_eq!(
+        dynamic.real_tokens, bucket.real_tokens,
+        "the same tokens, batched differently"
+    );
+    let pads = |s: &Summary| s.padded_tokens.unwrap() - s.real_tokens.unwrap();
+    assert!(
+        pads(&bucket) * 10 < pads(&dynamic) * 6,
+        "bucket pads {} tokens, dynamic {}",
+        pads(&bucket),
+        pads(&dynamic)
+    );
+    assert!(pads(&dynamic) <= pads(&fixed));
+    assert_eq!(
+        fixed.padded_tokens.unwrap() % 1024,
+        0,
+        "max_length pads every row to 1024"
+    );
+}
+
+#[test]
+fn text_recipes_are_checked_like_any_other() {
+    let bad = |src: &str| {
+        let l = recipe::parse(&root().join("recipes/text/x.toml"), src.into()).unwrap();
+        plan::validate(&l, &Machine::cpu_only())
+            .unwrap_err()
+            .to_string()
+    };
+    let e = bad("[model]\narch = \"small_cnn\"\n[data]\nformat = \"synthetic\"\n[padding]\nstrategy = \"bucket\"\n");
+    assert!(
+        e.contains("x.toml:5:1: padding: applies to text data (format = \"jsonl\")"),
+        "{e}"
+    );
+    let e = bad("[model]\narch = \"lstm\"\n[data]\nformat = \"synthetic\"\n");
+    assert!(
+        e.contains("model.arch: lstm reads token sequences, but the data are images"),
+        "{e}"
+    );
+    let e = bad("[model]\narch = \"transformer\"\nembed_dim = 30\nheads = 4\n[data]\nformat = \"jsonl\"\ntrain = \"../../datasets/rotten_tomatoes/train.jsonl\"\n");
+    assert!(
+        e.contains("model.heads: 4 heads do not divide embed_dim = 30"),
+        "{e}"
+    );
+    let e = bad("[model]\narch = \"bag\"\n[data]\nformat = \"jsonl\"\ntrain = \"../../datasets/rotten_tomatoes/train.jsonl\"\n[padding]\nstrategy = \"dynamic\"\nbuckets = 4\nmultiple_of = 0\n");
+    assert!(
+        e.contains("padding.buckets: only applies to strategy = \"bucket\"")
+            && e.contains("padding.multiple_of: 0 cannot be a multiple"),
+        "{e}"
+    );
+    // A bad line in the data is found when the recipe is checked, with its file and line.
+    let dir = tempdir("badjsonl");
+    std::fs::write(
+        dir.join("t.jsonl"),
+        "{\"label\": 0, \"text\": \"fine\"}\n{\"label\": 1, \"txt\": \"typo\"}\n",
+    )
+    .unwrap();
+    std::fs::write(
+        dir.join("r.toml"),
+        "[model]\narch = \"bag\"\n[data]\nformat = \"jsonl\"\ntrain = \"t.jsonl\"\n",
+    )
+    .unwrap();
+    let out = runner_cmd()
+        .arg("validate")
+        .arg(dir.join("r.toml"))
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("t.jsonl line 2: no field \"text\" (the line has \"label\", \"txt\")"),
+        "{err}"
     );
 }

@@ -3,7 +3,9 @@
 //! recipe names; knows nothing of devices, tensors or batching order (`loader` does).
 
 pub mod cifar;
+pub mod pad;
 pub mod synthetic;
+pub mod text;
 
 use std::fmt;
 use std::path::{Path, PathBuf};
@@ -73,8 +75,41 @@ impl fmt::Display for DataError {
 
 impl std::error::Error for DataError {}
 
-/// The training and test sets a plan names, read into memory.
-pub fn load(plan: &DataPlan, classes: usize, seed: u64) -> Result<(Images, Images), DataError> {
+/// A split held in memory: images as bytes, or text as token ids.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Dataset {
+    Images(Images),
+    Text(text::TextSet),
+}
+
+impl Dataset {
+    pub fn len(&self) -> usize {
+        match self {
+            Dataset::Images(i) => i.len(),
+            Dataset::Text(t) => t.len(),
+        }
+    }
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    pub fn labels(&self) -> &[u32] {
+        match self {
+            Dataset::Images(i) => &i.labels,
+            Dataset::Text(t) => &t.labels,
+        }
+    }
+}
+
+/// The training and test splits, and the tokenizer that made text splits.
+pub struct Sets {
+    pub train: Dataset,
+    pub test: Dataset,
+    pub tokenizer: Option<text::Tokenizer>,
+}
+
+/// The training and test sets a plan names, read into memory; for text, the tokenizer is
+/// built from the training split and encodes both.
+pub fn load(plan: &DataPlan, classes: usize, seed: u64) -> Result<Sets, DataError> {
     match &plan.source {
         Source::Cifar { train, test } => {
             let tr = cifar::read(train, plan.train_len, classes)?;
@@ -87,12 +122,81 @@ pub fn load(plan: &DataPlan, classes: usize, seed: u64) -> Result<(Images, Image
             } else {
                 cifar::read(test, plan.test_len, classes)?
             };
-            Ok((tr, te))
+            Ok(Sets {
+                train: Dataset::Images(tr),
+                test: Dataset::Images(te),
+                tokenizer: None,
+            })
         }
-        Source::Synthetic { .. } => Ok((
-            synthetic::generate(plan, plan.train_len, seed, 0),
-            synthetic::generate(plan, plan.test_len, seed, 1),
-        )),
+        Source::Synthetic { .. } => Ok(Sets {
+            train: Dataset::Images(synthetic::generate(plan, plan.train_len, seed, 0)),
+            test: Dataset::Images(synthetic::generate(plan, plan.test_len, seed, 1)),
+            tokenizer: None,
+        }),
+        Source::Jsonl { train, test } => {
+            let t = plan.text.as_ref().expect("jsonl data has a text plan");
+            let read = |p: &Path, n: usize| {
+                text::read_jsonl(p, &t.text_field, &t.label_field, Some(classes), n)
+            };
+            let tr = read(train, plan.train_len)?;
+            let te = match test {
+                Some(p) => read(p, plan.test_len)?,
+                None => vec![],
+            };
+            let k = &t.tokenizer;
+            let pad_id = t.padding.pad_id;
+            let tok = match k.kind {
+                crate::recipe::TokenizerKind::Word => {
+                    let texts: Vec<&str> = tr.iter().map(|(s, _)| s.as_str()).collect();
+                    text::Tokenizer::build_word(
+                        &texts,
+                        k.max_vocab,
+                        k.min_freq,
+                        k.lowercase,
+                        pad_id,
+                    )
+                }
+                crate::recipe::TokenizerKind::Byte => text::Tokenizer::byte(k.lowercase, pad_id),
+            };
+            let encode = |v: Vec<(String, u32)>| text::TextSet {
+                seqs: v
+                    .iter()
+                    .map(|(s, _)| tok.encode(s, t.padding.max_length))
+                    .collect(),
+                labels: v.iter().map(|(_, l)| *l).collect(),
+            };
+            Ok(Sets {
+                train: Dataset::Text(encode(tr)),
+                test: Dataset::Text(encode(te)),
+                tokenizer: Some(tok),
+            })
+        }
+    }
+}
+
+/// What the loader's workers do to a batch's samples, for either kind of data.
+#[derive(Debug, Clone)]
+pub enum Collate {
+    Images(Prepare),
+    Text(pad::Padding),
+}
+
+/// A batch's inputs on the host.
+#[derive(Debug, Clone, PartialEq)]
+pub enum HostData {
+    Pixels(Pixels),
+    Tokens(pad::TokenBatch),
+}
+
+impl Collate {
+    pub fn batch(&self, data: &Dataset, indices: &[usize], epoch: usize, train: bool) -> HostData {
+        match (self, data) {
+            (Collate::Images(p), Dataset::Images(d)) => {
+                HostData::Pixels(p.batch(d, indices, epoch, train))
+            }
+            (Collate::Text(p), Dataset::Text(d)) => HostData::Tokens(p.collate(d, indices)),
+            _ => unreachable!("validation pairs image data with image preparation"),
+        }
     }
 }
 

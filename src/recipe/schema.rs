@@ -29,6 +29,9 @@ pub struct Recipe {
     pub log: LogSection,
     pub profile: ProfileSection,
     pub slurm: SlurmSection,
+    /// Text data only; see `PaddingSection`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub padding: Option<PaddingSection>,
 }
 
 /// `[backend]`: where the run executes.
@@ -66,7 +69,8 @@ pub enum BackendKind {
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct ModelSection {
-    /// `resnet18`, `resnet34`, `resnet50`, `small_cnn` or `mlp`. Required.
+    /// Images: `resnet18`, `resnet34`, `resnet50`, `small_cnn` or `mlp`; text: `bag`
+    /// (mean of embeddings, fastText style), `lstm` or `transformer`. Required.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub arch: Option<Arch>,
     /// ResNet stem: `cifar` (3×3 stride-1 conv, no max-pool) or `imagenet` (7×7 stride-2
@@ -79,9 +83,27 @@ pub struct ModelSection {
     /// `small_cnn` only: channels of the first conv block (doubled in the second). Default 32.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub width: Option<usize>,
-    /// `mlp` only: sizes of the hidden layers. Default `[256]`.
+    /// `mlp` and `bag`: sizes of the hidden layers. Default `[256]` (mlp), `[]` (bag).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub hidden: Option<Vec<usize>>,
+    /// Text models: size of the token embeddings (the Transformer's model width). Default 64.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub embed_dim: Option<usize>,
+    /// `lstm`: hidden state size. Default 128.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub hidden_size: Option<usize>,
+    /// `lstm` and `transformer`: stacked layers. Default 1 (lstm), 2 (transformer).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub layers: Option<usize>,
+    /// `transformer`: attention heads (must divide `embed_dim`). Default 4.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub heads: Option<usize>,
+    /// `transformer`: feed-forward width. Default 4 × `embed_dim`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ff_dim: Option<usize>,
+    /// `transformer`: dropout in training. Default 0.1.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub dropout: Option<f64>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
@@ -92,11 +114,18 @@ pub enum Arch {
     Resnet50,
     SmallCnn,
     Mlp,
+    Bag,
+    Lstm,
+    Transformer,
 }
 
 impl Arch {
     pub fn is_resnet(self) -> bool {
         matches!(self, Arch::Resnet18 | Arch::Resnet34 | Arch::Resnet50)
+    }
+    /// Reads token sequences rather than images.
+    pub fn is_text(self) -> bool {
+        matches!(self, Arch::Bag | Arch::Lstm | Arch::Transformer)
     }
 }
 
@@ -111,15 +140,16 @@ pub enum Stem {
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct DataSection {
-    /// `cifar10-bin` (CIFAR-10 binary records) or `synthetic`. Required.
+    /// `cifar10-bin` (CIFAR-10 binary records), `synthetic` (generated images) or `jsonl`
+    /// (text: one JSON object per line). Required.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub format: Option<DataFormat>,
-    /// `cifar10-bin`: training data, a `.bin` file or a directory holding `data_batch_*.bin`,
-    /// relative to the recipe file. Required for `cifar10-bin`.
+    /// Training data, relative to the recipe file: `cifar10-bin`, a `.bin` file or a
+    /// directory holding `data_batch_*.bin`; `jsonl`, a `.jsonl` file. Required for both.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub train: Option<String>,
-    /// `cifar10-bin`: test data, a `.bin` file or a directory holding `test_batch.bin`,
-    /// relative to the recipe file. Default: none (no evaluation).
+    /// Test data, relative to the recipe file: a `.bin` file or a directory holding
+    /// `test_batch.bin`; a `.jsonl` file. Default: none (no evaluation).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub test: Option<String>,
     /// Use only the first N training samples. Default: all.
@@ -136,6 +166,87 @@ pub struct DataSection {
     /// `synthetic` only: the generated data set.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub synthetic: Option<SyntheticSection>,
+    /// `jsonl`: the field holding the text. Default `"text"`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub text_field: Option<String>,
+    /// `jsonl`: the field holding the integer label. Default `"label"`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub label_field: Option<String>,
+    /// `jsonl`: how text becomes token ids.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tokenizer: Option<TokenizerSection>,
+}
+
+/// `[data.tokenizer]`: built from the training split and saved in the run directory.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields, default)]
+pub struct TokenizerSection {
+    /// `word` (a vocabulary of the training split's words; letters and digits form words,
+    /// every other non-space character is a token of its own) or `byte` (UTF-8 bytes, no
+    /// vocabulary to build). Default `word`.
+    pub kind: TokenizerKind,
+    /// `word`: the most frequent words kept (ties by first appearance). Default 20000.
+    pub max_vocab: usize,
+    /// `word`: words seen fewer times are unknown. Default 1.
+    pub min_freq: usize,
+    /// Lower-case the text first. Default true.
+    pub lowercase: bool,
+}
+
+impl Default for TokenizerSection {
+    fn default() -> Self {
+        Self {
+            kind: TokenizerKind::Word,
+            max_vocab: 20000,
+            min_freq: 1,
+            lowercase: true,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum TokenizerKind {
+    Word,
+    Byte,
+}
+
+/// `[padding]`: how variable-length sequences are batched (text data only).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields, default)]
+pub struct PaddingSection {
+    /// `max_length` (every sequence padded or cut to `max_length`), `dynamic` (each batch
+    /// padded to its longest sequence) or `bucket` (batches drawn from buckets of similar
+    /// length, then padded to their longest). Default `dynamic`.
+    pub strategy: PaddingStrategy,
+    /// Sequences are cut to this many tokens; `max_length` pads every batch to it. Default 256.
+    pub max_length: usize,
+    /// Padded lengths are rounded up to a multiple of this (8 suits tensor cores). Default 1.
+    pub multiple_of: usize,
+    /// The token id of padding; the tokenizer keeps it free. Default 0.
+    pub pad_id: u32,
+    /// `bucket`: buckets, split at quantiles of the training lengths. Default 8.
+    pub buckets: usize,
+}
+
+impl Default for PaddingSection {
+    fn default() -> Self {
+        Self {
+            strategy: PaddingStrategy::Dynamic,
+            max_length: 256,
+            multiple_of: 1,
+            pad_id: 0,
+            buckets: 8,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum PaddingStrategy {
+    MaxLength,
+    Dynamic,
+    Bucket,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
@@ -144,6 +255,8 @@ pub enum DataFormat {
     Cifar10Bin,
     #[serde(rename = "synthetic")]
     Synthetic,
+    #[serde(rename = "jsonl")]
+    Jsonl,
 }
 
 /// `[data.normalize]`.
@@ -559,6 +672,7 @@ pub fn tables() -> Vec<(&'static str, &'static [&'static str])> {
         ("data.normalize", fields_of::<NormalizeSection>()),
         ("data.augment", fields_of::<AugmentSection>()),
         ("data.synthetic", fields_of::<SyntheticSection>()),
+        ("data.tokenizer", fields_of::<TokenizerSection>()),
         ("loader", fields_of::<LoaderSection>()),
         ("optim", fields_of::<OptimSection>()),
         ("cleanup", fields_of::<CleanupSection>()),
@@ -566,6 +680,7 @@ pub fn tables() -> Vec<(&'static str, &'static [&'static str])> {
         ("log", fields_of::<LogSection>()),
         ("profile", fields_of::<ProfileSection>()),
         ("slurm", fields_of::<SlurmSection>()),
+        ("padding", fields_of::<PaddingSection>()),
     ]
 }
 

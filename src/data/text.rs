@@ -1,0 +1,353 @@
+//! Text data: JSONL files (one object per line; a bad line is an error naming the file and
+//! line), the tokenizers (a word vocabulary built from the training split, or UTF-8 bytes),
+//! and `TextSet`, the token ids the loader batches. Knows nothing of padding (`pad`).
+
+use std::collections::HashMap;
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+
+use super::DataError;
+use crate::recipe::TokenizerKind;
+
+/// Token ids (each sequence already cut to the maximum length, never empty) and labels.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TextSet {
+    pub seqs: Vec<Vec<u32>>,
+    pub labels: Vec<u32>,
+}
+
+impl TextSet {
+    pub fn len(&self) -> usize {
+        self.labels.len()
+    }
+    pub fn is_empty(&self) -> bool {
+        self.labels.is_empty()
+    }
+    pub fn lengths(&self) -> Vec<usize> {
+        self.seqs.iter().map(Vec::len).collect()
+    }
+}
+
+/// Reads `(text, label)` pairs. Blank lines are skipped; anything else that is not an object
+/// with a string `text_field` and an integer `label_field` in `0..classes` is an error.
+pub fn read_jsonl(
+    path: &Path,
+    text_field: &str,
+    label_field: &str,
+    classes: Option<usize>,
+    limit: usize,
+) -> Result<Vec<(String, u32)>, DataError> {
+    let text = std::fs::read_to_string(path).map_err(|e| DataError::io(path, e))?;
+    let mut out = vec![];
+    for (i, line) in text.lines().enumerate() {
+        if out.len() >= limit {
+            break;
+        }
+        if line.trim().is_empty() {
+            continue;
+        }
+        let at = |msg: String| DataError::new(path, format!("line {}: {msg}", i + 1));
+        let v: serde_json::Value = serde_json::from_str(line).map_err(|e| {
+            at(format!("not JSON ({e})"))
+                .help("each line must be one JSON object, e.g. {\"label\": 1, \"text\": \"...\"}")
+        })?;
+        let obj = v.as_object().ok_or_else(|| {
+            at("not a JSON object".into()).help("each line must be one JSON object")
+        })?;
+        let fields = || {
+            obj.keys()
+                .map(|k| format!("\"{k}\""))
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        let t = match obj.get(text_field) {
+            Some(serde_json::Value::String(s)) => s.clone(),
+            Some(other) => {
+                return Err(
+                    at(format!("field \"{text_field}\" is {other}, not a string"))
+                        .help("set data.text_field to the field holding the text"),
+                )
+            }
+            None => {
+                return Err(at(format!(
+                    "no field \"{text_field}\" (the line has {})",
+                    fields()
+                ))
+                .help("set data.text_field to the field holding the text"))
+            }
+        };
+        let label = match obj.get(label_field) {
+            Some(serde_json::Value::Number(n))
+                if n.as_u64().is_some_and(|l| l <= u32::MAX as u64) =>
+            {
+                n.as_u64().unwrap_or(0) as u32
+            }
+            Some(other) => {
+                return Err(at(format!("label {other} is not a non-negative integer"))
+                    .help("labels are class indices 0, 1, ..."))
+            }
+            None => {
+                return Err(at(format!(
+                    "no field \"{label_field}\" (the line has {})",
+                    fields()
+                ))
+                .help("set data.label_field to the field holding the label"))
+            }
+        };
+        if let Some(c) = classes {
+            if label as usize >= c {
+                return Err(at(format!(
+                    "label {label} is out of range: there are {c} classes"
+                ))
+                .help(
+                    "fix the line, or raise model.num_classes (or add the class to labels.txt)",
+                ));
+            }
+        }
+        out.push((t, label));
+    }
+    Ok(out)
+}
+
+/// Class names from `labels.txt` beside the file (one per line), if it is there.
+pub fn class_names(path: &Path) -> Option<Vec<String>> {
+    let text = std::fs::read_to_string(path.parent()?.join("labels.txt")).ok()?;
+    let names: Vec<String> = text
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .map(String::from)
+        .collect();
+    (!names.is_empty()).then_some(names)
+}
+
+/// Turns text into token ids. Saved as `tokenizer.json` in the run directory.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Tokenizer {
+    pub kind: TokenizerKind,
+    pub lowercase: bool,
+    pub pad_id: u32,
+    pub unk_id: u32,
+    /// `word`: the token of each id (`<pad>`, `<unk>` at their ids). `byte`: empty.
+    pub vocab: Vec<String>,
+    /// `byte`: the id of each byte value.
+    pub byte_ids: Vec<u32>,
+    #[serde(skip)]
+    index: HashMap<String, u32>,
+}
+
+/// Letters and digits form words; every other non-space character is a token of its own.
+pub fn words(text: &str) -> impl Iterator<Item = &str> {
+    let mut rest = text;
+    std::iter::from_fn(move || {
+        rest = rest.trim_start();
+        let mut chars = rest.char_indices();
+        let (_, first) = chars.next()?;
+        let end = if first.is_alphanumeric() {
+            chars
+                .find(|(_, c)| !c.is_alphanumeric())
+                .map_or(rest.len(), |(i, _)| i)
+        } else {
+            first.len_utf8()
+        };
+        let (w, r) = rest.split_at(end);
+        rest = r;
+        Some(w)
+    })
+}
+
+/// Ids `0, 1, 2, ...` skipping the reserved ones.
+fn free_ids(reserved: [u32; 2]) -> impl Iterator<Item = u32> {
+    (0u32..).filter(move |i| !reserved.contains(i))
+}
+
+impl Tokenizer {
+    /// A word vocabulary of the texts: the `max_vocab` most frequent words seen at least
+    /// `min_freq` times (ties broken by first appearance), plus padding and unknown.
+    pub fn build_word(
+        texts: &[&str],
+        max_vocab: usize,
+        min_freq: usize,
+        lowercase: bool,
+        pad_id: u32,
+    ) -> Self {
+        let mut counts: HashMap<String, (usize, usize)> = HashMap::new();
+        let mut order = 0;
+        for t in texts {
+            let t = if lowercase {
+                t.to_lowercase()
+            } else {
+                t.to_string()
+            };
+            for w in words(&t) {
+                let e = counts.entry(w.to_string()).or_insert_with(|| {
+                    order += 1;
+                    (0, order)
+                });
+                e.0 += 1;
+            }
+        }
+        let mut kept: Vec<(String, (usize, usize))> = counts
+            .into_iter()
+            .filter(|(_, (n, _))| *n >= min_freq)
+            .collect();
+        kept.sort_by(|a, b| b.1 .0.cmp(&a.1 .0).then(a.1 .1.cmp(&b.1 .1)));
+        kept.truncate(max_vocab);
+        let unk_id = if pad_id == 0 { 1 } else { 0 };
+        let mut vocab = vec![String::new(); kept.len() + 2];
+        let size = vocab.len().max(pad_id as usize + 1);
+        vocab.resize(size, String::new());
+        vocab[pad_id as usize] = "<pad>".into();
+        vocab[unk_id as usize] = "<unk>".into();
+        for ((w, _), id) in kept.into_iter().zip(free_ids([pad_id, unk_id])) {
+            vocab[id as usize] = w;
+        }
+        let mut t = Self {
+            kind: TokenizerKind::Word,
+            lowercase,
+            pad_id,
+            unk_id,
+            vocab,
+            byte_ids: vec![],
+            index: HashMap::new(),
+        };
+        t.reindex();
+        t
+    }
+
+    /// UTF-8 bytes, each its own id; nothing to learn.
+    pub fn byte(lowercase: bool, pad_id: u32) -> Self {
+        let unk_id = if pad_id == 0 { 1 } else { 0 };
+        let byte_ids: Vec<u32> = free_ids([pad_id, unk_id]).take(256).collect();
+        Self {
+            kind: TokenizerKind::Byte,
+            lowercase,
+            pad_id,
+            unk_id,
+            vocab: vec![],
+            byte_ids,
+            index: HashMap::new(),
+        }
+    }
+
+    fn reindex(&mut self) {
+        self.index = self
+            .vocab
+            .iter()
+            .enumerate()
+            .filter(|(_, w)| !w.is_empty())
+            .map(|(i, w)| (w.clone(), i as u32))
+            .collect();
+    }
+
+    /// Rows the embedding table needs.
+    pub fn vocab_size(&self) -> usize {
+        match self.kind {
+            TokenizerKind::Word => self.vocab.len(),
+            TokenizerKind::Byte => self
+                .byte_ids
+                .iter()
+                .max()
+                .map_or(0, |m| *m as usize + 1)
+                .max(self.pad_id as usize + 1),
+        }
+    }
+
+    /// Token ids of `text`, cut to `max_len`; an empty text is one unknown token, so every
+    /// sequence has a last real token.
+    pub fn encode(&self, text: &str, max_len: usize) -> Vec<u32> {
+        let t = if self.lowercase {
+            text.to_lowercase()
+        } else {
+            text.to_string()
+        };
+        let mut ids: Vec<u32> = match self.kind {
+            TokenizerKind::Word => words(&t)
+                .take(max_len)
+                .map(|w| self.index.get(w).copied().unwrap_or(self.unk_id))
+                .collect(),
+            TokenizerKind::Byte => t
+                .bytes()
+                .take(max_len)
+                .map(|b| self.byte_ids[b as usize])
+                .collect(),
+        };
+        if ids.is_empty() {
+            ids.push(self.unk_id);
+        }
+        ids
+    }
+
+    pub fn save(&self, path: &Path) -> std::io::Result<()> {
+        crate::metrics::write_json_atomic(path, self)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn words_split_letters_from_punctuation() {
+        let w: Vec<&str> = words("Burns's film -- 10/10, wow!").collect();
+        assert_eq!(
+            w,
+            ["Burns", "'", "s", "film", "-", "-", "10", "/", "10", ",", "wow", "!"]
+        );
+    }
+
+    #[test]
+    fn word_vocabulary_keeps_the_frequent_and_reserves_pad_and_unk() {
+        let t = Tokenizer::build_word(&["a b b c", "B c c d"], 3, 1, true, 0);
+        assert_eq!(t.vocab, ["<pad>", "<unk>", "b", "c", "a"]);
+        assert_eq!(t.encode("A b z", 10), [4, 2, 1]);
+        assert_eq!(t.encode("b b b b", 2), [2, 2], "cut to the maximum length");
+        assert_eq!(t.encode("", 5), [1], "never empty");
+        let min2 = Tokenizer::build_word(&["a b b c", "b c c d"], 100, 2, true, 0);
+        assert_eq!(min2.vocab, ["<pad>", "<unk>", "b", "c"]);
+        let pad5 = Tokenizer::build_word(&["a b"], 100, 1, true, 5);
+        assert_eq!(pad5.vocab_size(), 6);
+        assert_eq!(pad5.encode("a b q", 10), [1, 2, 0]);
+    }
+
+    #[test]
+    fn bytes_skip_the_reserved_ids() {
+        let t = Tokenizer::byte(false, 0);
+        assert_eq!(t.encode("Ab", 10), [b'A' as u32 + 2, b'b' as u32 + 2]);
+        assert_eq!(t.vocab_size(), 258);
+    }
+
+    #[test]
+    fn bad_lines_name_the_file_and_line() {
+        let dir = std::env::temp_dir().join(format!("runner-text-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let p = dir.join("t.jsonl");
+        let cases = [
+            (
+                "{\"label\": 1, \"text\": \"ok\"}\n{\"label\": 1, \"text\": \"ok\"\n",
+                "line 2: not JSON",
+            ),
+            (
+                "\n{\"label\": 1}\n",
+                "line 2: no field \"text\" (the line has \"label\")",
+            ),
+            (
+                "{\"label\": 3, \"text\": \"x\"}\n",
+                "line 1: label 3 is out of range: there are 2 classes",
+            ),
+            (
+                "{\"label\": -1, \"text\": \"x\"}\n",
+                "line 1: label -1 is not a non-negative integer",
+            ),
+            ("[1, 2]\n", "line 1: not a JSON object"),
+        ];
+        for (text, want) in cases {
+            std::fs::write(&p, text).unwrap();
+            let e = read_jsonl(&p, "text", "label", Some(2), usize::MAX)
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains(want) && e.contains("t.jsonl"), "{e}");
+        }
+    }
+}
