@@ -141,6 +141,8 @@ pub struct Row {
     pub test_accuracy: Option<f64>,
     /// Text runs: padding waste (percent of padded positions) and token rates.
     pub pad_waste_pct: Option<f64>,
+    /// Text runs: padding positions (padded − real tokens) per run, mean over repeats.
+    pub pad_tokens: Option<f64>,
     pub real_tokens_per_s: Option<f64>,
     pub padded_tokens_per_s: Option<f64>,
     /// `ms_median / baseline's ms_median`.
@@ -203,6 +205,10 @@ pub fn rows(runs: &[Run], baseline: Option<&str>) -> Result<Vec<Row>, ReportErro
                 cleanup_pct: mean(&s.iter().map(|s| s.cleanup_pct).collect::<Vec<_>>()),
                 test_accuracy: mean_opt(s.iter().map(|s| s.test_accuracy)),
                 pad_waste_pct: mean_opt(s.iter().map(|s| s.pad_waste_pct)),
+                pad_tokens: mean_opt(
+                    s.iter()
+                        .map(|s| Some((s.padded_tokens? - s.real_tokens?) as f64)),
+                ),
                 real_tokens_per_s: mean_opt(s.iter().map(|s| s.real_tokens_per_s)),
                 padded_tokens_per_s: mean_opt(s.iter().map(|s| s.padded_tokens_per_s)),
                 ratio: 1.0,
@@ -271,7 +277,8 @@ fn cells(rows: &[Row]) -> (Vec<String>, Vec<Vec<String>>) {
     let text = rows.iter().any(|r| r.pad_waste_pct.is_some());
     header.extend(["peak RSS GiB", "data wait %", "cleanup %"].map(String::from));
     if text {
-        header.extend(["pad waste %", "real tok/s", "padded tok/s"].map(String::from));
+        header
+            .extend(["pad tokens", "pad waste %", "real tok/s", "padded tok/s"].map(String::from));
     }
     header.extend(["test acc %", "vs baseline"].map(String::from));
     let body = rows
@@ -327,7 +334,7 @@ pub fn render(rows: &[Row], format: Format) -> String {
     let mut out = String::new();
     match format {
         Format::Csv => {
-            out.push_str("recipe,runs,backend,ms_median,ms_p95,cv_pct,samples_per_s,gpu_util_pct,cpu_util_pct,peak_mem_in_use_bytes,peak_mem_reserved_bytes,peak_rss_bytes,data_wait_pct,cleanup_pct,pad_waste_pct,real_tokens_per_s,padded_tokens_per_s,test_accuracy,ratio,within_noise\n");
+            out.push_str("recipe,runs,backend,ms_median,ms_p95,cv_pct,samples_per_s,gpu_util_pct,cpu_util_pct,peak_mem_in_use_bytes,peak_mem_reserved_bytes,peak_rss_bytes,data_wait_pct,cleanup_pct,pad_tokens,pad_waste_pct,real_tokens_per_s,padded_tokens_per_s,test_accuracy,ratio,within_noise\n");
             let o = |v: Option<f64>| v.map_or(String::new(), |v| v.to_string());
             let u = |v: Option<u64>| v.map_or(String::new(), |v| v.to_string());
             let q = |s: &str| {
@@ -340,7 +347,7 @@ pub fn render(rows: &[Row], format: Format) -> String {
             for r in rows {
                 let _ = writeln!(
                     out,
-                    "{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}",
+                    "{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}",
                     q(&r.recipe),
                     r.runs,
                     q(&r.backend),
@@ -355,6 +362,7 @@ pub fn render(rows: &[Row], format: Format) -> String {
                     u(r.peak_rss_bytes),
                     r.data_wait_pct,
                     r.cleanup_pct,
+                    o(r.pad_tokens),
                     o(r.pad_waste_pct),
                     o(r.real_tokens_per_s),
                     o(r.padded_tokens_per_s),
