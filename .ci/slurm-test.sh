@@ -20,7 +20,7 @@ cleanup() {
   scancel --quiet --user=root 2>/dev/null || true
   [ -f "$WORK/slurmd.pid" ] && kill "$(cat "$WORK/slurmd.pid")" 2>/dev/null || true
   [ -f "$WORK/slurmctld.pid" ] && kill "$(cat "$WORK/slurmctld.pid")" 2>/dev/null || true
-  pkill -f "munged --socket=$WORK" 2>/dev/null || true
+  [ -f "$WORK/munge/munged.pid" ] && kill "$(cat "$WORK/munge/munged.pid")" 2>/dev/null || true
 }
 trap cleanup EXIT
 

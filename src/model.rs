@@ -532,3 +532,73 @@ impl<B: Backend> TransformerClassifier<B> {
         self.out.forward(masked_mean(x, pad))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use burn::backend::{Autodiff, Flex};
+    use burn::nn::{BatchNorm, BatchNormConfig};
+    use burn::tensor::{Distribution, TensorData};
+
+    type B = Autodiff<Flex>;
+
+    fn close(a: TensorData, b: TensorData, tol: f32, what: &str) {
+        let (a, b) = (a.to_vec::<f32>().unwrap(), b.to_vec::<f32>().unwrap());
+        let worst = a
+            .iter()
+            .zip(&b)
+            .map(|(x, y)| (x - y).abs())
+            .fold(0.0f32, f32::max);
+        assert!(worst < tol, "{what}: differs by {worst}");
+    }
+
+    #[test]
+    fn batch_norm_matches_burns_in_output_and_gradients() {
+        let d = Default::default();
+        let x =
+            Tensor::<B, 4>::random([4, 3, 5, 6], Distribution::Normal(1.0, 2.0), &d).require_grad();
+        let ours = BatchNorm2d::<B>::new(3, &d);
+        let theirs: BatchNorm<B> = BatchNormConfig::new(3).init(&d);
+        let w = Tensor::<B, 4>::random([4, 3, 5, 6], Distribution::Default, &d);
+        let y1 = ours.forward(x.clone());
+        let y2 = theirs.forward(x.clone());
+        close(y1.to_data(), y2.to_data(), 1e-5, "output");
+        let g1 = (y1 * w.clone()).sum().backward();
+        let g2 = (y2 * w).sum().backward();
+        close(
+            x.grad(&g1).unwrap().to_data(),
+            x.grad(&g2).unwrap().to_data(),
+            1e-4,
+            "input gradient",
+        );
+        close(
+            ours.gamma.grad(&g1).unwrap().to_data(),
+            theirs.gamma.grad(&g2).unwrap().to_data(),
+            1e-4,
+            "gamma gradient",
+        );
+        close(
+            ours.beta.grad(&g1).unwrap().to_data(),
+            theirs.beta.grad(&g2).unwrap().to_data(),
+            1e-4,
+            "beta gradient",
+        );
+        // Running statistics: the same mean; the variance unbiased, as PyTorch keeps it.
+        // (`value_sync`: Burn keeps a thread's last update aside until it is read this way.)
+        close(
+            ours.running_mean.value_sync().to_data(),
+            theirs.running_mean.value_sync().to_data(),
+            1e-5,
+            "running mean",
+        );
+        let m = (4 * 5 * 6) as f32;
+        let biased = theirs.running_var.value_sync();
+        let unbiased_expected = (biased - 0.9) * (m / (m - 1.0)) + 0.9;
+        close(
+            ours.running_var.value_sync().to_data(),
+            unbiased_expected.to_data(),
+            1e-4,
+            "running variance",
+        );
+    }
+}

@@ -224,6 +224,16 @@ impl<'a> Validator<'a> {
         self.report.push(d);
     }
 
+    /// A data file the key names cannot be used.
+    fn data_err(&mut self, key: &str, e: &crate::data::DataError) {
+        let path = crate::recipe::lexical(&e.path);
+        self.err(
+            key,
+            format!("{} {}", path.display(), e.message),
+            e.help_text().to_string(),
+        );
+    }
+
     /// `key` is set in the file although it has no effect for `why`.
     fn only_for(&mut self, key: &str, why: &str) {
         if self.l.is_set(key) {
@@ -657,15 +667,7 @@ impl<'a> Validator<'a> {
                                 .fold(max_label, usize::max);
                         }
                         Err(e) => {
-                            self.err(
-                                key,
-                                format!(
-                                    "{} {}",
-                                    crate::recipe::lexical(&e.path).display(),
-                                    e.message
-                                ),
-                                e.help_text().to_string(),
-                            );
+                            self.data_err(key, &e);
                             return None;
                         }
                     }
@@ -944,15 +946,7 @@ impl<'a> Validator<'a> {
             match cifar::count_records(f) {
                 Ok(k) => n += k,
                 Err(e) => {
-                    self.err(
-                        key,
-                        format!(
-                            "{} {}",
-                            crate::recipe::lexical(&e.path).display(),
-                            e.message
-                        ),
-                        e.help_text().to_string(),
-                    );
+                    self.data_err(key, &e);
                     return None;
                 }
             }

@@ -308,6 +308,7 @@ fn cells(rows: &[Row]) -> (Vec<String>, Vec<Vec<String>>) {
             ]);
             if text {
                 c.extend([
+                    opt(r.pad_tokens, 0),
                     opt(r.pad_waste_pct, 1),
                     opt(r.real_tokens_per_s, 0),
                     opt(r.padded_tokens_per_s, 0),
@@ -470,6 +471,24 @@ mod tests {
         assert!((r[0].cv_pct - 100.0 * 2f64.sqrt() / 11.0).abs() < 1e-9);
         assert!(!r[1].within_noise && (r[1].ratio - 20.0 / 11.0).abs() < 1e-12);
         assert!(r[2].within_noise, "11.0 vs 11.0 ± 12.9%");
+        // Every rendered row has a cell under every header, text columns included.
+        let mut text = runs.clone();
+        for r in &mut text {
+            r.summary.pad_waste_pct = Some(10.0);
+            r.summary.real_tokens = Some(90);
+            r.summary.padded_tokens = Some(100);
+        }
+        for rows in [rows(&runs, None).unwrap(), rows(&text, None).unwrap()] {
+            let md = render(&rows, Format::Md);
+            let widths: Vec<usize> = md
+                .lines()
+                .filter(|l| l.starts_with('|'))
+                .map(|l| l.matches(" | ").count())
+                .collect();
+            assert!(widths.windows(2).all(|w| w[0] == w[1]), "{md}");
+            let (h, body) = cells(&rows);
+            assert!(body.iter().all(|c| c.len() == h.len()));
+        }
         let by = rows(&runs, Some("slow")).unwrap();
         assert_eq!(by[1].ratio, 1.0);
         assert!(rows(&runs, Some("nope"))

@@ -249,15 +249,22 @@ impl Batcher {
         let labels = Tensor::<B, 1, Int>::from_data(b.labels, device);
         let input = match b.input {
             HostInput::Images(x) if x.dtype == DType::U8 => {
-                let c = x.shape[1];
-                let bytes = Tensor::<B, 4, Int>::from_data(x, (device, DType::U8)).float();
+                let [n, c, h, w] = [x.shape[0], x.shape[1], x.shape[2], x.shape[3]];
                 let (scale, shift): (Vec<f32>, Vec<f32>) = match &self.device_affine {
                     Some(a) => a.iter().copied().unzip(),
                     None => (vec![1.0 / 255.0; c], vec![0.0; c]),
                 };
-                let scale = Tensor::<B, 4>::from_data(TensorData::new(scale, [1, c, 1, 1]), device);
-                let shift = Tensor::<B, 4>::from_data(TensorData::new(shift, [1, c, 1, 1]), device);
-                Input::Images(bytes * scale + shift)
+                // One (scale, shift) per image plane, as `[n·c, 1]` columns: a per-row
+                // multiply-add, which the CPU backend runs with SIMD (a `[1, c, 1, 1]`
+                // broadcast it walks element by element) and CUDA fuses the same.
+                let rows = |v: &[f32]| {
+                    let col: Vec<f32> = (0..n).flat_map(|_| v.iter().copied()).collect();
+                    Tensor::<B, 2>::from_data(TensorData::new(col, [n * c, 1]), device)
+                };
+                let bytes = Tensor::<B, 4, Int>::from_data(x, (device, DType::U8))
+                    .float()
+                    .reshape([n * c, h * w]);
+                Input::Images((bytes * rows(&scale) + rows(&shift)).reshape([n, c, h, w]))
             }
             HostInput::Images(x) => Input::Images(Tensor::<B, 4>::from_data(x, device)),
             HostInput::Tokens { ids, pad, lengths } => Input::Tokens {

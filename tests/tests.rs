@@ -523,6 +523,27 @@ fn device_normalisation_equals_host_normalisation() {
 
 // ---------------------------------------------------------------- the binary
 
+/// Runs `runner` with `args`, then `--set log.dir=<logs>`, then `extra`.
+fn runner_logged(logs: &Path, args: &[&str], extra: &[&str]) -> std::process::Output {
+    runner_cmd()
+        .args(args)
+        .arg("--set")
+        .arg(format!("log.dir=\"{}\"", logs.display()))
+        .args(extra)
+        .output()
+        .unwrap()
+}
+
+/// The one run directory under `dir`.
+fn only_run(dir: &Path) -> PathBuf {
+    let runs: Vec<PathBuf> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    assert_eq!(runs.len(), 1, "{runs:?}");
+    runs.into_iter().next().unwrap()
+}
+
 fn runner_cmd() -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_runner"));
     c.current_dir(root());
@@ -1030,12 +1051,7 @@ fn overrides_on_the_command_line_are_typed() {
 
 fn sweep_dir(logs: &Path) -> PathBuf {
     let sweeps = logs.join("tiny_grid/sweeps");
-    std::fs::read_dir(&sweeps)
-        .unwrap()
-        .next()
-        .unwrap()
-        .unwrap()
-        .path()
+    only_run(&sweeps)
 }
 
 fn statuses(dir: &Path) -> Vec<(String, String)> {
@@ -1059,12 +1075,11 @@ fn statuses(dir: &Path) -> Vec<(String, String)> {
 fn shards_split_a_grid_and_their_union_is_the_whole() {
     let logs = tempdir("shards");
     let run = |extra: &[&str]| {
-        let out = runner_cmd()
-            .args(["tests/fixtures/sweep/tiny_grid.toml", "--quiet", "--set"])
-            .arg(format!("log.dir=\"{}\"", logs.display()))
-            .args(extra)
-            .output()
-            .unwrap();
+        let out = runner_logged(
+            &logs,
+            &["tests/fixtures/sweep/tiny_grid.toml", "--quiet"],
+            extra,
+        );
         assert_eq!(
             out.status.code(),
             Some(0),
@@ -1098,16 +1113,11 @@ fn shards_split_a_grid_and_their_union_is_the_whole() {
     let csv = String::from_utf8_lossy(&rep.stdout);
     assert_eq!(csv.lines().count(), 1 + 4, "{csv}");
     // And the Slurm script runs one array task per cell, resuming.
-    let out = runner_cmd()
-        .args([
-            "sweep",
-            "--slurm",
-            "tests/fixtures/sweep/tiny_grid.toml",
-            "--set",
-        ])
-        .arg(format!("log.dir=\"{}\"", logs.display()))
-        .output()
-        .unwrap();
+    let out = runner_logged(
+        &logs,
+        &["sweep", "--slurm", "tests/fixtures/sweep/tiny_grid.toml"],
+        &[],
+    );
     assert_eq!(
         out.status.code(),
         Some(0),
@@ -1127,12 +1137,11 @@ fn shards_split_a_grid_and_their_union_is_the_whole() {
 fn resume_reruns_only_what_was_not_done() {
     let logs = tempdir("resume");
     let run = |extra: &[&str]| {
-        runner_cmd()
-            .args(["tests/fixtures/sweep/tiny_grid.toml", "--quiet", "--set"])
-            .arg(format!("log.dir=\"{}\"", logs.display()))
-            .args(extra)
-            .output()
-            .unwrap()
+        runner_logged(
+            &logs,
+            &["tests/fixtures/sweep/tiny_grid.toml", "--quiet"],
+            extra,
+        )
     };
     assert_eq!(run(&[]).status.code(), Some(0));
     let dir = sweep_dir(&logs);
@@ -1231,29 +1240,23 @@ fn the_schema_accepts_every_shipped_recipe_and_rejects_a_wrong_one() {
 #[test]
 fn a_cells_run_directory_reruns_on_its_own() {
     let logs = tempdir("rerun");
-    let out = runner_cmd()
-        .args([
+    let out = runner_logged(
+        &logs,
+        &[
             "tests/fixtures/sweep/tiny_grid.toml",
             "--quiet",
             "--cell",
             "3",
-            "--set",
-        ])
-        .arg(format!("log.dir=\"{}\"", logs.display()))
-        .output()
-        .unwrap();
+        ],
+        &[],
+    );
     assert_eq!(
         out.status.code(),
         Some(0),
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let run_dir = std::fs::read_dir(logs.join("tiny_grid/workers=1,optim.lr=0.01"))
-        .unwrap()
-        .next()
-        .unwrap()
-        .unwrap()
-        .path();
+    let run_dir = only_run(&logs.join("tiny_grid/workers=1,optim.lr=0.01"));
     let env: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(run_dir.join("env.json")).unwrap()).unwrap();
     let sources = env["sources"].as_array().unwrap();
@@ -1361,29 +1364,23 @@ fn a_short_run_on_rotten_tomatoes_beats_chance_and_counts_padding() {
         std::fs::read_to_string(root().join("recipes/text/rotten_tomatoes_bucket.toml")).unwrap();
     assert!(body.contains("extends"));
     let logs = tempdir("rt");
-    let out = runner_cmd()
-        .args([
+    let out = runner_logged(
+        &logs,
+        &[
             "recipes/text/rotten_tomatoes.toml",
             "--quiet",
             "--set",
             "run.epochs=4",
-            "--set",
-        ])
-        .arg(format!("log.dir=\"{}\"", logs.display()))
-        .output()
-        .unwrap();
+        ],
+        &[],
+    );
     assert_eq!(
         out.status.code(),
         Some(0),
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let dir = std::fs::read_dir(logs.join("rotten_tomatoes"))
-        .unwrap()
-        .next()
-        .unwrap()
-        .unwrap()
-        .path();
+    let dir = only_run(&logs.join("rotten_tomatoes"));
     let s = summary(&dir);
     let acc = s.test_accuracy.unwrap();
     // The test split is 61% positive: beat always-positive, not just a coin.
@@ -1432,12 +1429,7 @@ fn bucketed_batches_pad_less_than_dynamic_on_the_same_data() {
             .unwrap()
             .to_string_lossy()
             .into_owned();
-        let dir = std::fs::read_dir(logs.join(name))
-            .unwrap()
-            .next()
-            .unwrap()
-            .unwrap()
-            .path();
+        let dir = only_run(&logs.join(name));
         summary(&dir)
     };
     let dynamic = run("recipes/text/spamassassin.toml");

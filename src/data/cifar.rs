@@ -46,15 +46,7 @@ fn check_whole(path: &Path, len: usize) -> Result<(), DataError> {
 
 /// Class names from `batches.meta.txt` beside the file (one per line), if it is there.
 pub fn class_names(path: &Path) -> Option<Vec<String>> {
-    let meta = path.parent()?.join("batches.meta.txt");
-    let text = std::fs::read_to_string(meta).ok()?;
-    let names: Vec<String> = text
-        .lines()
-        .map(str::trim)
-        .filter(|l| !l.is_empty())
-        .map(String::from)
-        .collect();
-    (!names.is_empty()).then_some(names)
+    super::names_beside(path, "batches.meta.txt")
 }
 
 /// Reads the first `limit` records of the files, in order, checking each label.

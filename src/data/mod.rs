@@ -39,6 +39,19 @@ impl Images {
     }
 }
 
+/// Class names from a file beside `path` (`batches.meta.txt`, `labels.txt`): one per
+/// line, line k naming label k. `None` when there is no such file.
+pub fn names_beside(path: &Path, file: &str) -> Option<Vec<String>> {
+    let text = std::fs::read_to_string(path.parent()?.join(file)).ok()?;
+    let names: Vec<String> = text
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .map(String::from)
+        .collect();
+    (!names.is_empty()).then_some(names)
+}
+
 /// A data file that cannot be used, with its path and what to do.
 #[derive(Debug, Clone)]
 pub struct DataError {

@@ -112,14 +112,7 @@ pub fn read_jsonl(
 
 /// Class names from `labels.txt` beside the file (one per line), if it is there.
 pub fn class_names(path: &Path) -> Option<Vec<String>> {
-    let text = std::fs::read_to_string(path.parent()?.join("labels.txt")).ok()?;
-    let names: Vec<String> = text
-        .lines()
-        .map(str::trim)
-        .filter(|l| !l.is_empty())
-        .map(String::from)
-        .collect();
-    (!names.is_empty()).then_some(names)
+    super::names_beside(path, "labels.txt")
 }
 
 /// Turns text into token ids. Saved as `tokenizer.json` in the run directory.
