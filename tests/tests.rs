@@ -534,6 +534,17 @@ fn runner_logged(logs: &Path, args: &[&str], extra: &[&str]) -> std::process::Ou
         .unwrap()
 }
 
+/// Asserts `runner`'s exit code, showing what it printed when the code differs.
+fn expect_exit(out: &std::process::Output, code: i32) {
+    assert_eq!(
+        out.status.code(),
+        Some(code),
+        "stdout:\n{}\nstderr:\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 /// The one run directory under `dir`.
 fn only_run(dir: &Path) -> PathBuf {
     let runs: Vec<PathBuf> = std::fs::read_dir(dir)
@@ -611,12 +622,7 @@ fn validate_command_checks_every_recipe() {
         ])
         .output()
         .unwrap();
-    assert_eq!(
-        ok.status.code(),
-        Some(0),
-        "{}",
-        String::from_utf8_lossy(&ok.stderr)
-    );
+    expect_exit(&ok, 0);
     assert!(String::from_utf8_lossy(&ok.stdout).contains("ok: recipes/quickstart.toml"));
     let bad = runner_cmd()
         .args([
@@ -648,12 +654,7 @@ fn a_run_prints_a_one_line_summary() {
     )
     .unwrap();
     let out = runner_cmd().arg(&recipe).output().unwrap();
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    expect_exit(&out, 0);
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert_eq!(stdout.lines().count(), 1, "{stdout}");
     assert!(
@@ -717,12 +718,7 @@ fn report_command_prints_markdown_and_draws_a_plot() {
         .arg(&svg)
         .output()
         .unwrap();
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    expect_exit(&out, 0);
     let want = std::fs::read_to_string(root().join("tests/fixtures/report/expected.md")).unwrap();
     assert_eq!(String::from_utf8_lossy(&out.stdout), want);
     let picture = std::fs::read_to_string(&svg).unwrap();
@@ -1036,12 +1032,7 @@ fn overrides_on_the_command_line_are_typed() {
         ])
         .output()
         .unwrap();
-    assert_eq!(
-        show.status.code(),
-        Some(0),
-        "{}",
-        String::from_utf8_lossy(&show.stderr)
-    );
+    expect_exit(&show, 0);
     let text = String::from_utf8_lossy(&show.stdout);
     assert!(
         text.contains("workers = 2") && text.contains("every = \"step\""),
@@ -1080,12 +1071,7 @@ fn shards_split_a_grid_and_their_union_is_the_whole() {
             &["tests/fixtures/sweep/tiny_grid.toml", "--quiet"],
             extra,
         );
-        assert_eq!(
-            out.status.code(),
-            Some(0),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        expect_exit(&out, 0);
         String::from_utf8_lossy(&out.stdout).into_owned()
     };
     let first = run(&["--shard", "1/2"]);
@@ -1118,12 +1104,7 @@ fn shards_split_a_grid_and_their_union_is_the_whole() {
         &["sweep", "--slurm", "tests/fixtures/sweep/tiny_grid.toml"],
         &[],
     );
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    expect_exit(&out, 0);
     let script = std::fs::read_to_string(dir.join("slurm.sbatch")).unwrap();
     assert!(
         script.contains("#SBATCH --array=0-3")
@@ -1250,12 +1231,7 @@ fn a_cells_run_directory_reruns_on_its_own() {
         ],
         &[],
     );
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    expect_exit(&out, 0);
     let run_dir = only_run(&logs.join("tiny_grid/workers=1,optim.lr=0.01"));
     let env: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(run_dir.join("env.json")).unwrap()).unwrap();
@@ -1275,12 +1251,7 @@ fn a_cells_run_directory_reruns_on_its_own() {
         .arg("--quiet")
         .output()
         .unwrap();
-    assert_eq!(
-        again.status.code(),
-        Some(0),
-        "{}",
-        String::from_utf8_lossy(&again.stderr)
-    );
+    expect_exit(&again, 0);
     let a = records(&run_dir);
     let newest = std::fs::read_dir(logs.join("tiny_grid/workers=1,optim.lr=0.01"))
         .unwrap()
@@ -1374,12 +1345,7 @@ fn a_short_run_on_rotten_tomatoes_beats_chance_and_counts_padding() {
         ],
         &[],
     );
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    expect_exit(&out, 0);
     let dir = only_run(&logs.join("rotten_tomatoes"));
     let s = summary(&dir);
     let acc = s.test_accuracy.unwrap();
@@ -1418,12 +1384,7 @@ fn bucketed_batches_pad_less_than_dynamic_on_the_same_data() {
             .arg(format!("log.dir=\"{}\"", logs.display()))
             .output()
             .unwrap();
-        assert_eq!(
-            out.status.code(),
-            Some(0),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        expect_exit(&out, 0);
         let name = std::path::Path::new(recipe)
             .file_stem()
             .unwrap()
