@@ -1268,8 +1268,9 @@ fn a_cells_run_directory_reruns_on_its_own() {
 
 // ---------------------------------------------------------------- variable-length text
 
-/// Logits of each text model for two sequences, with the batch padded to `len` positions.
-fn text_logits(arch: &str, extra: &str, len: usize, pad_id: i32) -> Vec<f32> {
+/// Logits of each text model for two sequences (the first ending in token `last`), with
+/// the batch padded to `len` positions.
+fn text_logits(arch: &str, extra: &str, len: usize, pad_id: i32, last: i32) -> Vec<f32> {
     use burn::tensor::{Bool, Int, TensorData};
     type B = burn::backend::Flex;
     let src = format!("[model]\narch = \"{arch}\"\n{extra}\n[data]\nformat = \"jsonl\"\ntrain = \"../datasets/rotten_tomatoes/train.jsonl\"\n[padding]\nmax_length = 64\npad_id = {}\n", pad_id.max(0));
@@ -1285,7 +1286,7 @@ fn text_logits(arch: &str, extra: &str, len: usize, pad_id: i32) -> Vec<f32> {
         5,
         &d,
     );
-    let seqs: [&[i32]; 2] = [&[5, 9, 2, 7], &[3, 3, 8, 1, 4, 6, 2]];
+    let seqs: [&[i32]; 2] = [&[5, 9, 2, last], &[3, 3, 8, 1, 4, 6, 2]];
     let mut ids = vec![];
     let mut pad = vec![];
     for s in seqs {
@@ -1316,16 +1317,24 @@ fn padding_never_changes_a_sequences_logits() {
             "embed_dim = 16\nheads = 2\nlayers = 2\nff_dim = 32\ndropout = 0.0",
         ),
     ] {
-        let tight = text_logits(arch, extra, 7, 0);
+        let tight = text_logits(arch, extra, 7, 0, 7);
         for (len, pad_id) in [(16, 0), (40, 0), (16, 11)] {
-            let loose = text_logits(arch, extra, len, pad_id);
+            let loose = text_logits(arch, extra, len, pad_id, 7);
             for (a, b) in tight.iter().zip(&loose) {
                 assert!((a - b).abs() < 1e-5, "{arch}: padding to {len} with id {pad_id} changed the logits: {tight:?} vs {loose:?}");
             }
         }
-        // And the comparison can fail: a different real token changes them.
-        let other = text_logits(arch, extra, 7, 0);
-        assert_eq!(tight, other, "{arch}: not deterministic");
+        // And the comparison can fail: a different last real token changes them.
+        let other = text_logits(arch, extra, 7, 0, 8);
+        let moved = tight
+            .iter()
+            .zip(&other)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0.0f32, f32::max);
+        assert!(
+            moved > 1e-4,
+            "{arch}: changing a real token left the logits alone"
+        );
     }
 }
 

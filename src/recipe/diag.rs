@@ -126,9 +126,6 @@ impl Report {
     pub fn errors(&self) -> impl Iterator<Item = &Diagnostic> {
         self.0.iter().filter(|d| d.is_error())
     }
-    pub fn warnings(&self) -> impl Iterator<Item = &Diagnostic> {
-        self.0.iter().filter(|d| !d.is_error())
-    }
     /// Errors first, each kind in file order.
     pub fn sorted(mut self) -> Self {
         self.0
