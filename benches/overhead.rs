@@ -20,13 +20,13 @@ use std::time::Instant;
 use burn::nn::loss::CrossEntropyLossConfig;
 use runner::backend::{cpu_device, CpuBackend};
 use runner::data;
-use runner::loader::{Loader, LoaderConfig};
+use runner::loader::Loader;
 use runner::metrics::{Stats, StepRecord};
 use runner::model::Net;
 use runner::plan::{self, Machine, Plan};
 use runner::recipe;
 use runner::run::{self, RunOptions};
-use runner::train::{batching, Accumulation, Batcher, Optim};
+use runner::train::{loader_config, Accumulation, Batcher, Optim};
 
 const STEPS: u64 = 120;
 const TRIALS: usize = 5;
@@ -74,17 +74,7 @@ fn bare(p: &Plan) -> Vec<f64> {
     let batcher = Batcher::new(p, 0);
     let (d, b2) = (Arc::clone(&train), batcher.clone());
     let make = Arc::new(move |idx: &[usize], epoch: usize| b2.host(&d, idx, epoch, true));
-    let l = &p.loader;
-    let cfg = LoaderConfig {
-        batch_size: l.batch_size,
-        workers: l.workers,
-        persistent_workers: l.persistent_workers,
-        prefetch: l.prefetch,
-        shuffle: l.shuffle,
-        drop_last: l.drop_last,
-        seed: p.seed,
-        batching: batching(p, &train),
-    };
+    let cfg = loader_config(p, &train);
     let mut loader = Loader::new(cfg, train.len(), make);
     let mut model: Net<B> = Net::new(&p.model, batcher.shape, p.seed, &device);
     let mut optim = Optim::<B>::new(&p.optim);

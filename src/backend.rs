@@ -1,8 +1,34 @@
 //! The one place that knows which Burn backends exist: probing for a GPU without crashing,
-//! and calling the training loop with the backend type the plan chose. CPU is Burn's Flex
-//! backend; CUDA is burn-cuda (with fusion and autotune), compiled in with `--features cuda`.
+//! and calling generic code (the training loop, the warm-up) with the backend type the plan
+//! chose. CPU is Burn's Flex backend; CUDA is burn-cuda with autotune, with or without
+//! fusion, compiled in with `--features cuda`.
+
+use burn::tensor::backend::AutodiffBackend;
 
 use crate::plan::{Device, Machine};
+
+/// Work generic over the backend, handed the device and its memory query by `dispatch`.
+pub trait Job {
+    type Output;
+    fn run<B: AutodiffBackend>(self, device: B::Device, mem: MemFn<B::Device>) -> Self::Output;
+}
+
+/// Runs `job` on the backend the plan chose. Validation has rejected CUDA where it is not
+/// compiled in, so a CPU-only binary never sees `Device::Cuda`; if it does, it says so.
+pub fn dispatch<J: Job>(device: Device, fusion: bool, job: J) -> Result<J::Output, String> {
+    match device {
+        Device::Cpu => Ok(job.run::<CpuBackend>(cpu_device(), cpu_memory)),
+        #[cfg(feature = "cuda")]
+        Device::Cuda(i) if fusion => Ok(job.run::<CudaBackend>(cuda_device(i), cuda_memory)),
+        #[cfg(feature = "cuda")]
+        Device::Cuda(i) => Ok(job.run::<CudaUnfused>(cuda_device(i), cuda_memory)),
+        #[cfg(not(feature = "cuda"))]
+        Device::Cuda(_) => {
+            let _ = fusion;
+            Err("this binary was built without the `cuda` feature".into())
+        }
+    }
+}
 
 /// What this binary can run on, found without touching Burn: cudarc panics when libcuda
 /// cannot be loaded, so the driver is asked directly first.
@@ -25,12 +51,16 @@ pub fn cuda_devices() -> Result<Vec<String>, String> {
     }
 }
 
-/// The backend's name as the run records it.
-pub fn describe(device: Device) -> (&'static str, String) {
+/// The backend's name as the run records it, and the device's.
+pub fn describe(device: Device, kernels: &crate::plan::KernelPlan) -> (String, String) {
     match device {
-        Device::Cpu => ("flex (cpu)", cpu_name()),
+        Device::Cpu => ("flex (cpu)".into(), cpu_name()),
         Device::Cuda(i) => (
-            "cuda (fusion, autotune)",
+            format!(
+                "cuda ({}autotune {})",
+                if kernels.fusion { "fusion, " } else { "" },
+                kernels.autotune.name()
+            ),
             cuda_devices()
                 .ok()
                 .and_then(|d| d.get(i).cloned())
@@ -76,6 +106,11 @@ pub fn cpu_memory(_: &burn::backend::flex::FlexDevice) -> Option<(u64, u64)> {
 
 #[cfg(feature = "cuda")]
 pub type CudaBackend = burn::backend::Autodiff<burn::backend::Cuda>;
+
+/// CUDA without Burn's kernel fusion (`backend.fusion = false`).
+#[cfg(feature = "cuda")]
+pub type CudaUnfused =
+    burn::backend::Autodiff<burn_cubecl::CubeBackend<cubecl::cuda::CudaRuntime, f32, i32, u8>>;
 
 #[cfg(feature = "cuda")]
 pub fn cuda_device(index: usize) -> burn::backend::cuda::CudaDevice {

@@ -6,7 +6,9 @@
 //! and `train` know Burn.
 
 pub mod backend;
+pub mod clock;
 pub mod data;
+pub mod kernels;
 pub mod loader;
 pub mod metrics;
 pub mod model;

@@ -38,6 +38,17 @@ enum Command {
     /// Check recipes without training: syntax, keys, types, rules, data files, every cell
     /// of a grid. Exit 2 on any error; fit for a pre-commit hook.
     Validate(CheckArgs),
+    /// Compile and tune, once, the kernels the recipes need (training step with
+    /// accumulation, optimizer, cleanup, evaluation; each distinct shape of a grid) so that
+    /// later runs start at full speed. Creates no run; only the kernel cache is written
+    /// (backend.cache_dir). On the CPU backend it runs the same steps, with nothing to cache.
+    Warmup {
+        #[command(flatten)]
+        check: CheckArgs,
+        /// Only the summary line of each recipe.
+        #[arg(short, long)]
+        quiet: bool,
+    },
     /// Print the resolved recipe (after extends, --set and defaults); for a grid, its cells.
     Show {
         #[command(flatten)]
@@ -118,6 +129,8 @@ struct SweepArgs {
 }
 
 fn main() -> ExitCode {
+    runner::clock::mark_process_start();
+    runner::kernels::observe_cubecl();
     let cli = Cli::parse();
     match cli.command {
         None => run_all(&cli.run),
@@ -125,6 +138,7 @@ fn main() -> ExitCode {
         Some(Command::Sweep(args)) if args.slurm => slurm(&args),
         Some(Command::Sweep(args)) => run_all(&args.run),
         Some(Command::Validate(args)) => validate(&args),
+        Some(Command::Warmup { check, quiet }) => warmup(&check, quiet),
         Some(Command::Show { check, cell }) => show(&check, cell),
         Some(Command::Ls) => ls(),
         Some(Command::Schema { output }) => schema(output.as_deref()),
@@ -335,12 +349,85 @@ fn run_all(args: &RunArgs) -> ExitCode {
     code
 }
 
+/// What decides the kernels a plan compiles and tunes: plans equal in this warm up once.
+fn kernel_key(p: &Plan) -> String {
+    let o = &p.optim;
+    let text_order = p.data.text.as_ref().map(|_| (p.seed, p.loader.shuffle));
+    format!(
+        "{:?}|{:?}|{:?}|{:?}|{}|{}|{:?}|{}|{}|{}|{}|{:?}|{:?}|{:?}",
+        p.device,
+        p.kernels,
+        p.model,
+        p.data,
+        p.loader.batch_size,
+        p.loader.drop_last,
+        text_order,
+        o.momentum > 0.0,
+        o.nesterov,
+        o.weight_decay > 0.0,
+        o.accumulation_steps,
+        o.optimizer,
+        p.cleanup.actions,
+        p.run.eval,
+    )
+}
+
+fn warmup(args: &CheckArgs, quiet: bool) -> ExitCode {
+    let machine = runner::backend::probe();
+    let Some(checked) = check_all(args, &machine) else {
+        return ExitCode::from(2);
+    };
+    let mut seen = std::collections::HashSet::new();
+    let mut code = ExitCode::SUCCESS;
+    for p in checked.iter().flat_map(|c| &c.plans) {
+        if !seen.insert(kernel_key(p)) {
+            continue;
+        }
+        let (backend, _) = runner::backend::describe(p.device, &p.kernels);
+        if !quiet {
+            eprintln!("{}: warming up on {backend} ({})", p.name, p.device_reason);
+        }
+        match run::warmup(p) {
+            Ok(w) => {
+                let cache = if w.settings.used {
+                    format!(
+                        "{}; cached in {}",
+                        w.counts.describe(),
+                        w.settings.cache.dir.display()
+                    )
+                } else {
+                    "nothing to compile on the CPU backend".into()
+                };
+                println!(
+                    "{}: warmed up on {} ({}) in {:.1} s: {} training and {} evaluation batch shape(s), {} micro-batches; {cache}",
+                    p.name,
+                    w.backend,
+                    w.device,
+                    w.seconds,
+                    w.warmed.train_shapes,
+                    w.warmed.eval_shapes,
+                    w.warmed.micro_batches,
+                );
+            }
+            Err(RunError::Input(msg)) => {
+                eprintln!("{msg}");
+                return ExitCode::from(2);
+            }
+            Err(RunError::Failed { message, .. }) => {
+                eprintln!("error: the warm-up of {} failed: {message}", p.name);
+                code = ExitCode::from(1);
+            }
+        }
+    }
+    code
+}
+
 fn run_one(p: &Plan, opts: &RunOptions) -> Result<PathBuf, RunError> {
     if !opts.quiet {
         eprintln!(
             "{}: {} ({})",
             p.name,
-            runner::backend::describe(p.device).0,
+            runner::backend::describe(p.device, &p.kernels).0,
             p.device_reason
         );
     }

@@ -255,6 +255,14 @@ pub struct Summary {
     pub evals: Vec<Eval>,
     pub loader_workers_started: usize,
     pub wall_s: f64,
+    /// Process start → the first step done on the device (data loading, model building,
+    /// and on a GPU compiling and tuning its kernels), seconds.
+    pub startup_s: Option<f64>,
+    /// The first step's own time, compilation and tuning included, ms.
+    pub first_step_ms: Option<f64>,
+    /// CUDA: what CubeCL compiled, took from the cache and tuned during the run.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kernels: Option<crate::kernels::KernelCounts>,
 }
 
 impl Summary {

@@ -9,8 +9,8 @@ use std::path::{Path, PathBuf};
 use crate::data::cifar;
 use crate::policy::CleanupPolicy;
 use crate::recipe::{
-    Arch, BackendKind, CleanupAction, DataFormat, Diagnostic, Eval, Every, Loaded, NormalizeOn,
-    Optimizer, Recipe, Report, Schedule, Stem,
+    Arch, AutotuneLevel, BackendKind, CleanupAction, DataFormat, Diagnostic, Eval, Every, Loaded,
+    NormalizeOn, Optimizer, Recipe, Report, Schedule, Stem,
 };
 
 /// What the machine offers, found before validation (see `backend::probe`).
@@ -49,6 +49,8 @@ pub struct Plan {
     /// Why this device (for `auto`, what was found).
     pub device_reason: String,
     pub threads: usize,
+    /// CUDA kernel compilation and autotuning (ignored on the CPU).
+    pub kernels: KernelPlan,
     pub model: ModelPlan,
     pub data: DataPlan,
     pub loader: LoaderPlan,
@@ -63,6 +65,15 @@ pub struct Plan {
     pub overrides: Vec<String>,
     /// Warnings found on the way (shown before the run, kept in the run directory).
     pub warnings: Vec<Diagnostic>,
+}
+
+/// How CUDA kernels are compiled, tuned and cached (`[backend]`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct KernelPlan {
+    pub autotune: AutotuneLevel,
+    pub fusion: bool,
+    /// `backend.cache_dir`, absolute; `None`: the per-user default (see `kernels::cache_dir`).
+    pub cache_dir: Option<PathBuf>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -261,6 +272,7 @@ impl<'a> Validator<'a> {
         }
         let (device, device_reason) = self.device(machine);
         let threads = r.backend.threads;
+        let kernels = self.kernels();
         let data = self.data();
         let model = self.model(data.as_ref());
         let loader = self.loader(device);
@@ -329,6 +341,9 @@ impl<'a> Validator<'a> {
             Schedule::Constant => {}
         }
         resolved.run.eval = run.eval;
+        if let Some(dir) = &kernels.cache_dir {
+            resolved.backend.cache_dir = Some(dir.display().to_string());
+        }
         // Paths are relative to the file that wrote them (a parent recipe's stay its own).
         for (key, p) in [
             ("data.train", &mut resolved.data.train),
@@ -353,6 +368,7 @@ impl<'a> Validator<'a> {
             device,
             device_reason,
             threads,
+            kernels,
             model,
             data,
             loader,
@@ -429,6 +445,47 @@ impl<'a> Validator<'a> {
                 }
                 (Device::Cuda(b.device), "backend.kind = \"cuda\"".into())
             }
+        }
+    }
+
+    fn kernels(&mut self) -> KernelPlan {
+        let b = self.recipe().backend.clone();
+        let cache_dir = b.cache_dir.as_ref().and_then(|d| {
+            if d.trim().is_empty() {
+                self.err(
+                    "backend.cache_dir",
+                    "is empty",
+                    "name a directory, or leave the key out for the per-user default",
+                );
+                return None;
+            }
+            let p = self.l.dir_of("backend.cache_dir").join(d);
+            if p.exists() && !p.is_dir() {
+                self.err(
+                    "backend.cache_dir",
+                    format!("{} exists and is not a directory", p.display()),
+                    "name a directory (it is created if missing)",
+                );
+            }
+            Some(crate::recipe::lexical(
+                &std::path::absolute(&p).unwrap_or(p),
+            ))
+        });
+        if b.kind == BackendKind::Cpu {
+            for key in ["backend.autotune", "backend.fusion", "backend.cache_dir"] {
+                if self.l.is_set(key) {
+                    self.warn(
+                        key,
+                        "applies to the CUDA backend only; this recipe runs on the CPU",
+                        "remove it, or set backend.kind = \"auto\" or \"cuda\"",
+                    );
+                }
+            }
+        }
+        KernelPlan {
+            autotune: b.autotune,
+            fusion: b.fusion,
+            cache_dir,
         }
     }
 

@@ -4,12 +4,14 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use std::time::Instant;
 
 use serde::Serialize;
 
 use crate::backend;
+use crate::clock::utc_now;
 use crate::data::{self, Dataset};
+use crate::kernels::{self, KernelCounts, KernelSettings};
 use crate::metrics::{write_json_atomic, Eval, JsonLines, StepRecord, Summary};
 use crate::plan::{Device, Plan};
 use crate::progress::Progress;
@@ -60,6 +62,12 @@ pub struct Environment {
     /// `--set` overrides, as given.
     pub overrides: Vec<String>,
     pub started_at: String,
+    /// Where CUDA kernels and autotune results are cached and how they are tuned; with
+    /// what the run compiled, loaded from the cache and tuned (hits and misses), filled in
+    /// when the run ends.
+    pub kernels: crate::kernels::KernelSettings,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kernel_counts: Option<crate::kernels::KernelCounts>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -126,30 +134,6 @@ fn sha256_file(path: &Path) -> String {
         .unwrap_or_default()
 }
 
-/// UTC time as `YYYY-MM-DDTHH:MM:SSZ`.
-pub fn utc_now() -> String {
-    let secs = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs());
-    let (days, rem) = (secs / 86_400, secs % 86_400);
-    // Days since 1970-01-01 to a civil date (Howard Hinnant's algorithm).
-    let z = days as i64 + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + i64::from(m <= 2);
-    format!(
-        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z",
-        rem / 3600,
-        rem % 3600 / 60,
-        rem % 60
-    )
-}
-
 /// Creates `<dir>/<name>/<run-id>`; the id is the UTC start time, with a suffix if taken.
 fn create_run_dir(root: &Path, name: &str) -> std::io::Result<(PathBuf, String)> {
     let parent = root.join(name);
@@ -183,6 +167,11 @@ struct FileSink {
     parameters: usize,
     progress: Progress,
     io_error: Option<String>,
+    /// Process start → first step done on the device, and that step's own time.
+    startup_s: Option<f64>,
+    first_step_ms: Option<f64>,
+    /// CubeCL's counters when the run started (a process may run several).
+    counts_at_start: KernelCounts,
 }
 
 impl Sink for FileSink {
@@ -217,15 +206,78 @@ impl Sink for FileSink {
     fn epoch_end(&mut self, epoch: usize) {
         self.progress.epoch_end(epoch, &self.records);
     }
+    fn phase(&mut self, what: &str) {
+        self.progress.phase(what);
+    }
+    fn first_step(&mut self, step_ms: f64) {
+        let startup = crate::clock::process_start().elapsed().as_secs_f64();
+        self.startup_s = Some(startup);
+        self.first_step_ms = Some(step_ms);
+        let counts = kernels::counts().since(self.counts_at_start);
+        self.progress.first_step_done(startup, counts);
+    }
+}
+
+/// The kernel settings a plan runs with: CubeCL configured for CUDA, recorded for the CPU.
+fn kernel_settings(plan: &Plan) -> Result<KernelSettings, RunError> {
+    match plan.device {
+        Device::Cpu => Ok(kernels::cpu_settings(&plan.kernels)),
+        Device::Cuda(_) => kernels::configure_cuda(&plan.kernels).map_err(|e| {
+            RunError::Input(format!(
+                "error: {e}\n  = help: set backend.cache_dir or ${} to a writable directory",
+                kernels::CACHE_ENV
+            ))
+        }),
+    }
+}
+
+/// The training loop as a backend-generic job.
+struct Train<'a> {
+    plan: &'a Plan,
+    batcher: train::Batcher,
+    train_set: Arc<Dataset>,
+    test_set: Arc<Dataset>,
+    t0: Instant,
+    sink: &'a mut dyn Sink,
+}
+
+impl backend::Job for Train<'_> {
+    type Output = train::Outcome;
+    fn run<B: burn::tensor::backend::AutodiffBackend>(
+        self,
+        device: B::Device,
+        mem: backend::MemFn<B::Device>,
+    ) -> train::Outcome {
+        train::train::<B>(
+            self.plan,
+            self.batcher,
+            self.train_set,
+            self.test_set,
+            device,
+            mem,
+            self.t0,
+            self.sink,
+        )
+    }
 }
 
 /// Runs a validated plan. Data errors come back before anything is written.
 pub fn execute(plan: &Plan, opts: &RunOptions) -> Result<Finished, RunError> {
     let wall = Instant::now();
+    let settings = kernel_settings(plan)?;
+    for note in &settings.notes {
+        eprintln!("warning: {note}");
+    }
+    let counts_at_start = kernels::counts();
+    let progress = Progress::new(
+        plan,
+        opts.quiet,
+        settings.used.then(|| settings.cache.dir.clone()),
+    );
     let sets = data::load(&plan.data, plan.model.num_classes, plan.seed)
         .map_err(|e| RunError::Input(format!("error: {e}\n  = help: {}", e.help_text())))?;
     let threads = backend::set_cpu_threads(plan.threads);
-    let (backend_name, device_name) = backend::describe(plan.device);
+    let (backend_name, device_name) = backend::describe(plan.device, &plan.kernels);
 
     let (dir, run_id) = create_run_dir(&plan.log.dir, &plan.name).map_err(|e| {
         RunError::Input(format!(
@@ -255,7 +307,7 @@ pub fn execute(plan: &Plan, opts: &RunOptions) -> Result<Finished, RunError> {
     let env = Environment {
         runner_version: env!("CARGO_PKG_VERSION").into(),
         burn_version: BURN_VERSION.into(),
-        backend: backend_name.into(),
+        backend: backend_name.clone(),
         device: device_name.clone(),
         device_reason: plan.device_reason.clone(),
         threads,
@@ -278,13 +330,15 @@ pub fn execute(plan: &Plan, opts: &RunOptions) -> Result<Finished, RunError> {
             .collect(),
         overrides: plan.overrides.clone(),
         started_at: utc_now(),
+        kernels: settings,
+        kernel_counts: None,
     };
     write_json_atomic(&dir.join("env.json"), &env).map_err(|e| fail(format!("env.json: {e}")))?;
     let mut summary = Summary {
         name: plan.name.clone(),
         run_id: run_id.clone(),
         status: "running".into(),
-        backend: backend_name.into(),
+        backend: backend_name,
         device: device_name,
         ..Default::default()
     };
@@ -309,8 +363,11 @@ pub fn execute(plan: &Plan, opts: &RunOptions) -> Result<Finished, RunError> {
         records: vec![],
         evals: vec![],
         parameters: 0,
-        progress: Progress::new(plan, opts.quiet),
+        progress,
         io_error: None,
+        startup_s: None,
+        first_step_ms: None,
+        counts_at_start,
     };
     let vocab = sets.tokenizer.as_ref().map_or(0, |t| t.vocab_size());
     if let Some(t) = &sets.tokenizer {
@@ -320,14 +377,15 @@ pub fn execute(plan: &Plan, opts: &RunOptions) -> Result<Finished, RunError> {
     let batcher = train::Batcher::new(plan, vocab);
     let (train_set, test_set) = (Arc::new(sets.train), Arc::new(sets.test));
     let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        dispatch(
+        let job = Train {
             plan,
             batcher,
-            Arc::clone(&train_set),
-            Arc::clone(&test_set),
+            train_set: Arc::clone(&train_set),
+            test_set: Arc::clone(&test_set),
             t0,
-            &mut sink,
-        )
+            sink: &mut sink,
+        };
+        backend::dispatch(plan.device, plan.kernels.fusion, job)
     }));
     sink.progress.finish();
     let sampler = sink.sampler.take().expect("the sampler runs until here");
@@ -347,12 +405,26 @@ pub fn execute(plan: &Plan, opts: &RunOptions) -> Result<Finished, RunError> {
     summary.evals = sink.evals.clone();
     summary.test_accuracy = sink.evals.last().map(|e| e.accuracy);
     summary.wall_s = wall.elapsed().as_secs_f64();
+    summary.startup_s = sink.startup_s;
+    summary.first_step_ms = sink.first_step_ms;
+    let counts = kernels::counts().since(sink.counts_at_start);
+    if env.kernels.used {
+        summary.kernels = Some(counts);
+        let env = Environment {
+            kernel_counts: Some(counts),
+            ..env
+        };
+        if let Err(e) = write_json_atomic(&dir.join("env.json"), &env) {
+            sink.io_error.get_or_insert(format!("env.json: {e}"));
+        }
+    }
     let failure = match &outcome {
-        Ok(o) => {
+        Ok(Ok(o)) => {
             summary.loader_workers_started = o.loader_workers_started;
             summary.epochs_completed = o.epochs_completed;
             sink.io_error.clone()
         }
+        Ok(Err(e)) => Some(e.clone()),
         Err(panic) => Some(panic_message(panic.as_ref())),
     };
     summary.status = if failure.is_some() {
@@ -369,42 +441,79 @@ pub fn execute(plan: &Plan, opts: &RunOptions) -> Result<Finished, RunError> {
     }
 }
 
-fn dispatch(
-    plan: &Plan,
-    batcher: train::Batcher,
-    train_set: Arc<Dataset>,
-    test_set: Arc<Dataset>,
-    t0: Instant,
-    sink: &mut dyn Sink,
-) -> train::Outcome {
-    match plan.device {
-        Device::Cpu => train::train::<backend::CpuBackend>(
-            plan,
-            batcher,
-            train_set,
-            test_set,
-            backend::cpu_device(),
-            backend::cpu_memory,
-            t0,
-            sink,
-        ),
-        #[cfg(feature = "cuda")]
-        Device::Cuda(i) => train::train::<backend::CudaBackend>(
-            plan,
-            batcher,
-            train_set,
-            test_set,
-            backend::cuda_device(i),
-            backend::cuda_memory,
-            t0,
-            sink,
-        ),
-        #[cfg(not(feature = "cuda"))]
-        Device::Cuda(_) => unreachable!("validation rejects CUDA when it is not compiled in"),
-    }
+/// What `warmup` did for one plan.
+#[derive(Debug, Clone)]
+pub struct Warmup {
+    pub backend: String,
+    pub device: String,
+    pub warmed: train::Warmed,
+    /// What CubeCL compiled, took from the cache and tuned (zero on the CPU).
+    pub counts: KernelCounts,
+    pub seconds: f64,
+    pub settings: KernelSettings,
 }
 
-fn panic_message(p: &(dyn std::any::Any + Send)) -> String {
+/// Compiles and tunes what a run of `plan` needs (see `train::warm_up`) without creating a
+/// run: nothing is written but the kernel cache. A failure is the warm-up's own message.
+pub fn warmup(plan: &Plan) -> Result<Warmup, RunError> {
+    let settings = kernel_settings(plan)?;
+    for note in &settings.notes {
+        eprintln!("warning: {note}");
+    }
+    let sets = data::load(&plan.data, plan.model.num_classes, plan.seed)
+        .map_err(|e| RunError::Input(format!("error: {e}\n  = help: {}", e.help_text())))?;
+    backend::set_cpu_threads(plan.threads);
+    let (backend_name, device) = backend::describe(plan.device, &plan.kernels);
+    let vocab = sets.tokenizer.as_ref().map_or(0, |t| t.vocab_size());
+    let batcher = train::Batcher::new(plan, vocab);
+    let before = kernels::counts();
+    let t = Instant::now();
+    struct Warm<'a> {
+        plan: &'a Plan,
+        batcher: &'a train::Batcher,
+        sets: &'a data::Sets,
+    }
+    impl backend::Job for Warm<'_> {
+        type Output = train::Warmed;
+        fn run<B: burn::tensor::backend::AutodiffBackend>(
+            self,
+            device: B::Device,
+            _: backend::MemFn<B::Device>,
+        ) -> train::Warmed {
+            train::warm_up::<B>(
+                self.plan,
+                self.batcher,
+                &self.sets.train,
+                &self.sets.test,
+                &device,
+            )
+        }
+    }
+    let job = Warm {
+        plan,
+        batcher: &batcher,
+        sets: &sets,
+    };
+    let failed = |message| RunError::Failed {
+        dir: PathBuf::new(),
+        message,
+    };
+    let warmed = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        backend::dispatch(plan.device, plan.kernels.fusion, job)
+    }))
+    .map_err(|p| failed(panic_message(p.as_ref())))?
+    .map_err(failed)?;
+    Ok(Warmup {
+        backend: backend_name,
+        device,
+        warmed,
+        counts: kernels::counts().since(before),
+        seconds: t.elapsed().as_secs_f64(),
+        settings,
+    })
+}
+
+pub fn panic_message(p: &(dyn std::any::Any + Send)) -> String {
     if let Some(s) = p.downcast_ref::<&str>() {
         s.to_string()
     } else if let Some(s) = p.downcast_ref::<String>() {
@@ -417,13 +526,6 @@ fn panic_message(p: &(dyn std::any::Any + Send)) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn utc_stamp_has_the_iso_shape() {
-        let s = utc_now();
-        assert_eq!(s.len(), 20, "{s}");
-        assert!(s.starts_with("20") && s.ends_with('Z') && &s[10..11] == "T");
-    }
 
     #[test]
     fn burn_version_matches_the_pin() {

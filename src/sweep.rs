@@ -440,7 +440,7 @@ impl SweepDir {
                 .map(|h| h.trim().to_string())
                 .unwrap_or_default(),
             pid: std::process::id(),
-            updated_at: crate::run::utc_now(),
+            updated_at: crate::clock::utc_now(),
             error,
         };
         write_json_atomic(&self.status_path(c), &s)

@@ -34,6 +34,11 @@ pub trait Sink {
     fn step(&mut self, record: &StepRecord);
     fn eval(&mut self, eval: &EvalRecord);
     fn epoch_end(&mut self, epoch: usize);
+    /// What the start-up phase is doing (before the first step is done).
+    fn phase(&mut self, _what: &str) {}
+    /// The first step is done on the device (its kernels compiled and tuned); `step_ms`
+    /// is its own time, compilation included.
+    fn first_step(&mut self, _step_ms: f64) {}
 }
 
 /// What a finished loop hands back beyond what the sink saw.
@@ -240,6 +245,17 @@ impl Batcher {
         }
     }
 
+    /// What decides a batch's tensor shapes: its size, and for text its padded row length.
+    pub fn shape_of(&self, data: &Dataset, indices: &[usize]) -> (usize, usize) {
+        match (&self.collate, data) {
+            (Collate::Text(padding), Dataset::Text(set)) => {
+                let longest = indices.iter().map(|&i| set.seqs[i].len()).max();
+                (indices.len(), padding.row_len(longest.unwrap_or(0)))
+            }
+            _ => (indices.len(), 0),
+        }
+    }
+
     /// Host batch → device tensors. Bytes are cast and normalised on the device.
     pub fn to_device<B: Backend>(
         &self,
@@ -298,6 +314,21 @@ pub fn batching(plan: &Plan, train: &Dataset) -> Batching {
     }
 }
 
+/// The loader settings of a plan's training set.
+pub fn loader_config(plan: &Plan, train: &Dataset) -> LoaderConfig {
+    let l = &plan.loader;
+    LoaderConfig {
+        batch_size: l.batch_size,
+        workers: l.workers,
+        persistent_workers: l.persistent_workers,
+        prefetch: l.prefetch,
+        shuffle: l.shuffle,
+        drop_last: l.drop_last,
+        seed: plan.seed,
+        batching: batching(plan, train),
+    }
+}
+
 /// Trains the plan's model on `train` and evaluates on `test`, reporting to `sink`.
 #[allow(clippy::too_many_arguments)]
 pub fn train<B: AutodiffBackend>(
@@ -310,9 +341,11 @@ pub fn train<B: AutodiffBackend>(
     t0: Instant,
     sink: &mut dyn Sink,
 ) -> Outcome {
+    sink.phase("building the model");
     let mut model: Net<B> = Net::new(&plan.model, batcher.shape, plan.seed, &device);
     let parameters = model.parameters();
     sink.started(parameters);
+    sink.phase("first step (compiling and tuning kernels on a GPU)");
     let mut optim = Optim::<B>::new(&plan.optim);
     let loss_fn: CrossEntropyLoss<B> = CrossEntropyLossConfig::new().init(&device);
     let schedule = plan.lr_schedule();
@@ -334,21 +367,7 @@ pub fn train<B: AutodiffBackend>(
             b
         })
     };
-    let l = &plan.loader;
-    let mut loader = Loader::new(
-        LoaderConfig {
-            batch_size: l.batch_size,
-            workers: l.workers,
-            persistent_workers: l.persistent_workers,
-            prefetch: l.prefetch,
-            shuffle: l.shuffle,
-            drop_last: l.drop_last,
-            seed: plan.seed,
-            batching: batching(plan, &train),
-        },
-        train.len(),
-        make,
-    );
+    let mut loader = Loader::new(loader_config(plan, &train), train.len(), make);
 
     let accum = plan.optim.accumulation_steps;
     let total = plan.run.total_steps;
@@ -440,6 +459,12 @@ pub fn train<B: AutodiffBackend>(
                 rec.mem_reserved_bytes = Some(reserved);
             }
             rec.rss_bytes = rss_bytes();
+            if step == 1 {
+                // The first step ends when the device has run it: on a GPU that is when
+                // its kernels are compiled and tuned, which is the start-up users wait for.
+                let _ = B::sync(&device);
+                sink.first_step(ms(started));
+            }
             rec.iter_ms = ms(started);
             rec.t_ms = t0.elapsed().as_secs_f64() * 1e3;
             let loss = loss_sum.expect("a step has micro-batches") / group as f32;
@@ -462,7 +487,8 @@ pub fn train<B: AutodiffBackend>(
             Eval::Never => false,
         };
         if due {
-            let e = evaluate(&model.valid(), &test, &batcher, plan, &device);
+            let all: Vec<usize> = (0..test.len()).collect();
+            let e = evaluate(&model.valid(), &test, &all, &batcher, plan, &device);
             sink.eval(&EvalRecord { epoch, step, ..e });
         }
         if step >= total {
@@ -519,6 +545,91 @@ fn flush<B: Backend>(pending: &mut Vec<(StepRecord, Tensor<B, 1>)>, sink: &mut d
     }
 }
 
+/// What `warm_up` ran.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Warmed {
+    /// Distinct training batch shapes, each run as one full optimizer step.
+    pub train_shapes: usize,
+    /// Distinct evaluation batch shapes (0 when the plan never evaluates).
+    pub eval_shapes: usize,
+    pub micro_batches: usize,
+}
+
+/// One representative batch of each distinct shape among `batches`, in first-seen order.
+fn distinct_shapes(batcher: &Batcher, data: &Dataset, batches: &[Vec<usize>]) -> Vec<Vec<usize>> {
+    let mut seen = std::collections::HashSet::new();
+    batches
+        .iter()
+        .filter(|b| seen.insert(batcher.shape_of(data, b)))
+        .cloned()
+        .collect()
+}
+
+/// Runs once each computation a run of `plan` will run, so that its kernels are compiled
+/// and tuned (and cached) before a real run: for every distinct training batch shape of
+/// the first epoch a full optimizer step of `accumulation_steps` micro-batches (and a
+/// step of the epoch's last, shorter group where its code path differs), the cleanup
+/// actions, and evaluation of each distinct test batch shape. Records nothing.
+pub fn warm_up<B: AutodiffBackend>(
+    plan: &Plan,
+    batcher: &Batcher,
+    train: &Dataset,
+    test: &Dataset,
+    device: &B::Device,
+) -> Warmed {
+    let mut model: Net<B> = Net::new(&plan.model, batcher.shape, plan.seed, device);
+    let mut optim = Optim::<B>::new(&plan.optim);
+    let loss_fn: CrossEntropyLoss<B> = CrossEntropyLossConfig::new().init(device);
+    let batches = crate::loader::epoch_batches(train.len(), &loader_config(plan, train), 0);
+    let shapes = distinct_shapes(batcher, train, &batches);
+    let accum = plan.optim.accumulation_steps.max(1);
+    let mut groups: Vec<(usize, &Vec<usize>)> = shapes.iter().map(|b| (accum, b)).collect();
+    // The epoch's last group is shorter when the batches do not divide; a group of one
+    // takes another path (no accumulator).
+    let rest = batches.len() % accum;
+    if accum > 1 && rest == 1 {
+        if let Some(first) = shapes.first() {
+            groups.push((1, first));
+        }
+    }
+    let mut warmed = Warmed {
+        train_shapes: shapes.len(),
+        ..Default::default()
+    };
+    for (group, idx) in groups {
+        let mut acc = Accumulation::<B>::new(group);
+        for _ in 0..group {
+            let (x, y) = batcher.to_device::<B>(batcher.host(train, idx, 0, true), device);
+            let loss = loss_fn.forward(model.forward(x), y);
+            let _ = acc.add(&model, loss);
+            warmed.micro_batches += 1;
+        }
+        model = optim.step(plan.optim.lr, model, acc.grads());
+        let _ = B::sync(device);
+    }
+    if !plan.cleanup.actions.is_empty() {
+        run_cleanup::<B>(&plan.cleanup.actions, device);
+    }
+    if plan.run.eval != Eval::Never && !test.is_empty() {
+        let all: Vec<usize> = (0..test.len()).collect();
+        let chunks: Vec<Vec<usize>> = all
+            .chunks(plan.loader.batch_size)
+            .map(<[usize]>::to_vec)
+            .collect();
+        // Full batches first, a shorter last one last: `evaluate` chunks them back the same.
+        let (mut full, partial): (Vec<Vec<usize>>, Vec<Vec<usize>>) =
+            distinct_shapes(batcher, test, &chunks)
+                .into_iter()
+                .partition(|c| c.len() == plan.loader.batch_size);
+        warmed.eval_shapes = full.len() + partial.len();
+        full.extend(partial);
+        let idx: Vec<usize> = full.concat();
+        let _ = evaluate(&model.valid(), test, &idx, batcher, plan, device);
+    }
+    let _ = B::sync(device);
+    warmed
+}
+
 fn run_cleanup<B: Backend>(actions: &[CleanupAction], device: &B::Device) {
     for a in actions {
         match a {
@@ -535,6 +646,7 @@ fn run_cleanup<B: Backend>(actions: &[CleanupAction], device: &B::Device) {
 fn evaluate<B: Backend>(
     model: &Net<B>,
     test: &Dataset,
+    idx: &[usize],
     batcher: &Batcher,
     plan: &Plan,
     device: &B::Device,
@@ -542,10 +654,9 @@ fn evaluate<B: Backend>(
     let t = Instant::now();
     let loss_fn: CrossEntropyLoss<B> = CrossEntropyLossConfig::new().init(device);
     let bs = plan.loader.batch_size;
-    let n = test.len();
+    let n = idx.len();
     let mut correct: Option<Tensor<B, 1, Int>> = None;
     let mut loss_total: Option<Tensor<B, 1>> = None;
-    let idx: Vec<usize> = (0..n).collect();
     for chunk in idx.chunks(bs) {
         let (x, y) = batcher.to_device::<B>(batcher.host(test, chunk, 0, false), device);
         let logits = model.forward(x);

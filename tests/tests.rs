@@ -1477,3 +1477,126 @@ fn text_recipes_are_checked_like_any_other() {
         "{err}"
     );
 }
+
+// ---------------------------------------------------------------- start-up, kernel cache, warm-up
+
+/// A synthetic-data recipe in `dir` (100 training samples, 50 test samples, batch 32).
+fn tiny_recipe(dir: &Path, name: &str, extra: &str) -> PathBuf {
+    let recipe = dir.join(format!("{name}.toml"));
+    std::fs::write(
+        &recipe,
+        format!("name = \"{name}\"\n[backend]\nkind = \"auto\"\n[model]\narch = \"mlp\"\n[data]\nformat = \"synthetic\"\nsynthetic = {{ samples = 100, test_samples = 50 }}\n[loader]\nbatch_size = 32\n[run]\nepochs = 1\nwarmup_steps = 1\neval = \"end\"\n[log]\ndir = \"{}\"\n{extra}", dir.join("runs").display()),
+    )
+    .unwrap();
+    recipe
+}
+
+fn json(path: &Path) -> serde_json::Value {
+    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+}
+
+#[test]
+fn a_run_records_its_startup_and_where_kernels_are_cached() {
+    let dir = tempdir("startup");
+    let recipe = tiny_recipe(&dir, "startup", "");
+    let out = runner_cmd()
+        .arg(&recipe)
+        .env("RUNNER_CACHE_DIR", dir.join("kc"))
+        .output()
+        .unwrap();
+    expect_exit(&out, 0);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("startup: first step done ") && err.contains(" s after start"),
+        "{err}"
+    );
+    let run = only_run(&dir.join("runs/startup"));
+    let s = summary(&run);
+    let startup = s.startup_s.expect("startup_s is written");
+    assert!(startup > 0.0 && startup < 60.0, "{startup}");
+    assert!(s.first_step_ms.is_some_and(|ms| ms > 0.0), "{s:?}");
+    // The CPU compiles nothing: no kernel counts, and the cache is recorded as unused.
+    assert!(s.kernels.is_none());
+    let env = json(&run.join("env.json"));
+    assert_eq!(env["kernels"]["dir"], dir.join("kc").display().to_string());
+    assert_eq!(env["kernels"]["chosen_by"], "$RUNNER_CACHE_DIR");
+    assert_eq!(env["kernels"]["used"], false);
+    assert_eq!(env["kernels"]["autotune"], "balanced");
+
+    // The recipe key wins over the variable, relative to the directory it was given in;
+    // -q silences the start-up line.
+    let out = runner_cmd()
+        .arg(&recipe)
+        .args(["-q", "--set", "backend.cache_dir=\"from-key\""])
+        .args(["--set", "backend.autotune=\"minimal\""])
+        .env("RUNNER_CACHE_DIR", dir.join("kc"))
+        .output()
+        .unwrap();
+    expect_exit(&out, 0);
+    assert!(!String::from_utf8_lossy(&out.stderr).contains("first step done"));
+    let runs: Vec<PathBuf> = std::fs::read_dir(dir.join("runs/startup"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p != &run)
+        .collect();
+    let env = json(&runs[0].join("env.json"));
+    assert_eq!(env["kernels"]["chosen_by"], "backend.cache_dir");
+    assert_eq!(env["kernels"]["autotune"], "minimal");
+    assert_eq!(
+        env["kernels"]["dir"],
+        root().join("from-key").display().to_string()
+    );
+    assert!(
+        std::fs::read_to_string(runs[0].join("recipe.toml"))
+            .unwrap()
+            .contains(&format!(
+                "cache_dir = \"{}\"",
+                root().join("from-key").display()
+            )),
+        "the resolved recipe keeps the cache directory, absolute"
+    );
+    assert!(
+        !root().join("from-key").exists(),
+        "a CPU run creates no cache"
+    );
+}
+
+#[test]
+fn warmup_runs_every_shape_once_and_creates_no_run() {
+    let dir = tempdir("warmup");
+    let recipe = tiny_recipe(&dir, "warm", "[optim]\naccumulation_steps = 2\n");
+    let out = runner_cmd().arg("warmup").arg(&recipe).output().unwrap();
+    expect_exit(&out, 0);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    // 100 samples in batches of 32: 32 and a last 4 (two shapes), each a step of 2
+    // micro-batches; 50 test samples: 32 and 18.
+    assert!(
+        stdout.starts_with("warm: warmed up on flex (cpu)")
+            && stdout.contains("2 training and 2 evaluation batch shape(s), 4 micro-batches"),
+        "{stdout}"
+    );
+    assert!(!dir.join("runs").exists(), "warmup created a run directory");
+
+    // A grid warms up once per distinct set of kernels: the learning rate changes none,
+    // the batch size does.
+    let grid = tiny_recipe(
+        &dir,
+        "grid",
+        "[sweep]\n\"optim.lr\" = [0.1, 0.2]\n\"loader.batch_size\" = [16, 32]\n",
+    );
+    let out = runner_cmd().arg("warmup").arg(&grid).output().unwrap();
+    expect_exit(&out, 0);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(stdout.lines().count(), 2, "{stdout}");
+    assert!(
+        !dir.join("runs").exists(),
+        "warmup of a grid wrote sweep state"
+    );
+
+    // Bad input: exit 2, as for a run.
+    let out = runner_cmd()
+        .args(["warmup", "tests/fixtures/invalid/unknown_key.toml"])
+        .output()
+        .unwrap();
+    expect_exit(&out, 2);
+}

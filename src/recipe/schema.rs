@@ -45,6 +45,19 @@ pub struct BackendSection {
     pub device: usize,
     /// Threads for the CPU backend's kernels (rayon). Default 0 = one per core.
     pub threads: usize,
+    /// CUDA: how hard CubeCL's autotuner searches for the fastest matmul and convolution
+    /// kernel of each new shape: `minimal`, `balanced`, `extensive` or `full`. Results are
+    /// cached (see `cache_dir`), so only the first run of a shape on a machine pays.
+    /// Default `balanced` (CubeCL's own default). Ignored by the CPU backend.
+    pub autotune: AutotuneLevel,
+    /// CUDA: Burn's kernel fusion (element-wise chains compiled into one kernel). Default
+    /// true. Ignored by the CPU backend.
+    pub fusion: bool,
+    /// Where compiled kernels and autotune results are kept between runs (relative to
+    /// this file). Default: `$RUNNER_CACHE_DIR`, else `$XDG_CACHE_HOME/runner`, else
+    /// `~/.cache/runner`. Safe to share between concurrent runs (a Slurm array).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cache_dir: Option<String>,
 }
 
 impl Default for BackendSection {
@@ -53,6 +66,30 @@ impl Default for BackendSection {
             kind: BackendKind::Auto,
             device: 0,
             threads: 0,
+            autotune: AutotuneLevel::Balanced,
+            fusion: true,
+            cache_dir: None,
+        }
+    }
+}
+
+/// CubeCL's autotune levels, least to most effort.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum AutotuneLevel {
+    Minimal,
+    Balanced,
+    Extensive,
+    Full,
+}
+
+impl AutotuneLevel {
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Minimal => "minimal",
+            Self::Balanced => "balanced",
+            Self::Extensive => "extensive",
+            Self::Full => "full",
         }
     }
 }

@@ -1,0 +1,356 @@
+//! CUDA kernels between runs: where compiled kernels and autotune results are cached, how
+//! hard the autotuner searches, and counters of what CubeCL compiled and tuned (read from
+//! its `log` records, which is all CubeCL 0.10 exposes). Owns CubeCL's process-wide
+//! configuration; it does not run kernels (`train` does) and knows nothing of recipes
+//! beyond the `[backend]` keys in `KernelPlan`.
+//!
+//! Why it exists: on a cold machine CubeCL compiles every kernel through NVRTC and
+//! benchmarks several matmul/convolution variants per new shape, one at a time, before
+//! the first step. CubeCL can keep both on disk but keeps compiled kernels only when
+//! asked, and puts autotune results under the nearest `target/` directory. The runner
+//! asks for both, in one per-user directory, so a second run starts in seconds.
+
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::OnceLock;
+
+use serde::Serialize;
+
+use crate::plan::KernelPlan;
+use crate::recipe::AutotuneLevel;
+
+/// The environment variable that moves the cache (below the recipe key, above the default).
+pub const CACHE_ENV: &str = "RUNNER_CACHE_DIR";
+
+/// The cache directory and what chose it.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct CacheDir {
+    pub dir: PathBuf,
+    /// `backend.cache_dir`, `$RUNNER_CACHE_DIR`, `$XDG_CACHE_HOME`, `$HOME` or `working directory`.
+    pub chosen_by: String,
+}
+
+/// Where kernels are cached: `backend.cache_dir` (already absolute), else
+/// `$RUNNER_CACHE_DIR`, else `$XDG_CACHE_HOME/runner`, else `$HOME/.cache/runner`, else
+/// `.runner-cache` in the working directory. `env` is `std::env::var_os` outside tests.
+pub fn cache_dir(key: Option<&Path>, env: impl Fn(&str) -> Option<OsString>) -> CacheDir {
+    let set = |name: &str| env(name).filter(|v| !v.is_empty()).map(PathBuf::from);
+    let (dir, chosen_by) = if let Some(k) = key {
+        (k.to_path_buf(), "backend.cache_dir".to_string())
+    } else if let Some(d) = set(CACHE_ENV) {
+        (d, format!("${CACHE_ENV}"))
+    } else if let Some(d) = set("XDG_CACHE_HOME") {
+        (d.join("runner"), "$XDG_CACHE_HOME".into())
+    } else if let Some(d) = set("HOME") {
+        (d.join(".cache").join("runner"), "$HOME".into())
+    } else {
+        (PathBuf::from(".runner-cache"), "working directory".into())
+    };
+    let dir = std::path::absolute(&dir).unwrap_or(dir);
+    CacheDir { dir, chosen_by }
+}
+
+/// What CubeCL was configured with in this process (it can be configured once).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct KernelSettings {
+    #[serde(flatten)]
+    pub cache: CacheDir,
+    pub autotune: String,
+    pub fusion: bool,
+    /// False on the CPU backend, which compiles nothing at run time.
+    pub used: bool,
+    /// Anything that kept the recipe's settings from applying.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub notes: Vec<String>,
+}
+
+static APPLIED: OnceLock<KernelSettings> = OnceLock::new();
+
+/// Configures CubeCL for a CUDA run (once per process: CubeCL reads its configuration
+/// when the first device starts and never again). A later call with other settings gets
+/// the first ones back, with a note saying so. `cubecl.toml` and `CUBECL_DEBUG_LOG` still
+/// apply; the cache locations and the autotune level are the recipe's.
+pub fn configure_cuda(plan: &KernelPlan) -> Result<KernelSettings, String> {
+    let wanted = KernelSettings {
+        cache: cache_dir(plan.cache_dir.as_deref(), |k| std::env::var_os(k)),
+        autotune: plan.autotune.name().into(),
+        fusion: plan.fusion,
+        used: true,
+        notes: vec![],
+    };
+    if let Some(first) = APPLIED.get() {
+        let mut s = first.clone();
+        s.fusion = plan.fusion;
+        if (&s.cache, &s.autotune) != (&wanted.cache, &wanted.autotune) {
+            s.notes.push(format!(
+                "CubeCL was already configured in this process (cache {}, autotune {}); run cells that differ in backend.cache_dir or backend.autotune as separate processes (--cell N)",
+                s.cache.dir.display(),
+                s.autotune
+            ));
+        }
+        return Ok(s);
+    }
+    std::fs::create_dir_all(&wanted.cache.dir).map_err(|e| {
+        format!(
+            "cannot create the kernel cache {} (chosen by {}): {e}",
+            wanted.cache.dir.display(),
+            wanted.cache.chosen_by
+        )
+    })?;
+    let mut settings = wanted;
+    if let Ok(env) = std::env::var("CUBECL_AUTOTUNE_LEVEL") {
+        settings.notes.push(format!(
+            "CUBECL_AUTOTUNE_LEVEL={env} is ignored: the recipe's backend.autotune = \"{}\" applies (--set backend.autotune=... to change it)",
+            settings.autotune
+        ));
+    }
+    apply_cubecl(&settings.cache.dir, plan.autotune)?;
+    Ok(APPLIED.get_or_init(|| settings).clone())
+}
+
+/// The settings a CPU run records: nothing is compiled, the directory is where a CUDA run
+/// of the same recipe would cache.
+pub fn cpu_settings(plan: &KernelPlan) -> KernelSettings {
+    KernelSettings {
+        cache: cache_dir(plan.cache_dir.as_deref(), |k| std::env::var_os(k)),
+        autotune: plan.autotune.name().into(),
+        fusion: plan.fusion,
+        used: false,
+        notes: vec![],
+    }
+}
+
+#[cfg(feature = "cuda")]
+fn apply_cubecl(dir: &Path, level: AutotuneLevel) -> Result<(), String> {
+    use cubecl::config::autotune::AutotuneLevel as Level;
+    use cubecl::config::cache::CacheConfig;
+    use cubecl::config::{CubeClRuntimeConfig, RuntimeConfig};
+    // CubeCL panics on a malformed cubecl.toml; turn that into an error naming the file.
+    let base = std::panic::catch_unwind(|| {
+        CubeClRuntimeConfig::from_current_dir().override_from_env()
+    })
+    .map_err(|p| {
+        format!(
+            "CubeCL's configuration (cubecl.toml, or [cubecl] in burn.toml, in this directory or above) cannot be read: {}",
+            crate::run::panic_message(p.as_ref())
+        )
+    })?;
+    let mut config = base;
+    // Both caches in one directory: `<dir>/cuda/<cubecl version>/ptx.json.log` and
+    // `<dir>/autotune/<cubecl version>/<device>/...`. CubeCL's cache files take a lock file
+    // for each write, so concurrent processes (a Slurm array) can share them.
+    config.compilation.cache = Some(CacheConfig::File(dir.to_path_buf()));
+    config.autotune.cache = CacheConfig::File(dir.to_path_buf());
+    config.autotune.level = match level {
+        AutotuneLevel::Minimal => Level::Minimal,
+        AutotuneLevel::Balanced => Level::Balanced,
+        AutotuneLevel::Extensive => Level::Extensive,
+        AutotuneLevel::Full => Level::Full,
+    };
+    std::panic::catch_unwind(move || CubeClRuntimeConfig::set(config)).map_err(|_| {
+        "CubeCL was configured before the runner could set its caches (a CUDA device was used earlier in this process)".to_string()
+    })
+}
+
+#[cfg(not(feature = "cuda"))]
+fn apply_cubecl(_: &Path, _: AutotuneLevel) -> Result<(), String> {
+    Err("this binary was built without the `cuda` feature".into())
+}
+
+/// What CubeCL compiled and tuned so far in this process.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, serde::Deserialize)]
+pub struct KernelCounts {
+    /// Kernels compiled by NVRTC (cache misses).
+    pub compiled: u64,
+    /// Kernels loaded from the compiled-kernel cache (hits).
+    pub from_cache: u64,
+    /// Shapes the autotuner benchmarked (misses of the autotune cache).
+    pub tuned: u64,
+    /// Autotune results loaded from the cache file.
+    pub tune_results_loaded: u64,
+}
+
+impl KernelCounts {
+    pub fn since(self, before: KernelCounts) -> KernelCounts {
+        KernelCounts {
+            compiled: self.compiled - before.compiled,
+            from_cache: self.from_cache - before.from_cache,
+            tuned: self.tuned - before.tuned,
+            tune_results_loaded: self.tune_results_loaded - before.tune_results_loaded,
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        *self == KernelCounts::default()
+    }
+
+    /// `12 kernels compiled, 30 from the cache, 4 shapes tuned`.
+    pub fn describe(&self) -> String {
+        format!(
+            "{} kernels compiled, {} from the cache, {} shapes tuned",
+            self.compiled, self.from_cache, self.tuned
+        )
+    }
+}
+
+static COMPILED: AtomicU64 = AtomicU64::new(0);
+static FROM_CACHE: AtomicU64 = AtomicU64::new(0);
+static TUNED: AtomicU64 = AtomicU64::new(0);
+static TUNE_LOADED: AtomicU64 = AtomicU64::new(0);
+
+pub fn counts() -> KernelCounts {
+    KernelCounts {
+        compiled: COMPILED.load(Ordering::Relaxed),
+        from_cache: FROM_CACHE.load(Ordering::Relaxed),
+        tuned: TUNED.load(Ordering::Relaxed),
+        tune_results_loaded: TUNE_LOADED.load(Ordering::Relaxed),
+    }
+}
+
+/// Counts CubeCL's compile and tune events from its `log` records (trace level, target
+/// `cubecl_*`); CubeCL's and Burn's errors go to stderr. Records of other crates are
+/// dropped unformatted, so the cost outside CubeCL is one call per record.
+struct Observer;
+
+impl log::Log for Observer {
+    fn enabled(&self, m: &log::Metadata) -> bool {
+        m.target().starts_with("cubecl") || m.level() <= log::Level::Error
+    }
+
+    fn log(&self, r: &log::Record) {
+        if !r.target().starts_with("cubecl") {
+            if r.level() <= log::Level::Error && r.target().starts_with("burn") {
+                eprintln!("{}: {}", r.target(), r.args());
+            }
+            return;
+        }
+        observe(r.level(), &r.args().to_string());
+    }
+
+    fn flush(&self) {}
+}
+
+/// One CubeCL log message → the counters (the messages of cubecl-cuda and
+/// cubecl-runtime 0.10; a test pins them).
+fn observe(level: log::Level, msg: &str) {
+    match msg {
+        "Compiling kernel" => {
+            COMPILED.fetch_add(1, Ordering::Relaxed);
+        }
+        "Using PTX cache" => {
+            FROM_CACHE.fetch_add(1, Ordering::Relaxed);
+        }
+        m if m.starts_with("Tuning ") => {
+            TUNED.fetch_add(1, Ordering::Relaxed);
+        }
+        m if m.starts_with("Loaded ") && m.ends_with(" autotune cached entries") => {
+            let n = m
+                .trim_start_matches("Loaded ")
+                .split(' ')
+                .next()
+                .and_then(|n| n.parse::<u64>().ok())
+                .unwrap_or(0);
+            TUNE_LOADED.fetch_add(n, Ordering::Relaxed);
+        }
+        m if level <= log::Level::Error => eprintln!("cubecl: {m}"),
+        _ => {}
+    }
+}
+
+/// Installs the observer (once per process; later calls and other loggers are left alone).
+pub fn observe_cubecl() {
+    static OBSERVER: Observer = Observer;
+    if log::set_logger(&OBSERVER).is_ok() {
+        log::set_max_level(log::LevelFilter::Trace);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env<'a>(vars: &'a [(&'a str, &'a str)]) -> impl Fn(&str) -> Option<OsString> + 'a {
+        move |k| {
+            vars.iter()
+                .find(|(n, _)| *n == k)
+                .map(|(_, v)| OsString::from(v))
+        }
+    }
+
+    #[test]
+    fn cache_dir_precedence_key_then_env_then_xdg_then_home() {
+        let all = [
+            ("RUNNER_CACHE_DIR", "/scratch/kernels"),
+            ("XDG_CACHE_HOME", "/xdg"),
+            ("HOME", "/home/u"),
+        ];
+        let d = cache_dir(Some(Path::new("/from/recipe")), env(&all));
+        assert_eq!(d.dir, PathBuf::from("/from/recipe"));
+        assert_eq!(d.chosen_by, "backend.cache_dir");
+        let d = cache_dir(None, env(&all));
+        assert_eq!(
+            (d.dir, d.chosen_by.as_str()),
+            (PathBuf::from("/scratch/kernels"), "$RUNNER_CACHE_DIR")
+        );
+        let d = cache_dir(None, env(&all[1..]));
+        assert_eq!(d.dir, PathBuf::from("/xdg/runner"));
+        let d = cache_dir(None, env(&all[2..]));
+        assert_eq!(d.dir, PathBuf::from("/home/u/.cache/runner"));
+        // An empty variable counts as unset, as XDG says.
+        let d = cache_dir(None, env(&[("RUNNER_CACHE_DIR", ""), ("HOME", "/h")]));
+        assert_eq!(d.dir, PathBuf::from("/h/.cache/runner"));
+        let d = cache_dir(None, env(&[]));
+        assert!(d.dir.is_absolute() && d.dir.ends_with(".runner-cache"));
+    }
+
+    #[test]
+    fn observer_counts_cubecl_messages() {
+        let before = counts();
+        observe(log::Level::Trace, "Compiling kernel");
+        observe(log::Level::Trace, "Compiling kernel");
+        observe(log::Level::Trace, "Using PTX cache");
+        observe(log::Level::Info, "Tuning MatmulAutotuneKey { m: 64 }");
+        observe(log::Level::Info, "Loaded 17 autotune cached entries");
+        observe(log::Level::Info, "Load autotune cache ...");
+        let d = counts().since(before);
+        // Other tests may count concurrently; these are lower bounds that cannot all hold
+        // by accident (nothing else in the suite logs through CubeCL).
+        assert!(
+            d.compiled >= 2 && d.from_cache >= 1 && d.tuned >= 1,
+            "{d:?}"
+        );
+        assert!(d.tune_results_loaded >= 17, "{d:?}");
+    }
+
+    /// The messages counted are CubeCL 0.10's own: if an upgrade changes them, this fails
+    /// instead of the counters silently staying at zero.
+    #[test]
+    fn counted_messages_exist_in_the_pinned_cubecl() {
+        let registry = std::env::var_os("CARGO_HOME")
+            .map(PathBuf::from)
+            .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cargo")))
+            .map(|h| h.join("registry").join("src"));
+        let Some(src) = registry.filter(|p| p.is_dir()) else {
+            return;
+        };
+        let find = |krate: &str, file: &str| -> Option<String> {
+            std::fs::read_dir(&src)
+                .ok()?
+                .flatten()
+                .map(|d| d.path().join(krate).join(file))
+                .find(|p| p.is_file())
+                .and_then(|p| std::fs::read_to_string(p).ok())
+        };
+        if let Some(ctx) = find("cubecl-cuda-0.10.0", "src/compute/context.rs") {
+            assert!(ctx.contains("log::trace!(\"Compiling kernel\")"));
+            assert!(ctx.contains("log::trace!(\"Using PTX cache\")"));
+        }
+        if let Some(tuner) = find("cubecl-runtime-0.10.0", "src/tune/tuner.rs") {
+            assert!(tuner.contains("log::info!(\"Tuning {key}\")"));
+        }
+        if let Some(cache) = find("cubecl-runtime-0.10.0", "src/tune/tune_cache.rs") {
+            assert!(cache.contains("log::info!(\"Loaded {loaded} autotune cached entries\")"));
+        }
+    }
+}
