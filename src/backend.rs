@@ -33,14 +33,24 @@ pub fn dispatch<J: Job>(device: Device, fusion: bool, job: J) -> Result<J::Outpu
 /// What this binary can run on, found without touching Burn: cudarc panics when libcuda
 /// cannot be loaded, so the driver is asked directly first.
 pub fn probe() -> Machine {
+    let gpus = cuda_gpus();
     Machine {
         cuda_compiled: cfg!(feature = "cuda"),
-        cuda_devices: cuda_devices().map(|d| d.len()),
+        cuda_devices: gpus.as_ref().map(|d| d.len()).map_err(Clone::clone),
+        host_memory: crate::preflight::host_memory(),
+        gpu_memory: gpus
+            .map(|d| d.iter().map(|(_, m)| *m).collect())
+            .unwrap_or_default(),
     }
 }
 
 /// Names of the CUDA devices the driver reports.
 pub fn cuda_devices() -> Result<Vec<String>, String> {
+    cuda_gpus().map(|d| d.into_iter().map(|(name, _)| name).collect())
+}
+
+/// The CUDA devices the driver reports: name and total memory in bytes.
+fn cuda_gpus() -> Result<Vec<(String, u64)>, String> {
     #[cfg(feature = "cuda")]
     {
         cuda_probe::devices()
@@ -136,8 +146,10 @@ mod cuda_probe {
     type CuDeviceGetCount = unsafe extern "C" fn(*mut c_int) -> c_int;
     type CuDeviceGet = unsafe extern "C" fn(*mut c_int, c_int) -> c_int;
     type CuDeviceGetName = unsafe extern "C" fn(*mut c_char, c_int, c_int) -> c_int;
+    type CuDeviceTotalMem = unsafe extern "C" fn(*mut usize, c_int) -> c_int;
 
-    pub fn devices() -> Result<Vec<String>, String> {
+    /// Name and total memory (0 where the driver does not say) of each device.
+    pub fn devices() -> Result<Vec<(String, u64)>, String> {
         // SAFETY: loading the system's libcuda runs its initialisers, as any CUDA program
         // does; the symbols are looked up with their documented driver-API signatures.
         unsafe {
@@ -153,6 +165,9 @@ mod cuda_probe {
             let count: CuDeviceGetCount = std::mem::transmute(sym(b"cuDeviceGetCount\0")?);
             let get: CuDeviceGet = std::mem::transmute(sym(b"cuDeviceGet\0")?);
             let name: CuDeviceGetName = std::mem::transmute(sym(b"cuDeviceGetName\0")?);
+            let total: Option<CuDeviceTotalMem> = sym(b"cuDeviceTotalMem_v2\0")
+                .ok()
+                .map(|s| std::mem::transmute::<*const (), CuDeviceTotalMem>(s));
             let rc = init(0);
             if rc != 0 {
                 return Err(format!(
@@ -167,12 +182,19 @@ mod cuda_probe {
             for i in 0..n {
                 let mut dev: c_int = 0;
                 let mut buf = [0 as c_char; 256];
-                let label = if get(&mut dev, i) == 0 && name(buf.as_mut_ptr(), 256, dev) == 0 {
+                let found = get(&mut dev, i) == 0;
+                let label = if found && name(buf.as_mut_ptr(), 256, dev) == 0 {
                     CStr::from_ptr(buf.as_ptr()).to_string_lossy().into_owned()
                 } else {
                     format!("CUDA device {i}")
                 };
-                names.push(label);
+                let mut bytes: usize = 0;
+                if let (true, Some(total)) = (found, total) {
+                    if total(&mut bytes, dev) != 0 {
+                        bytes = 0;
+                    }
+                }
+                names.push((label, bytes as u64));
             }
             // The library stays loaded: Burn's CUDA runtime uses the same driver.
             std::mem::forget(lib);

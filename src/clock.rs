@@ -1,5 +1,6 @@
-//! Time helpers with no dependencies: UTC timestamps for run ids and records, and the
-//! process's start, from which a run's start-up time is counted.
+//! Facts about this process with no dependencies: UTC timestamps for run ids and records,
+//! the process's start (from which a run's start-up time is counted), and the host name
+//! records carry.
 
 use std::sync::OnceLock;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
@@ -15,6 +16,14 @@ pub fn mark_process_start() {
 /// the first call of this).
 pub fn process_start() -> Instant {
     *PROCESS_START.get_or_init(Instant::now)
+}
+
+/// This machine's name, for records that say where a process ran.
+pub fn hostname() -> Option<String> {
+    std::fs::read_to_string("/etc/hostname")
+        .ok()
+        .map(|s| s.trim().to_string())
+        .filter(|s| !s.is_empty())
 }
 
 /// UTC time as `YYYY-MM-DDTHH:MM:SSZ`.

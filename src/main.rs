@@ -7,11 +7,11 @@ use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand};
 
-use runner::plan::{self, Machine, Plan};
-use runner::recipe::{self, Report};
+use runner::plan::{Machine, Plan};
+use runner::recipe;
 use runner::report;
 use runner::run::{self, RunError, RunOptions};
-use runner::sweep::{self, Cell, Selection, SweepDir};
+use runner::sweep::{self, CellEnd, Checked, Selection, State, SweepDir};
 
 #[derive(Parser)]
 #[command(
@@ -151,45 +151,19 @@ fn main() -> ExitCode {
     }
 }
 
-/// A recipe with its cells, each validated into a plan.
-struct Checked {
-    path: PathBuf,
-    grid: bool,
-    base: String,
-    cells: Vec<Cell>,
-    plans: Vec<Plan>,
-}
-
 /// Loads, expands and validates every recipe, printing every finding; `None` on any error.
 fn check_all(args: &CheckArgs, machine: &Machine) -> Option<Vec<Checked>> {
+    if args.max_cells == 0 {
+        eprintln!(
+            "error: --max-cells 0 allows no cell\n  = help: use at least 1 (the default is {})",
+            sweep::DEFAULT_MAX_CELLS
+        );
+        return None;
+    }
     let mut out = vec![];
     let mut ok = true;
     for path in &args.recipes {
-        let result = recipe::load_with(path, &args.sets).and_then(|loaded| {
-            let cells = sweep::cells(&loaded, args.max_cells)?;
-            let mut report = Report::default();
-            let mut plans = vec![];
-            for c in &cells {
-                match plan::validate(&c.loaded, machine) {
-                    Ok(p) => plans.push(p),
-                    Err(r) => report.0.extend(r.0),
-                }
-            }
-            if report.has_errors() {
-                return Err(sweep::dedup(report));
-            }
-            let base = loaded.recipe.name.clone().unwrap_or_else(|| {
-                path.file_stem()
-                    .map_or("recipe".into(), |s| s.to_string_lossy().into_owned())
-            });
-            Ok(Checked {
-                path: path.clone(),
-                grid: loaded.sweep.is_some(),
-                base,
-                cells,
-                plans,
-            })
-        });
+        let result = sweep::check(path, &args.sets, machine, args.max_cells);
         match result {
             Ok(c) => {
                 let mut warned = vec![];
@@ -216,6 +190,8 @@ fn any_machine() -> Machine {
     Machine {
         cuda_compiled: true,
         cuda_devices: Ok(usize::MAX),
+        host_memory: None,
+        gpu_memory: vec![],
     }
 }
 
@@ -322,6 +298,7 @@ fn run_all(args: &RunArgs) -> ExitCode {
         }
     }
     let opts = RunOptions { quiet: args.quiet };
+    runner::signals::install();
     let mut code = ExitCode::SUCCESS;
     for c in &all {
         let outcome = if c.grid {
@@ -339,11 +316,13 @@ fn run_all(args: &RunArgs) -> ExitCode {
         };
         match outcome {
             Ok(()) => {}
-            Err(RunError::Input(msg)) => {
-                eprintln!("{msg}");
-                return ExitCode::from(2);
-            }
+            // Already said where it happened (run_one, run_grid).
             Err(RunError::Failed { .. }) => code = ExitCode::from(1),
+            Err(e @ RunError::Interrupted { .. }) => return ExitCode::from(e.exit_code()),
+            Err(e @ (RunError::Input(_) | RunError::Io(_))) => {
+                eprintln!("{e}");
+                return ExitCode::from(e.exit_code());
+            }
         }
     }
     code
@@ -409,13 +388,13 @@ fn warmup(args: &CheckArgs, quiet: bool) -> ExitCode {
                     w.warmed.micro_batches,
                 );
             }
-            Err(RunError::Input(msg)) => {
-                eprintln!("{msg}");
-                return ExitCode::from(2);
-            }
             Err(RunError::Failed { message, .. }) => {
                 eprintln!("error: the warm-up of {} failed: {message}", p.name);
                 code = ExitCode::from(1);
+            }
+            Err(e) => {
+                eprintln!("{e}");
+                return ExitCode::from(e.exit_code());
             }
         }
     }
@@ -456,6 +435,15 @@ fn run_one(p: &Plan, opts: &RunOptions) -> Result<PathBuf, RunError> {
             );
             Err(RunError::Failed { dir, message })
         }
+        Err(RunError::Interrupted { dir, signal }) => {
+            eprintln!(
+                "{}: interrupted by {}; what was recorded is in {} (status \"interrupted\")",
+                p.name,
+                runner::signals::name(signal),
+                dir.display()
+            );
+            Err(RunError::Interrupted { dir, signal })
+        }
         Err(e) => Err(e),
     }
 }
@@ -474,23 +462,46 @@ fn run_grid(c: &Checked, sel: Selection, opts: &RunOptions) -> Result<(), RunErr
         c.cells.len(),
         dir.dir.display()
     );
-    let mut stop = None;
+    let mut stop: Option<RunError> = None;
     let outcome = sweep::execute(&dir, &c.cells, sel, |cell| {
-        if stop.is_some() {
-            return Err((None, "not run: an earlier cell's input was bad".into()));
-        }
+        let end = |dir, message, state, stop_sweep| CellEnd {
+            dir,
+            message,
+            state,
+            stop_sweep,
+        };
         match run_one(&c.plans[cell.index], opts) {
             Ok(d) => Ok(d),
-            Err(RunError::Failed { dir, message }) => Err((Some(dir), message)),
-            Err(RunError::Input(msg)) => {
-                stop = Some(msg.clone());
-                Err((None, msg))
+            Err(RunError::Failed { dir, message }) => {
+                Err(end(Some(dir), message, State::Failed, false))
+            }
+            Err(RunError::Interrupted { dir, signal }) => {
+                let message = format!("interrupted by {}", runner::signals::name(signal));
+                stop = Some(RunError::Interrupted {
+                    dir: dir.clone(),
+                    signal,
+                });
+                Err(end(Some(dir), message, State::Interrupted, true))
+            }
+            // Input every cell shares (a data file) is bad: the rest would fail the same.
+            Err(e @ (RunError::Input(_) | RunError::Io(_))) => {
+                let msg = e.to_string();
+                stop = Some(e);
+                Err(end(None, msg, State::Failed, true))
             }
         }
     })
-    .map_err(|e| RunError::Input(format!("error: {}: {e}", dir.dir.display())))?;
-    if let Some(msg) = stop {
-        return Err(RunError::Input(msg));
+    .map_err(|e| {
+        RunError::Io(format!(
+            "error: cannot write the sweep state in {}: {e}",
+            dir.dir.display()
+        ))
+    })?;
+    if let Some(e) = stop {
+        return Err(e);
+    }
+    for (i, owner) in &outcome.busy {
+        eprintln!("cell {i}: left to {owner}, which holds its lock");
     }
     if !outcome.skipped.is_empty() {
         eprintln!(
@@ -537,6 +548,19 @@ fn slurm(args: &SweepArgs) -> ExitCode {
     };
     let exe = std::env::current_exe().unwrap_or_else(|_| PathBuf::from("runner"));
     let workdir = std::env::current_dir().unwrap_or_else(|_| PathBuf::from("."));
+    // Refused before anything is written.
+    if args.shards == Some(0) {
+        eprintln!("error: --shards must be at least 1");
+        return ExitCode::from(2);
+    }
+    if let Some(c) = all.iter().find(|c| !c.grid) {
+        eprintln!(
+            "error: {}: has no [sweep] table, so there is no grid to split into array tasks\n  = help: run it with `runner {}` (in an sbatch script of your own), or add a [sweep] table",
+            c.path.display(),
+            c.path.display()
+        );
+        return ExitCode::from(2);
+    }
     for c in &all {
         let root = &c.plans[0].log.dir;
         let dir = match SweepDir::open(root, &c.base, &c.path, &c.cells) {
@@ -565,11 +589,7 @@ fn slurm(args: &SweepArgs) -> ExitCode {
                 command.extend(["--shard".into(), format!("$((SLURM_ARRAY_TASK_ID+1))/{k}")]);
                 k
             }
-            Some(_) => {
-                eprintln!("error: --shards must be at least 1");
-                return ExitCode::from(2);
-            }
-            None => {
+            _ => {
                 command.extend(["--cell".into(), "$SLURM_ARRAY_TASK_ID".into()]);
                 c.cells.len()
             }
@@ -695,6 +715,21 @@ fn report_cmd(
             .iter()
             .map(|d| report::load_run(d))
             .collect::<Result<Vec<_>, _>>()?;
+        // Only completed runs are averaged; the others are listed with what became of them.
+        let (runs, excluded) = report::split_completed(runs);
+        if !excluded.is_empty() {
+            eprintln!(
+                "not in the table ({} run(s) did not complete):",
+                excluded.len()
+            );
+            for x in &excluded {
+                eprintln!("  {}: {}", x.dir.display(), x.why);
+            }
+        }
+        if runs.is_empty() {
+            eprintln!("error: no completed run to compare");
+            return Ok(false);
+        }
         let rows = report::rows(&runs, baseline)?;
         print!("{}", report::render(&rows, format));
         if let Some(p) = plot {
@@ -702,10 +737,12 @@ fn report_cmd(
                 .map_err(|e| report::ReportError(format!("error: cannot draw the plot: {e}")))?;
             eprintln!("plot: {}", p.display());
         }
-        Ok::<_, report::ReportError>(())
+        Ok::<_, report::ReportError>(true)
     })();
     match result {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(true) => ExitCode::SUCCESS,
+        // Nothing to compare is not bad input: the runs failed.
+        Ok(false) => ExitCode::from(1),
         Err(e) => {
             eprintln!("{e}");
             ExitCode::from(2)

@@ -9,6 +9,11 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
+/// JSON has no NaN: serde_json writes non-finite floats as `null`; read them back as NaN.
+fn nan_from_null<'de, D: serde::Deserializer<'de>>(d: D) -> Result<f64, D::Error> {
+    Ok(Option::<f64>::deserialize(d)?.unwrap_or(f64::NAN))
+}
+
 /// One optimizer step. Times are host wall-clock milliseconds; in a `synced` step each
 /// phase ends with a device sync, so its time is the device's too.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -19,7 +24,9 @@ pub struct StepRecord {
     pub epoch: usize,
     /// When the step ended, milliseconds since the run started.
     pub t_ms: f64,
-    /// Mean training loss over the step's micro-batches.
+    /// Mean training loss over the step's micro-batches; `null` when it was not a number
+    /// (a diverged step).
+    #[serde(deserialize_with = "nan_from_null")]
     pub loss: f64,
     /// Learning rate used for this step.
     pub lr: f64,
@@ -206,8 +213,15 @@ impl Phases {
 pub struct Summary {
     pub name: String,
     pub run_id: String,
-    /// `completed`, `failed` (see `error`) or `running` while the run is under way.
+    /// `completed`, `failed` (see `error`), `interrupted` (SIGINT/SIGTERM; see `error`) or
+    /// `running` while the run is under way (or if its process was killed outright: `pid`
+    /// and `host` say which process to look for).
     pub status: String,
+    pub pid: Option<u32>,
+    pub host: Option<String>,
+    /// With `run.stop_on_divergence = false`: the first step whose loss diverged.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub diverged_at_step: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
     pub backend: String,
@@ -342,6 +356,8 @@ impl Summary {
 pub struct JsonLines {
     file: File,
     path: PathBuf,
+    /// Bytes of whole lines written: a failed write is cut back to this.
+    len: u64,
 }
 
 impl JsonLines {
@@ -349,14 +365,31 @@ impl JsonLines {
         Ok(Self {
             file: File::create(path)?,
             path: path.to_path_buf(),
+            len: 0,
         })
     }
 
+    /// Appends one record as a line, flushed. A write that fails (a full disk) is undone,
+    /// so the file never holds half a line, and later lines cannot follow a cut one.
     pub fn write<T: Serialize>(&mut self, record: &T) -> std::io::Result<()> {
+        use std::io::{Seek, SeekFrom};
         let mut line = serde_json::to_string(record).map_err(std::io::Error::other)?;
         line.push('\n');
-        self.file.write_all(line.as_bytes())?;
-        self.file.flush()
+        match self
+            .file
+            .write_all(line.as_bytes())
+            .and_then(|_| self.file.flush())
+        {
+            Ok(()) => {
+                self.len += line.len() as u64;
+                Ok(())
+            }
+            Err(e) => {
+                let _ = self.file.set_len(self.len);
+                let _ = self.file.seek(SeekFrom::Start(self.len));
+                Err(e)
+            }
+        }
     }
 
     pub fn path(&self) -> &Path {

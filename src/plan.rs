@@ -13,6 +13,11 @@ use crate::recipe::{
     NormalizeOn, Optimizer, Recipe, Report, Schedule, Stem,
 };
 
+/// Most CPU threads a recipe may ask for (rayon cannot start many more).
+pub const MAX_THREADS: usize = 1024;
+/// Longest padded row a text recipe may ask for.
+pub const MAX_TOKENS: usize = 65_536;
+
 /// What the machine offers, found before validation (see `backend::probe`).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Machine {
@@ -20,11 +25,18 @@ pub struct Machine {
     pub cuda_compiled: bool,
     /// CUDA devices found, or why none could be looked for.
     pub cuda_devices: Result<usize, String>,
+    /// Total host memory, bytes; `None`: not checked (`runner validate` checks recipes
+    /// against the format, not a machine).
+    pub host_memory: Option<u64>,
+    /// Total memory of each CUDA device, bytes, where known.
+    pub gpu_memory: Vec<u64>,
 }
 
 impl Machine {
     pub fn cpu_only() -> Self {
         Self {
+            host_memory: None,
+            gpu_memory: vec![],
             cuda_compiled: false,
             cuda_devices: Err("this binary was built without the `cuda` feature".into()),
         }
@@ -179,6 +191,9 @@ pub struct RunPlan {
     pub micro_batches_per_epoch: u64,
     pub warmup_steps: u64,
     pub eval: Eval,
+    /// Losses above this, or not finite, are a divergence.
+    pub max_loss: f64,
+    pub stop_on_divergence: bool,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -263,15 +278,34 @@ impl<'a> Validator<'a> {
         });
         // Sweep cells are named `base/key=value,...`: one directory level per '/'.
         let bad_part = |p: &str| p.is_empty() || p == "." || p == ".." || p.starts_with('.');
-        if name.contains(['\\', '\0']) || name.split('/').any(bad_part) {
+        if name.contains(['\\', '\0'])
+            || name.chars().any(char::is_control)
+            || name.split('/').any(bad_part)
+        {
             self.err(
                 "name",
                 format!("{name:?} cannot name a run directory"),
                 "use letters, digits, '-', '_', '=', ',' and '.', with '/' only between parts",
             );
+        } else if name.split('/').any(|p| p.len() > 200) {
+            self.err(
+                "name",
+                format!(
+                    "a part of the name is {} bytes long; directory names must fit in 255",
+                    name.split('/').map(str::len).max().unwrap_or(0)
+                ),
+                "use a shorter name",
+            );
         }
         let (device, device_reason) = self.device(machine);
         let threads = r.backend.threads;
+        if threads > MAX_THREADS {
+            self.err(
+                "backend.threads",
+                format!("{threads} threads, over the cap of {MAX_THREADS}"),
+                "use 0 for one per core",
+            );
+        }
         let kernels = self.kernels();
         let data = self.data();
         let model = self.model(data.as_ref());
@@ -282,6 +316,12 @@ impl<'a> Validator<'a> {
         let run = self.run_section(data.as_ref(), &loader, optim.as_ref());
         let profile = self.profile(run.as_ref());
         let (data, model, optim, run, log) = (data?, model?, optim?, run?, log?);
+        // Only a plan that passed every other check is sized: a bad key's value would
+        // make a meaningless (and doubled) finding.
+        if !self.report.has_errors() {
+            self.preflight(&model, &data, &loader, &optim, machine, device);
+        }
+        self.slurm();
 
         let mut resolved = r.clone();
         resolved.name = Some(name.clone());
@@ -471,21 +511,134 @@ impl<'a> Validator<'a> {
                 &std::path::absolute(&p).unwrap_or(p),
             ))
         });
-        if b.kind == BackendKind::Cpu {
-            for key in ["backend.autotune", "backend.fusion", "backend.cache_dir"] {
-                if self.l.is_set(key) {
-                    self.warn(
-                        key,
-                        "applies to the CUDA backend only; this recipe runs on the CPU",
-                        "remove it, or set backend.kind = \"auto\" or \"cuda\"",
-                    );
-                }
-            }
-        }
         KernelPlan {
             autotune: b.autotune,
             fusion: b.fusion,
             cache_dir,
+        }
+    }
+
+    /// Refuses a plan whose memory floor (`preflight`) exceeds the machine's memory (the
+    /// GPU's on CUDA, the host's on the CPU), or `preflight::ABSOLUTE_CAP` anywhere. Blames
+    /// the key behind the largest part.
+    fn preflight(
+        &mut self,
+        model: &ModelPlan,
+        data: &DataPlan,
+        loader: &LoaderPlan,
+        optim: &OptimPlan,
+        machine: &Machine,
+        device: Device,
+    ) {
+        use crate::preflight::{self, gib};
+        let text_bytes = match &data.source {
+            Source::Jsonl { train, test } => [Some(train), test.as_ref()]
+                .into_iter()
+                .flatten()
+                .filter_map(|p| std::fs::metadata(p).ok())
+                .map(|m| m.len())
+                .sum(),
+            _ => 0,
+        };
+        let f = preflight::estimate(model, data, loader, optim, text_bytes);
+        let cap = |limit: Option<u64>, what: &'static str| match limit {
+            Some(l) if l > 0 => (l.min(preflight::ABSOLUTE_CAP), what),
+            _ => (preflight::ABSOLUTE_CAP, "the cap of any machine"),
+        };
+        // The data stays in host memory on either backend; the model and activations are
+        // where the backend computes.
+        let (model_part, act_part, data_part) = (
+            (f.model_bytes, "the model"),
+            (f.activation_bytes, "one batch's activations"),
+            (f.data_bytes, "the data"),
+        );
+        let host = cap(machine.host_memory, "this machine's memory");
+        let checks = match device {
+            Device::Cpu => vec![(f.host_bytes(), host, vec![model_part, act_part, data_part])],
+            Device::Cuda(i) => vec![
+                (f.data_bytes, host, vec![data_part]),
+                (
+                    f.device_bytes(),
+                    cap(machine.gpu_memory.get(i).copied(), "the GPU's memory"),
+                    vec![model_part, act_part],
+                ),
+            ],
+        };
+        let Some((need, (limit, what), parts)) = checks
+            .into_iter()
+            .find(|(need, (limit, _), _)| need > limit)
+        else {
+            return;
+        };
+        let (_, biggest) = parts
+            .iter()
+            .max_by_key(|(b, _)| *b)
+            .copied()
+            .unwrap_or_default();
+        let (key, help) = match biggest {
+            "one batch's activations" => (
+                "loader.batch_size",
+                "lower batch_size; optim.accumulation_steps keeps the effective batch",
+            ),
+            "the model" if model.num_classes > 10_000 => (
+                "model.num_classes",
+                "fewer classes (each is a row of the last layer)",
+            ),
+            "the model" => ("model.arch", "a smaller model"),
+            _ if matches!(data.source, Source::Synthetic { .. }) => (
+                "data.synthetic.samples",
+                "fewer or smaller synthetic samples",
+            ),
+            _ => ("data.limit", "set data.limit to use part of the data"),
+        };
+        self.err(
+            key,
+            format!(
+                "the run needs at least {} ({} parameters: {} with gradients and optimizer state; data {}; activations of one batch {}), more than {what} ({})",
+                gib(need),
+                f.parameters,
+                gib(f.model_bytes),
+                gib(f.data_bytes),
+                gib(f.activation_bytes),
+                gib(limit)
+            ),
+            help,
+        );
+    }
+
+    /// `[slurm]` values go into `#SBATCH` lines of a shell script: a newline would start a
+    /// shell command, so no control character is allowed, and `extra` must be options.
+    fn slurm(&mut self) {
+        let s = self.recipe().slurm.clone();
+        let mut fields: Vec<(String, String)> = vec![("slurm.time".into(), s.time.clone())];
+        for (key, v) in [
+            ("slurm.partition", &s.partition),
+            ("slurm.mem", &s.mem),
+            ("slurm.account", &s.account),
+        ] {
+            if let Some(v) = v {
+                fields.push((key.into(), v.clone()));
+            }
+        }
+        for (i, e) in s.extra.iter().enumerate() {
+            fields.push((format!("slurm.extra[{i}]"), e.clone()));
+            if !e.starts_with('-') {
+                self.err(
+                    "slurm.extra",
+                    format!("{e:?} is not an sbatch option"),
+                    "write options as on sbatch's command line, e.g. \"--qos=high\"",
+                );
+            }
+        }
+        for (key, v) in fields {
+            if v.chars().any(char::is_control) || v.trim().is_empty() {
+                let shown: String = v.chars().take(40).collect();
+                self.err(
+                    key.split('[').next().unwrap_or(&key),
+                    format!("{shown:?} is empty or holds a control character (a newline would become a shell command in the job script)"),
+                    "write the value on one line",
+                );
+            }
         }
     }
 
@@ -600,7 +753,16 @@ impl<'a> Validator<'a> {
             _ => {}
         }
         let num_classes = m.num_classes.unwrap_or(data.classes);
-        if num_classes < 2 {
+        if num_classes > crate::data::MAX_CLASSES {
+            self.err(
+                "model.num_classes",
+                format!(
+                    "{num_classes} classes, over the cap of {}",
+                    crate::data::MAX_CLASSES
+                ),
+                "each class is a row of the last layer; remove the key to use the data's classes",
+            );
+        } else if num_classes < 2 {
             self.err(
                 "model.num_classes",
                 format!("{num_classes} class: too few"),
@@ -678,6 +840,27 @@ impl<'a> Validator<'a> {
                 let train_n = self.count_records("data.train", &train)?;
                 let test_n = self.count_records("data.test", &test)?;
                 let classes = cifar::class_names(&train[0]).map_or(10, |n| n.len());
+                // Labels are read now, so a bad byte is an error before anything runs.
+                let allowed = self.recipe().model.num_classes.unwrap_or(0).max(classes);
+                for (key, files) in [("data.train", &train), ("data.test", &test)] {
+                    for f in files.iter() {
+                        if let Err(e) = cifar::check_labels(f, allowed) {
+                            self.data_err(key, &e);
+                            return None;
+                        }
+                    }
+                }
+                if classes > crate::data::MAX_CLASSES {
+                    self.err(
+                        "data.train",
+                        format!(
+                            "{} names {classes} classes, over the cap of {}",
+                            train[0].with_file_name("batches.meta.txt").display(),
+                            crate::data::MAX_CLASSES
+                        ),
+                        "batches.meta.txt holds one class name per line",
+                    );
+                }
                 (
                     Source::Cifar { train, test },
                     3,
@@ -709,6 +892,7 @@ impl<'a> Validator<'a> {
                 let named = crate::data::text::class_names(&train).map(|n| n.len());
                 let limit = self.recipe().model.num_classes.or(named);
                 let mut max_label = 0;
+                let mut distinct = std::collections::BTreeSet::new();
                 let mut counts = [0usize; 2];
                 for (i, (key, path)) in [("data.train", Some(&train)), ("data.test", test.as_ref())]
                     .into_iter()
@@ -722,6 +906,7 @@ impl<'a> Validator<'a> {
                                 .iter()
                                 .map(|(_, l)| *l as usize)
                                 .fold(max_label, usize::max);
+                            distinct.extend(rows.iter().map(|(_, l)| *l));
                         }
                         Err(e) => {
                             self.data_err(key, &e);
@@ -730,6 +915,16 @@ impl<'a> Validator<'a> {
                     }
                 }
                 let classes = named.unwrap_or(max_label + 1).max(2);
+                if named.is_none() && classes > 10 && distinct.len() * 2 < classes {
+                    self.warn(
+                        "data.train",
+                        format!(
+                            "labels run up to {max_label}, so the model gets {classes} classes, but only {} distinct labels occur",
+                            distinct.len()
+                        ),
+                        "a stray label makes every other class empty: check the data, or name the classes in labels.txt beside the file",
+                    );
+                }
                 (
                     Source::Jsonl { train, test },
                     0,
@@ -771,6 +966,13 @@ impl<'a> Validator<'a> {
                 )
             }
         };
+        if train_total == 0 && d.limit != Some(0) {
+            self.err(
+                "data.train",
+                "holds no training samples",
+                "point it at a file with data (blank lines are skipped)",
+            );
+        }
         let train_len = match d.limit {
             Some(0) => {
                 self.err(
@@ -875,6 +1077,16 @@ impl<'a> Validator<'a> {
         let path = self.l.dir_of(key).join(rel);
         if path.is_file() {
             Some(path)
+        } else if path.exists() {
+            self.err(
+                key,
+                format!(
+                    "{} is not a regular file",
+                    crate::recipe::lexical(&path).display()
+                ),
+                "name a .jsonl file",
+            );
+            None
         } else {
             self.err(
                 key,
@@ -907,6 +1119,13 @@ impl<'a> Validator<'a> {
         }
         let p = r.padding.clone().unwrap_or_default();
         let t = r.data.tokenizer.clone().unwrap_or_default();
+        if p.max_length > MAX_TOKENS {
+            self.err(
+                "padding.max_length",
+                format!("{} tokens, over the cap of {MAX_TOKENS}", p.max_length),
+                "sequences are cut to this length; 512 is usual",
+            );
+        }
         if p.max_length == 0 {
             self.err(
                 "padding.max_length",
@@ -987,6 +1206,16 @@ impl<'a> Validator<'a> {
             Some(files)
         } else if path.is_file() {
             Some(vec![path])
+        } else if path.exists() {
+            self.err(
+                key,
+                format!(
+                    "{} is neither a regular file nor a directory",
+                    crate::recipe::lexical(&path).display()
+                ),
+                "name a .bin file or the directory holding them",
+            );
+            None
         } else {
             self.err(
                 key,
@@ -1120,8 +1349,8 @@ impl<'a> Validator<'a> {
         if !(weight_decay.is_finite() && weight_decay >= 0.0) {
             self.err(
                 "optim.weight_decay",
-                format!("{weight_decay} is negative"),
-                "use 0 or more",
+                format!("{weight_decay} is not a finite number of 0 or more"),
+                "use 0 or more, e.g. 5e-4",
             );
         }
         if o.accumulation_steps == 0 {
@@ -1196,7 +1425,7 @@ impl<'a> Validator<'a> {
             if seen.contains(a) {
                 self.err(
                     "cleanup.actions",
-                    format!("{a:?} is listed twice"),
+                    format!("\"{}\" is listed twice", crate::policy::action_name(*a)),
                     "list each action once",
                 );
             }
@@ -1218,7 +1447,12 @@ impl<'a> Validator<'a> {
                 .iter()
                 .filter(|a| matches!(a, CleanupAction::Sync | CleanupAction::EmptyCache))
                 .map(|a| format!("{:?}", crate::policy::action_name(*a)))
-                .collect();
+                .fold(vec![], |mut v: Vec<String>, a| {
+                    if !v.contains(&a) {
+                        v.push(a);
+                    }
+                    v
+                });
             if !noop.is_empty() {
                 self.warn(
                     "cleanup.actions",
@@ -1315,9 +1549,20 @@ impl<'a> Validator<'a> {
         } else {
             r.eval
         };
+        if !(r.max_loss > 0.0) {
+            self.err(
+                "run.max_loss",
+                format!("{} is not a positive bound", r.max_loss),
+                "use e.g. 1e4, or inf to catch only NaN",
+            );
+        }
         let (data, optim) = (data?, optim?);
         let bs = loader.batch_size.max(1);
         let n = data.train_len;
+        if n == 0 {
+            // Said where the data is counted (an empty file, data.limit = 0).
+            return None;
+        }
         let micro = if loader.drop_last {
             n / bs
         } else {
@@ -1332,7 +1577,17 @@ impl<'a> Validator<'a> {
             return None;
         }
         let steps_per_epoch = micro.div_ceil(optim.accumulation_steps as u64);
-        let mut total = steps_per_epoch * r.epochs as u64;
+        let Some(mut total) = steps_per_epoch.checked_mul(r.epochs as u64) else {
+            self.err(
+                "run.epochs",
+                format!(
+                    "{} epochs of {steps_per_epoch} steps overflow a step counter",
+                    r.epochs
+                ),
+                "use fewer epochs, or run.max_steps to bound the run",
+            );
+            return None;
+        };
         if let Some(m) = r.max_steps {
             total = total.min(m);
         }
@@ -1350,6 +1605,8 @@ impl<'a> Validator<'a> {
             micro_batches_per_epoch: micro,
             warmup_steps: r.warmup_steps,
             eval,
+            max_loss: r.max_loss,
+            stop_on_divergence: r.stop_on_divergence,
         })
     }
 }

@@ -18,6 +18,48 @@ pub struct Run {
     pub summary: Summary,
 }
 
+/// A run left out of the table, and why, in words.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Excluded {
+    pub dir: PathBuf,
+    pub why: String,
+}
+
+/// Completed runs (the table's), and the others with what became of them: failed and
+/// interrupted runs with their error, runs still going, and runs whose process is gone
+/// while their summary still says running (killed outright: kill -9, a node lost).
+pub fn split_completed(runs: Vec<Run>) -> (Vec<Run>, Vec<Excluded>) {
+    let this_host = crate::clock::hostname();
+    let mut done = vec![];
+    let mut left = vec![];
+    for r in runs {
+        let s = &r.summary;
+        let why = match s.status.as_str() {
+            "completed" => {
+                done.push(r);
+                continue;
+            }
+            "running" => match (s.pid, &s.host) {
+                (Some(pid), Some(h)) if Some(h) == this_host.as_ref() => {
+                    if Path::new(&format!("/proc/{pid}")).exists() {
+                        format!("still running (pid {pid})")
+                    } else {
+                        format!("killed: its process (pid {pid}) is gone, and it never finished")
+                    }
+                }
+                (Some(pid), Some(h)) => format!("running, or killed, on {h} (pid {pid})"),
+                _ => "running, or killed (no process recorded)".into(),
+            },
+            other => match &s.error {
+                Some(e) => format!("{other}: {e}"),
+                None => other.to_string(),
+            },
+        };
+        left.push(Excluded { dir: r.dir, why });
+    }
+    (done, left)
+}
+
 /// Why a run directory cannot be reported, with the file and what to do.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ReportError(pub String);
@@ -101,6 +143,9 @@ pub fn load_run(dir: &Path) -> Result<Run, ReportError> {
         name: stored.name.clone(),
         run_id: stored.run_id.clone(),
         status: stored.status.clone(),
+        error: stored.error.clone(),
+        pid: stored.pid,
+        host: stored.host.clone(),
         backend: stored.backend.clone(),
         device: stored.device.clone(),
         util_source: stored.util_source.clone(),

@@ -27,13 +27,40 @@ pub struct RunOptions {
     pub quiet: bool,
 }
 
-/// Why a run could not start (nothing written) or how it failed (its directory says more).
+/// Why a run could not start (nothing written) or how it ended early (its directory says
+/// more). Each has its exit code; `main` renders them.
 #[derive(Debug)]
 pub enum RunError {
     /// Bad input found before anything was written: exit code 2.
     Input(String),
     /// The run started and failed; its directory holds what was recorded: exit code 1.
     Failed { dir: PathBuf, message: String },
+    /// SIGINT or SIGTERM stopped the run at a step boundary: exit code 128 + signal.
+    Interrupted { dir: PathBuf, signal: i32 },
+    /// The runner's own files (sweep state) could not be written: exit code 1.
+    Io(String),
+}
+
+impl std::fmt::Display for RunError {
+    fn fmt(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        match self {
+            RunError::Input(m) | RunError::Io(m) => f.write_str(m),
+            RunError::Failed { message, .. } => f.write_str(message),
+            RunError::Interrupted { signal, .. } => {
+                write!(f, "interrupted by {}", crate::signals::name(*signal))
+            }
+        }
+    }
+}
+
+impl RunError {
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            RunError::Input(_) => 2,
+            RunError::Failed { .. } | RunError::Io(_) => 1,
+            RunError::Interrupted { signal, .. } => (128 + signal) as u8,
+        }
+    }
 }
 
 pub struct Finished {
@@ -209,6 +236,12 @@ impl Sink for FileSink {
     fn phase(&mut self, what: &str) {
         self.progress.phase(what);
     }
+    fn should_stop(&mut self) -> Option<train::Stop> {
+        if let Some(e) = &self.io_error {
+            return Some(train::Stop::Failed(format!("cannot write {e}")));
+        }
+        crate::signals::received().map(train::Stop::Signal)
+    }
     fn first_step(&mut self, step_ms: f64) {
         let startup = crate::clock::process_start().elapsed().as_secs_f64();
         self.startup_s = Some(startup);
@@ -314,9 +347,7 @@ pub fn execute(plan: &Plan, opts: &RunOptions) -> Result<Finished, RunError> {
         cpus: std::thread::available_parallelism().map_or(1, |n| n.get()),
         os: std::env::consts::OS.into(),
         arch: std::env::consts::ARCH.into(),
-        hostname: std::fs::read_to_string("/etc/hostname")
-            .ok()
-            .map(|s| s.trim().to_string()),
+        hostname: crate::clock::hostname(),
         command: std::env::args().collect(),
         recipe: plan.recipe_path.display().to_string(),
         sources: plan
@@ -338,6 +369,8 @@ pub fn execute(plan: &Plan, opts: &RunOptions) -> Result<Finished, RunError> {
         name: plan.name.clone(),
         run_id: run_id.clone(),
         status: "running".into(),
+        pid: Some(std::process::id()),
+        host: crate::clock::hostname(),
         backend: backend_name,
         device: device_name,
         ..Default::default()
@@ -418,26 +451,45 @@ pub fn execute(plan: &Plan, opts: &RunOptions) -> Result<Finished, RunError> {
             sink.io_error.get_or_insert(format!("env.json: {e}"));
         }
     }
-    let failure = match &outcome {
+    let stop = match outcome {
         Ok(Ok(o)) => {
             summary.loader_workers_started = o.loader_workers_started;
             summary.epochs_completed = o.epochs_completed;
-            sink.io_error.clone()
+            summary.diverged_at_step = o.diverged.map(|(step, _)| step);
+            // A failed write stops the loop; one at the very end is caught here.
+            o.stopped.or_else(|| {
+                sink.io_error
+                    .clone()
+                    .map(|e| train::Stop::Failed(format!("cannot write {e}")))
+            })
         }
-        Ok(Err(e)) => Some(e.clone()),
-        Err(panic) => Some(panic_message(panic.as_ref())),
+        Ok(Err(e)) => Some(train::Stop::Failed(e)),
+        Err(panic) => Some(train::Stop::Failed(format!(
+            "the training loop panicked: {}",
+            panic_message(panic.as_ref())
+        ))),
     };
-    summary.status = if failure.is_some() {
-        "failed"
-    } else {
-        "completed"
+    summary.status = match &stop {
+        None => "completed",
+        Some(train::Stop::Signal(_)) => "interrupted",
+        Some(_) => "failed",
     }
     .into();
-    summary.error = failure.clone();
-    write_json_atomic(&summary_path, &summary).map_err(|e| fail(format!("summary.json: {e}")))?;
-    match failure {
-        Some(message) => Err(fail(message)),
+    summary.error = stop.as_ref().map(|s| match s {
+        train::Stop::Signal(_) => format!("{s} after step {}", summary.steps),
+        _ => s.to_string(),
+    });
+    if let Err(e) = write_json_atomic(&summary_path, &summary) {
+        let message = format!("{}: {e}", summary_path.display());
+        return Err(fail(match &summary.error {
+            Some(first) => format!("{first}; then cannot write {message}"),
+            None => format!("cannot write {message}"),
+        }));
+    }
+    match stop {
         None => Ok(Finished { dir, summary }),
+        Some(train::Stop::Signal(signal)) => Err(RunError::Interrupted { dir, signal }),
+        Some(_) => Err(fail(summary.error.clone().unwrap_or_default())),
     }
 }
 

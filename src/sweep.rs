@@ -12,6 +12,7 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 use crate::metrics::write_json_atomic;
+use crate::plan::{self, Machine, Plan};
 use crate::recipe::{self, schema, Diagnostic, Loaded, Origin, Recipe, Report};
 
 /// Cells a grid may have unless `--max-cells` says otherwise.
@@ -82,6 +83,8 @@ pub fn label(key: &str) -> String {
 fn show(v: &toml::Value) -> String {
     let s = match v {
         toml::Value::String(s) => s.clone(),
+        // Debug writes 1e300 as `1e300`, where Display writes 301 digits.
+        toml::Value::Float(f) => format!("{f:?}"),
         toml::Value::Array(a) => format!("[{}]", a.iter().map(show).collect::<Vec<_>>().join(";")),
         other => other.to_string(),
     };
@@ -170,6 +173,24 @@ fn axes(loaded: &Loaded, report: &mut Report) -> Vec<Axis> {
             ));
             continue;
         }
+        if let Some(j) = (1..values.len()).find(|&j| values[..j].contains(&values[j])) {
+            let at = format!("{okey}[{j}]");
+            let place = if loaded.doc.origins.contains_key(&at) {
+                at
+            } else {
+                okey.clone()
+            };
+            report.push(err(
+                &place,
+                &key,
+                format!(
+                    "{} is listed twice: the two cells would be the same run",
+                    values[j]
+                ),
+                "list each value once (repeat runs with separate invocations)".into(),
+            ));
+            continue;
+        }
         let origins = (0..values.len())
             .map(|i| loaded.doc.origins.get(&format!("{okey}[{i}]")).cloned())
             .collect();
@@ -196,8 +217,23 @@ pub fn product(sizes: &[usize]) -> Vec<Vec<usize>> {
 }
 
 /// The cells of a recipe: one for a plain recipe, the whole grid for one with `[sweep]`.
-/// Every cell is checked; all findings come back together (each once).
+/// Every cell is type-checked; all findings come back together (each once).
 pub fn cells(loaded: &Loaded, max_cells: usize) -> Result<Vec<Cell>, Report> {
+    let cells = expand(loaded, max_cells)?;
+    let mut report = Report::default();
+    for c in &cells {
+        report.0.extend(c.loaded.findings.0.iter().cloned());
+    }
+    if report.has_errors() {
+        return Err(dedup(report));
+    }
+    Ok(cells)
+}
+
+/// As `cells`, but a cell's own findings (unknown keys, wrong types) stay in its `loaded`
+/// for validation to report with every other finding; only a grid that cannot be
+/// expanded is an error here.
+pub fn expand(loaded: &Loaded, max_cells: usize) -> Result<Vec<Cell>, Report> {
     let mut report = Report::default();
     let axes = axes(loaded, &mut report);
     let base = loaded.recipe.name.clone().unwrap_or_else(|| {
@@ -260,7 +296,14 @@ pub fn cells(loaded: &Loaded, max_cells: usize) -> Result<Vec<Cell>, Report> {
                 .zip(&assignments)
                 .map(|(a, (_, v))| format!("{}={}", a.label, show(v)))
                 .collect();
-            format!("{base}/{}", parts.join(","))
+            let label = parts.join(",");
+            // A directory name must fit the file system (255 bytes) and stay readable;
+            // past that the cell is named by its index (the manifest maps it back).
+            if label.len() > MAX_LABEL || label.chars().any(char::is_control) {
+                format!("{base}/cell-{index:04}")
+            } else {
+                format!("{base}/{label}")
+            }
         };
         // The cell is named in its recipe, so its run directory and its resolved recipe say which it is.
         doc.table
@@ -272,7 +315,8 @@ pub fn cells(loaded: &Loaded, max_cells: usize) -> Result<Vec<Cell>, Report> {
                 continue;
             }
         };
-        report.0.extend(checked.findings.0.iter().cloned());
+        // The cell's own findings (unknown keys, wrong types) travel in `checked` to
+        // validation, which adds every other finding: the user sees them all at once.
         out.push(Cell {
             index,
             id: cell_id(&checked.recipe),
@@ -286,6 +330,62 @@ pub fn cells(loaded: &Loaded, max_cells: usize) -> Result<Vec<Cell>, Report> {
     }
     Ok(out)
 }
+
+/// A recipe with its cells, each validated into a plan.
+pub struct Checked {
+    pub path: PathBuf,
+    pub grid: bool,
+    /// The recipe's name: the sweep directory's, and the prefix of its cells' names.
+    pub base: String,
+    pub cells: Vec<Cell>,
+    pub plans: Vec<Plan>,
+}
+
+/// Loads, expands and validates one recipe, every cell of a grid, with `--set` overrides:
+/// every finding at once (unknown keys, types, grid, rules), each once.
+pub fn check(
+    path: &Path,
+    sets: &[String],
+    machine: &Machine,
+    max_cells: usize,
+) -> Result<Checked, Report> {
+    let loaded = recipe::load_with(path, sets)?;
+    let cells = match expand(&loaded, max_cells) {
+        Ok(cells) => cells,
+        Err(mut report) => {
+            // The grid cannot be expanded; the recipe under it is still checked.
+            if let Err(base) = plan::validate(&loaded, machine) {
+                report.0.extend(base.0);
+            }
+            return Err(dedup(report));
+        }
+    };
+    let mut report = Report::default();
+    let mut plans = vec![];
+    for c in &cells {
+        match plan::validate(&c.loaded, machine) {
+            Ok(p) => plans.push(p),
+            Err(r) => report.0.extend(r.0),
+        }
+    }
+    if report.has_errors() {
+        return Err(dedup(report));
+    }
+    let base = loaded.recipe.name.clone().unwrap_or_else(|| {
+        path.file_stem()
+            .map_or("recipe".into(), |s| s.to_string_lossy().into_owned())
+    });
+    Ok(Checked {
+        path: path.to_path_buf(),
+        grid: loaded.sweep.is_some(),
+        base,
+        cells,
+        plans,
+    })
+}
+
+/// The longest `key=value,...` part of a cell's name; longer ones become `cell-NNNN`.
+const MAX_LABEL: usize = 120;
 
 /// A grid repeats one mistake in many cells: say it once.
 pub fn dedup(report: Report) -> Report {
@@ -349,6 +449,8 @@ pub enum State {
     Running,
     Done,
     Failed,
+    /// Stopped by SIGINT/SIGTERM: `--resume` runs it again.
+    Interrupted,
 }
 
 /// A cell's status file.
@@ -392,7 +494,11 @@ impl SweepDir {
         let dir = root.join(base).join("sweeps").join(grid_id(cells));
         std::fs::create_dir_all(dir.join("cells"))?;
         let manifest = dir.join("manifest.json");
-        if !manifest.exists() {
+        // Written once; rewritten if it cannot be read (cut by a crash or a full disk).
+        let readable = std::fs::read_to_string(&manifest)
+            .ok()
+            .is_some_and(|t| serde_json::from_str::<Manifest>(&t).is_ok());
+        if !readable {
             let m = Manifest {
                 grid_id: grid_id(cells),
                 recipe: recipe.display().to_string(),
@@ -413,6 +519,12 @@ impl SweepDir {
             write_json_atomic(&manifest, &m)?;
         }
         Ok(Self { dir })
+    }
+
+    fn lock_path(&self, c: &Cell) -> PathBuf {
+        self.dir
+            .join("cells")
+            .join(format!("{:04}-{}.lock", c.index, c.id))
     }
 
     fn status_path(&self, c: &Cell) -> PathBuf {
@@ -436,9 +548,7 @@ impl SweepDir {
         let s = CellStatus {
             state,
             run_dir: run_dir.map(Path::to_path_buf),
-            host: std::fs::read_to_string("/etc/hostname")
-                .map(|h| h.trim().to_string())
-                .unwrap_or_default(),
+            host: crate::clock::hostname().unwrap_or_default(),
             pid: std::process::id(),
             updated_at: crate::clock::utc_now(),
             error,
@@ -472,17 +582,34 @@ pub struct Selection {
 pub struct Outcome {
     pub ran: Vec<usize>,
     pub skipped: Vec<usize>,
+    /// Cells another live process holds the lock of (it is running them).
+    pub busy: Vec<(usize, String)>,
     pub failed: Vec<(usize, String)>,
 }
 
-/// Runs the selected cells in order. A cell is marked running before it starts and done
-/// only after `run` returned its completed run directory; a cell whose run fails is marked
-/// failed and the sweep goes on. With `resume`, cells already done are skipped.
+/// How a cell's run ended when it did not complete.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CellEnd {
+    /// The run directory, if the run got as far as making one.
+    pub dir: Option<PathBuf>,
+    pub message: String,
+    /// `Failed` or `Interrupted`.
+    pub state: State,
+    /// Run no further cell (an interrupt; input that every cell shares is bad).
+    pub stop_sweep: bool,
+}
+
+/// Runs the selected cells in order. Each cell is locked while it runs (see `CellLock`),
+/// so two processes on one grid never run the same cell; one locked by a live process is
+/// left to it. A cell is marked running before it starts and done only after `run`
+/// returned its completed run directory; a cell whose run fails is marked failed (or
+/// interrupted) and the sweep goes on unless `stop_sweep`. With `resume`, cells already
+/// done are skipped.
 pub fn execute(
     sweep: &SweepDir,
     cells: &[Cell],
     sel: Selection,
-    mut run: impl FnMut(&Cell) -> Result<PathBuf, (Option<PathBuf>, String)>,
+    mut run: impl FnMut(&Cell) -> Result<PathBuf, CellEnd>,
 ) -> std::io::Result<Outcome> {
     let mut out = Outcome::default();
     for c in cells {
@@ -495,19 +622,139 @@ pub fn execute(
             out.skipped.push(c.index);
             continue;
         }
+        let _lock = match CellLock::acquire(&sweep.lock_path(c))? {
+            Ok(lock) => lock,
+            Err(owner) => {
+                out.busy.push((c.index, owner));
+                continue;
+            }
+        };
+        // Checked again under the lock: another process may have finished it meanwhile.
+        if sel.resume && sweep.is_done(c) {
+            out.skipped.push(c.index);
+            continue;
+        }
         sweep.mark(c, State::Running, None, None)?;
         match run(c) {
             Ok(dir) => {
                 sweep.mark(c, State::Done, Some(&dir), None)?;
                 out.ran.push(c.index);
             }
-            Err((dir, e)) => {
-                sweep.mark(c, State::Failed, dir.as_deref(), Some(e.clone()))?;
-                out.failed.push((c.index, e));
+            Err(end) => {
+                sweep.mark(c, end.state, end.dir.as_deref(), Some(end.message.clone()))?;
+                out.failed.push((c.index, end.message));
+                if end.stop_sweep {
+                    break;
+                }
             }
         }
     }
     Ok(out)
+}
+
+/// How long a lock may go without its owner's heartbeat before another process takes it
+/// over (the owner was killed, or its node died). The owner touches it every 10 s.
+pub const LOCK_STALE_AFTER: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// `cells/<index>-<id>.lock`: created exclusively (`O_EXCL`) by the process that runs the
+/// cell, holding its host and pid, touched every 10 s by a heartbeat thread, removed when
+/// the cell ends. A lock is stale, and taken over, when its owner is a dead process on this
+/// host or its heartbeat is older than `LOCK_STALE_AFTER`.
+pub struct CellLock {
+    path: PathBuf,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    heartbeat: Option<std::thread::JoinHandle<()>>,
+}
+
+impl CellLock {
+    /// `Ok(Err(owner))` when a live process holds it.
+    pub fn acquire(path: &Path) -> std::io::Result<Result<CellLock, String>> {
+        use std::io::Write;
+        let host = crate::clock::hostname().unwrap_or_default();
+        let me = format!("{host} {}\n", std::process::id());
+        for _ in 0..3 {
+            match std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .open(path)
+            {
+                Ok(mut f) => {
+                    f.write_all(me.as_bytes())?;
+                    return Ok(Ok(Self::held(path)));
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                    let owner = std::fs::read_to_string(path).unwrap_or_default();
+                    if !Self::stale(path, &owner, &host) {
+                        let owner = owner.trim();
+                        return Ok(Err(if owner.is_empty() {
+                            "a process that is starting".into()
+                        } else {
+                            format!("process {owner}", owner = owner.replacen(' ', " pid ", 1))
+                        }));
+                    }
+                    // Stale: remove and try again (another process may win the race).
+                    let _ = std::fs::remove_file(path);
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(Err(
+            "another process (the lock changed hands while this one looked)".into(),
+        ))
+    }
+
+    fn stale(path: &Path, owner: &str, host: &str) -> bool {
+        let mut parts = owner.split_whitespace();
+        let (owner_host, pid) = (
+            parts.next(),
+            parts.next().and_then(|p| p.parse::<u32>().ok()),
+        );
+        if let (Some(h), Some(pid)) = (owner_host, pid) {
+            if h == host && !Path::new(&format!("/proc/{pid}")).exists() {
+                return true;
+            }
+        }
+        let age = std::fs::metadata(path)
+            .and_then(|m| m.modified())
+            .ok()
+            .and_then(|t| t.elapsed().ok());
+        age.is_some_and(|a| a > LOCK_STALE_AFTER)
+    }
+
+    fn held(path: &Path) -> Self {
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (p, flag) = (path.to_path_buf(), std::sync::Arc::clone(&stop));
+        let heartbeat = std::thread::Builder::new()
+            .name("runner-cell-lock".into())
+            .spawn(move || {
+                let mut ticks = 0;
+                while !flag.load(std::sync::atomic::Ordering::Relaxed) {
+                    std::thread::sleep(std::time::Duration::from_millis(100));
+                    ticks += 1;
+                    if ticks % 100 == 0 {
+                        if let Ok(f) = std::fs::OpenOptions::new().append(true).open(&p) {
+                            let _ = f.set_modified(std::time::SystemTime::now());
+                        }
+                    }
+                }
+            })
+            .ok();
+        Self {
+            path: path.to_path_buf(),
+            stop,
+            heartbeat,
+        }
+    }
+}
+
+impl Drop for CellLock {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        if let Some(h) = self.heartbeat.take() {
+            let _ = h.join();
+        }
+        let _ = std::fs::remove_file(&self.path);
+    }
 }
 
 /// `[slurm]` resources for the job-array script.

@@ -39,6 +39,34 @@ pub trait Sink {
     /// The first step is done on the device (its kernels compiled and tuned); `step_ms`
     /// is its own time, compilation included.
     fn first_step(&mut self, _step_ms: f64) {}
+    /// Asked at every step boundary: a reason to stop now (a signal, a failed write).
+    fn should_stop(&mut self) -> Option<Stop> {
+        None
+    }
+}
+
+/// Why the loop ended before its last step.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Stop {
+    /// The loss was not finite, or above `run.max_loss`, at this step.
+    Diverged { step: u64, loss: f64, max_loss: f64 },
+    /// SIGINT or SIGTERM.
+    Signal(i32),
+    /// Something the run needs failed (a write, a read-back from the device).
+    Failed(String),
+}
+
+impl std::fmt::Display for Stop {
+    fn fmt(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        match self {
+            Stop::Diverged { step, loss, max_loss } => write!(
+                f,
+                "diverged at step {step}: the loss is {loss} (above run.max_loss = {max_loss}, or not a number); lower optim.lr, or set run.stop_on_divergence = false to go on"
+            ),
+            Stop::Signal(s) => write!(f, "interrupted by {}", crate::signals::name(*s)),
+            Stop::Failed(m) => f.write_str(m),
+        }
+    }
 }
 
 /// What a finished loop hands back beyond what the sink saw.
@@ -47,6 +75,10 @@ pub struct Outcome {
     pub parameters: usize,
     pub loader_workers_started: usize,
     pub epochs_completed: usize,
+    /// Set when the loop ended early.
+    pub stopped: Option<Stop>,
+    /// With `run.stop_on_divergence = false`: the first step whose loss diverged.
+    pub diverged: Option<(u64, f64)>,
 }
 
 /// A batch as the loader's workers prepare it: host tensors, staged for the copy if asked.
@@ -382,10 +414,16 @@ pub fn train<B: AutodiffBackend>(
             .or_else(rss_bytes)
     };
 
+    let mut stopped: Option<Stop> = None;
+    let mut diverged: Option<(u64, f64)> = None;
     for epoch in 0..plan.run.epochs {
         let mut batches = loader.epoch(epoch);
         let mut left = batches.len();
         while left > 0 && step < total {
+            if let Some(stop) = sink.should_stop() {
+                stopped = Some(stop);
+                break;
+            }
             let synced = plan
                 .profile
                 .window
@@ -470,10 +508,16 @@ pub fn train<B: AutodiffBackend>(
             let loss = loss_sum.expect("a step has micro-batches") / group as f32;
             pending.push((rec, loss));
             if pending.len() as u64 >= plan.log.every || epoch_done {
-                flush(&mut pending, sink);
+                if let Err(stop) = flush(&mut pending, sink, plan, &mut diverged) {
+                    stopped = Some(stop);
+                    break;
+                }
             }
         }
         drop(batches);
+        if stopped.is_some() {
+            break;
+        }
         // `max_steps` can end the run inside an epoch; that epoch is not complete.
         let cut_short = left > 0;
         if !cut_short {
@@ -495,7 +539,10 @@ pub fn train<B: AutodiffBackend>(
             break;
         }
     }
-    flush(&mut pending, sink);
+    // What is still pending was computed: its lines are written whatever stopped the loop.
+    if let Err(stop) = flush(&mut pending, sink, plan, &mut diverged) {
+        stopped.get_or_insert(stop);
+    }
     Outcome {
         parameters,
         loader_workers_started: loader
@@ -503,15 +550,24 @@ pub fn train<B: AutodiffBackend>(
             .workers_started
             .load(std::sync::atomic::Ordering::Relaxed),
         epochs_completed,
+        stopped,
+        diverged,
     }
 }
 
 /// Reads the pending steps' losses back in one transfer and hands the records on. The
 /// read waits for the device; it and the writing of the earlier lines are the last
-/// record's `log_ms` (and part of its `iter_ms`).
-fn flush<B: Backend>(pending: &mut Vec<(StepRecord, Tensor<B, 1>)>, sink: &mut dyn Sink) {
+/// record's `log_ms` (and part of its `iter_ms`). Every pending record is handed on; a
+/// loss that diverged (`run.max_loss`) is then an error when the plan stops on it, and a
+/// failed read-back always is.
+fn flush<B: Backend>(
+    pending: &mut Vec<(StepRecord, Tensor<B, 1>)>,
+    sink: &mut dyn Sink,
+    plan: &Plan,
+    diverged: &mut Option<(u64, f64)>,
+) -> Result<(), Stop> {
     if pending.is_empty() {
-        return;
+        return Ok(());
     }
     let t = Instant::now();
     let (mut recs, losses): (Vec<StepRecord>, Vec<Tensor<B, 1>>) = pending.drain(..).unzip();
@@ -519,7 +575,18 @@ fn flush<B: Backend>(pending: &mut Vec<(StepRecord, Tensor<B, 1>)>, sink: &mut d
         .into_data()
         .convert::<f32>()
         .into_vec()
-        .unwrap_or_default();
+        .map_err(|e| {
+            Stop::Failed(format!(
+                "cannot read the losses back from the device: {e:?}"
+            ))
+        })?;
+    if values.len() != recs.len() {
+        return Err(Stop::Failed(format!(
+            "read {} losses back from the device for {} steps",
+            values.len(),
+            recs.len()
+        )));
+    }
     let n = recs.len();
     for (i, (r, v)) in recs.iter_mut().zip(values).enumerate() {
         r.loss = v as f64;
@@ -542,6 +609,17 @@ fn flush<B: Backend>(pending: &mut Vec<(StepRecord, Tensor<B, 1>)>, sink: &mut d
             r.padded_tokens_per_s = Some(per_s(padded as f64));
         }
         sink.step(r);
+        if diverged.is_none() && !(r.loss.is_finite() && r.loss <= plan.run.max_loss) {
+            *diverged = Some((r.step, r.loss));
+        }
+    }
+    match *diverged {
+        Some((step, loss)) if plan.run.stop_on_divergence => Err(Stop::Diverged {
+            step,
+            loss,
+            max_loss: plan.run.max_loss,
+        }),
+        _ => Ok(()),
     }
 }
 

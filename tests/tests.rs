@@ -46,14 +46,18 @@ fn rel(p: &Path) -> PathBuf {
     p.strip_prefix(root()).unwrap_or(p).to_path_buf()
 }
 
+/// What the binary checks: the recipe, every cell of its grid (the first cell's plan).
 fn check(path: &Path, machine: &Machine) -> Result<Plan, Report> {
-    recipe::load(path).and_then(|l| plan::validate(&l, machine))
+    runner::sweep::check(path, &[], machine, runner::sweep::DEFAULT_MAX_CELLS)
+        .map(|c| c.plans.into_iter().next().expect("a recipe has a cell"))
 }
 
 fn any_machine() -> Machine {
     Machine {
         cuda_compiled: true,
         cuda_devices: Ok(8),
+        host_memory: None,
+        gpu_memory: vec![],
     }
 }
 
@@ -103,7 +107,7 @@ fn bad_recipes_give_their_expected_errors() {
     std::env::set_current_dir(root()).unwrap();
     let files = toml_files(&root().join("tests/fixtures/invalid"));
     assert!(
-        files.len() >= 15,
+        files.len() >= 60,
         "only {} bad-recipe fixtures",
         files.len()
     );
@@ -122,6 +126,72 @@ fn bad_recipes_give_their_expected_errors() {
             );
         }
         expect(&f.with_extension("expected"), &format!("{report}\n"));
+    }
+}
+
+/// A pre-flight finding's figures depend on the machine (its memory; device or host
+/// memory): keep the finding, cut the figures.
+fn without_limit(text: &str) -> String {
+    text.lines()
+        .map(|l| match l.find(" the run needs at least ") {
+            Some(i) => &l[..i],
+            None => l,
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// The error findings of a report's text, and its closing count, without its warnings.
+fn errors_only(text: &str) -> Vec<String> {
+    let text = text.trim_end();
+    let (body, last) = text.rsplit_once('\n').unwrap_or(("", text));
+    let mut out: Vec<String> = body
+        .split("\n\n")
+        .filter(|b| b.starts_with("error"))
+        .map(str::to_string)
+        .collect();
+    out.push(last.to_string());
+    out
+}
+
+/// What users meet: every fixture through the binary, `runner FILE` (checked against this
+/// machine) and `runner validate FILE` (against any machine, so a CUDA recipe is valid on a
+/// laptop: the `cuda_*` fixtures are errors only for `run`). Exit 2, the expected text on
+/// stderr, every finding at once, nothing written.
+#[test]
+fn bad_recipes_fail_through_the_binary_with_every_finding() {
+    let logs = tempdir("fixtures-cli");
+    for f in toml_files(&root().join("tests/fixtures/invalid")) {
+        let file = rel(&f);
+        let want = std::fs::read_to_string(f.with_extension("expected")).unwrap();
+        let run = runner_cmd().arg(&file).env("HOME", &logs).output().unwrap();
+        expect_exit(&run, 2);
+        let stderr = String::from_utf8_lossy(&run.stderr);
+        assert_eq!(
+            without_limit(stderr.trim_end()),
+            without_limit(want.trim_end()),
+            "`runner {}` printed other findings than its .expected",
+            file.display()
+        );
+        let name = f.file_stem().unwrap().to_string_lossy().into_owned();
+        assert!(
+            !root().join("runs").join(&name).exists(),
+            "{name}: a bad recipe wrote a run directory"
+        );
+        let validate = runner_cmd().arg("validate").arg(&file).output().unwrap();
+        if name.starts_with("cuda_") {
+            continue;
+        }
+        expect_exit(&validate, 2);
+        // Warnings may depend on the machine (a CPU-only warning under `run`): the errors
+        // must be the same.
+        assert_eq!(
+            errors_only(&without_limit(&String::from_utf8_lossy(&validate.stderr))),
+            errors_only(&without_limit(&want)),
+            "`runner validate {}` differs from `runner {}`",
+            file.display(),
+            file.display()
+        );
     }
 }
 
@@ -1168,7 +1238,12 @@ fn a_cell_is_never_marked_done_before_its_run_completes() {
             if c.index == 1 {
                 panic!("killed while running cell 1");
             }
-            Err((None, "failed on purpose".into()))
+            Err(runner::sweep::CellEnd {
+                dir: None,
+                message: "failed on purpose".into(),
+                state: runner::sweep::State::Failed,
+                stop_sweep: false,
+            })
         })
     }));
     assert!(killed.is_err());

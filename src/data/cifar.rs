@@ -37,11 +37,44 @@ fn check_whole(path: &Path, len: usize) -> Result<(), DataError> {
                 len - offset
             ),
         )
-        .help(format!(
-            "download the file again, or cut it to {offset} bytes to keep the {whole} whole records"
-        )));
+        .help(if whole == 0 {
+            "the file is shorter than one record: download it again".to_string()
+        } else {
+            format!(
+                "download the file again, or cut it to {offset} bytes to keep the {whole} whole records"
+            )
+        }));
     }
     Ok(())
+}
+
+/// Checks every record's label byte against `classes` without keeping the pixels (what
+/// validation can afford: one pass over the file, a record at a time).
+pub fn check_labels(path: &Path, classes: usize) -> Result<(), DataError> {
+    use std::io::Read;
+    let file = std::fs::File::open(path).map_err(|e| DataError::io(path, e))?;
+    let mut reader = std::io::BufReader::with_capacity(1 << 20, file);
+    let mut rec = vec![0u8; RECORD];
+    let mut i = 0usize;
+    loop {
+        match reader.read_exact(&mut rec) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(()),
+            Err(e) => return Err(DataError::io(path, e)),
+        }
+        let label = rec[0] as usize;
+        if label >= classes {
+            return Err(DataError::new(
+                path,
+                format!(
+                    "record {i} (byte offset {}) has label {label}, but there are {classes} classes",
+                    i * RECORD
+                ),
+            )
+            .help("fix the file, or raise model.num_classes (or add the class to batches.meta.txt)"));
+        }
+        i += 1;
+    }
 }
 
 /// Class names from `batches.meta.txt` beside the file (one per line), if it is there.

@@ -13,6 +13,10 @@ use std::path::{Path, PathBuf};
 use crate::plan::{DataPlan, Source};
 use crate::rng::SplitMix64;
 
+/// The most classes a model may have (each is a row of the last layer): labels above it
+/// are taken for a data error, not a request for a huge model.
+pub const MAX_CLASSES: usize = 100_000;
+
 /// Images as bytes, `pixels[i * C*H*W ..]` planar (channel, row, column), with labels.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Images {

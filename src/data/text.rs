@@ -39,7 +39,17 @@ pub fn read_jsonl(
     limit: usize,
 ) -> Result<Vec<(String, u32)>, DataError> {
     let text = std::fs::read_to_string(path).map_err(|e| DataError::io(path, e))?;
+    // A byte-order mark (some editors write one) is not part of the first object.
+    let text = text.strip_prefix('\u{feff}').unwrap_or(&text);
     let mut out = vec![];
+    // Values echoed in messages are cut: a bad line can be megabytes long.
+    let short = |v: &serde_json::Value| {
+        let s = v.to_string();
+        match s.char_indices().nth(60) {
+            Some((at, _)) => format!("{}… ({} bytes)", &s[..at], s.len()),
+            None => s,
+        }
+    };
     for (i, line) in text.lines().enumerate() {
         if out.len() >= limit {
             break;
@@ -64,10 +74,11 @@ pub fn read_jsonl(
         let t = match obj.get(text_field) {
             Some(serde_json::Value::String(s)) => s.clone(),
             Some(other) => {
-                return Err(
-                    at(format!("field \"{text_field}\" is {other}, not a string"))
-                        .help("set data.text_field to the field holding the text"),
-                )
+                return Err(at(format!(
+                    "field \"{text_field}\" is {}, not a string",
+                    short(other)
+                ))
+                .help("set data.text_field to the field holding the text"))
             }
             None => {
                 return Err(at(format!(
@@ -84,8 +95,11 @@ pub fn read_jsonl(
                 n.as_u64().unwrap_or(0) as u32
             }
             Some(other) => {
-                return Err(at(format!("label {other} is not a non-negative integer"))
-                    .help("labels are class indices 0, 1, ..."))
+                return Err(at(format!(
+                    "label {} is not a non-negative integer",
+                    short(other)
+                ))
+                .help("labels are class indices 0, 1, ..."))
             }
             None => {
                 return Err(at(format!(
@@ -95,6 +109,14 @@ pub fn read_jsonl(
                 .help("set data.label_field to the field holding the label"))
             }
         };
+        if classes.is_none() && label as usize >= super::MAX_CLASSES {
+            return Err(at(format!(
+                "label {label} would make {} classes, over the cap of {}",
+                label as u64 + 1,
+                super::MAX_CLASSES
+            ))
+            .help("labels are class indices 0, 1, ...: fix the line"));
+        }
         if let Some(c) = classes {
             if label as usize >= c {
                 return Err(at(format!(

@@ -144,8 +144,24 @@ impl fmt::Display for Report {
         }
         let n = self.errors().count();
         if n > 0 {
-            let file = self.0[0].file.display();
-            write!(f, "{n} error{} in {file}", if n == 1 { "" } else { "s" })?;
+            // Per file, in order of appearance: a recipe's errors may sit in what it extends.
+            let mut files: Vec<(&std::path::Path, usize)> = vec![];
+            for e in self.errors() {
+                match files.iter_mut().find(|(p, _)| *p == e.file.as_path()) {
+                    Some((_, k)) => *k += 1,
+                    None => files.push((e.file.as_path(), 1)),
+                }
+            }
+            let s = |n: usize| if n == 1 { "" } else { "s" };
+            if let [(file, _)] = files[..] {
+                write!(f, "{n} error{} in {}", s(n), file.display())?;
+            } else {
+                let parts: Vec<String> = files
+                    .iter()
+                    .map(|(p, k)| format!("{k} in {}", p.display()))
+                    .collect();
+                write!(f, "{n} error{}: {}", s(n), parts.join(", "))?;
+            }
         }
         Ok(())
     }

@@ -274,7 +274,7 @@ fn load_chain(
         );
         return None;
     };
-    let parent_path = dir.join(parent);
+    let parent_path = super::lexical(&dir.join(parent));
     let canonical = std::fs::canonicalize(&parent_path).unwrap_or_else(|_| parent_path.clone());
     let me_canonical = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf());
     stack.push(me_canonical);

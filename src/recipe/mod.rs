@@ -308,13 +308,24 @@ fn value_help(msg: &str) -> Option<String> {
     if let Some(rest) = msg.strip_prefix("invalid type: string \"") {
         let (got, expected) = rest.split_once("\", expected ")?;
         let expected = friendly(&format!("expected {expected}"));
-        if ["integer", "number", "true or false"]
-            .iter()
-            .any(|k| expected.contains(k))
-        {
-            return Some(format!("write {got} without quotes"));
-        }
-        return None;
+        let unquoted_fits = if expected.contains("true or false") {
+            got == "true" || got == "false"
+        } else if expected.contains("integer") {
+            got.parse::<i64>().is_ok()
+        } else if expected.contains("number") {
+            got.parse::<f64>().is_ok()
+        } else {
+            return None;
+        };
+        return Some(if unquoted_fits {
+            format!("write {got} without quotes")
+        } else if expected.contains("true or false") {
+            "write true or false, without quotes".into()
+        } else if expected.contains("integer") {
+            "write a whole number, without quotes, e.g. 4".into()
+        } else {
+            "write a number, without quotes, e.g. 0.1".into()
+        });
     }
     let rest = msg.strip_prefix("unknown variant `")?;
     let (got, rest) = rest.split_once('`')?;

@@ -594,6 +594,12 @@ pub struct RunSection {
     /// When to measure test accuracy: `"epoch"` (after every epoch), `"end"` or `"never"`.
     /// Default `"end"`.
     pub eval: Eval,
+    /// A training loss above this (or not a number) means the run diverged. Default 1e4
+    /// (cross-entropy starts near ln(classes), under 12 for any class count allowed).
+    pub max_loss: f64,
+    /// Stop a diverged run at the step it was seen (status `failed`, exit 1). With false
+    /// the run goes on and `summary.json` records where it diverged. Default true.
+    pub stop_on_divergence: bool,
 }
 
 impl Default for RunSection {
@@ -603,6 +609,8 @@ impl Default for RunSection {
             max_steps: None,
             warmup_steps: 5,
             eval: Eval::End,
+            max_loss: 1e4,
+            stop_on_divergence: true,
         }
     }
 }

@@ -1,0 +1,184 @@
+//! The resource pre-flight: how much memory a plan will need, estimated from its parts
+//! without building anything, so that validation can refuse a run that cannot fit instead
+//! of letting the allocator abort the process. Owns the estimate and its documented
+//! factors; the limits it is compared with come from `plan::Machine`.
+//!
+//! The estimate is meant as a floor, not a prediction: parameters (exact for the ResNets,
+//! whose counts match torchvision's; counted layer by layer for the others), their
+//! gradients and optimizer state, the dataset as held in memory, and the activations one
+//! micro-batch keeps for its backward pass at a per-architecture rate per input element,
+//! set well below what PyTorch keeps for the same layers (the article's ResNet-50 row,
+//! 4.7 GB at batch 64 on 3×32×32 images, is about 5,600 floats per input element; the rate
+//! here is 2,500). A run over the estimate cannot fit; one under it may still not.
+
+use crate::plan::{DataPlan, LoaderPlan, ModelPlan, OptimPlan};
+use crate::recipe::{Arch, Optimizer, Stem, TokenizerKind};
+
+/// Bytes, in parts.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Footprint {
+    pub parameters: u64,
+    /// Weights, gradients and optimizer state, f32.
+    pub model_bytes: u64,
+    /// Training and test sets as held in host memory.
+    pub data_bytes: u64,
+    /// What one micro-batch keeps for its backward pass.
+    pub activation_bytes: u64,
+}
+
+impl Footprint {
+    /// What the device holds: model and activations (the data stays on the host).
+    pub fn device_bytes(&self) -> u64 {
+        self.model_bytes.saturating_add(self.activation_bytes)
+    }
+
+    /// What the host holds on the CPU backend: everything.
+    pub fn host_bytes(&self) -> u64 {
+        self.device_bytes().saturating_add(self.data_bytes)
+    }
+}
+
+/// `12.3 GiB`.
+pub fn gib(bytes: u64) -> String {
+    format!("{:.1} GiB", bytes as f64 / (1u64 << 30) as f64)
+}
+
+/// The vocabulary a text plan can reach: the word tokenizer's cap (plus its specials), or
+/// the byte tokenizer's 256 (plus its specials).
+fn vocab_bound(data: &DataPlan, pad_id: usize) -> u64 {
+    let t = data.text.as_ref();
+    let v = match t.map(|t| t.tokenizer.kind) {
+        Some(TokenizerKind::Word) => t.map_or(0, |t| t.tokenizer.max_vocab) + 2,
+        _ => 258,
+    };
+    (v.max(pad_id + 1)) as u64
+}
+
+fn linear(i: u64, o: u64) -> u64 {
+    i * o + o
+}
+
+/// Trainable parameters of the plan's model.
+pub fn parameters(m: &ModelPlan, data: &DataPlan) -> u64 {
+    let classes = m.num_classes as u64;
+    let c = data.channels as u64;
+    let side = data.height as u64;
+    match m.arch {
+        Arch::Resnet18 | Arch::Resnet34 | Arch::Resnet50 => {
+            // torchvision's counts without conv1 and fc (10 classes, 3 channels: 11,173,962,
+            // 21,282,122 and 23,520,842 with the CIFAR stem).
+            let (body, features) = match m.arch {
+                Arch::Resnet18 => (11_167_104, 512),
+                Arch::Resnet34 => (21_275_264, 512),
+                _ => (23_498_624, 2048),
+            };
+            let k = if m.stem == Stem::Imagenet { 49 } else { 9 };
+            body + 64 * c * k + linear(features, classes)
+        }
+        Arch::SmallCnn => {
+            let w = m.width as u64;
+            let flat = 2 * w * (side / 4) * (side / 4);
+            (c * w * 9 + w + 2 * w)
+                + (w * 2 * w * 9 + 2 * w + 4 * w)
+                + linear(flat, 128)
+                + linear(128, classes)
+        }
+        Arch::Mlp => {
+            let mut sizes = vec![c * side * side];
+            sizes.extend(m.hidden.iter().map(|&h| h as u64));
+            sizes.push(classes);
+            sizes.windows(2).map(|w| linear(w[0], w[1])).sum()
+        }
+        Arch::Bag | Arch::Lstm | Arch::Transformer => {
+            let pad = data.text.as_ref().map_or(0, |t| t.padding.pad_id as usize);
+            let e = m.embed_dim as u64;
+            let embed = vocab_bound(data, pad) * e;
+            match m.arch {
+                Arch::Bag => {
+                    let mut sizes = vec![e];
+                    sizes.extend(m.hidden.iter().map(|&h| h as u64));
+                    sizes.push(classes);
+                    embed + sizes.windows(2).map(|w| linear(w[0], w[1])).sum::<u64>()
+                }
+                Arch::Lstm => {
+                    let h = m.hidden_size as u64;
+                    let first = 4 * (linear(e, h) + linear(h, h));
+                    let rest = 4 * (linear(h, h) + linear(h, h)) * (m.layers as u64 - 1);
+                    embed + first + rest + linear(h, classes)
+                }
+                _ => {
+                    let max_len = data.text.as_ref().map_or(1, |t| t.padding.max_row_len()) as u64;
+                    let ff = m.ff_dim as u64;
+                    let layer = 4 * linear(e, e) + linear(e, ff) + linear(ff, e) + 4 * e;
+                    embed + max_len * e + layer * m.layers as u64 + linear(e, classes)
+                }
+            }
+        }
+    }
+}
+
+/// f32 values one sample keeps for its backward pass, per element of its input (pixels ×
+/// channels, or tokens), by architecture: the ResNets scaled from the article's figure
+/// (see the module header), the others counted from their layers' outputs.
+fn activations_per_input(m: &ModelPlan) -> u64 {
+    let stem_scale = |v: u64| if m.stem == Stem::Imagenet { v / 16 } else { v };
+    match m.arch {
+        Arch::Resnet18 => stem_scale(600),
+        Arch::Resnet34 => stem_scale(1_000),
+        Arch::Resnet50 => stem_scale(2_500),
+        Arch::SmallCnn => 4 * m.width as u64,
+        Arch::Mlp => 2,
+        Arch::Bag => 2 * m.embed_dim as u64,
+        Arch::Lstm => 8 * (m.embed_dim + m.hidden_size * m.layers) as u64,
+        Arch::Transformer => (m.layers * (8 * m.embed_dim + 2 * m.ff_dim)) as u64,
+    }
+}
+
+/// The plan's footprint. Text data is counted by its files' sizes (tokens take about as
+/// much as the text they come from); images as the bytes of their pixels.
+pub fn estimate(
+    model: &ModelPlan,
+    data: &DataPlan,
+    loader: &LoaderPlan,
+    optim: &OptimPlan,
+    text_bytes: u64,
+) -> Footprint {
+    let params = parameters(model, data);
+    let states = match optim.optimizer {
+        Optimizer::Sgd if optim.momentum > 0.0 => 1,
+        Optimizer::Sgd => 0,
+        Optimizer::Adamw => 2,
+    };
+    let model_bytes = params.saturating_mul(4 * (2 + states));
+    let sample = (data.channels * data.height * data.width) as u64;
+    let data_bytes = match &data.text {
+        Some(_) => text_bytes.saturating_mul(2),
+        None => sample.saturating_mul((data.train_len + data.test_len) as u64),
+    };
+    let per_input = match &data.text {
+        Some(t) => t.padding.max_row_len() as u64,
+        None => sample,
+    };
+    let activation_bytes = (loader.batch_size as u64)
+        .saturating_mul(per_input)
+        .saturating_mul(activations_per_input(model))
+        .saturating_mul(4);
+    Footprint {
+        parameters: params,
+        model_bytes,
+        data_bytes,
+        activation_bytes,
+    }
+}
+
+/// Beyond this a footprint is refused on any machine (the check `runner validate` makes,
+/// which knows no machine): 4 TiB.
+pub const ABSOLUTE_CAP: u64 = 4 << 40;
+
+/// Total memory of this machine, from `/proc/meminfo` (Linux).
+pub fn host_memory() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = text.lines().find(|l| l.starts_with("MemTotal:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
+}
