@@ -158,6 +158,8 @@ pub struct Eval {
     pub step: u64,
     pub samples: usize,
     pub accuracy: f64,
+    /// `null` when not a number (a diverged model).
+    #[serde(deserialize_with = "nan_from_null")]
     pub loss: f64,
     pub ms: f64,
 }

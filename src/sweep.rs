@@ -484,7 +484,7 @@ pub struct Manifest {
 
 /// `<log.dir>/<name>/sweeps/<grid-id>/`: the manifest, `cells/<index>-<id>.json` status
 /// files (one writer each, written whole by rename, so shards on a shared file system never
-/// write the same file), and the Slurm script.
+/// write the same file), `locks/` (see `CellLock`), and the Slurm script.
 pub struct SweepDir {
     pub dir: PathBuf,
 }
@@ -493,6 +493,7 @@ impl SweepDir {
     pub fn open(root: &Path, base: &str, recipe: &Path, cells: &[Cell]) -> std::io::Result<Self> {
         let dir = root.join(base).join("sweeps").join(grid_id(cells));
         std::fs::create_dir_all(dir.join("cells"))?;
+        std::fs::create_dir_all(dir.join("locks"))?;
         let manifest = dir.join("manifest.json");
         // Written once; rewritten if it cannot be read (cut by a crash or a full disk).
         let readable = std::fs::read_to_string(&manifest)
@@ -523,7 +524,7 @@ impl SweepDir {
 
     fn lock_path(&self, c: &Cell) -> PathBuf {
         self.dir
-            .join("cells")
+            .join("locks")
             .join(format!("{:04}-{}.lock", c.index, c.id))
     }
 
@@ -656,7 +657,7 @@ pub fn execute(
 /// over (the owner was killed, or its node died). The owner touches it every 10 s.
 pub const LOCK_STALE_AFTER: std::time::Duration = std::time::Duration::from_secs(60);
 
-/// `cells/<index>-<id>.lock`: created exclusively (`O_EXCL`) by the process that runs the
+/// `locks/<index>-<id>.lock`: created exclusively (`O_EXCL`) by the process that runs the
 /// cell, holding its host and pid, touched every 10 s by a heartbeat thread, removed when
 /// the cell ends. A lock is stale, and taken over, when its owner is a dead process on this
 /// host or its heartbeat is older than `LOCK_STALE_AFTER`.

@@ -1675,3 +1675,496 @@ fn warmup_runs_every_shape_once_and_creates_no_run() {
         .unwrap();
     expect_exit(&out, 2);
 }
+
+// ---------------------------------------------------------------- when things go wrong
+
+/// Every line of a metrics file parses (none was cut).
+fn whole_lines(run: &Path) -> Vec<StepRecord> {
+    let text = std::fs::read_to_string(run.join("metrics.jsonl")).unwrap();
+    assert!(text.is_empty() || text.ends_with('\n'), "a cut last line");
+    records(run)
+}
+
+#[test]
+fn a_diverged_run_fails_at_that_step_and_report_keeps_it_apart() {
+    let dir = tempdir("diverge");
+    let recipe = tiny_recipe(&dir, "div", "[optim]\nlr = 1e6\n");
+    let out = runner_cmd().arg(&recipe).arg("-q").output().unwrap();
+    expect_exit(&out, 1);
+    let run = only_run(&dir.join("runs/div"));
+    let s = summary(&run);
+    assert_eq!(s.status, "failed");
+    let err = s.error.clone().unwrap_or_default();
+    assert!(
+        err.starts_with("diverged at step ") && err.contains("run.max_loss"),
+        "{err}"
+    );
+    let recs = whole_lines(&run);
+    let last = recs.last().unwrap();
+    assert!(err.starts_with(&format!("diverged at step {}:", last.step)));
+    assert!(!(last.loss.is_finite() && last.loss <= 1e4), "{last:?}");
+    assert!(
+        recs.len() < 4,
+        "the run went on after diverging: {}",
+        recs.len()
+    );
+
+    // Allowed to go on: completed, with the step recorded, and a NaN loss reads back.
+    let out = runner_cmd()
+        .arg(&recipe)
+        .args([
+            "-q",
+            "--set",
+            "run.stop_on_divergence=false",
+            "--set",
+            "optim.lr=1e30",
+        ])
+        .output()
+        .unwrap();
+    expect_exit(&out, 0);
+    // report: only the completed one is in the table; the failed one is listed apart.
+    let out = runner_cmd()
+        .args(["report", "--format", "csv"])
+        .arg(dir.join("runs"))
+        .output()
+        .unwrap();
+    expect_exit(&out, 0);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(stdout.lines().count(), 2, "header and one row: {stdout}");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("not in the table (1 run(s) did not complete)")
+            && stderr.contains(&format!("{}: failed: diverged at step", run.display())),
+        "{stderr}"
+    );
+    // Only failed runs: nothing to compare is exit 1, not "bad input".
+    let out = runner_cmd().arg("report").arg(&run).output().unwrap();
+    expect_exit(&out, 1);
+}
+
+#[test]
+fn report_tells_a_killed_run_from_a_running_one() {
+    let dir = tempdir("killed-report");
+    let recipe = tiny_recipe(&dir, "k", "");
+    expect_exit(&runner_cmd().arg(&recipe).arg("-q").output().unwrap(), 0);
+    let run = only_run(&dir.join("runs/k"));
+    let mut s = json(&run.join("summary.json"));
+    // As kill -9 leaves it: still "running", its process gone.
+    s["status"] = "running".into();
+    s["pid"] = 4_000_000u32.into();
+    std::fs::write(run.join("summary.json"), s.to_string()).unwrap();
+    let out = runner_cmd().arg("report").arg(&run).output().unwrap();
+    expect_exit(&out, 1);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("killed: its process (pid 4000000) is gone"),
+        "{stderr}"
+    );
+}
+
+/// Starts `runner` on a long synthetic run, waits for its first metrics line, sends
+/// `signal`, and returns its output and run directory.
+fn interrupt(tag: &str, extra: &str, signal: &str) -> (std::process::Output, PathBuf) {
+    let dir = tempdir(tag);
+    let recipe = tiny_recipe(&dir, tag, extra);
+    let child = runner_cmd()
+        .arg(&recipe)
+        .args([
+            "-q",
+            "--set",
+            "run.epochs=100000",
+            "--set",
+            "data.synthetic.samples=4000",
+        ])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let runs = dir.join("runs");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        let started = walk_files(&runs).iter().any(|p| {
+            p.ends_with("metrics.jsonl") && std::fs::metadata(p).is_ok_and(|m| m.len() > 0)
+        });
+        if started {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the run never started"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let status = Command::new("kill")
+        .args([signal, &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let out = child.wait_with_output().unwrap();
+    (out, dir)
+}
+
+fn walk_files(dir: &Path) -> Vec<PathBuf> {
+    let mut out = vec![];
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                stack.push(p);
+            } else {
+                out.push(p);
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn sigterm_stops_at_a_step_boundary_and_says_interrupted() {
+    let (out, dir) = interrupt("sigterm", "", "-TERM");
+    expect_exit(&out, 143);
+    let run = only_run(&dir.join("runs/sigterm"));
+    let s = summary(&run);
+    assert_eq!(s.status, "interrupted");
+    let recs = whole_lines(&run);
+    assert_eq!(
+        s.steps as usize,
+        recs.len(),
+        "the summary covers what was written"
+    );
+    assert!(
+        s.error
+            .as_deref()
+            .unwrap_or_default()
+            .starts_with("interrupted by SIGTERM after step"),
+        "{s:?}"
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("sigterm: interrupted by SIGTERM; what was recorded is in"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn an_interrupted_grid_cell_is_rerun_by_resume() {
+    let dir = tempdir("sigint-grid");
+    let grid = tiny_recipe(&dir, "g", "[sweep]\n\"optim.lr\" = [0.1, 0.2]\n");
+    // Long enough to interrupt, short enough to finish on resume (a few seconds a cell).
+    let long = [
+        "-q",
+        "--set",
+        "run.epochs=20",
+        "--set",
+        "data.synthetic.samples=4000",
+    ];
+    let child = runner_cmd()
+        .arg(&grid)
+        .args(long)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while !walk_files(&dir.join("runs"))
+        .iter()
+        .any(|p| p.ends_with("metrics.jsonl") && std::fs::metadata(p).is_ok_and(|m| m.len() > 0))
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the grid never started"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status()
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    expect_exit(&out, 130);
+    let sweep = only_run(&dir.join("runs/g/sweeps"));
+    let states: Vec<String> = statuses(&sweep).into_iter().map(|(_, s)| s).collect();
+    assert_eq!(
+        states,
+        ["interrupted"],
+        "cell 0 interrupted, cell 1 never started"
+    );
+    assert!(
+        !walk_files(&sweep)
+            .iter()
+            .any(|p| p.extension().is_some_and(|e| e == "lock")),
+        "a lock outlived its process"
+    );
+    // --resume runs the interrupted cell again, and the one never started.
+    let out = runner_cmd()
+        .arg(&grid)
+        .args(long)
+        .arg("--resume")
+        .output()
+        .unwrap();
+    expect_exit(&out, 0);
+    let states: Vec<String> = statuses(&sweep).into_iter().map(|(_, s)| s).collect();
+    assert_eq!(states, ["done", "done"]);
+}
+
+#[test]
+fn a_locked_cell_is_left_to_its_owner_and_a_stale_lock_is_taken_over() {
+    let dir = tempdir("locks");
+    let grid = tiny_recipe(&dir, "g", "[sweep]\n\"optim.lr\" = [0.1, 0.2]\n");
+    // Validate once to learn the cells' ids, then lock cell 0 as a live process would.
+    let cells = runner::sweep::check(&grid, &[], &Machine::cpu_only(), 256)
+        .unwrap()
+        .cells;
+    let sweep = runner::sweep::SweepDir::open(&dir.join("runs"), "g", &grid, &cells).unwrap();
+    let host = std::fs::read_to_string("/etc/hostname").unwrap_or_default();
+    let lock = sweep.dir.join(format!("locks/0000-{}.lock", cells[0].id));
+    // This test process is alive: the lock is live.
+    std::fs::write(&lock, format!("{} {}\n", host.trim(), std::process::id())).unwrap();
+    let out = runner_cmd().arg(&grid).arg("-q").output().unwrap();
+    expect_exit(&out, 0);
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("cell 0: left to process"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let states: Vec<(String, String)> = statuses(&sweep.dir);
+    assert_eq!(states.len(), 1, "only cell 1 ran: {states:?}");
+    assert!(states[0].0.starts_with("0001-"));
+    // A lock whose process is gone is stale: --resume takes it over and runs cell 0.
+    std::fs::write(&lock, format!("{} 4000000\n", host.trim())).unwrap();
+    let out = runner_cmd()
+        .arg(&grid)
+        .args(["-q", "--resume"])
+        .output()
+        .unwrap();
+    expect_exit(&out, 0);
+    let states: Vec<String> = statuses(&sweep.dir).into_iter().map(|(_, s)| s).collect();
+    assert_eq!(states, ["done", "done"]);
+    assert!(!lock.exists());
+}
+
+#[test]
+fn a_full_disk_stops_the_run_without_cutting_a_line() {
+    let dir = tempdir("full-disk");
+    let mnt = dir.join("small");
+    std::fs::create_dir_all(&mnt).unwrap();
+    // A 64 KiB file system for the run directory (root can mount one; CI runs as root).
+    let mounted = Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=64k", "tmpfs"])
+        .arg(&mnt)
+        .status()
+        .is_ok_and(|s| s.success());
+    if !mounted {
+        eprintln!("skipped: cannot mount a small tmpfs here (not root?)");
+        return;
+    }
+    let recipe = tiny_recipe(&dir, "full", "");
+    let out = runner_cmd()
+        .arg(&recipe)
+        .args(["-q", "--set", "run.epochs=200", "--set"])
+        .arg(format!("log.dir=\"{}\"", mnt.display()))
+        .output()
+        .unwrap();
+    let run = only_run(&mnt.join("full"));
+    let text = std::fs::read_to_string(run.join("metrics.jsonl")).unwrap_or_default();
+    let summary_text = std::fs::read_to_string(run.join("summary.json")).unwrap_or_default();
+    let _ = Command::new("umount").arg(&mnt).status();
+    expect_exit(&out, 1);
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("No space left on device"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        text.is_empty() || text.ends_with('\n'),
+        "a cut metrics line"
+    );
+    for l in text.lines() {
+        serde_json::from_str::<StepRecord>(l).unwrap();
+    }
+    // Fewer lines than 200 epochs of 4 steps: the run stopped instead of going on.
+    assert!(text.lines().count() < 800);
+    // The summary is either the last whole one written, or says failed.
+    if let Ok(s) = serde_json::from_str::<Summary>(&summary_text) {
+        assert_ne!(s.status, "completed");
+    }
+}
+
+#[test]
+fn slurm_refuses_a_plain_recipe_and_zero_shards_before_writing() {
+    let dir = tempdir("slurm-refuse");
+    let plain = tiny_recipe(&dir, "plain", "");
+    let out = runner_cmd()
+        .args(["sweep", "--slurm"])
+        .arg(&plain)
+        .output()
+        .unwrap();
+    expect_exit(&out, 2);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("has no [sweep] table"));
+    let grid = tiny_recipe(&dir, "g", "[sweep]\n\"optim.lr\" = [0.1, 0.2]\n");
+    let out = runner_cmd()
+        .args(["sweep", "--slurm", "--shards", "0"])
+        .arg(&grid)
+        .output()
+        .unwrap();
+    expect_exit(&out, 2);
+    assert!(!dir.join("runs").exists(), "state written before the error");
+}
+
+#[test]
+fn huge_sweep_values_make_short_cell_names() {
+    let dir = tempdir("long-names");
+    let grid = tiny_recipe(&dir, "g", "[sweep]\n\"optim.lr\" = [0.01, 1e300]\n");
+    let out = runner_cmd().arg("validate").arg(&grid).output().unwrap();
+    expect_exit(&out, 0);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains("g/optim.lr=1e300"), "{stdout}");
+    let long = format!(
+        "[sweep]\n\"data.text_field\" = [\"{}\"]\n\"optim.lr\" = [0.1]\n",
+        "t".repeat(300)
+    );
+    let l = recipe::parse(
+        &dir.join("g.toml"),
+        format!("[model]\narch = \"mlp\"\n[data]\nformat = \"synthetic\"\n{long}"),
+    )
+    .unwrap();
+    let cells = runner::sweep::expand(&l, 4).unwrap();
+    assert_eq!(cells[0].name, "g/cell-0000");
+}
+
+/// The fuzz test: thousands of mutated recipes (from every shipped recipe and bad-input
+/// fixture: lines deleted, duplicated or swapped, values swapped between lines, huge and
+/// odd numbers, random bytes, cut files) through `runner validate`, 100 files a process.
+/// Never a panic; always exit 0 (valid) or 2 (findings). A failing batch is re-run file
+/// by file to name the culprit.
+#[test]
+fn mutated_recipes_never_crash_validation() {
+    use runner::rng::SplitMix64;
+    const MUTANTS: usize = 10_000;
+    let work = tempdir("fuzz");
+    // Mirror the layout so relative data paths still resolve to the shipped data.
+    for d in ["datasets", "tests/fixtures/data", "tests/fixtures/sweep"] {
+        let link = work.join(d);
+        std::fs::create_dir_all(link.parent().unwrap()).unwrap();
+        std::os::unix::fs::symlink(root().join(d), &link).unwrap();
+    }
+    let mut seeds: Vec<(PathBuf, String)> = vec![];
+    for dir in ["recipes", "tests/fixtures/invalid"] {
+        for f in toml_files(&root().join(dir)) {
+            seeds.push((rel(&f), std::fs::read_to_string(&f).unwrap()));
+        }
+    }
+    let odd = [
+        "1e308",
+        "-1",
+        "0",
+        "9223372036854775807",
+        "18446744073709551616",
+        "nan",
+        "inf",
+        "-inf",
+        "\"\"",
+        "[]",
+        "{}",
+        "true",
+        "\"\\u0000\"",
+        "4000000000",
+        "1e-320",
+        "[0, 1e300]",
+    ];
+    let mut rng = SplitMix64::new(7);
+    let mut files = vec![];
+    for i in 0..MUTANTS {
+        let (path, text) = &seeds[rng.below(seeds.len() as u64) as usize];
+        let mut lines: Vec<String> = text.lines().map(str::to_string).collect();
+        let pick = |rng: &mut SplitMix64, n: usize| rng.below(n.max(1) as u64) as usize;
+        for _ in 0..=pick(&mut rng, 3) {
+            let n = lines.len();
+            match pick(&mut rng, 7) {
+                0 if n > 0 => {
+                    lines.remove(pick(&mut rng, n));
+                }
+                1 if n > 0 => {
+                    let l = lines[pick(&mut rng, n)].clone();
+                    lines.insert(pick(&mut rng, n), l);
+                }
+                2 if n > 1 => {
+                    let (a, b) = (pick(&mut rng, n), pick(&mut rng, n));
+                    lines.swap(a, b);
+                }
+                3 if n > 1 => {
+                    // A value from one line onto another key.
+                    let (a, b) = (pick(&mut rng, n), pick(&mut rng, n));
+                    if let (Some((ka, _)), Some((_, vb))) =
+                        (lines[a].split_once('='), lines[b].clone().split_once('='))
+                    {
+                        lines[a] = format!("{ka}={vb}");
+                    }
+                }
+                4 if n > 0 => {
+                    let a = pick(&mut rng, n);
+                    if let Some((k, _)) = lines[a].clone().split_once('=') {
+                        lines[a] = format!("{k}= {}", odd[pick(&mut rng, odd.len())]);
+                    }
+                }
+                5 => {
+                    let junk: String = (0..1 + pick(&mut rng, 12))
+                        .map(|_| char::from_u32(rng.below(0x250) as u32).unwrap_or('?'))
+                        .collect();
+                    let at = pick(&mut rng, n + 1);
+                    lines.insert(at, junk);
+                }
+                _ if n > 0 => {
+                    lines.truncate(pick(&mut rng, n));
+                }
+                _ => {}
+            }
+        }
+        let out = work.join(path).with_file_name(format!(
+            "m{i:04}-{}",
+            path.file_name().unwrap().to_string_lossy()
+        ));
+        std::fs::create_dir_all(out.parent().unwrap()).unwrap();
+        std::fs::write(&out, lines.join("\n")).unwrap();
+        files.push(out);
+    }
+    let validate = |batch: &[PathBuf]| {
+        runner_cmd()
+            .current_dir(&work)
+            .arg("validate")
+            .args(batch)
+            .output()
+            .unwrap()
+    };
+    let bad = |o: &std::process::Output| {
+        !matches!(o.status.code(), Some(0 | 2))
+            || String::from_utf8_lossy(&o.stderr).contains("panicked")
+    };
+    let mut invalid = 0;
+    for batch in files.chunks(100) {
+        let out = validate(batch);
+        if bad(&out) {
+            for f in batch {
+                let one = validate(std::slice::from_ref(f));
+                assert!(
+                    !bad(&one),
+                    "validate crashed ({:?}) on {}:\n{}\n--- stderr:\n{}",
+                    one.status.code(),
+                    f.display(),
+                    std::fs::read_to_string(f).unwrap_or_default(),
+                    String::from_utf8_lossy(&one.stderr)
+                );
+            }
+        }
+        invalid += String::from_utf8_lossy(&out.stderr)
+            .matches("\nerror")
+            .count();
+    }
+    // The mutations do reach validation's errors (not only syntax errors).
+    assert!(
+        invalid > MUTANTS / 10,
+        "only {invalid} findings from {MUTANTS} mutants"
+    );
+    let _ = std::fs::remove_dir_all(&work);
+}
