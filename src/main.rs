@@ -410,7 +410,19 @@ fn run_one(p: &Plan, opts: &RunOptions) -> Result<PathBuf, RunError> {
             p.device_reason
         );
     }
-    match run::execute(p, opts) {
+    // The loop's panics are caught inside; anything else that panics still ends only this
+    // run (a grid goes on to its next cell).
+    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run::execute(p, opts)))
+        .unwrap_or_else(|panic| {
+            Err(RunError::Failed {
+                dir: p.log.dir.join(&p.name),
+                message: format!(
+                    "the runner panicked: {}",
+                    run::panic_message(panic.as_ref())
+                ),
+            })
+        });
+    match result {
         Ok(f) => {
             let s = &f.summary;
             let acc = s.test_accuracy.map_or("no test set".into(), |a| {
@@ -668,21 +680,13 @@ fn ls() -> ExitCode {
         None => println!("  (no recipes/ directory here)"),
     }
     println!("models (model.arch):");
-    for (a, about) in [
-        ("resnet18", "ResNet-18, BasicBlock [2,2,2,2]; 11,173,962 parameters with the CIFAR stem and 10 classes"),
-        ("resnet34", "ResNet-34, BasicBlock [3,4,6,3]; 21,282,122 parameters (CIFAR stem, 10 classes)"),
-        ("resnet50", "ResNet-50, Bottleneck [3,4,6,3]; 23,520,842 parameters (CIFAR stem, 10 classes)"),
-        ("small_cnn", "two conv-BN-ReLU-pool blocks and a two-layer head, for quick CPU runs"),
-        ("mlp", "fully connected layers (model.hidden)"),
-    ] {
-        println!("  {a:<12} {about}");
+    for a in runner::recipe::Arch::ALL {
+        println!("  {:<12} {}", a.name(), a.about());
     }
     println!("data formats (data.format):");
-    println!("  {:<12} CIFAR-10 binary records (1 label byte + 3,072 pixel bytes); a file or a cifar-10-batches-bin directory", "cifar10-bin");
-    println!(
-        "  {:<12} deterministic generated images, no files",
-        "synthetic"
-    );
+    for f in runner::recipe::DataFormat::ALL {
+        println!("  {:<12} {}", f.name(), f.about());
+    }
     ExitCode::SUCCESS
 }
 

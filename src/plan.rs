@@ -738,16 +738,13 @@ impl<'a> Validator<'a> {
                 "model.arch",
                 format!(
                     "{} reads token sequences, but the data are images",
-                    format!("{arch:?}").to_lowercase()
+                    arch.name()
                 ),
                 "use data.format = \"jsonl\", or an image model (small_cnn, resnet18, ...)",
             ),
             (false, true) => self.err(
                 "model.arch",
-                format!(
-                    "{} reads images, but the data are text",
-                    format!("{arch:?}").to_lowercase()
-                ),
+                format!("{} reads images, but the data are text", arch.name()),
                 "use bag, lstm or transformer for text",
             ),
             _ => {}

@@ -2168,3 +2168,39 @@ fn mutated_recipes_never_crash_validation() {
     );
     let _ = std::fs::remove_dir_all(&work);
 }
+
+#[test]
+fn ls_lists_every_model_and_data_format_the_format_allows() {
+    let out = runner_cmd().arg("ls").output().unwrap();
+    expect_exit(&out, 0);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let schema = runner::recipe::schema::json_schema();
+    let text = serde_json::to_string(&schema).unwrap();
+    let schema: serde_json::Value = serde_json::from_str(&text).unwrap();
+    // Every word the schema allows for model.arch and data.format is listed.
+    let defs = &schema["$defs"];
+    for def in ["Arch", "DataFormat"] {
+        let words: Vec<String> = defs[def]["enum"]
+            .as_array()
+            .map(|a| {
+                a.iter()
+                    .filter_map(|v| v.as_str().map(String::from))
+                    .collect()
+            })
+            .or_else(|| {
+                defs[def]["oneOf"].as_array().map(|a| {
+                    a.iter()
+                        .filter_map(|v| v["const"].as_str().map(String::from))
+                        .collect()
+                })
+            })
+            .unwrap_or_default();
+        assert!(!words.is_empty(), "no {def} in the schema: {}", defs[def]);
+        for w in words {
+            assert!(
+                stdout.contains(&format!("  {w} ")),
+                "ls omits {w}:\n{stdout}"
+            );
+        }
+    }
+}

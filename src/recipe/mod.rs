@@ -213,7 +213,16 @@ fn check_unknown_keys(path: &Path, doc: &mut Doc, report: &mut Report, dropped: 
             let full = join(table_path, &key);
             let d = Diagnostic::error(path, format!("unknown key {where_}")).key(full.clone());
             // Point at the key itself, not its value.
-            let d = match doc.origins.get(&full) {
+            // A table written only through dotted keys below it (`--set unknown.key=1`) has
+            // no origin of its own: point at the first key under it.
+            let prefix = format!("{full}.");
+            let origin = doc.origins.get(&full).or_else(|| {
+                doc.origins
+                    .iter()
+                    .find(|(k, _)| k.starts_with(&prefix))
+                    .map(|(_, o)| o)
+            });
+            let d = match origin {
                 Some(o) => {
                     let s = doc.source(o);
                     let mut d = d.at(&s.text, o.key.clone());
@@ -296,6 +305,22 @@ fn friendly(msg: &str) -> String {
         ),
     ] {
         m = m.replace(from, to);
+    }
+    // serde's names for shapes and Rust types are not the user's words.
+    for (from, to) in [
+        ("invalid type: sequence", "invalid type: array"),
+        ("invalid type: map", "invalid type: table"),
+        ("invalid type: unit variant", "invalid type: bare word"),
+        ("expected a sequence", "expected an array"),
+        ("expected a map", "expected a table"),
+    ] {
+        m = m.replace(from, to);
+    }
+    if let Some(i) = m.find("expected struct ") {
+        m = format!("{}expected a table", &m[..i]);
+    }
+    if let Some(i) = m.find("expected enum ") {
+        m = format!("{}expected one of the allowed words", &m[..i]);
     }
     if let Some(rest) = m.strip_prefix("unknown variant ") {
         m = format!("unknown value {rest}");

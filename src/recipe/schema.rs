@@ -157,6 +157,45 @@ pub enum Arch {
 }
 
 impl Arch {
+    pub const ALL: [Arch; 8] = [
+        Arch::Resnet18,
+        Arch::Resnet34,
+        Arch::Resnet50,
+        Arch::SmallCnn,
+        Arch::Mlp,
+        Arch::Bag,
+        Arch::Lstm,
+        Arch::Transformer,
+    ];
+
+    /// As a recipe writes it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Arch::Resnet18 => "resnet18",
+            Arch::Resnet34 => "resnet34",
+            Arch::Resnet50 => "resnet50",
+            Arch::SmallCnn => "small_cnn",
+            Arch::Mlp => "mlp",
+            Arch::Bag => "bag",
+            Arch::Lstm => "lstm",
+            Arch::Transformer => "transformer",
+        }
+    }
+
+    /// One line for `runner ls`.
+    pub fn about(self) -> &'static str {
+        match self {
+            Arch::Resnet18 => "images: ResNet-18, BasicBlock [2,2,2,2]; 11,173,962 parameters with the CIFAR stem and 10 classes",
+            Arch::Resnet34 => "images: ResNet-34, BasicBlock [3,4,6,3]; 21,282,122 parameters (CIFAR stem, 10 classes)",
+            Arch::Resnet50 => "images: ResNet-50, Bottleneck [3,4,6,3]; 23,520,842 parameters (CIFAR stem, 10 classes)",
+            Arch::SmallCnn => "images: two conv-BN-ReLU-pool blocks and a two-layer head, for quick CPU runs",
+            Arch::Mlp => "images: fully connected layers (model.hidden)",
+            Arch::Bag => "text: mean of the token embeddings (fastText style), then model.hidden layers",
+            Arch::Lstm => "text: stacked LSTMs, classified from the hidden state at the last real token",
+            Arch::Transformer => "text: a pre-norm Transformer encoder with a key padding mask, mean over real positions",
+        }
+    }
+
     pub fn is_resnet(self) -> bool {
         matches!(self, Arch::Resnet18 | Arch::Resnet34 | Arch::Resnet50)
     }
@@ -294,6 +333,32 @@ pub enum DataFormat {
     Synthetic,
     #[serde(rename = "jsonl")]
     Jsonl,
+}
+
+impl DataFormat {
+    pub const ALL: [DataFormat; 3] = [
+        DataFormat::Cifar10Bin,
+        DataFormat::Jsonl,
+        DataFormat::Synthetic,
+    ];
+
+    /// As a recipe writes it.
+    pub fn name(self) -> &'static str {
+        match self {
+            DataFormat::Cifar10Bin => "cifar10-bin",
+            DataFormat::Synthetic => "synthetic",
+            DataFormat::Jsonl => "jsonl",
+        }
+    }
+
+    /// One line for `runner ls`.
+    pub fn about(self) -> &'static str {
+        match self {
+            DataFormat::Cifar10Bin => "CIFAR-10 binary records (1 label byte + 3,072 pixel bytes); a file or a cifar-10-batches-bin directory",
+            DataFormat::Synthetic => "deterministic generated images, no files",
+            DataFormat::Jsonl => "text, one JSON object a line (data.text_field, data.label_field); word or byte tokenizer",
+        }
+    }
 }
 
 /// `[data.normalize]`.
