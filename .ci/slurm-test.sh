@@ -96,3 +96,37 @@ ROWS=$("$RUNNER" report "$LOGS/tiny_grid" --format csv | tail -n +2 | wc -l)
 "$RUNNER" report "$LOGS/tiny_grid"
 [ "$ROWS" -eq "$CELLS" ] || { echo "the report has $ROWS rows for $CELLS cells"; exit 1; }
 echo "slurm: all $CELLS cells of the job array completed and are in the report"
+
+# Preemption: one long cell (tests/fixtures/sweep/long_grid.toml, ~20 s) gets SIGTERM on its
+# batch script as the time limit's --signal=B:TERM@120 would send it. The script passes it
+# on, the runner checkpoints and exits 143, the task requeues itself and resumes the cell
+# from its checkpoint: it must complete with every step once.
+LONG=tests/fixtures/sweep/long_grid.toml
+"$RUNNER" sweep --slurm --submit "$LONG" --set "log.dir=\"$LOGS\"" | tee "$WORK/submit-long.txt"
+JOB=$(awk '/Submitted batch job/ {print $4}' "$WORK/submit-long.txt")
+grep -q -- '--signal=B:TERM@' "$LOGS"/long_grid/sweeps/*/slurm.sbatch
+for _ in $(seq 240); do
+  LINES=$( (cat "$LOGS"/long_grid/*/*/metrics.jsonl 2>/dev/null || true) | wc -l)
+  [ "$LINES" -ge 60 ] && break
+  sleep 0.5
+done
+echo "signalling the running task after $LINES steps"
+scancel --signal=TERM --batch "$JOB"
+for _ in $(seq 300); do
+  DONE_LONG=$( (grep -l '"state": "done"' "$LOGS"/long_grid/sweeps/*/cells/*.json 2>/dev/null || true) | wc -l)
+  [ "$DONE_LONG" -eq 1 ] && [ -z "$(squeue -h -j "$JOB" 2>/dev/null)" ] && break
+  sleep 1
+done
+for f in "$LOGS"/long_grid/sweeps/*/slurm-*.out; do echo "== $f"; cat "$f"; done
+RUN=$(ls -d "$LOGS"/long_grid/optim.lr=0.05/*/)
+python3 - "$RUN" <<'PY'
+import json, sys
+run = sys.argv[1]
+s = json.load(open(run + "/summary.json"))
+steps = [json.loads(l)["step"] for l in open(run + "/metrics.jsonl")]
+print("status", s["status"], "resumes", s["resumes"], "steps", s["steps"], "lines", len(steps))
+assert s["status"] == "completed", s["status"]
+assert s["resumes"] >= 1, "the cell was not resumed"
+assert steps == list(range(1, 961)), "steps missing or repeated"
+PY
+echo "slurm: a signalled task checkpointed, requeued itself and resumed to the end"

@@ -6,6 +6,7 @@
 //! and `train` know Burn.
 
 pub mod backend;
+pub mod checkpoint;
 pub mod clock;
 pub mod data;
 pub mod kernels;

@@ -148,6 +148,13 @@ impl<T: Send + 'static> Loader<T> {
     /// The batches of one epoch, in order. Without persistence, workers start here and end
     /// when the iterator is dropped.
     pub fn epoch(&mut self, epoch: usize) -> EpochIter<'_, T> {
+        self.epoch_from(epoch, 0)
+    }
+
+    /// The batches of one epoch from batch `skip` on: what a resumed run has left of the
+    /// epoch it stopped in. Each batch is the one the whole epoch would have delivered
+    /// (order and augmentation depend on the seed, the epoch and the sample only).
+    pub fn epoch_from(&mut self, epoch: usize, skip: usize) -> EpochIter<'_, T> {
         let batches = Arc::new(epoch_batches(self.samples, &self.cfg, epoch));
         let w = self.cfg.workers;
         if w > 0 {
@@ -156,7 +163,10 @@ impl<T: Send + 'static> Loader<T> {
                 self.pool = (0..w).map(|i| self.spawn(i)).collect();
             }
             for (i, worker) in self.pool.iter().enumerate() {
-                let mine = (i..batches.len()).step_by(w).collect();
+                let mine = (i..batches.len())
+                    .step_by(w)
+                    .filter(|&b| b >= skip)
+                    .collect();
                 let task = Task {
                     epoch,
                     batches: Arc::clone(&batches),
@@ -170,8 +180,8 @@ impl<T: Send + 'static> Loader<T> {
         EpochIter {
             loader: self,
             epoch,
+            next: skip.min(batches.len()),
             batches,
-            next: 0,
         }
     }
 
@@ -219,11 +229,12 @@ pub struct EpochIter<'a, T: Send + 'static> {
 }
 
 impl<T: Send + 'static> EpochIter<'_, T> {
+    /// Batches still to come.
     pub fn len(&self) -> usize {
-        self.batches.len()
+        self.batches.len() - self.next
     }
     pub fn is_empty(&self) -> bool {
-        self.batches.is_empty()
+        self.len() == 0
     }
 }
 
@@ -374,6 +385,21 @@ mod tests {
                 max >= 2 * prefetch - 1,
                 "prefetch {prefetch}: workers never ran ahead ({max})"
             );
+        }
+    }
+
+    #[test]
+    fn an_epoch_resumed_at_batch_k_delivers_the_rest_of_the_same_epoch() {
+        for workers in [0, 3] {
+            let full: Vec<_> = Loader::new(cfg(workers, false), 41, ids())
+                .epoch(2)
+                .map(|d| d.value)
+                .collect();
+            let mut l = Loader::new(cfg(workers, false), 41, ids());
+            let it = l.epoch_from(2, 4);
+            assert_eq!(it.len(), full.len() - 4);
+            let rest: Vec<_> = it.map(|d| d.value).collect();
+            assert_eq!(rest, full[4..], "workers = {workers}");
         }
     }
 

@@ -49,6 +49,23 @@ enum Command {
         #[arg(short, long)]
         quiet: bool,
     },
+    /// Continue an interrupted run in its own directory from its latest checkpoint: the
+    /// same batches the uninterrupted run would have seen, metrics without a gap.
+    Resume {
+        /// The run directory (runs/<name>/<run-id>).
+        run_dir: PathBuf,
+        #[arg(short, long)]
+        quiet: bool,
+    },
+    /// Evaluate a run's saved weights (model.safetensors) on its test set, or on --data
+    /// (a file of the recipe's data format); prints accuracy and loss and writes
+    /// eval-<time>.json in the run directory. No training.
+    Eval {
+        run_dir: PathBuf,
+        /// Evaluate on this file instead of the recipe's test set.
+        #[arg(long)]
+        data: Option<PathBuf>,
+    },
     /// Print the resolved recipe (after extends, --set and defaults); for a grid, its cells.
     Show {
         #[command(flatten)]
@@ -139,6 +156,8 @@ fn main() -> ExitCode {
         Some(Command::Sweep(args)) => run_all(&args.run),
         Some(Command::Validate(args)) => validate(&args),
         Some(Command::Warmup { check, quiet }) => warmup(&check, quiet),
+        Some(Command::Resume { run_dir, quiet }) => resume(&run_dir, quiet),
+        Some(Command::Eval { run_dir, data }) => eval(&run_dir, data.as_deref()),
         Some(Command::Show { check, cell }) => show(&check, cell),
         Some(Command::Ls) => ls(),
         Some(Command::Schema { output }) => schema(output.as_deref()),
@@ -328,6 +347,58 @@ fn run_all(args: &RunArgs) -> ExitCode {
     code
 }
 
+fn resume(run_dir: &Path, quiet: bool) -> ExitCode {
+    runner::signals::install();
+    let opts = RunOptions { quiet };
+    match run::resume(run_dir, &opts, &runner::backend::probe()) {
+        Ok(f) => {
+            let s = &f.summary;
+            println!(
+                "{}: completed, {} steps in all ({} resume(s)), final loss {:.4}, {}",
+                s.name,
+                s.steps,
+                s.resumes,
+                s.final_loss.unwrap_or(f64::NAN),
+                f.dir.display()
+            );
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            match &e {
+                RunError::Failed { dir, message } => eprintln!(
+                    "error: the resumed run failed: {message}\n  = note: what was recorded is in {}",
+                    dir.display()
+                ),
+                RunError::Interrupted { dir, .. } => {
+                    eprintln!("{e}; resume it again with: runner resume {}", dir.display())
+                }
+                _ => eprintln!("{e}"),
+            }
+            ExitCode::from(e.exit_code())
+        }
+    }
+}
+
+fn eval(run_dir: &Path, data: Option<&Path>) -> ExitCode {
+    match run::eval(run_dir, data, &runner::backend::probe()) {
+        Ok(r) => {
+            println!(
+                "accuracy {:.2}% on {} samples, loss {:.4} ({}, {:.1} s)",
+                100.0 * r.accuracy,
+                r.samples,
+                r.loss,
+                r.weights.display(),
+                r.ms / 1e3
+            );
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("{e}");
+            ExitCode::from(e.exit_code())
+        }
+    }
+}
+
 /// What decides the kernels a plan compiles and tunes: plans equal in this warm up once.
 fn kernel_key(p: &Plan) -> String {
     let o = &p.optim;
@@ -475,14 +546,30 @@ fn run_grid(c: &Checked, sel: Selection, opts: &RunOptions) -> Result<(), RunErr
         dir.dir.display()
     );
     let mut stop: Option<RunError> = None;
-    let outcome = sweep::execute(&dir, &c.cells, sel, |cell| {
+    let resuming = sel.resume;
+    let outcome = sweep::execute(&dir, &c.cells, sel, |cell, previous| {
         let end = |dir, message, state, stop_sweep| CellEnd {
             dir,
             message,
             state,
             stop_sweep,
         };
-        match run_one(&c.plans[cell.index], opts) {
+        // With --resume, a cell whose run stopped (a signal, a killed process: this process
+        // holds its lock now) continues from its checkpoint rather than starting over.
+        let stopped_run = previous
+            .filter(|s| resuming && matches!(s.state, State::Interrupted | State::Running))
+            .and_then(|s| s.run_dir)
+            .filter(|d| runner::checkpoint::latest(d).is_some());
+        let result = match stopped_run {
+            Some(run_dir) => {
+                if !opts.quiet {
+                    eprintln!("{}: resuming {}", cell.name, run_dir.display());
+                }
+                run::resume(&run_dir, opts, &runner::backend::probe()).map(|f| f.dir)
+            }
+            None => run_one(&c.plans[cell.index], opts),
+        };
+        match result {
             Ok(d) => Ok(d),
             Err(RunError::Failed { dir, message }) => {
                 Err(end(Some(dir), message, State::Failed, false))

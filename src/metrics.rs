@@ -48,6 +48,10 @@ pub struct StepRecord {
     pub optimizer_ms: f64,
     /// The cleanup actions run after this step (0 when none was due).
     pub cleanup_ms: f64,
+    /// Writing a checkpoint after this step (0 when none was due; one written at an
+    /// epoch's end, after its evaluation, is in the summary only).
+    #[serde(default)]
+    pub checkpoint_ms: f64,
     /// Reading losses back from the device and writing metrics lines (0 when not due).
     pub log_ms: f64,
     /// `samples / iter_ms`.
@@ -202,6 +206,7 @@ impl Phases {
                     - r.forward_backward_ms
                     - r.optimizer_ms
                     - r.cleanup_ms
+                    - r.checkpoint_ms
                     - r.log_ms
             }),
             iter_ms: med(|r| r.iter_ms),
@@ -245,6 +250,11 @@ pub struct Summary {
     pub synced_phases: Option<Phases>,
     pub data_wait_ms_total: f64,
     pub cleanup_ms_total: f64,
+    /// Checkpoints written, and the time they took.
+    pub checkpoints: usize,
+    pub checkpoint_ms_total: f64,
+    /// How often the run was resumed (`runner resume`).
+    pub resumes: usize,
     /// Cleanup time as a share of the timed steps' time, in percent.
     pub cleanup_pct: f64,
     pub data_wait_pct: f64,
@@ -369,6 +379,51 @@ impl JsonLines {
             path: path.to_path_buf(),
             len: 0,
         })
+    }
+
+    /// Opens `path` for appending to what it holds.
+    pub fn append(path: &Path) -> std::io::Result<Self> {
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)?;
+        let len = file.metadata()?.len();
+        Ok(Self {
+            file,
+            path: path.to_path_buf(),
+            len,
+        })
+    }
+
+    /// Keeps the first `keep` lines of `path` (a resumed run continues after them), reads
+    /// them back, and opens the file to append. Fewer lines than `keep` is an error.
+    pub fn reopen<T: serde::de::DeserializeOwned>(
+        path: &Path,
+        keep: u64,
+    ) -> std::io::Result<(Self, Vec<T>)> {
+        let text = std::fs::read_to_string(path)?;
+        let mut records = vec![];
+        let mut end = 0;
+        for (i, line) in text.split_inclusive('\n').take(keep as usize).enumerate() {
+            let r = serde_json::from_str(line.trim_end()).map_err(|e| {
+                std::io::Error::new(
+                    std::io::ErrorKind::InvalidData,
+                    format!("line {}: {e}", i + 1),
+                )
+            })?;
+            records.push(r);
+            end += line.len();
+        }
+        if (records.len() as u64) < keep {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                format!("has {} lines, the checkpoint expects {keep}", records.len()),
+            ));
+        }
+        let file = std::fs::OpenOptions::new().write(true).open(path)?;
+        file.set_len(end as u64)?;
+        drop(file);
+        Ok((Self::append(path)?, records))
     }
 
     /// Appends one record as a line, flushed. A write that fails (a full disk) is undone,

@@ -71,6 +71,7 @@ pub struct Plan {
     pub run: RunPlan,
     pub log: LogPlan,
     pub profile: ProfilePlan,
+    pub checkpoint: CheckpointPlan,
     /// The recipe files that made this plan (the recipe, then each file it extends).
     pub sources: Vec<PathBuf>,
     /// `--set` overrides, as given.
@@ -203,6 +204,14 @@ pub struct ProfilePlan {
     pub sample_ms: u64,
 }
 
+/// When a run writes checkpoints, how many it keeps, and whether it saves its weights.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CheckpointPlan {
+    pub every: Every,
+    pub keep: usize,
+    pub save_final: bool,
+}
+
 #[derive(Debug, Clone, PartialEq)]
 pub struct LogPlan {
     pub dir: PathBuf,
@@ -315,6 +324,7 @@ impl<'a> Validator<'a> {
         let log = self.log();
         let run = self.run_section(data.as_ref(), &loader, optim.as_ref());
         let profile = self.profile(run.as_ref());
+        let checkpoint = self.checkpoint();
         let (data, model, optim, run, log) = (data?, model?, optim?, run?, log?);
         // Only a plan that passed every other check is sized: a bad key's value would
         // make a meaningless (and doubled) finding.
@@ -417,6 +427,7 @@ impl<'a> Validator<'a> {
             run,
             log,
             profile,
+            checkpoint,
             sources: self
                 .l
                 .doc
@@ -1249,7 +1260,10 @@ impl<'a> Validator<'a> {
                 "set loader.workers to 1 or more, or remove persistent_workers",
             );
         }
-        if self.l.is_set("loader.prefetch") && l.workers == 0 {
+        // The default is written out in resolved recipes, so only another value is a
+        // mistake.
+        let default_prefetch = crate::recipe::LoaderSection::default().prefetch;
+        if self.l.is_set("loader.prefetch") && l.workers == 0 && l.prefetch != default_prefetch {
             self.err(
                 "loader.prefetch",
                 "prefetch applies to worker threads, and loader.workers = 0 has none (PyTorch rejects this too)",
@@ -1494,6 +1508,29 @@ impl<'a> Validator<'a> {
         ProfilePlan {
             window,
             sample_ms: p.sample_ms,
+        }
+    }
+
+    fn checkpoint(&mut self) -> CheckpointPlan {
+        let c = self.recipe().checkpoint.clone();
+        if c.keep == 0 {
+            self.err(
+                "checkpoint.keep",
+                "0 checkpoints kept: none could be resumed from",
+                "keep at least 1 (2 is safer: the latest may be cut by a crash)",
+            );
+        }
+        if c.every == Every::Step {
+            self.warn(
+                "checkpoint.every",
+                "a checkpoint after every step writes the whole model each step",
+                "use a number of steps, e.g. 500, or \"epoch\"",
+            );
+        }
+        CheckpointPlan {
+            every: c.every,
+            keep: c.keep.max(1),
+            save_final: c.save_final,
         }
     }
 

@@ -22,17 +22,21 @@ pub struct CleanupPolicy {
 impl CleanupPolicy {
     /// The actions to run at this point, in order; empty when none is due.
     pub fn decide(&self, at: Point) -> &[CleanupAction] {
-        let due = match (self.every, at) {
-            (Every::Step, Point::AfterStep { .. }) => true,
-            (Every::Steps(n), Point::AfterStep { step }) => step % n == 0,
-            (Every::Epoch, Point::EpochEnd) => true,
-            _ => false,
-        };
-        if due {
+        if due(self.every, at) {
             &self.actions
         } else {
             &[]
         }
+    }
+}
+
+/// Whether something scheduled `every` is due at this point (cleanups, checkpoints).
+pub fn due(every: Every, at: Point) -> bool {
+    match (every, at) {
+        (Every::Step, Point::AfterStep { .. }) => true,
+        (Every::Steps(n), Point::AfterStep { step }) => step % n == 0,
+        (Every::Epoch, Point::EpochEnd) => true,
+        _ => false,
     }
 }
 

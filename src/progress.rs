@@ -173,6 +173,11 @@ impl Progress {
         }
     }
 
+    /// A line of its own (between the bar's redraws on a terminal).
+    pub fn note(&self, s: String) {
+        self.line(s);
+    }
+
     fn line(&self, s: String) {
         if self.quiet {
             return;

@@ -199,6 +199,13 @@ struct FileSink {
     first_step_ms: Option<f64>,
     /// CubeCL's counters when the run started (a process may run several).
     counts_at_start: KernelCounts,
+    /// Lines written to `metrics.jsonl` (those of earlier processes included).
+    lines: u64,
+    /// A resumed run's clock continues from its last record.
+    t_offset_ms: f64,
+    checkpoints: usize,
+    checkpoint_ms: f64,
+    quiet: bool,
 }
 
 impl Sink for FileSink {
@@ -207,6 +214,7 @@ impl Sink for FileSink {
     }
     fn step(&mut self, r: &StepRecord) {
         let mut r = r.clone();
+        r.t_ms += self.t_offset_ms;
         if let Some(s) = self
             .sampler
             .as_ref()
@@ -219,9 +227,12 @@ impl Sink for FileSink {
             r.cpu_util_pct = s.cpu_util_pct;
         }
         let r = &r;
-        if let Err(e) = self.metrics.write(r) {
-            self.io_error
-                .get_or_insert(format!("{}: {e}", self.metrics.path().display()));
+        match self.metrics.write(r) {
+            Ok(()) => self.lines += 1,
+            Err(e) => {
+                self.io_error
+                    .get_or_insert(format!("{}: {e}", self.metrics.path().display()));
+            }
         }
         self.progress.step(r);
         self.records.push(r.clone());
@@ -235,6 +246,17 @@ impl Sink for FileSink {
     }
     fn phase(&mut self, what: &str) {
         self.progress.phase(what);
+    }
+    fn lines_written(&self) -> u64 {
+        self.lines
+    }
+    fn checkpointed(&mut self, dir: &Path, ms: f64) {
+        self.checkpoints += 1;
+        self.checkpoint_ms += ms;
+        if !self.quiet {
+            self.progress
+                .note(format!("checkpoint {} ({ms:.0} ms)", dir.display()));
+        }
     }
     fn should_stop(&mut self) -> Option<train::Stop> {
         if let Some(e) = &self.io_error {
@@ -272,6 +294,7 @@ struct Train<'a> {
     test_set: Arc<Dataset>,
     t0: Instant,
     sink: &'a mut dyn Sink,
+    persist: &'a train::Persist,
 }
 
 impl backend::Job for Train<'_> {
@@ -290,12 +313,25 @@ impl backend::Job for Train<'_> {
             mem,
             self.t0,
             self.sink,
+            Some(self.persist),
         )
     }
 }
 
-/// Runs a validated plan. Data errors come back before anything is written.
-pub fn execute(plan: &Plan, opts: &RunOptions) -> Result<Finished, RunError> {
+/// What a process needs before it writes anything: the kernel settings, the display, the
+/// data (whose errors come back before anything is written).
+struct Prepared {
+    wall: Instant,
+    settings: KernelSettings,
+    counts_at_start: KernelCounts,
+    progress: Progress,
+    sets: data::Sets,
+    threads: usize,
+    backend_name: String,
+    device_name: String,
+}
+
+fn prepare(plan: &Plan, opts: &RunOptions) -> Result<Prepared, RunError> {
     let wall = Instant::now();
     let settings = kernel_settings(plan)?;
     for note in &settings.notes {
@@ -311,39 +347,26 @@ pub fn execute(plan: &Plan, opts: &RunOptions) -> Result<Finished, RunError> {
         .map_err(|e| RunError::Input(format!("error: {e}\n  = help: {}", e.help_text())))?;
     let threads = backend::set_cpu_threads(plan.threads);
     let (backend_name, device_name) = backend::describe(plan.device, &plan.kernels);
+    Ok(Prepared {
+        wall,
+        settings,
+        counts_at_start,
+        progress,
+        sets,
+        threads,
+        backend_name,
+        device_name,
+    })
+}
 
-    let (dir, run_id) = create_run_dir(&plan.log.dir, &plan.name).map_err(|e| {
-        RunError::Input(format!(
-            "error: cannot create a run directory under {}: {e}\n  = help: check log.dir",
-            plan.log.dir.display()
-        ))
-    })?;
-    let fail = |message: String| RunError::Failed {
-        dir: dir.clone(),
-        message,
-    };
-
-    let header = format!(
-        "# Resolved recipe of run {}/{run_id}: every default filled in, paths absolute.\n# Re-run with: runner {}\n",
-        plan.name,
-        dir.join("recipe.toml").display()
-    );
-    let toml = toml::to_string(&plan.resolved)
-        .map_err(|e| fail(format!("cannot write the resolved recipe: {e}")))?;
-    std::fs::write(dir.join("recipe.toml"), header + &toml)
-        .map_err(|e| fail(format!("recipe.toml: {e}")))?;
-    if !plan.warnings.is_empty() {
-        let text: Vec<String> = plan.warnings.iter().map(|w| w.to_string()).collect();
-        std::fs::write(dir.join("warnings.txt"), text.join("\n") + "\n")
-            .map_err(|e| fail(format!("warnings.txt: {e}")))?;
-    }
-    let env = Environment {
+fn environment(plan: &Plan, p: &Prepared) -> Environment {
+    Environment {
         runner_version: env!("CARGO_PKG_VERSION").into(),
         burn_version: BURN_VERSION.into(),
-        backend: backend_name.clone(),
-        device: device_name.clone(),
+        backend: p.backend_name.clone(),
+        device: p.device_name.clone(),
         device_reason: plan.device_reason.clone(),
-        threads,
+        threads: p.threads,
         cpus: std::thread::available_parallelism().map_or(1, |n| n.get()),
         os: std::env::consts::OS.into(),
         arch: std::env::consts::ARCH.into(),
@@ -361,25 +384,215 @@ pub fn execute(plan: &Plan, opts: &RunOptions) -> Result<Finished, RunError> {
             .collect(),
         overrides: plan.overrides.clone(),
         started_at: utc_now(),
-        kernels: settings,
+        kernels: p.settings.clone(),
         kernel_counts: None,
+    }
+}
+
+/// A run directory as the loop continues it: what earlier processes recorded.
+struct Files {
+    dir: PathBuf,
+    env: Environment,
+    summary: Summary,
+    metrics: JsonLines,
+    records: Vec<StepRecord>,
+    evals: Vec<Eval>,
+    resume: Option<(PathBuf, crate::checkpoint::State)>,
+}
+
+/// Runs a validated plan. Data errors come back before anything is written.
+pub fn execute(plan: &Plan, opts: &RunOptions) -> Result<Finished, RunError> {
+    let prepared = prepare(plan, opts)?;
+    let (dir, run_id) = create_run_dir(&plan.log.dir, &plan.name).map_err(|e| {
+        RunError::Input(format!(
+            "error: cannot create a run directory under {}: {e}\n  = help: check log.dir",
+            plan.log.dir.display()
+        ))
+    })?;
+    let fail = |message: String| RunError::Failed {
+        dir: dir.clone(),
+        message,
     };
+    let header = format!(
+        "# Resolved recipe of run {}/{run_id}: every default filled in, paths absolute.\n# Re-run with: runner {}\n# Continue it after an interruption with: runner resume {}\n",
+        plan.name,
+        dir.join("recipe.toml").display(),
+        dir.display()
+    );
+    let toml = toml::to_string(&plan.resolved)
+        .map_err(|e| fail(format!("cannot write the resolved recipe: {e}")))?;
+    std::fs::write(dir.join("recipe.toml"), header + &toml)
+        .map_err(|e| fail(format!("recipe.toml: {e}")))?;
+    if !plan.warnings.is_empty() {
+        let text: Vec<String> = plan.warnings.iter().map(|w| w.to_string()).collect();
+        std::fs::write(dir.join("warnings.txt"), text.join("\n") + "\n")
+            .map_err(|e| fail(format!("warnings.txt: {e}")))?;
+    }
+    let env = environment(plan, &prepared);
     write_json_atomic(&dir.join("env.json"), &env).map_err(|e| fail(format!("env.json: {e}")))?;
-    let mut summary = Summary {
+    let summary = Summary {
         name: plan.name.clone(),
         run_id: run_id.clone(),
         status: "running".into(),
         pid: Some(std::process::id()),
         host: crate::clock::hostname(),
-        backend: backend_name,
-        device: device_name,
+        backend: prepared.backend_name.clone(),
+        device: prepared.device_name.clone(),
         ..Default::default()
     };
-    let summary_path = dir.join("summary.json");
-    write_json_atomic(&summary_path, &summary).map_err(|e| fail(format!("summary.json: {e}")))?;
+    write_json_atomic(&dir.join("summary.json"), &summary)
+        .map_err(|e| fail(format!("summary.json: {e}")))?;
     let metrics = JsonLines::create(&dir.join("metrics.jsonl"))
         .map_err(|e| fail(format!("metrics.jsonl: {e}")))?;
+    if let Some(t) = &prepared.sets.tokenizer {
+        t.save(&dir.join("tokenizer.json"))
+            .map_err(|e| fail(format!("tokenizer.json: {e}")))?;
+    }
+    let files = Files {
+        dir,
+        env,
+        summary,
+        metrics,
+        records: vec![],
+        evals: vec![],
+        resume: None,
+    };
+    drive(plan, opts, prepared, files)
+}
 
+/// Continues an interrupted run in its own directory from its latest checkpoint: the
+/// remaining batches are those the uninterrupted run would have seen, `metrics.jsonl`
+/// goes on after the checkpoint's last line, and the summary covers the whole run.
+pub fn resume(
+    run_dir: &Path,
+    opts: &RunOptions,
+    machine: &crate::plan::Machine,
+) -> Result<Finished, RunError> {
+    let input = |m: String| RunError::Input(m);
+    let recipe_path = run_dir.join("recipe.toml");
+    if !recipe_path.is_file() {
+        return Err(input(format!(
+            "error: {} is not a run directory (it has no recipe.toml)\n  = help: name a directory under log.dir, e.g. runs/<name>/<run-id>",
+            run_dir.display()
+        )));
+    }
+    let summary_path = run_dir.join("summary.json");
+    let mut summary: Summary = std::fs::read_to_string(&summary_path)
+        .ok()
+        .and_then(|t| serde_json::from_str(&t).ok())
+        .ok_or_else(|| {
+            input(format!(
+                "error: {}: missing or unreadable",
+                summary_path.display()
+            ))
+        })?;
+    if summary.status == "completed" {
+        return Err(input(format!(
+            "error: {}: the run already completed; nothing to resume",
+            run_dir.display()
+        )));
+    }
+    let checked =
+        crate::sweep::check(&recipe_path, &[], machine, 1).map_err(|r| input(r.to_string()))?;
+    let plan = checked
+        .plans
+        .into_iter()
+        .next()
+        .expect("a recipe has a plan");
+    let sha = sha256_file(&recipe_path);
+    let metrics_path = run_dir.join("metrics.jsonl");
+    let lines = std::fs::read_to_string(&metrics_path)
+        .map(|t| t.lines().count() as u64)
+        .unwrap_or(0);
+    // The latest checkpoint whose metrics lines are all there (a crash between writing a
+    // checkpoint and its step's line leaves one line short: the one before is used).
+    let (ckpt_dir, state) = crate::checkpoint::list(run_dir)
+        .into_iter()
+        .rev()
+        .find(|(_, s)| s.metrics_lines <= lines)
+        .ok_or_else(|| {
+            input(format!(
+                "error: {} has no checkpoint to resume from\n  = help: checkpoints are written by [checkpoint] every = N (or \"epoch\"), and when SIGINT/SIGTERM stops a run",
+                run_dir.display()
+            ))
+        })?;
+    if state.recipe_sha256 != sha {
+        return Err(input(format!(
+            "error: {} was changed after {} was written; a checkpoint resumes only the recipe that wrote it",
+            recipe_path.display(),
+            ckpt_dir.display()
+        )));
+    }
+    let prepared = prepare(&plan, opts)?;
+    let fail = |message: String| RunError::Failed {
+        dir: run_dir.to_path_buf(),
+        message,
+    };
+    let (metrics, records) = JsonLines::reopen::<StepRecord>(&metrics_path, state.metrics_lines)
+        .map_err(|e| fail(format!("{}: {e}", metrics_path.display())))?;
+    let evals = summary
+        .evals
+        .iter()
+        .filter(|e| e.step <= state.step)
+        .cloned()
+        .collect();
+    summary.status = "running".into();
+    summary.error = None;
+    summary.pid = Some(std::process::id());
+    summary.host = crate::clock::hostname();
+    summary.resumes += 1;
+    write_json_atomic(&summary_path, &summary).map_err(|e| fail(format!("summary.json: {e}")))?;
+    let env = environment(&plan, &prepared);
+    if !opts.quiet {
+        eprintln!(
+            "{}: resuming from {} (step {}, epoch {}, batch {})",
+            plan.name,
+            ckpt_dir.display(),
+            state.step,
+            state.epoch + 1,
+            state.batch
+        );
+    }
+    let files = Files {
+        dir: run_dir.to_path_buf(),
+        env,
+        summary,
+        metrics,
+        records,
+        evals,
+        resume: Some((ckpt_dir, state)),
+    };
+    drive(&plan, opts, prepared, files)
+}
+
+/// The loop, on the backend the plan chose, and how it ended, written to the run directory.
+fn drive(
+    plan: &Plan,
+    opts: &RunOptions,
+    prepared: Prepared,
+    files: Files,
+) -> Result<Finished, RunError> {
+    let Prepared {
+        wall,
+        counts_at_start,
+        progress,
+        sets,
+        ..
+    } = prepared;
+    let Files {
+        dir,
+        env,
+        mut summary,
+        metrics,
+        records,
+        evals,
+        resume,
+    } = files;
+    let fail = |message: String| RunError::Failed {
+        dir: dir.clone(),
+        message,
+    };
+    let summary_path = dir.join("summary.json");
     let source = match plan.device {
         Device::Cuda(i) => Source::Nvml(i as u32),
         Device::Cpu => Source::Proc,
@@ -393,22 +606,28 @@ pub fn execute(plan: &Plan, opts: &RunOptions) -> Result<Finished, RunError> {
     let mut sink = FileSink {
         metrics,
         sampler: Some(sampler),
-        records: vec![],
-        evals: vec![],
+        lines: records.len() as u64,
+        t_offset_ms: records.last().map_or(0.0, |r| r.t_ms),
+        records,
+        evals,
         parameters: 0,
         progress,
         io_error: None,
         startup_s: None,
         first_step_ms: None,
         counts_at_start,
+        checkpoints: summary.checkpoints,
+        checkpoint_ms: summary.checkpoint_ms_total,
+        quiet: opts.quiet,
     };
     let vocab = sets.tokenizer.as_ref().map_or(0, |t| t.vocab_size());
-    if let Some(t) = &sets.tokenizer {
-        t.save(&dir.join("tokenizer.json"))
-            .map_err(|e| fail(format!("tokenizer.json: {e}")))?;
-    }
     let batcher = train::Batcher::new(plan, vocab);
     let (train_set, test_set) = (Arc::new(sets.train), Arc::new(sets.test));
+    let persist = train::Persist {
+        run_dir: dir.clone(),
+        recipe_sha256: sha256_file(&dir.join("recipe.toml")),
+        resume,
+    };
     let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         let job = Train {
             plan,
@@ -417,6 +636,7 @@ pub fn execute(plan: &Plan, opts: &RunOptions) -> Result<Finished, RunError> {
             test_set: Arc::clone(&test_set),
             t0,
             sink: &mut sink,
+            persist: &persist,
         };
         backend::dispatch(plan.device, plan.kernels.fusion, job)
     }));
@@ -425,7 +645,7 @@ pub fn execute(plan: &Plan, opts: &RunOptions) -> Result<Finished, RunError> {
     let util_source = sampler.status.clone();
     let samples = sampler.finish();
     if !samples.is_empty() {
-        let written = JsonLines::create(&dir.join("samples.jsonl"))
+        let written = JsonLines::append(&dir.join("samples.jsonl"))
             .and_then(|mut f| samples.iter().try_for_each(|s| f.write(s)));
         if let Err(e) = written {
             sink.io_error.get_or_insert(format!("samples.jsonl: {e}"));
@@ -437,9 +657,11 @@ pub fn execute(plan: &Plan, opts: &RunOptions) -> Result<Finished, RunError> {
     summary.parameters = sink.parameters;
     summary.evals = sink.evals.clone();
     summary.test_accuracy = sink.evals.last().map(|e| e.accuracy);
-    summary.wall_s = wall.elapsed().as_secs_f64();
+    summary.wall_s += wall.elapsed().as_secs_f64();
     summary.startup_s = sink.startup_s;
     summary.first_step_ms = sink.first_step_ms;
+    summary.checkpoints = sink.checkpoints;
+    summary.checkpoint_ms_total = sink.checkpoint_ms;
     let counts = kernels::counts().since(sink.counts_at_start);
     if env.kernels.used {
         summary.kernels = Some(counts);
@@ -491,6 +713,127 @@ pub fn execute(plan: &Plan, opts: &RunOptions) -> Result<Finished, RunError> {
         Some(train::Stop::Signal(signal)) => Err(RunError::Interrupted { dir, signal }),
         Some(_) => Err(fail(summary.error.clone().unwrap_or_default())),
     }
+}
+
+/// `runner eval`: a run's saved weights evaluated on its test set, or another file.
+#[derive(Debug, Clone, Serialize)]
+pub struct EvalReport {
+    pub run_dir: PathBuf,
+    pub weights: PathBuf,
+    /// The data evaluated (the recipe's test set, or `--data`).
+    pub data: Vec<PathBuf>,
+    pub samples: usize,
+    pub accuracy: f64,
+    pub loss: f64,
+    pub ms: f64,
+    pub backend: String,
+    pub at: String,
+}
+
+/// Evaluates `run_dir/model.safetensors` without training. `data` replaces the recipe's
+/// test set (it is checked as `data.test` would be: format, records, labels).
+pub fn eval(
+    run_dir: &Path,
+    data_file: Option<&Path>,
+    machine: &crate::plan::Machine,
+) -> Result<EvalReport, RunError> {
+    let input = |m: String| RunError::Input(m);
+    let recipe_path = run_dir.join("recipe.toml");
+    if !recipe_path.is_file() {
+        return Err(input(format!(
+            "error: {} is not a run directory (it has no recipe.toml)",
+            run_dir.display()
+        )));
+    }
+    let weights = run_dir.join(train::WEIGHTS);
+    if !weights.is_file() {
+        return Err(input(format!(
+            "error: {} does not exist: the run has not completed (resume it), or ran with [checkpoint] save_final = false",
+            weights.display()
+        )));
+    }
+    let mut sets = vec![];
+    if let Some(d) = data_file {
+        let abs = std::path::absolute(d).unwrap_or_else(|_| d.to_path_buf());
+        sets.push(format!(
+            "data.test={}",
+            toml::Value::String(abs.display().to_string())
+        ));
+    }
+    let checked =
+        crate::sweep::check(&recipe_path, &sets, machine, 1).map_err(|r| input(r.to_string()))?;
+    let plan = checked
+        .plans
+        .into_iter()
+        .next()
+        .expect("a recipe has a plan");
+    if plan.data.test_len == 0 {
+        return Err(input(format!(
+            "error: {} has no test set\n  = help: give one with --data FILE",
+            recipe_path.display()
+        )));
+    }
+    let data = match &plan.data.source {
+        crate::plan::Source::Cifar { test, .. } => test.clone(),
+        crate::plan::Source::Jsonl { test, .. } => test.iter().cloned().collect(),
+        crate::plan::Source::Synthetic { .. } => vec![],
+    };
+    let loaded = data::load(&plan.data, plan.model.num_classes, plan.seed)
+        .map_err(|e| input(format!("error: {e}\n  = help: {}", e.help_text())))?;
+    // Text is tokenized as in training: the tokenizer is built again, the same way, from
+    // the recipe's training data (what the run saved as tokenizer.json).
+    let vocab = loaded.tokenizer.as_ref().map_or(0, |t| t.vocab_size());
+    let batcher = train::Batcher::new(&plan, vocab);
+    backend::set_cpu_threads(plan.threads);
+    let (backend_name, _) = backend::describe(plan.device, &plan.kernels);
+    struct Job<'a> {
+        plan: &'a Plan,
+        batcher: &'a train::Batcher,
+        test: &'a Dataset,
+        weights: &'a Path,
+    }
+    impl backend::Job for Job<'_> {
+        type Output = Result<Eval, String>;
+        fn run<B: burn::tensor::backend::AutodiffBackend>(
+            self,
+            device: B::Device,
+            _: backend::MemFn<B::Device>,
+        ) -> Result<Eval, String> {
+            train::evaluate_weights::<B>(self.plan, self.batcher, self.test, self.weights, &device)
+        }
+    }
+    let job = Job {
+        plan: &plan,
+        batcher: &batcher,
+        test: &loaded.test,
+        weights: &weights,
+    };
+    let failed = |message: String| RunError::Failed {
+        dir: run_dir.to_path_buf(),
+        message,
+    };
+    let e = backend::dispatch(plan.device, plan.kernels.fusion, job)
+        .map_err(failed)?
+        .map_err(failed)?;
+    let report = EvalReport {
+        run_dir: run_dir.to_path_buf(),
+        weights,
+        data,
+        samples: e.samples,
+        accuracy: e.accuracy,
+        loss: e.loss,
+        ms: e.ms,
+        backend: backend_name,
+        at: utc_now(),
+    };
+    let stamp: String = report
+        .at
+        .chars()
+        .filter(|c| c.is_ascii_digit() || *c == 'T')
+        .collect();
+    write_json_atomic(&run_dir.join(format!("eval-{stamp}.json")), &report)
+        .map_err(|e| failed(format!("eval-{stamp}.json: {e}")))?;
+    Ok(report)
 }
 
 /// What `warmup` did for one plan.

@@ -600,7 +600,8 @@ pub struct CellEnd {
     pub stop_sweep: bool,
 }
 
-/// Runs the selected cells in order. Each cell is locked while it runs (see `CellLock`),
+/// Runs the selected cells in order (`run` gets each cell and its status before this
+/// process took it). Each cell is locked while it runs (see `CellLock`),
 /// so two processes on one grid never run the same cell; one locked by a live process is
 /// left to it. A cell is marked running before it starts and done only after `run`
 /// returned its completed run directory; a cell whose run fails is marked failed (or
@@ -610,7 +611,7 @@ pub fn execute(
     sweep: &SweepDir,
     cells: &[Cell],
     sel: Selection,
-    mut run: impl FnMut(&Cell) -> Result<PathBuf, CellEnd>,
+    mut run: impl FnMut(&Cell, Option<CellStatus>) -> Result<PathBuf, CellEnd>,
 ) -> std::io::Result<Outcome> {
     let mut out = Outcome::default();
     for c in cells {
@@ -635,8 +636,10 @@ pub fn execute(
             out.skipped.push(c.index);
             continue;
         }
+        // What the cell was before this process took it (an interrupted run to resume).
+        let previous = sweep.status(c);
         sweep.mark(c, State::Running, None, None)?;
-        match run(c) {
+        match run(c, previous) {
             Ok(dir) => {
                 sweep.mark(c, State::Done, Some(&dir), None)?;
                 out.ran.push(c.index);
@@ -787,6 +790,10 @@ pub fn slurm_script(
     if let Some(a) = &s.account {
         lines.push(format!("#SBATCH --account={a}"));
     }
+    if s.requeue {
+        lines.push(format!("#SBATCH --signal=B:TERM@{REQUEUE_GRACE_S}"));
+        lines.push("#SBATCH --requeue".into());
+    }
     for extra in &s.extra {
         lines.push(format!("#SBATCH {extra}"));
     }
@@ -798,14 +805,37 @@ pub fn slurm_script(
     lines.push(
         "# task skips what is already done, so resubmitting the script resumes the sweep.".into(),
     );
-    lines.push("set -euo pipefail".into());
+    lines.push("set -uo pipefail".into());
     lines.push(format!(
-        "cd {}",
+        "cd {} || exit 2",
         shell_quote(&workdir.display().to_string())
     ));
-    lines.push(format!("exec {}", quoted.join(" ")));
+    if !s.requeue {
+        lines.push(format!("exec {}", quoted.join(" ")));
+        return lines.join("\n") + "\n";
+    }
+    lines.extend([
+        "# Slurm signals this script (not the runner) before the time limit: pass it on; the"
+            .into(),
+        "# runner checkpoints at its next step and exits 143, and the task requeues itself.".into(),
+        "trap 'kill -TERM \"$child\" 2>/dev/null' TERM".into(),
+        format!("{} &", quoted.join(" ")),
+        "child=$!".into(),
+        "wait \"$child\"; status=$?".into(),
+        "# `wait` returns when the trap runs: wait again for the runner to finish.".into(),
+        "while kill -0 \"$child\" 2>/dev/null; do wait \"$child\"; status=$?; done".into(),
+        "if [ \"$status\" -eq 143 ]; then".into(),
+        "  echo \"runner stopped for the time limit; requeueing to resume from its checkpoint\""
+            .into(),
+        "  scontrol requeue \"${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}\"".into(),
+        "fi".into(),
+        "exit \"$status\"".into(),
+    ]);
     lines.join("\n") + "\n"
 }
+
+/// Seconds before the time limit at which Slurm signals a requeueing task.
+pub const REQUEUE_GRACE_S: u32 = 120;
 
 fn shell_quote(s: &str) -> String {
     // `$SLURM_ARRAY_TASK_ID` and `$((...))/N` must reach the shell unquoted to expand.

@@ -18,12 +18,13 @@ use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{Bool, DType, Int, Tensor, TensorData};
 
 use crate::backend::MemFn;
+use crate::checkpoint;
 use crate::data::{Collate, Dataset, HostData, Pixels, Prepare};
 use crate::loader::{Batching, Loader, LoaderConfig};
 use crate::metrics::{rss_bytes, Eval as EvalRecord, StepRecord};
 use crate::model::{Input, Net, Shape};
 use crate::plan::Plan;
-use crate::policy::{trim_host, CleanupPolicy, Point};
+use crate::policy::{self, trim_host, CleanupPolicy, Point};
 use crate::recipe::{CleanupAction, Eval, NormalizeOn, Optimizer as OptimKind};
 
 /// Where the loop reports what happens.
@@ -42,6 +43,25 @@ pub trait Sink {
     /// Asked at every step boundary: a reason to stop now (a signal, a failed write).
     fn should_stop(&mut self) -> Option<Stop> {
         None
+    }
+    /// Metrics lines written so far (a checkpoint records where they end).
+    fn lines_written(&self) -> u64 {
+        0
+    }
+    /// A checkpoint was written, taking `ms`.
+    fn checkpointed(&mut self, _dir: &std::path::Path, _ms: f64) {}
+}
+
+/// The trained weights, in the run directory.
+pub const WEIGHTS: &str = "model.safetensors";
+
+/// `500 steps`, `epoch`.
+fn every_words(e: crate::recipe::Every) -> String {
+    match e {
+        crate::recipe::Every::Steps(n) => format!("{n} steps"),
+        crate::recipe::Every::Step => "step".into(),
+        crate::recipe::Every::Epoch => "epoch".into(),
+        crate::recipe::Every::Never => "never".into(),
     }
 }
 
@@ -361,7 +381,18 @@ pub fn loader_config(plan: &Plan, train: &Dataset) -> LoaderConfig {
     }
 }
 
+/// What a run keeps on disk, and where it restarts from.
+pub struct Persist {
+    pub run_dir: std::path::PathBuf,
+    /// The resolved recipe's SHA-256, recorded in each checkpoint.
+    pub recipe_sha256: String,
+    /// The checkpoint to continue from, if this run is resumed.
+    pub resume: Option<(std::path::PathBuf, checkpoint::State)>,
+}
+
 /// Trains the plan's model on `train` and evaluates on `test`, reporting to `sink`.
+/// With `persist`, writes the checkpoints the plan asks for (and one when a signal stops
+/// the run), starts from a checkpoint when resuming, and saves the final weights.
 #[allow(clippy::too_many_arguments)]
 pub fn train<B: AutodiffBackend>(
     plan: &Plan,
@@ -372,13 +403,35 @@ pub fn train<B: AutodiffBackend>(
     mem: MemFn<B::Device>,
     t0: Instant,
     sink: &mut dyn Sink,
+    persist: Option<&Persist>,
 ) -> Outcome {
     sink.phase("building the model");
     let mut model: Net<B> = Net::new(&plan.model, batcher.shape, plan.seed, &device);
     let parameters = model.parameters();
+    let mut optim = Optim::<B>::new(&plan.optim);
+    // Where the loop starts: the beginning, or a checkpoint's step, epoch and batch.
+    let (mut step, mut epochs_completed, start_epoch, start_batch): (u64, usize, usize, usize) =
+        match persist.and_then(|p| p.resume.as_ref()) {
+            None => (0, 0, 0, 0),
+            Some((dir, state)) => {
+                sink.phase("loading the checkpoint");
+                match checkpoint::load::<B>(dir, model, optim, &device) {
+                    Ok((m, o)) => {
+                        (model, optim) = (m, o);
+                    }
+                    Err(e) => {
+                        return Outcome {
+                            parameters,
+                            stopped: Some(Stop::Failed(e)),
+                            ..Default::default()
+                        }
+                    }
+                }
+                (state.step, state.epochs_completed, state.epoch, state.batch)
+            }
+        };
     sink.started(parameters);
     sink.phase("first step (compiling and tuning kernels on a GPU)");
-    let mut optim = Optim::<B>::new(&plan.optim);
     let loss_fn: CrossEntropyLoss<B> = CrossEntropyLossConfig::new().init(&device);
     let schedule = plan.lr_schedule();
     let policy = CleanupPolicy {
@@ -403,10 +456,34 @@ pub fn train<B: AutodiffBackend>(
 
     let accum = plan.optim.accumulation_steps;
     let total = plan.run.total_steps;
-    let mut step: u64 = 0;
     // Records whose loss is still on the device, read back every `log.every` steps.
     let mut pending: Vec<(StepRecord, Tensor<B::InnerBackend, 1>)> = vec![];
-    let mut epochs_completed = 0;
+    let first_step = step + 1;
+    // Dropout draws from Burn's process-wide generator: reseeded from the step, so a
+    // resumed run draws what the uninterrupted one would have.
+    let reseed = plan.model.arch == crate::recipe::Arch::Transformer && plan.model.dropout > 0.0;
+    let checkpoint_at = |sink: &mut dyn Sink,
+                         model: &Net<B>,
+                         optim: &Optim<B>,
+                         state: checkpoint::State|
+     -> Result<f64, Stop> {
+        let Some(p) = persist else { return Ok(0.0) };
+        let t = Instant::now();
+        let dir = checkpoint::save::<B>(
+            &p.run_dir,
+            model,
+            optim,
+            &checkpoint::State {
+                recipe_sha256: p.recipe_sha256.clone(),
+                ..state
+            },
+            plan.checkpoint.keep,
+        )
+        .map_err(Stop::Failed)?;
+        let took = ms(t);
+        sink.checkpointed(&dir, took);
+        Ok(took)
+    };
     // What a cleanup frees: the pool's reserved bytes on a device with one, else RSS.
     let cleanup_mem = || {
         mem(&device)
@@ -416,13 +493,41 @@ pub fn train<B: AutodiffBackend>(
 
     let mut stopped: Option<Stop> = None;
     let mut diverged: Option<(u64, f64)> = None;
-    for epoch in 0..plan.run.epochs {
-        let mut batches = loader.epoch(epoch);
+    for epoch in start_epoch..plan.run.epochs {
+        let skip = if epoch == start_epoch { start_batch } else { 0 };
+        let mut batches = loader.epoch_from(epoch, skip);
         let mut left = batches.len();
+        // Micro-batches of this epoch consumed (a checkpoint's position in it).
+        let mut consumed = skip;
         while left > 0 && step < total {
             if let Some(stop) = sink.should_stop() {
+                // A signal: keep the work (a Slurm time limit, a preempted node).
+                if matches!(stop, Stop::Signal(_)) && persist.is_some() {
+                    let flushed = flush(&mut pending, sink, plan, &mut diverged);
+                    let state = checkpoint::State {
+                        step,
+                        epoch,
+                        batch: consumed,
+                        epochs_completed,
+                        metrics_lines: sink.lines_written(),
+                        recipe_sha256: String::new(),
+                        reason: format!("{stop}"),
+                        written_at: crate::clock::utc_now(),
+                    };
+                    let saved = flushed.and_then(|_| checkpoint_at(sink, &model, &optim, state));
+                    if let Err(e) = saved {
+                        stopped = Some(e);
+                        break;
+                    }
+                }
                 stopped = Some(stop);
                 break;
+            }
+            if reseed {
+                B::seed(
+                    &device,
+                    plan.seed ^ (step + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15),
+                );
             }
             let synced = plan
                 .profile
@@ -440,6 +545,7 @@ pub fn train<B: AutodiffBackend>(
             let started = Instant::now();
             let group = accum.min(left);
             left -= group;
+            consumed += group;
             let mut rec = StepRecord {
                 step: step + 1,
                 epoch,
@@ -497,17 +603,48 @@ pub fn train<B: AutodiffBackend>(
                 rec.mem_reserved_bytes = Some(reserved);
             }
             rec.rss_bytes = rss_bytes();
-            if step == 1 {
+            if step == first_step {
                 // The first step ends when the device has run it: on a GPU that is when
                 // its kernels are compiled and tuned, which is the start-up users wait for.
                 let _ = B::sync(&device);
                 sink.first_step(ms(started));
             }
+            // A checkpoint inside the epoch; one due at its last step is written at its
+            // end, after the evaluation (resuming then starts the next epoch).
+            let checkpoint_now = persist.is_some()
+                && left > 0
+                && step < total
+                && policy::due(plan.checkpoint.every, Point::AfterStep { step });
+            if checkpoint_now {
+                // The lines before this step are written first; this step's line is the
+                // checkpoint's last (written right after it).
+                if let Err(stop) = flush(&mut pending, sink, plan, &mut diverged) {
+                    stopped = Some(stop);
+                    break;
+                }
+                let state = checkpoint::State {
+                    step,
+                    epoch,
+                    batch: consumed,
+                    epochs_completed,
+                    metrics_lines: sink.lines_written() + 1,
+                    recipe_sha256: String::new(),
+                    reason: format!("every {}", every_words(plan.checkpoint.every)),
+                    written_at: crate::clock::utc_now(),
+                };
+                match checkpoint_at(sink, &model, &optim, state) {
+                    Ok(took) => rec.checkpoint_ms = took,
+                    Err(stop) => {
+                        stopped = Some(stop);
+                        break;
+                    }
+                }
+            }
             rec.iter_ms = ms(started);
             rec.t_ms = t0.elapsed().as_secs_f64() * 1e3;
             let loss = loss_sum.expect("a step has micro-batches") / group as f32;
             pending.push((rec, loss));
-            if pending.len() as u64 >= plan.log.every || epoch_done {
+            if pending.len() as u64 >= plan.log.every || epoch_done || checkpoint_now {
                 if let Err(stop) = flush(&mut pending, sink, plan, &mut diverged) {
                     stopped = Some(stop);
                     break;
@@ -538,10 +675,34 @@ pub fn train<B: AutodiffBackend>(
         if step >= total {
             break;
         }
+        let every = plan.checkpoint.every;
+        let step_due = step > 0 && policy::due(every, Point::AfterStep { step });
+        if !cut_short && (step_due || policy::due(every, Point::EpochEnd)) && persist.is_some() {
+            let state = checkpoint::State {
+                step,
+                epoch: epoch + 1,
+                batch: 0,
+                epochs_completed,
+                metrics_lines: sink.lines_written(),
+                recipe_sha256: String::new(),
+                reason: "epoch end".into(),
+                written_at: crate::clock::utc_now(),
+            };
+            if let Err(stop) = checkpoint_at(sink, &model, &optim, state) {
+                stopped = Some(stop);
+                break;
+            }
+        }
     }
     // What is still pending was computed: its lines are written whatever stopped the loop.
     if let Err(stop) = flush(&mut pending, sink, plan, &mut diverged) {
         stopped.get_or_insert(stop);
+    }
+    if let (None, Some(p), true) = (&stopped, persist, plan.checkpoint.save_final) {
+        sink.phase("saving the weights");
+        if let Err(e) = checkpoint::save_weights(&model.valid(), &p.run_dir.join(WEIGHTS)) {
+            stopped = Some(Stop::Failed(e));
+        }
     }
     Outcome {
         parameters,
@@ -621,6 +782,21 @@ fn flush<B: Backend>(
         }),
         _ => Ok(()),
     }
+}
+
+/// Evaluates saved weights (`checkpoint::save_weights`) on all of `test`, without
+/// autodiff: what `runner eval` reports.
+pub fn evaluate_weights<B: AutodiffBackend>(
+    plan: &Plan,
+    batcher: &Batcher,
+    test: &Dataset,
+    weights: &std::path::Path,
+    device: &B::Device,
+) -> Result<EvalRecord, String> {
+    let fresh: Net<B::InnerBackend> = Net::new(&plan.model, batcher.shape, plan.seed, device);
+    let model = checkpoint::load_weights(fresh, weights)?;
+    let all: Vec<usize> = (0..test.len()).collect();
+    Ok(evaluate(&model, test, &all, batcher, plan, device))
 }
 
 /// What `warm_up` ran.

@@ -1234,7 +1234,7 @@ fn a_cell_is_never_marked_done_before_its_run_completes() {
         runner::sweep::SweepDir::open(&logs, "tiny_grid", Path::new("tiny_grid.toml"), &cells)
             .unwrap();
     let killed = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        runner::sweep::execute(&dir, &cells, Default::default(), |c| {
+        runner::sweep::execute(&dir, &cells, Default::default(), |c, _| {
             if c.index == 1 {
                 panic!("killed while running cell 1");
             }
@@ -2203,4 +2203,280 @@ fn ls_lists_every_model_and_data_format_the_format_allows() {
             );
         }
     }
+}
+
+// ---------------------------------------------------------------- long runs
+
+/// A Fashion-MNIST recipe long enough to interrupt (80 optimizer steps, ~2 s).
+fn long_recipe(dir: &Path, name: &str, extra: &str) -> PathBuf {
+    let recipe = dir.join(format!("{name}.toml"));
+    let data = root().join("datasets/fashion_mnist");
+    std::fs::write(
+        &recipe,
+        format!(
+            "name = \"{name}\"\nseed = 5\n[model]\narch = \"small_cnn\"\nwidth = 8\n[data]\nformat = \"cifar10-bin\"\ntrain = \"{}\"\ntest = \"{}\"\nlimit = 640\naugment = {{ crop_padding = 2, hflip = true }}\n[loader]\nbatch_size = 32\n[optim]\nlr = 0.05\nmomentum = 0.9\nschedule = \"cosine\"\naccumulation_steps = 2\n[run]\nepochs = 8\nwarmup_steps = 1\neval = \"epoch\"\n[log]\ndir = \"{}\"\n{extra}",
+            data.join("data_batch.bin").display(),
+            data.join("test_batch.bin").display(),
+            dir.join("runs").display()
+        ),
+    )
+    .unwrap();
+    recipe
+}
+
+/// Starts `runner args`, waits until a metrics file under `runs` has `lines` lines, sends
+/// `signal`, and returns the output.
+fn kill_after(
+    args: &[&std::ffi::OsStr],
+    runs: &Path,
+    lines: usize,
+    signal: &str,
+) -> std::process::Output {
+    let child = runner_cmd()
+        .args(args)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+    loop {
+        let n = walk_files(runs)
+            .iter()
+            .filter(|p| p.ends_with("metrics.jsonl"))
+            .map(|p| {
+                std::fs::read_to_string(p)
+                    .unwrap_or_default()
+                    .lines()
+                    .count()
+            })
+            .max()
+            .unwrap_or(0);
+        if n >= lines {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the run never got to {lines} steps"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    Command::new("kill")
+        .args([signal, &child.id().to_string()])
+        .status()
+        .unwrap();
+    child.wait_with_output().unwrap()
+}
+
+/// A safetensors file's tensors by name, as raw bytes (the header's order may differ).
+fn tensors(path: &Path) -> std::collections::BTreeMap<String, Vec<u8>> {
+    let bytes = std::fs::read(path).unwrap();
+    let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let header: serde_json::Value = serde_json::from_slice(&bytes[8..8 + n]).unwrap();
+    let data = &bytes[8 + n..];
+    header
+        .as_object()
+        .unwrap()
+        .iter()
+        .filter(|(k, _)| *k != "__metadata__")
+        .map(|(k, v)| {
+            let o = &v["data_offsets"];
+            let (a, b) = (
+                o[0].as_u64().unwrap() as usize,
+                o[1].as_u64().unwrap() as usize,
+            );
+            (k.clone(), data[a..b].to_vec())
+        })
+        .collect()
+}
+
+/// Names of the tensors whose bytes differ between two weight files.
+fn differing(a: &Path, b: &Path) -> Vec<String> {
+    let (a, b) = (tensors(a), tensors(b));
+    assert_eq!(
+        a.keys().collect::<Vec<_>>(),
+        b.keys().collect::<Vec<_>>(),
+        "different tensors"
+    );
+    a.iter()
+        .filter(|(k, v)| b.get(*k) != Some(v))
+        .map(|(k, _)| k.clone())
+        .collect()
+}
+
+/// Each step's loss, bit for bit, from a run's metrics.
+fn losses(run: &Path) -> Vec<(u64, u64)> {
+    records(run)
+        .iter()
+        .map(|r| (r.step, r.loss.to_bits()))
+        .collect()
+}
+
+#[test]
+fn a_resumed_run_ends_bitwise_where_the_uninterrupted_one_does() {
+    for workers in [0, 4] {
+        let dir = tempdir(&format!("resume-w{workers}"));
+        let extra = format!("[checkpoint]\nevery = 5\n");
+        let recipe = long_recipe(&dir, "r", &extra);
+        let set = format!("loader.workers={workers}");
+        // The reference: uninterrupted.
+        let out = runner_cmd()
+            .arg(&recipe)
+            .args(["-q", "--set", &set, "--set"])
+            .arg(format!("log.dir=\"{}\"", dir.join("ref").display()))
+            .output()
+            .unwrap();
+        expect_exit(&out, 0);
+        let reference = only_run(&dir.join("ref/r"));
+        // SIGTERM mid-run: a checkpoint at the next step boundary, status interrupted.
+        let out = kill_after(
+            &[
+                recipe.as_os_str(),
+                "-q".as_ref(),
+                "--set".as_ref(),
+                set.as_ref(),
+            ],
+            &dir.join("runs"),
+            13,
+            "-TERM",
+        );
+        expect_exit(&out, 143);
+        let run = only_run(&dir.join("runs/r"));
+        assert_eq!(summary(&run).status, "interrupted");
+        let (_, state) = runner::checkpoint::latest(&run).expect("a checkpoint on SIGTERM");
+        assert!(state.reason.contains("SIGTERM"), "{state:?}");
+        let out = runner_cmd()
+            .arg("resume")
+            .arg(&run)
+            .arg("-q")
+            .output()
+            .unwrap();
+        expect_exit(&out, 0);
+        let s = summary(&run);
+        assert_eq!((s.status.as_str(), s.resumes), ("completed", 1));
+        assert_eq!(s.steps, summary(&reference).steps);
+        // Every step once, in order, with the reference's loss to the bit.
+        assert_eq!(losses(&run), losses(&reference), "workers = {workers}");
+        let diff = differing(
+            &run.join("model.safetensors"),
+            &reference.join("model.safetensors"),
+        );
+        assert!(
+            diff.is_empty(),
+            "final weights differ (workers = {workers}): {diff:?}"
+        );
+        assert_eq!(s.test_accuracy, summary(&reference).test_accuracy);
+
+        // kill -9 (no chance to write anything): resumed from the periodic checkpoint.
+        let killed_dir = dir.join("killed");
+        let out = kill_after(
+            &[
+                recipe.as_os_str(),
+                "-q".as_ref(),
+                "--set".as_ref(),
+                set.as_ref(),
+                "--set".as_ref(),
+                format!("log.dir=\"{}\"", killed_dir.display()).as_ref(),
+            ],
+            &killed_dir,
+            23,
+            "-KILL",
+        );
+        assert_eq!(out.status.code(), None, "killed by a signal");
+        let run = only_run(&killed_dir.join("r"));
+        assert_eq!(summary(&run).status, "running");
+        let out = runner_cmd()
+            .arg("resume")
+            .arg(&run)
+            .arg("-q")
+            .output()
+            .unwrap();
+        expect_exit(&out, 0);
+        assert_eq!(
+            losses(&run),
+            losses(&reference),
+            "after kill -9, workers = {workers}"
+        );
+        let diff = differing(
+            &run.join("model.safetensors"),
+            &reference.join("model.safetensors"),
+        );
+        assert!(diff.is_empty(), "after kill -9: {diff:?}");
+    }
+}
+
+#[test]
+fn resume_refuses_what_it_cannot_continue() {
+    let dir = tempdir("resume-refuse");
+    let recipe = tiny_recipe(&dir, "t", "");
+    expect_exit(&runner_cmd().arg(&recipe).arg("-q").output().unwrap(), 0);
+    let run = only_run(&dir.join("runs/t"));
+    let out = runner_cmd().arg("resume").arg(&run).output().unwrap();
+    expect_exit(&out, 2);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("already completed"));
+    let out = runner_cmd().arg("resume").arg(&dir).output().unwrap();
+    expect_exit(&out, 2);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("is not a run directory"));
+    // A run without any checkpoint.
+    let mut s = json(&run.join("summary.json"));
+    s["status"] = "failed".into();
+    std::fs::write(run.join("summary.json"), s.to_string()).unwrap();
+    let out = runner_cmd().arg("resume").arg(&run).output().unwrap();
+    expect_exit(&out, 2);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("has no checkpoint to resume from"));
+}
+
+#[test]
+fn eval_scores_saved_weights_like_the_run_did_and_on_another_file() {
+    let dir = tempdir("eval");
+    let recipe = long_recipe(&dir, "e", "");
+    let out = runner_cmd()
+        .arg(&recipe)
+        .args(["-q", "--set", "run.epochs=2"])
+        .output()
+        .unwrap();
+    expect_exit(&out, 0);
+    let run = only_run(&dir.join("runs/e"));
+    let s = summary(&run);
+    let out = runner_cmd().arg("eval").arg(&run).output().unwrap();
+    expect_exit(&out, 0);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout.starts_with(&format!(
+            "accuracy {:.2}% on 500 samples",
+            100.0 * s.test_accuracy.unwrap()
+        )),
+        "{stdout} vs {:?}",
+        s.test_accuracy
+    );
+    let written: Vec<PathBuf> = walk_files(&run)
+        .into_iter()
+        .filter(|p| {
+            p.file_name()
+                .unwrap()
+                .to_string_lossy()
+                .starts_with("eval-")
+        })
+        .collect();
+    assert_eq!(written.len(), 1);
+    // Another file: the 20 real CIFAR-10 images.
+    let other = root().join("datasets/cifar10_sample/test_batch.bin");
+    let out = runner_cmd()
+        .arg("eval")
+        .arg(&run)
+        .arg("--data")
+        .arg(&other)
+        .output()
+        .unwrap();
+    expect_exit(&out, 0);
+    assert!(String::from_utf8_lossy(&out.stdout).contains(" on 20 samples"));
+    // A bad file is checked as data.test would be.
+    let out = runner_cmd()
+        .arg("eval")
+        .arg(&run)
+        .arg("--data")
+        .arg(root().join("tests/fixtures/data/truncated.bin"))
+        .output()
+        .unwrap();
+    expect_exit(&out, 2);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("is truncated"));
 }

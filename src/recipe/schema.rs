@@ -29,6 +29,7 @@ pub struct Recipe {
     pub log: LogSection,
     pub profile: ProfileSection,
     pub slurm: SlurmSection,
+    pub checkpoint: CheckpointSection,
     /// Text data only; see `PaddingSection`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub padding: Option<PaddingSection>,
@@ -688,6 +689,30 @@ pub enum Eval {
     Never,
 }
 
+/// `[checkpoint]`: what a run saves to survive an interruption, and the weights it leaves.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields, default)]
+pub struct CheckpointSection {
+    /// When to write a checkpoint (model, optimizer state, position in the data) into the
+    /// run's `checkpoints/`: `"never"`, `"epoch"`, or every N optimizer steps. SIGINT and
+    /// SIGTERM write one whatever this says. Default `"never"`.
+    pub every: Every,
+    /// Checkpoints kept, the latest. Default 2.
+    pub keep: usize,
+    /// Save the trained weights as `model.safetensors` when the run completes. Default true.
+    pub save_final: bool,
+}
+
+impl Default for CheckpointSection {
+    fn default() -> Self {
+        Self {
+            every: Every::Never,
+            keep: 2,
+            save_final: true,
+        }
+    }
+}
+
 /// `[log]`: where metrics go and how often.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields, default)]
@@ -755,6 +780,10 @@ pub struct SlurmSection {
     pub account: Option<String>,
     /// Further `#SBATCH` options, written as given, e.g. `["--qos=high"]`. Default none.
     pub extra: Vec<String>,
+    /// Survive the time limit: Slurm sends SIGTERM 120 s before it (`--signal=B:TERM@120`),
+    /// the runner checkpoints and stops, and the task requeues itself (`--requeue`) and
+    /// resumes its cell from the checkpoint. Default true.
+    pub requeue: bool,
 }
 
 impl Default for SlurmSection {
@@ -767,6 +796,7 @@ impl Default for SlurmSection {
             mem: None,
             account: None,
             extra: vec![],
+            requeue: true,
         }
     }
 }
@@ -790,6 +820,7 @@ pub fn tables() -> Vec<(&'static str, &'static [&'static str])> {
         ("log", fields_of::<LogSection>()),
         ("profile", fields_of::<ProfileSection>()),
         ("slurm", fields_of::<SlurmSection>()),
+        ("checkpoint", fields_of::<CheckpointSection>()),
         ("padding", fields_of::<PaddingSection>()),
     ]
 }

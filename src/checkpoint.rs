@@ -1,0 +1,181 @@
+//! Checkpoints and weights on disk. A checkpoint is a directory
+//! `checkpoints/step-<step>/` holding the model and the optimizer state as Burn records
+//! (`model.bin`, `optimizer.bin`: Burn's `BinFileRecorder` at full precision, parameter ids
+//! included, so the optimizer's momentum and moments meet their parameters again) and
+//! `state.json` (where the run was). It is written under a temporary name and renamed
+//! whole, so a crash mid-write never leaves a checkpoint that loads wrong; the latest
+//! `keep` are kept. The trained weights are `model.safetensors` (burn-store), for other
+//! tools and for `runner eval`.
+//!
+//! Nothing else is needed to continue exactly: the learning rate is a function of the
+//! step, and the data order and augmentation of the seed, the epoch and the sample
+//! (`loader`, `data`), so `state.json` says where to start and the rest follows.
+
+use std::path::{Path, PathBuf};
+
+use burn::module::Module;
+use burn::optim::Optimizer;
+use burn::record::{BinFileRecorder, FullPrecisionSettings, Recorder};
+use burn::tensor::backend::AutodiffBackend;
+use serde::{Deserialize, Serialize};
+
+use crate::model::Net;
+use crate::train::Optim;
+
+/// Where the run was when the checkpoint was written.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct State {
+    /// Optimizer steps done.
+    pub step: u64,
+    /// The epoch in progress (0-based) and the micro-batches of it already consumed.
+    pub epoch: usize,
+    pub batch: usize,
+    pub epochs_completed: usize,
+    /// Lines of `metrics.jsonl` up to this step: a resumed run continues after them.
+    pub metrics_lines: u64,
+    /// The resolved recipe's SHA-256: a checkpoint resumes only the run that wrote it.
+    pub recipe_sha256: String,
+    /// `every 500 steps`, `epoch end`, `SIGTERM`...
+    pub reason: String,
+    pub written_at: String,
+}
+
+type Rec = BinFileRecorder<FullPrecisionSettings>;
+
+fn checkpoints(run_dir: &Path) -> PathBuf {
+    run_dir.join("checkpoints")
+}
+
+/// Writes a checkpoint (atomically: temporary directory, then rename) and removes all but
+/// the latest `keep`. Returns its directory.
+pub fn save<B: AutodiffBackend>(
+    run_dir: &Path,
+    model: &Net<B>,
+    optim: &Optim<B>,
+    state: &State,
+    keep: usize,
+) -> Result<PathBuf, String> {
+    let root = checkpoints(run_dir);
+    let name = format!("step-{:09}", state.step);
+    let tmp = root.join(format!(".tmp-{name}-{}", std::process::id()));
+    let io = |what: &str, e: &dyn std::fmt::Display| {
+        format!("checkpoint {}: {what}: {e}", tmp.display())
+    };
+    let _ = std::fs::remove_dir_all(&tmp);
+    std::fs::create_dir_all(&tmp).map_err(|e| io("cannot create", &e))?;
+    let rec = Rec::new();
+    Recorder::<B>::record(&rec, model.clone().into_record(), tmp.join("model"))
+        .map_err(|e| io("model", &e))?;
+    match optim {
+        Optim::Sgd(o) => Recorder::<B>::record(&rec, o.to_record(), tmp.join("optimizer")),
+        Optim::AdamW(o) => Recorder::<B>::record(&rec, o.to_record(), tmp.join("optimizer")),
+    }
+    .map_err(|e| io("optimizer", &e))?;
+    let text = serde_json::to_string_pretty(state).map_err(|e| io("state", &e))?;
+    std::fs::write(tmp.join("state.json"), text + "\n").map_err(|e| io("state.json", &e))?;
+    let dir = root.join(&name);
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::rename(&tmp, &dir).map_err(|e| io("cannot rename", &e))?;
+    let all = list(run_dir);
+    for (old, _) in all.iter().take(all.len().saturating_sub(keep)) {
+        let _ = std::fs::remove_dir_all(old);
+    }
+    Ok(dir)
+}
+
+/// Complete checkpoints of a run, oldest first (a temporary directory left by a crash is
+/// not one).
+pub fn list(run_dir: &Path) -> Vec<(PathBuf, State)> {
+    let mut out: Vec<(PathBuf, State)> = std::fs::read_dir(checkpoints(run_dir))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with("step-"))
+        })
+        .filter_map(|p| {
+            let s = std::fs::read_to_string(p.join("state.json")).ok()?;
+            let state: State = serde_json::from_str(&s).ok()?;
+            let whole = p.join("model.bin").is_file() && p.join("optimizer.bin").is_file();
+            whole.then_some((p, state))
+        })
+        .collect();
+    out.sort_by_key(|(_, s)| s.step);
+    out
+}
+
+/// The latest complete checkpoint.
+pub fn latest(run_dir: &Path) -> Option<(PathBuf, State)> {
+    list(run_dir).pop()
+}
+
+/// Loads a checkpoint's model and optimizer state into freshly built ones.
+pub fn load<B: AutodiffBackend>(
+    dir: &Path,
+    model: Net<B>,
+    optim: Optim<B>,
+    device: &B::Device,
+) -> Result<(Net<B>, Optim<B>), String> {
+    let rec = Rec::new();
+    let err = |what: &str, e: &dyn std::fmt::Display| {
+        format!("checkpoint {}: {what}: {e}", dir.display())
+    };
+    let record =
+        Recorder::<B>::load(&rec, dir.join("model"), device).map_err(|e| err("model", &e))?;
+    let model = model.load_record(record);
+    let optim = match optim {
+        Optim::Sgd(o) => Optim::Sgd(
+            o.load_record(
+                Recorder::<B>::load(&rec, dir.join("optimizer"), device)
+                    .map_err(|e| err("optimizer", &e))?,
+            ),
+        ),
+        Optim::AdamW(o) => Optim::AdamW(
+            o.load_record(
+                Recorder::<B>::load(&rec, dir.join("optimizer"), device)
+                    .map_err(|e| err("optimizer", &e))?,
+            ),
+        ),
+    };
+    Ok((model, optim))
+}
+
+/// Saves the weights as safetensors (burn-store), written under a temporary name first.
+pub fn save_weights<B: burn::tensor::backend::Backend>(
+    model: &Net<B>,
+    path: &Path,
+) -> Result<(), String> {
+    use burn_store::{ModuleSnapshot, SafetensorsStore};
+    let tmp = path.with_extension("safetensors.tmp");
+    let mut store = SafetensorsStore::from_file(&tmp).overwrite(true);
+    model
+        .save_into(&mut store)
+        .map_err(|e| format!("{}: {e}", path.display()))?;
+    std::fs::rename(&tmp, path).map_err(|e| format!("{}: {e}", path.display()))
+}
+
+/// Loads weights saved by `save_weights` into a model of the same recipe.
+pub fn load_weights<B: burn::tensor::backend::Backend>(
+    mut model: Net<B>,
+    path: &Path,
+) -> Result<Net<B>, String> {
+    use burn_store::{ModuleSnapshot, SafetensorsStore};
+    let mut store = SafetensorsStore::from_file(path);
+    let result = model
+        .load_from(&mut store)
+        .map_err(|e| format!("{}: {e}", path.display()))?;
+    if let Some((first, _)) = result.missing.first() {
+        return Err(format!(
+            "{}: holds no value for {} of the model's tensors (e.g. {first}): was it saved from another recipe?",
+            path.display(),
+            result.missing.len(),
+        ));
+    }
+    if let Some(e) = result.errors.first() {
+        return Err(format!("{}: {e:?}", path.display()));
+    }
+    Ok(model)
+}
