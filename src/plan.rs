@@ -181,6 +181,9 @@ pub struct OptimPlan {
     pub eps: f64,
     pub accumulation_steps: usize,
     pub schedule: crate::schedule::LrSchedule,
+    /// Global gradient-norm bound, as `clip_grad_norm_`.
+    pub clip_grad_norm: Option<f64>,
+    pub label_smoothing: f64,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -1401,7 +1404,25 @@ impl<'a> Validator<'a> {
                 );
             }
         }
+        if let Some(c) = o.clip_grad_norm {
+            if !(c.is_finite() && c > 0.0) {
+                self.err(
+                    "optim.clip_grad_norm",
+                    format!("{c} is not a positive norm"),
+                    "e.g. 1.0; remove the key for no clipping",
+                );
+            }
+        }
+        if !(0.0..1.0).contains(&o.label_smoothing) {
+            self.err(
+                "optim.label_smoothing",
+                format!("{} is outside [0, 1)", o.label_smoothing),
+                "0.1 is usual",
+            );
+        }
         Some(OptimPlan {
+            clip_grad_norm: o.clip_grad_norm,
+            label_smoothing: o.label_smoothing,
             optimizer: o.optimizer,
             lr: o.lr,
             momentum,

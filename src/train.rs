@@ -175,6 +175,63 @@ impl<B: AutodiffBackend> Optim<B> {
     }
 }
 
+/// Scales the gradients so that their global L2 norm (every parameter together) is at most
+/// `max_norm`, as `torch.nn.utils.clip_grad_norm_` (coefficient `max_norm / (norm + 1e-6)`,
+/// clamped to 1). The norm stays on the device: no read-back, no sync.
+pub fn clip_grad_norm<B: AutodiffBackend>(
+    model: &Net<B>,
+    grads: GradientsParams,
+    max_norm: f64,
+) -> GradientsParams {
+    use burn::module::{Module, ModuleVisitor, Param};
+    struct SumSquares<'a, B: AutodiffBackend> {
+        grads: &'a GradientsParams,
+        total: Option<Tensor<B::InnerBackend, 1>>,
+    }
+    impl<B: AutodiffBackend> ModuleVisitor<B> for SumSquares<'_, B> {
+        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+            if let Some(g) = self.grads.get::<B::InnerBackend, D>(param.id) {
+                let sq = g.powi_scalar(2).sum();
+                self.total = Some(match self.total.take() {
+                    Some(t) => t + sq,
+                    None => sq,
+                });
+            }
+        }
+    }
+    struct Scale<B: AutodiffBackend> {
+        grads: GradientsParams,
+        coef: Tensor<B::InnerBackend, 1>,
+    }
+    impl<B: AutodiffBackend> ModuleVisitor<B> for Scale<B> {
+        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+            if let Some(g) = self.grads.remove::<B::InnerBackend, D>(param.id) {
+                let coef = self.coef.clone().reshape([1; D]);
+                self.grads.register(param.id, g * coef);
+            }
+        }
+    }
+    let mut sum = SumSquares::<B> {
+        grads: &grads,
+        total: None,
+    };
+    model.visit(&mut sum);
+    let Some(total) = sum.total else {
+        return grads;
+    };
+    let coef = (total.sqrt().add_scalar(1e-6).recip() * max_norm).clamp_max(1.0);
+    let mut scale = Scale::<B> { grads, coef };
+    model.visit(&mut scale);
+    scale.grads
+}
+
+/// The training loss: cross-entropy, with the plan's label smoothing. (Evaluation reports
+/// the plain cross-entropy, as PyTorch's usual validation loss.)
+pub fn loss_config(plan: &Plan) -> CrossEntropyLossConfig {
+    let e = plan.optim.label_smoothing;
+    CrossEntropyLossConfig::new().with_smoothing((e > 0.0).then_some(e as f32))
+}
+
 /// The gradients of one optimizer step, summed over its micro-batches. Burn's
 /// `GradientsAccumulator` sums, so each micro-batch's loss is scaled by 1/k first: the step
 /// then sees the mean gradient, as one batch k times larger would give.
@@ -432,7 +489,7 @@ pub fn train<B: AutodiffBackend>(
         };
     sink.started(parameters);
     sink.phase("first step (compiling and tuning kernels on a GPU)");
-    let loss_fn: CrossEntropyLoss<B> = CrossEntropyLossConfig::new().init(&device);
+    let loss_fn: CrossEntropyLoss<B> = loss_config(plan).init(&device);
     let schedule = plan.lr_schedule();
     let policy = CleanupPolicy {
         every: plan.cleanup.every,
@@ -579,7 +636,10 @@ pub fn train<B: AutodiffBackend>(
                 rec.forward_backward_ms += ms(t);
             }
             let t = Instant::now();
-            let grads = acc.grads();
+            let mut grads = acc.grads();
+            if let Some(max_norm) = plan.optim.clip_grad_norm {
+                grads = clip_grad_norm(&model, grads, max_norm);
+            }
             model = optim.step(rec.lr, model, grads);
             sync();
             rec.optimizer_ms = ms(t);
@@ -833,7 +893,7 @@ pub fn warm_up<B: AutodiffBackend>(
 ) -> Warmed {
     let mut model: Net<B> = Net::new(&plan.model, batcher.shape, plan.seed, device);
     let mut optim = Optim::<B>::new(&plan.optim);
-    let loss_fn: CrossEntropyLoss<B> = CrossEntropyLossConfig::new().init(device);
+    let loss_fn: CrossEntropyLoss<B> = loss_config(plan).init(device);
     let batches = crate::loader::epoch_batches(train.len(), &loader_config(plan, train), 0);
     let shapes = distinct_shapes(batcher, train, &batches);
     let accum = plan.optim.accumulation_steps.max(1);

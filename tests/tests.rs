@@ -2480,3 +2480,99 @@ fn eval_scores_saved_weights_like_the_run_did_and_on_another_file() {
     expect_exit(&out, 2);
     assert!(String::from_utf8_lossy(&out.stderr).contains("is truncated"));
 }
+
+#[test]
+fn label_smoothing_is_pytorchs() {
+    let p = plan_from(
+        "smooth",
+        "[model]\narch = \"mlp\"\n[data]\nformat = \"synthetic\"\n[optim]\nlabel_smoothing = 0.1\n",
+    );
+    let d = runner::backend::cpu_device();
+    let logits = Tensor::<CpuBackend, 2>::from_data(
+        TensorData::new(vec![2.0f32, 0.0, -1.0, 0.5, 0.5, 0.0], [2, 3]),
+        &d,
+    );
+    let y = Tensor::<CpuBackend, 1, Int>::from_data(TensorData::new(vec![0i64, 2], [2]), &d);
+    let got: f32 = runner::train::loss_config(&p)
+        .init(&d)
+        .forward(logits, y)
+        .into_scalar();
+    // torch.nn.functional.cross_entropy(logits, y, label_smoothing=0.1), by hand.
+    let rows = [([2.0f64, 0.0, -1.0], 0), ([0.5, 0.5, 0.0], 2)];
+    let want: f64 = rows
+        .iter()
+        .map(|(z, t)| {
+            let lse = z.iter().map(|v| v.exp()).sum::<f64>().ln();
+            let logp: Vec<f64> = z.iter().map(|v| v - lse).collect();
+            let eps = 0.1;
+            -(1.0 - eps) * logp[*t] - eps / 3.0 * logp.iter().sum::<f64>()
+        })
+        .sum::<f64>()
+        / 2.0;
+    assert!((got as f64 - want).abs() < 1e-5, "{got} vs {want}");
+}
+
+/// The global L2 norm of a model's gradients.
+fn grad_norm<B: AutodiffBackend>(model: &Net<B>, grads: &burn::optim::GradientsParams) -> f64 {
+    struct V<'a>(&'a burn::optim::GradientsParams, f64);
+    impl<B: AutodiffBackend> ModuleVisitor<B> for V<'_> {
+        fn visit_float<const D: usize>(&mut self, p: &Param<Tensor<B, D>>) {
+            if let Some(g) = self.0.get::<B::InnerBackend, D>(p.id) {
+                let v: Vec<f32> = g.into_data().convert::<f32>().into_vec().unwrap();
+                self.1 += v.iter().map(|x| (*x as f64).powi(2)).sum::<f64>();
+            }
+        }
+    }
+    let mut v = V(grads, 0.0);
+    model.visit(&mut v);
+    v.1.sqrt()
+}
+
+#[test]
+fn clip_grad_norm_bounds_the_global_norm_like_pytorch() {
+    let p = plan_from(
+        "clip",
+        "[model]\narch = \"mlp\"\n[data]\nformat = \"synthetic\"\n",
+    );
+    let d = runner::backend::cpu_device();
+    let model: Net<CpuBackend> = Net::new(
+        &p.model,
+        Shape::Image {
+            channels: 3,
+            side: 32,
+        },
+        1,
+        &d,
+    );
+    let grads = || {
+        let x = Tensor::<CpuBackend, 4>::ones([4, 3, 32, 32], &d);
+        let y =
+            Tensor::<CpuBackend, 1, Int>::from_data(TensorData::new(vec![0i64, 1, 2, 3], [4]), &d);
+        let loss = CrossEntropyLossConfig::new()
+            .init(&d)
+            .forward(model.forward(Input::Images(x)), y);
+        burn::optim::GradientsParams::from_grads(loss.backward(), &model)
+    };
+    let n = grad_norm(&model, &grads());
+    assert!(n > 0.0);
+    let clipped = runner::train::clip_grad_norm(&model, grads(), n / 4.0);
+    let c = grad_norm(&model, &clipped);
+    assert!(
+        (c - n / 4.0).abs() < 1e-4 * n,
+        "clipped to {c}, wanted {}",
+        n / 4.0
+    );
+    // Under the bound nothing changes (the coefficient is clamped to 1).
+    let kept = runner::train::clip_grad_norm(&model, grads(), 10.0 * n);
+    assert!((grad_norm(&model, &kept) - n).abs() < 1e-6 * n);
+    // Through the binary, both knobs in a real run.
+    let dir = tempdir("clip-cli");
+    let recipe = tiny_recipe(
+        &dir,
+        "c",
+        "[optim]\nclip_grad_norm = 0.5\nlabel_smoothing = 0.1\n",
+    );
+    expect_exit(&runner_cmd().arg(&recipe).arg("-q").output().unwrap(), 0);
+    let text = std::fs::read_to_string(only_run(&dir.join("runs/c")).join("recipe.toml")).unwrap();
+    assert!(text.contains("clip_grad_norm = 0.5") && text.contains("label_smoothing = 0.1"));
+}

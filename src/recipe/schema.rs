@@ -510,6 +510,13 @@ pub struct OptimSection {
     /// `step`: decay factor. Default 0.1.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub gamma: Option<f64>,
+    /// Clip the gradients' global L2 norm (all parameters together) to this, as
+    /// `torch.nn.utils.clip_grad_norm_`. Default: no clipping.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub clip_grad_norm: Option<f64>,
+    /// Label smoothing ε of the cross-entropy, as PyTorch's `label_smoothing`: targets
+    /// `(1 − ε)·one_hot + ε / classes`. Default 0.
+    pub label_smoothing: f64,
 }
 
 impl Default for OptimSection {
@@ -528,6 +535,8 @@ impl Default for OptimSection {
             min_lr: None,
             step_size: None,
             gamma: None,
+            clip_grad_norm: None,
+            label_smoothing: 0.0,
         }
     }
 }
