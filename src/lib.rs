@@ -26,4 +26,5 @@ pub mod sampler;
 pub mod schedule;
 pub mod signals;
 pub mod sweep;
+pub mod tensorboard;
 pub mod train;

@@ -426,11 +426,30 @@ impl JsonLines {
         Ok((Self::append(path)?, records))
     }
 
+    /// Keeps the first `keep` lines of `path` as they are and opens it to append.
+    pub fn reopen_raw(path: &Path, keep: u64) -> std::io::Result<Self> {
+        let text = std::fs::read_to_string(path)?;
+        let end: usize = text
+            .split_inclusive('\n')
+            .take(keep as usize)
+            .map(str::len)
+            .sum();
+        let file = std::fs::OpenOptions::new().write(true).open(path)?;
+        file.set_len(end as u64)?;
+        drop(file);
+        Self::append(path)
+    }
+
     /// Appends one record as a line, flushed. A write that fails (a full disk) is undone,
     /// so the file never holds half a line, and later lines cannot follow a cut one.
     pub fn write<T: Serialize>(&mut self, record: &T) -> std::io::Result<()> {
+        let line = serde_json::to_string(record).map_err(std::io::Error::other)?;
+        self.write_line(line)
+    }
+
+    /// Appends one line of text (without its newline), as `write` does.
+    pub fn write_line(&mut self, mut line: String) -> std::io::Result<()> {
         use std::io::{Seek, SeekFrom};
-        let mut line = serde_json::to_string(record).map_err(std::io::Error::other)?;
         line.push('\n');
         match self
             .file

@@ -220,6 +220,8 @@ pub struct LogPlan {
     pub dir: PathBuf,
     pub every: u64,
     pub progress: bool,
+    pub csv: bool,
+    pub tensorboard: bool,
 }
 
 /// Checks a loaded recipe against every rule; all violations come back together.
@@ -1571,6 +1573,8 @@ impl<'a> Validator<'a> {
             dir: PathBuf::from(&g.dir),
             every: g.every.max(1),
             progress: g.progress,
+            csv: g.csv,
+            tensorboard: g.tensorboard,
         })
     }
 

@@ -206,6 +206,46 @@ struct FileSink {
     checkpoints: usize,
     checkpoint_ms: f64,
     quiet: bool,
+    /// `metrics.csv` and the TensorBoard events, when the plan asks for them.
+    csv: Option<JsonLines>,
+    events: Option<crate::tensorboard::EventWriter>,
+}
+
+impl FileSink {
+    /// The scalars TensorBoard shows for a step.
+    fn scalars(r: &StepRecord) -> Vec<(&'static str, f64)> {
+        let pct = |x: f64| {
+            if r.iter_ms > 0.0 {
+                100.0 * x / r.iter_ms
+            } else {
+                0.0
+            }
+        };
+        let mut v = vec![
+            ("train/loss", r.loss),
+            ("train/lr", r.lr),
+            ("time/iter_ms", r.iter_ms),
+            ("time/samples_per_s", r.samples_per_s),
+            ("time/data_wait_pct", pct(r.data_wait_ms)),
+        ];
+        let opt = [
+            ("memory/in_use_bytes", r.mem_in_use_bytes.map(|b| b as f64)),
+            (
+                "memory/reserved_bytes",
+                r.mem_reserved_bytes.map(|b| b as f64),
+            ),
+            ("memory/rss_bytes", r.rss_bytes.map(|b| b as f64)),
+            ("util/gpu_pct", r.gpu_util_pct),
+            ("util/cpu_pct", r.cpu_util_pct),
+        ];
+        v.extend(opt.into_iter().filter_map(|(k, x)| Some((k, x?))));
+        v
+    }
+
+    fn io(&mut self, what: &Path, e: std::io::Error) {
+        self.io_error
+            .get_or_insert(format!("{}: {e}", what.display()));
+    }
 }
 
 impl Sink for FileSink {
@@ -234,12 +274,31 @@ impl Sink for FileSink {
                     .get_or_insert(format!("{}: {e}", self.metrics.path().display()));
             }
         }
+        if let Some(csv) = &mut self.csv {
+            if let Err(e) = csv.write_line(r.csv_row()) {
+                let p = csv.path().to_path_buf();
+                self.io(&p, e);
+            }
+        }
+        if let Some(ev) = &mut self.events {
+            if let Err(e) = ev.scalars(r.step, &Self::scalars(r)) {
+                let p = ev.path().to_path_buf();
+                self.io(&p, e);
+            }
+        }
         self.progress.step(r);
         self.records.push(r.clone());
     }
     fn eval(&mut self, e: &Eval) {
         self.progress.eval(e);
         self.evals.push(e.clone());
+        if let Some(ev) = &mut self.events {
+            let values = [("eval/accuracy", e.accuracy), ("eval/loss", e.loss)];
+            if let Err(err) = ev.scalars(e.step, &values) {
+                let p = ev.path().to_path_buf();
+                self.io(&p, err);
+            }
+        }
     }
     fn epoch_end(&mut self, epoch: usize) {
         self.progress.epoch_end(epoch, &self.records);
@@ -619,7 +678,36 @@ fn drive(
         checkpoints: summary.checkpoints,
         checkpoint_ms: summary.checkpoint_ms_total,
         quiet: opts.quiet,
+        csv: None,
+        events: None,
     };
+    // metrics.csv and the event file: opened now, so a bad path fails before the first step.
+    let lines = sink.lines;
+    let resumed_at = resume.as_ref().map(|(_, s)| s.step);
+    if plan.log.csv {
+        let path = dir.join("metrics.csv");
+        let opened = if resumed_at.is_some() && path.is_file() {
+            JsonLines::reopen_raw(&path, lines + 1)
+        } else {
+            JsonLines::create(&path).and_then(|mut f| {
+                f.write_line(StepRecord::csv_header())?;
+                for r in &sink.records {
+                    f.write_line(r.csv_row())?;
+                }
+                Ok(f)
+            })
+        };
+        sink.csv = Some(opened.map_err(|e| fail(format!("{}: {e}", path.display())))?);
+    }
+    if plan.log.tensorboard {
+        let mut w = crate::tensorboard::EventWriter::create(&dir)
+            .map_err(|e| fail(format!("{}: {e}", dir.display())))?;
+        if let Some(step) = resumed_at {
+            w.restart_at(step)
+                .map_err(|e| fail(format!("{}: {e}", w.path().display())))?;
+        }
+        sink.events = Some(w);
+    }
     let vocab = sets.tokenizer.as_ref().map_or(0, |t| t.vocab_size());
     let batcher = train::Batcher::new(plan, vocab);
     let (train_set, test_set) = (Arc::new(sets.train), Arc::new(sets.test));

@@ -2365,6 +2365,15 @@ fn a_resumed_run_ends_bitwise_where_the_uninterrupted_one_does() {
             "final weights differ (workers = {workers}): {diff:?}"
         );
         assert_eq!(s.test_accuracy, summary(&reference).test_accuracy);
+        // TensorBoard sees each step once (the redone ones replace the first process's),
+        // and metrics.csv continues like metrics.jsonl.
+        let want: Vec<(u64, f32)> = losses(&reference)
+            .iter()
+            .map(|(st, l)| (*st, f64::from_bits(*l) as f32))
+            .collect();
+        assert_eq!(tb_losses(&run), want);
+        let csv = std::fs::read_to_string(run.join("metrics.csv")).unwrap();
+        assert_eq!(csv.lines().count(), want.len() + 1);
 
         // kill -9 (no chance to write anything): resumed from the periodic checkpoint.
         let killed_dir = dir.join("killed");
@@ -2575,4 +2584,191 @@ fn clip_grad_norm_bounds_the_global_norm_like_pytorch() {
     expect_exit(&runner_cmd().arg(&recipe).arg("-q").output().unwrap(), 0);
     let text = std::fs::read_to_string(only_run(&dir.join("runs/c")).join("recipe.toml")).unwrap();
     assert!(text.contains("clip_grad_norm = 0.5") && text.contains("label_smoothing = 0.1"));
+}
+
+/// A decoded TensorBoard event: its step, scalars, and whether it is a `SessionLog START`.
+#[derive(Debug, Default)]
+struct TbEvent {
+    step: u64,
+    scalars: Vec<(String, f32)>,
+    restart: bool,
+}
+
+fn read_varint(b: &[u8], i: &mut usize) -> u64 {
+    let (mut v, mut shift) = (0u64, 0);
+    loop {
+        let byte = b[*i];
+        *i += 1;
+        v |= ((byte & 0x7f) as u64) << shift;
+        if byte < 0x80 {
+            return v;
+        }
+        shift += 7;
+    }
+}
+
+/// Protocol-buffer fields of a message: (field number, wire type, payload).
+fn pb_fields(b: &[u8]) -> Vec<(u64, u64, Vec<u8>)> {
+    let mut out = vec![];
+    let mut i = 0;
+    while i < b.len() {
+        let key = read_varint(b, &mut i);
+        let (field, wire) = (key >> 3, key & 7);
+        let payload = match wire {
+            0 => read_varint(b, &mut i).to_le_bytes().to_vec(),
+            1 => {
+                i += 8;
+                b[i - 8..i].to_vec()
+            }
+            2 => {
+                let n = read_varint(b, &mut i) as usize;
+                i += n;
+                b[i - n..i].to_vec()
+            }
+            5 => {
+                i += 4;
+                b[i - 4..i].to_vec()
+            }
+            w => panic!("wire type {w}"),
+        };
+        out.push((field, wire, payload));
+    }
+    out
+}
+
+/// Every event of a TFRecord event file, checking both CRCs of each record.
+fn read_events(path: &Path) -> Vec<TbEvent> {
+    let bytes = std::fs::read(path).unwrap();
+    let mut i = 0;
+    let mut out = vec![];
+    while i < bytes.len() {
+        let len_bytes = &bytes[i..i + 8];
+        let n = u64::from_le_bytes(len_bytes.try_into().unwrap()) as usize;
+        let crc = u32::from_le_bytes(bytes[i + 8..i + 12].try_into().unwrap());
+        assert_eq!(
+            crc,
+            runner::tensorboard::masked_crc(len_bytes),
+            "length CRC"
+        );
+        let data = &bytes[i + 12..i + 12 + n];
+        let crc = u32::from_le_bytes(bytes[i + 12 + n..i + 16 + n].try_into().unwrap());
+        assert_eq!(crc, runner::tensorboard::masked_crc(data), "data CRC");
+        i += 16 + n;
+        let mut e = TbEvent::default();
+        for (field, _, payload) in pb_fields(data) {
+            match field {
+                2 => e.step = u64::from_le_bytes(payload.try_into().unwrap()),
+                5 => {
+                    for (_, _, value) in pb_fields(&payload) {
+                        let (mut tag, mut v) = (String::new(), 0f32);
+                        for (f, _, p) in pb_fields(&value) {
+                            match f {
+                                1 => tag = String::from_utf8(p).unwrap(),
+                                2 => v = f32::from_le_bytes(p.try_into().unwrap()),
+                                _ => {}
+                            }
+                        }
+                        e.scalars.push((tag, v));
+                    }
+                }
+                6 => e.restart = true,
+                _ => {}
+            }
+        }
+        out.push(e);
+    }
+    out
+}
+
+/// `train/loss` by step across a run's event files, as TensorBoard reads them: a
+/// `SessionLog START` at step s drops what earlier files said past s.
+fn tb_losses(run: &Path) -> Vec<(u64, f32)> {
+    let mut files: Vec<PathBuf> = walk_files(run)
+        .into_iter()
+        .filter(|p| {
+            p.file_name()
+                .unwrap()
+                .to_string_lossy()
+                .starts_with("events.out.tfevents.")
+        })
+        .collect();
+    files.sort();
+    let mut out: Vec<(u64, f32)> = vec![];
+    for f in files {
+        for e in read_events(&f) {
+            if e.restart {
+                out.retain(|(s, _)| *s <= e.step);
+            }
+            for (tag, v) in e.scalars {
+                if tag == "train/loss" {
+                    out.push((e.step, v));
+                }
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn tensorboard_events_and_csv_carry_the_metrics() {
+    let dir = tempdir("tb");
+    let recipe = tiny_recipe(&dir, "tb", "");
+    expect_exit(&runner_cmd().arg(&recipe).arg("-q").output().unwrap(), 0);
+    let run = only_run(&dir.join("runs/tb"));
+    let recs = records(&run);
+    let want: Vec<(u64, f32)> = recs.iter().map(|r| (r.step, r.loss as f32)).collect();
+    assert_eq!(tb_losses(&run), want);
+    let events: Vec<TbEvent> = walk_files(&run)
+        .into_iter()
+        .filter(|p| {
+            p.file_name()
+                .unwrap()
+                .to_string_lossy()
+                .starts_with("events.out")
+        })
+        .flat_map(|p| read_events(&p))
+        .collect();
+    let tags: std::collections::BTreeSet<String> = events
+        .iter()
+        .flat_map(|e| e.scalars.iter().map(|(t, _)| t.clone()))
+        .collect();
+    for t in [
+        "train/lr",
+        "time/iter_ms",
+        "time/data_wait_pct",
+        "eval/accuracy",
+    ] {
+        assert!(tags.contains(t), "no {t} in {tags:?}");
+    }
+    // metrics.csv: the header and one row per metrics line, the same fields.
+    let csv = std::fs::read_to_string(run.join("metrics.csv")).unwrap();
+    let mut lines = csv.lines();
+    assert_eq!(lines.next().unwrap(), StepRecord::csv_header());
+    let rows: Vec<&str> = lines.collect();
+    assert_eq!(rows.len(), recs.len());
+    assert_eq!(rows[0], recs[0].csv_row());
+    // Both can be turned off.
+    let out = runner_cmd()
+        .arg(&recipe)
+        .args([
+            "-q",
+            "--set",
+            "log.csv=false",
+            "--set",
+            "log.tensorboard=false",
+        ])
+        .output()
+        .unwrap();
+    expect_exit(&out, 0);
+    let newest = walk_files(&dir.join("runs/tb"))
+        .into_iter()
+        .filter(|p| !p.starts_with(&run))
+        .map(|p| p.file_name().unwrap().to_string_lossy().into_owned())
+        .collect::<Vec<_>>();
+    assert!(
+        !newest
+            .iter()
+            .any(|n| n == "metrics.csv" || n.starts_with("events.out")),
+        "{newest:?}"
+    );
 }

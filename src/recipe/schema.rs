@@ -733,6 +733,13 @@ pub struct LogSection {
     pub every: u64,
     /// Show a progress bar on a terminal. Default true.
     pub progress: bool,
+    /// Also write each step's record to `metrics.csv` (the same fields as
+    /// `metrics.jsonl`). Default true.
+    pub csv: bool,
+    /// Write TensorBoard event files (`events.out.tfevents.*`) in the run directory: loss,
+    /// learning rate, step time, data-wait share, memory, utilisation, test accuracy.
+    /// Default true.
+    pub tensorboard: bool,
 }
 
 impl Default for LogSection {
@@ -741,6 +748,8 @@ impl Default for LogSection {
             dir: "runs".into(),
             every: 1,
             progress: true,
+            csv: true,
+            tensorboard: true,
         }
     }
 }
