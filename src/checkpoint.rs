@@ -38,6 +38,11 @@ pub struct State {
     /// `every 500 steps`, `epoch end`, `SIGTERM`...
     pub reason: String,
     pub written_at: String,
+    /// The watched validation metric's best (step, value) so far, and evaluations since.
+    #[serde(default)]
+    pub best: Option<(u64, f64)>,
+    #[serde(default)]
+    pub since_best: u64,
 }
 
 type Rec = BinFileRecorder<FullPrecisionSettings>;

@@ -65,6 +65,10 @@ enum Command {
         /// Evaluate on this file instead of the recipe's test set.
         #[arg(long)]
         data: Option<PathBuf>,
+        /// Evaluate model-best.safetensors (the best validation metric) instead of the
+        /// final weights.
+        #[arg(long)]
+        best: bool,
     },
     /// Print the resolved recipe (after extends, --set and defaults); for a grid, its cells.
     Show {
@@ -157,7 +161,11 @@ fn main() -> ExitCode {
         Some(Command::Validate(args)) => validate(&args),
         Some(Command::Warmup { check, quiet }) => warmup(&check, quiet),
         Some(Command::Resume { run_dir, quiet }) => resume(&run_dir, quiet),
-        Some(Command::Eval { run_dir, data }) => eval(&run_dir, data.as_deref()),
+        Some(Command::Eval {
+            run_dir,
+            data,
+            best,
+        }) => eval(&run_dir, data.as_deref(), best),
         Some(Command::Show { check, cell }) => show(&check, cell),
         Some(Command::Ls) => ls(),
         Some(Command::Schema { output }) => schema(output.as_deref()),
@@ -379,8 +387,8 @@ fn resume(run_dir: &Path, quiet: bool) -> ExitCode {
     }
 }
 
-fn eval(run_dir: &Path, data: Option<&Path>) -> ExitCode {
-    match run::eval(run_dir, data, &runner::backend::probe()) {
+fn eval(run_dir: &Path, data: Option<&Path>, best: bool) -> ExitCode {
+    match run::eval(run_dir, data, best, &runner::backend::probe()) {
         Ok(r) => {
             println!(
                 "accuracy {:.2}% on {} samples, loss {:.4} ({}, {:.1} s)",

@@ -255,6 +255,17 @@ pub struct Summary {
     pub checkpoint_ms_total: f64,
     /// How often the run was resumed (`runner resume`).
     pub resumes: usize,
+    /// Evaluations on the validation set (`data.validation`).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub validations: Vec<Eval>,
+    /// The watched validation metric's best: step and value (`model-best.safetensors`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub best_step: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub best_value: Option<f64>,
+    /// Early stopping ended the run after this step.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub early_stopped_at_step: Option<u64>,
     /// Cleanup time as a share of the timed steps' time, in percent.
     pub cleanup_pct: f64,
     pub data_wait_pct: f64,

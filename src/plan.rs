@@ -131,9 +131,11 @@ pub struct DataPlan {
     pub height: usize,
     pub width: usize,
     pub classes: usize,
-    /// Training samples used (after `limit`).
+    /// Training samples used (after `limit`, without the validation samples).
     pub train_len: usize,
     pub test_len: usize,
+    /// Samples held out of the training set for validation (`data.validation`); 0: none.
+    pub validation_len: usize,
     /// Per-channel mean and std (one per channel) and where they are applied.
     pub normalize: Normalize,
     pub crop_padding: usize,
@@ -198,6 +200,21 @@ pub struct RunPlan {
     /// Losses above this, or not finite, are a divergence.
     pub max_loss: f64,
     pub stop_on_divergence: bool,
+    /// When the validation set is evaluated (with `data.validation`).
+    pub validate: Every,
+    /// What counts as the best model, and when to stop (with `data.validation`).
+    pub watch: Option<Watch>,
+}
+
+/// The validation metric a run watches: the best model is kept (`model-best.safetensors`)
+/// and, with `patience`, the run stops when it no longer improves.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Watch {
+    pub metric: crate::recipe::EarlyStopMetric,
+    pub maximize: bool,
+    pub min_delta: f64,
+    /// `None`: keep the best, never stop early.
+    pub patience: Option<u64>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -1005,6 +1022,33 @@ impl<'a> Validator<'a> {
                 "lower the limit or remove it",
             );
         }
+        // The validation samples come out of the (limited) training set.
+        let validation_len = match d.validation {
+            None => 0,
+            Some(f) if !(f > 0.0 && f < 1.0) => {
+                self.err(
+                    "data.validation",
+                    format!("{f} is not a fraction between 0 and 1"),
+                    "0.1 holds out a tenth of the training set",
+                );
+                0
+            }
+            Some(f) => {
+                let v = (f * train_len as f64).round() as usize;
+                if train_len > 0 && (v == 0 || v >= train_len) {
+                    self.err(
+                        "data.validation",
+                        format!(
+                            "{f} of {train_len} training samples leaves {v} for validation and {} to train on",
+                            train_len - v.min(train_len)
+                        ),
+                        "both sets need at least one sample",
+                    );
+                }
+                v.min(train_len.saturating_sub(1))
+            }
+        };
+        let train_len = train_len - validation_len;
         let test_len = d.test_limit.map_or(test_total, |n| n.min(test_total));
         if d.test_limit.is_some() && test_total == 0 {
             self.err(
@@ -1079,6 +1123,7 @@ impl<'a> Validator<'a> {
             classes,
             train_len,
             test_len,
+            validation_len,
             normalize,
             crop_padding: a.crop_padding,
             hflip: a.hflip,
@@ -1608,6 +1653,58 @@ impl<'a> Validator<'a> {
         } else {
             r.eval
         };
+        let has_validation = data.is_some_and(|d| d.validation_len > 0);
+        let watch = match (&r.early_stop, has_validation) {
+            (Some(_), false) if data.is_some() => {
+                self.err(
+                    "run.early_stop",
+                    "watches the validation set, and there is none",
+                    "set data.validation = 0.1 (a tenth of the training set)",
+                );
+                None
+            }
+            (e, true) => {
+                let e = e.clone().unwrap_or_default();
+                use crate::recipe::{EarlyStopMetric, EarlyStopMode};
+                if e.patience == 0 {
+                    self.err(
+                        "run.early_stop.patience",
+                        "0 evaluations would stop at the first",
+                        "use at least 1 (3 is usual)",
+                    );
+                }
+                if !(e.min_delta.is_finite() && e.min_delta >= 0.0) {
+                    self.err(
+                        "run.early_stop.min_delta",
+                        format!("{} is not 0 or more", e.min_delta),
+                        "use 0, or a small positive change such as 1e-3",
+                    );
+                }
+                let maximize = match e.mode {
+                    Some(m) => m == EarlyStopMode::Max,
+                    None => e.metric == EarlyStopMetric::ValAccuracy,
+                };
+                Some(Watch {
+                    metric: e.metric,
+                    maximize,
+                    min_delta: e.min_delta,
+                    patience: r.early_stop.as_ref().map(|_| e.patience),
+                })
+            }
+            _ => None,
+        };
+        // The default is written out in resolved recipes: only another value is a mistake.
+        if self.l.is_set("run.validate")
+            && r.validate != crate::recipe::RunSection::default().validate
+            && data.is_some()
+            && !has_validation
+        {
+            self.err(
+                "run.validate",
+                "there is no validation set to evaluate",
+                "set data.validation = 0.1, or remove the key",
+            );
+        }
         if !(r.max_loss > 0.0) {
             self.err(
                 "run.max_loss",
@@ -1666,6 +1763,8 @@ impl<'a> Validator<'a> {
             eval,
             max_loss: r.max_loss,
             stop_on_divergence: r.stop_on_divergence,
+            validate: r.validate,
+            watch,
         })
     }
 }

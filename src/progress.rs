@@ -204,6 +204,16 @@ impl Progress {
         ));
     }
 
+    pub fn validation(&mut self, e: &Eval) {
+        self.line(format!(
+            "  validation (step {}): accuracy {:.2}% on {} samples, loss {:.4}",
+            e.step,
+            100.0 * e.accuracy,
+            e.samples,
+            e.loss
+        ));
+    }
+
     pub fn eval(&mut self, e: &Eval) {
         self.line(format!(
             "  test: accuracy {:.2}% on {} samples, loss {:.4} ({:.1} s)",

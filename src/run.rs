@@ -209,6 +209,9 @@ struct FileSink {
     /// `metrics.csv` and the TensorBoard events, when the plan asks for them.
     csv: Option<JsonLines>,
     events: Option<crate::tensorboard::EventWriter>,
+    validations: Vec<Eval>,
+    best: Option<(u64, f64)>,
+    early_stopped: Option<u64>,
 }
 
 impl FileSink {
@@ -306,6 +309,29 @@ impl Sink for FileSink {
     fn phase(&mut self, what: &str) {
         self.progress.phase(what);
     }
+    fn validation(&mut self, e: &Eval) {
+        self.progress.validation(e);
+        self.validations.push(e.clone());
+        if let Some(ev) = &mut self.events {
+            let values = [("val/accuracy", e.accuracy), ("val/loss", e.loss)];
+            if let Err(err) = ev.scalars(e.step, &values) {
+                let p = ev.path().to_path_buf();
+                self.io(&p, err);
+            }
+        }
+    }
+    fn best(&mut self, step: u64, value: f64) {
+        self.best = Some((step, value));
+    }
+    fn early_stopped(&mut self, step: u64) {
+        self.early_stopped = Some(step);
+        if !self.quiet {
+            let (b, v) = self.best.unwrap_or((0, f64::NAN));
+            self.progress.note(format!(
+                "early stop after step {step}: no better validation since step {b} ({v:.4})"
+            ));
+        }
+    }
     fn lines_written(&self) -> u64 {
         self.lines
     }
@@ -351,6 +377,7 @@ struct Train<'a> {
     batcher: train::Batcher,
     train_set: Arc<Dataset>,
     test_set: Arc<Dataset>,
+    validation: Option<Arc<Dataset>>,
     t0: Instant,
     sink: &'a mut dyn Sink,
     persist: &'a train::Persist,
@@ -368,6 +395,7 @@ impl backend::Job for Train<'_> {
             self.batcher,
             self.train_set,
             self.test_set,
+            self.validation,
             device,
             mem,
             self.t0,
@@ -595,6 +623,9 @@ pub fn resume(
         .filter(|e| e.step <= state.step)
         .cloned()
         .collect();
+    summary.validations.retain(|e| e.step <= state.step);
+    summary.best_step = state.best.map(|b| b.0);
+    summary.best_value = state.best.map(|b| b.1);
     summary.status = "running".into();
     summary.error = None;
     summary.pid = Some(std::process::id());
@@ -680,6 +711,9 @@ fn drive(
         quiet: opts.quiet,
         csv: None,
         events: None,
+        validations: summary.validations.clone(),
+        best: summary.best_step.zip(summary.best_value),
+        early_stopped: None,
     };
     // metrics.csv and the event file: opened now, so a bad path fails before the first step.
     let lines = sink.lines;
@@ -711,6 +745,7 @@ fn drive(
     let vocab = sets.tokenizer.as_ref().map_or(0, |t| t.vocab_size());
     let batcher = train::Batcher::new(plan, vocab);
     let (train_set, test_set) = (Arc::new(sets.train), Arc::new(sets.test));
+    let validation = sets.validation.map(Arc::new);
     let persist = train::Persist {
         run_dir: dir.clone(),
         recipe_sha256: sha256_file(&dir.join("recipe.toml")),
@@ -722,6 +757,7 @@ fn drive(
             batcher,
             train_set: Arc::clone(&train_set),
             test_set: Arc::clone(&test_set),
+            validation: validation.clone(),
             t0,
             sink: &mut sink,
             persist: &persist,
@@ -750,6 +786,10 @@ fn drive(
     summary.first_step_ms = sink.first_step_ms;
     summary.checkpoints = sink.checkpoints;
     summary.checkpoint_ms_total = sink.checkpoint_ms;
+    summary.validations = sink.validations.clone();
+    summary.best_step = sink.best.map(|b| b.0);
+    summary.best_value = sink.best.map(|b| b.1);
+    summary.early_stopped_at_step = sink.early_stopped;
     let counts = kernels::counts().since(sink.counts_at_start);
     if env.kernels.used {
         summary.kernels = Some(counts);
@@ -823,6 +863,7 @@ pub struct EvalReport {
 pub fn eval(
     run_dir: &Path,
     data_file: Option<&Path>,
+    best: bool,
     machine: &crate::plan::Machine,
 ) -> Result<EvalReport, RunError> {
     let input = |m: String| RunError::Input(m);
@@ -833,12 +874,23 @@ pub fn eval(
             run_dir.display()
         )));
     }
-    let weights = run_dir.join(train::WEIGHTS);
+    let weights = run_dir.join(if best {
+        train::BEST_WEIGHTS
+    } else {
+        train::WEIGHTS
+    });
     if !weights.is_file() {
-        return Err(input(format!(
-            "error: {} does not exist: the run has not completed (resume it), or ran with [checkpoint] save_final = false",
-            weights.display()
-        )));
+        return Err(input(if best {
+            format!(
+                "error: {} does not exist: the run has no validation set (data.validation)",
+                weights.display()
+            )
+        } else {
+            format!(
+                "error: {} does not exist: the run has not completed (resume it), or ran with [checkpoint] save_final = false",
+                weights.display()
+            )
+        }));
     }
     let mut sets = vec![];
     if let Some(d) = data_file {

@@ -44,6 +44,12 @@ pub trait Sink {
     fn should_stop(&mut self) -> Option<Stop> {
         None
     }
+    /// An evaluation on the validation set (`data.validation`).
+    fn validation(&mut self, _eval: &EvalRecord) {}
+    /// A new best validation metric (its weights are in `model-best.safetensors`).
+    fn best(&mut self, _step: u64, _value: f64) {}
+    /// Early stopping ended the run after this step.
+    fn early_stopped(&mut self, _step: u64) {}
     /// Metrics lines written so far (a checkpoint records where they end).
     fn lines_written(&self) -> u64 {
         0
@@ -54,6 +60,15 @@ pub trait Sink {
 
 /// The trained weights, in the run directory.
 pub const WEIGHTS: &str = "model.safetensors";
+/// The weights at the best validation metric.
+pub const BEST_WEIGHTS: &str = "model-best.safetensors";
+
+/// The watched metric's state: its best (step, value) and the evaluations since.
+#[derive(Debug, Clone, Default)]
+struct Watching {
+    best: Option<(u64, f64)>,
+    since_best: u64,
+}
 
 /// `500 steps`, `epoch`.
 fn every_words(e: crate::recipe::Every) -> String {
@@ -456,6 +471,7 @@ pub fn train<B: AutodiffBackend>(
     batcher: Batcher,
     train: Arc<Dataset>,
     test: Arc<Dataset>,
+    validation: Option<Arc<Dataset>>,
     device: B::Device,
     mem: MemFn<B::Device>,
     t0: Instant,
@@ -466,11 +482,16 @@ pub fn train<B: AutodiffBackend>(
     let mut model: Net<B> = Net::new(&plan.model, batcher.shape, plan.seed, &device);
     let parameters = model.parameters();
     let mut optim = Optim::<B>::new(&plan.optim);
+    let mut watching = Watching::default();
     // Where the loop starts: the beginning, or a checkpoint's step, epoch and batch.
     let (mut step, mut epochs_completed, start_epoch, start_batch): (u64, usize, usize, usize) =
         match persist.and_then(|p| p.resume.as_ref()) {
             None => (0, 0, 0, 0),
             Some((dir, state)) => {
+                watching = Watching {
+                    best: state.best,
+                    since_best: state.since_best,
+                };
                 sink.phase("loading the checkpoint");
                 match checkpoint::load::<B>(dir, model, optim, &device) {
                     Ok((m, o)) => {
@@ -550,6 +571,8 @@ pub fn train<B: AutodiffBackend>(
 
     let mut stopped: Option<Stop> = None;
     let mut diverged: Option<(u64, f64)> = None;
+    // Early stopping decided the run is done.
+    let mut early = false;
     for epoch in start_epoch..plan.run.epochs {
         let skip = if epoch == start_epoch { start_batch } else { 0 };
         let mut batches = loader.epoch_from(epoch, skip);
@@ -570,6 +593,8 @@ pub fn train<B: AutodiffBackend>(
                         recipe_sha256: String::new(),
                         reason: format!("{stop}"),
                         written_at: crate::clock::utc_now(),
+                        best: watching.best,
+                        since_best: watching.since_best,
                     };
                     let saved = flushed.and_then(|_| checkpoint_at(sink, &model, &optim, state));
                     if let Err(e) = saved {
@@ -691,6 +716,8 @@ pub fn train<B: AutodiffBackend>(
                     recipe_sha256: String::new(),
                     reason: format!("every {}", every_words(plan.checkpoint.every)),
                     written_at: crate::clock::utc_now(),
+                    best: watching.best,
+                    since_best: watching.since_best,
                 };
                 match checkpoint_at(sink, &model, &optim, state) {
                     Ok(took) => rec.checkpoint_ms = took,
@@ -710,6 +737,23 @@ pub fn train<B: AutodiffBackend>(
                     break;
                 }
             }
+            // Validation every N steps (inside the epoch; at its end it follows the epoch).
+            if left > 0 && policy::due(plan.run.validate, Point::AfterStep { step }) {
+                if let Some(v) = &validation {
+                    let ctx = (plan, &batcher, &device, persist);
+                    match validate(ctx, &model, v, epoch, step, &mut watching, sink) {
+                        Ok(true) => {
+                            early = true;
+                            break;
+                        }
+                        Ok(false) => {}
+                        Err(stop) => {
+                            stopped = Some(stop);
+                            break;
+                        }
+                    }
+                }
+            }
         }
         drop(batches);
         if stopped.is_some() {
@@ -721,7 +765,27 @@ pub fn train<B: AutodiffBackend>(
             epochs_completed = epoch + 1;
             sink.epoch_end(epoch);
         }
-        let last = epoch + 1 == plan.run.epochs || step >= total;
+        if !cut_short && !early && policy::due(plan.run.validate, Point::EpochEnd) {
+            if let Some(v) = &validation {
+                let ctx = (plan, &batcher, &device, persist);
+                match validate(ctx, &model, v, epoch, step, &mut watching, sink) {
+                    Ok(stop_now) => early = stop_now,
+                    Err(stop) => {
+                        stopped = Some(stop);
+                        break;
+                    }
+                }
+            }
+        }
+        if early {
+            // Flush what is pending before the run's last evaluation.
+            if let Err(stop) = flush(&mut pending, sink, plan, &mut diverged) {
+                stopped = Some(stop);
+                break;
+            }
+            sink.early_stopped(step);
+        }
+        let last = epoch + 1 == plan.run.epochs || step >= total || early;
         let due = match plan.run.eval {
             Eval::Epoch => !cut_short || last,
             Eval::End => last,
@@ -732,7 +796,7 @@ pub fn train<B: AutodiffBackend>(
             let e = evaluate(&model.valid(), &test, &all, &batcher, plan, &device);
             sink.eval(&EvalRecord { epoch, step, ..e });
         }
-        if step >= total {
+        if step >= total || early {
             break;
         }
         let every = plan.checkpoint.every;
@@ -747,6 +811,8 @@ pub fn train<B: AutodiffBackend>(
                 recipe_sha256: String::new(),
                 reason: "epoch end".into(),
                 written_at: crate::clock::utc_now(),
+                best: watching.best,
+                since_best: watching.since_best,
             };
             if let Err(stop) = checkpoint_at(sink, &model, &optim, state) {
                 stopped = Some(stop);
@@ -857,6 +923,47 @@ pub fn evaluate_weights<B: AutodiffBackend>(
     let model = checkpoint::load_weights(fresh, weights)?;
     let all: Vec<usize> = (0..test.len()).collect();
     Ok(evaluate(&model, test, &all, batcher, plan, device))
+}
+
+/// Evaluates on the validation set, reports it, and updates the watched metric: a new
+/// best saves `model-best.safetensors`; `Ok(true)` when patience has run out.
+fn validate<B: AutodiffBackend>(
+    (plan, batcher, device, persist): (&Plan, &Batcher, &B::Device, Option<&Persist>),
+    model: &Net<B>,
+    data: &Dataset,
+    epoch: usize,
+    step: u64,
+    watching: &mut Watching,
+    sink: &mut dyn Sink,
+) -> Result<bool, Stop> {
+    let all: Vec<usize> = (0..data.len()).collect();
+    let valid = model.valid();
+    let e = evaluate(&valid, data, &all, batcher, plan, device);
+    sink.validation(&EvalRecord { epoch, step, ..e });
+    let Some(w) = &plan.run.watch else {
+        return Ok(false);
+    };
+    let value = match w.metric {
+        crate::recipe::EarlyStopMetric::ValLoss => e.loss,
+        crate::recipe::EarlyStopMetric::ValAccuracy => e.accuracy,
+    };
+    let better = match watching.best {
+        None => value.is_finite(),
+        Some((_, b)) if w.maximize => value > b + w.min_delta,
+        Some((_, b)) => value < b - w.min_delta,
+    };
+    if better {
+        watching.best = Some((step, value));
+        watching.since_best = 0;
+        if let Some(p) = persist {
+            checkpoint::save_weights(&valid, &p.run_dir.join(BEST_WEIGHTS))
+                .map_err(Stop::Failed)?;
+        }
+        sink.best(step, value);
+    } else {
+        watching.since_best += 1;
+    }
+    Ok(w.patience.is_some_and(|p| watching.since_best >= p))
 }
 
 /// What `warm_up` ran.

@@ -2772,3 +2772,54 @@ fn tensorboard_events_and_csv_carry_the_metrics() {
         "{newest:?}"
     );
 }
+
+#[test]
+fn early_stopping_watches_a_held_out_split_and_keeps_the_best_weights() {
+    let dir = tempdir("early");
+    // lr = 0: the validation loss never improves after the first evaluation, so with
+    // patience 2 the run stops after epoch 3 of 50.
+    let recipe = tiny_recipe(
+        &dir,
+        "es",
+        "[optim]\nlr = 1e-12\n[run.early_stop]\npatience = 2\n",
+    );
+    let text = std::fs::read_to_string(&recipe)
+        .unwrap()
+        .replace("epochs = 1", "epochs = 50")
+        .replace(
+            "synthetic = { samples = 100, test_samples = 50 }",
+            "synthetic = { samples = 100, test_samples = 50 }\nvalidation = 0.2",
+        );
+    std::fs::write(&recipe, text).unwrap();
+    let out = runner_cmd().arg(&recipe).output().unwrap();
+    expect_exit(&out, 0);
+    let run = only_run(&dir.join("runs/es"));
+    let s = summary(&run);
+    // 100 samples: 20 held out, 80 trained on in batches of 32 → 3 steps an epoch.
+    assert_eq!(s.status, "completed");
+    assert_eq!(s.validations.len(), 3, "{:?}", s.validations);
+    assert!(s.validations.iter().all(|v| v.samples == 20));
+    assert_eq!(s.early_stopped_at_step, Some(9));
+    assert_eq!((s.steps, s.samples), (9, 3 * 80));
+    assert_eq!(s.best_step, Some(3));
+    assert!(
+        s.test_accuracy.is_some(),
+        "the test set is scored at the end"
+    );
+    assert!(
+        run.join("model-best.safetensors").is_file() && run.join("model.safetensors").is_file()
+    );
+    assert!(String::from_utf8_lossy(&out.stderr).contains("early stop after step 9"));
+    let out = runner_cmd()
+        .arg("eval")
+        .arg(&run)
+        .arg("--best")
+        .output()
+        .unwrap();
+    expect_exit(&out, 0);
+    // early_stop without a validation set is an error that says what to add.
+    let bad = tiny_recipe(&dir, "bad", "[run.early_stop]\npatience = 2\n");
+    let out = runner_cmd().arg("validate").arg(&bad).output().unwrap();
+    expect_exit(&out, 2);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("set data.validation = 0.1"));
+}

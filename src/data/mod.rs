@@ -43,6 +43,68 @@ impl Images {
     }
 }
 
+impl Dataset {
+    /// The samples at `indices`, in that order.
+    pub fn subset(&self, indices: &[usize]) -> Dataset {
+        match self {
+            Dataset::Images(im) => Dataset::Images(Images {
+                pixels: indices
+                    .iter()
+                    .flat_map(|&i| im.sample(i).iter().copied())
+                    .collect(),
+                labels: indices.iter().map(|&i| im.labels[i]).collect(),
+                ..im.clone_shape()
+            }),
+            Dataset::Text(t) => Dataset::Text(text::TextSet {
+                seqs: indices.iter().map(|&i| t.seqs[i].clone()).collect(),
+                labels: indices.iter().map(|&i| t.labels[i]).collect(),
+            }),
+        }
+    }
+}
+
+/// A deterministic, class-stratified split: `held` of the samples (each class giving its
+/// share, by largest remainder) chosen by `seed`; returns (kept, held) indices, each in
+/// the data's order.
+pub fn stratified_split(labels: &[u32], held: usize, seed: u64) -> (Vec<usize>, Vec<usize>) {
+    let n = labels.len();
+    let mut by_class: std::collections::BTreeMap<u32, Vec<usize>> = Default::default();
+    for (i, &l) in labels.iter().enumerate() {
+        by_class.entry(l).or_default().push(i);
+    }
+    // Each class's exact share, floored; the remainders go to the largest fractions.
+    let mut quota: Vec<(u32, usize, f64)> = by_class
+        .iter()
+        .map(|(&c, idx)| {
+            let exact = held as f64 * idx.len() as f64 / n.max(1) as f64;
+            (c, exact.floor() as usize, exact - exact.floor())
+        })
+        .collect();
+    let mut left = held.saturating_sub(quota.iter().map(|q| q.1).sum());
+    let mut order: Vec<usize> = (0..quota.len()).collect();
+    order.sort_by(|&a, &b| quota[b].2.total_cmp(&quota[a].2).then(a.cmp(&b)));
+    for &k in &order {
+        if left == 0 {
+            break;
+        }
+        if quota[k].1 < by_class[&quota[k].0].len() {
+            quota[k].1 += 1;
+            left -= 1;
+        }
+    }
+    let mut is_held = vec![false; n];
+    for (c, q, _) in quota {
+        let mut idx = by_class[&c].clone();
+        SplitMix64::new(seed ^ 0x5A11_D0A7_0000_0000)
+            .fork(c as u64)
+            .shuffle(&mut idx);
+        for &i in idx.iter().take(q) {
+            is_held[i] = true;
+        }
+    }
+    (0..n).partition(|&i| !is_held[i])
+}
+
 /// Class names from a file beside `path` (`batches.meta.txt`, `labels.txt`): one per
 /// line, line k naming label k. `None` when there is no such file.
 pub fn names_beside(path: &Path, file: &str) -> Option<Vec<String>> {
@@ -121,15 +183,29 @@ impl Dataset {
 pub struct Sets {
     pub train: Dataset,
     pub test: Dataset,
+    /// Held out of the training set by `data.validation`.
+    pub validation: Option<Dataset>,
     pub tokenizer: Option<text::Tokenizer>,
 }
 
 /// The training and test sets a plan names, read into memory; for text, the tokenizer is
 /// built from the training split and encodes both.
 pub fn load(plan: &DataPlan, classes: usize, seed: u64) -> Result<Sets, DataError> {
+    let mut sets = read_sets(plan, classes, seed)?;
+    if plan.validation_len > 0 {
+        let (kept, held) = stratified_split(sets.train.labels(), plan.validation_len, seed);
+        sets.validation = Some(sets.train.subset(&held));
+        sets.train = sets.train.subset(&kept);
+    }
+    Ok(sets)
+}
+
+/// The training (validation samples included) and test sets.
+fn read_sets(plan: &DataPlan, classes: usize, seed: u64) -> Result<Sets, DataError> {
+    let train_len = plan.train_len + plan.validation_len;
     match &plan.source {
         Source::Cifar { train, test } => {
-            let tr = cifar::read(train, plan.train_len, classes)?;
+            let tr = cifar::read(train, train_len, classes)?;
             let te = if test.is_empty() {
                 Images {
                     pixels: vec![],
@@ -142,12 +218,14 @@ pub fn load(plan: &DataPlan, classes: usize, seed: u64) -> Result<Sets, DataErro
             Ok(Sets {
                 train: Dataset::Images(tr),
                 test: Dataset::Images(te),
+                validation: None,
                 tokenizer: None,
             })
         }
         Source::Synthetic { .. } => Ok(Sets {
-            train: Dataset::Images(synthetic::generate(plan, plan.train_len, seed, 0)),
+            train: Dataset::Images(synthetic::generate(plan, train_len, seed, 0)),
             test: Dataset::Images(synthetic::generate(plan, plan.test_len, seed, 1)),
+            validation: None,
             tokenizer: None,
         }),
         Source::Jsonl { train, test } => {
@@ -155,7 +233,15 @@ pub fn load(plan: &DataPlan, classes: usize, seed: u64) -> Result<Sets, DataErro
             let read = |p: &Path, n: usize| {
                 text::read_jsonl(p, &t.text_field, &t.label_field, Some(classes), n)
             };
-            let tr = read(train, plan.train_len)?;
+            let tr = read(train, train_len)?;
+            // The vocabulary comes from the training part only: the validation samples are
+            // as unseen as the test set.
+            let held = if plan.validation_len > 0 {
+                let labels: Vec<u32> = tr.iter().map(|(_, l)| *l).collect();
+                stratified_split(&labels, plan.validation_len, seed).1
+            } else {
+                vec![]
+            };
             let te = match test {
                 Some(p) => read(p, plan.test_len)?,
                 None => vec![],
@@ -164,7 +250,14 @@ pub fn load(plan: &DataPlan, classes: usize, seed: u64) -> Result<Sets, DataErro
             let pad_id = t.padding.pad_id;
             let tok = match k.kind {
                 crate::recipe::TokenizerKind::Word => {
-                    let texts: Vec<&str> = tr.iter().map(|(s, _)| s.as_str()).collect();
+                    let mut is_held = vec![false; tr.len()];
+                    held.iter().for_each(|&i| is_held[i] = true);
+                    let texts: Vec<&str> = tr
+                        .iter()
+                        .zip(&is_held)
+                        .filter(|(_, h)| !**h)
+                        .map(|((s, _), _)| s.as_str())
+                        .collect();
                     text::Tokenizer::build_word(
                         &texts,
                         k.max_vocab,
@@ -185,6 +278,7 @@ pub fn load(plan: &DataPlan, classes: usize, seed: u64) -> Result<Sets, DataErro
             Ok(Sets {
                 train: Dataset::Text(encode(tr)),
                 test: Dataset::Text(encode(te)),
+                validation: None,
                 tokenizer: Some(tok),
             })
         }
@@ -332,6 +426,34 @@ mod tests {
             pixels: vec![1, 2, 3, 4, 5, 6, 10, 20, 30, 40, 50, 60],
             labels: vec![0, 1],
         }
+    }
+
+    #[test]
+    fn the_validation_split_is_stratified_deterministic_and_disjoint() {
+        let labels: Vec<u32> = (0..70)
+            .map(|i| {
+                if i < 40 {
+                    0
+                } else if i < 60 {
+                    1
+                } else {
+                    2
+                }
+            })
+            .collect();
+        let (kept, held) = stratified_split(&labels, 14, 3);
+        assert_eq!(held.len(), 14);
+        let per_class = |idx: &[usize], c| idx.iter().filter(|&&i| labels[i] == c).count();
+        assert_eq!([0, 1, 2].map(|c| per_class(&held, c)), [8, 4, 2]);
+        let mut all: Vec<usize> = kept.iter().chain(&held).copied().collect();
+        all.sort();
+        assert_eq!(all, (0..70).collect::<Vec<_>>());
+        assert_eq!(stratified_split(&labels, 14, 3), (kept, held.clone()));
+        assert_ne!(
+            stratified_split(&labels, 14, 4).1,
+            held,
+            "the seed picks the samples"
+        );
     }
 
     #[test]

@@ -235,6 +235,12 @@ pub struct DataSection {
     /// Use only the first N test samples. Default: all.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub test_limit: Option<usize>,
+    /// Hold out this fraction of the (limited) training set as a validation set: a
+    /// deterministic, class-stratified split by the seed; the model never trains on it.
+    /// It is evaluated every `run.validate` and drives `run.early_stop` and
+    /// `model-best.safetensors`. Default: none.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub validation: Option<f64>,
     /// Per-channel normalisation `(x/255 - mean) / std`. Default: none (pixels scaled to 0..1).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub normalize: Option<NormalizeSection>,
@@ -675,6 +681,53 @@ pub struct RunSection {
     /// Stop a diverged run at the step it was seen (status `failed`, exit 1). With false
     /// the run goes on and `summary.json` records where it diverged. Default true.
     pub stop_on_divergence: bool,
+    /// With `data.validation`: when to evaluate on it, `"epoch"` or every N optimizer
+    /// steps. Default `"epoch"`.
+    pub validate: Every,
+    /// With `data.validation`: stop when the validation metric has not improved for
+    /// `patience` evaluations. Default: none (train all epochs).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub early_stop: Option<EarlyStopSection>,
+}
+
+/// `run.early_stop = { metric = "val_accuracy", patience = 5 }`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields, default)]
+pub struct EarlyStopSection {
+    /// `val_loss` or `val_accuracy`. Default `val_loss`.
+    pub metric: EarlyStopMetric,
+    /// Validation evaluations without improvement before stopping. Default 3.
+    pub patience: u64,
+    /// The least change that counts as an improvement. Default 0.
+    pub min_delta: f64,
+    /// `min` or `max`. Default: `min` for `val_loss`, `max` for `val_accuracy`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mode: Option<EarlyStopMode>,
+}
+
+impl Default for EarlyStopSection {
+    fn default() -> Self {
+        Self {
+            metric: EarlyStopMetric::ValLoss,
+            patience: 3,
+            min_delta: 0.0,
+            mode: None,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum EarlyStopMetric {
+    ValLoss,
+    ValAccuracy,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum EarlyStopMode {
+    Min,
+    Max,
 }
 
 impl Default for RunSection {
@@ -686,6 +739,8 @@ impl Default for RunSection {
             eval: Eval::End,
             max_loss: 1e4,
             stop_on_divergence: true,
+            validate: Every::Epoch,
+            early_stop: None,
         }
     }
 }
@@ -835,6 +890,7 @@ pub fn tables() -> Vec<(&'static str, &'static [&'static str])> {
         ("optim", fields_of::<OptimSection>()),
         ("cleanup", fields_of::<CleanupSection>()),
         ("run", fields_of::<RunSection>()),
+        ("run.early_stop", fields_of::<EarlyStopSection>()),
         ("log", fields_of::<LogSection>()),
         ("profile", fields_of::<ProfileSection>()),
         ("slurm", fields_of::<SlurmSection>()),
