@@ -25,6 +25,7 @@ pub mod run;
 pub mod sampler;
 pub mod schedule;
 pub mod signals;
+pub mod slurm;
 pub mod sweep;
 pub mod tensorboard;
 pub mod train;

@@ -11,6 +11,7 @@ use runner::plan::{Machine, Plan};
 use runner::recipe;
 use runner::report;
 use runner::run::{self, RunError, RunOptions};
+use runner::slurm;
 use runner::sweep::{self, CellEnd, Checked, Selection, State, SweepDir};
 
 #[derive(Parser)]
@@ -653,8 +654,6 @@ fn slurm(args: &SweepArgs) -> ExitCode {
     let Some(all) = check_all(&args.run.check, &any_machine()) else {
         return ExitCode::from(2);
     };
-    let exe = std::env::current_exe().unwrap_or_else(|_| PathBuf::from("runner"));
-    let workdir = std::env::current_dir().unwrap_or_else(|_| PathBuf::from("."));
     // Refused before anything is written.
     if args.shards == Some(0) {
         eprintln!("error: --shards must be at least 1");
@@ -669,52 +668,13 @@ fn slurm(args: &SweepArgs) -> ExitCode {
         return ExitCode::from(2);
     }
     for c in &all {
-        let root = &c.plans[0].log.dir;
-        let dir = match SweepDir::open(root, &c.base, &c.path, &c.cells) {
-            Ok(d) => d,
+        let (script, tasks) = match slurm::write(c, &args.run.check.sets, args.shards) {
+            Ok(x) => x,
             Err(e) => {
-                eprintln!(
-                    "error: cannot create the sweep directory under {}: {e}",
-                    root.display()
-                );
+                eprintln!("{e}");
                 return ExitCode::from(2);
             }
         };
-        let recipe_abs = std::fs::canonicalize(&c.path).unwrap_or_else(|_| c.path.clone());
-        let mut command = vec![
-            exe.display().to_string(),
-            "sweep".into(),
-            recipe_abs.display().to_string(),
-            "--resume".into(),
-            "--quiet".into(),
-        ];
-        for s in &args.run.check.sets {
-            command.extend(["--set".into(), s.clone()]);
-        }
-        let tasks = match args.shards {
-            Some(k) if k >= 1 => {
-                command.extend(["--shard".into(), format!("$((SLURM_ARRAY_TASK_ID+1))/{k}")]);
-                k
-            }
-            _ => {
-                command.extend(["--cell".into(), "$SLURM_ARRAY_TASK_ID".into()]);
-                c.cells.len()
-            }
-        };
-        let slurm = &c.cells[0].loaded.recipe.slurm;
-        let text = sweep::slurm_script(
-            slurm,
-            &format!("runner-{}", c.base.replace('/', "-")),
-            tasks,
-            &dir.dir,
-            &workdir,
-            &command,
-        );
-        let script = dir.dir.join("slurm.sbatch");
-        if let Err(e) = std::fs::write(&script, text) {
-            eprintln!("error: {}: {e}", script.display());
-            return ExitCode::from(2);
-        }
         println!(
             "{}: {} array task(s) in {}",
             c.path.display(),
@@ -722,20 +682,9 @@ fn slurm(args: &SweepArgs) -> ExitCode {
             script.display()
         );
         if args.submit {
-            match std::process::Command::new("sbatch").arg(&script).output() {
-                Ok(o) if o.status.success() => print!("{}", String::from_utf8_lossy(&o.stdout)),
-                Ok(o) => {
-                    eprintln!(
-                        "error: sbatch {} failed: {}",
-                        script.display(),
-                        String::from_utf8_lossy(&o.stderr).trim()
-                    );
-                    return ExitCode::from(1);
-                }
-                Err(e) => {
-                    eprintln!("error: cannot run sbatch ({e})\n  = help: submit from a Slurm login node: sbatch {}", script.display());
-                    return ExitCode::from(2);
-                }
+            if let Err((code, e)) = slurm::submit(&script) {
+                eprintln!("{e}");
+                return ExitCode::from(code);
             }
         }
     }

@@ -48,6 +48,18 @@ fn check_whole(path: &Path, len: usize) -> Result<(), DataError> {
     Ok(())
 }
 
+/// Record `i` holds a label over the class count.
+fn bad_label(path: &Path, i: usize, label: u8, classes: usize) -> DataError {
+    DataError::new(
+        path,
+        format!(
+            "record {i} (byte offset {}) has label {label}, but there are {classes} classes",
+            i * RECORD
+        ),
+    )
+    .help("check the file is CIFAR-10 binary; fix it, or raise model.num_classes (or add the class to batches.meta.txt)")
+}
+
 /// Checks every record's label byte against `classes` without keeping the pixels (what
 /// validation can afford: one pass over the file, a record at a time).
 pub fn check_labels(path: &Path, classes: usize) -> Result<(), DataError> {
@@ -62,16 +74,8 @@ pub fn check_labels(path: &Path, classes: usize) -> Result<(), DataError> {
             Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(()),
             Err(e) => return Err(DataError::io(path, e)),
         }
-        let label = rec[0] as usize;
-        if label >= classes {
-            return Err(DataError::new(
-                path,
-                format!(
-                    "record {i} (byte offset {}) has label {label}, but there are {classes} classes",
-                    i * RECORD
-                ),
-            )
-            .help("fix the file, or raise model.num_classes (or add the class to batches.meta.txt)"));
+        if rec[0] as usize >= classes {
+            return Err(bad_label(path, i, rec[0], classes));
         }
         i += 1;
     }
@@ -98,14 +102,7 @@ pub fn read(files: &[PathBuf], limit: usize, classes: usize) -> Result<Images, D
             }
             let label = rec[0] as usize;
             if label >= classes {
-                return Err(DataError::new(
-                    path,
-                    format!(
-                        "record {i} (byte offset {}) has label {label}, but there are {classes} classes",
-                        i * RECORD
-                    ),
-                )
-                .help("check the file is CIFAR-10 binary, or raise model.num_classes"));
+                return Err(bad_label(path, i, rec[0], classes));
             }
             labels.push(label as u32);
             pixels.extend_from_slice(&rec[1..]);

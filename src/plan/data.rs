@@ -1,0 +1,463 @@
+//! The `[data]` and `[padding]` rules and the cheap file checks: dataset files exist and
+//! hold whole records with labels in range (CIFAR), lines parse (JSONL); the validation split.
+
+use super::*;
+
+impl<'a> Validator<'a> {
+    pub(super) fn data(&mut self) -> Option<DataPlan> {
+        let d = &self.recipe().data;
+        let Some(format) = d.format else {
+            self.err(
+                "data.format",
+                "missing: every recipe names its data",
+                "add `format = \"cifar10-bin\"` (with train = \"...\") or `format = \"synthetic\"` under [data]",
+            );
+            return None;
+        };
+        let (source, channels, size, classes, train_total, test_total) = match format {
+            DataFormat::Cifar10Bin => {
+                self.only_for("data.synthetic", "to format = \"synthetic\"");
+                let Some(train) = &d.train else {
+                    self.err(
+                        "data.train",
+                        "missing: format \"cifar10-bin\" needs training data",
+                        "set train = \"path/to/data_batch.bin\" (a file, or a directory of data_batch_*.bin), relative to the recipe",
+                    );
+                    return None;
+                };
+                let train = self.cifar_files("data.train", train, "data_batch")?;
+                let test = match &d.test {
+                    Some(t) => self.cifar_files("data.test", t, "test_batch")?,
+                    None => vec![],
+                };
+                let train_n = self.count_records("data.train", &train)?;
+                let test_n = self.count_records("data.test", &test)?;
+                let classes = cifar::class_names(&train[0]).map_or(10, |n| n.len());
+                // Labels are read now, so a bad byte is an error before anything runs.
+                let allowed = self.recipe().model.num_classes.unwrap_or(0).max(classes);
+                for (key, files) in [("data.train", &train), ("data.test", &test)] {
+                    for f in files.iter() {
+                        if let Err(e) = cifar::check_labels(f, allowed) {
+                            self.data_err(key, &e);
+                            return None;
+                        }
+                    }
+                }
+                if classes > crate::data::MAX_CLASSES {
+                    self.err(
+                        "data.train",
+                        format!(
+                            "{} names {classes} classes, over the cap of {}",
+                            train[0].with_file_name("batches.meta.txt").display(),
+                            crate::data::MAX_CLASSES
+                        ),
+                        "batches.meta.txt holds one class name per line",
+                    );
+                }
+                (
+                    Source::Cifar { train, test },
+                    3,
+                    32,
+                    classes,
+                    train_n,
+                    test_n,
+                )
+            }
+            DataFormat::Jsonl => {
+                self.only_for("data.synthetic", "to format = \"synthetic\"");
+                let Some(train) = &d.train else {
+                    self.err(
+                        "data.train",
+                        "missing: format \"jsonl\" needs training data",
+                        "set train = \"path/to/train.jsonl\", relative to the recipe",
+                    );
+                    return None;
+                };
+                let (tf, lf) = (
+                    d.text_field.clone().unwrap_or("text".into()),
+                    d.label_field.clone().unwrap_or("label".into()),
+                );
+                let train = self.jsonl_file("data.train", train)?;
+                let test = match &d.test {
+                    Some(t) => Some(self.jsonl_file("data.test", t)?),
+                    None => None,
+                };
+                let named = crate::data::text::class_names(&train).map(|n| n.len());
+                let limit = self.recipe().model.num_classes.or(named);
+                let mut max_label = 0;
+                let mut distinct = std::collections::BTreeSet::new();
+                let mut counts = [0usize; 2];
+                for (i, (key, path)) in [("data.train", Some(&train)), ("data.test", test.as_ref())]
+                    .into_iter()
+                    .enumerate()
+                {
+                    let Some(path) = path else { continue };
+                    match crate::data::text::read_jsonl(path, &tf, &lf, limit, usize::MAX) {
+                        Ok(rows) => {
+                            counts[i] = rows.len();
+                            max_label = rows
+                                .iter()
+                                .map(|(_, l)| *l as usize)
+                                .fold(max_label, usize::max);
+                            distinct.extend(rows.iter().map(|(_, l)| *l));
+                        }
+                        Err(e) => {
+                            self.data_err(key, &e);
+                            return None;
+                        }
+                    }
+                }
+                let classes = named.unwrap_or(max_label + 1).max(2);
+                if named.is_none() && classes > 10 && distinct.len() * 2 < classes {
+                    self.warn(
+                        "data.train",
+                        format!(
+                            "labels run up to {max_label}, so the model gets {classes} classes, but only {} distinct labels occur",
+                            distinct.len()
+                        ),
+                        "a stray label makes every other class empty: check the data, or name the classes in labels.txt beside the file",
+                    );
+                }
+                (
+                    Source::Jsonl { train, test },
+                    0,
+                    0,
+                    classes,
+                    counts[0],
+                    counts[1],
+                )
+            }
+            DataFormat::Synthetic => {
+                self.only_for("data.train", "to format = \"cifar10-bin\" or \"jsonl\"");
+                self.only_for("data.test", "to format = \"cifar10-bin\" or \"jsonl\"");
+                let s = d.synthetic.clone().unwrap_or_default();
+                for (key, v, lo, hi) in [
+                    ("data.synthetic.samples", s.samples, 1, 10_000_000),
+                    ("data.synthetic.test_samples", s.test_samples, 0, 10_000_000),
+                    ("data.synthetic.classes", s.classes, 2, 100_000),
+                    ("data.synthetic.image_size", s.image_size, 1, 1024),
+                    ("data.synthetic.channels", s.channels, 1, 64),
+                ] {
+                    if !(lo..=hi).contains(&v) {
+                        self.err(
+                            key,
+                            format!("{v} is out of range"),
+                            format!("use {lo} to {hi}"),
+                        );
+                    }
+                }
+                (
+                    Source::Synthetic {
+                        samples: s.samples,
+                        test_samples: s.test_samples,
+                    },
+                    s.channels,
+                    s.image_size,
+                    s.classes,
+                    s.samples,
+                    s.test_samples,
+                )
+            }
+        };
+        if train_total == 0 && d.limit != Some(0) {
+            self.err(
+                "data.train",
+                "holds no training samples",
+                "point it at a file with data (blank lines are skipped)",
+            );
+        }
+        let train_len = match d.limit {
+            Some(0) => {
+                self.err(
+                    "data.limit",
+                    "0 samples leaves nothing to train on",
+                    "remove the key to use all samples",
+                );
+                0
+            }
+            Some(n) => n.min(train_total),
+            None => train_total,
+        };
+        if d.limit.is_some_and(|n| n > train_total) {
+            self.warn(
+                "data.limit",
+                format!("the training data has only {train_total} samples; using all of them"),
+                "lower the limit or remove it",
+            );
+        }
+        // The validation samples come out of the (limited) training set.
+        let validation_len = match d.validation {
+            None => 0,
+            Some(f) if !(f > 0.0 && f < 1.0) => {
+                self.err(
+                    "data.validation",
+                    format!("{f} is not a fraction between 0 and 1"),
+                    "0.1 holds out a tenth of the training set",
+                );
+                0
+            }
+            Some(f) => {
+                let v = (f * train_len as f64).round() as usize;
+                if train_len > 0 && (v == 0 || v >= train_len) {
+                    self.err(
+                        "data.validation",
+                        format!(
+                            "{f} of {train_len} training samples leaves {v} for validation and {} to train on",
+                            train_len - v.min(train_len)
+                        ),
+                        "both sets need at least one sample",
+                    );
+                }
+                v.min(train_len.saturating_sub(1))
+            }
+        };
+        let train_len = train_len - validation_len;
+        let test_len = d.test_limit.map_or(test_total, |n| n.min(test_total));
+        if d.test_limit.is_some() && test_total == 0 {
+            self.err(
+                "data.test_limit",
+                "there is no test data to limit",
+                "set data.test, or remove the key",
+            );
+        }
+
+        let normalize = match &d.normalize {
+            None => Normalize {
+                mean: vec![0.0; channels],
+                std: vec![1.0; channels],
+                on: NormalizeOn::Host,
+            },
+            Some(n) => {
+                let mut widen = |key: &str, v: &[f32]| -> Vec<f32> {
+                    if v.len() == 1 {
+                        vec![v[0]; channels]
+                    } else if v.len() == channels {
+                        v.to_vec()
+                    } else {
+                        self.err(
+                            key,
+                            format!("{} values for {channels} channels", v.len()),
+                            format!("give one value, or one per channel ({channels})"),
+                        );
+                        vec![1.0; channels]
+                    }
+                };
+                let mean = widen("data.normalize.mean", &n.mean);
+                let std = widen("data.normalize.std", &n.std);
+                if std.iter().any(|s| !(s.is_finite() && *s > 0.0)) {
+                    self.err(
+                        "data.normalize.std",
+                        "every std must be a positive number",
+                        "pixels are divided by it",
+                    );
+                }
+                if mean.iter().any(|m| !m.is_finite()) {
+                    self.err(
+                        "data.normalize.mean",
+                        "every mean must be a finite number",
+                        "means are of pixels in 0..1",
+                    );
+                }
+                Normalize {
+                    mean,
+                    std,
+                    on: n.on,
+                }
+            }
+        };
+        let a = &d.augment;
+        if size > 0 && a.crop_padding > size / 2 {
+            self.err(
+                "data.augment.crop_padding",
+                format!(
+                    "{} pixels of padding for {size}-pixel images",
+                    a.crop_padding
+                ),
+                format!("use at most {}", size / 2),
+            );
+        }
+        let text = self.text_plan(format);
+        Some(DataPlan {
+            text,
+            source,
+            channels,
+            height: size,
+            width: size,
+            classes,
+            train_len,
+            test_len,
+            validation_len,
+            normalize,
+            crop_padding: a.crop_padding,
+            hflip: a.hflip,
+        })
+    }
+
+    /// A `.jsonl` file that exists.
+    pub(super) fn jsonl_file(&mut self, key: &str, rel: &str) -> Option<PathBuf> {
+        let path = self.l.dir_of(key).join(rel);
+        if path.is_file() {
+            Some(path)
+        } else if path.exists() {
+            self.err(
+                key,
+                format!(
+                    "{} is not a regular file",
+                    crate::recipe::lexical(&path).display()
+                ),
+                "name a .jsonl file",
+            );
+            None
+        } else {
+            self.err(
+                key,
+                format!("{} does not exist", crate::recipe::lexical(&path).display()),
+                "paths are relative to the recipe file; the shipped data is under datasets/",
+            );
+            None
+        }
+    }
+
+    /// Text keys on image data, image keys on text data, and the text plan.
+    pub(super) fn text_plan(&mut self, format: DataFormat) -> Option<TextPlan> {
+        let r = self.recipe();
+        let text = format == DataFormat::Jsonl;
+        if !text {
+            for k in ["data.text_field", "data.label_field", "data.tokenizer"] {
+                self.only_for(k, "to text data (format = \"jsonl\")");
+            }
+            if self.l.is_set("padding") {
+                self.err(
+                    "padding",
+                    "applies to text data (format = \"jsonl\"); images all have one size",
+                    "remove the [padding] table",
+                );
+            }
+            return None;
+        }
+        for k in ["data.normalize", "data.augment"] {
+            self.only_for(k, "to image data");
+        }
+        let p = r.padding.clone().unwrap_or_default();
+        let t = r.data.tokenizer.clone().unwrap_or_default();
+        if p.max_length > MAX_TOKENS {
+            self.err(
+                "padding.max_length",
+                format!("{} tokens, over the cap of {MAX_TOKENS}", p.max_length),
+                "sequences are cut to this length; 512 is usual",
+            );
+        }
+        if p.max_length == 0 {
+            self.err(
+                "padding.max_length",
+                "0 tokens",
+                "sequences are cut to this length; use at least 1",
+            );
+        }
+        if p.multiple_of == 0 {
+            self.err(
+                "padding.multiple_of",
+                "0 cannot be a multiple",
+                "use 1 for no rounding, or e.g. 8",
+            );
+        }
+        if p.strategy != crate::recipe::PaddingStrategy::Bucket {
+            self.only_for("padding.buckets", "to strategy = \"bucket\"");
+        } else if p.buckets == 0 {
+            self.err(
+                "padding.buckets",
+                "0 buckets",
+                "use at least 1 (8 is usual)",
+            );
+        }
+        if t.kind == crate::recipe::TokenizerKind::Word && t.max_vocab == 0 {
+            self.err(
+                "data.tokenizer.max_vocab",
+                "an empty vocabulary",
+                "use e.g. 20000",
+            );
+        }
+        if t.kind == crate::recipe::TokenizerKind::Byte {
+            self.only_for("data.tokenizer.max_vocab", "to kind = \"word\"");
+            self.only_for("data.tokenizer.min_freq", "to kind = \"word\"");
+        }
+        if p.pad_id > 1_000_000 {
+            self.err(
+                "padding.pad_id",
+                format!("{} would need an embedding table that large", p.pad_id),
+                "use a small id; 0 is usual",
+            );
+        }
+        Some(TextPlan {
+            text_field: r.data.text_field.clone().unwrap_or("text".into()),
+            label_field: r.data.label_field.clone().unwrap_or("label".into()),
+            tokenizer: t,
+            padding: crate::data::pad::Padding {
+                strategy: p.strategy,
+                max_length: p.max_length.max(1),
+                multiple_of: p.multiple_of.max(1),
+                pad_id: p.pad_id,
+            },
+            buckets: p.buckets.max(1),
+        })
+    }
+
+    /// A `.bin` file, or a directory: its `<stem>*.bin` files in name order.
+    pub(super) fn cifar_files(&mut self, key: &str, rel: &str, stem: &str) -> Option<Vec<PathBuf>> {
+        let path = self.l.dir_of(key).join(rel);
+        if path.is_dir() {
+            let mut files: Vec<PathBuf> = std::fs::read_dir(&path)
+                .ok()?
+                .filter_map(|e| e.ok().map(|e| e.path()))
+                .filter(|p| {
+                    p.file_name()
+                        .and_then(|n| n.to_str())
+                        .is_some_and(|n| n.starts_with(stem) && n.ends_with(".bin"))
+                })
+                .collect();
+            files.sort();
+            if files.is_empty() {
+                self.err(
+                    key,
+                    format!("directory {} holds no {stem}*.bin file", path.display()),
+                    "point at the cifar-10-batches-bin directory or at one .bin file",
+                );
+                return None;
+            }
+            Some(files)
+        } else if path.is_file() {
+            Some(vec![path])
+        } else if path.exists() {
+            self.err(
+                key,
+                format!(
+                    "{} is neither a regular file nor a directory",
+                    crate::recipe::lexical(&path).display()
+                ),
+                "name a .bin file or the directory holding them",
+            );
+            None
+        } else {
+            self.err(
+                key,
+                format!("{} does not exist", crate::recipe::lexical(&path).display()),
+                "paths are relative to the recipe file; the shipped data is under datasets/",
+            );
+            None
+        }
+    }
+
+    pub(super) fn count_records(&mut self, key: &str, files: &[PathBuf]) -> Option<usize> {
+        let mut n = 0;
+        for f in files {
+            match cifar::count_records(f) {
+                Ok(k) => n += k,
+                Err(e) => {
+                    self.data_err(key, &e);
+                    return None;
+                }
+            }
+        }
+        Some(n)
+    }
+}

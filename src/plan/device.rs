@@ -1,0 +1,175 @@
+//! Where a plan runs and whether it fits: the device (`backend.kind`, `backend.device`), the
+//! CUDA kernel settings, and the resource pre-flight against the machine's memory.
+
+use super::*;
+
+impl<'a> Validator<'a> {
+    pub(super) fn device(&mut self, m: &Machine) -> (Device, String) {
+        let b = &self.recipe().backend;
+        match b.kind {
+            BackendKind::Cpu => (Device::Cpu, "backend.kind = \"cpu\"".into()),
+            BackendKind::Auto => match (&m.cuda_devices, m.cuda_compiled) {
+                (Ok(n), true) if b.device < *n => (
+                    Device::Cuda(b.device),
+                    format!("auto: CUDA device {} of {n} found", b.device),
+                ),
+                (Ok(n), true) if *n > 0 => {
+                    self.err(
+                        "backend.device",
+                        format!("CUDA device {} does not exist: {n} found", b.device),
+                        format!("use a device index below {n}"),
+                    );
+                    (Device::Cpu, String::new())
+                }
+                (Ok(_), _) => (
+                    Device::Cpu,
+                    "auto: no CUDA device found, using the CPU".into(),
+                ),
+                (Err(why), _) => (Device::Cpu, format!("auto: {why}; using the CPU")),
+            },
+            BackendKind::Cuda => {
+                match (&m.cuda_devices, m.cuda_compiled) {
+                    (_, false) => self.err(
+                        "backend.kind",
+                        "CUDA was asked for, but this binary was built without it",
+                        "build with `cargo build --release --features cuda`, or set kind = \"auto\" or \"cpu\"",
+                    ),
+                    (Err(why), true) => self.err(
+                        "backend.kind",
+                        format!("CUDA was asked for, but no GPU can be used: {why}"),
+                        "run on a machine with an NVIDIA driver, or set kind = \"auto\" or \"cpu\"",
+                    ),
+                    (Ok(n), true) if b.device >= *n => self.err(
+                        "backend.device",
+                        format!("CUDA device {} does not exist: {n} found", b.device),
+                        if *n == 0 {
+                            "run on a machine with a GPU, or set backend.kind = \"cpu\"".to_string()
+                        } else {
+                            format!("use a device index below {n}")
+                        },
+                    ),
+                    _ => {}
+                }
+                (Device::Cuda(b.device), "backend.kind = \"cuda\"".into())
+            }
+        }
+    }
+
+    pub(super) fn kernels(&mut self) -> KernelPlan {
+        let b = self.recipe().backend.clone();
+        let cache_dir = b.cache_dir.as_ref().and_then(|d| {
+            if d.trim().is_empty() {
+                self.err(
+                    "backend.cache_dir",
+                    "is empty",
+                    "name a directory, or leave the key out for the per-user default",
+                );
+                return None;
+            }
+            let p = self.l.dir_of("backend.cache_dir").join(d);
+            if p.exists() && !p.is_dir() {
+                self.err(
+                    "backend.cache_dir",
+                    format!("{} exists and is not a directory", p.display()),
+                    "name a directory (it is created if missing)",
+                );
+            }
+            Some(crate::recipe::lexical(
+                &std::path::absolute(&p).unwrap_or(p),
+            ))
+        });
+        KernelPlan {
+            autotune: b.autotune,
+            fusion: b.fusion,
+            cache_dir,
+        }
+    }
+
+    /// Refuses a plan whose memory floor (`preflight`) exceeds the machine's memory (the
+    /// GPU's on CUDA, the host's on the CPU), or `preflight::ABSOLUTE_CAP` anywhere. Blames
+    /// the key behind the largest part.
+    pub(super) fn preflight(
+        &mut self,
+        model: &ModelPlan,
+        data: &DataPlan,
+        loader: &LoaderPlan,
+        optim: &OptimPlan,
+        machine: &Machine,
+        device: Device,
+    ) {
+        use crate::preflight::{self, gib};
+        let text_bytes = match &data.source {
+            Source::Jsonl { train, test } => [Some(train), test.as_ref()]
+                .into_iter()
+                .flatten()
+                .filter_map(|p| std::fs::metadata(p).ok())
+                .map(|m| m.len())
+                .sum(),
+            _ => 0,
+        };
+        let f = preflight::estimate(model, data, loader, optim, text_bytes);
+        let cap = |limit: Option<u64>, what: &'static str| match limit {
+            Some(l) if l > 0 => (l.min(preflight::ABSOLUTE_CAP), what),
+            _ => (preflight::ABSOLUTE_CAP, "the cap of any machine"),
+        };
+        // The data stays in host memory on either backend; the model and activations are
+        // where the backend computes.
+        let (model_part, act_part, data_part) = (
+            (f.model_bytes, "the model"),
+            (f.activation_bytes, "one batch's activations"),
+            (f.data_bytes, "the data"),
+        );
+        let host = cap(machine.host_memory, "this machine's memory");
+        let checks = match device {
+            Device::Cpu => vec![(f.host_bytes(), host, vec![model_part, act_part, data_part])],
+            Device::Cuda(i) => vec![
+                (f.data_bytes, host, vec![data_part]),
+                (
+                    f.device_bytes(),
+                    cap(machine.gpu_memory.get(i).copied(), "the GPU's memory"),
+                    vec![model_part, act_part],
+                ),
+            ],
+        };
+        let Some((need, (limit, what), parts)) = checks
+            .into_iter()
+            .find(|(need, (limit, _), _)| need > limit)
+        else {
+            return;
+        };
+        let (_, biggest) = parts
+            .iter()
+            .max_by_key(|(b, _)| *b)
+            .copied()
+            .unwrap_or_default();
+        let (key, help) = match biggest {
+            "one batch's activations" => (
+                "loader.batch_size",
+                "lower batch_size; optim.accumulation_steps keeps the effective batch",
+            ),
+            "the model" if model.num_classes > 10_000 => (
+                "model.num_classes",
+                "fewer classes (each is a row of the last layer)",
+            ),
+            "the model" => ("model.arch", "a smaller model"),
+            _ if matches!(data.source, Source::Synthetic { .. }) => (
+                "data.synthetic.samples",
+                "fewer or smaller synthetic samples",
+            ),
+            _ => ("data.limit", "set data.limit to use part of the data"),
+        };
+        self.err(
+            key,
+            format!(
+                "the run needs at least {} ({} parameters: {} with gradients and optimizer state; data {}; activations of one batch {}), more than {what} ({})",
+                gib(need),
+                f.parameters,
+                gib(f.model_bytes),
+                gib(f.data_bytes),
+                gib(f.activation_bytes),
+                gib(limit)
+            ),
+            help,
+        );
+    }
+}

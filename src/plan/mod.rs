@@ -1,0 +1,507 @@
+//! Validation: turns a type-checked `Recipe` into a `Plan` the training loop can trust.
+//! Owns every rule that spans keys, the defaults that depend on other keys or on the data,
+//! and the cheap file checks (dataset files exist and hold whole records). It reports
+//! every violation at once and touches no device: the backend probe's answer comes in as
+//! plain data. It does not read the dataset's samples (`data` does).
+
+mod data;
+mod device;
+mod model;
+mod optim;
+mod run;
+
+use std::path::{Path, PathBuf};
+
+use crate::data::cifar;
+use crate::policy::CleanupPolicy;
+use crate::recipe::{
+    Arch, AutotuneLevel, BackendKind, CleanupAction, DataFormat, Diagnostic, Eval, Every, Loaded,
+    NormalizeOn, Optimizer, Recipe, Report, Schedule, Stem,
+};
+
+/// Most CPU threads a recipe may ask for (rayon cannot start many more).
+pub const MAX_THREADS: usize = 1024;
+/// Longest padded row a text recipe may ask for.
+pub const MAX_TOKENS: usize = 65_536;
+
+/// What the machine offers, found before validation (see `backend::probe`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Machine {
+    /// The binary was built with `--features cuda`.
+    pub cuda_compiled: bool,
+    /// CUDA devices found, or why none could be looked for.
+    pub cuda_devices: Result<usize, String>,
+    /// Total host memory, bytes; `None`: not checked (`runner validate` checks recipes
+    /// against the format, not a machine).
+    pub host_memory: Option<u64>,
+    /// Total memory of each CUDA device, bytes, where known.
+    pub gpu_memory: Vec<u64>,
+}
+
+impl Machine {
+    pub fn cpu_only() -> Self {
+        Self {
+            host_memory: None,
+            gpu_memory: vec![],
+            cuda_compiled: false,
+            cuda_devices: Err("this binary was built without the `cuda` feature".into()),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Device {
+    Cpu,
+    Cuda(usize),
+}
+
+/// A recipe that passed every check, with every default resolved.
+#[derive(Debug, Clone)]
+pub struct Plan {
+    pub name: String,
+    pub seed: u64,
+    pub recipe_path: PathBuf,
+    /// The recipe with every default filled in and paths made absolute: runs on its own.
+    pub resolved: Recipe,
+    pub device: Device,
+    /// Why this device (for `auto`, what was found).
+    pub device_reason: String,
+    pub threads: usize,
+    /// CUDA kernel compilation and autotuning (ignored on the CPU).
+    pub kernels: KernelPlan,
+    pub model: ModelPlan,
+    pub data: DataPlan,
+    pub loader: LoaderPlan,
+    pub optim: OptimPlan,
+    pub cleanup: CleanupPolicy,
+    pub run: RunPlan,
+    pub log: LogPlan,
+    pub profile: ProfilePlan,
+    pub checkpoint: CheckpointPlan,
+    /// The recipe files that made this plan (the recipe, then each file it extends).
+    pub sources: Vec<PathBuf>,
+    /// `--set` overrides, as given.
+    pub overrides: Vec<String>,
+    /// Warnings found on the way (shown before the run, kept in the run directory).
+    pub warnings: Vec<Diagnostic>,
+}
+
+/// How CUDA kernels are compiled, tuned and cached (`[backend]`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct KernelPlan {
+    pub autotune: AutotuneLevel,
+    pub fusion: bool,
+    /// `backend.cache_dir`, absolute; `None`: the per-user default (see `kernels::cache_dir`).
+    pub cache_dir: Option<PathBuf>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct ModelPlan {
+    pub arch: Arch,
+    pub stem: Stem,
+    pub num_classes: usize,
+    pub width: usize,
+    pub hidden: Vec<usize>,
+    /// Text models.
+    pub embed_dim: usize,
+    pub hidden_size: usize,
+    pub layers: usize,
+    pub heads: usize,
+    pub ff_dim: usize,
+    pub dropout: f64,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum Source {
+    /// CIFAR-10 binary files, read in the order given.
+    Cifar {
+        train: Vec<PathBuf>,
+        test: Vec<PathBuf>,
+    },
+    /// Text, one JSON object per line.
+    Jsonl {
+        train: PathBuf,
+        test: Option<PathBuf>,
+    },
+    Synthetic {
+        samples: usize,
+        test_samples: usize,
+    },
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct DataPlan {
+    pub source: Source,
+    /// Image shape, channels × height × width.
+    pub channels: usize,
+    pub height: usize,
+    pub width: usize,
+    pub classes: usize,
+    /// Training samples used (after `limit`, without the validation samples).
+    pub train_len: usize,
+    pub test_len: usize,
+    /// Samples held out of the training set for validation (`data.validation`); 0: none.
+    pub validation_len: usize,
+    /// Per-channel mean and std (one per channel) and where they are applied.
+    pub normalize: Normalize,
+    pub crop_padding: usize,
+    pub hflip: bool,
+    /// Text data: fields, tokenizer and padding.
+    pub text: Option<TextPlan>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct TextPlan {
+    pub text_field: String,
+    pub label_field: String,
+    pub tokenizer: crate::recipe::TokenizerSection,
+    pub padding: crate::data::pad::Padding,
+    /// `bucket`: the number of length buckets.
+    pub buckets: usize,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Normalize {
+    pub mean: Vec<f32>,
+    pub std: Vec<f32>,
+    pub on: NormalizeOn,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct LoaderPlan {
+    pub batch_size: usize,
+    pub workers: usize,
+    pub pin_memory: bool,
+    pub persistent_workers: bool,
+    pub prefetch: usize,
+    pub shuffle: bool,
+    pub drop_last: bool,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct OptimPlan {
+    pub optimizer: Optimizer,
+    pub lr: f64,
+    pub momentum: f64,
+    pub weight_decay: f64,
+    pub nesterov: bool,
+    pub betas: [f64; 2],
+    pub eps: f64,
+    pub accumulation_steps: usize,
+    pub schedule: crate::schedule::LrSchedule,
+    /// Global gradient-norm bound, as `clip_grad_norm_`.
+    pub clip_grad_norm: Option<f64>,
+    pub label_smoothing: f64,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct RunPlan {
+    pub epochs: usize,
+    /// Optimizer steps the run will take (epochs × steps per epoch, capped by `max_steps`).
+    pub total_steps: u64,
+    pub steps_per_epoch: u64,
+    pub micro_batches_per_epoch: u64,
+    pub warmup_steps: u64,
+    pub eval: Eval,
+    /// Losses above this, or not finite, are a divergence.
+    pub max_loss: f64,
+    pub stop_on_divergence: bool,
+    /// When the validation set is evaluated (with `data.validation`).
+    pub validate: Every,
+    /// What counts as the best model, and when to stop (with `data.validation`).
+    pub watch: Option<Watch>,
+}
+
+/// The validation metric a run watches: the best model is kept (`model-best.safetensors`)
+/// and, with `patience`, the run stops when it no longer improves.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Watch {
+    pub metric: crate::recipe::EarlyStopMetric,
+    pub maximize: bool,
+    pub min_delta: f64,
+    /// `None`: keep the best, never stop early.
+    pub patience: Option<u64>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct ProfilePlan {
+    /// 1-based optimizer steps timed with a device sync after each phase.
+    pub window: Option<std::ops::RangeInclusive<u64>>,
+    pub sample_ms: u64,
+}
+
+/// When a run writes checkpoints, how many it keeps, and whether it saves its weights.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CheckpointPlan {
+    pub every: Every,
+    pub keep: usize,
+    pub save_final: bool,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct LogPlan {
+    pub dir: PathBuf,
+    pub every: u64,
+    pub progress: bool,
+    pub csv: bool,
+    pub tensorboard: bool,
+}
+
+/// Checks a loaded recipe against every rule; all violations come back together.
+pub fn validate(loaded: &Loaded, machine: &Machine) -> Result<Plan, Report> {
+    let mut v = Validator {
+        l: loaded,
+        report: loaded.findings.clone(),
+    };
+    let plan = v.run(machine);
+    match plan {
+        Some(p) if !v.report.has_errors() => Ok(Plan {
+            warnings: v.report.0,
+            ..p
+        }),
+        _ => Err(v.report.sorted()),
+    }
+}
+
+struct Validator<'a> {
+    l: &'a Loaded,
+    report: Report,
+}
+
+impl<'a> Validator<'a> {
+    /// The recipe, borrowed for `'a` rather than from `self`, so checks can report.
+    fn recipe(&self) -> &'a Recipe {
+        &self.l.recipe
+    }
+
+    fn err(&mut self, key: &str, msg: impl Into<String>, help: impl Into<String>) {
+        if self.l.was_dropped(key) {
+            return;
+        }
+        let d = self.l.error(key, msg).help(help);
+        self.report.push(d);
+    }
+
+    fn warn(&mut self, key: &str, msg: impl Into<String>, help: impl Into<String>) {
+        let d = self.l.warning(key, msg).help(help);
+        self.report.push(d);
+    }
+
+    /// A data file the key names cannot be used.
+    fn data_err(&mut self, key: &str, e: &crate::data::DataError) {
+        let path = crate::recipe::lexical(&e.path);
+        self.err(
+            key,
+            format!("{} {}", path.display(), e.message),
+            e.help_text().to_string(),
+        );
+    }
+
+    /// `key` is set in the file although it has no effect for `why`.
+    fn only_for(&mut self, key: &str, why: &str) {
+        if self.l.is_set(key) {
+            self.err(key, format!("only applies {why}"), "remove the key");
+        }
+    }
+
+    fn run(&mut self, machine: &Machine) -> Option<Plan> {
+        let r = self.recipe();
+        let name = r.name.clone().unwrap_or_else(|| {
+            self.l
+                .path
+                .file_stem()
+                .map(|s| s.to_string_lossy().into_owned())
+                .unwrap_or_else(|| "recipe".into())
+        });
+        // Sweep cells are named `base/key=value,...`: one directory level per '/'.
+        let bad_part = |p: &str| p.is_empty() || p == "." || p == ".." || p.starts_with('.');
+        if name.contains(['\\', '\0'])
+            || name.chars().any(char::is_control)
+            || name.split('/').any(bad_part)
+        {
+            self.err(
+                "name",
+                format!("{name:?} cannot name a run directory"),
+                "use letters, digits, '-', '_', '=', ',' and '.', with '/' only between parts",
+            );
+        } else if name.split('/').any(|p| p.len() > 200) {
+            self.err(
+                "name",
+                format!(
+                    "a part of the name is {} bytes long; directory names must fit in 255",
+                    name.split('/').map(str::len).max().unwrap_or(0)
+                ),
+                "use a shorter name",
+            );
+        }
+        let (device, device_reason) = self.device(machine);
+        let threads = r.backend.threads;
+        if threads > MAX_THREADS {
+            self.err(
+                "backend.threads",
+                format!("{threads} threads, over the cap of {MAX_THREADS}"),
+                "use 0 for one per core",
+            );
+        }
+        let kernels = self.kernels();
+        let data = self.data();
+        let model = self.model(data.as_ref());
+        let loader = self.loader(device);
+        let optim = self.optim();
+        let cleanup = self.cleanup(device);
+        let log = self.log();
+        let run = self.run_section(data.as_ref(), &loader, optim.as_ref());
+        let profile = self.profile(run.as_ref());
+        let checkpoint = self.checkpoint();
+        let (data, model, optim, run, log) = (data?, model?, optim?, run?, log?);
+        // Only a plan that passed every other check is sized: a bad key's value would
+        // make a meaningless (and doubled) finding.
+        if !self.report.has_errors() {
+            self.preflight(&model, &data, &loader, &optim, machine, device);
+        }
+        self.slurm();
+
+        let mut resolved = r.clone();
+        resolved.name = Some(name.clone());
+        resolved.model.arch = Some(model.arch);
+        resolved.model.num_classes = Some(model.num_classes);
+        if model.arch.is_resnet() {
+            resolved.model.stem = Some(model.stem);
+        }
+        let rm = &mut resolved.model;
+        match model.arch {
+            Arch::SmallCnn => rm.width = Some(model.width),
+            Arch::Mlp => rm.hidden = Some(model.hidden.clone()),
+            Arch::Bag => {
+                rm.hidden = Some(model.hidden.clone());
+                rm.embed_dim = Some(model.embed_dim);
+            }
+            Arch::Lstm => {
+                rm.embed_dim = Some(model.embed_dim);
+                rm.hidden_size = Some(model.hidden_size);
+                rm.layers = Some(model.layers);
+            }
+            Arch::Transformer => {
+                rm.embed_dim = Some(model.embed_dim);
+                rm.layers = Some(model.layers);
+                rm.heads = Some(model.heads);
+                rm.ff_dim = Some(model.ff_dim);
+                rm.dropout = Some(model.dropout);
+            }
+            _ => {}
+        }
+        if let Some(t) = &data.text {
+            resolved.data.text_field = Some(t.text_field.clone());
+            resolved.data.label_field = Some(t.label_field.clone());
+            resolved.data.tokenizer = Some(t.tokenizer.clone());
+            let p = resolved.padding.get_or_insert_with(Default::default);
+            p.buckets = t.buckets;
+        }
+        // Every default that applies is written out; keys that do not apply stay out.
+        let ro = &mut resolved.optim;
+        ro.weight_decay = Some(optim.weight_decay);
+        match optim.optimizer {
+            Optimizer::Sgd => {
+                ro.momentum = Some(optim.momentum);
+                ro.nesterov = Some(optim.nesterov);
+            }
+            Optimizer::Adamw => {
+                ro.betas = Some(optim.betas);
+                ro.eps = Some(optim.eps);
+            }
+        }
+        match optim.schedule.kind {
+            Schedule::Cosine => ro.min_lr = Some(optim.schedule.min_lr),
+            Schedule::Step => {
+                ro.step_size = Some(optim.schedule.step_size);
+                ro.gamma = Some(optim.schedule.gamma);
+            }
+            Schedule::Constant => {}
+        }
+        resolved.run.eval = run.eval;
+        if let Some(dir) = &kernels.cache_dir {
+            resolved.backend.cache_dir = Some(dir.display().to_string());
+        }
+        // Paths are relative to the file that wrote them (a parent recipe's stay its own).
+        for (key, p) in [
+            ("data.train", &mut resolved.data.train),
+            ("data.test", &mut resolved.data.test),
+        ] {
+            if let Some(p) = p {
+                *p = absolute(&self.l.dir_of(key).join(&*p))
+                    .display()
+                    .to_string();
+            }
+        }
+        if resolved.data.format == Some(DataFormat::Synthetic) && resolved.data.synthetic.is_none()
+        {
+            resolved.data.synthetic = Some(Default::default());
+        }
+
+        Some(Plan {
+            name,
+            seed: r.seed,
+            recipe_path: self.l.path.clone(),
+            resolved,
+            device,
+            device_reason,
+            threads,
+            kernels,
+            model,
+            data,
+            loader,
+            optim,
+            cleanup,
+            run,
+            log,
+            profile,
+            checkpoint,
+            sources: self
+                .l
+                .doc
+                .sources
+                .iter()
+                .filter(|s| s.name.as_os_str() != "--set")
+                .map(|s| s.name.clone())
+                .collect(),
+            overrides: self
+                .l
+                .doc
+                .sources
+                .iter()
+                .filter(|s| s.name.as_os_str() == "--set")
+                .map(|s| s.text.clone())
+                .collect(),
+            warnings: vec![],
+        })
+    }
+}
+
+/// `"20..30"` → steps 20 to 29; `"20..=30"` → 20 to 30. 1-based, non-empty.
+pub fn parse_steps(text: &str) -> Option<std::ops::RangeInclusive<u64>> {
+    let (a, b, inclusive) = match text.split_once("..=") {
+        Some((a, b)) => (a, b, true),
+        None => {
+            let (a, b) = text.split_once("..")?;
+            (a, b, false)
+        }
+    };
+    let a: u64 = a.trim().parse().ok()?;
+    let b: u64 = b.trim().parse().ok()?;
+    let end = if inclusive { b } else { b.checked_sub(1)? };
+    (a >= 1 && end >= a).then_some(a..=end)
+}
+
+fn absolute(p: &Path) -> PathBuf {
+    std::fs::canonicalize(p).unwrap_or_else(|_| p.to_path_buf())
+}
+
+impl Plan {
+    /// The learning-rate schedule with the run's length filled in.
+    pub fn lr_schedule(&self) -> crate::schedule::LrSchedule {
+        crate::schedule::LrSchedule {
+            total_steps: self.run.total_steps,
+            ..self.optim.schedule.clone()
+        }
+    }
+}

@@ -1,0 +1,171 @@
+//! The `[model]` rules: architecture, per-architecture knobs, class count, caps.
+
+use super::*;
+
+impl<'a> Validator<'a> {
+    pub(super) fn model(&mut self, data: Option<&DataPlan>) -> Option<ModelPlan> {
+        let m = &self.recipe().model;
+        let Some(arch) = m.arch else {
+            self.err(
+                "model.arch",
+                "missing: every recipe names its model",
+                "add `arch = \"small_cnn\"` (or resnet18, resnet34, resnet50, mlp; bag, lstm, transformer for text) under [model]",
+            );
+            return None;
+        };
+        let text_models = "to the text models bag, lstm and transformer";
+        if !arch.is_text() {
+            self.only_for("model.embed_dim", text_models);
+        }
+        if arch != Arch::Lstm {
+            self.only_for("model.hidden_size", "to lstm");
+        }
+        if !matches!(arch, Arch::Lstm | Arch::Transformer) {
+            self.only_for("model.layers", "to lstm and transformer");
+        }
+        if arch != Arch::Transformer {
+            for k in ["model.heads", "model.ff_dim", "model.dropout"] {
+                self.only_for(k, "to transformer");
+            }
+        }
+        let embed_dim = m.embed_dim.unwrap_or(64);
+        let heads = m.heads.unwrap_or(4);
+        let layers = m
+            .layers
+            .unwrap_or(if arch == Arch::Transformer { 2 } else { 1 });
+        let hidden_size = m.hidden_size.unwrap_or(128);
+        let ff_dim = m.ff_dim.unwrap_or(4 * embed_dim);
+        let dropout = m.dropout.unwrap_or(0.1);
+        for (key, v, hi) in [
+            ("model.embed_dim", embed_dim, 8192),
+            ("model.hidden_size", hidden_size, 8192),
+            ("model.layers", layers, 64),
+            ("model.heads", heads, 256),
+            ("model.ff_dim", ff_dim, 65536),
+        ] {
+            if !(1..=hi).contains(&v) {
+                self.err(
+                    key,
+                    format!("{v} is out of range"),
+                    format!("use 1 to {hi}"),
+                );
+            }
+        }
+        if arch == Arch::Transformer && heads > 0 && embed_dim % heads != 0 {
+            self.err(
+                "model.heads",
+                format!("{heads} heads do not divide embed_dim = {embed_dim}"),
+                "pick heads that divide the model width, e.g. 4 for 64",
+            );
+        }
+        if !(0.0..1.0).contains(&dropout) {
+            self.err(
+                "model.dropout",
+                format!("{dropout} is outside [0, 1)"),
+                "0.1 is usual",
+            );
+        }
+        if !arch.is_resnet() {
+            self.only_for("model.stem", "to resnet18, resnet34 and resnet50");
+        }
+        if arch != Arch::SmallCnn {
+            self.only_for("model.width", "to small_cnn");
+        }
+        if !matches!(arch, Arch::Mlp | Arch::Bag) {
+            self.only_for("model.hidden", "to mlp and bag");
+        }
+        let width = m.width.unwrap_or(32);
+        if !(1..=1024).contains(&width) {
+            self.err(
+                "model.width",
+                format!("{width} is out of range"),
+                "use 1 to 1024 channels",
+            );
+        }
+        let hidden =
+            m.hidden
+                .clone()
+                .unwrap_or_else(|| if arch == Arch::Bag { vec![] } else { vec![256] });
+        if hidden.contains(&0) {
+            self.err(
+                "model.hidden",
+                "a hidden layer of size 0",
+                "every size must be at least 1",
+            );
+        }
+        let data = data?;
+        match (arch.is_text(), data.text.is_some()) {
+            (true, false) => self.err(
+                "model.arch",
+                format!(
+                    "{} reads token sequences, but the data are images",
+                    arch.name()
+                ),
+                "use data.format = \"jsonl\", or an image model (small_cnn, resnet18, ...)",
+            ),
+            (false, true) => self.err(
+                "model.arch",
+                format!("{} reads images, but the data are text", arch.name()),
+                "use bag, lstm or transformer for text",
+            ),
+            _ => {}
+        }
+        let num_classes = m.num_classes.unwrap_or(data.classes);
+        if num_classes > crate::data::MAX_CLASSES {
+            self.err(
+                "model.num_classes",
+                format!(
+                    "{num_classes} classes, over the cap of {}",
+                    crate::data::MAX_CLASSES
+                ),
+                "each class is a row of the last layer; remove the key to use the data's classes",
+            );
+        } else if num_classes < 2 {
+            self.err(
+                "model.num_classes",
+                format!("{num_classes} class: too few"),
+                "a classifier needs at least 2",
+            );
+        } else if num_classes < data.classes {
+            self.err(
+                "model.num_classes",
+                format!(
+                    "{num_classes} is fewer than the {} classes the data has",
+                    data.classes
+                ),
+                format!("remove the key to use {}", data.classes),
+            );
+        }
+        if arch.is_resnet()
+            && m.stem != Some(Stem::Imagenet)
+            && data.height < 8
+            && data.text.is_none()
+        {
+            self.err(
+                "model.arch",
+                "images are too small for a ResNet",
+                "use small_cnn or mlp",
+            );
+        }
+        if arch == Arch::SmallCnn && data.height < 4 && data.text.is_none() {
+            self.err(
+                "model.arch",
+                "images are too small for small_cnn (two 2×2 pools)",
+                "use mlp",
+            );
+        }
+        Some(ModelPlan {
+            arch,
+            stem: m.stem.unwrap_or(Stem::Cifar),
+            num_classes,
+            width,
+            hidden,
+            embed_dim,
+            hidden_size,
+            layers,
+            heads,
+            ff_dim,
+            dropout,
+        })
+    }
+}

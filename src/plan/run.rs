@@ -1,0 +1,264 @@
+//! The `[run]`, `[profile]`, `[checkpoint]`, `[log]` and `[slurm]` rules: length, divergence,
+//! validation and early stopping, timing window, checkpoints, outputs, job-script values.
+
+use super::*;
+
+impl<'a> Validator<'a> {
+    pub(super) fn run_section(
+        &mut self,
+        data: Option<&DataPlan>,
+        loader: &LoaderPlan,
+        optim: Option<&OptimPlan>,
+    ) -> Option<RunPlan> {
+        let r = &self.recipe().run;
+        if r.epochs == 0 {
+            self.err("run.epochs", "0 epochs", "use at least 1");
+        }
+        if r.max_steps == Some(0) {
+            self.err(
+                "run.max_steps",
+                "0 steps",
+                "use at least 1, or remove the key for no limit",
+            );
+        }
+        let has_test = data.is_some_and(|d| d.test_len > 0);
+        let eval = if !has_test && r.eval != Eval::Never {
+            if self.l.is_set("run.eval") {
+                self.err(
+                    "run.eval",
+                    format!("\"{}\" needs test data", format!("{:?}", r.eval).to_lowercase()),
+                    "set data.test (cifar10-bin) or data.synthetic.test_samples, or eval = \"never\"",
+                );
+            }
+            Eval::Never
+        } else {
+            r.eval
+        };
+        let has_validation = data.is_some_and(|d| d.validation_len > 0);
+        let watch = match (&r.early_stop, has_validation) {
+            (Some(_), false) if data.is_some() => {
+                self.err(
+                    "run.early_stop",
+                    "watches the validation set, and there is none",
+                    "set data.validation = 0.1 (a tenth of the training set)",
+                );
+                None
+            }
+            (e, true) => {
+                let e = e.clone().unwrap_or_default();
+                use crate::recipe::{EarlyStopMetric, EarlyStopMode};
+                if e.patience == 0 {
+                    self.err(
+                        "run.early_stop.patience",
+                        "0 evaluations would stop at the first",
+                        "use at least 1 (3 is usual)",
+                    );
+                }
+                if !(e.min_delta.is_finite() && e.min_delta >= 0.0) {
+                    self.err(
+                        "run.early_stop.min_delta",
+                        format!("{} is not 0 or more", e.min_delta),
+                        "use 0, or a small positive change such as 1e-3",
+                    );
+                }
+                let maximize = match e.mode {
+                    Some(m) => m == EarlyStopMode::Max,
+                    None => e.metric == EarlyStopMetric::ValAccuracy,
+                };
+                Some(Watch {
+                    metric: e.metric,
+                    maximize,
+                    min_delta: e.min_delta,
+                    patience: r.early_stop.as_ref().map(|_| e.patience),
+                })
+            }
+            _ => None,
+        };
+        // The default is written out in resolved recipes: only another value is a mistake.
+        if self.l.is_set("run.validate")
+            && r.validate != crate::recipe::RunSection::default().validate
+            && data.is_some()
+            && !has_validation
+        {
+            self.err(
+                "run.validate",
+                "there is no validation set to evaluate",
+                "set data.validation = 0.1, or remove the key",
+            );
+        }
+        if !(r.max_loss > 0.0) {
+            self.err(
+                "run.max_loss",
+                format!("{} is not a positive bound", r.max_loss),
+                "use e.g. 1e4, or inf to catch only NaN",
+            );
+        }
+        let (data, optim) = (data?, optim?);
+        let bs = loader.batch_size.max(1);
+        let n = data.train_len;
+        if n == 0 {
+            // Said where the data is counted (an empty file, data.limit = 0).
+            return None;
+        }
+        let micro = if loader.drop_last {
+            n / bs
+        } else {
+            n.div_ceil(bs)
+        } as u64;
+        if micro == 0 {
+            self.err(
+                "loader.drop_last",
+                format!("drops every batch: {n} training samples are fewer than batch_size = {bs}"),
+                "lower loader.batch_size, or set drop_last = false",
+            );
+            return None;
+        }
+        let steps_per_epoch = micro.div_ceil(optim.accumulation_steps as u64);
+        let Some(mut total) = steps_per_epoch.checked_mul(r.epochs as u64) else {
+            self.err(
+                "run.epochs",
+                format!(
+                    "{} epochs of {steps_per_epoch} steps overflow a step counter",
+                    r.epochs
+                ),
+                "use fewer epochs, or run.max_steps to bound the run",
+            );
+            return None;
+        };
+        if let Some(m) = r.max_steps {
+            total = total.min(m);
+        }
+        if r.warmup_steps >= total && total > 0 {
+            self.warn(
+                "run.warmup_steps",
+                format!("the run has only {total} optimizer steps, so none is timed"),
+                format!("lower warmup_steps below {total}"),
+            );
+        }
+        Some(RunPlan {
+            epochs: r.epochs,
+            total_steps: total,
+            steps_per_epoch,
+            micro_batches_per_epoch: micro,
+            warmup_steps: r.warmup_steps,
+            eval,
+            max_loss: r.max_loss,
+            stop_on_divergence: r.stop_on_divergence,
+            validate: r.validate,
+            watch,
+        })
+    }
+
+    pub(super) fn profile(&mut self, run: Option<&RunPlan>) -> ProfilePlan {
+        let p = &self.recipe().profile;
+        let window = p.steps.as_deref().and_then(|text| {
+            let parsed = parse_steps(text);
+            match parsed {
+                Some(w) => {
+                    if let Some(run) = run {
+                        if *w.start() > run.total_steps {
+                            self.warn(
+                                "profile.steps",
+                                format!("starts after the run's last step ({})", run.total_steps),
+                                "no step will be synced; move the window",
+                            );
+                        }
+                    }
+                    Some(w)
+                }
+                None => {
+                    self.err(
+                        "profile.steps",
+                        format!("{text:?} is not a window of steps"),
+                        "write \"A..B\" (steps A to B-1) or \"A..=B\", with 1 <= A < B, e.g. \"20..30\"",
+                    );
+                    None
+                }
+            }
+        });
+        ProfilePlan {
+            window,
+            sample_ms: p.sample_ms,
+        }
+    }
+
+    pub(super) fn checkpoint(&mut self) -> CheckpointPlan {
+        let c = self.recipe().checkpoint.clone();
+        if c.keep == 0 {
+            self.err(
+                "checkpoint.keep",
+                "0 checkpoints kept: none could be resumed from",
+                "keep at least 1 (2 is safer: the latest may be cut by a crash)",
+            );
+        }
+        if c.every == Every::Step {
+            self.warn(
+                "checkpoint.every",
+                "a checkpoint after every step writes the whole model each step",
+                "use a number of steps, e.g. 500, or \"epoch\"",
+            );
+        }
+        CheckpointPlan {
+            every: c.every,
+            keep: c.keep.max(1),
+            save_final: c.save_final,
+        }
+    }
+
+    pub(super) fn log(&mut self) -> Option<LogPlan> {
+        let g = &self.recipe().log;
+        if g.every == 0 {
+            self.err(
+                "log.every",
+                "0 steps between reads",
+                "use 1 to log every step",
+            );
+        }
+        if g.dir.is_empty() {
+            self.err("log.dir", "empty", "use \"runs\" or another directory");
+        }
+        Some(LogPlan {
+            dir: PathBuf::from(&g.dir),
+            every: g.every.max(1),
+            progress: g.progress,
+            csv: g.csv,
+            tensorboard: g.tensorboard,
+        })
+    }
+
+    /// `[slurm]` values go into `#SBATCH` lines of a shell script: a newline would start a
+    /// shell command, so no control character is allowed, and `extra` must be options.
+    pub(super) fn slurm(&mut self) {
+        let s = self.recipe().slurm.clone();
+        let mut fields: Vec<(String, String)> = vec![("slurm.time".into(), s.time.clone())];
+        for (key, v) in [
+            ("slurm.partition", &s.partition),
+            ("slurm.mem", &s.mem),
+            ("slurm.account", &s.account),
+        ] {
+            if let Some(v) = v {
+                fields.push((key.into(), v.clone()));
+            }
+        }
+        for (i, e) in s.extra.iter().enumerate() {
+            fields.push((format!("slurm.extra[{i}]"), e.clone()));
+            if !e.starts_with('-') {
+                self.err(
+                    "slurm.extra",
+                    format!("{e:?} is not an sbatch option"),
+                    "write options as on sbatch's command line, e.g. \"--qos=high\"",
+                );
+            }
+        }
+        for (key, v) in fields {
+            if v.chars().any(char::is_control) || v.trim().is_empty() {
+                let shown: String = v.chars().take(40).collect();
+                self.err(
+                    key.split('[').next().unwrap_or(&key),
+                    format!("{shown:?} is empty or holds a control character (a newline would become a shell command in the job script)"),
+                    "write the value on one line",
+                );
+            }
+        }
+    }
+}
