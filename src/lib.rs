@@ -2,8 +2,9 @@
 //!
 //! The pipeline, in the order `main` calls it: `recipe` (read and type-check the TOML) →
 //! `plan` (every rule across keys, defaults resolved) → `run` (data, run directory,
-//! backend) → `train` (the loop) → `metrics` (what is written). Only `backend`, `model`
-//! and `train` know Burn.
+//! backend) → `train` (the loop) → `metrics` (what is written). Only `backend`, `model`,
+//! `train` and `checkpoint` know Burn; `plan`, `recipe`, `sweep`, `slurm` and `report` build
+//! and test without a device.
 
 pub mod backend;
 pub mod checkpoint;

@@ -2,6 +2,17 @@
 //! environment record, metrics, summary), picks the backend and runs the training loop,
 //! and records how it ended, a crash included. Owns the run directory's layout.
 
+mod env;
+mod eval;
+mod resume;
+mod warmup;
+
+use env::{environment, sha256_file};
+pub use env::{git_info, Environment, GitInfo, SourceInfo};
+pub use eval::{eval, EvalReport};
+pub use resume::resume;
+pub use warmup::{warmup, Warmup};
+
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
@@ -66,99 +77,6 @@ impl RunError {
 pub struct Finished {
     pub dir: PathBuf,
     pub summary: Summary,
-}
-
-/// `env.json`: what a colleague needs to know to reproduce the run.
-#[derive(Debug, Clone, Serialize)]
-pub struct Environment {
-    pub runner_version: String,
-    pub burn_version: String,
-    pub backend: String,
-    pub device: String,
-    pub device_reason: String,
-    pub threads: usize,
-    pub cpus: usize,
-    pub os: String,
-    pub arch: String,
-    pub hostname: Option<String>,
-    pub command: Vec<String>,
-    pub recipe: String,
-    /// Every file that made the recipe (it, then what it extends), each with its hash and
-    /// git state, so a colleague can check out the same recipe.
-    pub sources: Vec<SourceInfo>,
-    /// `--set` overrides, as given.
-    pub overrides: Vec<String>,
-    pub started_at: String,
-    /// Where CUDA kernels and autotune results are cached and how they are tuned; with
-    /// what the run compiled, loaded from the cache and tuned (hits and misses), filled in
-    /// when the run ends.
-    pub kernels: crate::kernels::KernelSettings,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub kernel_counts: Option<crate::kernels::KernelCounts>,
-}
-
-#[derive(Debug, Clone, Serialize)]
-pub struct SourceInfo {
-    pub path: String,
-    pub sha256: String,
-    pub git: Option<GitInfo>,
-}
-
-#[derive(Debug, Clone, Serialize)]
-pub struct GitInfo {
-    /// HEAD of the repository holding the file.
-    pub commit: String,
-    /// The file differs from that commit, or is not tracked.
-    pub dirty: bool,
-    /// When dirty: `git diff HEAD` of the file (its whole text when untracked).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub diff: Option<String>,
-}
-
-/// The commit of the git repository holding `file`, if any, and whether the file differs.
-pub fn git_info(file: &Path) -> Option<GitInfo> {
-    let dir = match file.parent() {
-        Some(p) if !p.as_os_str().is_empty() => p,
-        _ => Path::new("."),
-    };
-    let git = |args: &[&str]| {
-        std::process::Command::new("git")
-            .arg("-C")
-            .arg(dir)
-            .args(args)
-            .output()
-            .ok()
-            .filter(|o| o.status.success())
-            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
-    };
-    let commit = git(&["rev-parse", "HEAD"])?;
-    let name = file.file_name()?.to_str()?;
-    let status = git(&["status", "--porcelain", "--", name]).unwrap_or_default();
-    let dirty = !status.is_empty();
-    let diff = dirty.then(|| {
-        if status.starts_with("??") {
-            std::fs::read_to_string(file).unwrap_or_default()
-        } else {
-            git(&["diff", "HEAD", "--", name]).unwrap_or_default()
-        }
-    });
-    Some(GitInfo {
-        commit,
-        dirty,
-        diff,
-    })
-}
-
-fn sha256_file(path: &Path) -> String {
-    use sha2::{Digest, Sha256};
-    std::fs::read(path)
-        .map(|b| {
-            Sha256::digest(&b)
-                .iter()
-                .map(|x| format!("{x:02x}"))
-                .collect()
-        })
-        .unwrap_or_default()
 }
 
 /// Creates `<dir>/<name>/<run-id>`; the id is the UTC start time, with a suffix if taken.
@@ -446,36 +364,6 @@ fn prepare(plan: &Plan, opts: &RunOptions) -> Result<Prepared, RunError> {
     })
 }
 
-fn environment(plan: &Plan, p: &Prepared) -> Environment {
-    Environment {
-        runner_version: env!("CARGO_PKG_VERSION").into(),
-        burn_version: BURN_VERSION.into(),
-        backend: p.backend_name.clone(),
-        device: p.device_name.clone(),
-        device_reason: plan.device_reason.clone(),
-        threads: p.threads,
-        cpus: std::thread::available_parallelism().map_or(1, |n| n.get()),
-        os: std::env::consts::OS.into(),
-        arch: std::env::consts::ARCH.into(),
-        hostname: crate::clock::hostname(),
-        command: std::env::args().collect(),
-        recipe: plan.recipe_path.display().to_string(),
-        sources: plan
-            .sources
-            .iter()
-            .map(|p| SourceInfo {
-                path: p.display().to_string(),
-                sha256: sha256_file(p),
-                git: git_info(p),
-            })
-            .collect(),
-        overrides: plan.overrides.clone(),
-        started_at: utc_now(),
-        kernels: p.settings.clone(),
-        kernel_counts: None,
-    }
-}
-
 /// A run directory as the loop continues it: what earlier processes recorded.
 struct Files {
     dir: PathBuf,
@@ -545,114 +433,6 @@ pub fn execute(plan: &Plan, opts: &RunOptions) -> Result<Finished, RunError> {
         resume: None,
     };
     drive(plan, opts, prepared, files)
-}
-
-/// Continues an interrupted run in its own directory from its latest checkpoint: the
-/// remaining batches are those the uninterrupted run would have seen, `metrics.jsonl`
-/// goes on after the checkpoint's last line, and the summary covers the whole run.
-pub fn resume(
-    run_dir: &Path,
-    opts: &RunOptions,
-    machine: &crate::plan::Machine,
-) -> Result<Finished, RunError> {
-    let input = |m: String| RunError::Input(m);
-    let recipe_path = run_dir.join("recipe.toml");
-    if !recipe_path.is_file() {
-        return Err(input(format!(
-            "error: {} is not a run directory (it has no recipe.toml)\n  = help: name a directory under log.dir, e.g. runs/<name>/<run-id>",
-            run_dir.display()
-        )));
-    }
-    let summary_path = run_dir.join("summary.json");
-    let mut summary: Summary = std::fs::read_to_string(&summary_path)
-        .ok()
-        .and_then(|t| serde_json::from_str(&t).ok())
-        .ok_or_else(|| {
-            input(format!(
-                "error: {}: missing or unreadable",
-                summary_path.display()
-            ))
-        })?;
-    if summary.status == "completed" {
-        return Err(input(format!(
-            "error: {}: the run already completed; nothing to resume",
-            run_dir.display()
-        )));
-    }
-    let checked =
-        crate::sweep::check(&recipe_path, &[], machine, 1).map_err(|r| input(r.to_string()))?;
-    let plan = checked
-        .plans
-        .into_iter()
-        .next()
-        .expect("a recipe has a plan");
-    let sha = sha256_file(&recipe_path);
-    let metrics_path = run_dir.join("metrics.jsonl");
-    let lines = std::fs::read_to_string(&metrics_path)
-        .map(|t| t.lines().count() as u64)
-        .unwrap_or(0);
-    // The latest checkpoint whose metrics lines are all there (a crash between writing a
-    // checkpoint and its step's line leaves one line short: the one before is used).
-    let (ckpt_dir, state) = crate::checkpoint::list(run_dir)
-        .into_iter()
-        .rev()
-        .find(|(_, s)| s.metrics_lines <= lines)
-        .ok_or_else(|| {
-            input(format!(
-                "error: {} has no checkpoint to resume from\n  = help: checkpoints are written by [checkpoint] every = N (or \"epoch\"), and when SIGINT/SIGTERM stops a run",
-                run_dir.display()
-            ))
-        })?;
-    if state.recipe_sha256 != sha {
-        return Err(input(format!(
-            "error: {} was changed after {} was written; a checkpoint resumes only the recipe that wrote it",
-            recipe_path.display(),
-            ckpt_dir.display()
-        )));
-    }
-    let prepared = prepare(&plan, opts)?;
-    let fail = |message: String| RunError::Failed {
-        dir: run_dir.to_path_buf(),
-        message,
-    };
-    let (metrics, records) = JsonLines::reopen::<StepRecord>(&metrics_path, state.metrics_lines)
-        .map_err(|e| fail(format!("{}: {e}", metrics_path.display())))?;
-    let evals = summary
-        .evals
-        .iter()
-        .filter(|e| e.step <= state.step)
-        .cloned()
-        .collect();
-    summary.validations.retain(|e| e.step <= state.step);
-    summary.best_step = state.best.map(|b| b.0);
-    summary.best_value = state.best.map(|b| b.1);
-    summary.status = "running".into();
-    summary.error = None;
-    summary.pid = Some(std::process::id());
-    summary.host = crate::clock::hostname();
-    summary.resumes += 1;
-    write_json_atomic(&summary_path, &summary).map_err(|e| fail(format!("summary.json: {e}")))?;
-    let env = environment(&plan, &prepared);
-    if !opts.quiet {
-        eprintln!(
-            "{}: resuming from {} (step {}, epoch {}, batch {})",
-            plan.name,
-            ckpt_dir.display(),
-            state.step,
-            state.epoch + 1,
-            state.batch
-        );
-    }
-    let files = Files {
-        dir: run_dir.to_path_buf(),
-        env,
-        summary,
-        metrics,
-        records,
-        evals,
-        resume: Some((ckpt_dir, state)),
-    };
-    drive(&plan, opts, prepared, files)
 }
 
 /// The loop, on the backend the plan chose, and how it ended, written to the run directory.
@@ -843,211 +623,6 @@ fn drive(
     }
 }
 
-/// `runner eval`: a run's saved weights evaluated on its test set, or another file.
-#[derive(Debug, Clone, Serialize)]
-pub struct EvalReport {
-    pub run_dir: PathBuf,
-    pub weights: PathBuf,
-    /// The data evaluated (the recipe's test set, or `--data`).
-    pub data: Vec<PathBuf>,
-    pub samples: usize,
-    pub accuracy: f64,
-    pub loss: f64,
-    pub ms: f64,
-    pub backend: String,
-    pub at: String,
-}
-
-/// Evaluates `run_dir/model.safetensors` without training. `data` replaces the recipe's
-/// test set (it is checked as `data.test` would be: format, records, labels).
-pub fn eval(
-    run_dir: &Path,
-    data_file: Option<&Path>,
-    best: bool,
-    machine: &crate::plan::Machine,
-) -> Result<EvalReport, RunError> {
-    let input = |m: String| RunError::Input(m);
-    let recipe_path = run_dir.join("recipe.toml");
-    if !recipe_path.is_file() {
-        return Err(input(format!(
-            "error: {} is not a run directory (it has no recipe.toml)",
-            run_dir.display()
-        )));
-    }
-    let weights = run_dir.join(if best {
-        train::BEST_WEIGHTS
-    } else {
-        train::WEIGHTS
-    });
-    if !weights.is_file() {
-        return Err(input(if best {
-            format!(
-                "error: {} does not exist: the run has no validation set (data.validation)",
-                weights.display()
-            )
-        } else {
-            format!(
-                "error: {} does not exist: the run has not completed (resume it), or ran with [checkpoint] save_final = false",
-                weights.display()
-            )
-        }));
-    }
-    let mut sets = vec![];
-    if let Some(d) = data_file {
-        let abs = std::path::absolute(d).unwrap_or_else(|_| d.to_path_buf());
-        sets.push(format!(
-            "data.test={}",
-            toml::Value::String(abs.display().to_string())
-        ));
-    }
-    let checked =
-        crate::sweep::check(&recipe_path, &sets, machine, 1).map_err(|r| input(r.to_string()))?;
-    let plan = checked
-        .plans
-        .into_iter()
-        .next()
-        .expect("a recipe has a plan");
-    if plan.data.test_len == 0 {
-        return Err(input(format!(
-            "error: {} has no test set\n  = help: give one with --data FILE",
-            recipe_path.display()
-        )));
-    }
-    let data = match &plan.data.source {
-        crate::plan::Source::Cifar { test, .. } => test.clone(),
-        crate::plan::Source::Jsonl { test, .. } => test.iter().cloned().collect(),
-        crate::plan::Source::Synthetic { .. } => vec![],
-    };
-    let loaded = data::load(&plan.data, plan.model.num_classes, plan.seed)
-        .map_err(|e| input(format!("error: {e}\n  = help: {}", e.help_text())))?;
-    // Text is tokenized as in training: the tokenizer is built again, the same way, from
-    // the recipe's training data (what the run saved as tokenizer.json).
-    let vocab = loaded.tokenizer.as_ref().map_or(0, |t| t.vocab_size());
-    let batcher = train::Batcher::new(&plan, vocab);
-    backend::set_cpu_threads(plan.threads);
-    let (backend_name, _) = backend::describe(plan.device, &plan.kernels);
-    struct Job<'a> {
-        plan: &'a Plan,
-        batcher: &'a train::Batcher,
-        test: &'a Dataset,
-        weights: &'a Path,
-    }
-    impl backend::Job for Job<'_> {
-        type Output = Result<Eval, String>;
-        fn run<B: burn::tensor::backend::AutodiffBackend>(
-            self,
-            device: B::Device,
-            _: backend::MemFn<B::Device>,
-        ) -> Result<Eval, String> {
-            train::evaluate_weights::<B>(self.plan, self.batcher, self.test, self.weights, &device)
-        }
-    }
-    let job = Job {
-        plan: &plan,
-        batcher: &batcher,
-        test: &loaded.test,
-        weights: &weights,
-    };
-    let failed = |message: String| RunError::Failed {
-        dir: run_dir.to_path_buf(),
-        message,
-    };
-    let e = backend::dispatch(plan.device, plan.kernels.fusion, job)
-        .map_err(failed)?
-        .map_err(failed)?;
-    let report = EvalReport {
-        run_dir: run_dir.to_path_buf(),
-        weights,
-        data,
-        samples: e.samples,
-        accuracy: e.accuracy,
-        loss: e.loss,
-        ms: e.ms,
-        backend: backend_name,
-        at: utc_now(),
-    };
-    let stamp: String = report
-        .at
-        .chars()
-        .filter(|c| c.is_ascii_digit() || *c == 'T')
-        .collect();
-    write_json_atomic(&run_dir.join(format!("eval-{stamp}.json")), &report)
-        .map_err(|e| failed(format!("eval-{stamp}.json: {e}")))?;
-    Ok(report)
-}
-
-/// What `warmup` did for one plan.
-#[derive(Debug, Clone)]
-pub struct Warmup {
-    pub backend: String,
-    pub device: String,
-    pub warmed: train::Warmed,
-    /// What CubeCL compiled, took from the cache and tuned (zero on the CPU).
-    pub counts: KernelCounts,
-    pub seconds: f64,
-    pub settings: KernelSettings,
-}
-
-/// Compiles and tunes what a run of `plan` needs (see `train::warm_up`) without creating a
-/// run: nothing is written but the kernel cache. A failure is the warm-up's own message.
-pub fn warmup(plan: &Plan) -> Result<Warmup, RunError> {
-    let settings = kernel_settings(plan)?;
-    for note in &settings.notes {
-        eprintln!("warning: {note}");
-    }
-    let sets = data::load(&plan.data, plan.model.num_classes, plan.seed)
-        .map_err(|e| RunError::Input(format!("error: {e}\n  = help: {}", e.help_text())))?;
-    backend::set_cpu_threads(plan.threads);
-    let (backend_name, device) = backend::describe(plan.device, &plan.kernels);
-    let vocab = sets.tokenizer.as_ref().map_or(0, |t| t.vocab_size());
-    let batcher = train::Batcher::new(plan, vocab);
-    let before = kernels::counts();
-    let t = Instant::now();
-    struct Warm<'a> {
-        plan: &'a Plan,
-        batcher: &'a train::Batcher,
-        sets: &'a data::Sets,
-    }
-    impl backend::Job for Warm<'_> {
-        type Output = train::Warmed;
-        fn run<B: burn::tensor::backend::AutodiffBackend>(
-            self,
-            device: B::Device,
-            _: backend::MemFn<B::Device>,
-        ) -> train::Warmed {
-            train::warm_up::<B>(
-                self.plan,
-                self.batcher,
-                &self.sets.train,
-                &self.sets.test,
-                &device,
-            )
-        }
-    }
-    let job = Warm {
-        plan,
-        batcher: &batcher,
-        sets: &sets,
-    };
-    let failed = |message| RunError::Failed {
-        dir: PathBuf::new(),
-        message,
-    };
-    let warmed = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        backend::dispatch(plan.device, plan.kernels.fusion, job)
-    }))
-    .map_err(|p| failed(panic_message(p.as_ref())))?
-    .map_err(failed)?;
-    Ok(Warmup {
-        backend: backend_name,
-        device,
-        warmed,
-        counts: kernels::counts().since(before),
-        seconds: t.elapsed().as_secs_f64(),
-        settings,
-    })
-}
-
 pub fn panic_message(p: &(dyn std::any::Any + Send)) -> String {
     if let Some(s) = p.downcast_ref::<&str>() {
         s.to_string()
@@ -1064,7 +639,7 @@ mod tests {
 
     #[test]
     fn burn_version_matches_the_pin() {
-        let cargo = include_str!("../Cargo.toml");
+        let cargo = include_str!("../../Cargo.toml");
         assert!(cargo.contains(&format!("version = \"={BURN_VERSION}\"")));
     }
 }

@@ -1,0 +1,127 @@
+//! `env.json`: what a colleague needs to reproduce a run (versions, backend and device,
+//! machine, command line, the recipe files with their hashes and git state, kernel cache).
+
+use super::*;
+
+/// `env.json`: what a colleague needs to know to reproduce the run.
+#[derive(Debug, Clone, Serialize)]
+pub struct Environment {
+    pub runner_version: String,
+    pub burn_version: String,
+    pub backend: String,
+    pub device: String,
+    pub device_reason: String,
+    pub threads: usize,
+    pub cpus: usize,
+    pub os: String,
+    pub arch: String,
+    pub hostname: Option<String>,
+    pub command: Vec<String>,
+    pub recipe: String,
+    /// Every file that made the recipe (it, then what it extends), each with its hash and
+    /// git state, so a colleague can check out the same recipe.
+    pub sources: Vec<SourceInfo>,
+    /// `--set` overrides, as given.
+    pub overrides: Vec<String>,
+    pub started_at: String,
+    /// Where CUDA kernels and autotune results are cached and how they are tuned; with
+    /// what the run compiled, loaded from the cache and tuned (hits and misses), filled in
+    /// when the run ends.
+    pub kernels: crate::kernels::KernelSettings,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kernel_counts: Option<crate::kernels::KernelCounts>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct SourceInfo {
+    pub path: String,
+    pub sha256: String,
+    pub git: Option<GitInfo>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct GitInfo {
+    /// HEAD of the repository holding the file.
+    pub commit: String,
+    /// The file differs from that commit, or is not tracked.
+    pub dirty: bool,
+    /// When dirty: `git diff HEAD` of the file (its whole text when untracked).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub diff: Option<String>,
+}
+
+/// The commit of the git repository holding `file`, if any, and whether the file differs.
+pub fn git_info(file: &Path) -> Option<GitInfo> {
+    let dir = match file.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    };
+    let git = |args: &[&str]| {
+        std::process::Command::new("git")
+            .arg("-C")
+            .arg(dir)
+            .args(args)
+            .output()
+            .ok()
+            .filter(|o| o.status.success())
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+    };
+    let commit = git(&["rev-parse", "HEAD"])?;
+    let name = file.file_name()?.to_str()?;
+    let status = git(&["status", "--porcelain", "--", name]).unwrap_or_default();
+    let dirty = !status.is_empty();
+    let diff = dirty.then(|| {
+        if status.starts_with("??") {
+            std::fs::read_to_string(file).unwrap_or_default()
+        } else {
+            git(&["diff", "HEAD", "--", name]).unwrap_or_default()
+        }
+    });
+    Some(GitInfo {
+        commit,
+        dirty,
+        diff,
+    })
+}
+
+pub(crate) fn sha256_file(path: &Path) -> String {
+    use sha2::{Digest, Sha256};
+    std::fs::read(path)
+        .map(|b| {
+            Sha256::digest(&b)
+                .iter()
+                .map(|x| format!("{x:02x}"))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+pub(crate) fn environment(plan: &Plan, p: &Prepared) -> Environment {
+    Environment {
+        runner_version: env!("CARGO_PKG_VERSION").into(),
+        burn_version: BURN_VERSION.into(),
+        backend: p.backend_name.clone(),
+        device: p.device_name.clone(),
+        device_reason: plan.device_reason.clone(),
+        threads: p.threads,
+        cpus: std::thread::available_parallelism().map_or(1, |n| n.get()),
+        os: std::env::consts::OS.into(),
+        arch: std::env::consts::ARCH.into(),
+        hostname: crate::clock::hostname(),
+        command: std::env::args().collect(),
+        recipe: plan.recipe_path.display().to_string(),
+        sources: plan
+            .sources
+            .iter()
+            .map(|p| SourceInfo {
+                path: p.display().to_string(),
+                sha256: sha256_file(p),
+                git: git_info(p),
+            })
+            .collect(),
+        overrides: plan.overrides.clone(),
+        started_at: utc_now(),
+        kernels: p.settings.clone(),
+        kernel_counts: None,
+    }
+}

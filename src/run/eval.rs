@@ -1,0 +1,136 @@
+//! `runner eval`: a run's saved weights scored on its test set or another file.
+
+use super::*;
+
+/// `runner eval`: a run's saved weights evaluated on its test set, or another file.
+#[derive(Debug, Clone, Serialize)]
+pub struct EvalReport {
+    pub run_dir: PathBuf,
+    pub weights: PathBuf,
+    /// The data evaluated (the recipe's test set, or `--data`).
+    pub data: Vec<PathBuf>,
+    pub samples: usize,
+    pub accuracy: f64,
+    pub loss: f64,
+    pub ms: f64,
+    pub backend: String,
+    pub at: String,
+}
+
+/// Evaluates `run_dir/model.safetensors` without training. `data` replaces the recipe's
+/// test set (it is checked as `data.test` would be: format, records, labels).
+pub fn eval(
+    run_dir: &Path,
+    data_file: Option<&Path>,
+    best: bool,
+    machine: &crate::plan::Machine,
+) -> Result<EvalReport, RunError> {
+    let input = |m: String| RunError::Input(m);
+    let recipe_path = run_dir.join("recipe.toml");
+    if !recipe_path.is_file() {
+        return Err(input(format!(
+            "error: {} is not a run directory (it has no recipe.toml)",
+            run_dir.display()
+        )));
+    }
+    let weights = run_dir.join(if best {
+        train::BEST_WEIGHTS
+    } else {
+        train::WEIGHTS
+    });
+    if !weights.is_file() {
+        return Err(input(if best {
+            format!(
+                "error: {} does not exist: the run has no validation set (data.validation)",
+                weights.display()
+            )
+        } else {
+            format!(
+                "error: {} does not exist: the run has not completed (resume it), or ran with [checkpoint] save_final = false",
+                weights.display()
+            )
+        }));
+    }
+    let mut sets = vec![];
+    if let Some(d) = data_file {
+        let abs = std::path::absolute(d).unwrap_or_else(|_| d.to_path_buf());
+        sets.push(format!(
+            "data.test={}",
+            toml::Value::String(abs.display().to_string())
+        ));
+    }
+    let checked =
+        crate::sweep::check(&recipe_path, &sets, machine, 1).map_err(|r| input(r.to_string()))?;
+    let plan = checked
+        .plans
+        .into_iter()
+        .next()
+        .expect("a recipe has a plan");
+    if plan.data.test_len == 0 {
+        return Err(input(format!(
+            "error: {} has no test set\n  = help: give one with --data FILE",
+            recipe_path.display()
+        )));
+    }
+    let data = match &plan.data.source {
+        crate::plan::Source::Cifar { test, .. } => test.clone(),
+        crate::plan::Source::Jsonl { test, .. } => test.iter().cloned().collect(),
+        crate::plan::Source::Synthetic { .. } => vec![],
+    };
+    let loaded = data::load(&plan.data, plan.model.num_classes, plan.seed)
+        .map_err(|e| input(format!("error: {e}\n  = help: {}", e.help_text())))?;
+    // Text is tokenized as in training: the tokenizer is built again, the same way, from
+    // the recipe's training data (what the run saved as tokenizer.json).
+    let vocab = loaded.tokenizer.as_ref().map_or(0, |t| t.vocab_size());
+    let batcher = train::Batcher::new(&plan, vocab);
+    backend::set_cpu_threads(plan.threads);
+    let (backend_name, _) = backend::describe(plan.device, &plan.kernels);
+    struct Job<'a> {
+        plan: &'a Plan,
+        batcher: &'a train::Batcher,
+        test: &'a Dataset,
+        weights: &'a Path,
+    }
+    impl backend::Job for Job<'_> {
+        type Output = Result<Eval, String>;
+        fn run<B: burn::tensor::backend::AutodiffBackend>(
+            self,
+            device: B::Device,
+            _: backend::MemFn<B::Device>,
+        ) -> Result<Eval, String> {
+            train::evaluate_weights::<B>(self.plan, self.batcher, self.test, self.weights, &device)
+        }
+    }
+    let job = Job {
+        plan: &plan,
+        batcher: &batcher,
+        test: &loaded.test,
+        weights: &weights,
+    };
+    let failed = |message: String| RunError::Failed {
+        dir: run_dir.to_path_buf(),
+        message,
+    };
+    let e = backend::dispatch(plan.device, plan.kernels.fusion, job)
+        .map_err(failed)?
+        .map_err(failed)?;
+    let report = EvalReport {
+        run_dir: run_dir.to_path_buf(),
+        weights,
+        data,
+        samples: e.samples,
+        accuracy: e.accuracy,
+        loss: e.loss,
+        ms: e.ms,
+        backend: backend_name,
+        at: utc_now(),
+    };
+    let stamp: String = report
+        .at
+        .chars()
+        .filter(|c| c.is_ascii_digit() || *c == 'T')
+        .collect();
+    write_json_atomic(&run_dir.join(format!("eval-{stamp}.json")), &report)
+        .map_err(|e| failed(format!("eval-{stamp}.json: {e}")))?;
+    Ok(report)
+}

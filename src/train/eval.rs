@@ -1,0 +1,75 @@
+//! Evaluation without autodiff: accuracy and mean loss over a set, and over saved weights.
+
+use super::*;
+
+/// Evaluates saved weights (`checkpoint::save_weights`) on all of `test`, without
+/// autodiff: what `runner eval` reports.
+pub fn evaluate_weights<B: AutodiffBackend>(
+    plan: &Plan,
+    batcher: &Batcher,
+    test: &Dataset,
+    weights: &std::path::Path,
+    device: &B::Device,
+) -> Result<EvalRecord, String> {
+    let fresh: Net<B::InnerBackend> = Net::new(&plan.model, batcher.shape, plan.seed, device);
+    let model = checkpoint::load_weights(fresh, weights)?;
+    let all: Vec<usize> = (0..test.len()).collect();
+    Ok(evaluate(&model, test, &all, batcher, plan, device))
+}
+
+/// Accuracy and mean loss on the test set, in order, without augmentation or autodiff.
+pub(crate) fn evaluate<B: Backend>(
+    model: &Net<B>,
+    test: &Dataset,
+    idx: &[usize],
+    batcher: &Batcher,
+    plan: &Plan,
+    device: &B::Device,
+) -> EvalRecord {
+    let t = Instant::now();
+    let loss_fn: CrossEntropyLoss<B> = CrossEntropyLossConfig::new().init(device);
+    let bs = plan.loader.batch_size;
+    let n = idx.len();
+    let mut correct: Option<Tensor<B, 1, Int>> = None;
+    let mut loss_total: Option<Tensor<B, 1>> = None;
+    for chunk in idx.chunks(bs) {
+        let (x, y) = batcher.to_device::<B>(batcher.host(test, chunk, 0, false), device);
+        let logits = model.forward(x);
+        let loss = loss_fn.forward(logits.clone(), y.clone()) * chunk.len() as f32;
+        let hits = logits.argmax(1).flatten::<1>(0, 1).equal(y).int().sum();
+        correct = Some(match correct {
+            Some(c) => c + hits,
+            None => hits,
+        });
+        loss_total = Some(match loss_total {
+            Some(l) => l + loss,
+            None => loss,
+        });
+    }
+    let read_i = |t: Option<Tensor<B, 1, Int>>| {
+        t.map_or(0.0, |t| {
+            t.into_data()
+                .convert::<i64>()
+                .into_vec::<i64>()
+                .map_or(0.0, |v| v[0] as f64)
+        })
+    };
+    let read_f = |t: Option<Tensor<B, 1>>| {
+        t.map_or(0.0, |t| {
+            t.into_data()
+                .convert::<f64>()
+                .into_vec::<f64>()
+                .map_or(0.0, |v| v[0])
+        })
+    };
+    let hits = read_i(correct);
+    let loss = read_f(loss_total);
+    EvalRecord {
+        epoch: 0,
+        step: 0,
+        samples: n,
+        accuracy: if n > 0 { hits / n as f64 } else { 0.0 },
+        loss: if n > 0 { loss / n as f64 } else { 0.0 },
+        ms: ms(t),
+    }
+}

@@ -1,0 +1,144 @@
+//! The optimizer step's parts: the recipe's optimizer with PyTorch's semantics, gradient
+//! accumulation, global-norm clipping, and the training loss.
+
+use super::*;
+
+/// The recipe's optimizer, built with PyTorch's semantics.
+pub enum Optim<B: AutodiffBackend> {
+    Sgd(OptimizerAdaptor<Sgd<B::InnerBackend>, Net<B>, B>),
+    AdamW(OptimizerAdaptor<AdamW, Net<B>, B>),
+}
+
+impl<B: AutodiffBackend> Optim<B> {
+    /// PyTorch semantics: SGD momentum without dampening (Burn defaults to 0.1), L2 weight
+    /// decay on the gradient; AdamW with decoupled decay and the recipe's eps (Burn: 1e-5).
+    pub fn new(p: &crate::plan::OptimPlan) -> Self {
+        match p.optimizer {
+            OptimKind::Sgd => {
+                let momentum = (p.momentum > 0.0).then(|| MomentumConfig {
+                    momentum: p.momentum,
+                    dampening: 0.0,
+                    nesterov: p.nesterov,
+                });
+                let decay = (p.weight_decay > 0.0).then(|| WeightDecayConfig {
+                    penalty: p.weight_decay as f32,
+                });
+                Optim::Sgd(
+                    SgdConfig::new()
+                        .with_momentum(momentum)
+                        .with_weight_decay(decay)
+                        .init(),
+                )
+            }
+            OptimKind::Adamw => Optim::AdamW(
+                AdamWConfig::new()
+                    .with_beta_1(p.betas[0] as f32)
+                    .with_beta_2(p.betas[1] as f32)
+                    .with_epsilon(p.eps as f32)
+                    .with_weight_decay(p.weight_decay as f32)
+                    .init(),
+            ),
+        }
+    }
+
+    pub fn step(&mut self, lr: f64, model: Net<B>, grads: GradientsParams) -> Net<B> {
+        match self {
+            Optim::Sgd(o) => o.step(lr, model, grads),
+            Optim::AdamW(o) => o.step(lr, model, grads),
+        }
+    }
+}
+
+/// Scales the gradients so that their global L2 norm (every parameter together) is at most
+/// `max_norm`, as `torch.nn.utils.clip_grad_norm_` (coefficient `max_norm / (norm + 1e-6)`,
+/// clamped to 1). The norm stays on the device: no read-back, no sync.
+pub fn clip_grad_norm<B: AutodiffBackend>(
+    model: &Net<B>,
+    grads: GradientsParams,
+    max_norm: f64,
+) -> GradientsParams {
+    use burn::module::{Module, ModuleVisitor, Param};
+    struct SumSquares<'a, B: AutodiffBackend> {
+        grads: &'a GradientsParams,
+        total: Option<Tensor<B::InnerBackend, 1>>,
+    }
+    impl<B: AutodiffBackend> ModuleVisitor<B> for SumSquares<'_, B> {
+        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+            if let Some(g) = self.grads.get::<B::InnerBackend, D>(param.id) {
+                let sq = g.powi_scalar(2).sum();
+                self.total = Some(match self.total.take() {
+                    Some(t) => t + sq,
+                    None => sq,
+                });
+            }
+        }
+    }
+    struct Scale<B: AutodiffBackend> {
+        grads: GradientsParams,
+        coef: Tensor<B::InnerBackend, 1>,
+    }
+    impl<B: AutodiffBackend> ModuleVisitor<B> for Scale<B> {
+        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+            if let Some(g) = self.grads.remove::<B::InnerBackend, D>(param.id) {
+                let coef = self.coef.clone().reshape([1; D]);
+                self.grads.register(param.id, g * coef);
+            }
+        }
+    }
+    let mut sum = SumSquares::<B> {
+        grads: &grads,
+        total: None,
+    };
+    model.visit(&mut sum);
+    let Some(total) = sum.total else {
+        return grads;
+    };
+    let coef = (total.sqrt().add_scalar(1e-6).recip() * max_norm).clamp_max(1.0);
+    let mut scale = Scale::<B> { grads, coef };
+    model.visit(&mut scale);
+    scale.grads
+}
+
+/// The training loss: cross-entropy, with the plan's label smoothing. (Evaluation reports
+/// the plain cross-entropy, as PyTorch's usual validation loss.)
+pub fn loss_config(plan: &Plan) -> CrossEntropyLossConfig {
+    let e = plan.optim.label_smoothing;
+    CrossEntropyLossConfig::new().with_smoothing((e > 0.0).then_some(e as f32))
+}
+
+/// The gradients of one optimizer step, summed over its micro-batches. Burn's
+/// `GradientsAccumulator` sums, so each micro-batch's loss is scaled by 1/k first: the step
+/// then sees the mean gradient, as one batch k times larger would give.
+pub struct Accumulation<B: AutodiffBackend> {
+    group: usize,
+    acc: GradientsAccumulator<Net<B>>,
+    single: Option<GradientsParams>,
+}
+
+impl<B: AutodiffBackend> Accumulation<B> {
+    /// For a step of `group` micro-batches.
+    pub fn new(group: usize) -> Self {
+        Self {
+            group,
+            acc: GradientsAccumulator::new(),
+            single: None,
+        }
+    }
+
+    /// Back-propagates one micro-batch's mean loss; returns it, unscaled and detached.
+    pub fn add(&mut self, model: &Net<B>, loss: Tensor<B, 1>) -> Tensor<B::InnerBackend, 1> {
+        let value = loss.clone().inner();
+        if self.group == 1 {
+            self.single = Some(GradientsParams::from_grads(loss.backward(), model));
+        } else {
+            let scaled = loss / self.group as f32;
+            self.acc
+                .accumulate(model, GradientsParams::from_grads(scaled.backward(), model));
+        }
+        value
+    }
+
+    pub fn grads(mut self) -> GradientsParams {
+        self.single.take().unwrap_or_else(|| self.acc.grads())
+    }
+}
