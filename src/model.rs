@@ -19,7 +19,10 @@ use burn::tensor::{Bool, Int, Tensor};
 use crate::plan::ModelPlan;
 use crate::recipe::{Arch, Stem};
 
-/// Any of the networks, as one module type so the training loop is compiled once.
+/// Any of the networks, as one module type so the training loop is compiled once. One
+/// value exists per run: the size difference between variants costs nothing, and boxing
+/// would get in the way of Burn's `Module` derive.
+#[allow(clippy::large_enum_variant)]
 #[derive(Module, Debug)]
 pub enum Net<B: Backend> {
     ResNet(ResNet<B>),

@@ -346,7 +346,7 @@ fn accumulation_of_4_micro_batches_of_2_equals_one_batch_of_8() {
     let x: Vec<f32> = (0..8 * 64)
         .map(|i| ((i * 37 % 101) as f32 / 50.0) - 1.0)
         .collect();
-    let y: Vec<i32> = (0..8).map(|i| (i * 3 % 10) as i32).collect();
+    let y: Vec<i32> = (0..8).map(|i: i32| i * 3 % 10).collect();
     let batch = |from: usize, n: usize| {
         let xs = Tensor::<B, 4>::from_data(
             TensorData::new(x[from * 64..(from + n) * 64].to_vec(), [n, 1, 8, 8]),
@@ -2315,8 +2315,7 @@ fn losses(run: &Path) -> Vec<(u64, u64)> {
 fn a_resumed_run_ends_bitwise_where_the_uninterrupted_one_does() {
     for workers in [0, 4] {
         let dir = tempdir(&format!("resume-w{workers}"));
-        let extra = format!("[checkpoint]\nevery = 5\n");
-        let recipe = long_recipe(&dir, "r", &extra);
+        let recipe = long_recipe(&dir, "r", "[checkpoint]\nevery = 5\n");
         let set = format!("loader.workers={workers}");
         // The reference: uninterrupted.
         let out = runner_cmd()

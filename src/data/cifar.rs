@@ -26,7 +26,7 @@ fn check_whole(path: &Path, len: usize) -> Result<(), DataError> {
         return Err(DataError::new(path, "is empty: no CIFAR-10 records")
             .help("point at a data_batch_*.bin or test_batch.bin file"));
     }
-    if len % RECORD != 0 {
+    if !len.is_multiple_of(RECORD) {
         let whole = len / RECORD;
         let offset = whole * RECORD;
         return Err(DataError::new(

@@ -51,7 +51,7 @@ impl<'a> Validator<'a> {
                 );
             }
         }
-        if arch == Arch::Transformer && heads > 0 && embed_dim % heads != 0 {
+        if arch == Arch::Transformer && heads > 0 && !embed_dim.is_multiple_of(heads) {
             self.err(
                 "model.heads",
                 format!("{heads} heads do not divide embed_dim = {embed_dim}"),

@@ -86,7 +86,8 @@ impl<'a> Validator<'a> {
                 "set data.validation = 0.1, or remove the key",
             );
         }
-        if !(r.max_loss > 0.0) {
+        // NaN is refused too.
+        if r.max_loss.is_nan() || r.max_loss <= 0.0 {
             self.err(
                 "run.max_loss",
                 format!("{} is not a positive bound", r.max_loss),

@@ -15,12 +15,12 @@ impl<B: AutodiffBackend> Optim<B> {
     pub fn new(p: &crate::plan::OptimPlan) -> Self {
         match p.optimizer {
             OptimKind::Sgd => {
-                let momentum = (p.momentum > 0.0).then(|| MomentumConfig {
+                let momentum = (p.momentum > 0.0).then_some(MomentumConfig {
                     momentum: p.momentum,
                     dampening: 0.0,
                     nesterov: p.nesterov,
                 });
-                let decay = (p.weight_decay > 0.0).then(|| WeightDecayConfig {
+                let decay = (p.weight_decay > 0.0).then_some(WeightDecayConfig {
                     penalty: p.weight_decay as f32,
                 });
                 Optim::Sgd(
