@@ -2822,3 +2822,87 @@ fn early_stopping_watches_a_held_out_split_and_keeps_the_best_weights() {
     expect_exit(&out, 2);
     assert!(String::from_utf8_lossy(&out.stderr).contains("set data.validation = 0.1"));
 }
+
+#[test]
+fn small_input_mistakes_get_plain_answers() {
+    let dir = tempdir("small-mistakes");
+    // A JSONL file saved with a byte-order mark reads like one without.
+    let text =
+        std::fs::read_to_string(root().join("datasets/rotten_tomatoes/train.jsonl")).unwrap();
+    let bom = dir.join("bom.jsonl");
+    std::fs::write(&bom, format!("\u{feff}{text}")).unwrap();
+    let recipe = dir.join("bom.toml");
+    std::fs::write(
+        &recipe,
+        format!(
+            "[model]\narch = \"bag\"\n[data]\nformat = \"jsonl\"\ntrain = \"{}\"\n",
+            bom.display()
+        ),
+    )
+    .unwrap();
+    expect_exit(
+        &runner_cmd().arg("validate").arg(&recipe).output().unwrap(),
+        0,
+    );
+    // --max-cells 0 says what it means.
+    let out = runner_cmd()
+        .args(["validate", "recipes/quickstart.toml", "--max-cells", "0"])
+        .output()
+        .unwrap();
+    expect_exit(&out, 2);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--max-cells 0 allows no cell"));
+    // A manifest cut by a crash is written again when the grid runs.
+    let grid = tiny_recipe(&dir, "g", "[sweep]\n\"optim.lr\" = [0.1, 0.2]\n");
+    expect_exit(&runner_cmd().arg(&grid).arg("-q").output().unwrap(), 0);
+    let sweep = only_run(&dir.join("runs/g/sweeps"));
+    std::fs::write(sweep.join("manifest.json"), "{\"grid_id\": ").unwrap();
+    expect_exit(
+        &runner_cmd()
+            .arg(&grid)
+            .args(["-q", "--resume"])
+            .output()
+            .unwrap(),
+        0,
+    );
+    let m = json(&sweep.join("manifest.json"));
+    assert_eq!(m["cells"].as_array().map(Vec::len), Some(2));
+}
+
+#[test]
+fn a_validation_file_is_read_like_the_test_set() {
+    let dir = tempdir("valfile");
+    let recipe = long_recipe(&dir, "vf", "");
+    let text = std::fs::read_to_string(&recipe).unwrap().replace(
+        "limit = 640",
+        &format!(
+            "limit = 640\nvalidation_file = \"{}\"",
+            root()
+                .join("datasets/cifar10_sample/test_batch.bin")
+                .display()
+        ),
+    );
+    std::fs::write(&recipe, text).unwrap();
+    let out = runner_cmd()
+        .arg(&recipe)
+        .args(["-q", "--set", "run.epochs=2"])
+        .output()
+        .unwrap();
+    expect_exit(&out, 0);
+    let s = summary(&only_run(&dir.join("runs/vf")));
+    // The 20 CIFAR-10 images, after each epoch; the 640 training samples all trained on.
+    assert_eq!(
+        s.validations.iter().map(|v| v.samples).collect::<Vec<_>>(),
+        [20, 20]
+    );
+    assert_eq!(s.samples, 2 * 640);
+    // Both ways at once is an error naming the key.
+    let out = runner_cmd()
+        .arg("validate")
+        .arg(&recipe)
+        .args(["--set", "data.validation=0.1"])
+        .output()
+        .unwrap();
+    expect_exit(&out, 2);
+    assert!(String::from_utf8_lossy(&out.stderr)
+        .contains("data.validation_file: given with data.validation"));
+}

@@ -192,7 +192,7 @@ pub struct Sets {
 /// built from the training split and encodes both.
 pub fn load(plan: &DataPlan, classes: usize, seed: u64) -> Result<Sets, DataError> {
     let mut sets = read_sets(plan, classes, seed)?;
-    if plan.validation_len > 0 {
+    if plan.validation_len > 0 && plan.validation_files.is_empty() {
         let (kept, held) = stratified_split(sets.train.labels(), plan.validation_len, seed);
         sets.validation = Some(sets.train.subset(&held));
         sets.train = sets.train.subset(&kept);
@@ -202,7 +202,13 @@ pub fn load(plan: &DataPlan, classes: usize, seed: u64) -> Result<Sets, DataErro
 
 /// The training (validation samples included) and test sets.
 fn read_sets(plan: &DataPlan, classes: usize, seed: u64) -> Result<Sets, DataError> {
-    let train_len = plan.train_len + plan.validation_len;
+    let own_validation = !plan.validation_files.is_empty();
+    let train_len = plan.train_len
+        + if own_validation {
+            0
+        } else {
+            plan.validation_len
+        };
     match &plan.source {
         Source::Cifar { train, test } => {
             let tr = cifar::read(train, train_len, classes)?;
@@ -215,10 +221,19 @@ fn read_sets(plan: &DataPlan, classes: usize, seed: u64) -> Result<Sets, DataErr
             } else {
                 cifar::read(test, plan.test_len, classes)?
             };
+            let validation = if own_validation {
+                Some(Dataset::Images(cifar::read(
+                    &plan.validation_files,
+                    plan.validation_len,
+                    classes,
+                )?))
+            } else {
+                None
+            };
             Ok(Sets {
                 train: Dataset::Images(tr),
                 test: Dataset::Images(te),
-                validation: None,
+                validation,
                 tokenizer: None,
             })
         }
@@ -236,7 +251,7 @@ fn read_sets(plan: &DataPlan, classes: usize, seed: u64) -> Result<Sets, DataErr
             let tr = read(train, train_len)?;
             // The vocabulary comes from the training part only: the validation samples are
             // as unseen as the test set.
-            let held = if plan.validation_len > 0 {
+            let held = if plan.validation_len > 0 && !own_validation {
                 let labels: Vec<u32> = tr.iter().map(|(_, l)| *l).collect();
                 stratified_split(&labels, plan.validation_len, seed).1
             } else {
@@ -275,10 +290,14 @@ fn read_sets(plan: &DataPlan, classes: usize, seed: u64) -> Result<Sets, DataErr
                     .collect(),
                 labels: v.iter().map(|(_, l)| *l).collect(),
             };
+            let validation = match plan.validation_files.first() {
+                Some(p) => Some(Dataset::Text(encode(read(p, plan.validation_len)?))),
+                None => None,
+            };
             Ok(Sets {
                 train: Dataset::Text(encode(tr)),
                 test: Dataset::Text(encode(te)),
-                validation: None,
+                validation,
                 tokenizer: Some(tok),
             })
         }

@@ -212,6 +212,62 @@ impl<'a> Validator<'a> {
             }
         };
         let train_len = train_len - validation_len;
+        // A validation set of its own: checked as the test set is (records, labels).
+        let mut validation_files = vec![];
+        let validation_len = match (&d.validation_file, format) {
+            (None, _) => validation_len,
+            (Some(_), _) if d.validation.is_some() => {
+                self.err(
+                    "data.validation_file",
+                    "given with data.validation: there can be one validation set",
+                    "keep the fraction of the training set, or the file",
+                );
+                0
+            }
+            (Some(_), DataFormat::Synthetic) => {
+                self.only_for(
+                    "data.validation_file",
+                    "to format = \"cifar10-bin\" or \"jsonl\"",
+                );
+                0
+            }
+            (Some(f), DataFormat::Cifar10Bin) => {
+                let files = self.cifar_files("data.validation_file", f, "")?;
+                let n = self.count_records("data.validation_file", &files)?;
+                let allowed = self.recipe().model.num_classes.unwrap_or(0).max(classes);
+                for file in &files {
+                    if let Err(e) = cifar::check_labels(file, allowed) {
+                        self.data_err("data.validation_file", &e);
+                        return None;
+                    }
+                }
+                validation_files = files;
+                n
+            }
+            (Some(f), DataFormat::Jsonl) => {
+                let path = self.jsonl_file("data.validation_file", f)?;
+                let (tf, lf) = (
+                    d.text_field.clone().unwrap_or("text".into()),
+                    d.label_field.clone().unwrap_or("label".into()),
+                );
+                let limit = self
+                    .recipe()
+                    .model
+                    .num_classes
+                    .unwrap_or(classes)
+                    .max(classes);
+                match crate::data::text::read_jsonl(&path, &tf, &lf, Some(limit), usize::MAX) {
+                    Ok(rows) => {
+                        validation_files = vec![path];
+                        rows.len()
+                    }
+                    Err(e) => {
+                        self.data_err("data.validation_file", &e);
+                        return None;
+                    }
+                }
+            }
+        };
         let test_len = d.test_limit.map_or(test_total, |n| n.min(test_total));
         if d.test_limit.is_some() && test_total == 0 {
             self.err(
@@ -287,6 +343,7 @@ impl<'a> Validator<'a> {
             train_len,
             test_len,
             validation_len,
+            validation_files,
             normalize,
             crop_padding: a.crop_padding,
             hflip: a.hflip,

@@ -140,8 +140,11 @@ pub struct DataPlan {
     /// Training samples used (after `limit`, without the validation samples).
     pub train_len: usize,
     pub test_len: usize,
-    /// Samples held out of the training set for validation (`data.validation`); 0: none.
+    /// Validation samples: held out of the training set (`data.validation`), or read from
+    /// `validation_files`; 0: none.
     pub validation_len: usize,
+    /// `data.validation_file`: the validation set's own files (then nothing is held out).
+    pub validation_files: Vec<PathBuf>,
     /// Per-channel mean and std (one per channel) and where they are applied.
     pub normalize: Normalize,
     pub crop_padding: usize,
@@ -426,6 +429,7 @@ impl<'a> Validator<'a> {
         for (key, p) in [
             ("data.train", &mut resolved.data.train),
             ("data.test", &mut resolved.data.test),
+            ("data.validation_file", &mut resolved.data.validation_file),
         ] {
             if let Some(p) = p {
                 *p = absolute(&self.l.dir_of(key).join(&*p))

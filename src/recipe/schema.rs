@@ -241,6 +241,10 @@ pub struct DataSection {
     /// `model-best.safetensors`. Default: none.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub validation: Option<f64>,
+    /// A validation set of its own instead: a file (or, for `cifar10-bin`, a directory of
+    /// `.bin` files) in the data's format, relative to the recipe. Default: none.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub validation_file: Option<String>,
     /// Per-channel normalisation `(x/255 - mean) / std`. Default: none (pixels scaled to 0..1).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub normalize: Option<NormalizeSection>,
