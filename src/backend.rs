@@ -37,7 +37,7 @@ pub fn probe() -> Machine {
     Machine {
         cuda_compiled: cfg!(feature = "cuda"),
         cuda_devices: gpus.as_ref().map(|d| d.len()).map_err(Clone::clone),
-        host_memory: crate::preflight::host_memory(),
+        host_memory: crate::plan::resources::host_memory(),
         gpu_memory: gpus
             .map(|d| d.iter().map(|(_, m)| *m).collect())
             .unwrap_or_default(),

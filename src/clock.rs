@@ -1,6 +1,6 @@
 //! Facts about this process with no dependencies: UTC timestamps for run ids and records,
-//! the process's start (from which a run's start-up time is counted), and the host name
-//! records carry.
+//! the process's start (from which a run's start-up time is counted), the host name
+//! records carry, and the text of a caught panic.
 
 use std::sync::OnceLock;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
@@ -24,6 +24,17 @@ pub fn hostname() -> Option<String> {
         .ok()
         .map(|s| s.trim().to_string())
         .filter(|s| !s.is_empty())
+}
+
+/// The text of a caught panic.
+pub fn panic_message(p: &(dyn std::any::Any + Send)) -> String {
+    if let Some(s) = p.downcast_ref::<&str>() {
+        s.to_string()
+    } else if let Some(s) = p.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "the training loop panicked".into()
+    }
 }
 
 /// UTC time as `YYYY-MM-DDTHH:MM:SSZ`.

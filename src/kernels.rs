@@ -17,6 +17,7 @@ use std::sync::OnceLock;
 
 use serde::Serialize;
 
+pub use crate::metrics::KernelCounts;
 use crate::plan::KernelPlan;
 use crate::recipe::AutotuneLevel;
 
@@ -133,7 +134,7 @@ fn apply_cubecl(dir: &Path, level: AutotuneLevel) -> Result<(), String> {
     .map_err(|p| {
         format!(
             "CubeCL's configuration (cubecl.toml, or [cubecl] in burn.toml, in this directory or above) cannot be read: {}",
-            crate::run::panic_message(p.as_ref())
+            crate::clock::panic_message(p.as_ref())
         )
     })?;
     let mut config = base;
@@ -156,42 +157,6 @@ fn apply_cubecl(dir: &Path, level: AutotuneLevel) -> Result<(), String> {
 #[cfg(not(feature = "cuda"))]
 fn apply_cubecl(_: &Path, _: AutotuneLevel) -> Result<(), String> {
     Err("this binary was built without the `cuda` feature".into())
-}
-
-/// What CubeCL compiled and tuned so far in this process.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, serde::Deserialize)]
-pub struct KernelCounts {
-    /// Kernels compiled by NVRTC (cache misses).
-    pub compiled: u64,
-    /// Kernels loaded from the compiled-kernel cache (hits).
-    pub from_cache: u64,
-    /// Shapes the autotuner benchmarked (misses of the autotune cache).
-    pub tuned: u64,
-    /// Autotune results loaded from the cache file.
-    pub tune_results_loaded: u64,
-}
-
-impl KernelCounts {
-    pub fn since(self, before: KernelCounts) -> KernelCounts {
-        KernelCounts {
-            compiled: self.compiled - before.compiled,
-            from_cache: self.from_cache - before.from_cache,
-            tuned: self.tuned - before.tuned,
-            tune_results_loaded: self.tune_results_loaded - before.tune_results_loaded,
-        }
-    }
-
-    pub fn is_empty(&self) -> bool {
-        *self == KernelCounts::default()
-    }
-
-    /// `12 kernels compiled, 30 from the cache, 4 shapes tuned`.
-    pub fn describe(&self) -> String {
-        format!(
-            "{} kernels compiled, {} from the cache, {} shapes tuned",
-            self.compiled, self.from_cache, self.tuned
-        )
-    }
 }
 
 static COMPILED: AtomicU64 = AtomicU64::new(0);

@@ -7,7 +7,6 @@
 //! and test without a device.
 
 pub mod backend;
-pub mod checkpoint;
 pub mod clock;
 pub mod data;
 pub mod kernels;
@@ -17,7 +16,6 @@ pub mod model;
 pub mod plan;
 pub mod plot;
 pub mod policy;
-pub mod preflight;
 pub mod progress;
 pub mod recipe;
 pub mod report;
@@ -30,3 +28,6 @@ pub mod slurm;
 pub mod sweep;
 pub mod tensorboard;
 pub mod train;
+
+/// Checkpoints and weights on disk (Burn records and safetensors); lives with the loop.
+pub use train::checkpoint;

@@ -9,6 +9,42 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
+/// What CubeCL compiled and tuned so far in this process.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct KernelCounts {
+    /// Kernels compiled by NVRTC (cache misses).
+    pub compiled: u64,
+    /// Kernels loaded from the compiled-kernel cache (hits).
+    pub from_cache: u64,
+    /// Shapes the autotuner benchmarked (misses of the autotune cache).
+    pub tuned: u64,
+    /// Autotune results loaded from the cache file.
+    pub tune_results_loaded: u64,
+}
+
+impl KernelCounts {
+    pub fn since(self, before: KernelCounts) -> KernelCounts {
+        KernelCounts {
+            compiled: self.compiled - before.compiled,
+            from_cache: self.from_cache - before.from_cache,
+            tuned: self.tuned - before.tuned,
+            tune_results_loaded: self.tune_results_loaded - before.tune_results_loaded,
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        *self == KernelCounts::default()
+    }
+
+    /// `12 kernels compiled, 30 from the cache, 4 shapes tuned`.
+    pub fn describe(&self) -> String {
+        format!(
+            "{} kernels compiled, {} from the cache, {} shapes tuned",
+            self.compiled, self.from_cache, self.tuned
+        )
+    }
+}
+
 /// JSON has no NaN: serde_json writes non-finite floats as `null`; read them back as NaN.
 fn nan_from_null<'de, D: serde::Deserializer<'de>>(d: D) -> Result<f64, D::Error> {
     Ok(Option::<f64>::deserialize(d)?.unwrap_or(f64::NAN))
@@ -299,7 +335,7 @@ pub struct Summary {
     pub first_step_ms: Option<f64>,
     /// CUDA: what CubeCL compiled, took from the cache and tuned during the run.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub kernels: Option<crate::kernels::KernelCounts>,
+    pub kernels: Option<KernelCounts>,
 }
 
 impl Summary {

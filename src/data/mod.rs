@@ -4,14 +4,15 @@
 
 pub mod cifar;
 pub mod pad;
+pub mod spec;
 pub mod synthetic;
 pub mod text;
 
 use std::fmt;
 use std::path::{Path, PathBuf};
 
-use crate::plan::{DataPlan, Source};
 use crate::rng::SplitMix64;
+use spec::{DataPlan, Source};
 
 /// The most classes a model may have (each is a row of the last layer): labels above it
 /// are taken for a data error, not a request for a huge model.

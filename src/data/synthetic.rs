@@ -2,8 +2,8 @@
 //! blobs), each sample that pattern plus per-pixel noise, so a model can learn it and
 //! throughput runs need no files. The same (seed, split, index) always gives the same sample.
 
+use super::spec::DataPlan;
 use super::Images;
-use crate::plan::DataPlan;
 use crate::rng::SplitMix64;
 
 /// `n` samples of split `split` (0 train, 1 test); labels cycle through the classes.

@@ -97,7 +97,7 @@ impl<'a> Validator<'a> {
         machine: &Machine,
         device: Device,
     ) {
-        use crate::preflight::{self, gib};
+        use super::resources::{self as preflight, gib};
         let text_bytes = match &data.source {
             Source::Jsonl { train, test } => [Some(train), test.as_ref()]
                 .into_iter()

@@ -7,6 +7,7 @@ mod eval;
 mod resume;
 mod warmup;
 
+pub use crate::clock::panic_message;
 use env::{environment, sha256_file};
 pub use env::{git_info, Environment, GitInfo, SourceInfo};
 pub use eval::{eval, EvalReport};
@@ -620,16 +621,6 @@ fn drive(
         None => Ok(Finished { dir, summary }),
         Some(train::Stop::Signal(signal)) => Err(RunError::Interrupted { dir, signal }),
         Some(_) => Err(fail(summary.error.clone().unwrap_or_default())),
-    }
-}
-
-pub fn panic_message(p: &(dyn std::any::Any + Send)) -> String {
-    if let Some(s) = p.downcast_ref::<&str>() {
-        s.to_string()
-    } else if let Some(s) = p.downcast_ref::<String>() {
-        s.clone()
-    } else {
-        "the training loop panicked".into()
     }
 }
 

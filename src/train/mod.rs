@@ -4,6 +4,7 @@
 //! It reports each step and evaluation to a `Sink` and writes no files itself.
 
 mod batch;
+pub mod checkpoint;
 mod eval;
 mod optim;
 mod warmup;
@@ -29,7 +30,6 @@ use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{Bool, DType, Int, Tensor, TensorData};
 
 use crate::backend::MemFn;
-use crate::checkpoint;
 use crate::data::{Collate, Dataset, HostData, Pixels, Prepare};
 use crate::loader::{Batching, Loader, LoaderConfig};
 use crate::metrics::{rss_bytes, Eval as EvalRecord, StepRecord};

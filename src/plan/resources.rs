@@ -11,7 +11,7 @@
 //! 4.7 GB at batch 64 on 3×32×32 images, is about 5,600 floats per input element; the rate
 //! here is 2,500). A run over the estimate cannot fit; one under it may still not.
 
-use crate::plan::{DataPlan, LoaderPlan, ModelPlan, OptimPlan};
+use super::{DataPlan, LoaderPlan, ModelPlan, OptimPlan};
 use crate::recipe::{Arch, Optimizer, Stem, TokenizerKind};
 
 /// Bytes, in parts.

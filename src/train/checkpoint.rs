@@ -19,8 +19,8 @@ use burn::record::{BinFileRecorder, FullPrecisionSettings, Recorder};
 use burn::tensor::backend::AutodiffBackend;
 use serde::{Deserialize, Serialize};
 
+use super::Optim;
 use crate::model::Net;
-use crate::train::Optim;
 
 /// Where the run was when the checkpoint was written.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
