@@ -1,0 +1,186 @@
+//! The commands that only read: `validate`, `show`, `ls`, `schema` and `report`.
+
+use runner::recipe;
+use runner::report;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use crate::*;
+
+pub(crate) fn validate(args: &CheckArgs) -> ExitCode {
+    let Some(all) = check_all(args, &any_machine()) else {
+        return ExitCode::from(2);
+    };
+    for c in all {
+        if c.grid {
+            println!(
+                "ok: {} (grid of {} cells: {})",
+                c.path.display(),
+                c.cells.len(),
+                c.cells
+                    .iter()
+                    .map(|c| c.name.as_str())
+                    .collect::<Vec<_>>()
+                    .join(" | ")
+            );
+        } else {
+            let p = &c.plans[0];
+            println!(
+                "ok: {} ({}: {} optimizer steps of {} × {} samples)",
+                c.path.display(),
+                p.name,
+                p.run.total_steps,
+                p.loader.batch_size,
+                p.optim.accumulation_steps
+            );
+        }
+    }
+    ExitCode::SUCCESS
+}
+
+pub(crate) fn show(args: &CheckArgs, cell: Option<usize>) -> ExitCode {
+    let Some(all) = check_all(args, &any_machine()) else {
+        return ExitCode::from(2);
+    };
+    for c in all {
+        match (c.grid, cell) {
+            (true, None) => {
+                println!(
+                    "# {}: a grid of {} cells (runner show --cell N for one)",
+                    c.path.display(),
+                    c.cells.len()
+                );
+                for cell in &c.cells {
+                    println!("{:>4}  {}  {}", cell.index, cell.id, cell.name);
+                }
+            }
+            (_, Some(i)) if i >= c.cells.len() => {
+                eprintln!(
+                    "error: --cell {i}: {} has {} cell(s), 0 to {}",
+                    c.path.display(),
+                    c.cells.len(),
+                    c.cells.len() - 1
+                );
+                return ExitCode::from(2);
+            }
+            (_, i) => {
+                let p = &c.plans[i.unwrap_or(0)];
+                print!(
+                    "# {} (cell {}, id {})\n{}",
+                    c.path.display(),
+                    i.unwrap_or(0),
+                    c.cells[i.unwrap_or(0)].id,
+                    toml::to_string(&p.resolved).unwrap_or_default()
+                );
+            }
+        }
+    }
+    ExitCode::SUCCESS
+}
+
+pub(crate) fn ls() -> ExitCode {
+    let dir = [
+        PathBuf::from("recipes"),
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("recipes"),
+    ]
+    .into_iter()
+    .find(|d| d.is_dir());
+    println!("recipes:");
+    match dir {
+        Some(d) => {
+            let mut files = vec![];
+            let mut stack = vec![d.clone()];
+            while let Some(x) = stack.pop() {
+                for e in std::fs::read_dir(&x).into_iter().flatten().flatten() {
+                    let p = e.path();
+                    if p.is_dir() {
+                        stack.push(p);
+                    } else if p.extension().is_some_and(|e| e == "toml") {
+                        files.push(p);
+                    }
+                }
+            }
+            files.sort();
+            for f in files {
+                let about = recipe::load(&f)
+                    .map(|l| l.recipe.description)
+                    .unwrap_or_else(|_| "(does not validate)".into());
+                println!("  {:<45} {about}", f.display());
+            }
+        }
+        None => println!("  (no recipes/ directory here)"),
+    }
+    println!("models (model.arch):");
+    for a in runner::recipe::Arch::ALL {
+        println!("  {:<12} {}", a.name(), a.about());
+    }
+    println!("data formats (data.format):");
+    for f in runner::recipe::DataFormat::ALL {
+        println!("  {:<12} {}", f.name(), f.about());
+    }
+    ExitCode::SUCCESS
+}
+
+pub(crate) fn schema(output: Option<&Path>) -> ExitCode {
+    let text = serde_json::to_string_pretty(&recipe::schema::json_schema()).expect("schema") + "\n";
+    match output {
+        None => {
+            print!("{text}");
+            ExitCode::SUCCESS
+        }
+        Some(p) => match std::fs::write(p, text) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("error: {}: {e}", p.display());
+                ExitCode::from(2)
+            }
+        },
+    }
+}
+
+pub(crate) fn report_cmd(
+    paths: &[PathBuf],
+    baseline: Option<&str>,
+    format: report::Format,
+    plot: Option<&Path>,
+) -> ExitCode {
+    let result = (|| {
+        let dirs = report::find_runs(paths)?;
+        let runs = dirs
+            .iter()
+            .map(|d| report::load_run(d))
+            .collect::<Result<Vec<_>, _>>()?;
+        // Only completed runs are averaged; the others are listed with what became of them.
+        let (runs, excluded) = report::split_completed(runs);
+        if !excluded.is_empty() {
+            eprintln!(
+                "not in the table ({} run(s) did not complete):",
+                excluded.len()
+            );
+            for x in &excluded {
+                eprintln!("  {}: {}", x.dir.display(), x.why);
+            }
+        }
+        if runs.is_empty() {
+            eprintln!("error: no completed run to compare");
+            return Ok(false);
+        }
+        let rows = report::rows(&runs, baseline)?;
+        print!("{}", report::render(&rows, format));
+        if let Some(p) = plot {
+            runner::plot::draw(p, &runs, &rows)
+                .map_err(|e| report::ReportError(format!("error: cannot draw the plot: {e}")))?;
+            eprintln!("plot: {}", p.display());
+        }
+        Ok::<_, report::ReportError>(true)
+    })();
+    match result {
+        Ok(true) => ExitCode::SUCCESS,
+        // Nothing to compare is not bad input: the runs failed.
+        Ok(false) => ExitCode::from(1),
+        Err(e) => {
+            eprintln!("{e}");
+            ExitCode::from(2)
+        }
+    }
+}

@@ -1,0 +1,409 @@
+//! The commands that train: `run` (recipes and grids, with --resume, --shard, --cell),
+//! `resume`, `eval`, `warmup`, and `sweep --slurm`. Each renders its outcome and exit code.
+
+use runner::plan::Plan;
+use runner::report;
+use runner::run::{self, RunError, RunOptions};
+use runner::slurm;
+use runner::sweep::{self, CellEnd, Checked, Selection, State, SweepDir};
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use crate::*;
+
+pub(crate) fn run_all(args: &RunArgs) -> ExitCode {
+    let machine = runner::backend::probe();
+    // Every recipe, every cell, is checked before the first one runs.
+    let Some(all) = check_all(&args.check, &machine) else {
+        return ExitCode::from(2);
+    };
+    let shard = match args.shard.as_deref().map(sweep::parse_shard).transpose() {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    for c in &all {
+        if !c.grid && (shard.is_some() || args.cell.is_some() || args.resume) {
+            eprintln!(
+                "error: {}: --shard, --cell and --resume apply to recipes with a [sweep] table",
+                c.path.display()
+            );
+            return ExitCode::from(2);
+        }
+        if let Some(i) = args.cell.filter(|&i| i >= c.cells.len()) {
+            eprintln!(
+                "error: --cell {i}: {} has {} cells, 0 to {}",
+                c.path.display(),
+                c.cells.len(),
+                c.cells.len() - 1
+            );
+            return ExitCode::from(2);
+        }
+    }
+    let opts = RunOptions { quiet: args.quiet };
+    runner::signals::install();
+    let mut code = ExitCode::SUCCESS;
+    for c in &all {
+        let outcome = if c.grid {
+            run_grid(
+                c,
+                Selection {
+                    shard,
+                    only: args.cell,
+                    resume: args.resume,
+                },
+                &opts,
+            )
+        } else {
+            run_one(&c.plans[0], &opts).map(|_| ())
+        };
+        match outcome {
+            Ok(()) => {}
+            // Already said where it happened (run_one, run_grid).
+            Err(RunError::Failed { .. }) => code = ExitCode::from(1),
+            Err(e @ RunError::Interrupted { .. }) => return ExitCode::from(e.exit_code()),
+            Err(e @ (RunError::Input(_) | RunError::Io(_))) => {
+                eprintln!("{e}");
+                return ExitCode::from(e.exit_code());
+            }
+        }
+    }
+    code
+}
+
+pub(crate) fn run_one(p: &Plan, opts: &RunOptions) -> Result<PathBuf, RunError> {
+    if !opts.quiet {
+        eprintln!(
+            "{}: {} ({})",
+            p.name,
+            runner::backend::describe(p.device, &p.kernels).0,
+            p.device_reason
+        );
+    }
+    // The loop's panics are caught inside; anything else that panics still ends only this
+    // run (a grid goes on to its next cell).
+    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run::execute(p, opts)))
+        .unwrap_or_else(|panic| {
+            Err(RunError::Failed {
+                dir: p.log.dir.join(&p.name),
+                message: format!(
+                    "the runner panicked: {}",
+                    run::panic_message(panic.as_ref())
+                ),
+            })
+        });
+    match result {
+        Ok(f) => {
+            let s = &f.summary;
+            let acc = s.test_accuracy.map_or("no test set".into(), |a| {
+                format!("test accuracy {:.2}%", 100.0 * a)
+            });
+            println!(
+                "{}: {} steps, median {:.2} ms/iter (p95 {:.2}), {:.0} samples/s, {acc}, {}",
+                s.name,
+                s.steps,
+                s.iter_ms.median,
+                s.iter_ms.p95,
+                s.samples_per_s,
+                f.dir.display()
+            );
+            Ok(f.dir)
+        }
+        Err(RunError::Failed { dir, message }) => {
+            eprintln!(
+                "error: run {} failed: {message}\n  = note: what was recorded is in {}",
+                p.name,
+                dir.display()
+            );
+            Err(RunError::Failed { dir, message })
+        }
+        Err(RunError::Interrupted { dir, signal }) => {
+            eprintln!(
+                "{}: interrupted by {}; what was recorded is in {} (status \"interrupted\")",
+                p.name,
+                runner::signals::name(signal),
+                dir.display()
+            );
+            Err(RunError::Interrupted { dir, signal })
+        }
+        Err(e) => Err(e),
+    }
+}
+
+pub(crate) fn run_grid(c: &Checked, sel: Selection, opts: &RunOptions) -> Result<(), RunError> {
+    let root = &c.plans[0].log.dir;
+    let dir = SweepDir::open(root, &c.base, &c.path, &c.cells).map_err(|e| {
+        RunError::Input(format!(
+            "error: cannot create the sweep directory under {}: {e}\n  = help: check log.dir",
+            root.display()
+        ))
+    })?;
+    eprintln!(
+        "sweep {}: {} cells, state in {}",
+        c.base,
+        c.cells.len(),
+        dir.dir.display()
+    );
+    let mut stop: Option<RunError> = None;
+    let resuming = sel.resume;
+    let outcome = sweep::execute(&dir, &c.cells, sel, |cell, previous| {
+        let end = |dir, message, state, stop_sweep| CellEnd {
+            dir,
+            message,
+            state,
+            stop_sweep,
+        };
+        // With --resume, a cell whose run stopped (a signal, a killed process: this process
+        // holds its lock now) continues from its checkpoint rather than starting over.
+        let stopped_run = previous
+            .filter(|s| resuming && matches!(s.state, State::Interrupted | State::Running))
+            .and_then(|s| s.run_dir)
+            .filter(|d| runner::checkpoint::latest(d).is_some());
+        let result = match stopped_run {
+            Some(run_dir) => {
+                if !opts.quiet {
+                    eprintln!("{}: resuming {}", cell.name, run_dir.display());
+                }
+                run::resume(&run_dir, opts, &runner::backend::probe()).map(|f| f.dir)
+            }
+            None => run_one(&c.plans[cell.index], opts),
+        };
+        match result {
+            Ok(d) => Ok(d),
+            Err(RunError::Failed { dir, message }) => {
+                Err(end(Some(dir), message, State::Failed, false))
+            }
+            Err(RunError::Interrupted { dir, signal }) => {
+                let message = format!("interrupted by {}", runner::signals::name(signal));
+                stop = Some(RunError::Interrupted {
+                    dir: dir.clone(),
+                    signal,
+                });
+                Err(end(Some(dir), message, State::Interrupted, true))
+            }
+            // Input every cell shares (a data file) is bad: the rest would fail the same.
+            Err(e @ (RunError::Input(_) | RunError::Io(_))) => {
+                let msg = e.to_string();
+                stop = Some(e);
+                Err(end(None, msg, State::Failed, true))
+            }
+        }
+    })
+    .map_err(|e| {
+        RunError::Io(format!(
+            "error: cannot write the sweep state in {}: {e}",
+            dir.dir.display()
+        ))
+    })?;
+    if let Some(e) = stop {
+        return Err(e);
+    }
+    for (i, owner) in &outcome.busy {
+        eprintln!("cell {i}: left to {owner}, which holds its lock");
+    }
+    if !outcome.skipped.is_empty() {
+        eprintln!(
+            "resumed: {} cell(s) already done were skipped",
+            outcome.skipped.len()
+        );
+    }
+    // The comparison over every cell done so far, by this process or any other shard.
+    let done: Vec<PathBuf> = c
+        .cells
+        .iter()
+        .filter(|cell| dir.is_done(cell))
+        .filter_map(|cell| dir.status(cell)?.run_dir)
+        .collect();
+    if !done.is_empty() {
+        match done
+            .iter()
+            .map(|d| report::load_run(d))
+            .collect::<Result<Vec<_>, _>>()
+            .and_then(|runs| report::rows(&runs, None))
+        {
+            Ok(rows) => {
+                println!("\n{} of {} cells done:", done.len(), c.cells.len());
+                print!("{}", report::render(&rows, report::Format::Table));
+            }
+            Err(e) => eprintln!("{e}"),
+        }
+    }
+    match outcome.failed.first() {
+        Some((i, msg)) => Err(RunError::Failed {
+            dir: dir.dir.clone(),
+            message: format!(
+                "{} cell(s) failed, the first (cell {i}): {msg}",
+                outcome.failed.len()
+            ),
+        }),
+        None => Ok(()),
+    }
+}
+
+pub(crate) fn resume(run_dir: &Path, quiet: bool) -> ExitCode {
+    runner::signals::install();
+    let opts = RunOptions { quiet };
+    match run::resume(run_dir, &opts, &runner::backend::probe()) {
+        Ok(f) => {
+            let s = &f.summary;
+            println!(
+                "{}: completed, {} steps in all ({} resume(s)), final loss {:.4}, {}",
+                s.name,
+                s.steps,
+                s.resumes,
+                s.final_loss.unwrap_or(f64::NAN),
+                f.dir.display()
+            );
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            match &e {
+                RunError::Failed { dir, message } => eprintln!(
+                    "error: the resumed run failed: {message}\n  = note: what was recorded is in {}",
+                    dir.display()
+                ),
+                RunError::Interrupted { dir, .. } => {
+                    eprintln!("{e}; resume it again with: runner resume {}", dir.display())
+                }
+                _ => eprintln!("{e}"),
+            }
+            ExitCode::from(e.exit_code())
+        }
+    }
+}
+
+pub(crate) fn eval(run_dir: &Path, data: Option<&Path>, best: bool) -> ExitCode {
+    match run::eval(run_dir, data, best, &runner::backend::probe()) {
+        Ok(r) => {
+            println!(
+                "accuracy {:.2}% on {} samples, loss {:.4} ({}, {:.1} s)",
+                100.0 * r.accuracy,
+                r.samples,
+                r.loss,
+                r.weights.display(),
+                r.ms / 1e3
+            );
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("{e}");
+            ExitCode::from(e.exit_code())
+        }
+    }
+}
+
+/// What decides the kernels a plan compiles and tunes: plans equal in this warm up once.
+pub(crate) fn kernel_key(p: &Plan) -> String {
+    let o = &p.optim;
+    let text_order = p.data.text.as_ref().map(|_| (p.seed, p.loader.shuffle));
+    format!(
+        "{:?}|{:?}|{:?}|{:?}|{}|{}|{:?}|{}|{}|{}|{}|{:?}|{:?}|{:?}",
+        p.device,
+        p.kernels,
+        p.model,
+        p.data,
+        p.loader.batch_size,
+        p.loader.drop_last,
+        text_order,
+        o.momentum > 0.0,
+        o.nesterov,
+        o.weight_decay > 0.0,
+        o.accumulation_steps,
+        o.optimizer,
+        p.cleanup.actions,
+        p.run.eval,
+    )
+}
+
+pub(crate) fn warmup(args: &CheckArgs, quiet: bool) -> ExitCode {
+    let machine = runner::backend::probe();
+    let Some(checked) = check_all(args, &machine) else {
+        return ExitCode::from(2);
+    };
+    let mut seen = std::collections::HashSet::new();
+    let mut code = ExitCode::SUCCESS;
+    for p in checked.iter().flat_map(|c| &c.plans) {
+        if !seen.insert(kernel_key(p)) {
+            continue;
+        }
+        let (backend, _) = runner::backend::describe(p.device, &p.kernels);
+        if !quiet {
+            eprintln!("{}: warming up on {backend} ({})", p.name, p.device_reason);
+        }
+        match run::warmup(p) {
+            Ok(w) => {
+                let cache = if w.settings.used {
+                    format!(
+                        "{}; cached in {}",
+                        w.counts.describe(),
+                        w.settings.cache.dir.display()
+                    )
+                } else {
+                    "nothing to compile on the CPU backend".into()
+                };
+                println!(
+                    "{}: warmed up on {} ({}) in {:.1} s: {} training and {} evaluation batch shape(s), {} micro-batches; {cache}",
+                    p.name,
+                    w.backend,
+                    w.device,
+                    w.seconds,
+                    w.warmed.train_shapes,
+                    w.warmed.eval_shapes,
+                    w.warmed.micro_batches,
+                );
+            }
+            Err(RunError::Failed { message, .. }) => {
+                eprintln!("error: the warm-up of {} failed: {message}", p.name);
+                code = ExitCode::from(1);
+            }
+            Err(e) => {
+                eprintln!("{e}");
+                return ExitCode::from(e.exit_code());
+            }
+        }
+    }
+    code
+}
+
+pub(crate) fn slurm(args: &SweepArgs) -> ExitCode {
+    let Some(all) = check_all(&args.run.check, &any_machine()) else {
+        return ExitCode::from(2);
+    };
+    // Refused before anything is written.
+    if args.shards == Some(0) {
+        eprintln!("error: --shards must be at least 1");
+        return ExitCode::from(2);
+    }
+    if let Some(c) = all.iter().find(|c| !c.grid) {
+        eprintln!(
+            "error: {}: has no [sweep] table, so there is no grid to split into array tasks\n  = help: run it with `runner {}` (in an sbatch script of your own), or add a [sweep] table",
+            c.path.display(),
+            c.path.display()
+        );
+        return ExitCode::from(2);
+    }
+    for c in &all {
+        let (script, tasks) = match slurm::write(c, &args.run.check.sets, args.shards) {
+            Ok(x) => x,
+            Err(e) => {
+                eprintln!("{e}");
+                return ExitCode::from(2);
+            }
+        };
+        println!(
+            "{}: {} array task(s) in {}",
+            c.path.display(),
+            tasks,
+            script.display()
+        );
+        if args.submit {
+            if let Err((code, e)) = slurm::submit(&script) {
+                eprintln!("{e}");
+                return ExitCode::from(code);
+            }
+        }
+    }
+    ExitCode::SUCCESS
+}
