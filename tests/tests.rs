@@ -2775,8 +2775,8 @@ fn tensorboard_events_and_csv_carry_the_metrics() {
 #[test]
 fn early_stopping_watches_a_held_out_split_and_keeps_the_best_weights() {
     let dir = tempdir("early");
-    // lr = 0: the validation loss never improves after the first evaluation, so with
-    // patience 2 the run stops after epoch 3 of 50.
+    // lr = 1e-12 (next to nothing): the validation loss never improves after the first
+    // evaluation, so with patience 2 the run stops after epoch 3 of 50.
     let recipe = tiny_recipe(
         &dir,
         "es",

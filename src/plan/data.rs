@@ -355,23 +355,23 @@ impl<'a> Validator<'a> {
         let path = self.l.dir_of(key).join(rel);
         if path.is_file() {
             Some(path)
-        } else if path.exists() {
-            self.err(
-                key,
-                format!(
-                    "{} is not a regular file",
-                    crate::recipe::lexical(&path).display()
-                ),
-                "name a .jsonl file",
-            );
+        } else {
+            self.not_a_file(key, &path, "is not a regular file", "name a .jsonl file");
             None
+        }
+    }
+
+    /// A data path that is missing, or is something the format cannot read.
+    fn not_a_file(&mut self, key: &str, path: &Path, what: &str, help: &str) {
+        let shown = crate::recipe::lexical(path);
+        if path.exists() {
+            self.err(key, format!("{} {what}", shown.display()), help);
         } else {
             self.err(
                 key,
-                format!("{} does not exist", crate::recipe::lexical(&path).display()),
+                format!("{} does not exist", shown.display()),
                 "paths are relative to the recipe file; the shipped data is under datasets/",
             );
-            None
         }
     }
 
@@ -484,21 +484,12 @@ impl<'a> Validator<'a> {
             Some(files)
         } else if path.is_file() {
             Some(vec![path])
-        } else if path.exists() {
-            self.err(
-                key,
-                format!(
-                    "{} is neither a regular file nor a directory",
-                    crate::recipe::lexical(&path).display()
-                ),
-                "name a .bin file or the directory holding them",
-            );
-            None
         } else {
-            self.err(
+            self.not_a_file(
                 key,
-                format!("{} does not exist", crate::recipe::lexical(&path).display()),
-                "paths are relative to the recipe file; the shipped data is under datasets/",
+                &path,
+                "is neither a regular file nor a directory",
+                "name a .bin file or the directory holding them",
             );
             None
         }
