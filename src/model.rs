@@ -54,6 +54,12 @@ pub enum Input<B: Backend> {
 }
 
 impl<B: Backend> Net<B> {
+    /// An empty network (no parameters, nothing allocated): what holds a model's place
+    /// while the optimizer owns it for a step.
+    pub fn placeholder() -> Self {
+        Net::Mlp(Mlp { layers: vec![] })
+    }
+
     /// Builds the network for the data's shape (validation has paired them), its initial
     /// weights drawn from `seed` alone. Burn's generator is process-wide and draws lazily,
     /// so seeding and drawing every weight happen here under one lock: runs that share a

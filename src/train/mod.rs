@@ -7,12 +7,14 @@ mod batch;
 pub mod checkpoint;
 mod eval;
 mod optim;
+mod trainer;
 mod warmup;
 
 pub use batch::{Batcher, HostBatch};
 use eval::evaluate;
 pub use eval::evaluate_weights;
 pub use optim::{clip_grad_norm, loss_config, Accumulation, Optim};
+use trainer::Trainer;
 pub use warmup::{warm_up, Warmed};
 
 use std::sync::Arc;
@@ -175,6 +177,10 @@ pub struct Persist {
 /// Trains the plan's model on `train` and evaluates on `test`, reporting to `sink`.
 /// With `persist`, writes the checkpoints the plan asks for (and one when a signal stops
 /// the run), starts from a checkpoint when resuming, and saves the final weights.
+///
+/// burn-train's shape: this epoch loop hands each optimizer step, each epoch's end and the
+/// run's end to a `Trainer` (`trainer.rs`), which owns the model, the optimizer and the
+/// bookkeeping.
 #[allow(clippy::too_many_arguments)]
 pub fn train<B: AutodiffBackend>(
     plan: &Plan,
@@ -188,50 +194,23 @@ pub fn train<B: AutodiffBackend>(
     sink: &mut dyn Sink,
     persist: Option<&Persist>,
 ) -> Outcome {
-    sink.phase("building the model");
-    let mut model: Net<B> = Net::new(&plan.model, batcher.shape, plan.seed, &device);
-    let parameters = model.parameters();
-    let mut optim = Optim::<B>::new(&plan.optim);
-    let mut watching = Watching::default();
-    // Where the loop starts: the beginning, or a checkpoint's step, epoch and batch.
-    let (mut step, mut epochs_completed, start_epoch, start_batch): (u64, usize, usize, usize) =
-        match persist.and_then(|p| p.resume.as_ref()) {
-            None => (0, 0, 0, 0),
-            Some((dir, state)) => {
-                watching = Watching {
-                    best: state.best,
-                    since_best: state.since_best,
-                };
-                sink.phase("loading the checkpoint");
-                match checkpoint::load::<B>(dir, model, optim, &device) {
-                    Ok((m, o)) => {
-                        (model, optim) = (m, o);
-                    }
-                    Err(e) => {
-                        return Outcome {
-                            parameters,
-                            stopped: Some(Stop::Failed(e)),
-                            ..Default::default()
-                        }
-                    }
-                }
-                (state.step, state.epochs_completed, state.epoch, state.batch)
-            }
-        };
-    sink.started(parameters);
-    sink.phase("first step (compiling and tuning kernels on a GPU)");
-    let loss_fn: CrossEntropyLoss<B> = loss_config(plan).init(&device);
-    let schedule = plan.lr_schedule();
-    let policy = CleanupPolicy {
-        every: plan.cleanup.every,
-        actions: plan.cleanup.actions.clone(),
+    let io = trainer::Io {
+        plan,
+        batcher: &batcher,
+        device,
+        mem,
+        t0,
+        persist,
     };
-
+    let (mut t, start) = match Trainer::<B>::new(io, validation, sink) {
+        Ok(x) => x,
+        Err(outcome) => return *outcome,
+    };
     let make = {
         let data = Arc::clone(&train);
         let batcher = batcher.clone();
         let stage = plan.loader.pin_memory;
-        let device = device.clone();
+        let device = t.io.device.clone();
         Arc::new(move |idx: &[usize], epoch: usize| {
             let mut b = batcher.host(&data, idx, epoch, true);
             if stage {
@@ -241,227 +220,26 @@ pub fn train<B: AutodiffBackend>(
         })
     };
     let mut loader = Loader::new(loader_config(plan, &train), train.len(), make);
-
-    let accum = plan.optim.accumulation_steps;
-    let total = plan.run.total_steps;
-    // Records whose loss is still on the device, read back every `log.every` steps.
-    let mut pending: Vec<(StepRecord, Tensor<B::InnerBackend, 1>)> = vec![];
-    let first_step = step + 1;
-    // Dropout draws from Burn's process-wide generator: reseeded from the step, so a
-    // resumed run draws what the uninterrupted one would have.
-    let reseed = plan.model.arch == crate::recipe::Arch::Transformer && plan.model.dropout > 0.0;
-    let checkpoint_at = |sink: &mut dyn Sink,
-                         model: &Net<B>,
-                         optim: &Optim<B>,
-                         state: checkpoint::State|
-     -> Result<f64, Stop> {
-        let Some(p) = persist else { return Ok(0.0) };
-        let t = Instant::now();
-        let dir = checkpoint::save::<B>(
-            &p.run_dir,
-            model,
-            optim,
-            &checkpoint::State {
-                recipe_sha256: p.recipe_sha256.clone(),
-                ..state
-            },
-            plan.checkpoint.keep,
-        )
-        .map_err(Stop::Failed)?;
-        let took = ms(t);
-        sink.checkpointed(&dir, took);
-        Ok(took)
-    };
-    // What a cleanup frees: the pool's reserved bytes on a device with one, else RSS.
-    let cleanup_mem = || {
-        mem(&device)
-            .map(|(_, reserved)| reserved)
-            .or_else(rss_bytes)
-    };
-
     let mut stopped: Option<Stop> = None;
-    let mut diverged: Option<(u64, f64)> = None;
-    // Early stopping decided the run is done.
-    let mut early = false;
-    for epoch in start_epoch..plan.run.epochs {
-        let skip = if epoch == start_epoch { start_batch } else { 0 };
+    for epoch in start.epoch..plan.run.epochs {
+        let skip = if epoch == start.epoch { start.batch } else { 0 };
         let mut batches = loader.epoch_from(epoch, skip);
-        let mut left = batches.len();
-        // Micro-batches of this epoch consumed (a checkpoint's position in it).
-        let mut consumed = skip;
-        while left > 0 && step < total {
+        let mut pos = trainer::Position {
+            epoch,
+            left: batches.len(),
+            consumed: skip,
+        };
+        while pos.left > 0 && t.step < plan.run.total_steps {
             if let Some(stop) = sink.should_stop() {
-                // A signal: keep the work (a Slurm time limit, a preempted node).
-                if matches!(stop, Stop::Signal(_)) && persist.is_some() {
-                    let flushed = flush(&mut pending, sink, plan, &mut diverged);
-                    let state = checkpoint::State {
-                        step,
-                        epoch,
-                        batch: consumed,
-                        epochs_completed,
-                        metrics_lines: sink.lines_written(),
-                        recipe_sha256: String::new(),
-                        reason: format!("{stop}"),
-                        written_at: crate::clock::utc_now(),
-                        best: watching.best,
-                        since_best: watching.since_best,
-                    };
-                    let saved = flushed.and_then(|_| checkpoint_at(sink, &model, &optim, state));
-                    if let Err(e) = saved {
-                        stopped = Some(e);
-                        break;
-                    }
-                }
-                stopped = Some(stop);
+                stopped = Some(t.stop_at(stop, &pos, sink));
                 break;
             }
-            if reseed {
-                B::seed(
-                    &device,
-                    plan.seed ^ (step + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15),
-                );
-            }
-            let synced = plan
-                .profile
-                .window
-                .as_ref()
-                .is_some_and(|w| w.contains(&(step + 1)));
-            // In the profile window each phase ends with a device sync, so its time is the
-            // device's; work queued by earlier steps is drained first, outside the timing.
-            let sync = || {
-                if synced {
-                    let _ = B::sync(&device);
-                }
-            };
-            sync();
-            let started = Instant::now();
-            let group = accum.min(left);
-            left -= group;
-            consumed += group;
-            let mut rec = StepRecord {
-                step: step + 1,
-                epoch,
-                lr: schedule.at(step),
-                micro_batches: group,
-                synced,
-                ..Default::default()
-            };
-            let mut acc = Accumulation::<B>::new(group);
-            let mut loss_sum: Option<Tensor<B::InnerBackend, 1>> = None;
-            for _ in 0..group {
-                let b = batches.next().expect("the epoch has this many batches");
-                rec.data_wait_ms += b.wait.as_secs_f64() * 1e3;
-                rec.samples += b.samples;
-                let t = Instant::now();
-                if let Some((real, padded)) = b.value.tokens {
-                    *rec.real_tokens.get_or_insert(0) += real as u64;
-                    *rec.padded_tokens.get_or_insert(0) += padded as u64;
-                }
-                let (x, y) = batcher.to_device::<B>(b.value, &device);
-                sync();
-                rec.h2d_ms += ms(t);
-                let t = Instant::now();
-                let loss = loss_fn.forward(model.forward(x), y);
-                let l = acc.add(&model, loss);
-                loss_sum = Some(match loss_sum {
-                    Some(s) => s + l,
-                    None => l,
-                });
-                sync();
-                rec.forward_backward_ms += ms(t);
-            }
-            let t = Instant::now();
-            let mut grads = acc.grads();
-            if let Some(max_norm) = plan.optim.clip_grad_norm {
-                grads = clip_grad_norm(&model, grads, max_norm);
-            }
-            model = optim.step(rec.lr, model, grads);
-            sync();
-            rec.optimizer_ms = ms(t);
-            step += 1;
-
-            let mut actions = policy.decide(Point::AfterStep { step }).to_vec();
-            let epoch_done = left == 0 || step == total;
-            if epoch_done {
-                actions.extend_from_slice(policy.decide(Point::EpochEnd));
-            }
-            if !actions.is_empty() {
-                rec.cleanup_mem_before_bytes = cleanup_mem();
-                let t = Instant::now();
-                run_cleanup::<B>(&actions, &device);
-                sync();
-                rec.cleanup_ms = ms(t);
-                rec.cleanup_mem_after_bytes = cleanup_mem();
-            }
-            if let Some((in_use, reserved)) = mem(&device) {
-                rec.mem_in_use_bytes = Some(in_use);
-                rec.mem_reserved_bytes = Some(reserved);
-            }
-            rec.rss_bytes = rss_bytes();
-            if step == first_step {
-                // The first step ends when the device has run it: on a GPU that is when
-                // its kernels are compiled and tuned, which is the start-up users wait for.
-                let _ = B::sync(&device);
-                sink.first_step(ms(started));
-            }
-            // A checkpoint inside the epoch; one due at its last step is written at its
-            // end, after the evaluation (resuming then starts the next epoch).
-            let checkpoint_now = persist.is_some()
-                && left > 0
-                && step < total
-                && policy::due(plan.checkpoint.every, Point::AfterStep { step });
-            if checkpoint_now {
-                // The lines before this step are written first; this step's line is the
-                // checkpoint's last (written right after it).
-                if let Err(stop) = flush(&mut pending, sink, plan, &mut diverged) {
+            match t.step(&mut batches, &mut pos, sink) {
+                Ok(trainer::Next::Continue) => {}
+                Ok(trainer::Next::EarlyStop) => break,
+                Err(stop) => {
                     stopped = Some(stop);
                     break;
-                }
-                let state = checkpoint::State {
-                    step,
-                    epoch,
-                    batch: consumed,
-                    epochs_completed,
-                    metrics_lines: sink.lines_written() + 1,
-                    recipe_sha256: String::new(),
-                    reason: format!("every {}", every_words(plan.checkpoint.every)),
-                    written_at: crate::clock::utc_now(),
-                    best: watching.best,
-                    since_best: watching.since_best,
-                };
-                match checkpoint_at(sink, &model, &optim, state) {
-                    Ok(took) => rec.checkpoint_ms = took,
-                    Err(stop) => {
-                        stopped = Some(stop);
-                        break;
-                    }
-                }
-            }
-            rec.iter_ms = ms(started);
-            rec.t_ms = t0.elapsed().as_secs_f64() * 1e3;
-            let loss = loss_sum.expect("a step has micro-batches") / group as f32;
-            pending.push((rec, loss));
-            if pending.len() as u64 >= plan.log.every || epoch_done || checkpoint_now {
-                if let Err(stop) = flush(&mut pending, sink, plan, &mut diverged) {
-                    stopped = Some(stop);
-                    break;
-                }
-            }
-            // Validation every N steps (inside the epoch; at its end it follows the epoch).
-            if left > 0 && policy::due(plan.run.validate, Point::AfterStep { step }) {
-                if let Some(v) = &validation {
-                    let ctx = (plan, &batcher, &device, persist);
-                    match validate(ctx, &model, v, epoch, step, &mut watching, sink) {
-                        Ok(true) => {
-                            early = true;
-                            break;
-                        }
-                        Ok(false) => {}
-                        Err(stop) => {
-                            stopped = Some(stop);
-                            break;
-                        }
-                    }
                 }
             }
         }
@@ -470,86 +248,20 @@ pub fn train<B: AutodiffBackend>(
             break;
         }
         // `max_steps` can end the run inside an epoch; that epoch is not complete.
-        let cut_short = left > 0;
-        if !cut_short {
-            epochs_completed = epoch + 1;
-            sink.epoch_end(epoch);
-        }
-        if !cut_short && !early && policy::due(plan.run.validate, Point::EpochEnd) {
-            if let Some(v) = &validation {
-                let ctx = (plan, &batcher, &device, persist);
-                match validate(ctx, &model, v, epoch, step, &mut watching, sink) {
-                    Ok(stop_now) => early = stop_now,
-                    Err(stop) => {
-                        stopped = Some(stop);
-                        break;
-                    }
-                }
-            }
-        }
-        if early {
-            // Flush what is pending before the run's last evaluation.
-            if let Err(stop) = flush(&mut pending, sink, plan, &mut diverged) {
-                stopped = Some(stop);
-                break;
-            }
-            sink.early_stopped(step);
-        }
-        let last = epoch + 1 == plan.run.epochs || step >= total || early;
-        let due = match plan.run.eval {
-            Eval::Epoch => !cut_short || last,
-            Eval::End => last,
-            Eval::Never => false,
-        };
-        if due {
-            let all: Vec<usize> = (0..test.len()).collect();
-            let e = evaluate(&model.valid(), &test, &all, &batcher, plan, &device);
-            sink.eval(&EvalRecord { epoch, step, ..e });
-        }
-        if step >= total || early {
-            break;
-        }
-        let every = plan.checkpoint.every;
-        let step_due = step > 0 && policy::due(every, Point::AfterStep { step });
-        if !cut_short && (step_due || policy::due(every, Point::EpochEnd)) && persist.is_some() {
-            let state = checkpoint::State {
-                step,
-                epoch: epoch + 1,
-                batch: 0,
-                epochs_completed,
-                metrics_lines: sink.lines_written(),
-                recipe_sha256: String::new(),
-                reason: "epoch end".into(),
-                written_at: crate::clock::utc_now(),
-                best: watching.best,
-                since_best: watching.since_best,
-            };
-            if let Err(stop) = checkpoint_at(sink, &model, &optim, state) {
+        match t.end_epoch(epoch, pos.left > 0, &test, sink) {
+            Ok(trainer::Next::Continue) => {}
+            Ok(trainer::Next::EarlyStop) => break,
+            Err(stop) => {
                 stopped = Some(stop);
                 break;
             }
         }
     }
-    // What is still pending was computed: its lines are written whatever stopped the loop.
-    if let Err(stop) = flush(&mut pending, sink, plan, &mut diverged) {
-        stopped.get_or_insert(stop);
-    }
-    if let (None, Some(p), true) = (&stopped, persist, plan.checkpoint.save_final) {
-        sink.phase("saving the weights");
-        if let Err(e) = checkpoint::save_weights(&model.valid(), &p.run_dir.join(WEIGHTS)) {
-            stopped = Some(Stop::Failed(e));
-        }
-    }
-    Outcome {
-        parameters,
-        loader_workers_started: loader
-            .stats
-            .workers_started
-            .load(std::sync::atomic::Ordering::Relaxed),
-        epochs_completed,
-        stopped,
-        diverged,
-    }
+    let workers = loader
+        .stats
+        .workers_started
+        .load(std::sync::atomic::Ordering::Relaxed);
+    t.finish(stopped, workers, sink)
 }
 
 /// Reads the pending steps' losses back in one transfer and hands the records on. The

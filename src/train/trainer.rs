@@ -1,0 +1,446 @@
+//! The training step and what surrounds it, in burn-train's shape: a `Trainer` owns the
+//! model, the optimizer and the run's bookkeeping (step, pending losses, divergence, the
+//! watched validation metric) and does one thing per call: an optimizer step with its
+//! micro-batches, cleanup, checkpoint and validation; the end of an epoch; a stop; the end
+//! of the run. The epoch loop in `train` drives it. Phase timing goes through `phase`.
+
+use super::*;
+
+/// What the trainer reads and writes around the model: the plan, the device, the run
+/// directory.
+pub(crate) struct Io<'a, B: AutodiffBackend> {
+    pub plan: &'a Plan,
+    pub batcher: &'a Batcher,
+    pub device: B::Device,
+    pub mem: MemFn<B::Device>,
+    pub t0: Instant,
+    pub persist: Option<&'a Persist>,
+}
+
+/// Where the run starts: an epoch and the micro-batches of it already consumed.
+pub(crate) struct Start {
+    pub epoch: usize,
+    pub batch: usize,
+}
+
+/// The epoch in progress: micro-batches left and consumed.
+pub(crate) struct Position {
+    pub epoch: usize,
+    pub left: usize,
+    pub consumed: usize,
+}
+
+/// What the loop does next.
+pub(crate) enum Next {
+    Continue,
+    /// Early stopping decided the run is done.
+    EarlyStop,
+}
+
+pub(crate) struct Trainer<'a, B: AutodiffBackend> {
+    pub io: Io<'a, B>,
+    model: Net<B>,
+    optim: Optim<B>,
+    loss_fn: CrossEntropyLoss<B>,
+    schedule: crate::schedule::LrSchedule,
+    policy: CleanupPolicy,
+    validation: Option<Arc<Dataset>>,
+    parameters: usize,
+    /// Optimizer steps done.
+    pub step: u64,
+    epochs_completed: usize,
+    /// Records whose loss is still on the device, read back every `log.every` steps.
+    pending: Vec<(StepRecord, Tensor<B::InnerBackend, 1>)>,
+    diverged: Option<(u64, f64)>,
+    watching: Watching,
+    /// This process's first step (a resumed run's is not step 1).
+    first_step: u64,
+    /// Dropout draws from Burn's process-wide generator: reseeded from the step, so a
+    /// resumed run draws what the uninterrupted one would have.
+    reseed: bool,
+    early: bool,
+}
+
+/// Times `f` as a phase: in the profile window the phase ends with a device sync, so its
+/// time is the device's.
+fn phase<B: Backend, T>(sync: bool, device: &B::Device, f: impl FnOnce() -> T) -> (T, f64) {
+    let t = Instant::now();
+    let out = f();
+    if sync {
+        let _ = B::sync(device);
+    }
+    (out, ms(t))
+}
+
+impl<'a, B: AutodiffBackend> Trainer<'a, B> {
+    /// The model and optimizer, fresh or from the checkpoint `io.persist` resumes; the
+    /// outcome to return at once if the checkpoint cannot be loaded.
+    pub fn new(
+        io: Io<'a, B>,
+        validation: Option<Arc<Dataset>>,
+        sink: &mut dyn Sink,
+    ) -> Result<(Self, Start), Box<Outcome>> {
+        let plan = io.plan;
+        sink.phase("building the model");
+        let mut model: Net<B> = Net::new(&plan.model, io.batcher.shape, plan.seed, &io.device);
+        let parameters = model.parameters();
+        let mut optim = Optim::<B>::new(&plan.optim);
+        let mut watching = Watching::default();
+        let (step, epochs_completed, start) = match io.persist.and_then(|p| p.resume.as_ref()) {
+            None => (0, 0, Start { epoch: 0, batch: 0 }),
+            Some((dir, state)) => {
+                watching = Watching {
+                    best: state.best,
+                    since_best: state.since_best,
+                };
+                sink.phase("loading the checkpoint");
+                (model, optim) =
+                    checkpoint::load::<B>(dir, model, optim, &io.device).map_err(|e| {
+                        Box::new(Outcome {
+                            parameters,
+                            stopped: Some(Stop::Failed(e)),
+                            ..Default::default()
+                        })
+                    })?;
+                let start = Start {
+                    epoch: state.epoch,
+                    batch: state.batch,
+                };
+                (state.step, state.epochs_completed, start)
+            }
+        };
+        sink.started(parameters);
+        sink.phase("first step (compiling and tuning kernels on a GPU)");
+        let trainer = Self {
+            loss_fn: loss_config(plan).init(&io.device),
+            schedule: plan.lr_schedule(),
+            policy: CleanupPolicy {
+                every: plan.cleanup.every,
+                actions: plan.cleanup.actions.clone(),
+            },
+            reseed: plan.model.arch == crate::recipe::Arch::Transformer && plan.model.dropout > 0.0,
+            io,
+            model,
+            optim,
+            validation,
+            parameters,
+            step,
+            epochs_completed,
+            pending: vec![],
+            diverged: None,
+            watching,
+            first_step: step + 1,
+            early: false,
+        };
+        Ok((trainer, start))
+    }
+
+    fn flush(&mut self, sink: &mut dyn Sink) -> Result<(), Stop> {
+        flush(&mut self.pending, sink, self.io.plan, &mut self.diverged)
+    }
+
+    /// Writes a checkpoint at `epoch`, `batch` (the step is the trainer's), covering
+    /// `metrics_lines` lines; returns how long it took.
+    fn checkpoint(
+        &self,
+        sink: &mut dyn Sink,
+        (epoch, batch): (usize, usize),
+        metrics_lines: u64,
+        reason: String,
+    ) -> Result<f64, Stop> {
+        let Some(p) = self.io.persist else {
+            return Ok(0.0);
+        };
+        let state = checkpoint::State {
+            step: self.step,
+            epoch,
+            batch,
+            epochs_completed: self.epochs_completed,
+            metrics_lines,
+            recipe_sha256: p.recipe_sha256.clone(),
+            reason,
+            written_at: crate::clock::utc_now(),
+            best: self.watching.best,
+            since_best: self.watching.since_best,
+        };
+        let t = Instant::now();
+        let dir = checkpoint::save::<B>(
+            &p.run_dir,
+            &self.model,
+            &self.optim,
+            &state,
+            self.io.plan.checkpoint.keep,
+        )
+        .map_err(Stop::Failed)?;
+        let took = ms(t);
+        sink.checkpointed(&dir, took);
+        Ok(took)
+    }
+
+    /// A reason to stop at this step boundary: a signal keeps the work (a Slurm time
+    /// limit, a preempted node) in a checkpoint first. Returns why the run stops.
+    pub fn stop_at(&mut self, stop: Stop, pos: &Position, sink: &mut dyn Sink) -> Stop {
+        if matches!(stop, Stop::Signal(_)) && self.io.persist.is_some() {
+            let saved = self.flush(sink).and_then(|_| {
+                let lines = sink.lines_written();
+                self.checkpoint(sink, (pos.epoch, pos.consumed), lines, format!("{stop}"))
+            });
+            if let Err(e) = saved {
+                return e;
+            }
+        }
+        stop
+    }
+
+    /// One optimizer step: its micro-batches (forward, backward, accumulation), clipping,
+    /// the update, the cleanup due, a checkpoint due inside the epoch, its record, and the
+    /// validation due inside the epoch.
+    pub fn step(
+        &mut self,
+        batches: &mut crate::loader::EpochIter<'_, HostBatch>,
+        pos: &mut Position,
+        sink: &mut dyn Sink,
+    ) -> Result<Next, Stop> {
+        let plan = self.io.plan;
+        let device = self.io.device.clone();
+        if self.reseed {
+            B::seed(
+                &device,
+                plan.seed ^ (self.step + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15),
+            );
+        }
+        let synced = plan
+            .profile
+            .window
+            .as_ref()
+            .is_some_and(|w| w.contains(&(self.step + 1)));
+        // In the profile window work queued by earlier steps is drained first, outside
+        // the timing.
+        if synced {
+            let _ = B::sync(&device);
+        }
+        let started = Instant::now();
+        let group = plan.optim.accumulation_steps.min(pos.left);
+        pos.left -= group;
+        pos.consumed += group;
+        let mut rec = StepRecord {
+            step: self.step + 1,
+            epoch: pos.epoch,
+            lr: self.schedule.at(self.step),
+            micro_batches: group,
+            synced,
+            ..Default::default()
+        };
+        let mut acc = Accumulation::<B>::new(group);
+        let mut loss_sum: Option<Tensor<B::InnerBackend, 1>> = None;
+        for _ in 0..group {
+            let b = batches.next().expect("the epoch has this many batches");
+            rec.data_wait_ms += b.wait.as_secs_f64() * 1e3;
+            rec.samples += b.samples;
+            if let Some((real, padded)) = b.value.tokens {
+                *rec.real_tokens.get_or_insert(0) += real as u64;
+                *rec.padded_tokens.get_or_insert(0) += padded as u64;
+            }
+            let batcher = self.io.batcher;
+            let ((x, y), h2d) =
+                phase::<B, _>(synced, &device, || batcher.to_device::<B>(b.value, &device));
+            rec.h2d_ms += h2d;
+            let (l, fb) = phase::<B, _>(synced, &device, || {
+                let loss = self.loss_fn.forward(self.model.forward(x), y);
+                acc.add(&self.model, loss)
+            });
+            rec.forward_backward_ms += fb;
+            loss_sum = Some(match loss_sum {
+                Some(s) => s + l,
+                None => l,
+            });
+        }
+        // The optimizer takes the model by value (so Burn can update parameters in place);
+        // a cheap stand-in holds its place meanwhile.
+        let (model, opt_ms) = phase::<B, _>(synced, &device, || {
+            let mut grads = acc.grads();
+            if let Some(max_norm) = plan.optim.clip_grad_norm {
+                grads = clip_grad_norm(&self.model, grads, max_norm);
+            }
+            let model = std::mem::replace(&mut self.model, Net::placeholder());
+            self.optim.step(rec.lr, model, grads)
+        });
+        self.model = model;
+        rec.optimizer_ms = opt_ms;
+        self.step += 1;
+        let step = self.step;
+
+        let mut actions = self.policy.decide(Point::AfterStep { step }).to_vec();
+        let epoch_done = pos.left == 0 || step == plan.run.total_steps;
+        if epoch_done {
+            actions.extend_from_slice(self.policy.decide(Point::EpochEnd));
+        }
+        let mem = self.io.mem;
+        // What a cleanup frees: the pool's reserved bytes on a device with one, else RSS.
+        let cleanup_mem = || {
+            mem(&device)
+                .map(|(_, reserved)| reserved)
+                .or_else(rss_bytes)
+        };
+        if !actions.is_empty() {
+            rec.cleanup_mem_before_bytes = cleanup_mem();
+            let ((), took) = phase::<B, _>(synced, &device, || run_cleanup::<B>(&actions, &device));
+            rec.cleanup_ms = took;
+            rec.cleanup_mem_after_bytes = cleanup_mem();
+        }
+        if let Some((in_use, reserved)) = mem(&device) {
+            rec.mem_in_use_bytes = Some(in_use);
+            rec.mem_reserved_bytes = Some(reserved);
+        }
+        rec.rss_bytes = rss_bytes();
+        if step == self.first_step {
+            // The first step ends when the device has run it: on a GPU that is when its
+            // kernels are compiled and tuned, which is the start-up users wait for.
+            let _ = B::sync(&device);
+            sink.first_step(ms(started));
+        }
+        // A checkpoint inside the epoch; one due at its last step is written at its end,
+        // after the evaluation (resuming then starts the next epoch).
+        let checkpoint_now = self.io.persist.is_some()
+            && pos.left > 0
+            && step < plan.run.total_steps
+            && policy::due(plan.checkpoint.every, Point::AfterStep { step });
+        if checkpoint_now {
+            // The lines before this step are written first; this step's line is the
+            // checkpoint's last (written right after it).
+            self.flush(sink)?;
+            let lines = sink.lines_written() + 1;
+            let reason = format!("every {}", every_words(plan.checkpoint.every));
+            rec.checkpoint_ms = self.checkpoint(sink, (pos.epoch, pos.consumed), lines, reason)?;
+        }
+        rec.iter_ms = ms(started);
+        rec.t_ms = self.io.t0.elapsed().as_secs_f64() * 1e3;
+        let loss = loss_sum.expect("a step has micro-batches") / group as f32;
+        self.pending.push((rec, loss));
+        if self.pending.len() as u64 >= plan.log.every || epoch_done || checkpoint_now {
+            self.flush(sink)?;
+        }
+        // Validation every N steps (inside the epoch; at its end it follows the epoch).
+        if pos.left > 0 && policy::due(plan.run.validate, Point::AfterStep { step }) {
+            return self.validate(pos.epoch, sink);
+        }
+        Ok(Next::Continue)
+    }
+
+    fn validate(&mut self, epoch: usize, sink: &mut dyn Sink) -> Result<Next, Stop> {
+        let Some(v) = self.validation.clone() else {
+            return Ok(Next::Continue);
+        };
+        let ctx = (
+            self.io.plan,
+            self.io.batcher,
+            &self.io.device,
+            self.io.persist,
+        );
+        if validate(
+            ctx,
+            &self.model,
+            &v,
+            epoch,
+            self.step,
+            &mut self.watching,
+            sink,
+        )? {
+            self.early = true;
+            return Ok(Next::EarlyStop);
+        }
+        Ok(Next::Continue)
+    }
+
+    /// The end of an epoch (or of the part of it the run takes): its line, the validation
+    /// and test evaluations due, early stopping, the checkpoint due. `EarlyStop` also when
+    /// the run has taken its last step.
+    pub fn end_epoch(
+        &mut self,
+        epoch: usize,
+        cut_short: bool,
+        test: &Dataset,
+        sink: &mut dyn Sink,
+    ) -> Result<Next, Stop> {
+        let plan = self.io.plan;
+        if !cut_short {
+            self.epochs_completed = epoch + 1;
+            sink.epoch_end(epoch);
+        }
+        if !cut_short && !self.early && policy::due(plan.run.validate, Point::EpochEnd) {
+            self.validate(epoch, sink)?;
+        }
+        if self.early {
+            // Flush what is pending before the run's last evaluation.
+            self.flush(sink)?;
+            sink.early_stopped(self.step);
+        }
+        let total = plan.run.total_steps;
+        let last = epoch + 1 == plan.run.epochs || self.step >= total || self.early;
+        let due = match plan.run.eval {
+            Eval::Epoch => !cut_short || last,
+            Eval::End => last,
+            Eval::Never => false,
+        };
+        if due {
+            let all: Vec<usize> = (0..test.len()).collect();
+            let e = evaluate(
+                &self.model.valid(),
+                test,
+                &all,
+                self.io.batcher,
+                plan,
+                &self.io.device,
+            );
+            sink.eval(&EvalRecord {
+                epoch,
+                step: self.step,
+                ..e
+            });
+        }
+        if self.step >= total || self.early {
+            return Ok(Next::EarlyStop);
+        }
+        let every = plan.checkpoint.every;
+        let step_due = self.step > 0 && policy::due(every, Point::AfterStep { step: self.step });
+        if !cut_short
+            && (step_due || policy::due(every, Point::EpochEnd))
+            && self.io.persist.is_some()
+        {
+            let lines = sink.lines_written();
+            self.checkpoint(sink, (epoch + 1, 0), lines, "epoch end".into())?;
+        }
+        Ok(Next::Continue)
+    }
+
+    /// The run's end: what is pending is written whatever stopped the loop, and a
+    /// completed run saves its weights.
+    pub fn finish(
+        mut self,
+        mut stopped: Option<Stop>,
+        workers: usize,
+        sink: &mut dyn Sink,
+    ) -> Outcome {
+        if let Err(stop) = self.flush(sink) {
+            stopped.get_or_insert(stop);
+        }
+        if let (None, Some(p), true) = (
+            &stopped,
+            self.io.persist,
+            self.io.plan.checkpoint.save_final,
+        ) {
+            sink.phase("saving the weights");
+            if let Err(e) = checkpoint::save_weights(&self.model.valid(), &p.run_dir.join(WEIGHTS))
+            {
+                stopped = Some(Stop::Failed(e));
+            }
+        }
+        Outcome {
+            parameters: self.parameters,
+            loader_workers_started: workers,
+            epochs_completed: self.epochs_completed,
+            stopped,
+            diverged: self.diverged,
+        }
+    }
+}
