@@ -127,7 +127,8 @@ struct RunArgs {
     /// No progress bar or per-epoch lines (the summary lines are still printed).
     #[arg(short, long)]
     quiet: bool,
-    /// Grids: skip cells already done (by this or an earlier sweep of the same grid).
+    /// Grids: skip cells already done (by this or an earlier sweep of the same grid), and
+    /// continue interrupted ones from their checkpoints.
     #[arg(long)]
     resume: bool,
     /// Grids: run only shard I of N (cells I-1, I-1+N, ...), e.g. --shard 2/4.
