@@ -9,6 +9,7 @@
 pub mod backend;
 pub mod clock;
 pub mod data;
+pub mod error;
 pub mod kernels;
 pub mod loader;
 pub mod metrics;

@@ -6,6 +6,7 @@
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
+use crate::error::Error;
 use crate::metrics::{Stats, StepRecord, Summary};
 
 /// One run directory, read back.
@@ -60,23 +61,11 @@ pub fn split_completed(runs: Vec<Run>) -> (Vec<Run>, Vec<Excluded>) {
     (done, left)
 }
 
-/// Why a run directory cannot be reported, with the file and what to do.
-#[derive(Debug, Clone, PartialEq)]
-pub struct ReportError(pub String);
-
-impl std::fmt::Display for ReportError {
-    fn fmt(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-/// Run directories under the given paths (each a run directory or a folder holding some,
-/// at any depth), in path order.
-pub fn find_runs(paths: &[PathBuf]) -> Result<Vec<PathBuf>, ReportError> {
+pub fn find_runs(paths: &[PathBuf]) -> Result<Vec<PathBuf>, Error> {
     let mut out = vec![];
     for p in paths {
         if !p.exists() {
-            return Err(ReportError(format!("error: {} does not exist\n  = help: give run directories or folders holding them, e.g. runs/", p.display())));
+            return Err(Error::Input(format!("error: {} does not exist\n  = help: give run directories or folders holding them, e.g. runs/", p.display())));
         }
         let mut stack = vec![p.clone()];
         while let Some(d) = stack.pop() {
@@ -95,7 +84,7 @@ pub fn find_runs(paths: &[PathBuf]) -> Result<Vec<PathBuf>, ReportError> {
     out.sort();
     out.dedup();
     if out.is_empty() {
-        return Err(ReportError(format!(
+        return Err(Error::Input(format!(
             "error: no run directories (with summary.json and metrics.jsonl) under {}\n  = help: run a recipe first; runs go to runs/<name>/<run-id>/",
             paths.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(", ")
         )));
@@ -104,12 +93,12 @@ pub fn find_runs(paths: &[PathBuf]) -> Result<Vec<PathBuf>, ReportError> {
 }
 
 /// Reads a run directory and recomputes its statistics from the metrics lines.
-pub fn load_run(dir: &Path) -> Result<Run, ReportError> {
+pub fn load_run(dir: &Path) -> Result<Run, Error> {
     let sp = dir.join("summary.json");
     let text = std::fs::read_to_string(&sp)
-        .map_err(|e| ReportError(format!("error: {}: {e}", sp.display())))?;
+        .map_err(|e| Error::Input(format!("error: {}: {e}", sp.display())))?;
     let stored: Summary = serde_json::from_str(&text).map_err(|e| {
-        ReportError(format!(
+        Error::Input(format!(
             "error: {}:{}:{}: not a summary: {e}",
             sp.display(),
             e.line(),
@@ -118,7 +107,7 @@ pub fn load_run(dir: &Path) -> Result<Run, ReportError> {
     })?;
     let mp = dir.join("metrics.jsonl");
     let text = std::fs::read_to_string(&mp)
-        .map_err(|e| ReportError(format!("error: {}: {e}", mp.display())))?;
+        .map_err(|e| Error::Input(format!("error: {}: {e}", mp.display())))?;
     let mut records = vec![];
     let lines: Vec<&str> = text.lines().collect();
     for (i, line) in lines.iter().enumerate() {
@@ -130,7 +119,7 @@ pub fn load_run(dir: &Path) -> Result<Run, ReportError> {
             // A run killed mid-write leaves at most a partial last line: skip it.
             Err(_) if i + 1 == lines.len() && !text.ends_with('\n') => {}
             Err(e) => {
-                return Err(ReportError(format!(
+                return Err(Error::Input(format!(
                     "error: {}:{}:{}: not a metrics record: {e}\n  = help: metrics.jsonl is written by runner; was it edited?",
                     mp.display(),
                     i + 1,
@@ -208,7 +197,7 @@ fn mean_opt(v: impl Iterator<Item = Option<f64>>) -> Option<f64> {
 
 /// Groups runs by recipe name (in order of first appearance) and compares each group with
 /// the baseline: `baseline` names a recipe, or the first row is the baseline.
-pub fn rows(runs: &[Run], baseline: Option<&str>) -> Result<Vec<Row>, ReportError> {
+pub fn rows(runs: &[Run], baseline: Option<&str>) -> Result<Vec<Row>, Error> {
     let mut order: Vec<&str> = vec![];
     for r in runs {
         if !order.contains(&r.name.as_str()) {
@@ -266,7 +255,7 @@ pub fn rows(runs: &[Run], baseline: Option<&str>) -> Result<Vec<Row>, ReportErro
         match baseline {
             None => 0,
             Some(b) => out.iter().position(|r| r.recipe == b).ok_or_else(|| {
-                ReportError(format!(
+                Error::Input(format!(
                 "error: --baseline {b}: no run of that recipe\n  = help: the recipes here are: {}",
                 out.iter().map(|r| r.recipe.as_str()).collect::<Vec<_>>().join(", ")
             ))
@@ -538,7 +527,7 @@ mod tests {
         assert_eq!(by[1].ratio, 1.0);
         assert!(rows(&runs, Some("nope"))
             .unwrap_err()
-            .0
+            .to_string()
             .contains("the recipes here are: base, slow, same"));
     }
 }

@@ -168,11 +168,12 @@ pub(crate) fn report_cmd(
         let rows = report::rows(&runs, baseline)?;
         print!("{}", report::render(&rows, format));
         if let Some(p) = plot {
-            runner::plot::draw(p, &runs, &rows)
-                .map_err(|e| report::ReportError(format!("error: cannot draw the plot: {e}")))?;
+            runner::plot::draw(p, &runs, &rows).map_err(|e| {
+                runner::error::Error::Input(format!("error: cannot draw the plot: {e}"))
+            })?;
             eprintln!("plot: {}", p.display());
         }
-        Ok::<_, report::ReportError>(true)
+        Ok::<_, runner::error::Error>(true)
     })();
     match result {
         Ok(true) => ExitCode::SUCCESS,
@@ -180,7 +181,7 @@ pub(crate) fn report_cmd(
         Ok(false) => ExitCode::from(1),
         Err(e) => {
             eprintln!("{e}");
-            ExitCode::from(2)
+            ExitCode::from(e.exit_code())
         }
     }
 }

@@ -8,6 +8,8 @@ mod resume;
 mod warmup;
 
 pub use crate::clock::panic_message;
+/// The run layer's name for the crate's one error type.
+pub use crate::error::Error as RunError;
 use env::{environment, sha256_file};
 pub use env::{git_info, Environment, GitInfo, SourceInfo};
 pub use eval::{eval, EvalReport};
@@ -37,42 +39,6 @@ pub const BURN_VERSION: &str = "0.21.0";
 pub struct RunOptions {
     /// No progress bar or per-epoch lines.
     pub quiet: bool,
-}
-
-/// Why a run could not start (nothing written) or how it ended early (its directory says
-/// more). Each has its exit code; `main` renders them.
-#[derive(Debug)]
-pub enum RunError {
-    /// Bad input found before anything was written: exit code 2.
-    Input(String),
-    /// The run started and failed; its directory holds what was recorded: exit code 1.
-    Failed { dir: PathBuf, message: String },
-    /// SIGINT or SIGTERM stopped the run at a step boundary: exit code 128 + signal.
-    Interrupted { dir: PathBuf, signal: i32 },
-    /// The runner's own files (sweep state) could not be written: exit code 1.
-    Io(String),
-}
-
-impl std::fmt::Display for RunError {
-    fn fmt(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-        match self {
-            RunError::Input(m) | RunError::Io(m) => f.write_str(m),
-            RunError::Failed { message, .. } => f.write_str(message),
-            RunError::Interrupted { signal, .. } => {
-                write!(f, "interrupted by {}", crate::signals::name(*signal))
-            }
-        }
-    }
-}
-
-impl RunError {
-    pub fn exit_code(&self) -> u8 {
-        match self {
-            RunError::Input(_) => 2,
-            RunError::Failed { .. } | RunError::Io(_) => 1,
-            RunError::Interrupted { signal, .. } => (128 + signal) as u8,
-        }
-    }
 }
 
 pub struct Finished {
