@@ -1674,6 +1674,19 @@ fn warmup_runs_every_shape_once_and_creates_no_run() {
         .output()
         .unwrap();
     expect_exit(&out, 2);
+    // A validation set's shapes are warmed up too: 20 held-out samples, one batch of 20.
+    let out = runner_cmd()
+        .arg("warmup")
+        .arg(&recipe)
+        .args(["--set", "data.validation=0.2"])
+        .output()
+        .unwrap();
+    expect_exit(&out, 0);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout.contains("2 training and 3 evaluation batch shape(s)"),
+        "{stdout}"
+    );
 }
 
 // ---------------------------------------------------------------- when things go wrong

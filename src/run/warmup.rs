@@ -46,6 +46,7 @@ pub fn warmup(plan: &Plan) -> Result<Warmup, RunError> {
                 self.batcher,
                 &self.sets.train,
                 &self.sets.test,
+                self.sets.validation.as_ref(),
                 &device,
             )
         }

@@ -31,12 +31,14 @@ pub(crate) fn distinct_shapes(
 /// and tuned (and cached) before a real run: for every distinct training batch shape of
 /// the first epoch a full optimizer step of `accumulation_steps` micro-batches (and a
 /// step of the epoch's last, shorter group where its code path differs), the cleanup
-/// actions, and evaluation of each distinct test batch shape. Records nothing.
+/// actions, and evaluation of each distinct test and validation batch shape. Records
+/// nothing.
 pub fn warm_up<B: AutodiffBackend>(
     plan: &Plan,
     batcher: &Batcher,
     train: &Dataset,
     test: &Dataset,
+    validation: Option<&Dataset>,
     device: &B::Device,
 ) -> Warmed {
     let mut model: Net<B> = Net::new(&plan.model, batcher.shape, plan.seed, device);
@@ -72,21 +74,23 @@ pub fn warm_up<B: AutodiffBackend>(
     if !plan.cleanup.actions.is_empty() {
         run_cleanup::<B>(&plan.cleanup.actions, device);
     }
-    if plan.run.eval != Eval::Never && !test.is_empty() {
-        let all: Vec<usize> = (0..test.len()).collect();
+    // The evaluations a run makes: the test set (run.eval) and the validation set.
+    let sets = [(plan.run.eval != Eval::Never).then_some(test), validation];
+    for data in sets.into_iter().flatten().filter(|d| !d.is_empty()) {
+        let all: Vec<usize> = (0..data.len()).collect();
         let chunks: Vec<Vec<usize>> = all
             .chunks(plan.loader.batch_size)
             .map(<[usize]>::to_vec)
             .collect();
         // Full batches first, a shorter last one last: `evaluate` chunks them back the same.
         let (mut full, partial): (Vec<Vec<usize>>, Vec<Vec<usize>>) =
-            distinct_shapes(batcher, test, &chunks)
+            distinct_shapes(batcher, data, &chunks)
                 .into_iter()
                 .partition(|c| c.len() == plan.loader.batch_size);
-        warmed.eval_shapes = full.len() + partial.len();
+        warmed.eval_shapes += full.len() + partial.len();
         full.extend(partial);
         let idx: Vec<usize> = full.concat();
-        let _ = evaluate(&model.valid(), test, &idx, batcher, plan, device);
+        let _ = evaluate(&model.valid(), data, &idx, batcher, plan, device);
     }
     let _ = B::sync(device);
     warmed

@@ -1,0 +1,96 @@
+//! The resolved recipe: what validation decided, written back in the recipe's own form
+//! (every default that applies filled in, keys that do not apply left out, paths made
+//! absolute), so a run directory's `recipe.toml` runs on its own and says exactly what ran.
+
+use super::*;
+
+impl<'a> Validator<'a> {
+    pub(super) fn resolve(
+        &self,
+        name: &str,
+        model: &ModelPlan,
+        data: &DataPlan,
+        optim: &OptimPlan,
+        run: &RunPlan,
+        kernels: &KernelPlan,
+    ) -> Recipe {
+        let mut resolved = self.recipe().clone();
+        resolved.name = Some(name.to_string());
+        resolved.model.arch = Some(model.arch);
+        resolved.model.num_classes = Some(model.num_classes);
+        if model.arch.is_resnet() {
+            resolved.model.stem = Some(model.stem);
+        }
+        let rm = &mut resolved.model;
+        match model.arch {
+            Arch::SmallCnn => rm.width = Some(model.width),
+            Arch::Mlp => rm.hidden = Some(model.hidden.clone()),
+            Arch::Bag => {
+                rm.hidden = Some(model.hidden.clone());
+                rm.embed_dim = Some(model.embed_dim);
+            }
+            Arch::Lstm => {
+                rm.embed_dim = Some(model.embed_dim);
+                rm.hidden_size = Some(model.hidden_size);
+                rm.layers = Some(model.layers);
+            }
+            Arch::Transformer => {
+                rm.embed_dim = Some(model.embed_dim);
+                rm.layers = Some(model.layers);
+                rm.heads = Some(model.heads);
+                rm.ff_dim = Some(model.ff_dim);
+                rm.dropout = Some(model.dropout);
+            }
+            _ => {}
+        }
+        if let Some(t) = &data.text {
+            resolved.data.text_field = Some(t.text_field.clone());
+            resolved.data.label_field = Some(t.label_field.clone());
+            resolved.data.tokenizer = Some(t.tokenizer.clone());
+            let p = resolved.padding.get_or_insert_with(Default::default);
+            p.buckets = t.buckets;
+        }
+        // Every default that applies is written out; keys that do not apply stay out.
+        let ro = &mut resolved.optim;
+        ro.weight_decay = Some(optim.weight_decay);
+        match optim.optimizer {
+            Optimizer::Sgd => {
+                ro.momentum = Some(optim.momentum);
+                ro.nesterov = Some(optim.nesterov);
+            }
+            Optimizer::Adamw => {
+                ro.betas = Some(optim.betas);
+                ro.eps = Some(optim.eps);
+            }
+        }
+        match optim.schedule.kind {
+            Schedule::Cosine => ro.min_lr = Some(optim.schedule.min_lr),
+            Schedule::Step => {
+                ro.step_size = Some(optim.schedule.step_size);
+                ro.gamma = Some(optim.schedule.gamma);
+            }
+            Schedule::Constant => {}
+        }
+        resolved.run.eval = run.eval;
+        if let Some(dir) = &kernels.cache_dir {
+            resolved.backend.cache_dir = Some(dir.display().to_string());
+        }
+        // Paths are relative to the file that wrote them (a parent recipe's stay its own).
+        for (key, p) in [
+            ("data.train", &mut resolved.data.train),
+            ("data.test", &mut resolved.data.test),
+            ("data.validation_file", &mut resolved.data.validation_file),
+        ] {
+            if let Some(p) = p {
+                *p = absolute(&self.l.dir_of(key).join(&*p))
+                    .display()
+                    .to_string();
+            }
+        }
+        if resolved.data.format == Some(DataFormat::Synthetic) && resolved.data.synthetic.is_none()
+        {
+            resolved.data.synthetic = Some(Default::default());
+        }
+        resolved
+    }
+}
