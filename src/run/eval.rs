@@ -26,13 +26,7 @@ pub fn eval(
     machine: &crate::plan::Machine,
 ) -> Result<EvalReport, RunError> {
     let input = |m: String| RunError::Input(m);
-    let recipe_path = run_dir.join("recipe.toml");
-    if !recipe_path.is_file() {
-        return Err(input(format!(
-            "error: {} is not a run directory (it has no recipe.toml)",
-            run_dir.display()
-        )));
-    }
+    let recipe_path = run_recipe(run_dir)?;
     let weights = run_dir.join(if best {
         train::BEST_WEIGHTS
     } else {
@@ -59,13 +53,7 @@ pub fn eval(
             toml::Value::String(abs.display().to_string())
         ));
     }
-    let checked =
-        crate::sweep::check(&recipe_path, &sets, machine, 1).map_err(|r| input(r.to_string()))?;
-    let plan = checked
-        .plans
-        .into_iter()
-        .next()
-        .expect("a recipe has a plan");
+    let plan = run_plan(&recipe_path, &sets, machine)?;
     if plan.data.test_len == 0 {
         return Err(input(format!(
             "error: {} has no test set\n  = help: give one with --data FILE",

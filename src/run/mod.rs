@@ -130,6 +130,16 @@ impl FileSink {
         v
     }
 
+    /// Scalars at a step into the TensorBoard events, when the plan writes them.
+    fn event(&mut self, step: u64, values: &[(&str, f64)]) {
+        if let Some(ev) = &mut self.events {
+            if let Err(e) = ev.scalars(step, values) {
+                let p = ev.path().to_path_buf();
+                self.io(&p, e);
+            }
+        }
+    }
+
     fn io(&mut self, what: &Path, e: std::io::Error) {
         self.io_error
             .get_or_insert(format!("{}: {e}", what.display()));
@@ -168,25 +178,17 @@ impl Sink for FileSink {
                 self.io(&p, e);
             }
         }
-        if let Some(ev) = &mut self.events {
-            if let Err(e) = ev.scalars(r.step, &Self::scalars(r)) {
-                let p = ev.path().to_path_buf();
-                self.io(&p, e);
-            }
-        }
+        self.event(r.step, &Self::scalars(r));
         self.progress.step(r);
         self.records.push(r.clone());
     }
     fn eval(&mut self, e: &Eval) {
         self.progress.eval(e);
         self.evals.push(e.clone());
-        if let Some(ev) = &mut self.events {
-            let values = [("eval/accuracy", e.accuracy), ("eval/loss", e.loss)];
-            if let Err(err) = ev.scalars(e.step, &values) {
-                let p = ev.path().to_path_buf();
-                self.io(&p, err);
-            }
-        }
+        self.event(
+            e.step,
+            &[("eval/accuracy", e.accuracy), ("eval/loss", e.loss)],
+        );
     }
     fn epoch_end(&mut self, epoch: usize) {
         self.progress.epoch_end(epoch, &self.records);
@@ -197,13 +199,10 @@ impl Sink for FileSink {
     fn validation(&mut self, e: &Eval) {
         self.progress.validation(e);
         self.validations.push(e.clone());
-        if let Some(ev) = &mut self.events {
-            let values = [("val/accuracy", e.accuracy), ("val/loss", e.loss)];
-            if let Err(err) = ev.scalars(e.step, &values) {
-                let p = ev.path().to_path_buf();
-                self.io(&p, err);
-            }
-        }
+        self.event(
+            e.step,
+            &[("val/accuracy", e.accuracy), ("val/loss", e.loss)],
+        );
     }
     fn best(&mut self, step: u64, value: f64) {
         self.best = Some((step, value));
@@ -329,6 +328,33 @@ fn prepare(plan: &Plan, opts: &RunOptions) -> Result<Prepared, RunError> {
         backend_name,
         device_name,
     })
+}
+
+/// The resolved recipe of a run directory (what `resume` and `eval` start from).
+fn run_recipe(run_dir: &Path) -> Result<PathBuf, RunError> {
+    let recipe_path = run_dir.join("recipe.toml");
+    if recipe_path.is_file() {
+        return Ok(recipe_path);
+    }
+    Err(RunError::Input(format!(
+        "error: {} is not a run directory (it has no recipe.toml)\n  = help: name a directory under log.dir, e.g. runs/<name>/<run-id>",
+        run_dir.display()
+    )))
+}
+
+/// A run directory's recipe validated again, on this machine, with `sets` on top.
+fn run_plan(
+    recipe_path: &Path,
+    sets: &[String],
+    machine: &crate::plan::Machine,
+) -> Result<Plan, RunError> {
+    let checked = crate::sweep::check(recipe_path, sets, machine, 1)
+        .map_err(|r| RunError::Input(r.to_string()))?;
+    Ok(checked
+        .plans
+        .into_iter()
+        .next()
+        .expect("a recipe has a plan"))
 }
 
 /// A run directory as the loop continues it: what earlier processes recorded.

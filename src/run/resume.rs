@@ -12,13 +12,7 @@ pub fn resume(
     machine: &crate::plan::Machine,
 ) -> Result<Finished, RunError> {
     let input = |m: String| RunError::Input(m);
-    let recipe_path = run_dir.join("recipe.toml");
-    if !recipe_path.is_file() {
-        return Err(input(format!(
-            "error: {} is not a run directory (it has no recipe.toml)\n  = help: name a directory under log.dir, e.g. runs/<name>/<run-id>",
-            run_dir.display()
-        )));
-    }
+    let recipe_path = run_recipe(run_dir)?;
     let summary_path = run_dir.join("summary.json");
     let mut summary: Summary = std::fs::read_to_string(&summary_path)
         .ok()
@@ -35,13 +29,7 @@ pub fn resume(
             run_dir.display()
         )));
     }
-    let checked =
-        crate::sweep::check(&recipe_path, &[], machine, 1).map_err(|r| input(r.to_string()))?;
-    let plan = checked
-        .plans
-        .into_iter()
-        .next()
-        .expect("a recipe has a plan");
+    let plan = run_plan(&recipe_path, &[], machine)?;
     let sha = sha256_file(&recipe_path);
     let metrics_path = run_dir.join("metrics.jsonl");
     let lines = std::fs::read_to_string(&metrics_path)
