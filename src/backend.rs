@@ -3,21 +3,24 @@
 //! chose. CPU is Burn's Flex backend; CUDA is burn-cuda with autotune, with or without
 //! fusion, compiled in with `--features cuda`.
 
-use burn::tensor::backend::AutodiffBackend;
+use crate::conv::TrainBackend;
 
 use crate::plan::{Device, Machine};
 
 /// Work generic over the backend, handed the device and its memory query by `dispatch`.
 pub trait Job {
     type Output;
-    fn run<B: AutodiffBackend>(self, device: B::Device, mem: MemFn<B::Device>) -> Self::Output;
+    fn run<B: TrainBackend>(self, device: B::Device, mem: MemFn<B::Device>) -> Self::Output;
 }
 
 /// Runs `job` on the backend the plan chose. Validation has rejected CUDA where it is not
 /// compiled in, so a CPU-only binary never sees `Device::Cuda`; if it does, it says so.
 pub fn dispatch<J: Job>(device: Device, fusion: bool, job: J) -> Result<J::Output, String> {
     match device {
-        Device::Cpu => Ok(job.run::<CpuBackend>(cpu_device(), cpu_memory)),
+        Device::Cpu => {
+            keep_freed_memory();
+            Ok(job.run::<CpuBackend>(cpu_device(), cpu_memory))
+        }
         #[cfg(feature = "cuda")]
         Device::Cuda(i) if fusion => Ok(job.run::<CudaBackend>(cuda_device(i), cuda_memory)),
         #[cfg(feature = "cuda")]
@@ -99,6 +102,30 @@ pub fn set_cpu_threads(threads: usize) -> usize {
             .build_global();
     }
     rayon::current_num_threads()
+}
+
+/// Keeps freed heap memory in the process for the next step instead of returning it to the
+/// operating system. A CPU step frees and re-allocates the same activation buffers
+/// (megabytes each); glibc's defaults hand blocks over its mmap threshold straight back
+/// and trim the heap's top, so every step page-faulted them in again, zeroed (about a tenth
+/// of a ResNet step in kernel time). PyTorch's CPU allocator keeps them the same way. The
+/// `trim_host` cleanup action still returns everything (`malloc_trim`).
+fn keep_freed_memory() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    {
+        extern "C" {
+            fn mallopt(param: i32, value: i32) -> i32;
+        }
+        const M_TRIM_THRESHOLD: i32 = -1;
+        const M_MMAP_THRESHOLD: i32 = -3;
+        // SAFETY: mallopt only sets two of glibc's tuning values; it takes no pointers.
+        // Blocks up to 32 MiB (glibc's largest mmap threshold) come from the heap, and the
+        // heap's top is trimmed only past 1 GiB free.
+        unsafe {
+            mallopt(M_MMAP_THRESHOLD, 32 << 20);
+            mallopt(M_TRIM_THRESHOLD, 1 << 30);
+        }
+    }
 }
 
 /// Device memory (in use, reserved) from the backend's pool; `None` where it keeps none.

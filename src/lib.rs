@@ -8,6 +8,7 @@
 
 pub mod backend;
 pub mod clock;
+pub mod conv;
 pub mod data;
 pub mod error;
 pub mod kernels;

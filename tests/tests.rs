@@ -2534,7 +2534,10 @@ fn label_smoothing_is_pytorchs() {
 }
 
 /// The global L2 norm of a model's gradients.
-fn grad_norm<B: AutodiffBackend>(model: &Net<B>, grads: &burn::optim::GradientsParams) -> f64 {
+fn grad_norm<B: runner::conv::TrainBackend>(
+    model: &Net<B>,
+    grads: &burn::optim::GradientsParams,
+) -> f64 {
     struct V<'a>(&'a burn::optim::GradientsParams, f64);
     impl<B: AutodiffBackend> ModuleVisitor<B> for V<'_> {
         fn visit_float<const D: usize>(&mut self, p: &Param<Tensor<B, D>>) {

@@ -81,7 +81,7 @@ pub fn eval(
     }
     impl backend::Job for Job<'_> {
         type Output = Result<Eval, String>;
-        fn run<B: burn::tensor::backend::AutodiffBackend>(
+        fn run<B: crate::conv::TrainBackend>(
             self,
             device: B::Device,
             _: backend::MemFn<B::Device>,

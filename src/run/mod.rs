@@ -269,7 +269,7 @@ struct Train<'a> {
 
 impl backend::Job for Train<'_> {
     type Output = train::Outcome;
-    fn run<B: burn::tensor::backend::AutodiffBackend>(
+    fn run<B: crate::conv::TrainBackend>(
         self,
         device: B::Device,
         mem: backend::MemFn<B::Device>,

@@ -36,7 +36,7 @@ pub fn warmup(plan: &Plan) -> Result<Warmup, RunError> {
     }
     impl backend::Job for Warm<'_> {
         type Output = train::Warmed;
-        fn run<B: burn::tensor::backend::AutodiffBackend>(
+        fn run<B: crate::conv::TrainBackend>(
             self,
             device: B::Device,
             _: backend::MemFn<B::Device>,

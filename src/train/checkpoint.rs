@@ -13,10 +13,10 @@
 
 use std::path::{Path, PathBuf};
 
+use crate::conv::TrainBackend;
 use burn::module::Module;
 use burn::optim::Optimizer;
 use burn::record::{BinFileRecorder, FullPrecisionSettings, Recorder};
-use burn::tensor::backend::AutodiffBackend;
 use serde::{Deserialize, Serialize};
 
 use super::Optim;
@@ -53,7 +53,7 @@ fn checkpoints(run_dir: &Path) -> PathBuf {
 
 /// Writes a checkpoint (atomically: temporary directory, then rename) and removes all but
 /// the latest `keep`. Returns its directory.
-pub fn save<B: AutodiffBackend>(
+pub fn save<B: TrainBackend>(
     run_dir: &Path,
     model: &Net<B>,
     optim: &Optim<B>,
@@ -118,7 +118,7 @@ pub fn latest(run_dir: &Path) -> Option<(PathBuf, State)> {
 }
 
 /// Loads a checkpoint's model and optimizer state into freshly built ones.
-pub fn load<B: AutodiffBackend>(
+pub fn load<B: TrainBackend>(
     dir: &Path,
     model: Net<B>,
     optim: Optim<B>,
@@ -149,7 +149,7 @@ pub fn load<B: AutodiffBackend>(
 }
 
 /// Saves the weights as safetensors (burn-store), written under a temporary name first.
-pub fn save_weights<B: burn::tensor::backend::Backend>(
+pub fn save_weights<B: crate::conv::ConvBackend>(
     model: &Net<B>,
     path: &Path,
 ) -> Result<(), String> {
@@ -163,7 +163,7 @@ pub fn save_weights<B: burn::tensor::backend::Backend>(
 }
 
 /// Loads weights saved by `save_weights` into a model of the same recipe.
-pub fn load_weights<B: burn::tensor::backend::Backend>(
+pub fn load_weights<B: crate::conv::ConvBackend>(
     mut model: Net<B>,
     path: &Path,
 ) -> Result<Net<B>, String> {

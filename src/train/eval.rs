@@ -4,7 +4,7 @@ use super::*;
 
 /// Evaluates saved weights (`checkpoint::save_weights`) on all of `test`, without
 /// autodiff: what `runner eval` reports.
-pub fn evaluate_weights<B: AutodiffBackend>(
+pub fn evaluate_weights<B: TrainBackend>(
     plan: &Plan,
     batcher: &Batcher,
     test: &Dataset,
@@ -18,7 +18,7 @@ pub fn evaluate_weights<B: AutodiffBackend>(
 }
 
 /// Accuracy and mean loss on the test set, in order, without augmentation or autodiff.
-pub(crate) fn evaluate<B: Backend>(
+pub(crate) fn evaluate<B: crate::conv::ConvBackend>(
     model: &Net<B>,
     test: &Dataset,
     idx: &[usize],

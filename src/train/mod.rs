@@ -20,6 +20,7 @@ pub use warmup::{warm_up, Warmed};
 use std::sync::Arc;
 use std::time::Instant;
 
+use crate::conv::TrainBackend;
 use burn::module::AutodiffModule;
 use burn::nn::loss::{CrossEntropyLoss, CrossEntropyLossConfig};
 use burn::optim::adaptor::OptimizerAdaptor;
@@ -182,7 +183,7 @@ pub struct Persist {
 /// run's end to a `Trainer` (`trainer.rs`), which owns the model, the optimizer and the
 /// bookkeeping.
 #[allow(clippy::too_many_arguments)]
-pub fn train<B: AutodiffBackend>(
+pub fn train<B: TrainBackend>(
     plan: &Plan,
     batcher: Batcher,
     train: Arc<Dataset>,
@@ -334,7 +335,7 @@ fn flush<B: Backend>(
 
 /// Evaluates on the validation set, reports it, and updates the watched metric: a new
 /// best saves `model-best.safetensors`; `Ok(true)` when patience has run out.
-fn validate<B: AutodiffBackend>(
+fn validate<B: TrainBackend>(
     (plan, batcher, device, persist): (&Plan, &Batcher, &B::Device, Option<&Persist>),
     model: &Net<B>,
     data: &Dataset,

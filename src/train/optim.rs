@@ -4,12 +4,12 @@
 use super::*;
 
 /// The recipe's optimizer, built with PyTorch's semantics.
-pub enum Optim<B: AutodiffBackend> {
+pub enum Optim<B: TrainBackend> {
     Sgd(OptimizerAdaptor<Sgd<B::InnerBackend>, Net<B>, B>),
     AdamW(OptimizerAdaptor<AdamW, Net<B>, B>),
 }
 
-impl<B: AutodiffBackend> Optim<B> {
+impl<B: TrainBackend> Optim<B> {
     /// PyTorch semantics: SGD momentum without dampening (Burn defaults to 0.1), L2 weight
     /// decay on the gradient; AdamW with decoupled decay and the recipe's eps (Burn: 1e-5).
     pub fn new(p: &crate::plan::OptimPlan) -> Self {
@@ -52,7 +52,7 @@ impl<B: AutodiffBackend> Optim<B> {
 /// Scales the gradients so that their global L2 norm (every parameter together) is at most
 /// `max_norm`, as `torch.nn.utils.clip_grad_norm_` (coefficient `max_norm / (norm + 1e-6)`,
 /// clamped to 1). The norm stays on the device: no read-back, no sync.
-pub fn clip_grad_norm<B: AutodiffBackend>(
+pub fn clip_grad_norm<B: TrainBackend>(
     model: &Net<B>,
     grads: GradientsParams,
     max_norm: f64,
@@ -109,13 +109,13 @@ pub fn loss_config(plan: &Plan) -> CrossEntropyLossConfig {
 /// The gradients of one optimizer step, summed over its micro-batches. Burn's
 /// `GradientsAccumulator` sums, so each micro-batch's loss is scaled by 1/k first: the step
 /// then sees the mean gradient, as one batch k times larger would give.
-pub struct Accumulation<B: AutodiffBackend> {
+pub struct Accumulation<B: TrainBackend> {
     group: usize,
     acc: GradientsAccumulator<Net<B>>,
     single: Option<GradientsParams>,
 }
 
-impl<B: AutodiffBackend> Accumulation<B> {
+impl<B: TrainBackend> Accumulation<B> {
     /// For a step of `group` micro-batches.
     pub fn new(group: usize) -> Self {
         Self {

@@ -8,7 +8,7 @@ use super::*;
 
 /// What the trainer reads and writes around the model: the plan, the device, the run
 /// directory.
-pub(crate) struct Io<'a, B: AutodiffBackend> {
+pub(crate) struct Io<'a, B: TrainBackend> {
     pub plan: &'a Plan,
     pub batcher: &'a Batcher,
     pub device: B::Device,
@@ -37,7 +37,7 @@ pub(crate) enum Next {
     EarlyStop,
 }
 
-pub(crate) struct Trainer<'a, B: AutodiffBackend> {
+pub(crate) struct Trainer<'a, B: TrainBackend> {
     pub io: Io<'a, B>,
     model: Net<B>,
     optim: Optim<B>,
@@ -72,7 +72,7 @@ fn phase<B: Backend, T>(sync: bool, device: &B::Device, f: impl FnOnce() -> T) -
     (out, ms(t))
 }
 
-impl<'a, B: AutodiffBackend> Trainer<'a, B> {
+impl<'a, B: TrainBackend> Trainer<'a, B> {
     /// The model and optimizer, fresh or from the checkpoint `io.persist` resumes; the
     /// outcome to return at once if the checkpoint cannot be loaded.
     pub fn new(

@@ -33,7 +33,7 @@ pub(crate) fn distinct_shapes(
 /// step of the epoch's last, shorter group where its code path differs), the cleanup
 /// actions, and evaluation of each distinct test and validation batch shape. Records
 /// nothing.
-pub fn warm_up<B: AutodiffBackend>(
+pub fn warm_up<B: TrainBackend>(
     plan: &Plan,
     batcher: &Batcher,
     train: &Dataset,

@@ -1,0 +1,129 @@
+//! `cargo bench --bench conv`: the CPU convolution (src/conv/cpu.rs) layer by layer, on the
+//! 20 convolutions of a ResNet-18 with the CIFAR stem at batch 32 (or ResNet-50's 53 with
+//! `-- resnet50 16`): milliseconds for the forward, the input gradient and the weight
+//! gradient, median of 5 after one warm-up, and their sums. `scripts/torch_conv.py` prints
+//! the same table for PyTorch's CPU convolution; BENCHMARKS.md sets them side by side.
+//!
+//!   cargo bench --bench conv [-- resnet18|resnet50 [BATCH [THREADS]]]
+
+use std::time::Instant;
+
+use runner::conv::cpu::{self, Geometry};
+
+/// (input channels, output channels, kernel, stride, input side)
+type Layer = (usize, usize, usize, usize, usize);
+
+fn resnet18() -> Vec<Layer> {
+    let mut layers = vec![(3, 64, 3, 1, 32)];
+    let mut side = 32;
+    let mut cin = 64;
+    for (i, width) in [64, 128, 256, 512].into_iter().enumerate() {
+        for block in 0..2 {
+            let stride = if i > 0 && block == 0 { 2 } else { 1 };
+            layers.push((cin, width, 3, stride, side));
+            if stride == 2 {
+                layers.push((cin, width, 1, 2, side));
+                side /= 2;
+            }
+            layers.push((width, width, 3, 1, side));
+            cin = width;
+        }
+    }
+    layers
+}
+
+fn resnet50() -> Vec<Layer> {
+    let mut layers = vec![(3, 64, 3, 1, 32)];
+    let mut side = 32;
+    let mut cin = 64;
+    for (i, (width, blocks)) in [(64, 3), (128, 4), (256, 6), (512, 3)]
+        .into_iter()
+        .enumerate()
+    {
+        for block in 0..blocks {
+            let stride = if i > 0 && block == 0 { 2 } else { 1 };
+            layers.push((cin, width, 1, 1, side));
+            layers.push((width, width, 3, stride, side));
+            if block == 0 {
+                layers.push((cin, width * 4, 1, stride, side));
+            }
+            side /= stride;
+            layers.push((width, width * 4, 1, 1, side));
+            cin = width * 4;
+        }
+    }
+    layers
+}
+
+fn median_ms(mut f: impl FnMut()) -> f64 {
+    f();
+    let mut times: Vec<f64> = (0..5)
+        .map(|_| {
+            let t = Instant::now();
+            f();
+            t.elapsed().as_secs_f64() * 1e3
+        })
+        .collect();
+    times.sort_by(f64::total_cmp);
+    times[2]
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| a != "--bench")
+        .collect();
+    let model = args.first().map(String::as_str).unwrap_or("resnet18");
+    let batch: usize = args.get(1).and_then(|s| s.parse().ok()).unwrap_or(32);
+    let threads: usize = args.get(2).and_then(|s| s.parse().ok()).unwrap_or(2);
+    rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .build_global()
+        .expect("the first pool");
+    let layers = match model {
+        "resnet18" => resnet18(),
+        "resnet50" => resnet50(),
+        other => panic!("unknown model {other}: resnet18 or resnet50"),
+    };
+    println!("# {model}, batch {batch}, {threads} threads: ms per call (median of 5)");
+    println!("| layer | cin→cout | k | s | side | forward | dx | dw |");
+    println!("| --- | --- | --- | --- | --- | --- | --- | --- |");
+    let mut total = [0.0; 3];
+    for (i, &(cin, cout, k, s, side)) in layers.iter().enumerate() {
+        let pad = k / 2;
+        let g = Geometry::new(
+            [batch, cin, side, side],
+            [cout, cin, k, k],
+            [s, s],
+            [pad, pad],
+            [1, 1],
+        )
+        .expect("valid layer");
+        let x: Vec<f32> = (0..batch * cin * side * side)
+            .map(|i| (i % 97) as f32 / 97.0)
+            .collect();
+        let w: Vec<f32> = (0..cout * cin * k * k)
+            .map(|i| (i % 89) as f32 / 89.0)
+            .collect();
+        let dy: Vec<f32> = (0..g.out_len()).map(|i| (i % 83) as f32 / 83.0).collect();
+        let t = [
+            median_ms(|| drop(cpu::forward(&g, &x, &w))),
+            median_ms(|| drop(cpu::backward_x(&g, &w, &dy))),
+            median_ms(|| drop(cpu::backward_weight(&g, &x, &dy))),
+        ];
+        println!(
+            "| {i} | {cin}→{cout} | {k} | {s} | {side} | {:.2} | {:.2} | {:.2} |",
+            t[0], t[1], t[2]
+        );
+        for (sum, t) in total.iter_mut().zip(t) {
+            *sum += t;
+        }
+    }
+    println!(
+        "| all | | | | | {:.1} | {:.1} | {:.1} |\n\ntotal {:.1} ms",
+        total[0],
+        total[1],
+        total[2],
+        total.iter().sum::<f64>()
+    );
+}

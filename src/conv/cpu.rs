@@ -1,0 +1,712 @@
+//! The CPU convolution: im2col + the `gemm` crate on contiguous NCHW `f32` buffers, forward
+//! and both gradients, the way PyTorch's CPU backend lowers it. Burn 0.21's Flex backend
+//! implements only the forward (through an NHWC copy) and leaves the two gradients to Burn's
+//! generic defaults: a serial `conv_transpose2d` for the input gradient and
+//! `swap_dims` + `conv2d` + `swap_dims` for the weight gradient, whose strided views Flex
+//! copies element by element and whose gemm is only `kh·kw` columns wide. Here each gradient
+//! is one gemm per group of images over buffers laid out for it.
+//!
+//! Work is split over images: a group of images is one task (im2col, gemm, scatter) on one
+//! thread, so the gemm runs single-threaded on a cache-sized problem; small feature maps are
+//! grouped so a gemm is at least [`MIN_COLUMNS`] wide. With fewer groups than threads (a
+//! batch of one) the gemm itself is parallel instead. Every sum is taken in an order fixed
+//! by the shapes and the thread count, so results are the same from run to run.
+
+use std::cell::RefCell;
+use std::ops::Range;
+
+use gemm::Parallelism;
+use rayon::prelude::*;
+
+/// The narrowest gemm worth running alone: feature maps smaller than this are grouped.
+const MIN_COLUMNS: usize = 256;
+
+/// See [`Geometry::run`].
+struct Run {
+    lines: Range<usize>,
+    copy: Range<usize>,
+    src: usize,
+}
+
+/// Columns per band of output rows (see [`Geometry::bands`]).
+const BAND_COLUMNS: usize = 256;
+
+/// One convolution's shapes: input `[n, c, h, w]`, weight `[co, c, kh, kw]`, output
+/// `[n, co, ho, wo]`; strides, paddings and dilations per axis. Groups are 1.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Geometry {
+    pub n: usize,
+    pub c: usize,
+    pub h: usize,
+    pub w: usize,
+    pub co: usize,
+    pub kh: usize,
+    pub kw: usize,
+    pub stride: [usize; 2],
+    pub padding: [usize; 2],
+    pub dilation: [usize; 2],
+    pub ho: usize,
+    pub wo: usize,
+}
+
+impl Geometry {
+    /// `None` where the output would be empty (Burn's own kernels then report it).
+    pub fn new(
+        x: [usize; 4],
+        weight: [usize; 4],
+        stride: [usize; 2],
+        padding: [usize; 2],
+        dilation: [usize; 2],
+    ) -> Option<Self> {
+        let [n, c, h, w] = x;
+        let [co, cw, kh, kw] = weight;
+        let out = |size: usize, k: usize, axis: usize| {
+            let span = dilation[axis] * (k - 1) + 1;
+            (size + 2 * padding[axis])
+                .checked_sub(span)
+                .map(|d| d / stride[axis] + 1)
+        };
+        if c != cw || kh == 0 || kw == 0 || stride.contains(&0) || dilation.contains(&0) {
+            return None;
+        }
+        let (ho, wo) = (out(h, kh, 0)?, out(w, kw, 1)?);
+        (n > 0 && c > 0 && co > 0 && ho > 0 && wo > 0).then_some(Self {
+            n,
+            c,
+            h,
+            w,
+            co,
+            kh,
+            kw,
+            stride,
+            padding,
+            dilation,
+            ho,
+            wo,
+        })
+    }
+
+    /// Rows of the column matrix: one per input channel and kernel tap.
+    fn k(&self) -> usize {
+        self.c * self.kh * self.kw
+    }
+
+    /// Output positions per image.
+    fn p(&self) -> usize {
+        self.ho * self.wo
+    }
+
+    /// A 1×1 convolution with stride 1 and no padding: an image *is* its column matrix.
+    fn pointwise(&self) -> bool {
+        self.kh == 1 && self.kw == 1 && self.stride == [1, 1] && self.padding == [0, 0]
+    }
+
+    /// Images per task: enough for a [`MIN_COLUMNS`]-wide gemm, few enough that every thread
+    /// gets a task.
+    fn group(&self, threads: usize) -> usize {
+        let wide = MIN_COLUMNS.div_ceil(self.p()).max(1);
+        let fair = self.n.div_ceil(threads.max(1)).max(1);
+        wide.min(fair)
+    }
+
+    /// Output rows per band: a single image's columns are built and consumed a band at a
+    /// time, so a band's column matrix stays in cache (about [`BAND_COLUMNS`] columns).
+    fn band_rows(&self) -> usize {
+        BAND_COLUMNS.div_ceil(self.wo).clamp(1, self.ho)
+    }
+
+    /// Columns in the widest band.
+    fn band(&self) -> usize {
+        self.band_rows() * self.wo
+    }
+
+    /// The bands of output rows, in order.
+    fn bands(&self) -> impl Iterator<Item = Range<usize>> + '_ {
+        let step = self.band_rows();
+        (0..self.ho)
+            .step_by(step)
+            .map(move |r| r..(r + step).min(self.ho))
+    }
+
+    /// Stride 1 with the output as wide as the input (the "same" 3×3 convolutions): tap
+    /// (i, ·)'s entries for output rows `rows` are then one contiguous run of the input
+    /// plane, shifted by `offset` columns. `None` otherwise. `lines` are the band entries
+    /// whose input row exists (whole output lines); `copy` ⊆ `lines` those whose shifted
+    /// index falls inside the plane, read from `src..`. Within `lines`, entries outside
+    /// [`valid`] columns wrap onto the neighbouring input line, so callers zero those.
+    fn run(&self, rows: &Range<usize>, i: usize, offset: isize) -> Option<Run> {
+        if self.stride != [1, 1] || self.wo != self.w {
+            return None;
+        }
+        let wo = self.wo as isize;
+        let shift = (i * self.dilation[0]) as isize - self.padding[0] as isize;
+        let first = (rows.start as isize).max(-shift);
+        let last = (rows.end as isize).min(self.h as isize - shift).max(first);
+        let lines = (first - rows.start as isize) * wo..(last - rows.start as isize) * wo;
+        let mut copy = lines.clone();
+        let mut src = (first + shift) * wo + offset;
+        if src < 0 {
+            copy.start -= src;
+            src = 0;
+        }
+        let overflow = src + (copy.end - copy.start) - (self.h * self.w) as isize;
+        copy.end -= overflow.max(0);
+        let span = |r: Range<isize>| r.start as usize..r.end.max(r.start) as usize;
+        Some(Run {
+            lines: span(lines),
+            copy: span(copy),
+            src: src as usize,
+        })
+    }
+
+    pub fn out_len(&self) -> usize {
+        self.n * self.co * self.p()
+    }
+}
+
+/// `out = conv2d(x, weight)`, without bias: `x` is `[n, c, h, w]`, `weight` `[co, c, kh, kw]`,
+/// both contiguous; the result is `[n, co, ho, wo]`.
+pub fn forward(g: &Geometry, x: &[f32], weight: &[f32]) -> Vec<f32> {
+    let (k, p, co) = (g.k(), g.p(), g.co);
+    let mut out = vec![0.0; g.out_len()];
+    let threads = rayon::current_num_threads();
+    let size = g.group(threads);
+    let task = |(i, chunk): (usize, &mut [f32]), par: Parallelism| {
+        let n0 = i * size;
+        let gn = chunk.len() / (co * p);
+        let image = |j: usize| &x[(n0 + j) * g.c * g.h * g.w..][..g.c * g.h * g.w];
+        with_scratch(|scratch| {
+            if gn == 1 {
+                // One image, a band of output rows at a time (its columns stay in cache).
+                let [col] = scratch.split([if g.pointwise() { 0 } else { k * g.band() }]);
+                for rows in g.bands() {
+                    let (q0, cols) = (rows.start * g.wo, rows.len() * g.wo);
+                    let dst = &mut chunk[q0..];
+                    if g.pointwise() {
+                        let src = &image(0)[q0..];
+                        gemm(
+                            dst,
+                            p,
+                            false,
+                            (co, cols, k),
+                            weight,
+                            (k, 1),
+                            src,
+                            (p, 1),
+                            par,
+                        );
+                    } else {
+                        im2col(g, image(0), rows, col, cols, 0);
+                        gemm(
+                            dst,
+                            p,
+                            false,
+                            (co, cols, k),
+                            weight,
+                            (k, 1),
+                            col,
+                            (cols, 1),
+                            par,
+                        );
+                    }
+                }
+                return;
+            }
+            // Several small images side by side in one gemm, then scattered back.
+            let cols = gn * p;
+            let [col, tmp] = scratch.split([k * cols, co * cols]);
+            for j in 0..gn {
+                im2col(g, image(j), 0..g.ho, col, cols, j * p);
+            }
+            gemm(
+                tmp,
+                cols,
+                false,
+                (co, cols, k),
+                weight,
+                (k, 1),
+                col,
+                (cols, 1),
+                par,
+            );
+            for j in 0..gn {
+                for o in 0..co {
+                    chunk[(j * co + o) * p..][..p].copy_from_slice(&tmp[o * cols + j * p..][..p]);
+                }
+            }
+        });
+    };
+    run_tasks(&mut out, size * co * p, threads, task);
+    out
+}
+
+/// The gradient of the loss with respect to `x`, from the output's gradient `dy`
+/// (`[n, co, ho, wo]`, contiguous).
+pub fn backward_x(g: &Geometry, weight: &[f32], dy: &[f32]) -> Vec<f32> {
+    let (k, p, co) = (g.k(), g.p(), g.co);
+    let image_len = g.c * g.h * g.w;
+    let mut dx = vec![0.0; g.n * image_len];
+    let threads = rayon::current_num_threads();
+    let size = g.group(threads);
+    let task = |(i, chunk): (usize, &mut [f32]), par: Parallelism| {
+        let n0 = i * size;
+        let gn = chunk.len() / image_len;
+        with_scratch(|scratch| {
+            // dcol (k × cols) = weightᵀ (k × co) · dy (co × cols), then added back onto
+            // the pixels the columns were read from.
+            if gn == 1 {
+                let dy_n = &dy[n0 * co * p..][..co * p];
+                let [dcol] = scratch.split([if g.pointwise() { 0 } else { k * g.band() }]);
+                for rows in g.bands() {
+                    let (q0, cols) = (rows.start * g.wo, rows.len() * g.wo);
+                    let src = &dy_n[q0..];
+                    if g.pointwise() {
+                        let dst = &mut chunk[q0..];
+                        gemm(
+                            dst,
+                            p,
+                            false,
+                            (k, cols, co),
+                            weight,
+                            (1, k),
+                            src,
+                            (p, 1),
+                            par,
+                        );
+                    } else {
+                        gemm(
+                            dcol,
+                            cols,
+                            false,
+                            (k, cols, co),
+                            weight,
+                            (1, k),
+                            src,
+                            (p, 1),
+                            par,
+                        );
+                        col2im(g, dcol, rows, cols, 0, chunk);
+                    }
+                }
+                return;
+            }
+            let cols = gn * p;
+            let [dcol, gathered] = scratch.split([k * cols, co * cols]);
+            let dy_g = gather(dy, n0, gn, co, p, gathered);
+            gemm(
+                dcol,
+                cols,
+                false,
+                (k, cols, co),
+                weight,
+                (1, k),
+                dy_g,
+                (cols, 1),
+                par,
+            );
+            for j in 0..gn {
+                let dx_j = &mut chunk[j * image_len..][..image_len];
+                col2im(g, dcol, 0..g.ho, cols, j * p, dx_j);
+            }
+        });
+    };
+    run_tasks(&mut dx, size * image_len, threads, task);
+    dx
+}
+
+/// The gradient of the loss with respect to the weight (`[co, c, kh, kw]`).
+pub fn backward_weight(g: &Geometry, x: &[f32], dy: &[f32]) -> Vec<f32> {
+    let (k, p, co) = (g.k(), g.p(), g.co);
+    let threads = rayon::current_num_threads();
+    let size = g.group(threads);
+    let groups = g.n.div_ceil(size);
+    // Each worker sums its own run of groups into its own partial; the partials are then
+    // added in worker order. Both orders are fixed, so the sum is the same on every run.
+    let workers = threads.min(groups).max(1);
+    let per_worker = groups.div_ceil(workers);
+    // The gemm packs its big operand, the column matrix, by reading across its rows; when
+    // rows are long (32×32 maps) that costs more than the product itself (3× the forward
+    // on ResNet's first stage). There the patches are laid out one output position per row
+    // instead ("im2row", read from a channels-last copy of the image), in (kh, kw, c)
+    // order, and the weight gradient is put back in (c, kh, kw) order once at the end.
+    // Measured per layer with `cargo bench --bench conv`: worth it when a group's output
+    // positions are at least as many as the column count k, a loss below that.
+    let by_rows = size * p >= k;
+    let partial = |w: usize, par: Parallelism| -> Vec<f32> {
+        let mut dw = vec![0.0; co * k];
+        let first = w * per_worker;
+        for group in first..(first + per_worker).min(groups) {
+            let n0 = group * size;
+            let gn = size.min(g.n - n0);
+            let image = |j: usize| &x[(n0 + j) * g.c * g.h * g.w..][..g.c * g.h * g.w];
+            with_scratch(|scratch| {
+                if by_rows {
+                    // dw (co × k) += dy (co × cols) · rows (cols × k), a band at a time.
+                    let [image_t, rows_buf] = scratch.split([g.h * g.w * g.c, k * g.band()]);
+                    for j in 0..gn {
+                        transpose(image(j), g.c, g.h * g.w, image_t);
+                        let dy_j = &dy[(n0 + j) * co * p..][..co * p];
+                        for rows in g.bands() {
+                            let (q0, cols) = (rows.start * g.wo, rows.len() * g.wo);
+                            im2row(g, image_t, rows, rows_buf);
+                            let (a, b) = (&dy_j[q0..], &rows_buf[..]);
+                            gemm(&mut dw, k, true, (co, k, cols), a, (p, 1), b, (k, 1), par);
+                        }
+                    }
+                    return;
+                }
+                // dw (co × k) += dy_g (co × cols) · colᵀ (cols × k)
+                let cols = gn * p;
+                let direct = gn == 1 && g.pointwise();
+                let col_len = if direct { 0 } else { k * cols };
+                let gathered_len = if gn == 1 { 0 } else { co * cols };
+                let [col_buf, gathered] = scratch.split([col_len, gathered_len]);
+                let dy_g = gather(dy, n0, gn, co, p, gathered);
+                let col: &[f32] = if direct {
+                    image(0)
+                } else {
+                    for j in 0..gn {
+                        im2col(g, image(j), 0..g.ho, col_buf, cols, j * p);
+                    }
+                    col_buf
+                };
+                gemm(
+                    &mut dw,
+                    k,
+                    true,
+                    (co, k, cols),
+                    dy_g,
+                    (cols, 1),
+                    col,
+                    (1, cols),
+                    par,
+                );
+            });
+        }
+        dw
+    };
+    let mut partials: Vec<Vec<f32>> = if workers > 1 {
+        (0..workers)
+            .into_par_iter()
+            .map(|w| partial(w, Parallelism::None))
+            .collect()
+    } else {
+        vec![partial(0, gemm_parallelism(threads))]
+    };
+    let mut total = partials.remove(0);
+    for other in partials {
+        total.iter_mut().zip(other).for_each(|(a, b)| *a += b);
+    }
+    if !by_rows {
+        return total;
+    }
+    // (co, kh, kw, c) → (co, c, kh, kw)
+    let taps = g.kh * g.kw;
+    let mut dw = vec![0.0; co * k];
+    for o in 0..co {
+        transpose(&total[o * k..][..k], taps, g.c, &mut dw[o * k..][..k]);
+    }
+    dw
+}
+
+/// Output rows `rows` of one image's patches, one output position per row: `out` is
+/// `rows.len()·wo × k` row-major, taps in (kh, kw, c) order, read from `image_t`, the
+/// image in channels-last layout (`h × w × c`); 0 outside the image.
+fn im2row(g: &Geometry, image_t: &[f32], rows: Range<usize>, out: &mut [f32]) {
+    let [sh, sw] = g.stride;
+    let [ph, pw] = g.padding;
+    let [dh, dw] = g.dilation;
+    let (c, k) = (g.c, g.k());
+    for (r, oh) in rows.enumerate() {
+        for ow in 0..g.wo {
+            let row = &mut out[(r * g.wo + ow) * k..][..k];
+            for i in 0..g.kh {
+                let ih = (oh * sh + i * dh) as isize - ph as isize;
+                let taps = &mut row[i * g.kw * c..][..g.kw * c];
+                if ih < 0 || ih >= g.h as isize {
+                    taps.fill(0.0);
+                    continue;
+                }
+                for (j, tap) in taps.chunks_exact_mut(c).enumerate() {
+                    let iw = (ow * sw + j * dw) as isize - pw as isize;
+                    if iw < 0 || iw >= g.w as isize {
+                        tap.fill(0.0);
+                    } else {
+                        let at = (ih as usize * g.w + iw as usize) * c;
+                        tap.copy_from_slice(&image_t[at..][..c]);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Runs `task` on each `chunk_len` piece of `out` with its index: in parallel, one piece
+/// per task, when there are pieces for every thread; otherwise one after another with a
+/// parallel gemm inside.
+fn run_tasks<F>(out: &mut [f32], chunk_len: usize, threads: usize, task: F)
+where
+    F: Fn((usize, &mut [f32]), Parallelism) + Sync,
+{
+    let pieces = out.len().div_ceil(chunk_len);
+    if threads > 1 && pieces >= threads {
+        out.par_chunks_mut(chunk_len)
+            .enumerate()
+            .for_each(|piece| task(piece, Parallelism::None));
+    } else {
+        let par = gemm_parallelism(threads);
+        out.chunks_mut(chunk_len)
+            .enumerate()
+            .for_each(|piece| task(piece, par));
+    }
+}
+
+fn gemm_parallelism(threads: usize) -> Parallelism {
+    if threads > 1 {
+        Parallelism::Rayon(threads)
+    } else {
+        Parallelism::None
+    }
+}
+
+/// `dy` of images `n0..n0 + gn` as one `co × gn·p` matrix: the images' own memory when
+/// `gn` is 1, else copied into `buf`.
+fn gather<'a>(
+    dy: &'a [f32],
+    n0: usize,
+    gn: usize,
+    co: usize,
+    p: usize,
+    buf: &'a mut [f32],
+) -> &'a [f32] {
+    if gn == 1 {
+        return &dy[n0 * co * p..][..co * p];
+    }
+    let cols = gn * p;
+    for j in 0..gn {
+        for o in 0..co {
+            buf[o * cols + j * p..][..p].copy_from_slice(&dy[((n0 + j) * co + o) * p..][..p]);
+        }
+    }
+    buf
+}
+
+/// The output columns `[lo, hi)` whose input column `ow·stride + offset` lies in `0..size`.
+fn valid(out: usize, size: usize, stride: usize, offset: isize) -> (usize, usize) {
+    let lo = if offset >= 0 {
+        0
+    } else {
+        (-offset as usize).div_ceil(stride)
+    };
+    let end = size as isize - offset;
+    let hi = if end <= 0 {
+        0
+    } else {
+        (end as usize).div_ceil(stride)
+    };
+    (lo.min(out), hi.min(out).max(lo.min(out)))
+}
+
+/// Output rows `rows` of one image's patches into `col`, a `k × ld` row-major matrix, at
+/// column `off`: row `(c·kh + i)·kw + j`, column `off + (oh − rows.start)·wo + ow` holds
+/// `x[c, oh·sh + i·dh − ph, ow·sw + j·dw − pw]`, 0 outside the image.
+fn im2col(g: &Geometry, x: &[f32], rows: Range<usize>, col: &mut [f32], ld: usize, off: usize) {
+    let [sh, sw] = g.stride;
+    let [ph, pw] = g.padding;
+    let [dh, dw] = g.dilation;
+    let width = rows.len() * g.wo;
+    for c in 0..g.c {
+        let plane = &x[c * g.h * g.w..][..g.h * g.w];
+        for i in 0..g.kh {
+            for j in 0..g.kw {
+                let r = (c * g.kh + i) * g.kw + j;
+                let row = &mut col[r * ld + off..][..width];
+                let offset = (j * dw) as isize - pw as isize;
+                let (lo, hi) = valid(g.wo, g.w, sw, offset);
+                if let Some(run) = g.run(&rows, i, offset) {
+                    row[..run.lines.start].fill(0.0);
+                    row[run.lines.end..].fill(0.0);
+                    row[run.copy.clone()].copy_from_slice(&plane[run.src..][..run.copy.len()]);
+                    for line in row[run.lines].chunks_exact_mut(g.wo) {
+                        line[..lo].fill(0.0);
+                        line[hi..].fill(0.0);
+                    }
+                    continue;
+                }
+                for (band_row, oh) in rows.clone().enumerate() {
+                    let dst = &mut row[band_row * g.wo..][..g.wo];
+                    let ih = (oh * sh + i * dh) as isize - ph as isize;
+                    if ih < 0 || ih >= g.h as isize {
+                        dst.fill(0.0);
+                        continue;
+                    }
+                    let src = &plane[ih as usize * g.w..][..g.w];
+                    dst[..lo].fill(0.0);
+                    dst[hi..].fill(0.0);
+                    let start = ((lo * sw) as isize + offset) as usize;
+                    if sw == 1 {
+                        dst[lo..hi].copy_from_slice(&src[start..][..hi - lo]);
+                    } else {
+                        for (d, s) in dst[lo..hi].iter_mut().zip(src[start..].iter().step_by(sw)) {
+                            *d = *s;
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The adjoint of [`im2col`]: adds each column entry back onto the pixel it was read from.
+fn col2im(
+    g: &Geometry,
+    col: &mut [f32],
+    rows: Range<usize>,
+    ld: usize,
+    off: usize,
+    dx: &mut [f32],
+) {
+    let [sh, sw] = g.stride;
+    let [ph, pw] = g.padding;
+    let [dh, dw] = g.dilation;
+    let width = rows.len() * g.wo;
+    for c in 0..g.c {
+        let plane = &mut dx[c * g.h * g.w..][..g.h * g.w];
+        for i in 0..g.kh {
+            for j in 0..g.kw {
+                let r = (c * g.kh + i) * g.kw + j;
+                let row = &mut col[r * ld + off..][..width];
+                let offset = (j * dw) as isize - pw as isize;
+                let (lo, hi) = valid(g.wo, g.w, sw, offset);
+                if let Some(run) = g.run(&rows, i, offset) {
+                    // Entries read from outside the image would land on a neighbouring
+                    // row's pixel in one contiguous add: zero them first (the buffer is
+                    // scratch), then add the whole run at once.
+                    for line in row[run.lines].chunks_exact_mut(g.wo) {
+                        line[..lo].fill(0.0);
+                        line[hi..].fill(0.0);
+                    }
+                    let src = &row[run.copy];
+                    let dst = &mut plane[run.src..][..src.len()];
+                    dst.iter_mut().zip(src).for_each(|(d, s)| *d += s);
+                    continue;
+                }
+                for (band_row, oh) in rows.clone().enumerate() {
+                    let ih = (oh * sh + i * dh) as isize - ph as isize;
+                    if ih < 0 || ih >= g.h as isize {
+                        continue;
+                    }
+                    let src = &row[band_row * g.wo..][..g.wo];
+                    let dst = &mut plane[ih as usize * g.w..][..g.w];
+                    let start = ((lo * sw) as isize + offset) as usize;
+                    if sw == 1 {
+                        dst[start..][..hi - lo]
+                            .iter_mut()
+                            .zip(&src[lo..hi])
+                            .for_each(|(d, s)| *d += s);
+                    } else {
+                        for (d, s) in dst[start..].iter_mut().step_by(sw).zip(&src[lo..hi]) {
+                            *d += s;
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// `dst` (`cols × rows`, row-major) = `src` (`rows × cols`, row-major) transposed, in
+/// tiles that stay in L1.
+fn transpose(src: &[f32], rows: usize, cols: usize, dst: &mut [f32]) {
+    const TILE: usize = 32;
+    for r0 in (0..rows).step_by(TILE) {
+        for c0 in (0..cols).step_by(TILE) {
+            for r in r0..(r0 + TILE).min(rows) {
+                for c in c0..(c0 + TILE).min(cols) {
+                    dst[c * rows + r] = src[r * cols + c];
+                }
+            }
+        }
+    }
+}
+
+/// `dst (m × n, row stride ldd) = a (m × k) · b (k × n)`, plus `dst` when `accumulate`.
+/// `a` and `b` are given with their (row, column) strides, so transposes cost nothing.
+#[allow(clippy::too_many_arguments)]
+fn gemm(
+    dst: &mut [f32],
+    ldd: usize,
+    accumulate: bool,
+    (m, n, k): (usize, usize, usize),
+    a: &[f32],
+    (a_rs, a_cs): (usize, usize),
+    b: &[f32],
+    (b_rs, b_cs): (usize, usize),
+    par: Parallelism,
+) {
+    let last = |rows: usize, rs: usize, cols: usize, cs: usize| (rows - 1) * rs + (cols - 1) * cs;
+    // The bounds the raw call relies on, checked once per call.
+    assert!(m > 0 && n > 0 && k > 0, "empty gemm");
+    assert!(last(m, ldd, n, 1) < dst.len(), "gemm: dst too short");
+    assert!(last(m, a_rs, k, a_cs) < a.len(), "gemm: lhs too short");
+    assert!(last(k, b_rs, n, b_cs) < b.len(), "gemm: rhs too short");
+    // SAFETY: every index the call reads or writes is within the slices (asserted above),
+    // `dst` is borrowed mutably, so it aliases neither input.
+    unsafe {
+        gemm::gemm(
+            m,
+            n,
+            k,
+            dst.as_mut_ptr(),
+            1,
+            ldd as isize,
+            accumulate,
+            a.as_ptr(),
+            a_cs as isize,
+            a_rs as isize,
+            b.as_ptr(),
+            b_cs as isize,
+            b_rs as isize,
+            1.0,
+            1.0,
+            false,
+            false,
+            false,
+            par,
+        );
+    }
+}
+
+/// A per-thread buffer reused across calls and steps: column matrices are megabytes, and
+/// allocating them afresh every call costs page faults on every step.
+struct Scratch(Vec<f32>);
+
+impl Scratch {
+    /// Disjoint buffers of the given lengths (contents unspecified).
+    fn split<const N: usize>(&mut self, lens: [usize; N]) -> [&mut [f32]; N] {
+        let total: usize = lens.iter().sum();
+        if self.0.len() < total {
+            self.0.resize(total, 0.0);
+        }
+        let mut rest = &mut self.0[..];
+        lens.map(|len| {
+            let (head, tail) = std::mem::take(&mut rest).split_at_mut(len);
+            rest = tail;
+            head
+        })
+    }
+}
+
+thread_local! {
+    static SCRATCH: RefCell<Scratch> = const { RefCell::new(Scratch(Vec::new())) };
+}
+
+fn with_scratch<R>(f: impl FnOnce(&mut Scratch) -> R) -> R {
+    SCRATCH.with(|s| {
+        // Taken out while in use, so a nested call (none today) would get its own buffer.
+        let mut scratch = std::mem::replace(&mut *s.borrow_mut(), Scratch(Vec::new()));
+        let result = f(&mut scratch);
+        *s.borrow_mut() = scratch;
+        result
+    })
+}

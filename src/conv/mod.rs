@@ -1,0 +1,221 @@
+//! The models' 2-D convolution (no bias), as a Burn backend extension: [`ConvBackend`] has
+//! the forward and the two gradients, with Burn's own kernels as the default. The CPU
+//! backend (Flex) overrides them with [`cpu`]'s im2col + gemm lowering; the autodiff
+//! backend records one custom op whose backward calls the inner backend's two gradients;
+//! CUDA keeps Burn's kernels (empty impls). This is the route of Burn's "custom kernel"
+//! examples: no change to Burn, a call from the models (`ConvBn`), and a bound that the
+//! model and training code carry (`ConvBackend`, [`TrainBackend`]).
+//!
+//! Why not Burn's `conv2d` on Flex: burn-flex 0.21 overrides `conv2d` but neither
+//! `conv2d_x_backward` nor `conv2d_weight_backward`, and Burn's generic fallbacks for those
+//! were 2–30× PyTorch's per layer (issue 12; BENCHMARKS.md "CPU convolution").
+
+pub mod cpu;
+
+use burn::backend::autodiff::checkpoint::base::Checkpointer;
+use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
+use burn::backend::autodiff::grads::Gradients;
+use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
+use burn::backend::autodiff::{Autodiff, NodeId};
+use burn::backend::flex::FlexTensor;
+use burn::backend::Flex;
+use burn::tensor::backend::{AutodiffBackend, Backend};
+use burn::tensor::ops::{ConvOptions, FloatTensor, ModuleOps};
+use burn::tensor::{DType, Tensor, TensorData, TensorMetadata, TensorPrimitive};
+
+/// A backend the models can convolve on. The defaults are Burn's kernels.
+pub trait ConvBackend: Backend {
+    /// `conv2d(x, weight)` without bias.
+    fn conv2d_nobias(
+        x: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        options: ConvOptions<2>,
+    ) -> FloatTensor<Self> {
+        Self::conv2d(x, weight, None, options)
+    }
+
+    /// The loss's gradient with respect to `x`, from the output's gradient.
+    fn conv2d_nobias_x_backward(
+        x: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        output_grad: FloatTensor<Self>,
+        options: ConvOptions<2>,
+    ) -> FloatTensor<Self> {
+        Self::conv2d_x_backward(x, weight, output_grad, options)
+    }
+
+    /// The loss's gradient with respect to the weight, from the output's gradient.
+    fn conv2d_nobias_weight_backward(
+        x: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        output_grad: FloatTensor<Self>,
+        options: ConvOptions<2>,
+    ) -> FloatTensor<Self> {
+        Self::conv2d_weight_backward(x, weight, output_grad, options)
+    }
+}
+
+/// What the training loop needs of a backend: autodiff, and convolutions on both it and
+/// the inner (evaluation) backend.
+pub trait TrainBackend: AutodiffBackend<InnerBackend: ConvBackend> + ConvBackend {}
+
+impl<B> TrainBackend for B where B: AutodiffBackend<InnerBackend: ConvBackend> + ConvBackend {}
+
+/// `conv2d(x, weight)` without bias, on any [`ConvBackend`].
+pub fn conv2d<B: ConvBackend>(
+    x: Tensor<B, 4>,
+    weight: Tensor<B, 4>,
+    options: ConvOptions<2>,
+) -> Tensor<B, 4> {
+    let out = B::conv2d_nobias(
+        x.into_primitive().tensor(),
+        weight.into_primitive().tensor(),
+        options,
+    );
+    Tensor::from_primitive(TensorPrimitive::Float(out))
+}
+
+/// The shapes [`cpu`] handles (`f32`, one group), with both operands made contiguous.
+fn cpu_operands(
+    x: &FlexTensor,
+    weight: &FlexTensor,
+    options: &ConvOptions<2>,
+) -> Option<(cpu::Geometry, FlexTensor, FlexTensor)> {
+    if options.groups != 1 || x.dtype() != DType::F32 || weight.dtype() != DType::F32 {
+        return None;
+    }
+    let dims = |t: &FlexTensor| -> Option<[usize; 4]> { t.shape().as_slice().try_into().ok() };
+    let g = cpu::Geometry::new(
+        dims(x)?,
+        dims(weight)?,
+        options.stride,
+        options.padding,
+        options.dilation,
+    )?;
+    Some((g, x.to_contiguous(), weight.to_contiguous()))
+}
+
+fn f32s(t: &FlexTensor) -> &[f32] {
+    t.as_slice::<f32>()
+        .expect("cpu_operands made the tensor contiguous f32")
+}
+
+fn flex(values: Vec<f32>, shape: [usize; 4]) -> FlexTensor {
+    FlexTensor::from_data(TensorData::new(values, shape))
+}
+
+impl ConvBackend for Flex {
+    fn conv2d_nobias(x: FlexTensor, weight: FlexTensor, options: ConvOptions<2>) -> FlexTensor {
+        match cpu_operands(&x, &weight, &options) {
+            Some((g, x, w)) => flex(
+                cpu::forward(&g, f32s(&x), f32s(&w)),
+                [g.n, g.co, g.ho, g.wo],
+            ),
+            None => Self::conv2d(x, weight, None, options),
+        }
+    }
+
+    fn conv2d_nobias_x_backward(
+        x: FlexTensor,
+        weight: FlexTensor,
+        output_grad: FlexTensor,
+        options: ConvOptions<2>,
+    ) -> FlexTensor {
+        match cpu_operands(&x, &weight, &options) {
+            Some((g, _, w)) if output_grad.dtype() == DType::F32 => {
+                let dy = output_grad.to_contiguous();
+                flex(
+                    cpu::backward_x(&g, f32s(&w), f32s(&dy)),
+                    [g.n, g.c, g.h, g.w],
+                )
+            }
+            _ => Self::conv2d_x_backward(x, weight, output_grad, options),
+        }
+    }
+
+    fn conv2d_nobias_weight_backward(
+        x: FlexTensor,
+        weight: FlexTensor,
+        output_grad: FlexTensor,
+        options: ConvOptions<2>,
+    ) -> FlexTensor {
+        match cpu_operands(&x, &weight, &options) {
+            Some((g, x, _)) if output_grad.dtype() == DType::F32 => {
+                let dy = output_grad.to_contiguous();
+                flex(
+                    cpu::backward_weight(&g, f32s(&x), f32s(&dy)),
+                    [g.co, g.c, g.kh, g.kw],
+                )
+            }
+            _ => Self::conv2d_weight_backward(x, weight, output_grad, options),
+        }
+    }
+}
+
+/// One autodiff node per convolution; its backward asks the inner backend for the two
+/// gradients of whichever operands are tracked.
+impl<B: ConvBackend, C: CheckpointStrategy> ConvBackend for Autodiff<B, C> {
+    fn conv2d_nobias(
+        x: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        options: ConvOptions<2>,
+    ) -> FloatTensor<Self> {
+        #[derive(Debug)]
+        struct Conv2dBackward;
+
+        impl<B: ConvBackend> Backward<B, 2> for Conv2dBackward {
+            type State = (NodeId, NodeId, ConvOptions<2>);
+
+            fn backward(
+                self,
+                ops: Ops<Self::State, 2>,
+                grads: &mut Gradients,
+                checkpointer: &mut Checkpointer,
+            ) {
+                let [node_x, node_weight] = ops.parents;
+                let grad = grads.consume::<B>(&ops.node);
+                let (x_state, weight_state, options) = ops.state;
+                let x = checkpointer.retrieve_node_output::<FloatTensor<B>>(x_state);
+                let weight = checkpointer.retrieve_node_output::<FloatTensor<B>>(weight_state);
+                if let Some(node) = node_x {
+                    let dx = B::conv2d_nobias_x_backward(
+                        x.clone(),
+                        weight.clone(),
+                        grad.clone(),
+                        options.clone(),
+                    );
+                    grads.register::<B>(node.id, dx);
+                }
+                if let Some(node) = node_weight {
+                    let dw = B::conv2d_nobias_weight_backward(x, weight, grad, options);
+                    grads.register::<B>(node.id, dw);
+                }
+            }
+        }
+
+        match Conv2dBackward
+            .prepare::<C>([x.node.clone(), weight.node.clone()])
+            .compute_bound()
+            .stateful()
+        {
+            OpsKind::Tracked(mut prep) => {
+                let x_state = prep.checkpoint(&x);
+                let weight_state = prep.checkpoint(&weight);
+                let out = B::conv2d_nobias(x.primitive, weight.primitive, options.clone());
+                prep.finish((x_state, weight_state, options), out)
+            }
+            OpsKind::UnTracked(prep) => {
+                prep.finish(B::conv2d_nobias(x.primitive, weight.primitive, options))
+            }
+        }
+    }
+}
+
+#[cfg(feature = "cuda")]
+impl ConvBackend for burn::backend::Cuda {}
+
+#[cfg(feature = "cuda")]
+impl ConvBackend for burn_cubecl::CubeBackend<cubecl::cuda::CudaRuntime, f32, i32, u8> {}
+
+#[cfg(test)]
+mod tests;
