@@ -8,7 +8,7 @@
 
 use std::time::Instant;
 
-use runner::conv::cpu::{self, Geometry};
+use runner::ops::conv_cpu::{self as cpu, Geometry};
 
 /// (input channels, output channels, kernel, stride, input side)
 type Layer = (usize, usize, usize, usize, usize);

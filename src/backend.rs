@@ -3,7 +3,7 @@
 //! chose. CPU is Burn's Flex backend; CUDA is burn-cuda with autotune, with or without
 //! fusion, compiled in with `--features cuda`.
 
-use crate::conv::TrainBackend;
+use crate::ops::TrainBackend;
 
 use crate::plan::{Device, Machine};
 

@@ -8,13 +8,13 @@
 
 pub mod backend;
 pub mod clock;
-pub mod conv;
 pub mod data;
 pub mod error;
 pub mod kernels;
 pub mod loader;
 pub mod metrics;
 pub mod model;
+pub mod ops;
 pub mod plan;
 pub mod plot;
 pub mod policy;

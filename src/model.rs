@@ -17,7 +17,7 @@ use burn::tensor::backend::Backend;
 use burn::tensor::ops::ConvOptions;
 use burn::tensor::{Bool, Int, Tensor};
 
-use crate::conv::{self, ConvBackend};
+use crate::ops::{self, ModelBackend};
 use crate::plan::ModelPlan;
 use crate::recipe::{Arch, Stem};
 
@@ -26,7 +26,7 @@ use crate::recipe::{Arch, Stem};
 /// would get in the way of Burn's `Module` derive.
 #[allow(clippy::large_enum_variant)]
 #[derive(Module, Debug)]
-pub enum Net<B: ConvBackend> {
+pub enum Net<B: ModelBackend> {
     ResNet(ResNet<B>),
     SmallCnn(SmallCnn<B>),
     Mlp(Mlp<B>),
@@ -55,7 +55,7 @@ pub enum Input<B: Backend> {
     },
 }
 
-impl<B: ConvBackend> Net<B> {
+impl<B: ModelBackend> Net<B> {
     /// An empty network (no parameters, nothing allocated): what holds a model's place
     /// while the optimizer owns it for a step.
     pub fn placeholder() -> Self {
@@ -156,12 +156,12 @@ impl<B: ConvBackend> Net<B> {
 
 /// Convolution without bias followed by batch norm: the ResNet unit.
 #[derive(Module, Debug)]
-pub struct ConvBn<B: ConvBackend> {
+pub struct ConvBn<B: ModelBackend> {
     conv: Conv2d<B>,
     bn: BatchNorm2d<B>,
 }
 
-impl<B: ConvBackend> ConvBn<B> {
+impl<B: ModelBackend> ConvBn<B> {
     fn new(cin: usize, cout: usize, kernel: usize, stride: usize, device: &B::Device) -> Self {
         let pad = Self::padding(kernel);
         Self {
@@ -185,7 +185,7 @@ impl<B: ConvBackend> ConvBn<B> {
         let c = &self.conv;
         let padding = c.kernel_size.map(Self::padding);
         let options = ConvOptions::new(c.stride, padding, c.dilation, c.groups);
-        self.bn.forward(conv::conv2d(x, c.weight.val(), options))
+        self.bn.forward(ops::conv2d(x, c.weight.val(), options))
     }
 
     /// Elements of the batch norm's running statistics.
@@ -197,17 +197,18 @@ impl<B: ConvBackend> ConvBn<B> {
 /// Batch normalisation over `[N, C, H, W]`, as `torch.nn.BatchNorm2d` (eps 1e-5, momentum
 /// 0.1, running variance unbiased). Burn's own `BatchNorm` computes the same, but through
 /// `swap_dims` copies and `[1, C, 1, 1]` broadcasts that the Flex CPU backend walks element
-/// by element (half of a small CNN's step time); this one works on `[N·C, H·W]` rows with
-/// per-row scalars, which Flex runs with SIMD and CUDA fuses just the same.
+/// by element (half of a small CNN's step time). Training calls one op
+/// ([`ops::batch_norm_train`]: two passes over memory each way on the CPU, Burn's tensor
+/// ops fused on CUDA); evaluation works on `[N·C, H·W]` rows with per-row scalars.
 #[derive(Module, Debug)]
-pub struct BatchNorm2d<B: Backend> {
+pub struct BatchNorm2d<B: ModelBackend> {
     pub gamma: Param<Tensor<B, 1>>,
     pub beta: Param<Tensor<B, 1>>,
     pub running_mean: RunningState<Tensor<B, 1>>,
     pub running_var: RunningState<Tensor<B, 1>>,
 }
 
-impl<B: Backend> BatchNorm2d<B> {
+impl<B: ModelBackend> BatchNorm2d<B> {
     const EPS: f64 = 1e-5;
     const MOMENTUM: f64 = 0.1;
 
@@ -222,27 +223,24 @@ impl<B: Backend> BatchNorm2d<B> {
 
     pub fn forward(&self, x: Tensor<B, 4>) -> Tensor<B, 4> {
         let [n, c, h, w] = x.dims();
-        let rows = |t: Tensor<B, 1>| t.reshape([1, c]).repeat_dim(0, n).reshape([n * c, 1]);
-        let x2 = x.reshape([n * c, h * w]);
-        let (centered, scale) = if B::ad_enabled(&x2.device()) {
+        if B::ad_enabled(&x.device()) {
+            // Training: the batch's statistics, in one op (src/ops/norm.rs).
+            let (out, mean, var) =
+                ops::batch_norm_train(x, self.gamma.val(), self.beta.val(), Self::EPS);
             let m = (n * h * w) as f64;
-            let per_channel =
-                |t: Tensor<B, 2>| t.sum_dim(1).reshape([n, c]).sum_dim(0).reshape([c]) / m;
-            let mean = per_channel(x2.clone());
-            let centered = x2 - rows(mean.clone());
-            let var = per_channel(centered.clone().square());
-            let unbiased = var.clone().detach() * (m / (m - 1.0).max(1.0));
+            let unbiased = var * (m / (m - 1.0).max(1.0));
             let k = Self::MOMENTUM;
             self.running_mean
-                .update((self.running_mean.value_sync() * (1.0 - k) + mean.detach() * k).detach());
+                .update((self.running_mean.value_sync() * (1.0 - k) + mean * k).detach());
             self.running_var
                 .update((self.running_var.value_sync() * (1.0 - k) + unbiased * k).detach());
-            (centered, (var + Self::EPS).sqrt().recip())
-        } else {
-            let mean = self.running_mean.value();
-            let var = self.running_var.value();
-            (x2 - rows(mean), (var + Self::EPS).sqrt().recip())
-        };
+            return out;
+        }
+        // Evaluation: the running statistics, as per-row scalars.
+        let rows = |t: Tensor<B, 1>| t.reshape([1, c]).repeat_dim(0, n).reshape([n * c, 1]);
+        let x2 = x.reshape([n * c, h * w]);
+        let scale = (self.running_var.value() + Self::EPS).sqrt().recip();
+        let centered = x2 - rows(self.running_mean.value());
         let out = centered * rows(self.gamma.val() * scale) + rows(self.beta.val());
         out.reshape([n, c, h, w])
     }
@@ -258,12 +256,12 @@ pub enum Block {
 
 /// One residual block.
 #[derive(Module, Debug)]
-pub struct Residual<B: ConvBackend> {
+pub struct Residual<B: ModelBackend> {
     convs: Vec<ConvBn<B>>,
     downsample: Option<ConvBn<B>>,
 }
 
-impl<B: ConvBackend> Residual<B> {
+impl<B: ModelBackend> Residual<B> {
     fn new(
         kind: Block,
         cin: usize,
@@ -311,7 +309,7 @@ impl<B: ConvBackend> Residual<B> {
 }
 
 #[derive(Module, Debug)]
-pub struct ResNet<B: ConvBackend> {
+pub struct ResNet<B: ModelBackend> {
     stem: ConvBn<B>,
     stem_pool: Option<MaxPool2d>,
     blocks: Vec<Residual<B>>,
@@ -319,7 +317,7 @@ pub struct ResNet<B: ConvBackend> {
     fc: Linear<B>,
 }
 
-impl<B: ConvBackend> ResNet<B> {
+impl<B: ModelBackend> ResNet<B> {
     fn new(
         kind: Block,
         layers: [usize; 4],
@@ -375,7 +373,7 @@ impl<B: ConvBackend> ResNet<B> {
 /// Two conv–BN–ReLU–max-pool blocks and a two-layer head: about 0.6 M parameters for
 /// 32×32 input at width 32; trains Fashion-MNIST past 80% in a minute on two cores.
 #[derive(Module, Debug)]
-pub struct SmallCnn<B: ConvBackend> {
+pub struct SmallCnn<B: ModelBackend> {
     c1: ConvBn<B>,
     c2: ConvBn<B>,
     pool: MaxPool2d,
@@ -383,7 +381,7 @@ pub struct SmallCnn<B: ConvBackend> {
     fc2: Linear<B>,
 }
 
-impl<B: ConvBackend> SmallCnn<B> {
+impl<B: ModelBackend> SmallCnn<B> {
     fn new(channels: usize, side: usize, width: usize, classes: usize, device: &B::Device) -> Self {
         let flat = 2 * width * (side / 4) * (side / 4);
         Self {
@@ -575,12 +573,19 @@ mod tests {
 
     #[test]
     fn batch_norm_matches_burns_in_output_and_gradients() {
+        // Rows of 30 (the 16-lane sums' tail), 64 (lanes only) and 1 value, one image.
+        for dims in [[4, 3, 5, 6], [2, 5, 8, 8], [3, 2, 1, 1], [1, 4, 3, 3]] {
+            batch_norm_matches(dims);
+        }
+    }
+
+    fn batch_norm_matches(dims: [usize; 4]) {
         let d = Default::default();
-        let x =
-            Tensor::<B, 4>::random([4, 3, 5, 6], Distribution::Normal(1.0, 2.0), &d).require_grad();
-        let ours = BatchNorm2d::<B>::new(3, &d);
-        let theirs: BatchNorm<B> = BatchNormConfig::new(3).init(&d);
-        let w = Tensor::<B, 4>::random([4, 3, 5, 6], Distribution::Default, &d);
+        let c = dims[1];
+        let x = Tensor::<B, 4>::random(dims, Distribution::Normal(1.0, 2.0), &d).require_grad();
+        let ours = BatchNorm2d::<B>::new(c, &d);
+        let theirs: BatchNorm<B> = BatchNormConfig::new(c).init(&d);
+        let w = Tensor::<B, 4>::random(dims, Distribution::Default, &d);
         let y1 = ours.forward(x.clone());
         let y2 = theirs.forward(x.clone());
         close(y1.to_data(), y2.to_data(), 1e-5, "output");
@@ -612,7 +617,7 @@ mod tests {
             1e-5,
             "running mean",
         );
-        let m = (4 * 5 * 6) as f32;
+        let m = (dims[0] * dims[2] * dims[3]) as f32;
         let biased = theirs.running_var.value_sync();
         let unbiased_expected = (biased - 0.9) * (m / (m - 1.0)) + 0.9;
         close(

@@ -116,8 +116,10 @@ impl Sampler {
         }
     }
 
-    /// The mean of the samples taken in `(from_ms, to_ms]`; when none fell inside (a step
-    /// shorter than the interval), the first sample after it, which covers it.
+    /// The mean of the samples taken in `(from_ms, to_ms]`. When none fell inside (a step
+    /// shorter than the interval): the first sample after it, which covers it, if it has
+    /// been taken; else (the usual case when a step is written as it ends) the latest
+    /// sample, which covers the interval just before.
     pub fn window(&self, from_ms: f64, to_ms: f64) -> Option<Sample> {
         let all = self.samples.lock().ok()?;
         let inside: Vec<&Sample> = all
@@ -127,7 +129,10 @@ impl Sampler {
         if !inside.is_empty() {
             return Sample::mean(&inside);
         }
-        all.iter().find(|s| s.t_ms > to_ms).cloned()
+        all.iter()
+            .find(|s| s.t_ms > to_ms)
+            .or_else(|| all.last())
+            .cloned()
     }
 
     /// Stops the thread and returns every sample.
@@ -281,7 +286,7 @@ mod tests {
     }
 
     #[test]
-    fn window_means_and_falls_back_to_the_next_sample() {
+    fn window_means_and_falls_back_to_the_next_or_latest_sample() {
         let s = Sampler::off("test");
         s.samples
             .lock()
@@ -297,6 +302,11 @@ mod tests {
             30.0,
             "short step: the next sample"
         );
-        assert!(s.window(31.0, 40.0).is_none());
+        assert_eq!(
+            s.window(31.0, 40.0).unwrap().t_ms,
+            30.0,
+            "short step, next sample not taken yet: the latest"
+        );
+        assert!(Sampler::off("empty").window(0.0, 1.0).is_none());
     }
 }

@@ -2534,7 +2534,7 @@ fn label_smoothing_is_pytorchs() {
 }
 
 /// The global L2 norm of a model's gradients.
-fn grad_norm<B: runner::conv::TrainBackend>(
+fn grad_norm<B: runner::ops::TrainBackend>(
     model: &Net<B>,
     grads: &burn::optim::GradientsParams,
 ) -> f64 {

@@ -81,7 +81,7 @@ pub fn eval(
     }
     impl backend::Job for Job<'_> {
         type Output = Result<Eval, String>;
-        fn run<B: crate::conv::TrainBackend>(
+        fn run<B: crate::ops::TrainBackend>(
             self,
             device: B::Device,
             _: backend::MemFn<B::Device>,

@@ -269,7 +269,7 @@ struct Train<'a> {
 
 impl backend::Job for Train<'_> {
     type Output = train::Outcome;
-    fn run<B: crate::conv::TrainBackend>(
+    fn run<B: crate::ops::TrainBackend>(
         self,
         device: B::Device,
         mem: backend::MemFn<B::Device>,

@@ -36,7 +36,7 @@ pub fn warmup(plan: &Plan) -> Result<Warmup, RunError> {
     }
     impl backend::Job for Warm<'_> {
         type Output = train::Warmed;
-        fn run<B: crate::conv::TrainBackend>(
+        fn run<B: crate::ops::TrainBackend>(
             self,
             device: B::Device,
             _: backend::MemFn<B::Device>,

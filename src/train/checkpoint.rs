@@ -13,7 +13,7 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::conv::TrainBackend;
+use crate::ops::TrainBackend;
 use burn::module::Module;
 use burn::optim::Optimizer;
 use burn::record::{BinFileRecorder, FullPrecisionSettings, Recorder};
@@ -149,7 +149,7 @@ pub fn load<B: TrainBackend>(
 }
 
 /// Saves the weights as safetensors (burn-store), written under a temporary name first.
-pub fn save_weights<B: crate::conv::ConvBackend>(
+pub fn save_weights<B: crate::ops::ModelBackend>(
     model: &Net<B>,
     path: &Path,
 ) -> Result<(), String> {
@@ -163,7 +163,7 @@ pub fn save_weights<B: crate::conv::ConvBackend>(
 }
 
 /// Loads weights saved by `save_weights` into a model of the same recipe.
-pub fn load_weights<B: crate::conv::ConvBackend>(
+pub fn load_weights<B: crate::ops::ModelBackend>(
     mut model: Net<B>,
     path: &Path,
 ) -> Result<Net<B>, String> {

@@ -18,7 +18,7 @@ pub fn evaluate_weights<B: TrainBackend>(
 }
 
 /// Accuracy and mean loss on the test set, in order, without augmentation or autodiff.
-pub(crate) fn evaluate<B: crate::conv::ConvBackend>(
+pub(crate) fn evaluate<B: crate::ops::ModelBackend>(
     model: &Net<B>,
     test: &Dataset,
     idx: &[usize],

@@ -20,7 +20,7 @@ pub use warmup::{warm_up, Warmed};
 use std::sync::Arc;
 use std::time::Instant;
 
-use crate::conv::TrainBackend;
+use crate::ops::TrainBackend;
 use burn::module::AutodiffModule;
 use burn::nn::loss::{CrossEntropyLoss, CrossEntropyLossConfig};
 use burn::optim::adaptor::OptimizerAdaptor;

@@ -1,16 +1,12 @@
-//! The models' 2-D convolution (no bias), as a Burn backend extension: [`ConvBackend`] has
-//! the forward and the two gradients, with Burn's own kernels as the default. The CPU
-//! backend (Flex) overrides them with [`cpu`]'s im2col + gemm lowering; the autodiff
-//! backend records one custom op whose backward calls the inner backend's two gradients;
-//! CUDA keeps Burn's kernels (empty impls). This is the route of Burn's "custom kernel"
-//! examples: no change to Burn, a call from the models (`ConvBn`), and a bound that the
-//! model and training code carry (`ConvBackend`, [`TrainBackend`]).
+//! The models' 2-D convolution (no bias) as a backend extension: [`ConvBackend`] has the
+//! forward and the two gradients, with Burn's own kernels as the default. Flex overrides
+//! them with [`super::conv_cpu`]'s im2col + gemm lowering; the autodiff backend records one
+//! custom op whose backward calls the inner backend's two gradients; CUDA keeps Burn's
+//! kernels (empty impls).
 //!
 //! Why not Burn's `conv2d` on Flex: burn-flex 0.21 overrides `conv2d` but neither
 //! `conv2d_x_backward` nor `conv2d_weight_backward`, and Burn's generic fallbacks for those
-//! were 2–30× PyTorch's per layer (issue 12; BENCHMARKS.md "CPU convolution").
-
-pub mod cpu;
+//! were 2–30× PyTorch's per layer (issue 12; BENCHMARKS.md "CPU training").
 
 use burn::backend::autodiff::checkpoint::base::Checkpointer;
 use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
@@ -19,9 +15,12 @@ use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
 use burn::backend::autodiff::{Autodiff, NodeId};
 use burn::backend::flex::FlexTensor;
 use burn::backend::Flex;
-use burn::tensor::backend::{AutodiffBackend, Backend};
+use burn::tensor::backend::Backend;
 use burn::tensor::ops::{ConvOptions, FloatTensor, ModuleOps};
-use burn::tensor::{DType, Tensor, TensorData, TensorMetadata, TensorPrimitive};
+use burn::tensor::{DType, Tensor, TensorPrimitive};
+
+use super::conv_cpu as cpu;
+use super::{flex_f32, to_flex, values};
 
 /// A backend the models can convolve on. The defaults are Burn's kernels.
 pub trait ConvBackend: Backend {
@@ -55,12 +54,6 @@ pub trait ConvBackend: Backend {
     }
 }
 
-/// What the training loop needs of a backend: autodiff, and convolutions on both it and
-/// the inner (evaluation) backend.
-pub trait TrainBackend: AutodiffBackend<InnerBackend: ConvBackend> + ConvBackend {}
-
-impl<B> TrainBackend for B where B: AutodiffBackend<InnerBackend: ConvBackend> + ConvBackend {}
-
 /// `conv2d(x, weight)` without bias, on any [`ConvBackend`].
 pub fn conv2d<B: ConvBackend>(
     x: Tensor<B, 4>,
@@ -81,34 +74,25 @@ fn cpu_operands(
     weight: &FlexTensor,
     options: &ConvOptions<2>,
 ) -> Option<(cpu::Geometry, FlexTensor, FlexTensor)> {
-    if options.groups != 1 || x.dtype() != DType::F32 || weight.dtype() != DType::F32 {
+    let ((x, x_dims), (w, w_dims)) = (flex_f32::<4>(x)?, flex_f32::<4>(weight)?);
+    if options.groups != 1 {
         return None;
     }
-    let dims = |t: &FlexTensor| -> Option<[usize; 4]> { t.shape().as_slice().try_into().ok() };
     let g = cpu::Geometry::new(
-        dims(x)?,
-        dims(weight)?,
+        x_dims,
+        w_dims,
         options.stride,
         options.padding,
         options.dilation,
     )?;
-    Some((g, x.to_contiguous(), weight.to_contiguous()))
-}
-
-fn f32s(t: &FlexTensor) -> &[f32] {
-    t.as_slice::<f32>()
-        .expect("cpu_operands made the tensor contiguous f32")
-}
-
-fn flex(values: Vec<f32>, shape: [usize; 4]) -> FlexTensor {
-    FlexTensor::from_data(TensorData::new(values, shape))
+    Some((g, x, w))
 }
 
 impl ConvBackend for Flex {
     fn conv2d_nobias(x: FlexTensor, weight: FlexTensor, options: ConvOptions<2>) -> FlexTensor {
         match cpu_operands(&x, &weight, &options) {
-            Some((g, x, w)) => flex(
-                cpu::forward(&g, f32s(&x), f32s(&w)),
+            Some((g, x, w)) => to_flex(
+                cpu::forward(&g, values(&x), values(&w)),
                 [g.n, g.co, g.ho, g.wo],
             ),
             None => Self::conv2d(x, weight, None, options),
@@ -124,8 +108,8 @@ impl ConvBackend for Flex {
         match cpu_operands(&x, &weight, &options) {
             Some((g, _, w)) if output_grad.dtype() == DType::F32 => {
                 let dy = output_grad.to_contiguous();
-                flex(
-                    cpu::backward_x(&g, f32s(&w), f32s(&dy)),
+                to_flex(
+                    cpu::backward_x(&g, values(&w), values(&dy)),
                     [g.n, g.c, g.h, g.w],
                 )
             }
@@ -142,8 +126,8 @@ impl ConvBackend for Flex {
         match cpu_operands(&x, &weight, &options) {
             Some((g, x, _)) if output_grad.dtype() == DType::F32 => {
                 let dy = output_grad.to_contiguous();
-                flex(
-                    cpu::backward_weight(&g, f32s(&x), f32s(&dy)),
+                to_flex(
+                    cpu::backward_weight(&g, values(&x), values(&dy)),
                     [g.co, g.c, g.kh, g.kw],
                 )
             }
@@ -216,6 +200,3 @@ impl ConvBackend for burn::backend::Cuda {}
 
 #[cfg(feature = "cuda")]
 impl ConvBackend for burn_cubecl::CubeBackend<cubecl::cuda::CudaRuntime, f32, i32, u8> {}
-
-#[cfg(test)]
-mod tests;

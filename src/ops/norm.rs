@@ -1,0 +1,495 @@
+//! Training-mode batch normalisation over `[N, C, H, W]` as a backend extension:
+//! [`NormBackend`] normalises by the batch's statistics and returns them (for the running
+//! statistics), and gives the three gradients. The default composes Burn tensor ops (what
+//! CUDA runs, fused by Burn); Flex overrides both with two passes over memory each way
+//! (statistics, then normalise; reductions, then the input gradient) where the composed
+//! form makes about a dozen, forward and backward; the autodiff backend records one op.
+//!
+//! Gradients, with `x̂ = (x − mean)·invstd`, `m = N·H·W` values per channel:
+//! `dβ = Σ dy`, `dγ = Σ dy·x̂`, `dx = γ·invstd/m · (m·dy − dβ − x̂·dγ)` (PyTorch's).
+
+use burn::backend::autodiff::checkpoint::base::Checkpointer;
+use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
+use burn::backend::autodiff::grads::Gradients;
+use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
+use burn::backend::autodiff::{Autodiff, NodeId};
+use burn::backend::flex::FlexTensor;
+use burn::backend::Flex;
+use burn::tensor::backend::{AutodiffBackend, Backend};
+use burn::tensor::ops::FloatTensor;
+use burn::tensor::{Tensor, TensorPrimitive};
+use rayon::prelude::*;
+
+use super::{flex_f32, to_flex, values};
+
+/// A backend the models can batch-normalise on. The defaults compose Burn's tensor ops.
+pub trait NormBackend: Backend {
+    /// `x` `[n, c, h, w]` normalised per channel by its batch mean and biased variance, then
+    /// scaled by `gamma` and shifted by `beta` (`[c]`): (output, mean, variance).
+    fn batch_norm_train(
+        x: FloatTensor<Self>,
+        gamma: FloatTensor<Self>,
+        beta: FloatTensor<Self>,
+        eps: f64,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
+        composed_forward::<Self>(x, gamma, beta, eps)
+    }
+
+    /// The gradients of `x`, `gamma` and `beta` from the output's gradient `dy`, given the
+    /// forward's input and statistics.
+    fn batch_norm_train_backward(
+        x: FloatTensor<Self>,
+        gamma: FloatTensor<Self>,
+        stats: (FloatTensor<Self>, FloatTensor<Self>),
+        eps: f64,
+        dy: FloatTensor<Self>,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
+        composed_backward::<Self>(x, gamma, stats, eps, dy)
+    }
+}
+
+/// Training-mode batch norm on any [`NormBackend`]: (output, batch mean, biased batch
+/// variance). The statistics carry no gradient.
+pub fn batch_norm_train<B: NormBackend>(
+    x: Tensor<B, 4>,
+    gamma: Tensor<B, 1>,
+    beta: Tensor<B, 1>,
+    eps: f64,
+) -> (Tensor<B, 4>, Tensor<B, 1>, Tensor<B, 1>) {
+    let prim = |t: FloatTensor<B>| TensorPrimitive::Float(t);
+    let (out, mean, var) = B::batch_norm_train(
+        x.into_primitive().tensor(),
+        gamma.into_primitive().tensor(),
+        beta.into_primitive().tensor(),
+        eps,
+    );
+    (
+        Tensor::from_primitive(prim(out)),
+        Tensor::from_primitive(prim(mean)),
+        Tensor::from_primitive(prim(var)),
+    )
+}
+
+fn tensor<B: Backend, const D: usize>(t: FloatTensor<B>) -> Tensor<B, D> {
+    Tensor::from_primitive(TensorPrimitive::Float(t))
+}
+
+/// Per-channel helpers on `[n·c, h·w]` rows.
+struct Rows {
+    n: usize,
+    c: usize,
+    m: f64,
+}
+
+impl Rows {
+    fn of(dims: [usize; 4]) -> Self {
+        let [n, c, h, w] = dims;
+        Rows {
+            n,
+            c,
+            m: (n * h * w) as f64,
+        }
+    }
+
+    fn sum<B: Backend>(&self, t: Tensor<B, 2>) -> Tensor<B, 1> {
+        let (n, c) = (self.n, self.c);
+        t.sum_dim(1).reshape([n, c]).sum_dim(0).reshape([c])
+    }
+
+    /// A per-channel value on every row.
+    fn spread<B: Backend>(&self, t: Tensor<B, 1>) -> Tensor<B, 2> {
+        let (n, c) = (self.n, self.c);
+        t.reshape([1, c]).repeat_dim(0, n).reshape([n * c, 1])
+    }
+}
+
+fn composed_forward<B: Backend>(
+    x: FloatTensor<B>,
+    gamma: FloatTensor<B>,
+    beta: FloatTensor<B>,
+    eps: f64,
+) -> (FloatTensor<B>, FloatTensor<B>, FloatTensor<B>) {
+    let x: Tensor<B, 4> = tensor(x);
+    let dims = x.dims();
+    let r = Rows::of(dims);
+    let x2 = x.reshape([r.n * r.c, dims[2] * dims[3]]);
+    let mean = r.sum(x2.clone()) / r.m;
+    let centered = x2 - r.spread(mean.clone());
+    let var = r.sum(centered.clone().square()) / r.m;
+    let scale = tensor::<B, 1>(gamma) * (var.clone() + eps).sqrt().recip();
+    let out = centered * r.spread(scale) + r.spread(tensor(beta));
+    let prim = |t: Tensor<B, 1>| t.into_primitive().tensor();
+    (
+        out.reshape(dims).into_primitive().tensor(),
+        prim(mean),
+        prim(var),
+    )
+}
+
+fn composed_backward<B: Backend>(
+    x: FloatTensor<B>,
+    gamma: FloatTensor<B>,
+    (mean, var): (FloatTensor<B>, FloatTensor<B>),
+    eps: f64,
+    dy: FloatTensor<B>,
+) -> (FloatTensor<B>, FloatTensor<B>, FloatTensor<B>) {
+    let x: Tensor<B, 4> = tensor(x);
+    let dims = x.dims();
+    let r = Rows::of(dims);
+    let flat = [r.n * r.c, dims[2] * dims[3]];
+    let dy = tensor::<B, 4>(dy).reshape(flat);
+    let invstd = (tensor::<B, 1>(var) + eps).sqrt().recip();
+    let x_hat = (x.reshape(flat) - r.spread(tensor(mean))) * r.spread(invstd.clone());
+    let d_beta = r.sum(dy.clone());
+    let d_gamma = r.sum(dy.clone() * x_hat.clone());
+    let k = r.spread(tensor::<B, 1>(gamma) * invstd / r.m);
+    let dx = k * (dy * r.m - r.spread(d_beta.clone()) - x_hat * r.spread(d_gamma.clone()));
+    let prim = |t: Tensor<B, 1>| t.into_primitive().tensor();
+    (
+        dx.reshape(dims).into_primitive().tensor(),
+        prim(d_gamma),
+        prim(d_beta),
+    )
+}
+
+impl NormBackend for Flex {
+    fn batch_norm_train(
+        x: FlexTensor,
+        gamma: FlexTensor,
+        beta: FlexTensor,
+        eps: f64,
+    ) -> (FlexTensor, FlexTensor, FlexTensor) {
+        let (Some((xc, dims)), Some((g, _)), Some((b, _))) = (
+            flex_f32::<4>(&x),
+            flex_f32::<1>(&gamma),
+            flex_f32::<1>(&beta),
+        ) else {
+            return composed_forward::<Self>(x, gamma, beta, eps);
+        };
+        let [n, c, h, w] = dims;
+        let shape = Shape { n, c, hw: h * w };
+        let (out, mean, var) = cpu::forward(&shape, values(&xc), values(&g), values(&b), eps);
+        (to_flex(out, dims), to_flex(mean, [c]), to_flex(var, [c]))
+    }
+
+    fn batch_norm_train_backward(
+        x: FlexTensor,
+        gamma: FlexTensor,
+        (mean, var): (FlexTensor, FlexTensor),
+        eps: f64,
+        dy: FlexTensor,
+    ) -> (FlexTensor, FlexTensor, FlexTensor) {
+        let operands = (
+            flex_f32::<4>(&x),
+            flex_f32::<1>(&gamma),
+            flex_f32::<1>(&mean),
+            flex_f32::<1>(&var),
+            flex_f32::<4>(&dy),
+        );
+        let (Some((xc, dims)), Some((g, _)), Some((mu, _)), Some((v, _)), Some((dyc, _))) =
+            operands
+        else {
+            return composed_backward::<Self>(x, gamma, (mean, var), eps, dy);
+        };
+        let [n, c, h, w] = dims;
+        let shape = Shape { n, c, hw: h * w };
+        let stats = (values(&mu), values(&v));
+        let (dx, d_gamma, d_beta) =
+            cpu::backward(&shape, values(&xc), values(&g), stats, eps, values(&dyc));
+        (
+            to_flex(dx, dims),
+            to_flex(d_gamma, [c]),
+            to_flex(d_beta, [c]),
+        )
+    }
+}
+
+/// One autodiff node per batch norm; its backward asks the inner backend for all three
+/// gradients at once.
+impl<B: NormBackend, C: CheckpointStrategy> NormBackend for Autodiff<B, C> {
+    fn batch_norm_train(
+        x: FloatTensor<Self>,
+        gamma: FloatTensor<Self>,
+        beta: FloatTensor<Self>,
+        eps: f64,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
+        #[derive(Debug)]
+        struct BatchNormBackward;
+
+        impl<B: NormBackend> Backward<B, 3> for BatchNormBackward {
+            /// x, γ (checkpointed), the batch mean and variance, eps.
+            type State = (NodeId, NodeId, FloatTensor<B>, FloatTensor<B>, f64);
+
+            fn backward(
+                self,
+                ops: Ops<Self::State, 3>,
+                grads: &mut Gradients,
+                checkpointer: &mut Checkpointer,
+            ) {
+                let [node_x, node_gamma, node_beta] = ops.parents;
+                let dy = grads.consume::<B>(&ops.node);
+                let (x_state, gamma_state, mean, var, eps) = ops.state;
+                let x = checkpointer.retrieve_node_output::<FloatTensor<B>>(x_state);
+                let gamma = checkpointer.retrieve_node_output::<FloatTensor<B>>(gamma_state);
+                let (dx, d_gamma, d_beta) =
+                    B::batch_norm_train_backward(x, gamma, (mean, var), eps, dy);
+                for (node, grad) in [(node_x, dx), (node_gamma, d_gamma), (node_beta, d_beta)] {
+                    if let Some(node) = node {
+                        grads.register::<B>(node.id, grad);
+                    }
+                }
+            }
+        }
+
+        let (out, mean, var) = B::batch_norm_train(
+            x.primitive.clone(),
+            gamma.primitive.clone(),
+            beta.primitive.clone(),
+            eps,
+        );
+        let parents = [x.node.clone(), gamma.node.clone(), beta.node.clone()];
+        let out = match BatchNormBackward
+            .prepare::<C>(parents)
+            .compute_bound()
+            .stateful()
+        {
+            OpsKind::Tracked(mut prep) => {
+                let x_state = prep.checkpoint(&x);
+                let gamma_state = prep.checkpoint(&gamma);
+                let state = (x_state, gamma_state, mean.clone(), var.clone(), eps);
+                prep.finish(state, out)
+            }
+            OpsKind::UnTracked(prep) => prep.finish(out),
+        };
+        (out, Self::from_inner(mean), Self::from_inner(var))
+    }
+}
+
+#[cfg(feature = "cuda")]
+impl NormBackend for burn::backend::Cuda {}
+
+#[cfg(feature = "cuda")]
+impl NormBackend for burn_cubecl::CubeBackend<cubecl::cuda::CudaRuntime, f32, i32, u8> {}
+
+/// `[n, c, hw]`: channel `ch` of image `i` is the row `(i·c + ch)·hw ..`.
+struct Shape {
+    n: usize,
+    c: usize,
+    hw: usize,
+}
+
+impl Shape {
+    fn row<'a>(&self, t: &'a [f32], image: usize, channel: usize) -> &'a [f32] {
+        &t[(image * self.c + channel) * self.hw..][..self.hw]
+    }
+
+    /// Σ over a channel's rows of `f(image)`, each row summed in `f32` lanes and the
+    /// rows in `f64`: the same order on every run.
+    fn channel_sum(&self, f: impl Fn(usize) -> f32) -> f64 {
+        (0..self.n).map(|i| f64::from(f(i))).sum()
+    }
+}
+
+/// The Flex kernels: plain loops over contiguous rows that the compiler vectorises,
+/// parallel over channels (reductions) or rows (elementwise passes).
+mod cpu {
+    use super::*;
+
+    /// Σ a·(b − shift) over two rows, in 16 independent lanes.
+    pub(super) fn dot_centered(a: &[f32], b: &[f32], shift: f32) -> f32 {
+        let mut lanes = [0.0f32; 16];
+        let (a_chunks, b_chunks) = (a.chunks_exact(16), b.chunks_exact(16));
+        let tail: f32 = a_chunks
+            .remainder()
+            .iter()
+            .zip(b_chunks.remainder())
+            .map(|(x, y)| x * (y - shift))
+            .sum();
+        for (ca, cb) in a_chunks.zip(b_chunks) {
+            for l in 0..16 {
+                lanes[l] += ca[l] * (cb[l] - shift);
+            }
+        }
+        lanes.iter().sum::<f32>() + tail
+    }
+
+    /// Σ (b − shift) over a row.
+    pub(super) fn sum_centered(b: &[f32], shift: f32) -> f32 {
+        let mut lanes = [0.0f32; 16];
+        let chunks = b.chunks_exact(16);
+        let tail: f32 = chunks.remainder().iter().map(|y| y - shift).sum();
+        for cb in chunks {
+            for l in 0..16 {
+                lanes[l] += cb[l] - shift;
+            }
+        }
+        lanes.iter().sum::<f32>() + tail
+    }
+
+    /// (output, mean, biased variance).
+    pub(super) fn forward(
+        s: &Shape,
+        x: &[f32],
+        gamma: &[f32],
+        beta: &[f32],
+        eps: f64,
+    ) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
+        let m = (s.n * s.hw) as f64;
+        // Two passes per channel (mean, then the variance around it): the channel's rows
+        // are still in cache for the second.
+        let stats: Vec<(f32, f32)> = (0..s.c)
+            .into_par_iter()
+            .map(|ch| {
+                let mean = s.channel_sum(|i| sum_centered(s.row(x, i, ch), 0.0)) / m;
+                let mean = mean as f32;
+                let sq = |i| {
+                    let row = s.row(x, i, ch);
+                    dot_centered_sq(row, mean)
+                };
+                (mean, (s.channel_sum(sq) / m) as f32)
+            })
+            .collect();
+        // y = x·a + b per channel, a = γ·invstd, b = β − mean·a.
+        let affine: Vec<(f32, f32)> = stats
+            .iter()
+            .zip(gamma.iter().zip(beta))
+            .map(|(&(mean, var), (&g, &b))| {
+                let a = g * inv_std(var, eps);
+                (a, b - mean * a)
+            })
+            .collect();
+        let mut out = vec![0.0; x.len()];
+        out.par_chunks_mut(s.hw)
+            .zip(x.par_chunks(s.hw))
+            .enumerate()
+            .for_each(|(row, (y, x))| {
+                let (a, b) = affine[row % s.c];
+                y.iter_mut().zip(x).for_each(|(y, &x)| *y = x * a + b);
+            });
+        let (mean, var) = stats.into_iter().unzip();
+        (out, mean, var)
+    }
+
+    /// Σ (b − shift)² over a row.
+    fn dot_centered_sq(b: &[f32], shift: f32) -> f32 {
+        let mut lanes = [0.0f32; 16];
+        let chunks = b.chunks_exact(16);
+        let tail: f32 = chunks
+            .remainder()
+            .iter()
+            .map(|y| (y - shift) * (y - shift))
+            .sum();
+        for cb in chunks {
+            for l in 0..16 {
+                let d = cb[l] - shift;
+                lanes[l] += d * d;
+            }
+        }
+        lanes.iter().sum::<f32>() + tail
+    }
+
+    fn inv_std(var: f32, eps: f64) -> f32 {
+        (1.0 / (f64::from(var) + eps).sqrt()) as f32
+    }
+
+    /// (dx, dγ, dβ).
+    pub(super) fn backward(
+        s: &Shape,
+        x: &[f32],
+        gamma: &[f32],
+        (mean, var): (&[f32], &[f32]),
+        eps: f64,
+        dy: &[f32],
+    ) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
+        let m = (s.n * s.hw) as f64;
+        // Per channel: dβ = Σ dy, Σ dy·(x − mean); then dx = A·dy + B·x + C.
+        let sums: Vec<(f32, f32, [f32; 3])> = (0..s.c)
+            .into_par_iter()
+            .map(|ch| {
+                let mu = mean[ch];
+                let d_beta = s.channel_sum(|i| sum_centered(s.row(dy, i, ch), 0.0));
+                let dot = s.channel_sum(|i| dot_centered(s.row(dy, i, ch), s.row(x, i, ch), mu));
+                let invstd = f64::from(inv_std(var[ch], eps));
+                let d_gamma = dot * invstd;
+                let k = f64::from(gamma[ch]) * invstd;
+                let b = -k * invstd * d_gamma / m;
+                let c = -k * d_beta / m - b * f64::from(mu);
+                (
+                    d_gamma as f32,
+                    d_beta as f32,
+                    [k as f32, b as f32, c as f32],
+                )
+            })
+            .collect();
+        let mut dx = vec![0.0; x.len()];
+        dx.par_chunks_mut(s.hw)
+            .zip(x.par_chunks(s.hw).zip(dy.par_chunks(s.hw)))
+            .enumerate()
+            .for_each(|(row, (dx, (x, dy)))| {
+                let [a, b, c] = sums[row % s.c].2;
+                for ((dx, &x), &dy) in dx.iter_mut().zip(x).zip(dy) {
+                    *dx = a * dy + b * x + c;
+                }
+            });
+        let d_gamma = sums.iter().map(|s| s.0).collect();
+        let d_beta = sums.iter().map(|s| s.1).collect();
+        (dx, d_gamma, d_beta)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use burn::tensor::{Distribution, TensorData};
+
+    use super::*;
+
+    fn flex(dims: &[usize], dist: Distribution) -> FlexTensor {
+        let t =
+            Tensor::<Flex, 1>::random([dims.iter().product::<usize>()], dist, &Default::default());
+        let values = t.into_data().to_vec::<f32>().unwrap();
+        FlexTensor::from_data(TensorData::new(values, dims.to_vec()))
+    }
+
+    fn worst(a: &FlexTensor, b: &FlexTensor) -> f32 {
+        let (a, b) = (
+            values(&a.to_contiguous()).to_vec(),
+            values(&b.to_contiguous()).to_vec(),
+        );
+        assert_eq!(a.len(), b.len());
+        a.iter()
+            .zip(&b)
+            .map(|(x, y)| (x - y).abs())
+            .fold(0.0, f32::max)
+    }
+
+    /// The default (composed, what CUDA runs) and Flex's kernels agree: output, statistics
+    /// and all three gradients, to 1e-4 absolute on values of order 1.
+    #[test]
+    fn composed_default_and_cpu_kernels_agree() {
+        for dims in [[4, 3, 5, 6], [2, 5, 8, 8], [3, 2, 1, 1]] {
+            let c = dims[1];
+            let x = flex(&dims, Distribution::Normal(1.0, 2.0));
+            let gamma = flex(&[c], Distribution::Uniform(0.5, 1.5));
+            let beta = flex(&[c], Distribution::Default);
+            let dy = flex(&dims, Distribution::Default);
+            let eps = 1e-5;
+            let ours = Flex::batch_norm_train(x.clone(), gamma.clone(), beta.clone(), eps);
+            let reference = composed_forward::<Flex>(x.clone(), gamma.clone(), beta, eps);
+            assert!(worst(&ours.0, &reference.0) < 1e-4, "{dims:?}: output");
+            assert!(worst(&ours.1, &reference.1) < 1e-5, "{dims:?}: mean");
+            assert!(worst(&ours.2, &reference.2) < 1e-4, "{dims:?}: variance");
+            let stats = (ours.1, ours.2);
+            let grads = Flex::batch_norm_train_backward(
+                x.clone(),
+                gamma.clone(),
+                stats.clone(),
+                eps,
+                dy.clone(),
+            );
+            let expected = composed_backward::<Flex>(x, gamma, stats, eps, dy);
+            assert!(worst(&grads.0, &expected.0) < 1e-4, "{dims:?}: dx");
+            assert!(worst(&grads.1, &expected.1) < 1e-4, "{dims:?}: dgamma");
+            assert!(worst(&grads.2, &expected.2) < 1e-4, "{dims:?}: dbeta");
+        }
+    }
+}
