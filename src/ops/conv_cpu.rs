@@ -28,8 +28,9 @@ struct Run {
     src: usize,
 }
 
-/// Columns per band of output rows (see [`Geometry::bands`]).
-const BAND_COLUMNS: usize = 256;
+/// Columns per band of output rows (see [`Geometry::bands`]). Measured on a ResNet-18 step
+/// (2 cores, 2 MiB L2 each): 512 beat 256 by 2% and whole 32×32 images (1024) by 2.5%.
+const BAND_COLUMNS: usize = 512;
 
 /// One convolution's shapes: input `[n, c, h, w]`, weight `[co, c, kh, kw]`, output
 /// `[n, co, ho, wo]`; strides, paddings and dilations per axis. Groups are 1.
@@ -507,6 +508,24 @@ fn valid(out: usize, size: usize, stride: usize, offset: isize) -> (usize, usize
     (lo.min(out), hi.min(out).max(lo.min(out)))
 }
 
+/// Zeroes `line[..lo]` and `line[hi..]`: usually one entry each (a 3×3 kernel's padding),
+/// stored directly, since a `fill` becomes a call to `memset` per line (a tenth of the
+/// column work on 32×32 maps).
+#[inline(always)]
+fn zero_edges(line: &mut [f32], lo: usize, hi: usize) {
+    match lo {
+        0 => {}
+        1 => line[0] = 0.0,
+        _ => line[..lo].fill(0.0),
+    }
+    let n = line.len();
+    match n - hi {
+        0 => {}
+        1 => line[n - 1] = 0.0,
+        _ => line[hi..].fill(0.0),
+    }
+}
+
 /// Output rows `rows` of one image's patches into `col`, a `k × ld` row-major matrix, at
 /// column `off`: row `(c·kh + i)·kw + j`, column `off + (oh − rows.start)·wo + ow` holds
 /// `x[c, oh·sh + i·dh − ph, ow·sw + j·dw − pw]`, 0 outside the image.
@@ -528,8 +547,7 @@ fn im2col(g: &Geometry, x: &[f32], rows: Range<usize>, col: &mut [f32], ld: usiz
                     row[run.lines.end..].fill(0.0);
                     row[run.copy.clone()].copy_from_slice(&plane[run.src..][..run.copy.len()]);
                     for line in row[run.lines].chunks_exact_mut(g.wo) {
-                        line[..lo].fill(0.0);
-                        line[hi..].fill(0.0);
+                        zero_edges(line, lo, hi);
                     }
                     continue;
                 }
@@ -541,8 +559,7 @@ fn im2col(g: &Geometry, x: &[f32], rows: Range<usize>, col: &mut [f32], ld: usiz
                         continue;
                     }
                     let src = &plane[ih as usize * g.w..][..g.w];
-                    dst[..lo].fill(0.0);
-                    dst[hi..].fill(0.0);
+                    zero_edges(dst, lo, hi);
                     let start = ((lo * sw) as isize + offset) as usize;
                     if sw == 1 {
                         dst[lo..hi].copy_from_slice(&src[start..][..hi - lo]);
@@ -583,8 +600,7 @@ fn col2im(
                     // row's pixel in one contiguous add: zero them first (the buffer is
                     // scratch), then add the whole run at once.
                     for line in row[run.lines].chunks_exact_mut(g.wo) {
-                        line[..lo].fill(0.0);
-                        line[hi..].fill(0.0);
+                        zero_edges(line, lo, hi);
                     }
                     let src = &row[run.copy];
                     let dst = &mut plane[run.src..][..src.len()];
