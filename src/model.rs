@@ -18,8 +18,8 @@ use burn::tensor::ops::ConvOptions;
 use burn::tensor::{Bool, Int, Tensor};
 
 use crate::ops::{self, ModelBackend};
-use crate::plan::ModelPlan;
-use crate::recipe::{Arch, Stem};
+use crate::plan::{ModelPlan, NetPlan, ResNetDepth, TransformerPlan};
+use crate::recipe::Stem;
 
 /// Any of the networks, as one module type so the training loop is compiled once. One
 /// value exists per run: the size difference between variants costs nothing, and boxing
@@ -80,29 +80,38 @@ impl<B: ModelBackend> Net<B> {
             Shape::Image { channels, side } => (channels, side, 0, 0),
             Shape::Text { vocab, max_len } => (0, 0, vocab, max_len),
         };
-        let resnet = |kind, layers| Net::ResNet(ResNet::new(kind, layers, m, channels, device));
-        match m.arch {
-            Arch::Resnet18 => resnet(Block::Basic, [2, 2, 2, 2]),
-            Arch::Resnet34 => resnet(Block::Basic, [3, 4, 6, 3]),
-            Arch::Resnet50 => resnet(Block::Bottleneck, [3, 4, 6, 3]),
-            Arch::SmallCnn => Net::SmallCnn(SmallCnn::new(
-                channels,
-                side,
-                m.width,
-                m.num_classes,
-                device,
-            )),
-            Arch::Mlp => Net::Mlp(Mlp::new(
-                channels * side * side,
-                &m.hidden,
-                m.num_classes,
-                device,
-            )),
-            Arch::Bag => Net::Bag(Bag::new(vocab, m, device)),
-            Arch::Lstm => Net::Lstm(LstmClassifier::new(vocab, m, device)),
-            Arch::Transformer => {
-                Net::Transformer(TransformerClassifier::new(vocab, max_len, m, device))
+        let classes = m.num_classes;
+        match &m.net {
+            NetPlan::ResNet { depth, stem } => {
+                let (kind, layers) = match depth {
+                    ResNetDepth::R18 => (Block::Basic, [2, 2, 2, 2]),
+                    ResNetDepth::R34 => (Block::Basic, [3, 4, 6, 3]),
+                    ResNetDepth::R50 => (Block::Bottleneck, [3, 4, 6, 3]),
+                };
+                Net::ResNet(ResNet::new(kind, layers, *stem, channels, classes, device))
             }
+            NetPlan::SmallCnn { width } => {
+                Net::SmallCnn(SmallCnn::new(channels, side, *width, classes, device))
+            }
+            NetPlan::Mlp { hidden } => {
+                Net::Mlp(Mlp::new(channels * side * side, hidden, classes, device))
+            }
+            NetPlan::Bag { embed_dim, hidden } => {
+                Net::Bag(Bag::new(vocab, *embed_dim, hidden, classes, device))
+            }
+            NetPlan::Lstm {
+                embed_dim,
+                hidden_size,
+                layers,
+            } => Net::Lstm(LstmClassifier::new(
+                vocab,
+                [*embed_dim, *hidden_size, *layers],
+                classes,
+                device,
+            )),
+            NetPlan::Transformer(t) => Net::Transformer(TransformerClassifier::new(
+                vocab, max_len, t, classes, device,
+            )),
         }
     }
 
@@ -321,11 +330,12 @@ impl<B: ModelBackend> ResNet<B> {
     fn new(
         kind: Block,
         layers: [usize; 4],
-        m: &ModelPlan,
+        stem: Stem,
         channels: usize,
+        classes: usize,
         device: &B::Device,
     ) -> Self {
-        let (stem, stem_pool) = match m.stem {
+        let (stem, stem_pool) = match stem {
             Stem::Cifar => (ConvBn::new(channels, 64, 3, 1, device), None),
             Stem::Imagenet => (
                 ConvBn::new(channels, 64, 7, 2, device),
@@ -353,7 +363,7 @@ impl<B: ModelBackend> ResNet<B> {
             stem_pool,
             blocks,
             pool: AdaptiveAvgPool2dConfig::new([1, 1]).init(),
-            fc: LinearConfig::new(cin, m.num_classes).init(device),
+            fc: LinearConfig::new(cin, classes).init(device),
         }
     }
 
@@ -462,12 +472,18 @@ pub struct Bag<B: Backend> {
 }
 
 impl<B: Backend> Bag<B> {
-    fn new(vocab: usize, m: &ModelPlan, device: &B::Device) -> Self {
-        let mut sizes = vec![m.embed_dim];
-        sizes.extend_from_slice(&m.hidden);
-        sizes.push(m.num_classes);
+    fn new(
+        vocab: usize,
+        embed_dim: usize,
+        hidden: &[usize],
+        classes: usize,
+        device: &B::Device,
+    ) -> Self {
+        let mut sizes = vec![embed_dim];
+        sizes.extend_from_slice(hidden);
+        sizes.push(classes);
         Self {
-            embed: EmbeddingConfig::new(vocab, m.embed_dim).init(device),
+            embed: EmbeddingConfig::new(vocab, embed_dim).init(device),
             head: sizes
                 .windows(2)
                 .map(|w| LinearConfig::new(w[0], w[1]).init(device))
@@ -490,17 +506,19 @@ pub struct LstmClassifier<B: Backend> {
 }
 
 impl<B: Backend> LstmClassifier<B> {
-    fn new(vocab: usize, m: &ModelPlan, device: &B::Device) -> Self {
-        let layers = (0..m.layers)
+    /// `[embed_dim, hidden_size, layers]`.
+    fn new(vocab: usize, sizes: [usize; 3], classes: usize, device: &B::Device) -> Self {
+        let [embed_dim, hidden_size, layers] = sizes;
+        let layers = (0..layers)
             .map(|i| {
-                let input = if i == 0 { m.embed_dim } else { m.hidden_size };
-                LstmConfig::new(input, m.hidden_size, true).init(device)
+                let input = if i == 0 { embed_dim } else { hidden_size };
+                LstmConfig::new(input, hidden_size, true).init(device)
             })
             .collect();
         Self {
-            embed: EmbeddingConfig::new(vocab, m.embed_dim).init(device),
+            embed: EmbeddingConfig::new(vocab, embed_dim).init(device),
             layers,
-            out: LinearConfig::new(m.hidden_size, m.num_classes).init(device),
+            out: LinearConfig::new(hidden_size, classes).init(device),
         }
     }
 
@@ -526,15 +544,21 @@ pub struct TransformerClassifier<B: Backend> {
 }
 
 impl<B: Backend> TransformerClassifier<B> {
-    fn new(vocab: usize, max_len: usize, m: &ModelPlan, device: &B::Device) -> Self {
+    fn new(
+        vocab: usize,
+        max_len: usize,
+        t: &TransformerPlan,
+        classes: usize,
+        device: &B::Device,
+    ) -> Self {
         Self {
-            embed: EmbeddingConfig::new(vocab, m.embed_dim).init(device),
-            position: EmbeddingConfig::new(max_len.max(1), m.embed_dim).init(device),
-            encoder: TransformerEncoderConfig::new(m.embed_dim, m.ff_dim, m.heads, m.layers)
-                .with_dropout(m.dropout)
+            embed: EmbeddingConfig::new(vocab, t.embed_dim).init(device),
+            position: EmbeddingConfig::new(max_len.max(1), t.embed_dim).init(device),
+            encoder: TransformerEncoderConfig::new(t.embed_dim, t.ff_dim, t.heads, t.layers)
+                .with_dropout(t.dropout)
                 .with_norm_first(true)
                 .init(device),
-            out: LinearConfig::new(m.embed_dim, m.num_classes).init(device),
+            out: LinearConfig::new(t.embed_dim, classes).init(device),
         }
     }
 

@@ -99,20 +99,77 @@ pub struct KernelPlan {
     pub cache_dir: Option<PathBuf>,
 }
 
+/// The network: its class count and its architecture with the knobs that architecture
+/// has (and no others).
 #[derive(Debug, Clone, PartialEq)]
 pub struct ModelPlan {
-    pub arch: Arch,
-    pub stem: Stem,
     pub num_classes: usize,
-    pub width: usize,
-    pub hidden: Vec<usize>,
-    /// Text models.
+    pub net: NetPlan,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum NetPlan {
+    ResNet {
+        depth: ResNetDepth,
+        stem: Stem,
+    },
+    SmallCnn {
+        width: usize,
+    },
+    Mlp {
+        hidden: Vec<usize>,
+    },
+    Bag {
+        embed_dim: usize,
+        hidden: Vec<usize>,
+    },
+    Lstm {
+        embed_dim: usize,
+        hidden_size: usize,
+        layers: usize,
+    },
+    Transformer(TransformerPlan),
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct TransformerPlan {
     pub embed_dim: usize,
-    pub hidden_size: usize,
-    pub layers: usize,
     pub heads: usize,
+    pub layers: usize,
     pub ff_dim: usize,
     pub dropout: f64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ResNetDepth {
+    R18,
+    R34,
+    R50,
+}
+
+impl ModelPlan {
+    /// The recipe's name for the architecture.
+    pub fn arch(&self) -> Arch {
+        match &self.net {
+            NetPlan::ResNet {
+                depth: ResNetDepth::R18,
+                ..
+            } => Arch::Resnet18,
+            NetPlan::ResNet {
+                depth: ResNetDepth::R34,
+                ..
+            } => Arch::Resnet34,
+            NetPlan::ResNet {
+                depth: ResNetDepth::R50,
+                ..
+            } => Arch::Resnet50,
+            NetPlan::SmallCnn { .. } => Arch::SmallCnn,
+            NetPlan::Mlp { .. } => Arch::Mlp,
+            NetPlan::Bag { .. } => Arch::Bag,
+            NetPlan::Lstm { .. } => Arch::Lstm,
+            NetPlan::Transformer(_) => Arch::Transformer,
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq)]

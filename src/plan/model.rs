@@ -154,18 +154,31 @@ impl<'a> Validator<'a> {
                 "use mlp",
             );
         }
-        Some(ModelPlan {
-            arch,
-            stem: m.stem.unwrap_or(Stem::Cifar),
-            num_classes,
-            width,
-            hidden,
-            embed_dim,
-            hidden_size,
-            layers,
-            heads,
-            ff_dim,
-            dropout,
-        })
+        let net = match arch {
+            Arch::Resnet18 | Arch::Resnet34 | Arch::Resnet50 => NetPlan::ResNet {
+                depth: match arch {
+                    Arch::Resnet18 => ResNetDepth::R18,
+                    Arch::Resnet34 => ResNetDepth::R34,
+                    _ => ResNetDepth::R50,
+                },
+                stem: m.stem.unwrap_or(Stem::Cifar),
+            },
+            Arch::SmallCnn => NetPlan::SmallCnn { width },
+            Arch::Mlp => NetPlan::Mlp { hidden },
+            Arch::Bag => NetPlan::Bag { embed_dim, hidden },
+            Arch::Lstm => NetPlan::Lstm {
+                embed_dim,
+                hidden_size,
+                layers,
+            },
+            Arch::Transformer => NetPlan::Transformer(TransformerPlan {
+                embed_dim,
+                heads,
+                layers,
+                ff_dim,
+                dropout,
+            }),
+        };
+        Some(ModelPlan { num_classes, net })
     }
 }

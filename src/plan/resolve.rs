@@ -16,32 +16,33 @@ impl<'a> Validator<'a> {
     ) -> Recipe {
         let mut resolved = self.recipe().clone();
         resolved.name = Some(name.to_string());
-        resolved.model.arch = Some(model.arch);
+        resolved.model.arch = Some(model.arch());
         resolved.model.num_classes = Some(model.num_classes);
-        if model.arch.is_resnet() {
-            resolved.model.stem = Some(model.stem);
-        }
         let rm = &mut resolved.model;
-        match model.arch {
-            Arch::SmallCnn => rm.width = Some(model.width),
-            Arch::Mlp => rm.hidden = Some(model.hidden.clone()),
-            Arch::Bag => {
-                rm.hidden = Some(model.hidden.clone());
-                rm.embed_dim = Some(model.embed_dim);
+        match &model.net {
+            NetPlan::ResNet { stem, .. } => rm.stem = Some(*stem),
+            NetPlan::SmallCnn { width } => rm.width = Some(*width),
+            NetPlan::Mlp { hidden } => rm.hidden = Some(hidden.clone()),
+            NetPlan::Bag { embed_dim, hidden } => {
+                rm.hidden = Some(hidden.clone());
+                rm.embed_dim = Some(*embed_dim);
             }
-            Arch::Lstm => {
-                rm.embed_dim = Some(model.embed_dim);
-                rm.hidden_size = Some(model.hidden_size);
-                rm.layers = Some(model.layers);
+            NetPlan::Lstm {
+                embed_dim,
+                hidden_size,
+                layers,
+            } => {
+                rm.embed_dim = Some(*embed_dim);
+                rm.hidden_size = Some(*hidden_size);
+                rm.layers = Some(*layers);
             }
-            Arch::Transformer => {
-                rm.embed_dim = Some(model.embed_dim);
-                rm.layers = Some(model.layers);
-                rm.heads = Some(model.heads);
-                rm.ff_dim = Some(model.ff_dim);
-                rm.dropout = Some(model.dropout);
+            NetPlan::Transformer(t) => {
+                rm.embed_dim = Some(t.embed_dim);
+                rm.layers = Some(t.layers);
+                rm.heads = Some(t.heads);
+                rm.ff_dim = Some(t.ff_dim);
+                rm.dropout = Some(t.dropout);
             }
-            _ => {}
         }
         if let Some(t) = &data.text {
             resolved.data.text_field = Some(t.text_field.clone());

@@ -11,8 +11,8 @@
 //! 4.7 GB at batch 64 on 3×32×32 images, is about 5,600 floats per input element; the rate
 //! here is 2,500). A run over the estimate cannot fit; one under it may still not.
 
-use super::{DataPlan, LoaderPlan, ModelPlan, OptimPlan};
-use crate::recipe::{Arch, Optimizer, Stem, TokenizerKind};
+use super::{DataPlan, LoaderPlan, ModelPlan, NetPlan, OptimPlan, ResNetDepth};
+use crate::recipe::{Optimizer, Stem, TokenizerKind};
 
 /// Bytes, in parts.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
@@ -63,56 +63,53 @@ pub fn parameters(m: &ModelPlan, data: &DataPlan) -> u64 {
     let classes = m.num_classes as u64;
     let c = data.channels as u64;
     let side = data.height as u64;
-    match m.arch {
-        Arch::Resnet18 | Arch::Resnet34 | Arch::Resnet50 => {
+    let embed = |e: usize| {
+        let pad = data.text.as_ref().map_or(0, |t| t.padding.pad_id as usize);
+        vocab_bound(data, pad) * e as u64
+    };
+    let mlp = |first: u64, hidden: &[usize]| -> u64 {
+        let mut sizes = vec![first];
+        sizes.extend(hidden.iter().map(|&h| h as u64));
+        sizes.push(classes);
+        sizes.windows(2).map(|w| linear(w[0], w[1])).sum()
+    };
+    match &m.net {
+        NetPlan::ResNet { depth, stem } => {
             // torchvision's counts without conv1 and fc (10 classes, 3 channels: 11,173,962,
             // 21,282,122 and 23,520,842 with the CIFAR stem).
-            let (body, features) = match m.arch {
-                Arch::Resnet18 => (11_167_104, 512),
-                Arch::Resnet34 => (21_275_264, 512),
-                _ => (23_498_624, 2048),
+            let (body, features) = match depth {
+                ResNetDepth::R18 => (11_167_104, 512),
+                ResNetDepth::R34 => (21_275_264, 512),
+                ResNetDepth::R50 => (23_498_624, 2048),
             };
-            let k = if m.stem == Stem::Imagenet { 49 } else { 9 };
+            let k = if *stem == Stem::Imagenet { 49 } else { 9 };
             body + 64 * c * k + linear(features, classes)
         }
-        Arch::SmallCnn => {
-            let w = m.width as u64;
+        NetPlan::SmallCnn { width } => {
+            let w = *width as u64;
             let flat = 2 * w * (side / 4) * (side / 4);
             (c * w * 9 + w + 2 * w)
                 + (w * 2 * w * 9 + 2 * w + 4 * w)
                 + linear(flat, 128)
                 + linear(128, classes)
         }
-        Arch::Mlp => {
-            let mut sizes = vec![c * side * side];
-            sizes.extend(m.hidden.iter().map(|&h| h as u64));
-            sizes.push(classes);
-            sizes.windows(2).map(|w| linear(w[0], w[1])).sum()
+        NetPlan::Mlp { hidden } => mlp(c * side * side, hidden),
+        NetPlan::Bag { embed_dim, hidden } => embed(*embed_dim) + mlp(*embed_dim as u64, hidden),
+        NetPlan::Lstm {
+            embed_dim,
+            hidden_size,
+            layers,
+        } => {
+            let (e, h) = (*embed_dim as u64, *hidden_size as u64);
+            let first = 4 * (linear(e, h) + linear(h, h));
+            let rest = 4 * (linear(h, h) + linear(h, h)) * (*layers as u64 - 1);
+            embed(*embed_dim) + first + rest + linear(h, classes)
         }
-        Arch::Bag | Arch::Lstm | Arch::Transformer => {
-            let pad = data.text.as_ref().map_or(0, |t| t.padding.pad_id as usize);
-            let e = m.embed_dim as u64;
-            let embed = vocab_bound(data, pad) * e;
-            match m.arch {
-                Arch::Bag => {
-                    let mut sizes = vec![e];
-                    sizes.extend(m.hidden.iter().map(|&h| h as u64));
-                    sizes.push(classes);
-                    embed + sizes.windows(2).map(|w| linear(w[0], w[1])).sum::<u64>()
-                }
-                Arch::Lstm => {
-                    let h = m.hidden_size as u64;
-                    let first = 4 * (linear(e, h) + linear(h, h));
-                    let rest = 4 * (linear(h, h) + linear(h, h)) * (m.layers as u64 - 1);
-                    embed + first + rest + linear(h, classes)
-                }
-                _ => {
-                    let max_len = data.text.as_ref().map_or(1, |t| t.padding.max_row_len()) as u64;
-                    let ff = m.ff_dim as u64;
-                    let layer = 4 * linear(e, e) + linear(e, ff) + linear(ff, e) + 4 * e;
-                    embed + max_len * e + layer * m.layers as u64 + linear(e, classes)
-                }
-            }
+        NetPlan::Transformer(t) => {
+            let max_len = data.text.as_ref().map_or(1, |t| t.padding.max_row_len()) as u64;
+            let (e, ff) = (t.embed_dim as u64, t.ff_dim as u64);
+            let layer = 4 * linear(e, e) + linear(e, ff) + linear(ff, e) + 4 * e;
+            embed(t.embed_dim) + max_len * e + layer * t.layers as u64 + linear(e, classes)
         }
     }
 }
@@ -121,16 +118,28 @@ pub fn parameters(m: &ModelPlan, data: &DataPlan) -> u64 {
 /// channels, or tokens), by architecture: the ResNets scaled from the article's figure
 /// (see the module header), the others counted from their layers' outputs.
 fn activations_per_input(m: &ModelPlan) -> u64 {
-    let stem_scale = |v: u64| if m.stem == Stem::Imagenet { v / 16 } else { v };
-    match m.arch {
-        Arch::Resnet18 => stem_scale(600),
-        Arch::Resnet34 => stem_scale(1_000),
-        Arch::Resnet50 => stem_scale(2_500),
-        Arch::SmallCnn => 4 * m.width as u64,
-        Arch::Mlp => 2,
-        Arch::Bag => 2 * m.embed_dim as u64,
-        Arch::Lstm => 8 * (m.embed_dim + m.hidden_size * m.layers) as u64,
-        Arch::Transformer => (m.layers * (8 * m.embed_dim + 2 * m.ff_dim)) as u64,
+    match &m.net {
+        NetPlan::ResNet { depth, stem } => {
+            let v = match depth {
+                ResNetDepth::R18 => 600,
+                ResNetDepth::R34 => 1_000,
+                ResNetDepth::R50 => 2_500,
+            };
+            if *stem == Stem::Imagenet {
+                v / 16
+            } else {
+                v
+            }
+        }
+        NetPlan::SmallCnn { width } => 4 * *width as u64,
+        NetPlan::Mlp { .. } => 2,
+        NetPlan::Bag { embed_dim, .. } => 2 * *embed_dim as u64,
+        NetPlan::Lstm {
+            embed_dim,
+            hidden_size,
+            layers,
+        } => 8 * (embed_dim + hidden_size * layers) as u64,
+        NetPlan::Transformer(t) => (t.layers * (8 * t.embed_dim + 2 * t.ff_dim)) as u64,
     }
 }
 

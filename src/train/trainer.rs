@@ -118,7 +118,7 @@ impl<'a, B: TrainBackend> Trainer<'a, B> {
                 every: plan.cleanup.every,
                 actions: plan.cleanup.actions.clone(),
             },
-            reseed: plan.model.arch == crate::recipe::Arch::Transformer && plan.model.dropout > 0.0,
+            reseed: matches!(&plan.model.net, crate::plan::NetPlan::Transformer(t) if t.dropout > 0.0),
             io,
             model,
             optim,
