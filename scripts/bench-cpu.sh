@@ -9,7 +9,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 REPEATS=${REPEATS:-2}
 cargo build --release --quiet
-BIN=$PWD/target/release/runner
+BIN=${CARGO_TARGET_DIR:-$PWD/target}/release/runner
 SCRATCH=$(mktemp -d)
 trap 'rm -rf "$SCRATCH"' EXIT
 echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //')" >&2

@@ -1,6 +1,6 @@
 //! The one error type of the run, sweep and report layers, with its exit code (0 all
 //! well, 1 a run failed, 2 bad input, 128 + signal interrupted). Recipe findings are
-//! `recipe::Report` (every diagnostic at once) until the command line renders them.
+//! `recipe::Diagnostics` (every diagnostic at once) until the command line renders them.
 
 use std::path::PathBuf;
 

@@ -193,7 +193,7 @@ pub fn quantile(sorted: &[f64], q: f64) -> f64 {
 
 /// One evaluation on the test set.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Eval {
+pub struct EvalRecord {
     pub epoch: usize,
     pub step: u64,
     pub samples: usize,
@@ -293,7 +293,7 @@ pub struct Summary {
     pub resumes: usize,
     /// Evaluations on the validation set (`data.validation`).
     #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub validations: Vec<Eval>,
+    pub validations: Vec<EvalRecord>,
     /// The watched validation metric's best: step and value (`model-best.safetensors`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub best_step: Option<u64>,
@@ -325,7 +325,7 @@ pub struct Summary {
     pub padded_tokens_per_s: Option<f64>,
     pub final_loss: Option<f64>,
     pub test_accuracy: Option<f64>,
-    pub evals: Vec<Eval>,
+    pub evals: Vec<EvalRecord>,
     pub loader_workers_started: usize,
     pub wall_s: f64,
     /// Process start → the first step done on the device (data loading, model building,

@@ -11,7 +11,7 @@ use std::time::Duration;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 use crate::kernels::{self, KernelCounts};
-use crate::metrics::{Eval, Stats, StepRecord};
+use crate::metrics::{EvalRecord, Stats, StepRecord};
 use crate::plan::Plan;
 
 /// How often the start-up phase prints a line where there is no terminal (logs, Slurm).
@@ -204,7 +204,7 @@ impl Progress {
         ));
     }
 
-    pub fn validation(&mut self, e: &Eval) {
+    pub fn validation(&mut self, e: &EvalRecord) {
         self.line(format!(
             "  validation (step {}): accuracy {:.2}% on {} samples, loss {:.4}",
             e.step,
@@ -214,7 +214,7 @@ impl Progress {
         ));
     }
 
-    pub fn eval(&mut self, e: &Eval) {
+    pub fn eval(&mut self, e: &EvalRecord) {
         self.line(format!(
             "  test: accuracy {:.2}% on {} samples, loss {:.4} ({:.1} s)",
             100.0 * e.accuracy,

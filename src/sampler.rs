@@ -53,7 +53,7 @@ impl Sample {
 
 /// What to sample.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Source {
+pub enum UtilSource {
     /// NVML, for the GPU with this index.
     Nvml(u32),
     /// /proc/self/stat: this process's CPU time.
@@ -73,7 +73,7 @@ pub struct Sampler {
 
 impl Sampler {
     /// Starts sampling every `interval` (zero: no sampling), times relative to `t0`.
-    pub fn start(source: Source, interval: Duration, t0: Instant) -> Self {
+    pub fn start(source: UtilSource, interval: Duration, t0: Instant) -> Self {
         if interval.is_zero() {
             return Self::off("off");
         }
@@ -176,9 +176,9 @@ fn run(
     }
 }
 
-fn open(source: Source) -> Result<(Reader, String), String> {
+fn open(source: UtilSource) -> Result<(Reader, String), String> {
     match source {
-        Source::Proc => {
+        UtilSource::Proc => {
             let mut last = proc_cpu_seconds().ok_or("/proc/self/stat cannot be read")?;
             let mut last_t = Instant::now();
             let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
@@ -199,7 +199,7 @@ fn open(source: Source) -> Result<(Reader, String), String> {
             });
             Ok((reader, "proc".into()))
         }
-        Source::Nvml(index) => nvml::open(index),
+        UtilSource::Nvml(index) => nvml::open(index),
     }
 }
 
@@ -253,7 +253,7 @@ mod tests {
     fn without_nvml_the_sampler_says_unavailable() {
         // CI machines have no NVIDIA driver; on a GPU machine index 9999 does not exist.
         let s = Sampler::start(
-            Source::Nvml(9999),
+            UtilSource::Nvml(9999),
             Duration::from_millis(10),
             Instant::now(),
         );
@@ -265,7 +265,7 @@ mod tests {
     #[test]
     fn proc_sampler_sees_a_busy_thread() {
         let t0 = Instant::now();
-        let s = Sampler::start(Source::Proc, Duration::from_millis(20), t0);
+        let s = Sampler::start(UtilSource::Proc, Duration::from_millis(20), t0);
         assert_eq!(s.status, "proc");
         let until = Instant::now() + Duration::from_millis(300);
         let mut x = 0u64;

@@ -13,7 +13,7 @@ use sha2::{Digest, Sha256};
 
 use crate::metrics::write_json_atomic;
 use crate::plan::{self, Machine, Plan};
-use crate::recipe::{self, schema, Diagnostic, Loaded, Origin, Recipe, Report};
+use crate::recipe::{self, schema, Diagnostic, Diagnostics, Loaded, Origin, Recipe};
 
 /// Cells a grid may have unless `--max-cells` says otherwise.
 pub const DEFAULT_MAX_CELLS: usize = 256;
@@ -93,7 +93,7 @@ fn show(v: &toml::Value) -> String {
 
 /// Flattens the `[sweep]` table into axes, in file order; dotted keys may be written quoted
 /// (`"loader.workers" = [...]`) or as nested tables.
-fn axes(loaded: &Loaded, report: &mut Report) -> Vec<Axis> {
+fn axes(loaded: &Loaded, report: &mut Diagnostics) -> Vec<Axis> {
     let Some(sweep) = &loaded.sweep else {
         return vec![];
     };
@@ -218,9 +218,9 @@ pub fn product(sizes: &[usize]) -> Vec<Vec<usize>> {
 
 /// The cells of a recipe: one for a plain recipe, the whole grid for one with `[sweep]`.
 /// Every cell is type-checked; all findings come back together (each once).
-pub fn cells(loaded: &Loaded, max_cells: usize) -> Result<Vec<Cell>, Report> {
+pub fn cells(loaded: &Loaded, max_cells: usize) -> Result<Vec<Cell>, Diagnostics> {
     let cells = expand(loaded, max_cells)?;
-    let mut report = Report::default();
+    let mut report = Diagnostics::default();
     for c in &cells {
         report.0.extend(c.loaded.findings.0.iter().cloned());
     }
@@ -233,8 +233,8 @@ pub fn cells(loaded: &Loaded, max_cells: usize) -> Result<Vec<Cell>, Report> {
 /// As `cells`, but a cell's own findings (unknown keys, wrong types) stay in its `loaded`
 /// for validation to report with every other finding; only a grid that cannot be
 /// expanded is an error here.
-pub fn expand(loaded: &Loaded, max_cells: usize) -> Result<Vec<Cell>, Report> {
-    let mut report = Report::default();
+pub fn expand(loaded: &Loaded, max_cells: usize) -> Result<Vec<Cell>, Diagnostics> {
+    let mut report = Diagnostics::default();
     let axes = axes(loaded, &mut report);
     let base = loaded.recipe.name.clone().unwrap_or_else(|| {
         loaded
@@ -348,7 +348,7 @@ pub fn check(
     sets: &[String],
     machine: &Machine,
     max_cells: usize,
-) -> Result<Checked, Report> {
+) -> Result<Checked, Diagnostics> {
     let loaded = recipe::load_with(path, sets)?;
     let cells = match expand(&loaded, max_cells) {
         Ok(cells) => cells,
@@ -360,7 +360,7 @@ pub fn check(
             return Err(dedup(report));
         }
     };
-    let mut report = Report::default();
+    let mut report = Diagnostics::default();
     let mut plans = vec![];
     for c in &cells {
         match plan::validate(&c.loaded, machine) {
@@ -388,9 +388,9 @@ pub fn check(
 const MAX_LABEL: usize = 120;
 
 /// A grid repeats one mistake in many cells: say it once.
-pub fn dedup(report: Report) -> Report {
+pub fn dedup(report: Diagnostics) -> Diagnostics {
     let mut seen = vec![];
-    let mut out = Report::default();
+    let mut out = Diagnostics::default();
     for d in report.0 {
         let text = d.to_string();
         if !seen.contains(&text) {
@@ -580,7 +580,7 @@ pub struct Selection {
 }
 
 #[derive(Debug, Default)]
-pub struct Outcome {
+pub struct SweepOutcome {
     pub ran: Vec<usize>,
     pub skipped: Vec<usize>,
     /// Cells another live process holds the lock of (it is running them).
@@ -612,8 +612,8 @@ pub fn execute(
     cells: &[Cell],
     sel: Selection,
     mut run: impl FnMut(&Cell, Option<CellStatus>) -> Result<PathBuf, CellEnd>,
-) -> std::io::Result<Outcome> {
-    let mut out = Outcome::default();
+) -> std::io::Result<SweepOutcome> {
+    let mut out = SweepOutcome::default();
     for c in cells {
         if sel.only.is_some_and(|i| i != c.index)
             || sel.shard.is_some_and(|s| !in_shard(c.index, s))

@@ -15,7 +15,7 @@ use runner::backend::CpuBackend;
 use runner::metrics::{StepRecord, Summary};
 use runner::model::{Input, Net, Shape};
 use runner::plan::{self, Machine, Plan};
-use runner::recipe::{self, schema, Report};
+use runner::recipe::{self, schema, Diagnostics};
 use runner::run::{self, RunOptions};
 use runner::train::Accumulation;
 
@@ -47,7 +47,7 @@ fn rel(p: &Path) -> PathBuf {
 }
 
 /// What the binary checks: the recipe, every cell of its grid (the first cell's plan).
-fn check(path: &Path, machine: &Machine) -> Result<Plan, Report> {
+fn check(path: &Path, machine: &Machine) -> Result<Plan, Diagnostics> {
     runner::sweep::check(path, &[], machine, runner::sweep::DEFAULT_MAX_CELLS)
         .map(|c| c.plans.into_iter().next().expect("a recipe has a cell"))
 }

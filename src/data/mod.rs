@@ -12,7 +12,7 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 
 use crate::rng::SplitMix64;
-use spec::{DataPlan, Source};
+use spec::{DataPlan, DataSource};
 
 /// The most classes a model may have (each is a row of the last layer): labels above it
 /// are taken for a data error, not a request for a huge model.
@@ -211,7 +211,7 @@ fn read_sets(plan: &DataPlan, classes: usize, seed: u64) -> Result<Sets, DataErr
             plan.validation_len
         };
     match &plan.source {
-        Source::Cifar { train, test } => {
+        DataSource::Cifar { train, test } => {
             let tr = cifar::read(train, train_len, classes)?;
             let te = if test.is_empty() {
                 Images {
@@ -238,13 +238,13 @@ fn read_sets(plan: &DataPlan, classes: usize, seed: u64) -> Result<Sets, DataErr
                 tokenizer: None,
             })
         }
-        Source::Synthetic { .. } => Ok(Sets {
+        DataSource::Synthetic { .. } => Ok(Sets {
             train: Dataset::Images(synthetic::generate(plan, train_len, seed, 0)),
             test: Dataset::Images(synthetic::generate(plan, plan.test_len, seed, 1)),
             validation: None,
             tokenizer: None,
         }),
-        Source::Jsonl { train, test } => {
+        DataSource::Jsonl { train, test } => {
             let t = plan.text.as_ref().expect("jsonl data has a text plan");
             let read = |p: &Path, n: usize| {
                 text::read_jsonl(p, &t.text_field, &t.label_field, Some(classes), n)

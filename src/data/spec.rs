@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use crate::recipe::NormalizeOn;
 
 #[derive(Debug, Clone, PartialEq)]
-pub enum Source {
+pub enum DataSource {
     /// CIFAR-10 binary files, read in the order given.
     Cifar {
         train: Vec<PathBuf>,
@@ -27,7 +27,7 @@ pub enum Source {
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct DataPlan {
-    pub source: Source,
+    pub source: DataSource,
     /// Image shape, channels × height × width.
     pub channels: usize,
     pub height: usize,

@@ -55,7 +55,7 @@ impl<'a> Validator<'a> {
                     );
                 }
                 (
-                    Source::Cifar { train, test },
+                    DataSource::Cifar { train, test },
                     3,
                     32,
                     classes,
@@ -119,7 +119,7 @@ impl<'a> Validator<'a> {
                     );
                 }
                 (
-                    Source::Jsonl { train, test },
+                    DataSource::Jsonl { train, test },
                     0,
                     0,
                     classes,
@@ -147,7 +147,7 @@ impl<'a> Validator<'a> {
                     }
                 }
                 (
-                    Source::Synthetic {
+                    DataSource::Synthetic {
                         samples: s.samples,
                         test_samples: s.test_samples,
                     },

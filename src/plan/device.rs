@@ -99,7 +99,7 @@ impl<'a> Validator<'a> {
     ) {
         use super::resources::{self as preflight, gib};
         let text_bytes = match &data.source {
-            Source::Jsonl { train, test } => [Some(train), test.as_ref()]
+            DataSource::Jsonl { train, test } => [Some(train), test.as_ref()]
                 .into_iter()
                 .flatten()
                 .filter_map(|p| std::fs::metadata(p).ok())
@@ -152,7 +152,7 @@ impl<'a> Validator<'a> {
                 "fewer classes (each is a row of the last layer)",
             ),
             "the model" => ("model.arch", "a smaller model"),
-            _ if matches!(data.source, Source::Synthetic { .. }) => (
+            _ if matches!(data.source, DataSource::Synthetic { .. }) => (
                 "data.synthetic.samples",
                 "fewer or smaller synthetic samples",
             ),

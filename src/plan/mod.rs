@@ -12,15 +12,15 @@ mod resolve;
 pub mod resources;
 mod run;
 
-pub use crate::data::spec::{DataPlan, Normalize, Source, TextPlan};
+pub use crate::data::spec::{DataPlan, DataSource, Normalize, TextPlan};
 
 use std::path::{Path, PathBuf};
 
 use crate::data::cifar;
 use crate::policy::CleanupPolicy;
 use crate::recipe::{
-    Arch, AutotuneLevel, BackendKind, CleanupAction, DataFormat, Diagnostic, Eval, Every, Loaded,
-    NormalizeOn, Optimizer, Recipe, Report, Schedule, Stem,
+    Arch, AutotuneLevel, BackendKind, CleanupAction, DataFormat, Diagnostic, Diagnostics, EvalWhen,
+    Every, Loaded, NormalizeOn, OptimizerKind, Recipe, Schedule, Stem,
 };
 
 /// Most CPU threads a recipe may ask for (rayon cannot start many more).
@@ -185,7 +185,7 @@ pub struct LoaderPlan {
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct OptimPlan {
-    pub optimizer: Optimizer,
+    pub optimizer: OptimizerKind,
     pub lr: f64,
     pub momentum: f64,
     pub weight_decay: f64,
@@ -207,7 +207,7 @@ pub struct RunPlan {
     pub steps_per_epoch: u64,
     pub micro_batches_per_epoch: u64,
     pub warmup_steps: u64,
-    pub eval: Eval,
+    pub eval: EvalWhen,
     /// Losses above this, or not finite, are a divergence.
     pub max_loss: f64,
     pub stop_on_divergence: bool,
@@ -253,7 +253,7 @@ pub struct LogPlan {
 }
 
 /// Checks a loaded recipe against every rule; all violations come back together.
-pub fn validate(loaded: &Loaded, machine: &Machine) -> Result<Plan, Report> {
+pub fn validate(loaded: &Loaded, machine: &Machine) -> Result<Plan, Diagnostics> {
     let mut v = Validator {
         l: loaded,
         report: loaded.findings.clone(),
@@ -270,7 +270,7 @@ pub fn validate(loaded: &Loaded, machine: &Machine) -> Result<Plan, Report> {
 
 struct Validator<'a> {
     l: &'a Loaded,
-    report: Report,
+    report: Diagnostics,
 }
 
 impl<'a> Validator<'a> {

@@ -59,7 +59,7 @@ impl<'a> Validator<'a> {
 
     pub(super) fn optim(&mut self) -> Option<OptimPlan> {
         let o = &self.recipe().optim;
-        let sgd = o.optimizer == Optimizer::Sgd;
+        let sgd = o.optimizer == OptimizerKind::Sgd;
         let momentum = o.momentum.unwrap_or(0.0);
         let nesterov = o.nesterov.unwrap_or(false);
         let betas = o.betas.unwrap_or([0.9, 0.999]);

@@ -55,11 +55,11 @@ impl<'a> Validator<'a> {
         let ro = &mut resolved.optim;
         ro.weight_decay = Some(optim.weight_decay);
         match optim.optimizer {
-            Optimizer::Sgd => {
+            OptimizerKind::Sgd => {
                 ro.momentum = Some(optim.momentum);
                 ro.nesterov = Some(optim.nesterov);
             }
-            Optimizer::Adamw => {
+            OptimizerKind::Adamw => {
                 ro.betas = Some(optim.betas);
                 ro.eps = Some(optim.eps);
             }

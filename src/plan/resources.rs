@@ -12,7 +12,7 @@
 //! here is 2,500). A run over the estimate cannot fit; one under it may still not.
 
 use super::{DataPlan, LoaderPlan, ModelPlan, NetPlan, OptimPlan, ResNetDepth};
-use crate::recipe::{Optimizer, Stem, TokenizerKind};
+use crate::recipe::{OptimizerKind, Stem, TokenizerKind};
 
 /// Bytes, in parts.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
@@ -154,9 +154,9 @@ pub fn estimate(
 ) -> Footprint {
     let params = parameters(model, data);
     let states = match optim.optimizer {
-        Optimizer::Sgd if optim.momentum > 0.0 => 1,
-        Optimizer::Sgd => 0,
-        Optimizer::Adamw => 2,
+        OptimizerKind::Sgd if optim.momentum > 0.0 => 1,
+        OptimizerKind::Sgd => 0,
+        OptimizerKind::Adamw => 2,
     };
     let model_bytes = params.saturating_mul(4 * (2 + states));
     let sample = (data.channels * data.height * data.width) as u64;

@@ -22,7 +22,7 @@ impl<'a> Validator<'a> {
             );
         }
         let has_test = data.is_some_and(|d| d.test_len > 0);
-        let eval = if !has_test && r.eval != Eval::Never {
+        let eval = if !has_test && r.eval != EvalWhen::Never {
             if self.l.is_set("run.eval") {
                 self.err(
                     "run.eval",
@@ -30,7 +30,7 @@ impl<'a> Validator<'a> {
                     "set data.test (cifar10-bin) or data.synthetic.test_samples, or eval = \"never\"",
                 );
             }
-            Eval::Never
+            EvalWhen::Never
         } else {
             r.eval
         };

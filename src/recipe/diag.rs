@@ -114,9 +114,9 @@ impl fmt::Display for Diagnostic {
 
 /// All findings about one input, errors and warnings together.
 #[derive(Debug, Clone, Default)]
-pub struct Report(pub Vec<Diagnostic>);
+pub struct Diagnostics(pub Vec<Diagnostic>);
 
-impl Report {
+impl Diagnostics {
     pub fn push(&mut self, d: Diagnostic) {
         self.0.push(d);
     }
@@ -134,7 +134,7 @@ impl Report {
     }
 }
 
-impl fmt::Display for Report {
+impl fmt::Display for Diagnostics {
     fn fmt(&self, f: &mut fmt::Formatter) -> fmt::Result {
         for (i, d) in self.0.iter().enumerate() {
             if i > 0 {

@@ -10,11 +10,11 @@ use std::sync::Arc;
 
 use toml::de::{DeTable, DeValue};
 
-use super::diag::{Diagnostic, Report};
+use super::diag::{Diagnostic, Diagnostics};
 
 /// Text a key can come from: a recipe file, or a command-line override.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Source {
+pub struct SourceFile {
     /// The file as named (relative to the working directory), or `--set`.
     pub name: PathBuf,
     pub text: String,
@@ -36,11 +36,11 @@ pub struct Doc {
     pub table: toml::Table,
     /// Dotted key → where its current value was written.
     pub origins: BTreeMap<String, Origin>,
-    pub sources: Arc<Vec<Source>>,
+    pub sources: Arc<Vec<SourceFile>>,
 }
 
 impl Doc {
-    pub fn source(&self, o: &Origin) -> &Source {
+    pub fn source(&self, o: &Origin) -> &SourceFile {
         &self.sources[o.source]
     }
 
@@ -108,13 +108,13 @@ impl Doc {
     }
 
     /// Reads `path` and the files it extends, merged (each file's tables over its parent's).
-    pub fn load(path: &Path, report: &mut Report) -> Option<Doc> {
+    pub fn load(path: &Path, report: &mut Diagnostics) -> Option<Doc> {
         Self::parse(path, None, report)
     }
 
     /// As `load`, with the top file's text given (it need not exist on disk; the files it
     /// extends must).
-    pub fn parse(path: &Path, text: Option<String>, report: &mut Report) -> Option<Doc> {
+    pub fn parse(path: &Path, text: Option<String>, report: &mut Diagnostics) -> Option<Doc> {
         let mut sources = vec![];
         let (table, origins) = load_chain(path, text, &mut vec![], &mut sources, report)?;
         Some(Doc {
@@ -126,13 +126,13 @@ impl Doc {
 
     /// Applies `key=value` overrides from the command line. The value is TOML (`4`,
     /// `"step"`, `[1, 2]`, `true`); a bare word that is not TOML is taken as a string.
-    pub fn apply_sets(&mut self, sets: &[String], report: &mut Report) {
+    pub fn apply_sets(&mut self, sets: &[String], report: &mut Diagnostics) {
         let mut sources = (*self.sources).clone();
         for arg in sets {
             let text = arg.clone();
             let name = PathBuf::from("--set");
             let Some((key, raw)) = arg.split_once('=') else {
-                sources.push(Source {
+                sources.push(SourceFile {
                     name: name.clone(),
                     text: text.clone(),
                     dir: PathBuf::from("."),
@@ -147,7 +147,7 @@ impl Doc {
             let (key, raw) = (key.trim(), raw.trim());
             let value = parse_value(raw);
             let at = arg.find('=').unwrap_or(0) + 1;
-            sources.push(Source {
+            sources.push(SourceFile {
                 name: name.clone(),
                 text: text.clone(),
                 dir: PathBuf::from("."),
@@ -204,8 +204,8 @@ fn load_chain(
     path: &Path,
     text: Option<String>,
     stack: &mut Vec<PathBuf>,
-    sources: &mut Vec<Source>,
-    report: &mut Report,
+    sources: &mut Vec<SourceFile>,
+    report: &mut Diagnostics,
 ) -> Option<(toml::Table, BTreeMap<String, Origin>)> {
     let text = match text.map_or_else(|| std::fs::read_to_string(path), Ok) {
         Ok(t) => t,
@@ -246,7 +246,7 @@ fn load_chain(
         Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
         _ => PathBuf::from("."),
     };
-    sources.push(Source {
+    sources.push(SourceFile {
         name: path.to_path_buf(),
         text: text.clone(),
         dir: dir.clone(),

@@ -12,8 +12,8 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
-pub use diag::{did_you_mean, Diagnostic, Report, Severity};
-pub use doc::{Doc, Origin, Source};
+pub use diag::{did_you_mean, Diagnostic, Diagnostics, Severity};
+pub use doc::{Doc, Origin, SourceFile};
 pub use schema::*;
 
 /// A recipe that parsed and type-checked, with what is needed to point into its sources.
@@ -26,7 +26,7 @@ pub struct Loaded {
     pub doc: Doc,
     /// Unknown keys and values of the wrong type, already reported and left out of `recipe`
     /// (which holds the defaults in their place). Later checks add to these.
-    pub findings: Report,
+    pub findings: Diagnostics,
     dropped: Vec<String>,
     /// The `[sweep]` table, if the recipe is a grid (see `sweep`).
     pub sweep: Option<toml::Table>,
@@ -83,13 +83,13 @@ impl Loaded {
 }
 
 /// Reads and type-checks a recipe file (and the files it extends).
-pub fn load(path: &Path) -> Result<Loaded, Report> {
+pub fn load(path: &Path) -> Result<Loaded, Diagnostics> {
     load_with(path, &[])
 }
 
 /// As `load`, with `key=value` overrides applied on top.
-pub fn load_with(path: &Path, sets: &[String]) -> Result<Loaded, Report> {
-    let mut report = Report::default();
+pub fn load_with(path: &Path, sets: &[String]) -> Result<Loaded, Diagnostics> {
+    let mut report = Diagnostics::default();
     let Some(mut doc) = Doc::load(path, &mut report) else {
         return Err(report.sorted());
     };
@@ -98,8 +98,8 @@ pub fn load_with(path: &Path, sets: &[String]) -> Result<Loaded, Report> {
 }
 
 /// Type-checks recipe text that claims to come from `path`.
-pub fn parse(path: &Path, source: String) -> Result<Loaded, Report> {
-    let mut report = Report::default();
+pub fn parse(path: &Path, source: String) -> Result<Loaded, Diagnostics> {
+    let mut report = Diagnostics::default();
     let Some(doc) = Doc::parse(path, Some(source), &mut report) else {
         return Err(report.sorted());
     };
@@ -109,7 +109,7 @@ pub fn parse(path: &Path, source: String) -> Result<Loaded, Report> {
 /// Unknown keys and value types of an assembled document. A file that is not TOML is an
 /// error (`Err`); keys and values that do not fit the format are `findings` of the result,
 /// so the checks that follow can add theirs and the user sees every mistake at once.
-pub fn check(path: &Path, mut doc: Doc, mut report: Report) -> Result<Loaded, Report> {
+pub fn check(path: &Path, mut doc: Doc, mut report: Diagnostics) -> Result<Loaded, Diagnostics> {
     let sweep = match doc.table.remove("sweep") {
         None => None,
         Some(toml::Value::Table(t)) => Some(t),
@@ -165,7 +165,7 @@ pub fn lexical(p: &Path) -> PathBuf {
 /// Checks a variant of an already checked recipe (a sweep cell: `doc` is `base.doc` with
 /// values set): the base's findings carry over, so a mistake in the base file is reported
 /// for the cell too, and its dropped keys stay quiet.
-pub fn recheck(base: &Loaded, doc: Doc) -> Result<Loaded, Report> {
+pub fn recheck(base: &Loaded, doc: Doc) -> Result<Loaded, Diagnostics> {
     let mut l = check(&base.path, doc, base.findings.clone())?;
     l.dropped.extend(base.dropped.iter().cloned());
     l.sweep = base.sweep.clone();
@@ -193,7 +193,12 @@ fn table_at<'a>(t: &'a toml::Table, path: &str) -> Option<&'a toml::Table> {
 
 /// Reports every key the format does not know, with the nearest known key (or the table it
 /// belongs in), and removes it so the type check sees only known keys.
-fn check_unknown_keys(path: &Path, doc: &mut Doc, report: &mut Report, dropped: &mut Vec<String>) {
+fn check_unknown_keys(
+    path: &Path,
+    doc: &mut Doc,
+    report: &mut Diagnostics,
+    dropped: &mut Vec<String>,
+) {
     let tables = schema::tables();
     for (table_path, allowed) in &tables {
         let Some(t) = table_at(&doc.table, table_path) else {
@@ -248,7 +253,7 @@ fn check_unknown_keys(path: &Path, doc: &mut Doc, report: &mut Report, dropped: 
 
 /// Type-checks each value on its own (a recipe holding only that key), so every value of
 /// the wrong type or shape is reported, and drops it.
-fn check_types(path: &Path, doc: &mut Doc, report: &mut Report, dropped: &mut Vec<String>) {
+fn check_types(path: &Path, doc: &mut Doc, report: &mut Diagnostics, dropped: &mut Vec<String>) {
     let tables = schema::tables();
     for (table_path, _) in &tables {
         let Some(t) = table_at(&doc.table, table_path) else {
@@ -417,7 +422,7 @@ mod tests {
 
     #[test]
     fn overrides_are_typed_and_point_at_the_command_line() {
-        let mut report = Report::default();
+        let mut report = Diagnostics::default();
         let mut doc = Doc::parse(
             Path::new("r.toml"),
             Some("[loader]\nworkers = 2\n".into()),

@@ -484,7 +484,7 @@ impl Default for LoaderSection {
 #[serde(deny_unknown_fields, default)]
 pub struct OptimSection {
     /// `sgd` or `adamw`. Default `sgd`.
-    pub optimizer: Optimizer,
+    pub optimizer: OptimizerKind,
     /// Peak learning rate. Default 0.01.
     pub lr: f64,
     /// SGD momentum (no dampening, as `torch.optim.SGD`). Default 0. SGD only.
@@ -532,7 +532,7 @@ pub struct OptimSection {
 impl Default for OptimSection {
     fn default() -> Self {
         Self {
-            optimizer: Optimizer::Sgd,
+            optimizer: OptimizerKind::Sgd,
             lr: 0.01,
             momentum: None,
             weight_decay: None,
@@ -553,7 +553,7 @@ impl Default for OptimSection {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
-pub enum Optimizer {
+pub enum OptimizerKind {
     Sgd,
     Adamw,
 }
@@ -678,7 +678,7 @@ pub struct RunSection {
     pub warmup_steps: u64,
     /// When to measure test accuracy: `"epoch"` (after every epoch), `"end"` or `"never"`.
     /// Default `"end"`.
-    pub eval: Eval,
+    pub eval: EvalWhen,
     /// A training loss above this (or not a number) means the run diverged. Default 1e4
     /// (cross-entropy starts near ln(classes), under 12 for any class count allowed).
     pub max_loss: f64,
@@ -740,7 +740,7 @@ impl Default for RunSection {
             epochs: 1,
             max_steps: None,
             warmup_steps: 5,
-            eval: Eval::End,
+            eval: EvalWhen::End,
             max_loss: 1e4,
             stop_on_divergence: true,
             validate: Every::Epoch,
@@ -751,7 +751,7 @@ impl Default for RunSection {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
-pub enum Eval {
+pub enum EvalWhen {
     Epoch,
     End,
     Never,

@@ -61,9 +61,9 @@ pub fn eval(
         )));
     }
     let data = match &plan.data.source {
-        crate::plan::Source::Cifar { test, .. } => test.clone(),
-        crate::plan::Source::Jsonl { test, .. } => test.iter().cloned().collect(),
-        crate::plan::Source::Synthetic { .. } => vec![],
+        crate::plan::DataSource::Cifar { test, .. } => test.clone(),
+        crate::plan::DataSource::Jsonl { test, .. } => test.iter().cloned().collect(),
+        crate::plan::DataSource::Synthetic { .. } => vec![],
     };
     let loaded = data::load(&plan.data, plan.model.num_classes, plan.seed)
         .map_err(|e| input(format!("error: {e}\n  = help: {}", e.help_text())))?;
@@ -80,12 +80,12 @@ pub fn eval(
         weights: &'a Path,
     }
     impl backend::Job for Job<'_> {
-        type Output = Result<Eval, String>;
+        type Output = Result<EvalRecord, String>;
         fn run<B: crate::ops::TrainBackend>(
             self,
             device: B::Device,
             _: backend::MemFn<B::Device>,
-        ) -> Result<Eval, String> {
+        ) -> Result<EvalRecord, String> {
             train::evaluate_weights::<B>(self.plan, self.batcher, self.test, self.weights, &device)
         }
     }

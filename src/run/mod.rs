@@ -26,10 +26,10 @@ use crate::backend;
 use crate::clock::utc_now;
 use crate::data::{self, Dataset};
 use crate::kernels::{self, KernelCounts, KernelSettings};
-use crate::metrics::{write_json_atomic, Eval, JsonLines, StepRecord, Summary};
+use crate::metrics::{write_json_atomic, EvalRecord, JsonLines, StepRecord, Summary};
 use crate::plan::{Device, Plan};
 use crate::progress::Progress;
-use crate::sampler::{Sampler, Source};
+use crate::sampler::{Sampler, UtilSource};
 use crate::train::{self, Sink};
 
 /// The Burn version this binary is built against (pinned in Cargo.toml; a test checks).
@@ -75,7 +75,7 @@ struct FileSink {
     /// Taken (and stopped) when the loop ends.
     sampler: Option<Sampler>,
     records: Vec<StepRecord>,
-    evals: Vec<Eval>,
+    evals: Vec<EvalRecord>,
     parameters: usize,
     progress: Progress,
     io_error: Option<String>,
@@ -94,7 +94,7 @@ struct FileSink {
     /// `metrics.csv` and the TensorBoard events, when the plan asks for them.
     csv: Option<JsonLines>,
     events: Option<crate::tensorboard::EventWriter>,
-    validations: Vec<Eval>,
+    validations: Vec<EvalRecord>,
     best: Option<(u64, f64)>,
     early_stopped: Option<u64>,
 }
@@ -182,7 +182,7 @@ impl Sink for FileSink {
         self.progress.step(r);
         self.records.push(r.clone());
     }
-    fn eval(&mut self, e: &Eval) {
+    fn eval(&mut self, e: &EvalRecord) {
         self.progress.eval(e);
         self.evals.push(e.clone());
         self.event(
@@ -196,7 +196,7 @@ impl Sink for FileSink {
     fn phase(&mut self, what: &str) {
         self.progress.phase(what);
     }
-    fn validation(&mut self, e: &Eval) {
+    fn validation(&mut self, e: &EvalRecord) {
         self.progress.validation(e);
         self.validations.push(e.clone());
         self.event(
@@ -268,12 +268,12 @@ struct Train<'a> {
 }
 
 impl backend::Job for Train<'_> {
-    type Output = train::Outcome;
+    type Output = train::TrainOutcome;
     fn run<B: crate::ops::TrainBackend>(
         self,
         device: B::Device,
         mem: backend::MemFn<B::Device>,
-    ) -> train::Outcome {
+    ) -> train::TrainOutcome {
         train::train::<B>(
             self.plan,
             self.batcher,
@@ -364,7 +364,7 @@ struct Files {
     summary: Summary,
     metrics: JsonLines,
     records: Vec<StepRecord>,
-    evals: Vec<Eval>,
+    evals: Vec<EvalRecord>,
     resume: Option<(PathBuf, crate::checkpoint::State)>,
 }
 
@@ -457,8 +457,8 @@ fn drive(
     };
     let summary_path = dir.join("summary.json");
     let source = match plan.device {
-        Device::Cuda(i) => Source::Nvml(i as u32),
-        Device::Cpu => Source::Proc,
+        Device::Cuda(i) => UtilSource::Nvml(i as u32),
+        Device::Cpu => UtilSource::Proc,
     };
     let t0 = Instant::now();
     let sampler = Sampler::start(

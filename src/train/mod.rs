@@ -35,11 +35,11 @@ use burn::tensor::{Bool, DType, Int, Tensor, TensorData};
 use crate::backend::MemFn;
 use crate::data::{Collate, Dataset, HostData, Pixels, Prepare};
 use crate::loader::{Batching, Loader, LoaderConfig};
-use crate::metrics::{rss_bytes, Eval as EvalRecord, StepRecord};
+use crate::metrics::{rss_bytes, EvalRecord, StepRecord};
 use crate::model::{Input, Net, Shape};
 use crate::plan::Plan;
 use crate::policy::{self, trim_host, CleanupPolicy, Point};
-use crate::recipe::{CleanupAction, Eval, NormalizeOn, Optimizer as OptimKind};
+use crate::recipe::{CleanupAction, EvalWhen, NormalizeOn, OptimizerKind};
 
 /// Where the loop reports what happens.
 pub trait Sink {
@@ -120,7 +120,7 @@ impl std::fmt::Display for Stop {
 
 /// What a finished loop hands back beyond what the sink saw.
 #[derive(Debug, Clone, Default)]
-pub struct Outcome {
+pub struct TrainOutcome {
     pub parameters: usize,
     pub loader_workers_started: usize,
     pub epochs_completed: usize,
@@ -194,7 +194,7 @@ pub fn train<B: TrainBackend>(
     t0: Instant,
     sink: &mut dyn Sink,
     persist: Option<&Persist>,
-) -> Outcome {
+) -> TrainOutcome {
     let io = trainer::Io {
         plan,
         batcher: &batcher,

@@ -14,7 +14,7 @@ impl<B: TrainBackend> Optim<B> {
     /// decay on the gradient; AdamW with decoupled decay and the recipe's eps (Burn: 1e-5).
     pub fn new(p: &crate::plan::OptimPlan) -> Self {
         match p.optimizer {
-            OptimKind::Sgd => {
+            OptimizerKind::Sgd => {
                 let momentum = (p.momentum > 0.0).then_some(MomentumConfig {
                     momentum: p.momentum,
                     dampening: 0.0,
@@ -30,7 +30,7 @@ impl<B: TrainBackend> Optim<B> {
                         .init(),
                 )
             }
-            OptimKind::Adamw => Optim::AdamW(
+            OptimizerKind::Adamw => Optim::AdamW(
                 AdamWConfig::new()
                     .with_beta_1(p.betas[0] as f32)
                     .with_beta_2(p.betas[1] as f32)

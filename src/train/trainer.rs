@@ -79,7 +79,7 @@ impl<'a, B: TrainBackend> Trainer<'a, B> {
         io: Io<'a, B>,
         validation: Option<Arc<Dataset>>,
         sink: &mut dyn Sink,
-    ) -> Result<(Self, Start), Box<Outcome>> {
+    ) -> Result<(Self, Start), Box<TrainOutcome>> {
         let plan = io.plan;
         sink.phase("building the model");
         let mut model: Net<B> = Net::new(&plan.model, io.batcher.shape, plan.seed, &io.device);
@@ -96,7 +96,7 @@ impl<'a, B: TrainBackend> Trainer<'a, B> {
                 sink.phase("loading the checkpoint");
                 (model, optim) =
                     checkpoint::load::<B>(dir, model, optim, &io.device).map_err(|e| {
-                        Box::new(Outcome {
+                        Box::new(TrainOutcome {
                             parameters,
                             stopped: Some(Stop::Failed(e)),
                             ..Default::default()
@@ -231,6 +231,56 @@ impl<'a, B: TrainBackend> Trainer<'a, B> {
             synced,
             ..Default::default()
         };
+        let (loss_sum, acc) = self.micro_batches(batches, group, &mut rec);
+        self.update(&mut rec, acc);
+        self.step += 1;
+        let step = self.step;
+        let epoch_done = pos.left == 0 || step == plan.run.total_steps;
+        self.cleanup(epoch_done, &mut rec);
+        rec.rss_bytes = rss_bytes();
+        if step == self.first_step {
+            // The first step ends when the device has run it: on a GPU that is when its
+            // kernels are compiled and tuned, which is the start-up users wait for.
+            let _ = B::sync(&device);
+            sink.first_step(ms(started));
+        }
+        // A checkpoint inside the epoch; one due at its last step is written at its end,
+        // after the evaluation (resuming then starts the next epoch).
+        let checkpoint_now = self.io.persist.is_some()
+            && pos.left > 0
+            && step < plan.run.total_steps
+            && policy::due(plan.checkpoint.every, Point::AfterStep { step });
+        if checkpoint_now {
+            // The lines before this step are written first; this step's line is the
+            // checkpoint's last (written right after it).
+            self.flush(sink)?;
+            let lines = sink.lines_written() + 1;
+            let reason = format!("every {}", every_words(plan.checkpoint.every));
+            rec.checkpoint_ms = self.checkpoint(sink, (pos.epoch, pos.consumed), lines, reason)?;
+        }
+        rec.iter_ms = ms(started);
+        rec.t_ms = self.io.t0.elapsed().as_secs_f64() * 1e3;
+        self.pending.push((rec, loss_sum / group as f32));
+        if self.pending.len() as u64 >= plan.log.every || epoch_done || checkpoint_now {
+            self.flush(sink)?;
+        }
+        // Validation every N steps (inside the epoch; at its end it follows the epoch).
+        if pos.left > 0 && policy::due(plan.run.validate, Point::AfterStep { step }) {
+            return self.validate(pos.epoch, sink);
+        }
+        Ok(Next::Continue)
+    }
+
+    /// A step's micro-batches: each one's forward, loss and backward into the accumulated
+    /// gradients. Returns (the sum of their losses, the accumulation).
+    fn micro_batches(
+        &mut self,
+        batches: &mut crate::loader::EpochIter<'_, HostBatch>,
+        group: usize,
+        rec: &mut StepRecord,
+    ) -> (Tensor<B::InnerBackend, 1>, Accumulation<B>) {
+        let device = self.io.device.clone();
+        let synced = rec.synced;
         let mut acc = Accumulation::<B>::new(group);
         let mut loss_sum: Option<Tensor<B::InnerBackend, 1>> = None;
         for _ in 0..group {
@@ -255,9 +305,15 @@ impl<'a, B: TrainBackend> Trainer<'a, B> {
                 None => l,
             });
         }
-        // The optimizer takes the model by value (so Burn can update parameters in place);
-        // a cheap stand-in holds its place meanwhile.
-        let (model, opt_ms) = phase::<B, _>(synced, &device, || {
+        (loss_sum.expect("a step has micro-batches"), acc)
+    }
+
+    /// Clipping and the optimizer update. The optimizer takes the model by value (so Burn
+    /// can update parameters in place); a cheap stand-in holds its place meanwhile.
+    fn update(&mut self, rec: &mut StepRecord, acc: Accumulation<B>) {
+        let plan = self.io.plan;
+        let device = self.io.device.clone();
+        let (model, opt_ms) = phase::<B, _>(rec.synced, &device, || {
             let mut grads = acc.grads();
             if let Some(max_norm) = plan.optim.clip_grad_norm {
                 grads = clip_grad_norm(&self.model, grads, max_norm);
@@ -267,11 +323,16 @@ impl<'a, B: TrainBackend> Trainer<'a, B> {
         });
         self.model = model;
         rec.optimizer_ms = opt_ms;
-        self.step += 1;
-        let step = self.step;
+    }
 
-        let mut actions = self.policy.decide(Point::AfterStep { step }).to_vec();
-        let epoch_done = pos.left == 0 || step == plan.run.total_steps;
+    /// The cleanup actions due after this step (and at the epoch's end), timed, with the
+    /// memory they freed; then the memory in use.
+    fn cleanup(&mut self, epoch_done: bool, rec: &mut StepRecord) {
+        let device = self.io.device.clone();
+        let mut actions = self
+            .policy
+            .decide(Point::AfterStep { step: self.step })
+            .to_vec();
         if epoch_done {
             actions.extend_from_slice(self.policy.decide(Point::EpochEnd));
         }
@@ -284,7 +345,8 @@ impl<'a, B: TrainBackend> Trainer<'a, B> {
         };
         if !actions.is_empty() {
             rec.cleanup_mem_before_bytes = cleanup_mem();
-            let ((), took) = phase::<B, _>(synced, &device, || run_cleanup::<B>(&actions, &device));
+            let run = || run_cleanup::<B>(&actions, &device);
+            let ((), took) = phase::<B, _>(rec.synced, &device, run);
             rec.cleanup_ms = took;
             rec.cleanup_mem_after_bytes = cleanup_mem();
         }
@@ -292,39 +354,6 @@ impl<'a, B: TrainBackend> Trainer<'a, B> {
             rec.mem_in_use_bytes = Some(in_use);
             rec.mem_reserved_bytes = Some(reserved);
         }
-        rec.rss_bytes = rss_bytes();
-        if step == self.first_step {
-            // The first step ends when the device has run it: on a GPU that is when its
-            // kernels are compiled and tuned, which is the start-up users wait for.
-            let _ = B::sync(&device);
-            sink.first_step(ms(started));
-        }
-        // A checkpoint inside the epoch; one due at its last step is written at its end,
-        // after the evaluation (resuming then starts the next epoch).
-        let checkpoint_now = self.io.persist.is_some()
-            && pos.left > 0
-            && step < plan.run.total_steps
-            && policy::due(plan.checkpoint.every, Point::AfterStep { step });
-        if checkpoint_now {
-            // The lines before this step are written first; this step's line is the
-            // checkpoint's last (written right after it).
-            self.flush(sink)?;
-            let lines = sink.lines_written() + 1;
-            let reason = format!("every {}", every_words(plan.checkpoint.every));
-            rec.checkpoint_ms = self.checkpoint(sink, (pos.epoch, pos.consumed), lines, reason)?;
-        }
-        rec.iter_ms = ms(started);
-        rec.t_ms = self.io.t0.elapsed().as_secs_f64() * 1e3;
-        let loss = loss_sum.expect("a step has micro-batches") / group as f32;
-        self.pending.push((rec, loss));
-        if self.pending.len() as u64 >= plan.log.every || epoch_done || checkpoint_now {
-            self.flush(sink)?;
-        }
-        // Validation every N steps (inside the epoch; at its end it follows the epoch).
-        if pos.left > 0 && policy::due(plan.run.validate, Point::AfterStep { step }) {
-            return self.validate(pos.epoch, sink);
-        }
-        Ok(Next::Continue)
     }
 
     fn validate(&mut self, epoch: usize, sink: &mut dyn Sink) -> Result<Next, Stop> {
@@ -378,9 +407,9 @@ impl<'a, B: TrainBackend> Trainer<'a, B> {
         let total = plan.run.total_steps;
         let last = epoch + 1 == plan.run.epochs || self.step >= total || self.early;
         let due = match plan.run.eval {
-            Eval::Epoch => !cut_short || last,
-            Eval::End => last,
-            Eval::Never => false,
+            EvalWhen::Epoch => !cut_short || last,
+            EvalWhen::End => last,
+            EvalWhen::Never => false,
         };
         if due {
             let all: Vec<usize> = (0..test.len()).collect();
@@ -420,7 +449,7 @@ impl<'a, B: TrainBackend> Trainer<'a, B> {
         mut stopped: Option<Stop>,
         workers: usize,
         sink: &mut dyn Sink,
-    ) -> Outcome {
+    ) -> TrainOutcome {
         if let Err(stop) = self.flush(sink) {
             stopped.get_or_insert(stop);
         }
@@ -435,7 +464,7 @@ impl<'a, B: TrainBackend> Trainer<'a, B> {
                 stopped = Some(Stop::Failed(e));
             }
         }
-        Outcome {
+        TrainOutcome {
             parameters: self.parameters,
             loader_workers_started: workers,
             epochs_completed: self.epochs_completed,

@@ -75,7 +75,10 @@ pub fn warm_up<B: TrainBackend>(
         run_cleanup::<B>(&plan.cleanup.actions, device);
     }
     // The evaluations a run makes: the test set (run.eval) and the validation set.
-    let sets = [(plan.run.eval != Eval::Never).then_some(test), validation];
+    let sets = [
+        (plan.run.eval != EvalWhen::Never).then_some(test),
+        validation,
+    ];
     for data in sets.into_iter().flatten().filter(|d| !d.is_empty()) {
         let all: Vec<usize> = (0..data.len()).collect();
         let chunks: Vec<Vec<usize>> = all
