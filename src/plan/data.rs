@@ -3,6 +3,17 @@
 
 use super::*;
 
+/// What a data format's checks found.
+struct Found {
+    source: DataSource,
+    /// Image channels and side (0 for text).
+    channels: usize,
+    size: usize,
+    classes: usize,
+    train_total: usize,
+    test_total: usize,
+}
+
 impl<'a> Validator<'a> {
     pub(super) fn data(&mut self) -> Option<DataPlan> {
         let d = &self.recipe().data;
@@ -14,151 +25,216 @@ impl<'a> Validator<'a> {
             );
             return None;
         };
-        let (source, channels, size, classes, train_total, test_total) = match format {
-            DataFormat::Cifar10Bin => {
-                self.only_for("data.synthetic", "to format = \"synthetic\"");
-                let Some(train) = &d.train else {
-                    self.err(
-                        "data.train",
-                        "missing: format \"cifar10-bin\" needs training data",
-                        "set train = \"path/to/data_batch.bin\" (a file, or a directory of data_batch_*.bin), relative to the recipe",
-                    );
-                    return None;
-                };
-                let train = self.cifar_files("data.train", train, "data_batch")?;
-                let test = match &d.test {
-                    Some(t) => self.cifar_files("data.test", t, "test_batch")?,
-                    None => vec![],
-                };
-                let train_n = self.count_records("data.train", &train)?;
-                let test_n = self.count_records("data.test", &test)?;
-                let classes = cifar::class_names(&train[0]).map_or(10, |n| n.len());
-                // Labels are read now, so a bad byte is an error before anything runs.
-                let allowed = self.recipe().model.num_classes.unwrap_or(0).max(classes);
-                for (key, files) in [("data.train", &train), ("data.test", &test)] {
-                    for f in files.iter() {
-                        if let Err(e) = cifar::check_labels(f, allowed) {
-                            self.data_err(key, &e);
-                            return None;
-                        }
-                    }
-                }
-                if classes > crate::data::MAX_CLASSES {
-                    self.err(
-                        "data.train",
-                        format!(
-                            "{} names {classes} classes, over the cap of {}",
-                            train[0].with_file_name("batches.meta.txt").display(),
-                            crate::data::MAX_CLASSES
-                        ),
-                        "batches.meta.txt holds one class name per line",
-                    );
-                }
-                (
-                    DataSource::Cifar { train, test },
-                    3,
-                    32,
-                    classes,
-                    train_n,
-                    test_n,
-                )
-            }
-            DataFormat::Jsonl => {
-                self.only_for("data.synthetic", "to format = \"synthetic\"");
-                let Some(train) = &d.train else {
-                    self.err(
-                        "data.train",
-                        "missing: format \"jsonl\" needs training data",
-                        "set train = \"path/to/train.jsonl\", relative to the recipe",
-                    );
-                    return None;
-                };
-                let (tf, lf) = (
-                    d.text_field.clone().unwrap_or("text".into()),
-                    d.label_field.clone().unwrap_or("label".into()),
-                );
-                let train = self.jsonl_file("data.train", train)?;
-                let test = match &d.test {
-                    Some(t) => Some(self.jsonl_file("data.test", t)?),
-                    None => None,
-                };
-                let named = crate::data::text::class_names(&train).map(|n| n.len());
-                let limit = self.recipe().model.num_classes.or(named);
-                let mut max_label = 0;
-                let mut distinct = std::collections::BTreeSet::new();
-                let mut counts = [0usize; 2];
-                for (i, (key, path)) in [("data.train", Some(&train)), ("data.test", test.as_ref())]
-                    .into_iter()
-                    .enumerate()
-                {
-                    let Some(path) = path else { continue };
-                    match crate::data::text::read_jsonl(path, &tf, &lf, limit, usize::MAX) {
-                        Ok(rows) => {
-                            counts[i] = rows.len();
-                            max_label = rows
-                                .iter()
-                                .map(|(_, l)| *l as usize)
-                                .fold(max_label, usize::max);
-                            distinct.extend(rows.iter().map(|(_, l)| *l));
-                        }
-                        Err(e) => {
-                            self.data_err(key, &e);
-                            return None;
-                        }
-                    }
-                }
-                let classes = named.unwrap_or(max_label + 1).max(2);
-                if named.is_none() && classes > 10 && distinct.len() * 2 < classes {
-                    self.warn(
-                        "data.train",
-                        format!(
-                            "labels run up to {max_label}, so the model gets {classes} classes, but only {} distinct labels occur",
-                            distinct.len()
-                        ),
-                        "a stray label makes every other class empty: check the data, or name the classes in labels.txt beside the file",
-                    );
-                }
-                (
-                    DataSource::Jsonl { train, test },
-                    0,
-                    0,
-                    classes,
-                    counts[0],
-                    counts[1],
-                )
-            }
-            DataFormat::Synthetic => {
-                self.only_for("data.train", "to format = \"cifar10-bin\" or \"jsonl\"");
-                self.only_for("data.test", "to format = \"cifar10-bin\" or \"jsonl\"");
-                let s = d.synthetic.clone().unwrap_or_default();
-                for (key, v, lo, hi) in [
-                    ("data.synthetic.samples", s.samples, 1, 10_000_000),
-                    ("data.synthetic.test_samples", s.test_samples, 0, 10_000_000),
-                    ("data.synthetic.classes", s.classes, 2, 100_000),
-                    ("data.synthetic.image_size", s.image_size, 1, 1024),
-                    ("data.synthetic.channels", s.channels, 1, 64),
-                ] {
-                    if !(lo..=hi).contains(&v) {
-                        self.err(
-                            key,
-                            format!("{v} is out of range"),
-                            format!("use {lo} to {hi}"),
-                        );
-                    }
-                }
-                (
-                    DataSource::Synthetic {
-                        samples: s.samples,
-                        test_samples: s.test_samples,
-                    },
-                    s.channels,
-                    s.image_size,
-                    s.classes,
-                    s.samples,
-                    s.test_samples,
-                )
-            }
+        let Found {
+            source,
+            channels,
+            size,
+            classes,
+            train_total,
+            test_total,
+        } = match format {
+            DataFormat::Cifar10Bin => self.cifar_data()?,
+            DataFormat::Jsonl => self.jsonl_data()?,
+            DataFormat::Synthetic => self.synthetic_data()?,
         };
+        let (train_len, validation_len) = self.split(train_total);
+        let (validation_len, validation_files) =
+            self.validation_file(format, classes, validation_len)?;
+        let test_len = d.test_limit.map_or(test_total, |n| n.min(test_total));
+        if d.test_limit.is_some() && test_total == 0 {
+            self.err(
+                "data.test_limit",
+                "there is no test data to limit",
+                "set data.test, or remove the key",
+            );
+        }
+        let normalize = self.normalize(channels);
+        let a = &d.augment;
+        if size > 0 && a.crop_padding > size / 2 {
+            self.err(
+                "data.augment.crop_padding",
+                format!(
+                    "{} pixels of padding for {size}-pixel images",
+                    a.crop_padding
+                ),
+                format!("use at most {}", size / 2),
+            );
+        }
+        let text = self.text_plan(format);
+        Some(DataPlan {
+            text,
+            source,
+            channels,
+            height: size,
+            width: size,
+            classes,
+            train_len,
+            test_len,
+            validation_len,
+            validation_files,
+            normalize,
+            crop_padding: a.crop_padding,
+            hflip: a.hflip,
+        })
+    }
+
+    /// `cifar10-bin`: the files, their record counts and labels (read now, so a bad byte
+    /// is an error before anything runs), the class names.
+    fn cifar_data(&mut self) -> Option<Found> {
+        let d = &self.recipe().data;
+        self.only_for("data.synthetic", "to format = \"synthetic\"");
+        let Some(train) = &d.train else {
+            self.err(
+                "data.train",
+                "missing: format \"cifar10-bin\" needs training data",
+                "set train = \"path/to/data_batch.bin\" (a file, or a directory of data_batch_*.bin), relative to the recipe",
+            );
+            return None;
+        };
+        let train = self.cifar_files("data.train", train, "data_batch")?;
+        let test = match &d.test {
+            Some(t) => self.cifar_files("data.test", t, "test_batch")?,
+            None => vec![],
+        };
+        let train_n = self.count_records("data.train", &train)?;
+        let test_n = self.count_records("data.test", &test)?;
+        let classes = cifar::class_names(&train[0]).map_or(10, |n| n.len());
+        // Labels are read now, so a bad byte is an error before anything runs.
+        let allowed = self.recipe().model.num_classes.unwrap_or(0).max(classes);
+        for (key, files) in [("data.train", &train), ("data.test", &test)] {
+            for f in files.iter() {
+                if let Err(e) = cifar::check_labels(f, allowed) {
+                    self.data_err(key, &e);
+                    return None;
+                }
+            }
+        }
+        if classes > crate::data::MAX_CLASSES {
+            self.err(
+                "data.train",
+                format!(
+                    "{} names {classes} classes, over the cap of {}",
+                    train[0].with_file_name("batches.meta.txt").display(),
+                    crate::data::MAX_CLASSES
+                ),
+                "batches.meta.txt holds one class name per line",
+            );
+        }
+        Some(Found {
+            source: DataSource::Cifar { train, test },
+            channels: 3,
+            size: 32,
+            classes,
+            train_total: train_n,
+            test_total: test_n,
+        })
+    }
+
+    /// `jsonl`: the files, every line parsed for its text and label, the classes.
+    fn jsonl_data(&mut self) -> Option<Found> {
+        let d = &self.recipe().data;
+        self.only_for("data.synthetic", "to format = \"synthetic\"");
+        let Some(train) = &d.train else {
+            self.err(
+                "data.train",
+                "missing: format \"jsonl\" needs training data",
+                "set train = \"path/to/train.jsonl\", relative to the recipe",
+            );
+            return None;
+        };
+        let (tf, lf) = (
+            d.text_field.clone().unwrap_or("text".into()),
+            d.label_field.clone().unwrap_or("label".into()),
+        );
+        let train = self.jsonl_file("data.train", train)?;
+        let test = match &d.test {
+            Some(t) => Some(self.jsonl_file("data.test", t)?),
+            None => None,
+        };
+        let named = crate::data::text::class_names(&train).map(|n| n.len());
+        let limit = self.recipe().model.num_classes.or(named);
+        let mut max_label = 0;
+        let mut distinct = std::collections::BTreeSet::new();
+        let mut counts = [0usize; 2];
+        for (i, (key, path)) in [("data.train", Some(&train)), ("data.test", test.as_ref())]
+            .into_iter()
+            .enumerate()
+        {
+            let Some(path) = path else { continue };
+            match crate::data::text::read_jsonl(path, &tf, &lf, limit, usize::MAX) {
+                Ok(rows) => {
+                    counts[i] = rows.len();
+                    max_label = rows
+                        .iter()
+                        .map(|(_, l)| *l as usize)
+                        .fold(max_label, usize::max);
+                    distinct.extend(rows.iter().map(|(_, l)| *l));
+                }
+                Err(e) => {
+                    self.data_err(key, &e);
+                    return None;
+                }
+            }
+        }
+        let classes = named.unwrap_or(max_label + 1).max(2);
+        if named.is_none() && classes > 10 && distinct.len() * 2 < classes {
+            self.warn(
+                "data.train",
+                format!(
+                    "labels run up to {max_label}, so the model gets {classes} classes, but only {} distinct labels occur",
+                    distinct.len()
+                ),
+                "a stray label makes every other class empty: check the data, or name the classes in labels.txt beside the file",
+            );
+        }
+        Some(Found {
+            source: DataSource::Jsonl { train, test },
+            channels: 0,
+            size: 0,
+            classes,
+            train_total: counts[0],
+            test_total: counts[1],
+        })
+    }
+
+    /// `synthetic`: the generated set's sizes.
+    fn synthetic_data(&mut self) -> Option<Found> {
+        let d = &self.recipe().data;
+        self.only_for("data.train", "to format = \"cifar10-bin\" or \"jsonl\"");
+        self.only_for("data.test", "to format = \"cifar10-bin\" or \"jsonl\"");
+        let s = d.synthetic.clone().unwrap_or_default();
+        for (key, v, lo, hi) in [
+            ("data.synthetic.samples", s.samples, 1, 10_000_000),
+            ("data.synthetic.test_samples", s.test_samples, 0, 10_000_000),
+            ("data.synthetic.classes", s.classes, 2, 100_000),
+            ("data.synthetic.image_size", s.image_size, 1, 1024),
+            ("data.synthetic.channels", s.channels, 1, 64),
+        ] {
+            if !(lo..=hi).contains(&v) {
+                self.err(
+                    key,
+                    format!("{v} is out of range"),
+                    format!("use {lo} to {hi}"),
+                );
+            }
+        }
+        Some(Found {
+            source: DataSource::Synthetic {
+                samples: s.samples,
+                test_samples: s.test_samples,
+            },
+            channels: s.channels,
+            size: s.image_size,
+            classes: s.classes,
+            train_total: s.samples,
+            test_total: s.test_samples,
+        })
+    }
+
+    /// `data.limit` and `data.validation`: (training samples, validation samples held out
+    /// of them).
+    fn split(&mut self, train_total: usize) -> (usize, usize) {
+        let d = &self.recipe().data;
         if train_total == 0 && d.limit != Some(0) {
             self.err(
                 "data.train",
@@ -211,11 +287,21 @@ impl<'a> Validator<'a> {
                 v.min(train_len.saturating_sub(1))
             }
         };
-        let train_len = train_len - validation_len;
-        // A validation set of its own: checked as the test set is (records, labels).
+        (train_len - validation_len, validation_len)
+    }
+
+    /// `data.validation_file`: a validation set of its own, checked as the test set is
+    /// (records, labels). Returns (validation samples, the set's files).
+    fn validation_file(
+        &mut self,
+        format: DataFormat,
+        classes: usize,
+        held_out: usize,
+    ) -> Option<(usize, Vec<PathBuf>)> {
+        let d = &self.recipe().data;
         let mut validation_files = vec![];
         let validation_len = match (&d.validation_file, format) {
-            (None, _) => validation_len,
+            (None, _) => held_out,
             (Some(_), _) if d.validation.is_some() => {
                 self.err(
                     "data.validation_file",
@@ -268,16 +354,13 @@ impl<'a> Validator<'a> {
                 }
             }
         };
-        let test_len = d.test_limit.map_or(test_total, |n| n.min(test_total));
-        if d.test_limit.is_some() && test_total == 0 {
-            self.err(
-                "data.test_limit",
-                "there is no test data to limit",
-                "set data.test, or remove the key",
-            );
-        }
+        Some((validation_len, validation_files))
+    }
 
-        let normalize = match &d.normalize {
+    /// `data.normalize`: one value per channel (a single value is used for all).
+    fn normalize(&mut self, channels: usize) -> Normalize {
+        let d = &self.recipe().data;
+        match &d.normalize {
             None => Normalize {
                 mean: vec![0.0; channels],
                 std: vec![1.0; channels],
@@ -320,37 +403,9 @@ impl<'a> Validator<'a> {
                     on: n.on,
                 }
             }
-        };
-        let a = &d.augment;
-        if size > 0 && a.crop_padding > size / 2 {
-            self.err(
-                "data.augment.crop_padding",
-                format!(
-                    "{} pixels of padding for {size}-pixel images",
-                    a.crop_padding
-                ),
-                format!("use at most {}", size / 2),
-            );
         }
-        let text = self.text_plan(format);
-        Some(DataPlan {
-            text,
-            source,
-            channels,
-            height: size,
-            width: size,
-            classes,
-            train_len,
-            test_len,
-            validation_len,
-            validation_files,
-            normalize,
-            crop_padding: a.crop_padding,
-            hflip: a.hflip,
-        })
     }
 
-    /// A `.jsonl` file that exists.
     pub(super) fn jsonl_file(&mut self, key: &str, rel: &str) -> Option<PathBuf> {
         let path = self.l.dir_of(key).join(rel);
         if path.is_file() {
