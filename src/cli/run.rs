@@ -297,7 +297,7 @@ pub(crate) fn eval(run_dir: &Path, data: Option<&Path>, best: bool) -> ExitCode 
 /// What decides the kernels a plan compiles and tunes: plans equal in this warm up once.
 pub(crate) fn kernel_key(p: &Plan) -> String {
     let o = &p.optim;
-    let text_order = p.data.text.as_ref().map(|_| (p.seed, p.loader.shuffle));
+    let text_order = p.data.text().map(|_| (p.seed, p.loader.shuffle));
     format!(
         "{:?}|{:?}|{:?}|{:?}|{}|{}|{:?}|{}|{}|{}|{}|{:?}|{:?}|{:?}",
         p.device,

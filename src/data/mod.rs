@@ -211,7 +211,7 @@ fn read_sets(plan: &DataPlan, classes: usize, seed: u64) -> Result<Sets, DataErr
             plan.validation_len
         };
     match &plan.source {
-        DataSource::Cifar { train, test } => {
+        DataSource::Cifar { train, test, .. } => {
             let tr = cifar::read(train, train_len, classes)?;
             let te = if test.is_empty() {
                 Images {
@@ -238,14 +238,23 @@ fn read_sets(plan: &DataPlan, classes: usize, seed: u64) -> Result<Sets, DataErr
                 tokenizer: None,
             })
         }
-        DataSource::Synthetic { .. } => Ok(Sets {
-            train: Dataset::Images(synthetic::generate(plan, train_len, seed, 0)),
-            test: Dataset::Images(synthetic::generate(plan, plan.test_len, seed, 1)),
+        DataSource::Synthetic { image, .. } => Ok(Sets {
+            train: Dataset::Images(synthetic::generate(image, plan.classes, train_len, seed, 0)),
+            test: Dataset::Images(synthetic::generate(
+                image,
+                plan.classes,
+                plan.test_len,
+                seed,
+                1,
+            )),
             validation: None,
             tokenizer: None,
         }),
-        DataSource::Jsonl { train, test } => {
-            let t = plan.text.as_ref().expect("jsonl data has a text plan");
+        DataSource::Jsonl {
+            train,
+            test,
+            text: t,
+        } => {
             let read = |p: &Path, n: usize| {
                 text::read_jsonl(p, &t.text_field, &t.label_field, Some(classes), n)
             };

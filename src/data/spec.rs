@@ -1,37 +1,39 @@
-//! What validation decided about the data, in the form the loaders read: the sources,
-//! the image shape or the text plan, the sample counts (training, test, validation),
-//! normalisation and augmentation. Owned here so `data` depends on no other layer;
+//! What validation decided about the data, in the form the loaders read: the sources with
+//! the image shape and preparation (normalisation, augmentation) or the text plan, and the
+//! sample counts (training, test, validation). Owned here so `data` depends on no other layer;
 //! `plan` builds these (and re-exports them).
 
 use std::path::PathBuf;
 
 use crate::recipe::NormalizeOn;
 
+/// Where samples come from, with what a sample is: images (with their shape and
+/// preparation) or token sequences (with fields, tokenizer and padding). One enum, so a
+/// plan cannot pair text files with image preparation.
 #[derive(Debug, Clone, PartialEq)]
 pub enum DataSource {
     /// CIFAR-10 binary files, read in the order given.
     Cifar {
         train: Vec<PathBuf>,
         test: Vec<PathBuf>,
+        image: ImagePlan,
+    },
+    Synthetic {
+        samples: usize,
+        test_samples: usize,
+        image: ImagePlan,
     },
     /// Text, one JSON object per line.
     Jsonl {
         train: PathBuf,
         test: Option<PathBuf>,
-    },
-    Synthetic {
-        samples: usize,
-        test_samples: usize,
+        text: TextPlan,
     },
 }
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct DataPlan {
     pub source: DataSource,
-    /// Image shape, channels × height × width.
-    pub channels: usize,
-    pub height: usize,
-    pub width: usize,
     pub classes: usize,
     /// Training samples used (after `limit`, without the validation samples).
     pub train_len: usize,
@@ -41,12 +43,45 @@ pub struct DataPlan {
     pub validation_len: usize,
     /// `data.validation_file`: the validation set's own files (then nothing is held out).
     pub validation_files: Vec<PathBuf>,
+}
+
+impl DataPlan {
+    /// Image data's shape and preparation.
+    pub fn image(&self) -> Option<&ImagePlan> {
+        match &self.source {
+            DataSource::Cifar { image, .. } | DataSource::Synthetic { image, .. } => Some(image),
+            DataSource::Jsonl { .. } => None,
+        }
+    }
+
+    /// Text data's fields, tokenizer and padding.
+    pub fn text(&self) -> Option<&TextPlan> {
+        match &self.source {
+            DataSource::Jsonl { text, .. } => Some(text),
+            _ => None,
+        }
+    }
+
+    /// The test set's files (none for synthetic data).
+    pub fn test_files(&self) -> Vec<PathBuf> {
+        match &self.source {
+            DataSource::Cifar { test, .. } => test.clone(),
+            DataSource::Jsonl { test, .. } => test.iter().cloned().collect(),
+            DataSource::Synthetic { .. } => vec![],
+        }
+    }
+}
+
+/// Images: `channels × height × width` bytes a sample, and how they are prepared.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ImagePlan {
+    pub channels: usize,
+    pub height: usize,
+    pub width: usize,
     /// Per-channel mean and std (one per channel) and where they are applied.
     pub normalize: Normalize,
     pub crop_padding: usize,
     pub hflip: bool,
-    /// Text data: fields, tokenizer and padding.
-    pub text: Option<TextPlan>,
 }
 
 #[derive(Debug, Clone, PartialEq)]

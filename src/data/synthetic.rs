@@ -2,13 +2,13 @@
 //! blobs), each sample that pattern plus per-pixel noise, so a model can learn it and
 //! throughput runs need no files. The same (seed, split, index) always gives the same sample.
 
-use super::spec::DataPlan;
+use super::spec::ImagePlan;
 use super::Images;
 use crate::rng::SplitMix64;
 
 /// `n` samples of split `split` (0 train, 1 test); labels cycle through the classes.
-pub fn generate(plan: &DataPlan, n: usize, seed: u64, split: u64) -> Images {
-    let (c, h, w, k) = (plan.channels, plan.height, plan.width, plan.classes);
+pub fn generate(image: &ImagePlan, k: usize, n: usize, seed: u64, split: u64) -> Images {
+    let (c, h, w) = (image.channels, image.height, image.width);
     let per = c * h * w;
     let root = SplitMix64::new(seed ^ 0x5EED_DA7A);
     // Class patterns: a coarse 4×4 grid per channel, upsampled, values in 40..215.

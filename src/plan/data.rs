@@ -3,9 +3,25 @@
 
 use super::*;
 
+/// A format's files (or generated set), before the samples' plan is attached.
+enum Files {
+    Cifar {
+        train: Vec<PathBuf>,
+        test: Vec<PathBuf>,
+    },
+    Synthetic {
+        samples: usize,
+        test_samples: usize,
+    },
+    Jsonl {
+        train: PathBuf,
+        test: Option<PathBuf>,
+    },
+}
+
 /// What a data format's checks found.
 struct Found {
-    source: DataSource,
+    files: Files,
     /// Image channels and side (0 for text).
     channels: usize,
     size: usize,
@@ -26,7 +42,7 @@ impl<'a> Validator<'a> {
             return None;
         };
         let Found {
-            source,
+            files,
             channels,
             size,
             classes,
@@ -60,21 +76,38 @@ impl<'a> Validator<'a> {
                 format!("use at most {}", size / 2),
             );
         }
-        let text = self.text_plan(format);
-        Some(DataPlan {
-            text,
-            source,
+        self.kind_keys(format == DataFormat::Jsonl);
+        let image = ImagePlan {
             channels,
             height: size,
             width: size,
+            normalize,
+            crop_padding: a.crop_padding,
+            hflip: a.hflip,
+        };
+        let source = match files {
+            Files::Cifar { train, test } => DataSource::Cifar { train, test, image },
+            Files::Synthetic {
+                samples,
+                test_samples,
+            } => DataSource::Synthetic {
+                samples,
+                test_samples,
+                image,
+            },
+            Files::Jsonl { train, test } => DataSource::Jsonl {
+                train,
+                test,
+                text: self.text_plan(),
+            },
+        };
+        Some(DataPlan {
+            source,
             classes,
             train_len,
             test_len,
             validation_len,
             validation_files,
-            normalize,
-            crop_padding: a.crop_padding,
-            hflip: a.hflip,
         })
     }
 
@@ -121,7 +154,7 @@ impl<'a> Validator<'a> {
             );
         }
         Some(Found {
-            source: DataSource::Cifar { train, test },
+            files: Files::Cifar { train, test },
             channels: 3,
             size: 32,
             classes,
@@ -188,7 +221,7 @@ impl<'a> Validator<'a> {
             );
         }
         Some(Found {
-            source: DataSource::Jsonl { train, test },
+            files: Files::Jsonl { train, test },
             channels: 0,
             size: 0,
             classes,
@@ -219,7 +252,7 @@ impl<'a> Validator<'a> {
             }
         }
         Some(Found {
-            source: DataSource::Synthetic {
+            files: Files::Synthetic {
                 samples: s.samples,
                 test_samples: s.test_samples,
             },
@@ -430,10 +463,8 @@ impl<'a> Validator<'a> {
         }
     }
 
-    /// Text keys on image data, image keys on text data, and the text plan.
-    pub(super) fn text_plan(&mut self, format: DataFormat) -> Option<TextPlan> {
-        let r = self.recipe();
-        let text = format == DataFormat::Jsonl;
+    /// Text keys on image data, image keys on text data.
+    fn kind_keys(&mut self, text: bool) {
         if !text {
             for k in ["data.text_field", "data.label_field", "data.tokenizer"] {
                 self.only_for(k, "to text data (format = \"jsonl\")");
@@ -445,11 +476,16 @@ impl<'a> Validator<'a> {
                     "remove the [padding] table",
                 );
             }
-            return None;
+            return;
         }
         for k in ["data.normalize", "data.augment"] {
             self.only_for(k, "to image data");
         }
+    }
+
+    /// The text plan: fields, tokenizer and padding.
+    fn text_plan(&mut self) -> TextPlan {
+        let r = self.recipe();
         let p = r.padding.clone().unwrap_or_default();
         let t = r.data.tokenizer.clone().unwrap_or_default();
         if p.max_length > MAX_TOKENS {
@@ -500,7 +536,7 @@ impl<'a> Validator<'a> {
                 "use a small id; 0 is usual",
             );
         }
-        Some(TextPlan {
+        TextPlan {
             text_field: r.data.text_field.clone().unwrap_or("text".into()),
             label_field: r.data.label_field.clone().unwrap_or("label".into()),
             tokenizer: t,
@@ -511,7 +547,7 @@ impl<'a> Validator<'a> {
                 pad_id: p.pad_id,
             },
             buckets: p.buckets.max(1),
-        })
+        }
     }
 
     /// A `.bin` file, or a directory: its `<stem>*.bin` files in name order.

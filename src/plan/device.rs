@@ -99,7 +99,7 @@ impl<'a> Validator<'a> {
     ) {
         use super::resources::{self as preflight, gib};
         let text_bytes = match &data.source {
-            DataSource::Jsonl { train, test } => [Some(train), test.as_ref()]
+            DataSource::Jsonl { train, test, .. } => [Some(train), test.as_ref()]
                 .into_iter()
                 .flatten()
                 .filter_map(|p| std::fs::metadata(p).ok())

@@ -94,7 +94,7 @@ impl<'a> Validator<'a> {
             );
         }
         let data = data?;
-        match (arch.is_text(), data.text.is_some()) {
+        match (arch.is_text(), data.text().is_some()) {
             (true, false) => self.err(
                 "model.arch",
                 format!(
@@ -138,8 +138,7 @@ impl<'a> Validator<'a> {
         }
         if arch.is_resnet()
             && m.stem != Some(Stem::Imagenet)
-            && data.height < 8
-            && data.text.is_none()
+            && data.image().is_some_and(|i| i.height < 8)
         {
             self.err(
                 "model.arch",
@@ -147,7 +146,7 @@ impl<'a> Validator<'a> {
                 "use small_cnn or mlp",
             );
         }
-        if arch == Arch::SmallCnn && data.height < 4 && data.text.is_none() {
+        if arch == Arch::SmallCnn && data.image().is_some_and(|i| i.height < 4) {
             self.err(
                 "model.arch",
                 "images are too small for small_cnn (two 2×2 pools)",

@@ -44,7 +44,7 @@ impl<'a> Validator<'a> {
                 rm.dropout = Some(t.dropout);
             }
         }
-        if let Some(t) = &data.text {
+        if let Some(t) = data.text() {
             resolved.data.text_field = Some(t.text_field.clone());
             resolved.data.label_field = Some(t.label_field.clone());
             resolved.data.tokenizer = Some(t.tokenizer.clone());

@@ -11,7 +11,7 @@
 //! 4.7 GB at batch 64 on 3×32×32 images, is about 5,600 floats per input element; the rate
 //! here is 2,500). A run over the estimate cannot fit; one under it may still not.
 
-use super::{DataPlan, LoaderPlan, ModelPlan, NetPlan, OptimPlan, ResNetDepth};
+use super::{DataPlan, DataSource, LoaderPlan, ModelPlan, NetPlan, OptimPlan, ResNetDepth};
 use crate::recipe::{OptimizerKind, Stem, TokenizerKind};
 
 /// Bytes, in parts.
@@ -46,7 +46,7 @@ pub fn gib(bytes: u64) -> String {
 /// The vocabulary a text plan can reach: the word tokenizer's cap (plus its specials), or
 /// the byte tokenizer's 256 (plus its specials).
 fn vocab_bound(data: &DataPlan, pad_id: usize) -> u64 {
-    let t = data.text.as_ref();
+    let t = data.text();
     let v = match t.map(|t| t.tokenizer.kind) {
         Some(TokenizerKind::Word) => t.map_or(0, |t| t.tokenizer.max_vocab) + 2,
         _ => 258,
@@ -61,10 +61,11 @@ fn linear(i: u64, o: u64) -> u64 {
 /// Trainable parameters of the plan's model.
 pub fn parameters(m: &ModelPlan, data: &DataPlan) -> u64 {
     let classes = m.num_classes as u64;
-    let c = data.channels as u64;
-    let side = data.height as u64;
+    let (c, side) = data
+        .image()
+        .map_or((0, 0), |i| (i.channels as u64, i.height as u64));
     let embed = |e: usize| {
-        let pad = data.text.as_ref().map_or(0, |t| t.padding.pad_id as usize);
+        let pad = data.text().map_or(0, |t| t.padding.pad_id as usize);
         vocab_bound(data, pad) * e as u64
     };
     let mlp = |first: u64, hidden: &[usize]| -> u64 {
@@ -106,7 +107,7 @@ pub fn parameters(m: &ModelPlan, data: &DataPlan) -> u64 {
             embed(*embed_dim) + first + rest + linear(h, classes)
         }
         NetPlan::Transformer(t) => {
-            let max_len = data.text.as_ref().map_or(1, |t| t.padding.max_row_len()) as u64;
+            let max_len = data.text().map_or(1, |t| t.padding.max_row_len()) as u64;
             let (e, ff) = (t.embed_dim as u64, t.ff_dim as u64);
             let layer = 4 * linear(e, e) + linear(e, ff) + linear(ff, e) + 4 * e;
             embed(t.embed_dim) + max_len * e + layer * t.layers as u64 + linear(e, classes)
@@ -159,14 +160,16 @@ pub fn estimate(
         OptimizerKind::Adamw => 2,
     };
     let model_bytes = params.saturating_mul(4 * (2 + states));
-    let sample = (data.channels * data.height * data.width) as u64;
-    let data_bytes = match &data.text {
-        Some(_) => text_bytes.saturating_mul(2),
-        None => sample.saturating_mul((data.train_len + data.test_len) as u64),
-    };
-    let per_input = match &data.text {
-        Some(t) => t.padding.max_row_len() as u64,
-        None => sample,
+    // Bytes of an image sample, or tokens of a padded text row.
+    let (data_bytes, per_input) = match &data.source {
+        DataSource::Cifar { image: i, .. } | DataSource::Synthetic { image: i, .. } => {
+            let sample = (i.channels * i.height * i.width) as u64;
+            let samples = (data.train_len + data.test_len) as u64;
+            (sample.saturating_mul(samples), sample)
+        }
+        DataSource::Jsonl { text: t, .. } => {
+            (text_bytes.saturating_mul(2), t.padding.max_row_len() as u64)
+        }
     };
     let activation_bytes = (loader.batch_size as u64)
         .saturating_mul(per_input)

@@ -60,11 +60,7 @@ pub fn eval(
             recipe_path.display()
         )));
     }
-    let data = match &plan.data.source {
-        crate::plan::DataSource::Cifar { test, .. } => test.clone(),
-        crate::plan::DataSource::Jsonl { test, .. } => test.iter().cloned().collect(),
-        crate::plan::DataSource::Synthetic { .. } => vec![],
-    };
+    let data = plan.data.test_files();
     let loaded = data::load(&plan.data, plan.model.num_classes, plan.seed)
         .map_err(|e| input(format!("error: {e}\n  = help: {}", e.help_text())))?;
     // Text is tokenized as in training: the tokenizer is built again, the same way, from

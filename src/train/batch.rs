@@ -3,6 +3,7 @@
 //! step gets.
 
 use super::*;
+use crate::plan::DataSource;
 
 /// A batch as the loader's workers prepare it: host tensors, staged for the copy if asked.
 pub struct HostBatch {
@@ -48,17 +49,19 @@ pub struct Batcher {
 
 impl Batcher {
     pub fn new(plan: &Plan, vocab: usize) -> Self {
-        let d = &plan.data;
-        if let Some(t) = &d.text {
-            return Self {
-                collate: Collate::Text(t.padding.clone()),
-                device_affine: None,
-                shape: Shape::Text {
-                    vocab,
-                    max_len: t.padding.max_row_len(),
-                },
-            };
-        }
+        let d = match &plan.data.source {
+            DataSource::Cifar { image, .. } | DataSource::Synthetic { image, .. } => image,
+            DataSource::Jsonl { text: t, .. } => {
+                return Self {
+                    collate: Collate::Text(t.padding.clone()),
+                    device_affine: None,
+                    shape: Shape::Text {
+                        vocab,
+                        max_len: t.padding.max_row_len(),
+                    },
+                };
+            }
+        };
         let n = &d.normalize;
         let affine = Prepare::affine(&n.mean, &n.std);
         let on_host = n.on == NormalizeOn::Host;

@@ -136,7 +136,7 @@ fn ms(since: Instant) -> f64 {
 
 /// How the loader groups the plan's training samples.
 pub fn batching(plan: &Plan, train: &Dataset) -> Batching {
-    match (&plan.data.text, train) {
+    match (plan.data.text(), train) {
         (Some(t), Dataset::Text(set))
             if t.padding.strategy == crate::recipe::PaddingStrategy::Bucket =>
         {
