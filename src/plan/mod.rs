@@ -172,16 +172,8 @@ impl ModelPlan {
     }
 }
 
-#[derive(Debug, Clone, PartialEq)]
-pub struct LoaderPlan {
-    pub batch_size: usize,
-    pub workers: usize,
-    pub pin_memory: bool,
-    pub persistent_workers: bool,
-    pub prefetch: usize,
-    pub shuffle: bool,
-    pub drop_last: bool,
-}
+/// The loader needs nothing resolved: once validated, the recipe's `[loader]` is the plan.
+pub type LoaderPlan = crate::recipe::LoaderSection;
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct OptimPlan {

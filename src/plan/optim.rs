@@ -46,15 +46,7 @@ impl<'a> Validator<'a> {
                 "keep it for CUDA runs, or set it to false",
             );
         }
-        LoaderPlan {
-            batch_size: l.batch_size,
-            workers: l.workers,
-            pin_memory: l.pin_memory,
-            persistent_workers: l.persistent_workers,
-            prefetch: l.prefetch,
-            shuffle: l.shuffle,
-            drop_last: l.drop_last,
-        }
+        l.clone()
     }
 
     pub(super) fn optim(&mut self) -> Option<OptimPlan> {
