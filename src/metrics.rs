@@ -119,29 +119,25 @@ pub struct StepRecord {
 }
 
 impl StepRecord {
-    /// The CSV header: the JSON field names, in order.
+    /// The CSV header: the field names, in order (as in JSON).
     pub fn csv_header() -> String {
-        let v = serde_json::to_value(StepRecord::default()).expect("record is JSON");
-        v.as_object()
-            .expect("object")
-            .keys()
-            .cloned()
-            .collect::<Vec<_>>()
-            .join(",")
+        let mut w = csv::Writer::from_writer(vec![]);
+        w.serialize(StepRecord::default())
+            .expect("a flat record serialises into memory");
+        let text = String::from_utf8(w.into_inner().expect("in memory")).expect("UTF-8");
+        text.lines().next().unwrap_or_default().to_string()
     }
 
-    /// The record as a CSV row, field for field as in JSON (null → empty).
+    /// The record as one CSV row (the `csv` crate), field for field as in JSON; a missing
+    /// value is an empty field, a diverged loss `NaN`.
     pub fn csv_row(&self) -> String {
-        let v = serde_json::to_value(self).expect("record is JSON");
-        v.as_object()
-            .expect("object")
-            .values()
-            .map(|x| match x {
-                serde_json::Value::Null => String::new(),
-                other => other.to_string(),
-            })
-            .collect::<Vec<_>>()
-            .join(",")
+        let mut w = csv::WriterBuilder::new()
+            .has_headers(false)
+            .from_writer(vec![]);
+        w.serialize(self)
+            .expect("a flat record serialises into memory");
+        let text = String::from_utf8(w.into_inner().expect("in memory")).expect("UTF-8");
+        text.trim_end_matches('\n').to_string()
     }
 }
 

@@ -364,50 +364,71 @@ fn cells(rows: &[Row]) -> (Vec<String>, Vec<Vec<String>>) {
     (header, body)
 }
 
+/// One CSV line of the report: the columns, in order, named as in the header.
+#[derive(serde::Serialize)]
+struct CsvRow<'a> {
+    recipe: &'a str,
+    runs: usize,
+    backend: &'a str,
+    ms_median: f64,
+    ms_p95: f64,
+    cv_pct: f64,
+    samples_per_s: f64,
+    gpu_util_pct: Option<f64>,
+    cpu_util_pct: Option<f64>,
+    peak_mem_in_use_bytes: Option<u64>,
+    peak_mem_reserved_bytes: Option<u64>,
+    peak_rss_bytes: Option<u64>,
+    data_wait_pct: f64,
+    cleanup_pct: f64,
+    pad_tokens: Option<f64>,
+    pad_waste_pct: Option<f64>,
+    real_tokens_per_s: Option<f64>,
+    padded_tokens_per_s: Option<f64>,
+    test_accuracy: Option<f64>,
+    ratio: f64,
+    within_noise: bool,
+}
+
+/// The rows as CSV (the `csv` crate: quoting, and an empty field for a missing value).
+fn csv_rows(rows: &[Row]) -> String {
+    let mut w = csv::Writer::from_writer(vec![]);
+    for r in rows {
+        let line = CsvRow {
+            recipe: &r.recipe,
+            runs: r.runs,
+            backend: &r.backend,
+            ms_median: r.ms_median,
+            ms_p95: r.ms_p95,
+            cv_pct: r.cv_pct,
+            samples_per_s: r.samples_per_s,
+            gpu_util_pct: r.gpu_util_pct,
+            cpu_util_pct: r.cpu_util_pct,
+            peak_mem_in_use_bytes: r.peak_in_use_bytes,
+            peak_mem_reserved_bytes: r.peak_reserved_bytes,
+            peak_rss_bytes: r.peak_rss_bytes,
+            data_wait_pct: r.data_wait_pct,
+            cleanup_pct: r.cleanup_pct,
+            pad_tokens: r.pad_tokens,
+            pad_waste_pct: r.pad_waste_pct,
+            real_tokens_per_s: r.real_tokens_per_s,
+            padded_tokens_per_s: r.padded_tokens_per_s,
+            test_accuracy: r.test_accuracy,
+            ratio: r.ratio,
+            within_noise: r.within_noise,
+        };
+        w.serialize(line)
+            .expect("a flat record serialises into memory");
+    }
+    let bytes = w.into_inner().expect("an in-memory writer cannot fail");
+    String::from_utf8(bytes).expect("CSV of UTF-8 fields is UTF-8")
+}
+
 /// Renders the rows. The table and Markdown end with a note on reading them.
 pub fn render(rows: &[Row], format: Format) -> String {
     let mut out = String::new();
     match format {
-        Format::Csv => {
-            out.push_str("recipe,runs,backend,ms_median,ms_p95,cv_pct,samples_per_s,gpu_util_pct,cpu_util_pct,peak_mem_in_use_bytes,peak_mem_reserved_bytes,peak_rss_bytes,data_wait_pct,cleanup_pct,pad_tokens,pad_waste_pct,real_tokens_per_s,padded_tokens_per_s,test_accuracy,ratio,within_noise\n");
-            let o = |v: Option<f64>| v.map_or(String::new(), |v| v.to_string());
-            let u = |v: Option<u64>| v.map_or(String::new(), |v| v.to_string());
-            let q = |s: &str| {
-                if s.contains([',', '"', '\n']) {
-                    format!("\"{}\"", s.replace('"', "\"\""))
-                } else {
-                    s.to_string()
-                }
-            };
-            for r in rows {
-                let _ = writeln!(
-                    out,
-                    "{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}",
-                    q(&r.recipe),
-                    r.runs,
-                    q(&r.backend),
-                    r.ms_median,
-                    r.ms_p95,
-                    r.cv_pct,
-                    r.samples_per_s,
-                    o(r.gpu_util_pct),
-                    o(r.cpu_util_pct),
-                    u(r.peak_in_use_bytes),
-                    u(r.peak_reserved_bytes),
-                    u(r.peak_rss_bytes),
-                    r.data_wait_pct,
-                    r.cleanup_pct,
-                    o(r.pad_tokens),
-                    o(r.pad_waste_pct),
-                    o(r.real_tokens_per_s),
-                    o(r.padded_tokens_per_s),
-                    o(r.test_accuracy),
-                    r.ratio,
-                    r.within_noise
-                );
-            }
-            return out;
-        }
+        Format::Csv => return csv_rows(rows),
         Format::Md => {
             let (h, body) = cells(rows);
             let _ = writeln!(out, "| {} |", h.join(" | "));
