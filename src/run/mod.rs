@@ -455,20 +455,10 @@ fn drive(
         dir: dir.clone(),
         message,
     };
-    let summary_path = dir.join("summary.json");
-    let source = match plan.device {
-        Device::Cuda(i) => UtilSource::Nvml(i as u32),
-        Device::Cpu => UtilSource::Proc,
-    };
     let t0 = Instant::now();
-    let sampler = Sampler::start(
-        source,
-        std::time::Duration::from_millis(plan.profile.sample_ms),
-        t0,
-    );
     let mut sink = FileSink {
         metrics,
-        sampler: Some(sampler),
+        sampler: Some(start_sampler(plan, t0)),
         lines: records.len() as u64,
         t_offset_ms: records.last().map_or(0.0, |r| r.t_ms),
         records,
@@ -488,33 +478,8 @@ fn drive(
         best: summary.best_step.zip(summary.best_value),
         early_stopped: None,
     };
-    // metrics.csv and the event file: opened now, so a bad path fails before the first step.
-    let lines = sink.lines;
     let resumed_at = resume.as_ref().map(|(_, s)| s.step);
-    if plan.log.csv {
-        let path = dir.join("metrics.csv");
-        let opened = if resumed_at.is_some() && path.is_file() {
-            JsonLines::reopen_raw(&path, lines + 1)
-        } else {
-            JsonLines::create(&path).and_then(|mut f| {
-                f.write_line(StepRecord::csv_header())?;
-                for r in &sink.records {
-                    f.write_line(r.csv_row())?;
-                }
-                Ok(f)
-            })
-        };
-        sink.csv = Some(opened.map_err(|e| fail(format!("{}: {e}", path.display())))?);
-    }
-    if plan.log.tensorboard {
-        let mut w = crate::tensorboard::EventWriter::create(&dir)
-            .map_err(|e| fail(format!("{}: {e}", dir.display())))?;
-        if let Some(step) = resumed_at {
-            w.restart_at(step)
-                .map_err(|e| fail(format!("{}: {e}", w.path().display())))?;
-        }
-        sink.events = Some(w);
-    }
+    open_exports(plan, &dir, resumed_at, &mut sink).map_err(fail)?;
     let vocab = sets.tokenizer.as_ref().map_or(0, |t| t.vocab_size());
     let batcher = train::Batcher::new(plan, vocab);
     let (train_set, test_set) = (Arc::new(sets.train), Arc::new(sets.test));
@@ -538,33 +503,11 @@ fn drive(
         backend::dispatch(plan.device, plan.kernels.fusion, job)
     }));
     sink.progress.finish();
-    let sampler = sink.sampler.take().expect("the sampler runs until here");
-    let util_source = sampler.status.clone();
-    let samples = sampler.finish();
-    if !samples.is_empty() {
-        let written = JsonLines::append(&dir.join("samples.jsonl"))
-            .and_then(|mut f| samples.iter().try_for_each(|s| f.write(s)));
-        if let Err(e) = written {
-            sink.io_error.get_or_insert(format!("samples.jsonl: {e}"));
-        }
-    }
-
-    summary.absorb(&sink.records, plan.run.warmup_steps);
-    summary.util_source = util_source;
-    summary.parameters = sink.parameters;
-    summary.evals = sink.evals.clone();
-    summary.test_accuracy = sink.evals.last().map(|e| e.accuracy);
+    summary.util_source = finish_sampler(&mut sink, &dir);
     summary.wall_s += wall.elapsed().as_secs_f64();
-    summary.startup_s = sink.startup_s;
-    summary.first_step_ms = sink.first_step_ms;
-    summary.checkpoints = sink.checkpoints;
-    summary.checkpoint_ms_total = sink.checkpoint_ms;
-    summary.validations = sink.validations.clone();
-    summary.best_step = sink.best.map(|b| b.0);
-    summary.best_value = sink.best.map(|b| b.1);
-    summary.early_stopped_at_step = sink.early_stopped;
-    let counts = kernels::counts().since(sink.counts_at_start);
+    record(&mut summary, &sink, plan);
     if env.kernels.used {
+        let counts = kernels::counts().since(sink.counts_at_start);
         summary.kernels = Some(counts);
         let env = Environment {
             kernel_counts: Some(counts),
@@ -574,6 +517,105 @@ fn drive(
             sink.io_error.get_or_insert(format!("env.json: {e}"));
         }
     }
+    let stop = ending(outcome, &mut summary, &sink);
+    let summary_path = dir.join("summary.json");
+    if let Err(e) = write_json_atomic(&summary_path, &summary) {
+        let message = format!("{}: {e}", summary_path.display());
+        return Err(fail(match &summary.error {
+            Some(first) => format!("{first}; then cannot write {message}"),
+            None => format!("cannot write {message}"),
+        }));
+    }
+    match stop {
+        None => Ok(Finished { dir, summary }),
+        Some(train::Stop::Signal(signal)) => Err(RunError::Interrupted { dir, signal }),
+        Some(_) => Err(fail(summary.error.clone().unwrap_or_default())),
+    }
+}
+
+/// The utilisation sampler of the run's device (NVML on CUDA, /proc on the CPU).
+fn start_sampler(plan: &Plan, t0: Instant) -> Sampler {
+    let source = match plan.device {
+        Device::Cuda(i) => UtilSource::Nvml(i as u32),
+        Device::Cpu => UtilSource::Proc,
+    };
+    let interval = std::time::Duration::from_millis(plan.profile.sample_ms);
+    Sampler::start(source, interval, t0)
+}
+
+/// `metrics.csv` and the TensorBoard event file, opened before the first step so a bad
+/// path fails early; a resumed run continues them.
+fn open_exports(
+    plan: &Plan,
+    dir: &Path,
+    resumed_at: Option<u64>,
+    sink: &mut FileSink,
+) -> Result<(), String> {
+    if plan.log.csv {
+        let path = dir.join("metrics.csv");
+        let opened = if resumed_at.is_some() && path.is_file() {
+            JsonLines::reopen_raw(&path, sink.lines + 1)
+        } else {
+            JsonLines::create(&path).and_then(|mut f| {
+                f.write_line(StepRecord::csv_header())?;
+                for r in &sink.records {
+                    f.write_line(r.csv_row())?;
+                }
+                Ok(f)
+            })
+        };
+        sink.csv = Some(opened.map_err(|e| format!("{}: {e}", path.display()))?);
+    }
+    if plan.log.tensorboard {
+        let mut w = crate::tensorboard::EventWriter::create(dir)
+            .map_err(|e| format!("{}: {e}", dir.display()))?;
+        if let Some(step) = resumed_at {
+            w.restart_at(step)
+                .map_err(|e| format!("{}: {e}", w.path().display()))?;
+        }
+        sink.events = Some(w);
+    }
+    Ok(())
+}
+
+/// Stops the sampler and writes its samples to `samples.jsonl`; returns its status.
+fn finish_sampler(sink: &mut FileSink, dir: &Path) -> String {
+    let sampler = sink.sampler.take().expect("the sampler runs until here");
+    let status = sampler.status.clone();
+    let samples = sampler.finish();
+    if !samples.is_empty() {
+        let written = JsonLines::append(&dir.join("samples.jsonl"))
+            .and_then(|mut f| samples.iter().try_for_each(|s| f.write(s)));
+        if let Err(e) = written {
+            sink.io_error.get_or_insert(format!("samples.jsonl: {e}"));
+        }
+    }
+    status
+}
+
+/// What the sink saw, into the summary.
+fn record(summary: &mut Summary, sink: &FileSink, plan: &Plan) {
+    summary.absorb(&sink.records, plan.run.warmup_steps);
+    summary.parameters = sink.parameters;
+    summary.evals = sink.evals.clone();
+    summary.test_accuracy = sink.evals.last().map(|e| e.accuracy);
+    summary.startup_s = sink.startup_s;
+    summary.first_step_ms = sink.first_step_ms;
+    summary.checkpoints = sink.checkpoints;
+    summary.checkpoint_ms_total = sink.checkpoint_ms;
+    summary.validations = sink.validations.clone();
+    summary.best_step = sink.best.map(|b| b.0);
+    summary.best_value = sink.best.map(|b| b.1);
+    summary.early_stopped_at_step = sink.early_stopped;
+}
+
+/// How the loop ended (a stop, an error, a panic, or a write that failed at the very
+/// end), with the summary's status and error set from it.
+fn ending(
+    outcome: std::thread::Result<Result<train::TrainOutcome, String>>,
+    summary: &mut Summary,
+    sink: &FileSink,
+) -> Option<train::Stop> {
     let stop = match outcome {
         Ok(Ok(o)) => {
             summary.loader_workers_started = o.loader_workers_started;
@@ -602,18 +644,7 @@ fn drive(
         train::Stop::Signal(_) => format!("{s} after step {}", summary.steps),
         _ => s.to_string(),
     });
-    if let Err(e) = write_json_atomic(&summary_path, &summary) {
-        let message = format!("{}: {e}", summary_path.display());
-        return Err(fail(match &summary.error {
-            Some(first) => format!("{first}; then cannot write {message}"),
-            None => format!("cannot write {message}"),
-        }));
-    }
-    match stop {
-        None => Ok(Finished { dir, summary }),
-        Some(train::Stop::Signal(signal)) => Err(RunError::Interrupted { dir, signal }),
-        Some(_) => Err(fail(summary.error.clone().unwrap_or_default())),
-    }
+    stop
 }
 
 #[cfg(test)]
