@@ -13,21 +13,15 @@ impl<'a> Validator<'a> {
             );
             return None;
         };
-        let text_models = "to the text models bag, lstm and transformer";
-        if !arch.is_text() {
-            self.only_for("model.embed_dim", text_models);
-        }
-        if arch != Arch::Lstm {
-            self.only_for("model.hidden_size", "to lstm");
-        }
-        if !matches!(arch, Arch::Lstm | Arch::Transformer) {
-            self.only_for("model.layers", "to lstm and transformer");
-        }
-        if arch != Arch::Transformer {
-            for k in ["model.heads", "model.ff_dim", "model.dropout"] {
-                self.only_for(k, "to transformer");
-            }
-        }
+        self.arch_keys(arch);
+        let net = self.net(arch);
+        let num_classes = self.model_fits_data(arch, data?);
+        Some(ModelPlan { num_classes, net })
+    }
+
+    /// The architecture's knobs: defaults, ranges, and the plan of the network.
+    fn net(&mut self, arch: Arch) -> NetPlan {
+        let m = &self.recipe().model;
         let embed_dim = m.embed_dim.unwrap_or(64);
         let heads = m.heads.unwrap_or(4);
         let layers = m
@@ -65,15 +59,6 @@ impl<'a> Validator<'a> {
                 "0.1 is usual",
             );
         }
-        if !arch.is_resnet() {
-            self.only_for("model.stem", "to resnet18, resnet34 and resnet50");
-        }
-        if arch != Arch::SmallCnn {
-            self.only_for("model.width", "to small_cnn");
-        }
-        if !matches!(arch, Arch::Mlp | Arch::Bag) {
-            self.only_for("model.hidden", "to mlp and bag");
-        }
         let width = m.width.unwrap_or(32);
         if !(1..=1024).contains(&width) {
             self.err(
@@ -93,7 +78,65 @@ impl<'a> Validator<'a> {
                 "every size must be at least 1",
             );
         }
-        let data = data?;
+        match arch {
+            Arch::Resnet18 | Arch::Resnet34 | Arch::Resnet50 => NetPlan::ResNet {
+                depth: match arch {
+                    Arch::Resnet18 => ResNetDepth::R18,
+                    Arch::Resnet34 => ResNetDepth::R34,
+                    _ => ResNetDepth::R50,
+                },
+                stem: m.stem.unwrap_or(Stem::Cifar),
+            },
+            Arch::SmallCnn => NetPlan::SmallCnn { width },
+            Arch::Mlp => NetPlan::Mlp { hidden },
+            Arch::Bag => NetPlan::Bag { embed_dim, hidden },
+            Arch::Lstm => NetPlan::Lstm {
+                embed_dim,
+                hidden_size,
+                layers,
+            },
+            Arch::Transformer => NetPlan::Transformer(TransformerPlan {
+                embed_dim,
+                heads,
+                layers,
+                ff_dim,
+                dropout,
+            }),
+        }
+    }
+
+    /// Keys that belong to other architectures.
+    fn arch_keys(&mut self, arch: Arch) {
+        let text_models = "to the text models bag, lstm and transformer";
+        if !arch.is_text() {
+            self.only_for("model.embed_dim", text_models);
+        }
+        if arch != Arch::Lstm {
+            self.only_for("model.hidden_size", "to lstm");
+        }
+        if !matches!(arch, Arch::Lstm | Arch::Transformer) {
+            self.only_for("model.layers", "to lstm and transformer");
+        }
+        if arch != Arch::Transformer {
+            for k in ["model.heads", "model.ff_dim", "model.dropout"] {
+                self.only_for(k, "to transformer");
+            }
+        }
+        if !arch.is_resnet() {
+            self.only_for("model.stem", "to resnet18, resnet34 and resnet50");
+        }
+        if arch != Arch::SmallCnn {
+            self.only_for("model.width", "to small_cnn");
+        }
+        if !matches!(arch, Arch::Mlp | Arch::Bag) {
+            self.only_for("model.hidden", "to mlp and bag");
+        }
+    }
+
+    /// Text models on text, image models on images big enough for them, and the class
+    /// count against the data's. Returns the class count.
+    fn model_fits_data(&mut self, arch: Arch, data: &DataPlan) -> usize {
+        let m = &self.recipe().model;
         match (arch.is_text(), data.text().is_some()) {
             (true, false) => self.err(
                 "model.arch",
@@ -153,31 +196,6 @@ impl<'a> Validator<'a> {
                 "use mlp",
             );
         }
-        let net = match arch {
-            Arch::Resnet18 | Arch::Resnet34 | Arch::Resnet50 => NetPlan::ResNet {
-                depth: match arch {
-                    Arch::Resnet18 => ResNetDepth::R18,
-                    Arch::Resnet34 => ResNetDepth::R34,
-                    _ => ResNetDepth::R50,
-                },
-                stem: m.stem.unwrap_or(Stem::Cifar),
-            },
-            Arch::SmallCnn => NetPlan::SmallCnn { width },
-            Arch::Mlp => NetPlan::Mlp { hidden },
-            Arch::Bag => NetPlan::Bag { embed_dim, hidden },
-            Arch::Lstm => NetPlan::Lstm {
-                embed_dim,
-                hidden_size,
-                layers,
-            },
-            Arch::Transformer => NetPlan::Transformer(TransformerPlan {
-                embed_dim,
-                heads,
-                layers,
-                ff_dim,
-                dropout,
-            }),
-        };
-        Some(ModelPlan { num_classes, net })
+        num_classes
     }
 }
