@@ -17,10 +17,13 @@ fi
 WORK=$(mktemp -d /tmp/runner-slurm.XXXXXX)
 chmod 755 "$WORK"
 cleanup() {
+  local rc=$?
   scancel --quiet --user=root 2>/dev/null || true
   [ -f "$WORK/slurmd.pid" ] && kill "$(cat "$WORK/slurmd.pid")" 2>/dev/null || true
   [ -f "$WORK/slurmctld.pid" ] && kill "$(cat "$WORK/slurmctld.pid")" 2>/dev/null || true
   [ -f "$WORK/munge/munged.pid" ] && kill "$(cat "$WORK/munge/munged.pid")" 2>/dev/null || true
+  # Kept after a failure (its logs say why), removed after a pass.
+  if [ "$rc" -eq 0 ]; then sleep 1; rm -rf "$WORK"; else echo "slurm test files kept in $WORK"; fi
 }
 trap cleanup EXIT
 

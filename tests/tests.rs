@@ -408,11 +408,40 @@ fn accumulation_of_4_micro_batches_of_2_equals_one_batch_of_8() {
 
 // ---------------------------------------------------------------- real runs
 
+/// A fresh directory for one test, named by the test and this process. The first call
+/// also removes what earlier test processes left (their pid is no longer running), so
+/// repeated test runs do not fill the temporary directory.
 fn tempdir(tag: &str) -> PathBuf {
+    static SWEEP: std::sync::Once = std::sync::Once::new();
+    SWEEP.call_once(remove_stale_test_dirs);
     let d = std::env::temp_dir().join(format!("runner-test-{tag}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&d);
     std::fs::create_dir_all(&d).unwrap();
     d
+}
+
+/// `runner-test-*-PID`, `runner-cifar-PID` and `runner-text-PID` of processes gone.
+fn remove_stale_test_dirs() {
+    // Whether a pid runs is read from /proc; without it (not Linux) nothing is removed.
+    if !Path::new("/proc/self").exists() {
+        return;
+    }
+    let Ok(entries) = std::fs::read_dir(std::env::temp_dir()) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let ours = ["runner-test-", "runner-cifar-", "runner-text-"]
+            .iter()
+            .any(|p| name.starts_with(p));
+        let pid = name.rsplit('-').next().and_then(|p| p.parse::<u32>().ok());
+        if let (true, Some(pid)) = (ours, pid) {
+            let gone = !Path::new(&format!("/proc/{pid}")).exists();
+            if gone && pid != std::process::id() {
+                let _ = std::fs::remove_dir_all(e.path());
+            }
+        }
+    }
 }
 
 /// A plan from recipe text placed in `tests/fixtures/` (so shipped-data paths resolve),
