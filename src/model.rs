@@ -18,7 +18,7 @@ use burn::tensor::ops::ConvOptions;
 use burn::tensor::{Bool, Int, Tensor};
 
 use crate::ops::{self, ModelBackend};
-use crate::plan::{ModelPlan, NetPlan, ResNetDepth, TransformerPlan};
+use crate::plan::{ModelPlan, NetPlan, TransformerPlan};
 use crate::recipe::Stem;
 
 /// Any of the networks, as one module type so the training loop is compiled once. One
@@ -81,15 +81,13 @@ impl<B: ModelBackend> Net<B> {
             Shape::Text { vocab, max_len } => (0, 0, vocab, max_len),
         };
         let classes = m.num_classes;
+        let resnet = |kind, layers, stem| {
+            Net::ResNet(ResNet::new(kind, layers, stem, channels, classes, device))
+        };
         match &m.net {
-            NetPlan::ResNet { depth, stem } => {
-                let (kind, layers) = match depth {
-                    ResNetDepth::R18 => (Block::Basic, [2, 2, 2, 2]),
-                    ResNetDepth::R34 => (Block::Basic, [3, 4, 6, 3]),
-                    ResNetDepth::R50 => (Block::Bottleneck, [3, 4, 6, 3]),
-                };
-                Net::ResNet(ResNet::new(kind, layers, *stem, channels, classes, device))
-            }
+            NetPlan::Resnet18 { stem } => resnet(Block::Basic, [2, 2, 2, 2], *stem),
+            NetPlan::Resnet34 { stem } => resnet(Block::Basic, [3, 4, 6, 3], *stem),
+            NetPlan::Resnet50 { stem } => resnet(Block::Bottleneck, [3, 4, 6, 3], *stem),
             NetPlan::SmallCnn { width } => {
                 Net::SmallCnn(SmallCnn::new(channels, side, *width, classes, device))
             }

@@ -100,17 +100,25 @@ pub struct KernelPlan {
 }
 
 /// The network: its class count and its architecture with the knobs that architecture
-/// has (and no others).
-#[derive(Debug, Clone, PartialEq)]
+/// has (and no others). Serialised, it is the resolved recipe's `[model]` table: `arch`
+/// from the variant, then its knobs (see `plan/resolve.rs`).
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
 pub struct ModelPlan {
     pub num_classes: usize,
+    #[serde(flatten)]
     pub net: NetPlan,
 }
 
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+#[serde(tag = "arch", rename_all = "snake_case")]
 pub enum NetPlan {
-    ResNet {
-        depth: ResNetDepth,
+    Resnet18 {
+        stem: Stem,
+    },
+    Resnet34 {
+        stem: Stem,
+    },
+    Resnet50 {
         stem: Stem,
     },
     SmallCnn {
@@ -131,7 +139,7 @@ pub enum NetPlan {
     Transformer(TransformerPlan),
 }
 
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
 pub struct TransformerPlan {
     pub embed_dim: usize,
     pub heads: usize,
@@ -140,29 +148,13 @@ pub struct TransformerPlan {
     pub dropout: f64,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ResNetDepth {
-    R18,
-    R34,
-    R50,
-}
-
 impl ModelPlan {
     /// The recipe's name for the architecture.
     pub fn arch(&self) -> Arch {
         match &self.net {
-            NetPlan::ResNet {
-                depth: ResNetDepth::R18,
-                ..
-            } => Arch::Resnet18,
-            NetPlan::ResNet {
-                depth: ResNetDepth::R34,
-                ..
-            } => Arch::Resnet34,
-            NetPlan::ResNet {
-                depth: ResNetDepth::R50,
-                ..
-            } => Arch::Resnet50,
+            NetPlan::Resnet18 { .. } => Arch::Resnet18,
+            NetPlan::Resnet34 { .. } => Arch::Resnet34,
+            NetPlan::Resnet50 { .. } => Arch::Resnet50,
             NetPlan::SmallCnn { .. } => Arch::SmallCnn,
             NetPlan::Mlp { .. } => Arch::Mlp,
             NetPlan::Bag { .. } => Arch::Bag,

@@ -78,15 +78,11 @@ impl<'a> Validator<'a> {
                 "every size must be at least 1",
             );
         }
+        let stem = m.stem.unwrap_or(Stem::Cifar);
         match arch {
-            Arch::Resnet18 | Arch::Resnet34 | Arch::Resnet50 => NetPlan::ResNet {
-                depth: match arch {
-                    Arch::Resnet18 => ResNetDepth::R18,
-                    Arch::Resnet34 => ResNetDepth::R34,
-                    _ => ResNetDepth::R50,
-                },
-                stem: m.stem.unwrap_or(Stem::Cifar),
-            },
+            Arch::Resnet18 => NetPlan::Resnet18 { stem },
+            Arch::Resnet34 => NetPlan::Resnet34 { stem },
+            Arch::Resnet50 => NetPlan::Resnet50 { stem },
             Arch::SmallCnn => NetPlan::SmallCnn { width },
             Arch::Mlp => NetPlan::Mlp { hidden },
             Arch::Bag => NetPlan::Bag { embed_dim, hidden },

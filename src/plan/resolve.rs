@@ -16,34 +16,12 @@ impl<'a> Validator<'a> {
     ) -> Recipe {
         let mut resolved = self.recipe().clone();
         resolved.name = Some(name.to_string());
-        resolved.model.arch = Some(model.arch());
-        resolved.model.num_classes = Some(model.num_classes);
-        let rm = &mut resolved.model;
-        match &model.net {
-            NetPlan::ResNet { stem, .. } => rm.stem = Some(*stem),
-            NetPlan::SmallCnn { width } => rm.width = Some(*width),
-            NetPlan::Mlp { hidden } => rm.hidden = Some(hidden.clone()),
-            NetPlan::Bag { embed_dim, hidden } => {
-                rm.hidden = Some(hidden.clone());
-                rm.embed_dim = Some(*embed_dim);
-            }
-            NetPlan::Lstm {
-                embed_dim,
-                hidden_size,
-                layers,
-            } => {
-                rm.embed_dim = Some(*embed_dim);
-                rm.hidden_size = Some(*hidden_size);
-                rm.layers = Some(*layers);
-            }
-            NetPlan::Transformer(t) => {
-                rm.embed_dim = Some(t.embed_dim);
-                rm.layers = Some(t.layers);
-                rm.heads = Some(t.heads);
-                rm.ff_dim = Some(t.ff_dim);
-                rm.dropout = Some(t.dropout);
-            }
-        }
+        // The model section is the plan serialised: `arch`, `num_classes` and exactly the
+        // knobs of that architecture.
+        let table = toml::Value::try_from(model).expect("a ModelPlan serialises to TOML");
+        resolved.model = table
+            .try_into()
+            .expect("a serialised ModelPlan is a [model] table");
         if let Some(t) = data.text() {
             resolved.data.text_field = Some(t.text_field.clone());
             resolved.data.label_field = Some(t.label_field.clone());

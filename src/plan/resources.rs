@@ -11,7 +11,7 @@
 //! 4.7 GB at batch 64 on 3×32×32 images, is about 5,600 floats per input element; the rate
 //! here is 2,500). A run over the estimate cannot fit; one under it may still not.
 
-use super::{DataPlan, DataSource, LoaderPlan, ModelPlan, NetPlan, OptimPlan, ResNetDepth};
+use super::{DataPlan, DataSource, LoaderPlan, ModelPlan, NetPlan, OptimPlan};
 use crate::recipe::{OptimizerKind, Stem, TokenizerKind};
 
 /// Bytes, in parts.
@@ -75,13 +75,13 @@ pub fn parameters(m: &ModelPlan, data: &DataPlan) -> u64 {
         sizes.windows(2).map(|w| linear(w[0], w[1])).sum()
     };
     match &m.net {
-        NetPlan::ResNet { depth, stem } => {
+        NetPlan::Resnet18 { stem } | NetPlan::Resnet34 { stem } | NetPlan::Resnet50 { stem } => {
             // torchvision's counts without conv1 and fc (10 classes, 3 channels: 11,173,962,
             // 21,282,122 and 23,520,842 with the CIFAR stem).
-            let (body, features) = match depth {
-                ResNetDepth::R18 => (11_167_104, 512),
-                ResNetDepth::R34 => (21_275_264, 512),
-                ResNetDepth::R50 => (23_498_624, 2048),
+            let (body, features) = match m.net {
+                NetPlan::Resnet18 { .. } => (11_167_104, 512),
+                NetPlan::Resnet34 { .. } => (21_275_264, 512),
+                _ => (23_498_624, 2048),
             };
             let k = if *stem == Stem::Imagenet { 49 } else { 9 };
             body + 64 * c * k + linear(features, classes)
@@ -120,11 +120,11 @@ pub fn parameters(m: &ModelPlan, data: &DataPlan) -> u64 {
 /// (see the module header), the others counted from their layers' outputs.
 fn activations_per_input(m: &ModelPlan) -> u64 {
     match &m.net {
-        NetPlan::ResNet { depth, stem } => {
-            let v = match depth {
-                ResNetDepth::R18 => 600,
-                ResNetDepth::R34 => 1_000,
-                ResNetDepth::R50 => 2_500,
+        NetPlan::Resnet18 { stem } | NetPlan::Resnet34 { stem } | NetPlan::Resnet50 { stem } => {
+            let v = match m.net {
+                NetPlan::Resnet18 { .. } => 600,
+                NetPlan::Resnet34 { .. } => 1_000,
+                _ => 2_500,
             };
             if *stem == Stem::Imagenet {
                 v / 16
