@@ -26,7 +26,7 @@ impl<'a> Validator<'a> {
             if self.l.is_set("run.eval") {
                 self.err(
                     "run.eval",
-                    format!("\"{}\" needs test data", format!("{:?}", r.eval).to_lowercase()),
+                    format!("\"{}\" needs test data", r.eval.name()),
                     "set data.test (cifar10-bin) or data.synthetic.test_samples, or eval = \"never\"",
                 );
             }
@@ -35,8 +35,54 @@ impl<'a> Validator<'a> {
             r.eval
         };
         let has_validation = data.is_some_and(|d| d.validation_len > 0);
-        let watch = match (&r.early_stop, has_validation) {
-            (Some(_), false) if data.is_some() => {
+        let watch = self.early_stop(data.is_some(), has_validation);
+        // The default is written out in resolved recipes: only another value is a mistake.
+        if self.l.is_set("run.validate")
+            && r.validate != crate::recipe::RunSection::default().validate
+            && data.is_some()
+            && !has_validation
+        {
+            self.err(
+                "run.validate",
+                "there is no validation set to evaluate",
+                "set data.validation = 0.1, or remove the key",
+            );
+        }
+        // NaN is refused too.
+        if r.max_loss.is_nan() || r.max_loss <= 0.0 {
+            self.err(
+                "run.max_loss",
+                format!("{} is not a positive bound", r.max_loss),
+                "use e.g. 1e4, or inf to catch only NaN",
+            );
+        }
+        let (steps_per_epoch, micro, total) = self.steps(data?, loader, optim?)?;
+        if r.warmup_steps >= total && total > 0 {
+            self.warn(
+                "run.warmup_steps",
+                format!("the run has only {total} optimizer steps, so none is timed"),
+                format!("lower warmup_steps below {total}"),
+            );
+        }
+        Some(RunPlan {
+            epochs: r.epochs,
+            total_steps: total,
+            steps_per_epoch,
+            micro_batches_per_epoch: micro,
+            warmup_steps: r.warmup_steps,
+            eval,
+            max_loss: r.max_loss,
+            stop_on_divergence: r.stop_on_divergence,
+            validate: r.validate,
+            watch,
+        })
+    }
+
+    /// `run.early_stop`: what to watch on the validation set, and when to stop.
+    fn early_stop(&mut self, has_data: bool, has_validation: bool) -> Option<Watch> {
+        let r = &self.recipe().run;
+        match (&r.early_stop, has_validation) {
+            (Some(_), false) if has_data => {
                 self.err(
                     "run.early_stop",
                     "watches the validation set, and there is none",
@@ -73,28 +119,17 @@ impl<'a> Validator<'a> {
                 })
             }
             _ => None,
-        };
-        // The default is written out in resolved recipes: only another value is a mistake.
-        if self.l.is_set("run.validate")
-            && r.validate != crate::recipe::RunSection::default().validate
-            && data.is_some()
-            && !has_validation
-        {
-            self.err(
-                "run.validate",
-                "there is no validation set to evaluate",
-                "set data.validation = 0.1, or remove the key",
-            );
         }
-        // NaN is refused too.
-        if r.max_loss.is_nan() || r.max_loss <= 0.0 {
-            self.err(
-                "run.max_loss",
-                format!("{} is not a positive bound", r.max_loss),
-                "use e.g. 1e4, or inf to catch only NaN",
-            );
-        }
-        let (data, optim) = (data?, optim?);
+    }
+
+    /// Optimizer steps: (per epoch, micro-batches per epoch, in the run).
+    fn steps(
+        &mut self,
+        data: &DataPlan,
+        loader: &LoaderPlan,
+        optim: &OptimPlan,
+    ) -> Option<(u64, u64, u64)> {
+        let r = &self.recipe().run;
         let bs = loader.batch_size.max(1);
         let n = data.train_len;
         if n == 0 {
@@ -129,25 +164,7 @@ impl<'a> Validator<'a> {
         if let Some(m) = r.max_steps {
             total = total.min(m);
         }
-        if r.warmup_steps >= total && total > 0 {
-            self.warn(
-                "run.warmup_steps",
-                format!("the run has only {total} optimizer steps, so none is timed"),
-                format!("lower warmup_steps below {total}"),
-            );
-        }
-        Some(RunPlan {
-            epochs: r.epochs,
-            total_steps: total,
-            steps_per_epoch,
-            micro_batches_per_epoch: micro,
-            warmup_steps: r.warmup_steps,
-            eval,
-            max_loss: r.max_loss,
-            stop_on_divergence: r.stop_on_divergence,
-            validate: r.validate,
-            watch,
-        })
+        Some((steps_per_epoch, micro, total))
     }
 
     pub(super) fn profile(&mut self, run: Option<&RunPlan>) -> ProfilePlan {

@@ -757,6 +757,17 @@ pub enum EvalWhen {
     Never,
 }
 
+impl EvalWhen {
+    /// As a recipe spells it.
+    pub fn name(self) -> &'static str {
+        match self {
+            EvalWhen::Epoch => "epoch",
+            EvalWhen::End => "end",
+            EvalWhen::Never => "never",
+        }
+    }
+}
+
 /// `[checkpoint]`: what a run saves to survive an interruption, and the weights it leaves.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields, default)]
