@@ -66,43 +66,7 @@ impl<'a> Validator<'a> {
                 "e.g. 0.1 for SGD, 1e-3 for AdamW",
             );
         }
-        if sgd {
-            self.only_for("optim.betas", "to optimizer = \"adamw\"");
-            self.only_for("optim.eps", "to optimizer = \"adamw\"");
-            if !(0.0..1.0).contains(&momentum) {
-                self.err(
-                    "optim.momentum",
-                    format!("{momentum} is outside [0, 1)"),
-                    "0.9 is usual",
-                );
-            }
-            if nesterov && momentum == 0.0 {
-                self.err(
-                    "optim.nesterov",
-                    "Nesterov momentum needs momentum > 0 (PyTorch rejects this too)",
-                    "set optim.momentum, e.g. 0.9",
-                );
-            }
-        } else {
-            self.only_for("optim.momentum", "to optimizer = \"sgd\"");
-            self.only_for("optim.nesterov", "to optimizer = \"sgd\"");
-            for (i, b) in betas.iter().enumerate() {
-                if !(0.0..1.0).contains(b) {
-                    self.err(
-                        "optim.betas",
-                        format!("beta{} = {b} is outside [0, 1)", i + 1),
-                        "PyTorch's default is [0.9, 0.999]",
-                    );
-                }
-            }
-            if !(eps.is_finite() && eps > 0.0) {
-                self.err(
-                    "optim.eps",
-                    format!("{eps} is not positive"),
-                    "PyTorch's default is 1e-8",
-                );
-            }
-        }
+        self.optimizer_knobs(sgd, momentum, nesterov, betas, eps);
         let weight_decay = o.weight_decay.unwrap_or(if sgd { 0.0 } else { 0.01 });
         if !(weight_decay.is_finite() && weight_decay >= 0.0) {
             self.err(
@@ -118,36 +82,7 @@ impl<'a> Validator<'a> {
                 "use 1 for no accumulation, or N to sum N micro-batches per step",
             );
         }
-        if o.schedule != Schedule::Cosine {
-            self.only_for("optim.min_lr", "to schedule = \"cosine\"");
-        }
-        if o.schedule != Schedule::Step {
-            self.only_for("optim.step_size", "to schedule = \"step\"");
-            self.only_for("optim.gamma", "to schedule = \"step\"");
-        }
-        if o.schedule == Schedule::Cosine && !(min_lr >= 0.0 && min_lr < o.lr) {
-            self.err(
-                "optim.min_lr",
-                format!("{min_lr} is not in [0, lr)"),
-                "cosine decays from lr down to min_lr",
-            );
-        }
-        if o.schedule == Schedule::Step {
-            if step_size == 0 {
-                self.err(
-                    "optim.step_size",
-                    "0 steps between decays",
-                    "use at least 1",
-                );
-            }
-            if !(gamma > 0.0 && gamma <= 1.0) {
-                self.err(
-                    "optim.gamma",
-                    format!("{gamma} is outside (0, 1]"),
-                    "0.1 is usual",
-                );
-            }
-        }
+        self.schedule_knobs(min_lr, step_size, gamma);
         if let Some(c) = o.clip_grad_norm {
             if !(c.is_finite() && c > 0.0) {
                 self.err(
@@ -185,6 +120,90 @@ impl<'a> Validator<'a> {
                 total_steps: 0,
             },
         })
+    }
+
+    /// SGD's or AdamW's own knobs, and the other's refused.
+    fn optimizer_knobs(
+        &mut self,
+        sgd: bool,
+        momentum: f64,
+        nesterov: bool,
+        betas: [f64; 2],
+        eps: f64,
+    ) {
+        if sgd {
+            self.only_for("optim.betas", "to optimizer = \"adamw\"");
+            self.only_for("optim.eps", "to optimizer = \"adamw\"");
+            if !(0.0..1.0).contains(&momentum) {
+                self.err(
+                    "optim.momentum",
+                    format!("{momentum} is outside [0, 1)"),
+                    "0.9 is usual",
+                );
+            }
+            if nesterov && momentum == 0.0 {
+                self.err(
+                    "optim.nesterov",
+                    "Nesterov momentum needs momentum > 0 (PyTorch rejects this too)",
+                    "set optim.momentum, e.g. 0.9",
+                );
+            }
+        } else {
+            self.only_for("optim.momentum", "to optimizer = \"sgd\"");
+            self.only_for("optim.nesterov", "to optimizer = \"sgd\"");
+            for (i, b) in betas.iter().enumerate() {
+                if !(0.0..1.0).contains(b) {
+                    self.err(
+                        "optim.betas",
+                        format!("beta{} = {b} is outside [0, 1)", i + 1),
+                        "PyTorch's default is [0.9, 0.999]",
+                    );
+                }
+            }
+            if !(eps.is_finite() && eps > 0.0) {
+                self.err(
+                    "optim.eps",
+                    format!("{eps} is not positive"),
+                    "PyTorch's default is 1e-8",
+                );
+            }
+        }
+    }
+
+    /// The learning-rate schedule's knobs (`min_lr` for cosine, `step_size` and `gamma`
+    /// for step), and the other schedules' refused.
+    fn schedule_knobs(&mut self, min_lr: f64, step_size: u64, gamma: f64) {
+        let o = &self.recipe().optim;
+        if o.schedule != Schedule::Cosine {
+            self.only_for("optim.min_lr", "to schedule = \"cosine\"");
+        }
+        if o.schedule != Schedule::Step {
+            self.only_for("optim.step_size", "to schedule = \"step\"");
+            self.only_for("optim.gamma", "to schedule = \"step\"");
+        }
+        if o.schedule == Schedule::Cosine && !(min_lr >= 0.0 && min_lr < o.lr) {
+            self.err(
+                "optim.min_lr",
+                format!("{min_lr} is not in [0, lr)"),
+                "cosine decays from lr down to min_lr",
+            );
+        }
+        if o.schedule == Schedule::Step {
+            if step_size == 0 {
+                self.err(
+                    "optim.step_size",
+                    "0 steps between decays",
+                    "use at least 1",
+                );
+            }
+            if !(gamma > 0.0 && gamma <= 1.0) {
+                self.err(
+                    "optim.gamma",
+                    format!("{gamma} is outside (0, 1]"),
+                    "0.1 is usual",
+                );
+            }
+        }
     }
 
     pub(super) fn cleanup(&mut self, device: Device) -> CleanupPolicy {
