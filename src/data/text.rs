@@ -2,8 +2,10 @@
 //! line), the tokenizers (a word vocabulary built from the training split, or UTF-8 bytes),
 //! and `TextSet`, the token ids the loader batches. Knows nothing of padding (`pad`).
 
-use std::collections::HashMap;
-use std::path::Path;
+use std::collections::{BTreeSet, HashMap};
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::time::SystemTime;
 
 use serde::{Deserialize, Serialize};
 
@@ -27,6 +29,62 @@ impl TextSet {
     pub fn lengths(&self) -> Vec<usize> {
         self.seqs.iter().map(Vec::len).collect()
     }
+}
+
+/// What validation needs of a JSONL file: its rows and the labels they use.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Scan {
+    pub rows: usize,
+    pub labels: BTreeSet<u32>,
+}
+
+/// [`read_jsonl`]'s checks, keeping only the counts. Remembered for the life of the
+/// process per file (path, size, modification time) and reading (fields, classes): a grid
+/// validates every cell against the same files, and each cell would otherwise parse them
+/// all again before its run loads them. Errors are not remembered.
+pub fn scan_jsonl(
+    path: &Path,
+    text_field: &str,
+    label_field: &str,
+    classes: Option<usize>,
+) -> Result<Scan, DataError> {
+    type Key = (
+        PathBuf,
+        u64,
+        Option<SystemTime>,
+        String,
+        String,
+        Option<usize>,
+    );
+    static SEEN: Mutex<Vec<(Key, Scan)>> = Mutex::new(Vec::new());
+    let meta = std::fs::metadata(path).ok();
+    let key: Key = (
+        path.to_path_buf(),
+        meta.as_ref().map_or(0, |m| m.len()),
+        meta.as_ref().and_then(|m| m.modified().ok()),
+        text_field.to_string(),
+        label_field.to_string(),
+        classes,
+    );
+    let seen = |k: &Key| {
+        let cache = SEEN.lock().unwrap_or_else(|p| p.into_inner());
+        cache
+            .iter()
+            .find(|(key, _)| key == k)
+            .map(|(_, s)| s.clone())
+    };
+    if let Some(scan) = meta.as_ref().and(seen(&key)) {
+        return Ok(scan);
+    }
+    let rows = read_jsonl(path, text_field, label_field, classes, usize::MAX)?;
+    let scan = Scan {
+        rows: rows.len(),
+        labels: rows.iter().map(|(_, l)| *l).collect(),
+    };
+    SEEN.lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .push((key, scan.clone()));
+    Ok(scan)
 }
 
 /// Reads `(text, label)` pairs. Blank lines are skipped; anything else that is not an object
@@ -331,6 +389,30 @@ mod tests {
         let t = Tokenizer::byte(false, 0);
         assert_eq!(t.encode("Ab", 10), [b'A' as u32 + 2, b'b' as u32 + 2]);
         assert_eq!(t.vocab_size(), 258);
+    }
+
+    #[test]
+    fn scans_are_remembered_until_the_file_changes() {
+        let dir = std::env::temp_dir().join(format!("runner-text-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let p = dir.join("scan.jsonl");
+        std::fs::write(
+            &p,
+            "{\"label\": 1, \"text\": \"a\"}\n{\"label\": 3, \"text\": \"b\"}\n",
+        )
+        .unwrap();
+        let first = scan_jsonl(&p, "text", "label", None).unwrap();
+        assert_eq!(
+            (first.rows, first.labels.iter().copied().collect::<Vec<_>>()),
+            (2, vec![1, 3])
+        );
+        assert_eq!(scan_jsonl(&p, "text", "label", None).unwrap(), first);
+        // A changed file (another size) is read again, and its errors are not remembered.
+        std::fs::write(&p, "{\"label\": 0, \"text\": \"a\"}\n").unwrap();
+        assert_eq!(scan_jsonl(&p, "text", "label", None).unwrap().rows, 1);
+        std::fs::write(&p, "{\"label\": 0, \"text\": \"a\"}\nnot json\n").unwrap();
+        assert!(scan_jsonl(&p, "text", "label", None).is_err());
+        assert!(scan_jsonl(&p, "text", "label", None).is_err());
     }
 
     #[test]

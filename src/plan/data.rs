@@ -194,14 +194,12 @@ impl<'a> Validator<'a> {
             .enumerate()
         {
             let Some(path) = path else { continue };
-            match crate::data::text::read_jsonl(path, &tf, &lf, limit, usize::MAX) {
-                Ok(rows) => {
-                    counts[i] = rows.len();
-                    max_label = rows
-                        .iter()
-                        .map(|(_, l)| *l as usize)
-                        .fold(max_label, usize::max);
-                    distinct.extend(rows.iter().map(|(_, l)| *l));
+            match crate::data::text::scan_jsonl(path, &tf, &lf, limit) {
+                Ok(scan) => {
+                    counts[i] = scan.rows;
+                    let top = scan.labels.last().map_or(0, |&l| l as usize);
+                    max_label = max_label.max(top);
+                    distinct.extend(scan.labels);
                 }
                 Err(e) => {
                     self.data_err(key, &e);
@@ -375,10 +373,10 @@ impl<'a> Validator<'a> {
                     .num_classes
                     .unwrap_or(classes)
                     .max(classes);
-                match crate::data::text::read_jsonl(&path, &tf, &lf, Some(limit), usize::MAX) {
-                    Ok(rows) => {
+                match crate::data::text::scan_jsonl(&path, &tf, &lf, Some(limit)) {
+                    Ok(scan) => {
                         validation_files = vec![path];
-                        rows.len()
+                        scan.rows
                     }
                     Err(e) => {
                         self.data_err("data.validation_file", &e);
