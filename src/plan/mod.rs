@@ -295,34 +295,7 @@ impl<'a> Validator<'a> {
 
     fn run(&mut self, machine: &Machine) -> Option<Plan> {
         let r = self.recipe();
-        let name = r.name.clone().unwrap_or_else(|| {
-            self.l
-                .path
-                .file_stem()
-                .map(|s| s.to_string_lossy().into_owned())
-                .unwrap_or_else(|| "recipe".into())
-        });
-        // Sweep cells are named `base/key=value,...`: one directory level per '/'.
-        let bad_part = |p: &str| p.is_empty() || p == "." || p == ".." || p.starts_with('.');
-        if name.contains(['\\', '\0'])
-            || name.chars().any(char::is_control)
-            || name.split('/').any(bad_part)
-        {
-            self.err(
-                "name",
-                format!("{name:?} cannot name a run directory"),
-                "use letters, digits, '-', '_', '=', ',' and '.', with '/' only between parts",
-            );
-        } else if name.split('/').any(|p| p.len() > 200) {
-            self.err(
-                "name",
-                format!(
-                    "a part of the name is {} bytes long; directory names must fit in 255",
-                    name.split('/').map(str::len).max().unwrap_or(0)
-                ),
-                "use a shorter name",
-            );
-        }
+        let name = self.name();
         let (device, device_reason) = self.device(machine);
         let threads = r.backend.threads;
         if threads > MAX_THREADS {
@@ -370,24 +343,48 @@ impl<'a> Validator<'a> {
             log,
             profile,
             checkpoint,
-            sources: self
-                .l
-                .doc
-                .sources
-                .iter()
-                .filter(|s| s.name.as_os_str() != "--set")
-                .map(|s| s.name.clone())
-                .collect(),
-            overrides: self
-                .l
-                .doc
-                .sources
-                .iter()
-                .filter(|s| s.name.as_os_str() == "--set")
-                .map(|s| s.text.clone())
-                .collect(),
+            sources: self.sources(|s| (s.name.as_os_str() != "--set").then(|| s.name.clone())),
+            overrides: self.sources(|s| (s.name.as_os_str() == "--set").then(|| s.text.clone())),
             warnings: vec![],
         })
+    }
+
+    /// The run's name (default: the recipe file's stem), checked as a directory name.
+    fn name(&mut self) -> String {
+        let name = self.recipe().name.clone().unwrap_or_else(|| {
+            self.l
+                .path
+                .file_stem()
+                .map(|s| s.to_string_lossy().into_owned())
+                .unwrap_or_else(|| "recipe".into())
+        });
+        // Sweep cells are named `base/key=value,...`: one directory level per '/'.
+        let bad_part = |p: &str| p.is_empty() || p == "." || p == ".." || p.starts_with('.');
+        if name.contains(['\\', '\0'])
+            || name.chars().any(char::is_control)
+            || name.split('/').any(bad_part)
+        {
+            self.err(
+                "name",
+                format!("{name:?} cannot name a run directory"),
+                "use letters, digits, '-', '_', '=', ',' and '.', with '/' only between parts",
+            );
+        } else if name.split('/').any(|p| p.len() > 200) {
+            self.err(
+                "name",
+                format!(
+                    "a part of the name is {} bytes long; directory names must fit in 255",
+                    name.split('/').map(str::len).max().unwrap_or(0)
+                ),
+                "use a shorter name",
+            );
+        }
+        name
+    }
+
+    /// The recipe's files in order (`--set` overrides are sources too), mapped by `f`.
+    fn sources<T>(&self, f: impl Fn(&crate::recipe::SourceFile) -> Option<T>) -> Vec<T> {
+        self.l.doc.sources.iter().filter_map(f).collect()
     }
 }
 
