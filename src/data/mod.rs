@@ -204,6 +204,7 @@ pub fn load(plan: &DataPlan, classes: usize, seed: u64) -> Result<Sets, DataErro
 /// The training (validation samples included) and test sets.
 fn read_sets(plan: &DataPlan, classes: usize, seed: u64) -> Result<Sets, DataError> {
     let own_validation = !plan.validation_files.is_empty();
+    // Held-out validation samples are read with the training set, then split off.
     let train_len = plan.train_len
         + if own_validation {
             0
@@ -212,31 +213,7 @@ fn read_sets(plan: &DataPlan, classes: usize, seed: u64) -> Result<Sets, DataErr
         };
     match &plan.source {
         DataSource::Cifar { train, test, .. } => {
-            let tr = cifar::read(train, train_len, classes)?;
-            let te = if test.is_empty() {
-                Images {
-                    pixels: vec![],
-                    labels: vec![],
-                    ..tr.clone_shape()
-                }
-            } else {
-                cifar::read(test, plan.test_len, classes)?
-            };
-            let validation = if own_validation {
-                Some(Dataset::Images(cifar::read(
-                    &plan.validation_files,
-                    plan.validation_len,
-                    classes,
-                )?))
-            } else {
-                None
-            };
-            Ok(Sets {
-                train: Dataset::Images(tr),
-                test: Dataset::Images(te),
-                validation,
-                tokenizer: None,
-            })
+            read_cifar(plan, (train, test), train_len, classes)
         }
         DataSource::Synthetic { image, .. } => Ok(Sets {
             train: Dataset::Images(synthetic::generate(image, plan.classes, train_len, seed, 0)),
@@ -254,64 +231,109 @@ fn read_sets(plan: &DataPlan, classes: usize, seed: u64) -> Result<Sets, DataErr
             train,
             test,
             text: t,
-        } => {
-            let read = |p: &Path, n: usize| {
-                text::read_jsonl(p, &t.text_field, &t.label_field, Some(classes), n)
-            };
-            let tr = read(train, train_len)?;
-            // The vocabulary comes from the training part only: the validation samples are
-            // as unseen as the test set.
-            let held = if plan.validation_len > 0 && !own_validation {
-                let labels: Vec<u32> = tr.iter().map(|(_, l)| *l).collect();
-                stratified_split(&labels, plan.validation_len, seed).1
-            } else {
-                vec![]
-            };
-            let te = match test {
-                Some(p) => read(p, plan.test_len)?,
-                None => vec![],
-            };
-            let k = &t.tokenizer;
-            let pad_id = t.padding.pad_id;
-            let tok = match k.kind {
-                crate::recipe::TokenizerKind::Word => {
-                    let mut is_held = vec![false; tr.len()];
-                    held.iter().for_each(|&i| is_held[i] = true);
-                    let texts: Vec<&str> = tr
-                        .iter()
-                        .zip(&is_held)
-                        .filter(|(_, h)| !**h)
-                        .map(|((s, _), _)| s.as_str())
-                        .collect();
-                    text::Tokenizer::build_word(
-                        &texts,
-                        k.max_vocab,
-                        k.min_freq,
-                        k.lowercase,
-                        pad_id,
-                    )
-                }
-                crate::recipe::TokenizerKind::Byte => text::Tokenizer::byte(k.lowercase, pad_id),
-            };
-            let encode = |v: Vec<(String, u32)>| text::TextSet {
-                seqs: v
-                    .iter()
-                    .map(|(s, _)| tok.encode(s, t.padding.max_length))
-                    .collect(),
-                labels: v.iter().map(|(_, l)| *l).collect(),
-            };
-            let validation = match plan.validation_files.first() {
-                Some(p) => Some(Dataset::Text(encode(read(p, plan.validation_len)?))),
-                None => None,
-            };
-            Ok(Sets {
-                train: Dataset::Text(encode(tr)),
-                test: Dataset::Text(encode(te)),
-                validation,
-                tokenizer: Some(tok),
-            })
-        }
+        } => read_text(
+            plan,
+            (train, test.as_deref()),
+            t,
+            (train_len, classes),
+            seed,
+        ),
     }
+}
+
+/// CIFAR-10 binary files: training, test and a validation set of its own.
+fn read_cifar(
+    plan: &DataPlan,
+    (train, test): (&[PathBuf], &[PathBuf]),
+    train_len: usize,
+    classes: usize,
+) -> Result<Sets, DataError> {
+    let own_validation = !plan.validation_files.is_empty();
+    let tr = cifar::read(train, train_len, classes)?;
+    let te = if test.is_empty() {
+        Images {
+            pixels: vec![],
+            labels: vec![],
+            ..tr.clone_shape()
+        }
+    } else {
+        cifar::read(test, plan.test_len, classes)?
+    };
+    let validation = if own_validation {
+        Some(Dataset::Images(cifar::read(
+            &plan.validation_files,
+            plan.validation_len,
+            classes,
+        )?))
+    } else {
+        None
+    };
+    Ok(Sets {
+        train: Dataset::Images(tr),
+        test: Dataset::Images(te),
+        validation,
+        tokenizer: None,
+    })
+}
+
+/// JSONL text: read, the tokenizer built from the training part (not its held-out
+/// validation samples), every set encoded.
+fn read_text(
+    plan: &DataPlan,
+    (train, test): (&Path, Option<&Path>),
+    t: &spec::TextPlan,
+    (train_len, classes): (usize, usize),
+    seed: u64,
+) -> Result<Sets, DataError> {
+    let own_validation = !plan.validation_files.is_empty();
+    let read =
+        |p: &Path, n: usize| text::read_jsonl(p, &t.text_field, &t.label_field, Some(classes), n);
+    let tr = read(train, train_len)?;
+    // The vocabulary comes from the training part only: the validation samples are
+    // as unseen as the test set.
+    let held = if plan.validation_len > 0 && !own_validation {
+        let labels: Vec<u32> = tr.iter().map(|(_, l)| *l).collect();
+        stratified_split(&labels, plan.validation_len, seed).1
+    } else {
+        vec![]
+    };
+    let te = match test {
+        Some(p) => read(p, plan.test_len)?,
+        None => vec![],
+    };
+    let k = &t.tokenizer;
+    let pad_id = t.padding.pad_id;
+    let tok = match k.kind {
+        crate::recipe::TokenizerKind::Word => {
+            let mut is_held = vec![false; tr.len()];
+            held.iter().for_each(|&i| is_held[i] = true);
+            let texts: Vec<&str> = tr
+                .iter()
+                .zip(&is_held)
+                .filter(|(_, h)| !**h)
+                .map(|((s, _), _)| s.as_str())
+                .collect();
+            text::Tokenizer::build_word(&texts, k.max_vocab, k.min_freq, k.lowercase, pad_id)
+        }
+        crate::recipe::TokenizerKind::Byte => text::Tokenizer::byte(k.lowercase, pad_id),
+    };
+    let encode = |v: Vec<(String, u32)>| text::TextSet {
+        seqs: v
+            .iter()
+            .map(|(s, _)| tok.encode(s, t.padding.max_length))
+            .collect(),
+        labels: v.iter().map(|(_, l)| *l).collect(),
+    };
+    let validation = match plan.validation_files.first() {
+        Some(p) => Some(Dataset::Text(encode(read(p, plan.validation_len)?))),
+        None => None,
+    };
+    Ok(Sets {
+        train: Dataset::Text(encode(tr)),
+        test: Dataset::Text(encode(te)),
+        validation,
+        tokenizer: Some(tok),
+    })
 }
 
 /// What the loader's workers do to a batch's samples, for either kind of data.
