@@ -207,19 +207,7 @@ pub fn train<B: TrainBackend>(
         Ok(x) => x,
         Err(outcome) => return *outcome,
     };
-    let make = {
-        let data = Arc::clone(&train);
-        let batcher = batcher.clone();
-        let stage = plan.loader.pin_memory;
-        let device = t.io.device.clone();
-        Arc::new(move |idx: &[usize], epoch: usize| {
-            let mut b = batcher.host(&data, idx, epoch, true);
-            if stage {
-                B::staging(b.data_mut().into_iter(), &device);
-            }
-            b
-        })
-    };
+    let make = batch_maker::<B>(&batcher, &train, plan.loader.pin_memory, &t.io.device);
     let mut loader = Loader::new(loader_config(plan, &train), train.len(), make);
     let mut stopped: Option<Stop> = None;
     for epoch in start.epoch..plan.run.epochs {
@@ -263,6 +251,26 @@ pub fn train<B: TrainBackend>(
         .workers_started
         .load(std::sync::atomic::Ordering::Relaxed);
     t.finish(stopped, workers, sink)
+}
+
+/// What the loader's workers run for each batch: the host batch, staged in page-locked
+/// memory when `pin_memory` asks for it.
+fn batch_maker<B: TrainBackend>(
+    batcher: &Batcher,
+    train: &Arc<Dataset>,
+    stage: bool,
+    device: &B::Device,
+) -> crate::loader::MakeBatch<HostBatch> {
+    let data = Arc::clone(train);
+    let batcher = batcher.clone();
+    let device = device.clone();
+    Arc::new(move |idx: &[usize], epoch: usize| {
+        let mut b = batcher.host(&data, idx, epoch, true);
+        if stage {
+            B::staging(b.data_mut().into_iter(), &device);
+        }
+        b
+    })
 }
 
 /// Reads the pending steps' losses back in one transfer and hands the records on. The
