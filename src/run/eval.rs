@@ -17,6 +17,48 @@ pub struct EvalReport {
     pub at: String,
 }
 
+/// `model.safetensors` (or `model-best.safetensors`) of a run, which must exist.
+fn saved_weights(run_dir: &Path, best: bool) -> Result<PathBuf, RunError> {
+    let weights = run_dir.join(if best {
+        train::BEST_WEIGHTS
+    } else {
+        train::WEIGHTS
+    });
+    if weights.is_file() {
+        return Ok(weights);
+    }
+    Err(RunError::Input(if best {
+        format!(
+            "error: {} does not exist: the run has no validation set (data.validation)",
+            weights.display()
+        )
+    } else {
+        format!(
+            "error: {} does not exist: the run has not completed (resume it), or ran with [checkpoint] save_final = false",
+            weights.display()
+        )
+    }))
+}
+
+/// The evaluation, generic over the backend (`backend::dispatch` picks it).
+struct Job<'a> {
+    plan: &'a Plan,
+    batcher: &'a train::Batcher,
+    test: &'a Dataset,
+    weights: &'a Path,
+}
+
+impl backend::Job for Job<'_> {
+    type Output = Result<EvalRecord, String>;
+    fn run<B: crate::ops::TrainBackend>(
+        self,
+        device: B::Device,
+        _: backend::MemFn<B::Device>,
+    ) -> Result<EvalRecord, String> {
+        train::evaluate_weights::<B>(self.plan, self.batcher, self.test, self.weights, &device)
+    }
+}
+
 /// Evaluates `run_dir/model.safetensors` without training. `data` replaces the recipe's
 /// test set (it is checked as `data.test` would be: format, records, labels).
 pub fn eval(
@@ -27,24 +69,7 @@ pub fn eval(
 ) -> Result<EvalReport, RunError> {
     let input = |m: String| RunError::Input(m);
     let recipe_path = run_recipe(run_dir)?;
-    let weights = run_dir.join(if best {
-        train::BEST_WEIGHTS
-    } else {
-        train::WEIGHTS
-    });
-    if !weights.is_file() {
-        return Err(input(if best {
-            format!(
-                "error: {} does not exist: the run has no validation set (data.validation)",
-                weights.display()
-            )
-        } else {
-            format!(
-                "error: {} does not exist: the run has not completed (resume it), or ran with [checkpoint] save_final = false",
-                weights.display()
-            )
-        }));
-    }
+    let weights = saved_weights(run_dir, best)?;
     let mut sets = vec![];
     if let Some(d) = data_file {
         let abs = std::path::absolute(d).unwrap_or_else(|_| d.to_path_buf());
@@ -69,22 +94,6 @@ pub fn eval(
     let batcher = train::Batcher::new(&plan, vocab);
     backend::set_cpu_threads(plan.threads);
     let (backend_name, _) = backend::describe(plan.device, &plan.kernels);
-    struct Job<'a> {
-        plan: &'a Plan,
-        batcher: &'a train::Batcher,
-        test: &'a Dataset,
-        weights: &'a Path,
-    }
-    impl backend::Job for Job<'_> {
-        type Output = Result<EvalRecord, String>;
-        fn run<B: crate::ops::TrainBackend>(
-            self,
-            device: B::Device,
-            _: backend::MemFn<B::Device>,
-        ) -> Result<EvalRecord, String> {
-            train::evaluate_weights::<B>(self.plan, self.batcher, self.test, self.weights, &device)
-        }
-    }
     let job = Job {
         plan: &plan,
         batcher: &batcher,
