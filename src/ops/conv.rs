@@ -17,10 +17,10 @@ use burn::backend::flex::FlexTensor;
 use burn::backend::Flex;
 use burn::tensor::backend::Backend;
 use burn::tensor::ops::{ConvOptions, FloatTensor, ModuleOps};
-use burn::tensor::{DType, Tensor, TensorPrimitive};
+use burn::tensor::{DType, Tensor, TensorMetadata, TensorPrimitive};
 
 use super::conv_cpu as cpu;
-use super::{flex_f32, to_flex, values};
+use super::{to_flex, values};
 
 /// A backend the models can convolve on. The defaults are Burn's kernels.
 pub trait ConvBackend: Backend {
@@ -68,33 +68,41 @@ pub fn conv2d<B: ConvBackend>(
     Tensor::from_primitive(TensorPrimitive::Float(out))
 }
 
-/// The shapes [`cpu`] handles (`f32`, one group), with both operands made contiguous.
-fn cpu_operands(
+/// The geometry of a convolution [`cpu`] handles: `f32` operands, one group, a non-empty
+/// output. `None` leaves it to Burn's kernels.
+pub(crate) fn cpu_geometry(
     x: &FlexTensor,
     weight: &FlexTensor,
     options: &ConvOptions<2>,
-) -> Option<(cpu::Geometry, FlexTensor, FlexTensor)> {
-    let ((x, x_dims), (w, w_dims)) = (flex_f32::<4>(x)?, flex_f32::<4>(weight)?);
+) -> Option<cpu::Geometry> {
+    let dims = |t: &FlexTensor| -> Option<[usize; 4]> {
+        if t.dtype() != DType::F32 {
+            return None;
+        }
+        t.shape().as_slice().try_into().ok()
+    };
     if options.groups != 1 {
         return None;
     }
-    let g = cpu::Geometry::new(
-        x_dims,
-        w_dims,
-        options.stride,
-        options.padding,
-        options.dilation,
-    )?;
-    Some((g, x, w))
+    let (stride, padding, dilation) = (options.stride, options.padding, options.dilation);
+    cpu::Geometry::new(dims(x)?, dims(weight)?, stride, padding, dilation)
+}
+
+/// A tensor [`cpu_geometry`] accepted, as a contiguous buffer.
+fn contiguous(t: &FlexTensor) -> FlexTensor {
+    t.to_contiguous()
 }
 
 impl ConvBackend for Flex {
     fn conv2d_nobias(x: FlexTensor, weight: FlexTensor, options: ConvOptions<2>) -> FlexTensor {
-        match cpu_operands(&x, &weight, &options) {
-            Some((g, x, w)) => to_flex(
-                cpu::forward(&g, values(&x), values(&w)),
-                [g.n, g.co, g.ho, g.wo],
-            ),
+        match cpu_geometry(&x, &weight, &options) {
+            Some(g) => {
+                let (x, w) = (contiguous(&x), contiguous(&weight));
+                to_flex(
+                    cpu::forward(&g, values(&x), values(&w)),
+                    [g.n, g.co, g.ho, g.wo],
+                )
+            }
             None => Self::conv2d(x, weight, None, options),
         }
     }
@@ -105,9 +113,9 @@ impl ConvBackend for Flex {
         output_grad: FlexTensor,
         options: ConvOptions<2>,
     ) -> FlexTensor {
-        match cpu_operands(&x, &weight, &options) {
-            Some((g, _, w)) if output_grad.dtype() == DType::F32 => {
-                let dy = output_grad.to_contiguous();
+        match cpu_geometry(&x, &weight, &options) {
+            Some(g) if output_grad.dtype() == DType::F32 => {
+                let (w, dy) = (contiguous(&weight), contiguous(&output_grad));
                 to_flex(
                     cpu::backward_x(&g, values(&w), values(&dy)),
                     [g.n, g.c, g.h, g.w],
@@ -123,9 +131,9 @@ impl ConvBackend for Flex {
         output_grad: FlexTensor,
         options: ConvOptions<2>,
     ) -> FlexTensor {
-        match cpu_operands(&x, &weight, &options) {
-            Some((g, x, _)) if output_grad.dtype() == DType::F32 => {
-                let dy = output_grad.to_contiguous();
+        match cpu_geometry(&x, &weight, &options) {
+            Some(g) if output_grad.dtype() == DType::F32 => {
+                let (x, dy) = (contiguous(&x), contiguous(&output_grad));
                 to_flex(
                     cpu::backward_weight(&g, values(&x), values(&dy)),
                     [g.co, g.c, g.kh, g.kw],

@@ -71,7 +71,8 @@ impl Geometry {
             return None;
         }
         let (ho, wo) = (out(h, kh, 0)?, out(w, kw, 1)?);
-        (n > 0 && c > 0 && co > 0 && ho > 0 && wo > 0).then_some(Self {
+        let sizes = [n, c, h, w, co, ho, wo];
+        sizes.iter().all(|&v| v > 0).then_some(Self {
             n,
             c,
             h,
@@ -141,9 +142,12 @@ impl Geometry {
         }
         let wo = self.wo as isize;
         let shift = (i * self.dilation[0]) as isize - self.padding[0] as isize;
-        let first = (rows.start as isize).max(-shift);
-        let last = (rows.end as isize).min(self.h as isize - shift).max(first);
-        let lines = (first - rows.start as isize) * wo..(last - rows.start as isize) * wo;
+        // Output rows whose input row exists, within the band (a band can lie wholly in
+        // the top or bottom padding: then there are none).
+        let (start, end) = (rows.start as isize, rows.end as isize);
+        let first = (-shift).clamp(start, end);
+        let last = (self.h as isize - shift).clamp(first, end);
+        let lines = (first - start) * wo..(last - start) * wo;
         let mut copy = lines.clone();
         let mut src = (first + shift) * wo + offset;
         if src < 0 {
@@ -152,10 +156,19 @@ impl Geometry {
         }
         let overflow = src + (copy.end - copy.start) - (self.h * self.w) as isize;
         copy.end -= overflow.max(0);
-        let span = |r: Range<isize>| r.start as usize..r.end.max(r.start) as usize;
+        let lines = lines.start as usize..lines.end as usize;
+        if copy.start >= copy.end {
+            // Nothing to copy (all padding): an empty run where the lines start.
+            let at = lines.start;
+            return Some(Run {
+                lines,
+                copy: at..at,
+                src: 0,
+            });
+        }
         Some(Run {
-            lines: span(lines),
-            copy: span(copy),
+            lines,
+            copy: copy.start as usize..copy.end as usize,
             src: src as usize,
         })
     }
@@ -560,6 +573,9 @@ fn im2col(g: &Geometry, x: &[f32], rows: Range<usize>, col: &mut [f32], ld: usiz
                     }
                     let src = &plane[ih as usize * g.w..][..g.w];
                     zero_edges(dst, lo, hi);
+                    if lo == hi {
+                        continue; // this tap reads only padding on this line
+                    }
                     let start = ((lo * sw) as isize + offset) as usize;
                     if sw == 1 {
                         dst[lo..hi].copy_from_slice(&src[start..][..hi - lo]);
@@ -612,6 +628,9 @@ fn col2im(
                     if ih < 0 || ih >= g.h as isize {
                         continue;
                     }
+                    if lo == hi {
+                        continue; // this tap read only padding on this line
+                    }
                     let src = &row[band_row * g.wo..][..g.wo];
                     let dst = &mut plane[ih as usize * g.w..][..g.w];
                     let start = ((lo * sw) as isize + offset) as usize;
@@ -660,9 +679,17 @@ fn gemm(
     (b_rs, b_cs): (usize, usize),
     par: Parallelism,
 ) {
-    let last = |rows: usize, rs: usize, cols: usize, cs: usize| (rows - 1) * rs + (cols - 1) * cs;
-    // The bounds the raw call relies on, checked once per call.
+    // The largest index a `rows × cols` matrix with these strides touches.
+    let last = |rows: usize, rs: usize, cols: usize, cs: usize| {
+        (rows - 1)
+            .checked_mul(rs)
+            .and_then(|r| (cols - 1).checked_mul(cs).and_then(|c| r.checked_add(c)))
+            .unwrap_or(usize::MAX)
+    };
+    // The bounds the raw call relies on, checked once per call; `dst`'s rows must not
+    // overlap (a parallel gemm writes them from several threads).
     assert!(m > 0 && n > 0 && k > 0, "empty gemm");
+    assert!(m == 1 || ldd >= n, "gemm: dst rows overlap");
     assert!(last(m, ldd, n, 1) < dst.len(), "gemm: dst too short");
     assert!(last(m, a_rs, k, a_cs) < a.len(), "gemm: lhs too short");
     assert!(last(k, b_rs, n, b_cs) < b.len(), "gemm: rhs too short");

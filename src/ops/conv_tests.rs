@@ -11,7 +11,7 @@
 use burn::backend::{Autodiff, Flex};
 use burn::tensor::module::conv2d as burn_conv2d;
 use burn::tensor::ops::ConvOptions;
-use burn::tensor::{Distribution, Tensor};
+use burn::tensor::Tensor;
 
 use super::conv2d;
 
@@ -47,6 +47,12 @@ const CASES: &[Case] = &[
     ([2, 2, 40, 30], 3, [3, 3], [1, 1], [1, 1], [1, 1]),
     ([1, 2, 70, 50], 2, [3, 3], [2, 2], [1, 1], [1, 1]),
     ([1, 3, 33, 33], 4, [1, 1], [1, 1], [0, 0], [1, 1]),
+    // A last band of one row, bands wholly in the top or bottom padding, and kernel
+    // columns that read only padding.
+    ([1, 2, 33, 32], 3, [3, 3], [1, 1], [1, 1], [1, 1]),
+    ([1, 1, 3, 600], 2, [5, 5], [1, 1], [2, 2], [1, 1]),
+    ([1, 1, 3, 1], 2, [1, 5], [2, 1], [0, 2], [1, 1]),
+    ([1, 1, 1, 1], 2, [1, 6], [1, 1], [0, 3], [1, 1]),
 ];
 
 /// Largest |a − b| over max(1, max |b|).
@@ -57,11 +63,18 @@ fn relative_error(a: Tensor<Flex, 4>, b: Tensor<Flex, 4>) -> f32 {
 
 fn check(case: &Case) -> f32 {
     let (dims, co, kernel, stride, padding, dilation) = *case;
-    let device = Default::default();
     let options = ConvOptions::new(stride, padding, dilation, 1);
-    let uniform = Distribution::Uniform(-1.0, 1.0);
-    let x0 = Tensor::<Flex, 4>::random(dims, uniform, &device);
-    let w0 = Tensor::<Flex, 4>::random([co, dims[1], kernel[0], kernel[1]], uniform, &device);
+    let x0 = uniform(dims, 1);
+    let w0 = uniform([co, dims[1], kernel[0], kernel[1]], 2);
+    // The runner's kernels, not Burn's, must be what runs here.
+    let (xp, wp) = (
+        x0.clone().into_primitive().tensor(),
+        w0.clone().into_primitive().tensor(),
+    );
+    assert!(
+        super::conv::cpu_geometry(&xp, &wp, &options).is_some(),
+        "{case:?} falls back to Burn's kernels"
+    );
 
     let run = |ours: bool| {
         let x = Tensor::<B, 4>::from_inner(x0.clone()).require_grad();
@@ -102,6 +115,18 @@ fn pattern(dims: [usize; 4]) -> Tensor<Flex, 4> {
     )
 }
 
+/// Values in ±1 from a fixed seed (Burn's generator is process-wide, shared by the tests
+/// running in parallel, so it would not repeat).
+fn uniform(dims: [usize; 4], seed: u64) -> Tensor<Flex, 4> {
+    let mut rng = crate::rng::SplitMix64::new(seed ^ dims.iter().product::<usize>() as u64);
+    let n: usize = dims.iter().product();
+    let values: Vec<f32> = (0..n).map(|_| 2.0 * rng.unit() - 1.0).collect();
+    Tensor::from_data(
+        burn::tensor::TensorData::new(values, dims),
+        &Default::default(),
+    )
+}
+
 #[test]
 fn matches_burn_in_output_and_both_gradients() {
     for threads in [1, 2, 3] {
@@ -127,13 +152,28 @@ fn matches_burn_in_output_and_both_gradients() {
 }
 
 #[test]
-fn shapes_it_does_not_handle_fall_back_to_burn() {
-    // Two groups: Burn's kernels run, and the result still matches a per-group convolution.
-    let device = Default::default();
-    let x = Tensor::<Flex, 4>::random([2, 4, 6, 6], Distribution::Default, &device);
-    let w = Tensor::<Flex, 4>::random([6, 2, 3, 3], Distribution::Default, &device);
-    let options = ConvOptions::new([1, 1], [1, 1], [1, 1], 2);
-    let ours = conv2d(x.clone(), w.clone(), options.clone());
-    let burns = burn_conv2d(x, w, None, options);
-    assert!(relative_error(ours, burns) == 0.0);
+fn grouped_convolutions_fall_back_to_burn() {
+    // Two groups are Burn's kernels; they must equal each group convolved on its own
+    // (which runs the runner's kernels).
+    let x = uniform([2, 4, 6, 6], 3);
+    let w = uniform([6, 2, 3, 3], 4);
+    let grouped = ConvOptions::new([1, 1], [1, 1], [1, 1], 2);
+    let (xp, wp) = (
+        x.clone().into_primitive().tensor(),
+        w.clone().into_primitive().tensor(),
+    );
+    assert!(super::conv::cpu_geometry(&xp, &wp, &grouped).is_none());
+    let ours = conv2d(x.clone(), w.clone(), grouped);
+    let single = ConvOptions::new([1, 1], [1, 1], [1, 1], 1);
+    let per_group = |g: usize| {
+        let xg = x.clone().narrow(1, 2 * g, 2);
+        let wg = w.clone().narrow(0, 3 * g, 3);
+        conv2d(xg, wg, single.clone())
+    };
+    let expected = Tensor::cat(vec![per_group(0), per_group(1)], 1);
+    let err = relative_error(ours, expected);
+    assert!(
+        err <= 1e-5,
+        "grouped against per-group: relative error {err}"
+    );
 }
