@@ -195,34 +195,25 @@ pub fn forward(g: &Geometry, x: &[f32], weight: &[f32]) -> Vec<f32> {
                 let [col] = scratch.split([if g.pointwise() { 0 } else { k * g.band() }]);
                 for rows in g.bands() {
                     let (q0, cols) = (rows.start * g.wo, rows.len() * g.wo);
-                    let dst = &mut chunk[q0..];
-                    if g.pointwise() {
-                        let src = &image(0)[q0..];
-                        gemm(
-                            dst,
-                            p,
-                            false,
-                            (co, cols, k),
-                            weight,
-                            (k, 1),
-                            src,
-                            (p, 1),
-                            par,
-                        );
+                    // The band's columns: the image itself (1×1, stride 1), or im2col.
+                    let (src, ld): (&[f32], usize) = if g.pointwise() {
+                        (&image(0)[q0..], p)
                     } else {
                         im2col(g, image(0), rows, col, cols, 0);
-                        gemm(
-                            dst,
-                            p,
-                            false,
-                            (co, cols, k),
-                            weight,
-                            (k, 1),
-                            col,
-                            (cols, 1),
-                            par,
-                        );
-                    }
+                        (col, cols)
+                    };
+                    let dst = &mut chunk[q0..];
+                    gemm(
+                        dst,
+                        p,
+                        false,
+                        (co, cols, k),
+                        weight,
+                        (k, 1),
+                        src,
+                        (ld, 1),
+                        par,
+                    );
                 }
                 return;
             }
@@ -274,31 +265,24 @@ pub fn backward_x(g: &Geometry, weight: &[f32], dy: &[f32]) -> Vec<f32> {
                 for rows in g.bands() {
                     let (q0, cols) = (rows.start * g.wo, rows.len() * g.wo);
                     let src = &dy_n[q0..];
-                    if g.pointwise() {
-                        let dst = &mut chunk[q0..];
-                        gemm(
-                            dst,
-                            p,
-                            false,
-                            (k, cols, co),
-                            weight,
-                            (1, k),
-                            src,
-                            (p, 1),
-                            par,
-                        );
+                    // 1×1, stride 1: the columns are the input gradient itself.
+                    let (dst, ld): (&mut [f32], usize) = if g.pointwise() {
+                        (&mut chunk[q0..], p)
                     } else {
-                        gemm(
-                            dcol,
-                            cols,
-                            false,
-                            (k, cols, co),
-                            weight,
-                            (1, k),
-                            src,
-                            (p, 1),
-                            par,
-                        );
+                        (&mut *dcol, cols)
+                    };
+                    gemm(
+                        dst,
+                        ld,
+                        false,
+                        (k, cols, co),
+                        weight,
+                        (1, k),
+                        src,
+                        (p, 1),
+                        par,
+                    );
+                    if !g.pointwise() {
                         col2im(g, dcol, rows, cols, 0, chunk);
                     }
                 }
