@@ -336,49 +336,13 @@ pub fn backward_weight(g: &Geometry, x: &[f32], dy: &[f32]) -> Vec<f32> {
         for group in first..(first + per_worker).min(groups) {
             let n0 = group * size;
             let gn = size.min(g.n - n0);
-            let image = |j: usize| &x[(n0 + j) * g.c * g.h * g.w..][..g.c * g.h * g.w];
             with_scratch(|scratch| {
+                let add = Group { x, dy, n0, gn };
                 if by_rows {
-                    // dw (co × k) += dy (co × cols) · rows (cols × k), a band at a time.
-                    let [image_t, rows_buf] = scratch.split([g.h * g.w * g.c, k * g.band()]);
-                    for j in 0..gn {
-                        transpose(image(j), g.c, g.h * g.w, image_t);
-                        let dy_j = &dy[(n0 + j) * co * p..][..co * p];
-                        for rows in g.bands() {
-                            let (q0, cols) = (rows.start * g.wo, rows.len() * g.wo);
-                            im2row(g, image_t, rows, rows_buf);
-                            let (a, b) = (&dy_j[q0..], &rows_buf[..]);
-                            gemm(&mut dw, k, true, (co, k, cols), a, (p, 1), b, (k, 1), par);
-                        }
-                    }
-                    return;
-                }
-                // dw (co × k) += dy_g (co × cols) · colᵀ (cols × k)
-                let cols = gn * p;
-                let direct = gn == 1 && g.pointwise();
-                let col_len = if direct { 0 } else { k * cols };
-                let gathered_len = if gn == 1 { 0 } else { co * cols };
-                let [col_buf, gathered] = scratch.split([col_len, gathered_len]);
-                let dy_g = gather(dy, n0, gn, co, p, gathered);
-                let col: &[f32] = if direct {
-                    image(0)
+                    add.by_rows(g, scratch, &mut dw, par);
                 } else {
-                    for j in 0..gn {
-                        im2col(g, image(j), 0..g.ho, col_buf, cols, j * p);
-                    }
-                    col_buf
-                };
-                gemm(
-                    &mut dw,
-                    k,
-                    true,
-                    (co, k, cols),
-                    dy_g,
-                    (cols, 1),
-                    col,
-                    (1, cols),
-                    par,
-                );
+                    add.by_columns(g, scratch, &mut dw, par);
+                }
             });
         }
         dw
@@ -405,6 +369,69 @@ pub fn backward_weight(g: &Geometry, x: &[f32], dy: &[f32]) -> Vec<f32> {
         transpose(&total[o * k..][..k], taps, g.c, &mut dw[o * k..][..k]);
     }
     dw
+}
+
+/// A group of images' share of the weight gradient: images `n0..n0 + gn` of `x`, with
+/// their output gradients in `dy`.
+struct Group<'a> {
+    x: &'a [f32],
+    dy: &'a [f32],
+    n0: usize,
+    gn: usize,
+}
+
+impl Group<'_> {
+    fn image(&self, g: &Geometry, j: usize) -> &[f32] {
+        let len = g.c * g.h * g.w;
+        &self.x[(self.n0 + j) * len..][..len]
+    }
+
+    /// dw (co × k, taps in (kh, kw, c) order) += dy (co × cols) · rows (cols × k), a band
+    /// of output rows at a time, from a channels-last copy of each image.
+    fn by_rows(&self, g: &Geometry, scratch: &mut Scratch, dw: &mut [f32], par: Parallelism) {
+        let (k, p, co) = (g.k(), g.p(), g.co);
+        let [image_t, rows_buf] = scratch.split([g.h * g.w * g.c, k * g.band()]);
+        for j in 0..self.gn {
+            transpose(self.image(g, j), g.c, g.h * g.w, image_t);
+            let dy_j = &self.dy[(self.n0 + j) * co * p..][..co * p];
+            for rows in g.bands() {
+                let (q0, cols) = (rows.start * g.wo, rows.len() * g.wo);
+                im2row(g, image_t, rows, rows_buf);
+                let (a, b) = (&dy_j[q0..], &rows_buf[..]);
+                gemm(dw, k, true, (co, k, cols), a, (p, 1), b, (k, 1), par);
+            }
+        }
+    }
+
+    /// dw (co × k) += dy_g (co × cols) · colᵀ (cols × k), the group's images side by side.
+    fn by_columns(&self, g: &Geometry, scratch: &mut Scratch, dw: &mut [f32], par: Parallelism) {
+        let (k, p, co, gn) = (g.k(), g.p(), g.co, self.gn);
+        let cols = gn * p;
+        let direct = gn == 1 && g.pointwise();
+        let col_len = if direct { 0 } else { k * cols };
+        let gathered_len = if gn == 1 { 0 } else { co * cols };
+        let [col_buf, gathered] = scratch.split([col_len, gathered_len]);
+        let dy_g = gather(self.dy, self.n0, gn, co, p, gathered);
+        let col: &[f32] = if direct {
+            self.image(g, 0)
+        } else {
+            for j in 0..gn {
+                im2col(g, self.image(g, j), 0..g.ho, col_buf, cols, j * p);
+            }
+            col_buf
+        };
+        gemm(
+            dw,
+            k,
+            true,
+            (co, k, cols),
+            dy_g,
+            (cols, 1),
+            col,
+            (1, cols),
+            par,
+        );
+    }
 }
 
 /// Output rows `rows` of one image's patches, one output position per row: `out` is
