@@ -456,28 +456,15 @@ fn drive(
         message,
     };
     let t0 = Instant::now();
-    let mut sink = FileSink {
-        metrics,
-        sampler: Some(start_sampler(plan, t0)),
-        lines: records.len() as u64,
-        t_offset_ms: records.last().map_or(0.0, |r| r.t_ms),
-        records,
-        evals,
-        parameters: 0,
+    let sampler = start_sampler(plan, t0);
+    let mut sink = FileSink::new(
+        (metrics, records, evals),
         progress,
-        io_error: None,
-        startup_s: None,
-        first_step_ms: None,
         counts_at_start,
-        checkpoints: summary.checkpoints,
-        checkpoint_ms: summary.checkpoint_ms_total,
-        quiet: opts.quiet,
-        csv: None,
-        events: None,
-        validations: summary.validations.clone(),
-        best: summary.best_step.zip(summary.best_value),
-        early_stopped: None,
-    };
+        &summary,
+        opts.quiet,
+        sampler,
+    );
     let resumed_at = resume.as_ref().map(|(_, s)| s.step);
     open_exports(plan, &dir, resumed_at, &mut sink).map_err(fail)?;
     let vocab = sets.tokenizer.as_ref().map_or(0, |t| t.vocab_size());
@@ -530,6 +517,42 @@ fn drive(
         None => Ok(Finished { dir, summary }),
         Some(train::Stop::Signal(signal)) => Err(RunError::Interrupted { dir, signal }),
         Some(_) => Err(fail(summary.error.clone().unwrap_or_default())),
+    }
+}
+
+impl FileSink {
+    /// A sink continuing what `summary` and the metrics `records` already hold (a resumed
+    /// run), or starting empty.
+    fn new(
+        (metrics, records, evals): (JsonLines, Vec<StepRecord>, Vec<EvalRecord>),
+        progress: Progress,
+        counts_at_start: KernelCounts,
+        summary: &Summary,
+        quiet: bool,
+        sampler: Sampler,
+    ) -> Self {
+        FileSink {
+            metrics,
+            sampler: Some(sampler),
+            lines: records.len() as u64,
+            t_offset_ms: records.last().map_or(0.0, |r| r.t_ms),
+            records,
+            evals,
+            parameters: 0,
+            progress,
+            io_error: None,
+            startup_s: None,
+            first_step_ms: None,
+            counts_at_start,
+            checkpoints: summary.checkpoints,
+            checkpoint_ms: summary.checkpoint_ms_total,
+            quiet,
+            csv: None,
+            events: None,
+            validations: summary.validations.clone(),
+            best: summary.best_step.zip(summary.best_value),
+            early_stopped: None,
+        }
     }
 }
 
