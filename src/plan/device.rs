@@ -142,22 +142,7 @@ impl<'a> Validator<'a> {
             .max_by_key(|(b, _)| *b)
             .copied()
             .unwrap_or_default();
-        let (key, help) = match biggest {
-            "one batch's activations" => (
-                "loader.batch_size",
-                "lower batch_size; optim.accumulation_steps keeps the effective batch",
-            ),
-            "the model" if model.num_classes > 10_000 => (
-                "model.num_classes",
-                "fewer classes (each is a row of the last layer)",
-            ),
-            "the model" => ("model.arch", "a smaller model"),
-            _ if matches!(data.source, DataSource::Synthetic { .. }) => (
-                "data.synthetic.samples",
-                "fewer or smaller synthetic samples",
-            ),
-            _ => ("data.limit", "set data.limit to use part of the data"),
-        };
+        let (key, help) = blame(biggest, model, data);
         self.err(
             key,
             format!(
@@ -171,5 +156,25 @@ impl<'a> Validator<'a> {
             ),
             help,
         );
+    }
+}
+
+/// The key to change, and how, when `biggest` (a part of the footprint) is too large.
+fn blame(biggest: &str, model: &ModelPlan, data: &DataPlan) -> (&'static str, &'static str) {
+    match biggest {
+        "one batch's activations" => (
+            "loader.batch_size",
+            "lower batch_size; optim.accumulation_steps keeps the effective batch",
+        ),
+        "the model" if model.num_classes > 10_000 => (
+            "model.num_classes",
+            "fewer classes (each is a row of the last layer)",
+        ),
+        "the model" => ("model.arch", "a smaller model"),
+        _ if matches!(data.source, DataSource::Synthetic { .. }) => (
+            "data.synthetic.samples",
+            "fewer or smaller synthetic samples",
+        ),
+        _ => ("data.limit", "set data.limit to use part of the data"),
     }
 }
