@@ -99,15 +99,8 @@ pub fn read_jsonl(
     let text = std::fs::read_to_string(path).map_err(|e| DataError::io(path, e))?;
     // A byte-order mark (some editors write one) is not part of the first object.
     let text = text.strip_prefix('\u{feff}').unwrap_or(&text);
+    let fields = (text_field, label_field);
     let mut out = vec![];
-    // Values echoed in messages are cut: a bad line can be megabytes long.
-    let short = |v: &serde_json::Value| {
-        let s = v.to_string();
-        match s.char_indices().nth(60) {
-            Some((at, _)) => format!("{}… ({} bytes)", &s[..at], s.len()),
-            None => s,
-        }
-    };
     for (i, line) in text.lines().enumerate() {
         if out.len() >= limit {
             break;
@@ -116,78 +109,92 @@ pub fn read_jsonl(
             continue;
         }
         let at = |msg: String| DataError::new(path, format!("line {}: {msg}", i + 1));
-        let v: serde_json::Value = serde_json::from_str(line).map_err(|e| {
-            at(format!("not JSON ({e})"))
-                .help("each line must be one JSON object, e.g. {\"label\": 1, \"text\": \"...\"}")
-        })?;
-        let obj = v.as_object().ok_or_else(|| {
-            at("not a JSON object".into()).help("each line must be one JSON object")
-        })?;
-        let fields = || {
-            obj.keys()
-                .map(|k| format!("\"{k}\""))
-                .collect::<Vec<_>>()
-                .join(", ")
-        };
-        let t = match obj.get(text_field) {
-            Some(serde_json::Value::String(s)) => s.clone(),
-            Some(other) => {
-                return Err(at(format!(
-                    "field \"{text_field}\" is {}, not a string",
-                    short(other)
-                ))
-                .help("set data.text_field to the field holding the text"))
-            }
-            None => {
-                return Err(at(format!(
-                    "no field \"{text_field}\" (the line has {})",
-                    fields()
-                ))
-                .help("set data.text_field to the field holding the text"))
-            }
-        };
-        let label = match obj.get(label_field) {
-            Some(serde_json::Value::Number(n))
-                if n.as_u64().is_some_and(|l| l <= u32::MAX as u64) =>
-            {
-                n.as_u64().unwrap_or(0) as u32
-            }
-            Some(other) => {
-                return Err(at(format!(
-                    "label {} is not a non-negative integer",
-                    short(other)
-                ))
-                .help("labels are class indices 0, 1, ..."))
-            }
-            None => {
-                return Err(at(format!(
-                    "no field \"{label_field}\" (the line has {})",
-                    fields()
-                ))
-                .help("set data.label_field to the field holding the label"))
-            }
-        };
-        if classes.is_none() && label as usize >= super::MAX_CLASSES {
-            return Err(at(format!(
-                "label {label} would make {} classes, over the cap of {}",
-                label as u64 + 1,
-                super::MAX_CLASSES
-            ))
-            .help("labels are class indices 0, 1, ...: fix the line"));
-        }
-        if let Some(c) = classes {
-            if label as usize >= c {
-                return Err(at(format!(
-                    "label {label} is out of range: there are {c} classes"
-                ))
-                .help(
-                    "fix the line, or raise model.num_classes (or add the class to labels.txt)",
-                ));
-            }
-        }
-        out.push((t, label));
+        out.push(parse_line(line, fields, classes, at)?);
     }
     Ok(out)
+}
+
+/// One line's `(text, label)`; `at` makes an error that names the file and line.
+fn parse_line(
+    line: &str,
+    (text_field, label_field): (&str, &str),
+    classes: Option<usize>,
+    at: impl Fn(String) -> DataError,
+) -> Result<(String, u32), DataError> {
+    // Values echoed in messages are cut: a bad line can be megabytes long.
+    let short = |v: &serde_json::Value| {
+        let s = v.to_string();
+        match s.char_indices().nth(60) {
+            Some((at, _)) => format!("{}… ({} bytes)", &s[..at], s.len()),
+            None => s,
+        }
+    };
+    let v: serde_json::Value = serde_json::from_str(line).map_err(|e| {
+        at(format!("not JSON ({e})"))
+            .help("each line must be one JSON object, e.g. {\"label\": 1, \"text\": \"...\"}")
+    })?;
+    let obj = v
+        .as_object()
+        .ok_or_else(|| at("not a JSON object".into()).help("each line must be one JSON object"))?;
+    let fields = || {
+        obj.keys()
+            .map(|k| format!("\"{k}\""))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let t = match obj.get(text_field) {
+        Some(serde_json::Value::String(s)) => s.clone(),
+        Some(other) => {
+            return Err(at(format!(
+                "field \"{text_field}\" is {}, not a string",
+                short(other)
+            ))
+            .help("set data.text_field to the field holding the text"))
+        }
+        None => {
+            return Err(at(format!(
+                "no field \"{text_field}\" (the line has {})",
+                fields()
+            ))
+            .help("set data.text_field to the field holding the text"))
+        }
+    };
+    let label = match obj.get(label_field) {
+        Some(serde_json::Value::Number(n)) if n.as_u64().is_some_and(|l| l <= u32::MAX as u64) => {
+            n.as_u64().unwrap_or(0) as u32
+        }
+        Some(other) => {
+            return Err(at(format!(
+                "label {} is not a non-negative integer",
+                short(other)
+            ))
+            .help("labels are class indices 0, 1, ..."))
+        }
+        None => {
+            return Err(at(format!(
+                "no field \"{label_field}\" (the line has {})",
+                fields()
+            ))
+            .help("set data.label_field to the field holding the label"))
+        }
+    };
+    if classes.is_none() && label as usize >= super::MAX_CLASSES {
+        return Err(at(format!(
+            "label {label} would make {} classes, over the cap of {}",
+            label as u64 + 1,
+            super::MAX_CLASSES
+        ))
+        .help("labels are class indices 0, 1, ...: fix the line"));
+    }
+    if let Some(c) = classes {
+        if label as usize >= c {
+            return Err(at(format!(
+                "label {label} is out of range: there are {c} classes"
+            ))
+            .help("fix the line, or raise model.num_classes (or add the class to labels.txt)"));
+        }
+    }
+    Ok((t, label))
 }
 
 /// Class names from `labels.txt` beside the file (one per line), if it is there.
