@@ -149,12 +149,6 @@ pub(crate) fn run_grid(c: &Checked, sel: Selection, opts: &RunOptions) -> Result
     let mut stop: Option<RunError> = None;
     let resuming = sel.resume;
     let outcome = sweep::execute(&dir, &c.cells, sel, |cell, previous| {
-        let end = |dir, message, state, stop_sweep| CellEnd {
-            dir,
-            message,
-            state,
-            stop_sweep,
-        };
         // With --resume, a cell whose run stopped (a signal, a killed process: this process
         // holds its lock now) continues from its checkpoint rather than starting over.
         let stopped_run = previous
@@ -170,26 +164,7 @@ pub(crate) fn run_grid(c: &Checked, sel: Selection, opts: &RunOptions) -> Result
             }
             None => run_one(&c.plans[cell.index], opts),
         };
-        match result {
-            Ok(d) => Ok(d),
-            Err(RunError::Failed { dir, message }) => {
-                Err(end(Some(dir), message, State::Failed, false))
-            }
-            Err(RunError::Interrupted { dir, signal }) => {
-                let message = format!("interrupted by {}", runner::signals::name(signal));
-                stop = Some(RunError::Interrupted {
-                    dir: dir.clone(),
-                    signal,
-                });
-                Err(end(Some(dir), message, State::Interrupted, true))
-            }
-            // Input every cell shares (a data file) is bad: the rest would fail the same.
-            Err(e @ (RunError::Input(_) | RunError::Io(_))) => {
-                let msg = e.to_string();
-                stop = Some(e);
-                Err(end(None, msg, State::Failed, true))
-            }
-        }
+        cell_end(result, &mut stop)
     })
     .map_err(|e| {
         RunError::Io(format!(
@@ -209,7 +184,55 @@ pub(crate) fn run_grid(c: &Checked, sel: Selection, opts: &RunOptions) -> Result
             outcome.skipped.len()
         );
     }
-    // The comparison over every cell done so far, by this process or any other shard.
+    print_comparison(c, &dir);
+    match outcome.failed.first() {
+        Some((i, msg)) => Err(RunError::Failed {
+            dir: dir.dir.clone(),
+            message: format!(
+                "{} cell(s) failed, the first (cell {i}): {msg}",
+                outcome.failed.len()
+            ),
+        }),
+        None => Ok(()),
+    }
+}
+
+/// How a cell's run ended, for the sweep state; a stop of the whole sweep (a signal, or
+/// input every cell shares) is kept in `stop`.
+fn cell_end(
+    result: Result<PathBuf, RunError>,
+    stop: &mut Option<RunError>,
+) -> Result<PathBuf, CellEnd> {
+    let end = |dir, message, state, stop_sweep| CellEnd {
+        dir,
+        message,
+        state,
+        stop_sweep,
+    };
+    match result {
+        Ok(d) => Ok(d),
+        Err(RunError::Failed { dir, message }) => {
+            Err(end(Some(dir), message, State::Failed, false))
+        }
+        Err(RunError::Interrupted { dir, signal }) => {
+            let message = format!("interrupted by {}", runner::signals::name(signal));
+            *stop = Some(RunError::Interrupted {
+                dir: dir.clone(),
+                signal,
+            });
+            Err(end(Some(dir), message, State::Interrupted, true))
+        }
+        // Input every cell shares (a data file) is bad: the rest would fail the same.
+        Err(e @ (RunError::Input(_) | RunError::Io(_))) => {
+            let msg = e.to_string();
+            *stop = Some(e);
+            Err(end(None, msg, State::Failed, true))
+        }
+    }
+}
+
+/// The comparison over every cell done so far, by this process or any other shard.
+fn print_comparison(c: &Checked, dir: &SweepDir) {
     let done: Vec<PathBuf> = c
         .cells
         .iter()
@@ -229,16 +252,6 @@ pub(crate) fn run_grid(c: &Checked, sel: Selection, opts: &RunOptions) -> Result
             }
             Err(e) => eprintln!("{e}"),
         }
-    }
-    match outcome.failed.first() {
-        Some((i, msg)) => Err(RunError::Failed {
-            dir: dir.dir.clone(),
-            message: format!(
-                "{} cell(s) failed, the first (cell {i}): {msg}",
-                outcome.failed.len()
-            ),
-        }),
-        None => Ok(()),
     }
 }
 
