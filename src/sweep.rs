@@ -98,25 +98,6 @@ fn axes(loaded: &Loaded, report: &mut Diagnostics) -> Vec<Axis> {
         return vec![];
     };
     let mut leaves: Vec<(String, String, toml::Value)> = vec![];
-    fn walk(
-        t: &toml::Table,
-        prefix: &str,
-        origin_prefix: &str,
-        out: &mut Vec<(String, String, toml::Value)>,
-    ) {
-        for (k, v) in t {
-            let key = if prefix.is_empty() {
-                k.clone()
-            } else {
-                format!("{prefix}.{k}")
-            };
-            let okey = format!("{origin_prefix}.{k}");
-            match v {
-                toml::Value::Table(inner) => walk(inner, &key, &okey, out),
-                other => out.push((key, okey, other.clone())),
-            }
-        }
-    }
     walk(sweep, "", "sweep", &mut leaves);
     let known = all_keys();
     let mut seen = BTreeSet::new();
@@ -155,42 +136,9 @@ fn axes(loaded: &Loaded, report: &mut Diagnostics) -> Vec<Axis> {
             ));
             continue;
         }
-        let toml::Value::Array(values) = value else {
-            report.push(err(
-                &okey,
-                &key,
-                "a sweep value must be a list of the values to try".into(),
-                format!("\"{key}\" = [a, b, c]"),
-            ));
+        let Some(values) = sweep_values(loaded, (&key, &okey), value, &err, report) else {
             continue;
         };
-        if values.is_empty() {
-            report.push(err(
-                &okey,
-                &key,
-                "an empty list makes an empty grid".into(),
-                "list at least one value".into(),
-            ));
-            continue;
-        }
-        if let Some(j) = (1..values.len()).find(|&j| values[..j].contains(&values[j])) {
-            let at = format!("{okey}[{j}]");
-            let place = if loaded.doc.origins.contains_key(&at) {
-                at
-            } else {
-                okey.clone()
-            };
-            report.push(err(
-                &place,
-                &key,
-                format!(
-                    "{} is listed twice: the two cells would be the same run",
-                    values[j]
-                ),
-                "list each value once (repeat runs with separate invocations)".into(),
-            ));
-            continue;
-        }
         let origins = (0..values.len())
             .map(|i| loaded.doc.origins.get(&format!("{okey}[{i}]")).cloned())
             .collect();
@@ -202,6 +150,75 @@ fn axes(loaded: &Loaded, report: &mut Diagnostics) -> Vec<Axis> {
         });
     }
     out
+}
+
+/// The `[sweep]` table's leaves: (dotted recipe key, its place in the file, values).
+fn walk(
+    t: &toml::Table,
+    prefix: &str,
+    origin_prefix: &str,
+    out: &mut Vec<(String, String, toml::Value)>,
+) {
+    for (k, v) in t {
+        let key = if prefix.is_empty() {
+            k.clone()
+        } else {
+            format!("{prefix}.{k}")
+        };
+        let okey = format!("{origin_prefix}.{k}");
+        match v {
+            toml::Value::Table(inner) => walk(inner, &key, &okey, out),
+            other => out.push((key, okey, other.clone())),
+        }
+    }
+}
+
+/// A swept key's list of values, or the error it gets: not a list, empty, or a value
+/// listed twice.
+fn sweep_values(
+    loaded: &Loaded,
+    (key, okey): (&str, &str),
+    value: toml::Value,
+    err: &dyn Fn(&str, &str, String, String) -> Diagnostic,
+    report: &mut Diagnostics,
+) -> Option<Vec<toml::Value>> {
+    let toml::Value::Array(values) = value else {
+        report.push(err(
+            okey,
+            key,
+            "a sweep value must be a list of the values to try".into(),
+            format!("\"{key}\" = [a, b, c]"),
+        ));
+        return None;
+    };
+    if values.is_empty() {
+        report.push(err(
+            okey,
+            key,
+            "an empty list makes an empty grid".into(),
+            "list at least one value".into(),
+        ));
+        return None;
+    }
+    if let Some(j) = (1..values.len()).find(|&j| values[..j].contains(&values[j])) {
+        let at = format!("{okey}[{j}]");
+        let place = if loaded.doc.origins.contains_key(&at) {
+            at
+        } else {
+            okey.to_string()
+        };
+        report.push(err(
+            &place,
+            key,
+            format!(
+                "{} is listed twice: the two cells would be the same run",
+                values[j]
+            ),
+            "list each value once (repeat runs with separate invocations)".into(),
+        ));
+        return None;
+    }
+    Some(values)
 }
 
 /// The value indices of every cell, last axis fastest.
