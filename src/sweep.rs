@@ -264,29 +264,8 @@ pub fn expand(loaded: &Loaded, max_cells: usize) -> Result<Vec<Cell>, Diagnostic
         return Err(report.sorted());
     }
     let sizes: Vec<usize> = axes.iter().map(|a| a.values.len()).collect();
-    let count = sizes
-        .iter()
-        .try_fold(1usize, |acc, &n| acc.checked_mul(n))
-        .unwrap_or(usize::MAX);
-    if count > max_cells {
-        let d = loaded.doc.diagnostic(
-            &loaded.path,
-            "sweep",
-            Diagnostic::error(
-                &loaded.path,
-                format!(
-                    "the grid has {count} cells ({}), over the cap of {max_cells}",
-                    sizes
-                        .iter()
-                        .map(|n| n.to_string())
-                        .collect::<Vec<_>>()
-                        .join(" × ")
-                ),
-            )
-            .key("sweep"),
-        );
-        report
-            .push(d.help("sweep fewer values, split the grid, or raise the cap with --max-cells"));
+    if let Some(d) = over_cap(loaded, &sizes, max_cells) {
+        report.push(d);
         return Err(report);
     }
     let mut out = vec![];
@@ -305,23 +284,7 @@ pub fn expand(loaded: &Loaded, max_cells: usize) -> Result<Vec<Cell>, Diagnostic
             }
             assignments.push((axis.key.clone(), v));
         }
-        let name = if axes.is_empty() {
-            base.clone()
-        } else {
-            let parts: Vec<String> = axes
-                .iter()
-                .zip(&assignments)
-                .map(|(a, (_, v))| format!("{}={}", a.label, show(v)))
-                .collect();
-            let label = parts.join(",");
-            // A directory name must fit the file system (255 bytes) and stay readable;
-            // past that the cell is named by its index (the manifest maps it back).
-            if label.len() > MAX_LABEL || label.chars().any(char::is_control) {
-                format!("{base}/cell-{index:04}")
-            } else {
-                format!("{base}/{label}")
-            }
-        };
+        let name = cell_name(&base, &axes, &assignments, index);
         // The cell is named in its recipe, so its run directory and its resolved recipe say which it is.
         doc.table
             .insert("name".into(), toml::Value::String(name.clone()));
@@ -346,6 +309,57 @@ pub fn expand(loaded: &Loaded, max_cells: usize) -> Result<Vec<Cell>, Diagnostic
         return Err(dedup(report));
     }
     Ok(out)
+}
+
+/// `base/label=value,...`, or `base/cell-NNNN` where that would not make a readable
+/// directory name (too long for the file system, or control characters).
+fn cell_name(
+    base: &str,
+    axes: &[Axis],
+    assignments: &[(String, toml::Value)],
+    index: usize,
+) -> String {
+    if axes.is_empty() {
+        return base.to_string();
+    }
+    let parts: Vec<String> = axes
+        .iter()
+        .zip(assignments)
+        .map(|(a, (_, v))| format!("{}={}", a.label, show(v)))
+        .collect();
+    let label = parts.join(",");
+    // A directory name must fit the file system (255 bytes) and stay readable; past that
+    // the cell is named by its index (the manifest maps it back).
+    if label.len() > MAX_LABEL || label.chars().any(char::is_control) {
+        format!("{base}/cell-{index:04}")
+    } else {
+        format!("{base}/{label}")
+    }
+}
+
+/// The error for a grid of more than `max_cells` cells.
+fn over_cap(loaded: &Loaded, sizes: &[usize], max_cells: usize) -> Option<Diagnostic> {
+    let count = sizes
+        .iter()
+        .try_fold(1usize, |acc, &n| acc.checked_mul(n))
+        .unwrap_or(usize::MAX);
+    if count <= max_cells {
+        return None;
+    }
+    let dims: Vec<String> = sizes.iter().map(|n| n.to_string()).collect();
+    let d = loaded.doc.diagnostic(
+        &loaded.path,
+        "sweep",
+        Diagnostic::error(
+            &loaded.path,
+            format!(
+                "the grid has {count} cells ({}), over the cap of {max_cells}",
+                dims.join(" × ")
+            ),
+        )
+        .key("sweep"),
+    );
+    Some(d.help("sweep fewer values, split the grid, or raise the cap with --max-cells"))
 }
 
 /// A recipe with its cells, each validated into a plan.
