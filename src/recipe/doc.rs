@@ -207,41 +207,8 @@ fn load_chain(
     sources: &mut Vec<SourceFile>,
     report: &mut Diagnostics,
 ) -> Option<(toml::Table, BTreeMap<String, Origin>)> {
-    let text = match text.map_or_else(|| std::fs::read_to_string(path), Ok) {
-        Ok(t) => t,
-        Err(e) => {
-            let help = if e.kind() == std::io::ErrorKind::NotFound {
-                "check the path; recipes ship under recipes/ (`runner ls` lists them)"
-            } else {
-                "check that the file is readable UTF-8 text"
-            };
-            report.push(Diagnostic::error(path, format!("cannot read recipe: {e}")).help(help));
-            return None;
-        }
-    };
-    let (de, syntax) = DeTable::parse_recoverable(&text);
-    if !syntax.is_empty() {
-        for e in syntax {
-            let d = Diagnostic::error(path, format!("TOML syntax: {}", e.message().trim()));
-            let d = match e.span() {
-                Some(s) => d.at(&text, s),
-                None => d,
-            };
-            report.push(d.help("see https://toml.io for the syntax"));
-        }
-        return None;
-    }
-    let mut table: toml::Table = match toml::from_str(&text) {
-        Ok(t) => t,
-        Err(e) => {
-            let d = Diagnostic::error(path, format!("TOML: {}", e.message().trim()));
-            report.push(match e.span() {
-                Some(s) => d.at(&text, s),
-                None => d,
-            });
-            return None;
-        }
-    };
+    let text = read_text(path, text, report)?;
+    let (mut table, mut origins) = parse(path, &text, sources.len(), report)?;
     let dir = match path.parent() {
         Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
         _ => PathBuf::from("."),
@@ -251,9 +218,6 @@ fn load_chain(
         text: text.clone(),
         dir: dir.clone(),
     });
-    let me = sources.len() - 1;
-    let mut origins = BTreeMap::new();
-    index_spans(de.get_ref(), "", me, &mut origins);
 
     let Some(extends) = table.remove("extends") else {
         return Some((table, origins));
@@ -318,6 +282,58 @@ fn load_chain(
     origins.remove("extends");
     merge(&mut base, &mut base_origins, table, origins, "");
     Some((base, base_origins))
+}
+
+/// The recipe's text: given, or read from `path`.
+fn read_text(path: &Path, text: Option<String>, report: &mut Diagnostics) -> Option<String> {
+    match text.map_or_else(|| std::fs::read_to_string(path), Ok) {
+        Ok(t) => Some(t),
+        Err(e) => {
+            let help = if e.kind() == std::io::ErrorKind::NotFound {
+                "check the path; recipes ship under recipes/ (`runner ls` lists them)"
+            } else {
+                "check that the file is readable UTF-8 text"
+            };
+            report.push(Diagnostic::error(path, format!("cannot read recipe: {e}")).help(help));
+            None
+        }
+    }
+}
+
+/// The recipe's table and where each key and value sits (`source` is the file's index
+/// among the sources); every syntax error is reported.
+fn parse(
+    path: &Path,
+    text: &str,
+    source: usize,
+    report: &mut Diagnostics,
+) -> Option<(toml::Table, BTreeMap<String, Origin>)> {
+    let (de, syntax) = DeTable::parse_recoverable(text);
+    if !syntax.is_empty() {
+        for e in syntax {
+            let d = Diagnostic::error(path, format!("TOML syntax: {}", e.message().trim()));
+            let d = match e.span() {
+                Some(s) => d.at(text, s),
+                None => d,
+            };
+            report.push(d.help("see https://toml.io for the syntax"));
+        }
+        return None;
+    }
+    let table: toml::Table = match toml::from_str(text) {
+        Ok(t) => t,
+        Err(e) => {
+            let d = Diagnostic::error(path, format!("TOML: {}", e.message().trim()));
+            report.push(match e.span() {
+                Some(s) => d.at(text, s),
+                None => d,
+            });
+            return None;
+        }
+    };
+    let mut origins = BTreeMap::new();
+    index_spans(de.get_ref(), "", source, &mut origins);
+    Some((table, origins))
 }
 
 /// Merges `child` over `base`: tables merge key by key, anything else replaces.
