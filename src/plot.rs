@@ -4,6 +4,7 @@
 
 use std::path::Path;
 
+use plotters::coord::Shift;
 use plotters::prelude::*;
 
 use crate::report::{Row, Run};
@@ -33,8 +34,18 @@ pub fn draw(path: &Path, runs: &[Run], rows: &[Row]) -> Result<(), String> {
     let root = SVGBackend::new(path, (W, H)).into_drawing_area();
     root.fill(&WHITE).map_err(|e| err(&e))?;
     let (top, bottom) = root.split_vertically(440);
-    let index = |name: &str| rows.iter().position(|r| r.recipe == name).unwrap_or(0);
+    step_times(&top, runs, rows, &err)?;
+    bars(&bottom, rows, &err)?;
+    root.present().map_err(|e| err(&e))?;
+    Ok(())
+}
 
+type Area<'a> = DrawingArea<SVGBackend<'a>, Shift>;
+type Err<'e> = &'e dyn Fn(&dyn std::fmt::Display) -> String;
+
+/// The top panel: every run's step times, one colour per recipe.
+fn step_times(top: &Area, runs: &[Run], rows: &[Row], err: Err) -> Result<(), String> {
+    let index = |name: &str| rows.iter().position(|r| r.recipe == name).unwrap_or(0);
     // Per-step time, clipped above at 1.5 × the largest p95 so one slow first step (autotune,
     // allocation) does not flatten the rest.
     let steps = runs
@@ -49,7 +60,7 @@ pub fn draw(path: &Path, runs: &[Run], rows: &[Row]) -> Result<(), String> {
         .fold(0.0, f64::max)
         .max(1e-3)
         * 1.5;
-    let mut chart = ChartBuilder::on(&top)
+    let mut chart = ChartBuilder::on(top)
         .caption("time per optimizer step (ms)", ("sans-serif", 22))
         .margin(12)
         .x_label_area_size(40)
@@ -89,8 +100,11 @@ pub fn draw(path: &Path, runs: &[Run], rows: &[Row]) -> Result<(), String> {
         .label_font(("sans-serif", 15))
         .draw()
         .map_err(|e| err(&e))?;
+    Ok(())
+}
 
-    // Bars: one panel per column, one bar per recipe.
+/// The bottom panels: one per column of the table, one bar per recipe.
+fn bars(bottom: &Area, rows: &[Row], err: Err) -> Result<(), String> {
     let util: Vec<f64> = rows
         .iter()
         .map(|r| r.gpu_util_pct.or(r.cpu_util_pct).unwrap_or(0.0))
@@ -151,6 +165,5 @@ pub fn draw(path: &Path, runs: &[Run], rows: &[Row]) -> Result<(), String> {
         }))
         .map_err(|e| err(&e))?;
     }
-    root.present().map_err(|e| err(&e))?;
     Ok(())
 }
