@@ -493,17 +493,7 @@ fn drive(
     summary.util_source = finish_sampler(&mut sink, &dir);
     summary.wall_s += wall.elapsed().as_secs_f64();
     record(&mut summary, &sink, plan);
-    if env.kernels.used {
-        let counts = kernels::counts().since(sink.counts_at_start);
-        summary.kernels = Some(counts);
-        let env = Environment {
-            kernel_counts: Some(counts),
-            ..env
-        };
-        if let Err(e) = write_json_atomic(&dir.join("env.json"), &env) {
-            sink.io_error.get_or_insert(format!("env.json: {e}"));
-        }
-    }
+    record_kernels(env, &mut summary, &mut sink, &dir);
     let stop = ending(outcome, &mut summary, &sink);
     let summary_path = dir.join("summary.json");
     if let Err(e) = write_json_atomic(&summary_path, &summary) {
@@ -630,6 +620,22 @@ fn record(summary: &mut Summary, sink: &FileSink, plan: &Plan) {
     summary.best_step = sink.best.map(|b| b.0);
     summary.best_value = sink.best.map(|b| b.1);
     summary.early_stopped_at_step = sink.early_stopped;
+}
+
+/// On CUDA, the kernels compiled and tuned during the run, into the summary and env.json.
+fn record_kernels(env: Environment, summary: &mut Summary, sink: &mut FileSink, dir: &Path) {
+    if !env.kernels.used {
+        return;
+    }
+    let counts = kernels::counts().since(sink.counts_at_start);
+    summary.kernels = Some(counts);
+    let env = Environment {
+        kernel_counts: Some(counts),
+        ..env
+    };
+    if let Err(e) = write_json_atomic(&dir.join("env.json"), &env) {
+        sink.io_error.get_or_insert(format!("env.json: {e}"));
+    }
 }
 
 /// How the loop ended (a stop, an error, a panic, or a write that failed at the very
