@@ -1,0 +1,322 @@
+//! A grid's directory: each cell's state (and the manifest naming them), the per-cell lock
+//! files that let shards and Slurm tasks share a grid, and running the cells in order.
+
+use super::*;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum State {
+    Running,
+    Done,
+    Failed,
+    /// Stopped by SIGINT/SIGTERM: `--resume` runs it again.
+    Interrupted,
+}
+
+/// A cell's status file.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CellStatus {
+    pub state: State,
+    pub run_dir: Option<PathBuf>,
+    pub host: String,
+    pub pid: u32,
+    pub updated_at: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ManifestCell {
+    pub index: usize,
+    pub name: String,
+    pub id: String,
+    pub assignments: Vec<(String, toml::Value)>,
+}
+
+/// `manifest.json`: written once, when the sweep directory is made.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Manifest {
+    pub grid_id: String,
+    pub recipe: String,
+    pub axes: Vec<String>,
+    pub cells: Vec<ManifestCell>,
+}
+
+/// `<log.dir>/<name>/sweeps/<grid-id>/`: the manifest, `cells/<index>-<id>.json` status
+/// files (one writer each, written whole by rename, so shards on a shared file system never
+/// write the same file), `locks/` (see `CellLock`), and the Slurm script.
+pub struct SweepDir {
+    pub dir: PathBuf,
+}
+
+impl SweepDir {
+    pub fn open(root: &Path, base: &str, recipe: &Path, cells: &[Cell]) -> std::io::Result<Self> {
+        let dir = root.join(base).join("sweeps").join(grid_id(cells));
+        std::fs::create_dir_all(dir.join("cells"))?;
+        std::fs::create_dir_all(dir.join("locks"))?;
+        let manifest = dir.join("manifest.json");
+        // Written once; rewritten if it cannot be read (cut by a crash or a full disk).
+        let readable = std::fs::read_to_string(&manifest)
+            .ok()
+            .is_some_and(|t| serde_json::from_str::<Manifest>(&t).is_ok());
+        if !readable {
+            let m = Manifest {
+                grid_id: grid_id(cells),
+                recipe: recipe.display().to_string(),
+                axes: cells
+                    .first()
+                    .map(|c| c.assignments.iter().map(|(k, _)| k.clone()).collect())
+                    .unwrap_or_default(),
+                cells: cells
+                    .iter()
+                    .map(|c| ManifestCell {
+                        index: c.index,
+                        name: c.name.clone(),
+                        id: c.id.clone(),
+                        assignments: c.assignments.clone(),
+                    })
+                    .collect(),
+            };
+            write_json_atomic(&manifest, &m)?;
+        }
+        Ok(Self { dir })
+    }
+
+    fn lock_path(&self, c: &Cell) -> PathBuf {
+        self.dir
+            .join("locks")
+            .join(format!("{:04}-{}.lock", c.index, c.id))
+    }
+
+    fn status_path(&self, c: &Cell) -> PathBuf {
+        self.dir
+            .join("cells")
+            .join(format!("{:04}-{}.json", c.index, c.id))
+    }
+
+    pub fn status(&self, c: &Cell) -> Option<CellStatus> {
+        let text = std::fs::read_to_string(self.status_path(c)).ok()?;
+        serde_json::from_str(&text).ok()
+    }
+
+    pub fn mark(
+        &self,
+        c: &Cell,
+        state: State,
+        run_dir: Option<&Path>,
+        error: Option<String>,
+    ) -> std::io::Result<()> {
+        let s = CellStatus {
+            state,
+            run_dir: run_dir.map(Path::to_path_buf),
+            host: crate::clock::hostname().unwrap_or_default(),
+            pid: std::process::id(),
+            updated_at: crate::clock::utc_now(),
+            error,
+        };
+        write_json_atomic(&self.status_path(c), &s)
+    }
+
+    /// Done means: marked done, and the run directory's summary says completed.
+    pub fn is_done(&self, c: &Cell) -> bool {
+        self.status(c).is_some_and(|s| {
+            s.state == State::Done
+                && s.run_dir.as_ref().is_some_and(|d| {
+                    std::fs::read_to_string(d.join("summary.json"))
+                        .ok()
+                        .and_then(|t| serde_json::from_str::<crate::metrics::Summary>(&t).ok())
+                        .is_some_and(|s| s.status == "completed")
+                })
+        })
+    }
+}
+
+/// Which cells this process runs.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Selection {
+    pub shard: Option<(usize, usize)>,
+    pub only: Option<usize>,
+    pub resume: bool,
+}
+
+#[derive(Debug, Default)]
+pub struct SweepOutcome {
+    pub ran: Vec<usize>,
+    pub skipped: Vec<usize>,
+    /// Cells another live process holds the lock of (it is running them).
+    pub busy: Vec<(usize, String)>,
+    pub failed: Vec<(usize, String)>,
+}
+
+/// How a cell's run ended when it did not complete.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CellEnd {
+    /// The run directory, if the run got as far as making one.
+    pub dir: Option<PathBuf>,
+    pub message: String,
+    /// `Failed` or `Interrupted`.
+    pub state: State,
+    /// Run no further cell (an interrupt; input that every cell shares is bad).
+    pub stop_sweep: bool,
+}
+
+/// Runs the selected cells in order (`run` gets each cell and its status before this
+/// process took it). Each cell is locked while it runs (see `CellLock`),
+/// so two processes on one grid never run the same cell; one locked by a live process is
+/// left to it. A cell is marked running before it starts and done only after `run`
+/// returned its completed run directory; a cell whose run fails is marked failed (or
+/// interrupted) and the sweep goes on unless `stop_sweep`. With `resume`, cells already
+/// done are skipped.
+pub fn execute(
+    sweep: &SweepDir,
+    cells: &[Cell],
+    sel: Selection,
+    mut run: impl FnMut(&Cell, Option<CellStatus>) -> Result<PathBuf, CellEnd>,
+) -> std::io::Result<SweepOutcome> {
+    let mut out = SweepOutcome::default();
+    for c in cells {
+        if sel.only.is_some_and(|i| i != c.index)
+            || sel.shard.is_some_and(|s| !in_shard(c.index, s))
+        {
+            continue;
+        }
+        if sel.resume && sweep.is_done(c) {
+            out.skipped.push(c.index);
+            continue;
+        }
+        let _lock = match CellLock::acquire(&sweep.lock_path(c))? {
+            Ok(lock) => lock,
+            Err(owner) => {
+                out.busy.push((c.index, owner));
+                continue;
+            }
+        };
+        // Checked again under the lock: another process may have finished it meanwhile.
+        if sel.resume && sweep.is_done(c) {
+            out.skipped.push(c.index);
+            continue;
+        }
+        // What the cell was before this process took it (an interrupted run to resume).
+        let previous = sweep.status(c);
+        sweep.mark(c, State::Running, None, None)?;
+        match run(c, previous) {
+            Ok(dir) => {
+                sweep.mark(c, State::Done, Some(&dir), None)?;
+                out.ran.push(c.index);
+            }
+            Err(end) => {
+                sweep.mark(c, end.state, end.dir.as_deref(), Some(end.message.clone()))?;
+                out.failed.push((c.index, end.message));
+                if end.stop_sweep {
+                    break;
+                }
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// How long a lock may go without its owner's heartbeat before another process takes it
+/// over (the owner was killed, or its node died). The owner touches it every 10 s.
+pub const LOCK_STALE_AFTER: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// `locks/<index>-<id>.lock`: created exclusively (`O_EXCL`) by the process that runs the
+/// cell, holding its host and pid, touched every 10 s by a heartbeat thread, removed when
+/// the cell ends. A lock is stale, and taken over, when its owner is a dead process on this
+/// host or its heartbeat is older than `LOCK_STALE_AFTER`.
+pub struct CellLock {
+    path: PathBuf,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    heartbeat: Option<std::thread::JoinHandle<()>>,
+}
+
+impl CellLock {
+    /// `Ok(Err(owner))` when a live process holds it.
+    pub fn acquire(path: &Path) -> std::io::Result<Result<CellLock, String>> {
+        use std::io::Write;
+        let host = crate::clock::hostname().unwrap_or_default();
+        let me = format!("{host} {}\n", std::process::id());
+        for _ in 0..3 {
+            match std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .open(path)
+            {
+                Ok(mut f) => {
+                    f.write_all(me.as_bytes())?;
+                    return Ok(Ok(Self::held(path)));
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                    let owner = std::fs::read_to_string(path).unwrap_or_default();
+                    if !Self::stale(path, &owner, &host) {
+                        let owner = owner.trim();
+                        return Ok(Err(if owner.is_empty() {
+                            "a process that is starting".into()
+                        } else {
+                            format!("process {owner}", owner = owner.replacen(' ', " pid ", 1))
+                        }));
+                    }
+                    // Stale: remove and try again (another process may win the race).
+                    let _ = std::fs::remove_file(path);
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(Err(
+            "another process (the lock changed hands while this one looked)".into(),
+        ))
+    }
+
+    fn stale(path: &Path, owner: &str, host: &str) -> bool {
+        let mut parts = owner.split_whitespace();
+        let (owner_host, pid) = (
+            parts.next(),
+            parts.next().and_then(|p| p.parse::<u32>().ok()),
+        );
+        if let (Some(h), Some(pid)) = (owner_host, pid) {
+            if h == host && !Path::new(&format!("/proc/{pid}")).exists() {
+                return true;
+            }
+        }
+        let age = std::fs::metadata(path)
+            .and_then(|m| m.modified())
+            .ok()
+            .and_then(|t| t.elapsed().ok());
+        age.is_some_and(|a| a > LOCK_STALE_AFTER)
+    }
+
+    fn held(path: &Path) -> Self {
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (p, flag) = (path.to_path_buf(), std::sync::Arc::clone(&stop));
+        let heartbeat = std::thread::Builder::new()
+            .name("runner-cell-lock".into())
+            .spawn(move || {
+                let mut ticks = 0;
+                while !flag.load(std::sync::atomic::Ordering::Relaxed) {
+                    std::thread::sleep(std::time::Duration::from_millis(100));
+                    ticks += 1;
+                    if ticks % 100 == 0 {
+                        if let Ok(f) = std::fs::OpenOptions::new().append(true).open(&p) {
+                            let _ = f.set_modified(std::time::SystemTime::now());
+                        }
+                    }
+                }
+            })
+            .ok();
+        Self {
+            path: path.to_path_buf(),
+            stop,
+            heartbeat,
+        }
+    }
+}
+
+impl Drop for CellLock {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        if let Some(h) = self.heartbeat.take() {
+            let _ = h.join();
+        }
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
