@@ -10,7 +10,8 @@
 //! thread, so the gemm runs single-threaded on a cache-sized problem; small feature maps are
 //! grouped so a gemm is at least [`MIN_COLUMNS`] wide. With fewer groups than threads (a
 //! batch of one) the gemm itself is parallel instead. Every sum is taken in an order fixed
-//! by the shapes and the thread count, so results are the same from run to run.
+//! by the shapes and the thread count, so results are the same from run to run. The column
+//! matrices themselves are built in [`super::patches`].
 
 use std::cell::RefCell;
 use std::ops::Range;
@@ -18,15 +19,10 @@ use std::ops::Range;
 use gemm::Parallelism;
 use rayon::prelude::*;
 
+use super::patches::{col2im, im2col, im2row, transpose};
+
 /// The narrowest gemm worth running alone: feature maps smaller than this are grouped.
 const MIN_COLUMNS: usize = 256;
-
-/// See [`Geometry::run`].
-struct Run {
-    lines: Range<usize>,
-    copy: Range<usize>,
-    src: usize,
-}
 
 /// Columns per band of output rows (see [`Geometry::bands`]). Measured on a ResNet-18 step
 /// (2 cores, 2 MiB L2 each): 512 beat 256 by 2% and whole 32×32 images (1024) by 2.5%.
@@ -89,12 +85,12 @@ impl Geometry {
     }
 
     /// Rows of the column matrix: one per input channel and kernel tap.
-    fn k(&self) -> usize {
+    pub(super) fn k(&self) -> usize {
         self.c * self.kh * self.kw
     }
 
     /// Output positions per image.
-    fn p(&self) -> usize {
+    pub(super) fn p(&self) -> usize {
         self.ho * self.wo
     }
 
@@ -118,7 +114,7 @@ impl Geometry {
     }
 
     /// Columns in the widest band.
-    fn band(&self) -> usize {
+    pub(super) fn band(&self) -> usize {
         self.band_rows() * self.wo
     }
 
@@ -128,49 +124,6 @@ impl Geometry {
         (0..self.ho)
             .step_by(step)
             .map(move |r| r..(r + step).min(self.ho))
-    }
-
-    /// Stride 1 with the output as wide as the input (the "same" 3×3 convolutions): tap
-    /// (i, ·)'s entries for output rows `rows` are then one contiguous run of the input
-    /// plane, shifted by `offset` columns. `None` otherwise. `lines` are the band entries
-    /// whose input row exists (whole output lines); `copy` ⊆ `lines` those whose shifted
-    /// index falls inside the plane, read from `src..`. Within `lines`, entries outside
-    /// [`valid`] columns wrap onto the neighbouring input line, so callers zero those.
-    fn run(&self, rows: &Range<usize>, i: usize, offset: isize) -> Option<Run> {
-        if self.stride != [1, 1] || self.wo != self.w {
-            return None;
-        }
-        let wo = self.wo as isize;
-        let shift = (i * self.dilation[0]) as isize - self.padding[0] as isize;
-        // Output rows whose input row exists, within the band (a band can lie wholly in
-        // the top or bottom padding: then there are none).
-        let (start, end) = (rows.start as isize, rows.end as isize);
-        let first = (-shift).clamp(start, end);
-        let last = (self.h as isize - shift).clamp(first, end);
-        let lines = (first - start) * wo..(last - start) * wo;
-        let mut copy = lines.clone();
-        let mut src = (first + shift) * wo + offset;
-        if src < 0 {
-            copy.start -= src;
-            src = 0;
-        }
-        let overflow = src + (copy.end - copy.start) - (self.h * self.w) as isize;
-        copy.end -= overflow.max(0);
-        let lines = lines.start as usize..lines.end as usize;
-        if copy.start >= copy.end {
-            // Nothing to copy (all padding): an empty run where the lines start.
-            let at = lines.start;
-            return Some(Run {
-                lines,
-                copy: at..at,
-                src: 0,
-            });
-        }
-        Some(Run {
-            lines,
-            copy: copy.start as usize..copy.end as usize,
-            src: src as usize,
-        })
     }
 
     pub fn out_len(&self) -> usize {
@@ -434,38 +387,6 @@ impl Group<'_> {
     }
 }
 
-/// Output rows `rows` of one image's patches, one output position per row: `out` is
-/// `rows.len()·wo × k` row-major, taps in (kh, kw, c) order, read from `image_t`, the
-/// image in channels-last layout (`h × w × c`); 0 outside the image.
-fn im2row(g: &Geometry, image_t: &[f32], rows: Range<usize>, out: &mut [f32]) {
-    let [sh, sw] = g.stride;
-    let [ph, pw] = g.padding;
-    let [dh, dw] = g.dilation;
-    let (c, k) = (g.c, g.k());
-    for (r, oh) in rows.enumerate() {
-        for ow in 0..g.wo {
-            let row = &mut out[(r * g.wo + ow) * k..][..k];
-            for i in 0..g.kh {
-                let ih = (oh * sh + i * dh) as isize - ph as isize;
-                let taps = &mut row[i * g.kw * c..][..g.kw * c];
-                if ih < 0 || ih >= g.h as isize {
-                    taps.fill(0.0);
-                    continue;
-                }
-                for (j, tap) in taps.chunks_exact_mut(c).enumerate() {
-                    let iw = (ow * sw + j * dw) as isize - pw as isize;
-                    if iw < 0 || iw >= g.w as isize {
-                        tap.fill(0.0);
-                    } else {
-                        let at = (ih as usize * g.w + iw as usize) * c;
-                        tap.copy_from_slice(&image_t[at..][..c]);
-                    }
-                }
-            }
-        }
-    }
-}
-
 /// Runs `task` on each `chunk_len` piece of `out` with its index: in parallel, one piece
 /// per task, when there are pieces for every thread; otherwise one after another with a
 /// parallel gemm inside.
@@ -514,166 +435,6 @@ fn gather<'a>(
         }
     }
     buf
-}
-
-/// The output columns `[lo, hi)` whose input column `ow·stride + offset` lies in `0..size`.
-fn valid(out: usize, size: usize, stride: usize, offset: isize) -> (usize, usize) {
-    let lo = if offset >= 0 {
-        0
-    } else {
-        (-offset as usize).div_ceil(stride)
-    };
-    let end = size as isize - offset;
-    let hi = if end <= 0 {
-        0
-    } else {
-        (end as usize).div_ceil(stride)
-    };
-    (lo.min(out), hi.min(out).max(lo.min(out)))
-}
-
-/// Zeroes `line[..lo]` and `line[hi..]`: usually one entry each (a 3×3 kernel's padding),
-/// stored directly, since a `fill` becomes a call to `memset` per line (a tenth of the
-/// column work on 32×32 maps).
-#[inline(always)]
-fn zero_edges(line: &mut [f32], lo: usize, hi: usize) {
-    match lo {
-        0 => {}
-        1 => line[0] = 0.0,
-        _ => line[..lo].fill(0.0),
-    }
-    let n = line.len();
-    match n - hi {
-        0 => {}
-        1 => line[n - 1] = 0.0,
-        _ => line[hi..].fill(0.0),
-    }
-}
-
-/// Output rows `rows` of one image's patches into `col`, a `k × ld` row-major matrix, at
-/// column `off`: row `(c·kh + i)·kw + j`, column `off + (oh − rows.start)·wo + ow` holds
-/// `x[c, oh·sh + i·dh − ph, ow·sw + j·dw − pw]`, 0 outside the image.
-fn im2col(g: &Geometry, x: &[f32], rows: Range<usize>, col: &mut [f32], ld: usize, off: usize) {
-    let [sh, sw] = g.stride;
-    let [ph, pw] = g.padding;
-    let [dh, dw] = g.dilation;
-    let width = rows.len() * g.wo;
-    for c in 0..g.c {
-        let plane = &x[c * g.h * g.w..][..g.h * g.w];
-        for i in 0..g.kh {
-            for j in 0..g.kw {
-                let r = (c * g.kh + i) * g.kw + j;
-                let row = &mut col[r * ld + off..][..width];
-                let offset = (j * dw) as isize - pw as isize;
-                let (lo, hi) = valid(g.wo, g.w, sw, offset);
-                if let Some(run) = g.run(&rows, i, offset) {
-                    row[..run.lines.start].fill(0.0);
-                    row[run.lines.end..].fill(0.0);
-                    row[run.copy.clone()].copy_from_slice(&plane[run.src..][..run.copy.len()]);
-                    for line in row[run.lines].chunks_exact_mut(g.wo) {
-                        zero_edges(line, lo, hi);
-                    }
-                    continue;
-                }
-                for (band_row, oh) in rows.clone().enumerate() {
-                    let dst = &mut row[band_row * g.wo..][..g.wo];
-                    let ih = (oh * sh + i * dh) as isize - ph as isize;
-                    if ih < 0 || ih >= g.h as isize {
-                        dst.fill(0.0);
-                        continue;
-                    }
-                    let src = &plane[ih as usize * g.w..][..g.w];
-                    zero_edges(dst, lo, hi);
-                    if lo == hi {
-                        continue; // this tap reads only padding on this line
-                    }
-                    let start = ((lo * sw) as isize + offset) as usize;
-                    if sw == 1 {
-                        dst[lo..hi].copy_from_slice(&src[start..][..hi - lo]);
-                    } else {
-                        for (d, s) in dst[lo..hi].iter_mut().zip(src[start..].iter().step_by(sw)) {
-                            *d = *s;
-                        }
-                    }
-                }
-            }
-        }
-    }
-}
-
-/// The adjoint of [`im2col`]: adds each column entry back onto the pixel it was read from.
-fn col2im(
-    g: &Geometry,
-    col: &mut [f32],
-    rows: Range<usize>,
-    ld: usize,
-    off: usize,
-    dx: &mut [f32],
-) {
-    let [sh, sw] = g.stride;
-    let [ph, pw] = g.padding;
-    let [dh, dw] = g.dilation;
-    let width = rows.len() * g.wo;
-    for c in 0..g.c {
-        let plane = &mut dx[c * g.h * g.w..][..g.h * g.w];
-        for i in 0..g.kh {
-            for j in 0..g.kw {
-                let r = (c * g.kh + i) * g.kw + j;
-                let row = &mut col[r * ld + off..][..width];
-                let offset = (j * dw) as isize - pw as isize;
-                let (lo, hi) = valid(g.wo, g.w, sw, offset);
-                if let Some(run) = g.run(&rows, i, offset) {
-                    // Entries read from outside the image would land on a neighbouring
-                    // row's pixel in one contiguous add: zero them first (the buffer is
-                    // scratch), then add the whole run at once.
-                    for line in row[run.lines].chunks_exact_mut(g.wo) {
-                        zero_edges(line, lo, hi);
-                    }
-                    let src = &row[run.copy];
-                    let dst = &mut plane[run.src..][..src.len()];
-                    dst.iter_mut().zip(src).for_each(|(d, s)| *d += s);
-                    continue;
-                }
-                for (band_row, oh) in rows.clone().enumerate() {
-                    let ih = (oh * sh + i * dh) as isize - ph as isize;
-                    if ih < 0 || ih >= g.h as isize {
-                        continue;
-                    }
-                    if lo == hi {
-                        continue; // this tap read only padding on this line
-                    }
-                    let src = &row[band_row * g.wo..][..g.wo];
-                    let dst = &mut plane[ih as usize * g.w..][..g.w];
-                    let start = ((lo * sw) as isize + offset) as usize;
-                    if sw == 1 {
-                        dst[start..][..hi - lo]
-                            .iter_mut()
-                            .zip(&src[lo..hi])
-                            .for_each(|(d, s)| *d += s);
-                    } else {
-                        for (d, s) in dst[start..].iter_mut().step_by(sw).zip(&src[lo..hi]) {
-                            *d += s;
-                        }
-                    }
-                }
-            }
-        }
-    }
-}
-
-/// `dst` (`cols × rows`, row-major) = `src` (`rows × cols`, row-major) transposed, in
-/// tiles that stay in L1.
-fn transpose(src: &[f32], rows: usize, cols: usize, dst: &mut [f32]) {
-    const TILE: usize = 32;
-    for r0 in (0..rows).step_by(TILE) {
-        for c0 in (0..cols).step_by(TILE) {
-            for r in r0..(r0 + TILE).min(rows) {
-                for c in c0..(c0 + TILE).min(cols) {
-                    dst[c * rows + r] = src[r * cols + c];
-                }
-            }
-        }
-    }
 }
 
 /// `dst (m × n, row stride ldd) = a (m × k) · b (k × n)`, plus `dst` when `accumulate`.

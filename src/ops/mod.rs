@@ -13,6 +13,7 @@
 pub mod conv;
 pub mod conv_cpu;
 pub mod norm;
+mod patches;
 
 #[cfg(test)]
 mod conv_tests;
