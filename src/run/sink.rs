@@ -1,0 +1,311 @@
+//! The run's sink: where the training loop's records go (metrics.jsonl, metrics.csv,
+//! TensorBoard, the progress display), the utilisation sampler beside it, and what it saw
+//! written into the summary at the end.
+
+use super::*;
+
+/// Writes metrics lines as they come, keeps them for the summary, drives the progress bar.
+pub(super) struct FileSink {
+    metrics: JsonLines,
+    /// Taken (and stopped) when the loop ends.
+    sampler: Option<Sampler>,
+    records: Vec<StepRecord>,
+    evals: Vec<EvalRecord>,
+    parameters: usize,
+    pub(super) progress: Progress,
+    pub(super) io_error: Option<String>,
+    /// Process start → first step done on the device, and that step's own time.
+    startup_s: Option<f64>,
+    first_step_ms: Option<f64>,
+    /// CubeCL's counters when the run started (a process may run several).
+    counts_at_start: KernelCounts,
+    /// Lines written to `metrics.jsonl` (those of earlier processes included).
+    lines: u64,
+    /// A resumed run's clock continues from its last record.
+    t_offset_ms: f64,
+    checkpoints: usize,
+    checkpoint_ms: f64,
+    quiet: bool,
+    /// `metrics.csv` and the TensorBoard events, when the plan asks for them.
+    csv: Option<JsonLines>,
+    events: Option<crate::tensorboard::EventWriter>,
+    validations: Vec<EvalRecord>,
+    best: Option<(u64, f64)>,
+    early_stopped: Option<u64>,
+}
+
+impl FileSink {
+    /// The scalars TensorBoard shows for a step.
+    fn scalars(r: &StepRecord) -> Vec<(&'static str, f64)> {
+        let pct = |x: f64| {
+            if r.iter_ms > 0.0 {
+                100.0 * x / r.iter_ms
+            } else {
+                0.0
+            }
+        };
+        let mut v = vec![
+            ("train/loss", r.loss),
+            ("train/lr", r.lr),
+            ("time/iter_ms", r.iter_ms),
+            ("time/samples_per_s", r.samples_per_s),
+            ("time/data_wait_pct", pct(r.data_wait_ms)),
+        ];
+        let opt = [
+            ("memory/in_use_bytes", r.mem_in_use_bytes.map(|b| b as f64)),
+            (
+                "memory/reserved_bytes",
+                r.mem_reserved_bytes.map(|b| b as f64),
+            ),
+            ("memory/rss_bytes", r.rss_bytes.map(|b| b as f64)),
+            ("util/gpu_pct", r.gpu_util_pct),
+            ("util/cpu_pct", r.cpu_util_pct),
+        ];
+        v.extend(opt.into_iter().filter_map(|(k, x)| Some((k, x?))));
+        v
+    }
+
+    /// Scalars at a step into the TensorBoard events, when the plan writes them.
+    fn event(&mut self, step: u64, values: &[(&str, f64)]) {
+        if let Some(ev) = &mut self.events {
+            if let Err(e) = ev.scalars(step, values) {
+                let p = ev.path().to_path_buf();
+                self.io(&p, e);
+            }
+        }
+    }
+
+    fn io(&mut self, what: &Path, e: std::io::Error) {
+        self.io_error
+            .get_or_insert(format!("{}: {e}", what.display()));
+    }
+}
+
+impl Sink for FileSink {
+    fn started(&mut self, parameters: usize) {
+        self.parameters = parameters;
+    }
+    fn step(&mut self, r: &StepRecord) {
+        let mut r = r.clone();
+        r.t_ms += self.t_offset_ms;
+        if let Some(s) = self
+            .sampler
+            .as_ref()
+            .and_then(|s| s.window(r.t_ms - r.iter_ms, r.t_ms))
+        {
+            r.gpu_util_pct = s.gpu_util_pct;
+            r.gpu_mem_used_bytes = s.gpu_mem_used_bytes;
+            r.sm_clock_mhz = s.sm_clock_mhz;
+            r.power_w = s.power_w;
+            r.cpu_util_pct = s.cpu_util_pct;
+        }
+        let r = &r;
+        match self.metrics.write(r) {
+            Ok(()) => self.lines += 1,
+            Err(e) => {
+                self.io_error
+                    .get_or_insert(format!("{}: {e}", self.metrics.path().display()));
+            }
+        }
+        if let Some(csv) = &mut self.csv {
+            if let Err(e) = csv.write_line(r.csv_row()) {
+                let p = csv.path().to_path_buf();
+                self.io(&p, e);
+            }
+        }
+        self.event(r.step, &Self::scalars(r));
+        self.progress.step(r);
+        self.records.push(r.clone());
+    }
+    fn eval(&mut self, e: &EvalRecord) {
+        self.progress.eval(e);
+        self.evals.push(e.clone());
+        self.event(
+            e.step,
+            &[("eval/accuracy", e.accuracy), ("eval/loss", e.loss)],
+        );
+    }
+    fn epoch_end(&mut self, epoch: usize) {
+        self.progress.epoch_end(epoch, &self.records);
+    }
+    fn phase(&mut self, what: &str) {
+        self.progress.phase(what);
+    }
+    fn validation(&mut self, e: &EvalRecord) {
+        self.progress.validation(e);
+        self.validations.push(e.clone());
+        self.event(
+            e.step,
+            &[("val/accuracy", e.accuracy), ("val/loss", e.loss)],
+        );
+    }
+    fn best(&mut self, step: u64, value: f64) {
+        self.best = Some((step, value));
+    }
+    fn early_stopped(&mut self, step: u64) {
+        self.early_stopped = Some(step);
+        if !self.quiet {
+            let (b, v) = self.best.unwrap_or((0, f64::NAN));
+            self.progress.note(format!(
+                "early stop after step {step}: no better validation since step {b} ({v:.4})"
+            ));
+        }
+    }
+    fn lines_written(&self) -> u64 {
+        self.lines
+    }
+    fn checkpointed(&mut self, dir: &Path, ms: f64) {
+        self.checkpoints += 1;
+        self.checkpoint_ms += ms;
+        if !self.quiet {
+            self.progress
+                .note(format!("checkpoint {} ({ms:.0} ms)", dir.display()));
+        }
+    }
+    fn should_stop(&mut self) -> Option<train::Stop> {
+        if let Some(e) = &self.io_error {
+            return Some(train::Stop::Failed(format!("cannot write {e}")));
+        }
+        crate::signals::received().map(train::Stop::Signal)
+    }
+    fn first_step(&mut self, step_ms: f64) {
+        let startup = crate::clock::process_start().elapsed().as_secs_f64();
+        self.startup_s = Some(startup);
+        self.first_step_ms = Some(step_ms);
+        let counts = kernels::counts().since(self.counts_at_start);
+        self.progress.first_step_done(startup, counts);
+    }
+}
+
+impl FileSink {
+    /// A sink continuing what `summary` and the metrics `records` already hold (a resumed
+    /// run), or starting empty.
+    pub(super) fn new(
+        (metrics, records, evals): (JsonLines, Vec<StepRecord>, Vec<EvalRecord>),
+        progress: Progress,
+        counts_at_start: KernelCounts,
+        summary: &Summary,
+        quiet: bool,
+        sampler: Sampler,
+    ) -> Self {
+        FileSink {
+            metrics,
+            sampler: Some(sampler),
+            lines: records.len() as u64,
+            t_offset_ms: records.last().map_or(0.0, |r| r.t_ms),
+            records,
+            evals,
+            parameters: 0,
+            progress,
+            io_error: None,
+            startup_s: None,
+            first_step_ms: None,
+            counts_at_start,
+            checkpoints: summary.checkpoints,
+            checkpoint_ms: summary.checkpoint_ms_total,
+            quiet,
+            csv: None,
+            events: None,
+            validations: summary.validations.clone(),
+            best: summary.best_step.zip(summary.best_value),
+            early_stopped: None,
+        }
+    }
+}
+
+/// The utilisation sampler of the run's device (NVML on CUDA, /proc on the CPU).
+pub(super) fn start_sampler(plan: &Plan, t0: Instant) -> Sampler {
+    let source = match plan.device {
+        Device::Cuda(i) => UtilSource::Nvml(i as u32),
+        Device::Cpu => UtilSource::Proc,
+    };
+    let interval = std::time::Duration::from_millis(plan.profile.sample_ms);
+    Sampler::start(source, interval, t0)
+}
+
+/// `metrics.csv` and the TensorBoard event file, opened before the first step so a bad
+/// path fails early; a resumed run continues them.
+pub(super) fn open_exports(
+    plan: &Plan,
+    dir: &Path,
+    resumed_at: Option<u64>,
+    sink: &mut FileSink,
+) -> Result<(), String> {
+    if plan.log.csv {
+        let path = dir.join("metrics.csv");
+        let opened = if resumed_at.is_some() && path.is_file() {
+            JsonLines::reopen_raw(&path, sink.lines + 1)
+        } else {
+            JsonLines::create(&path).and_then(|mut f| {
+                f.write_line(StepRecord::csv_header())?;
+                for r in &sink.records {
+                    f.write_line(r.csv_row())?;
+                }
+                Ok(f)
+            })
+        };
+        sink.csv = Some(opened.map_err(|e| format!("{}: {e}", path.display()))?);
+    }
+    if plan.log.tensorboard {
+        let mut w = crate::tensorboard::EventWriter::create(dir)
+            .map_err(|e| format!("{}: {e}", dir.display()))?;
+        if let Some(step) = resumed_at {
+            w.restart_at(step)
+                .map_err(|e| format!("{}: {e}", w.path().display()))?;
+        }
+        sink.events = Some(w);
+    }
+    Ok(())
+}
+
+/// Stops the sampler and writes its samples to `samples.jsonl`; returns its status.
+pub(super) fn finish_sampler(sink: &mut FileSink, dir: &Path) -> String {
+    let sampler = sink.sampler.take().expect("the sampler runs until here");
+    let status = sampler.status.clone();
+    let samples = sampler.finish();
+    if !samples.is_empty() {
+        let written = JsonLines::append(&dir.join("samples.jsonl"))
+            .and_then(|mut f| samples.iter().try_for_each(|s| f.write(s)));
+        if let Err(e) = written {
+            sink.io_error.get_or_insert(format!("samples.jsonl: {e}"));
+        }
+    }
+    status
+}
+
+/// What the sink saw, into the summary.
+pub(super) fn record(summary: &mut Summary, sink: &FileSink, plan: &Plan) {
+    summary.absorb(&sink.records, plan.run.warmup_steps);
+    summary.parameters = sink.parameters;
+    summary.evals = sink.evals.clone();
+    summary.test_accuracy = sink.evals.last().map(|e| e.accuracy);
+    summary.startup_s = sink.startup_s;
+    summary.first_step_ms = sink.first_step_ms;
+    summary.checkpoints = sink.checkpoints;
+    summary.checkpoint_ms_total = sink.checkpoint_ms;
+    summary.validations = sink.validations.clone();
+    summary.best_step = sink.best.map(|b| b.0);
+    summary.best_value = sink.best.map(|b| b.1);
+    summary.early_stopped_at_step = sink.early_stopped;
+}
+
+/// On CUDA, the kernels compiled and tuned during the run, into the summary and env.json.
+pub(super) fn record_kernels(
+    env: Environment,
+    summary: &mut Summary,
+    sink: &mut FileSink,
+    dir: &Path,
+) {
+    if !env.kernels.used {
+        return;
+    }
+    let counts = kernels::counts().since(sink.counts_at_start);
+    summary.kernels = Some(counts);
+    let env = Environment {
+        kernel_counts: Some(counts),
+        ..env
+    };
+    if let Err(e) = write_json_atomic(&dir.join("env.json"), &env) {
+        sink.io_error.get_or_insert(format!("env.json: {e}"));
+    }
+}
