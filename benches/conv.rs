@@ -1,4 +1,4 @@
-//! `cargo bench --bench conv`: the CPU convolution (src/conv/cpu.rs) layer by layer, on the
+//! `cargo bench --bench conv`: the CPU convolution (src/ops/conv_cpu.rs) layer by layer, on the
 //! 20 convolutions of a ResNet-18 with the CIFAR stem at batch 32 (or ResNet-50's 53 with
 //! `-- resnet50 16`): milliseconds for the forward, the input gradient and the weight
 //! gradient, median of 5 after one warm-up, and their sums. `scripts/torch_conv.py` prints

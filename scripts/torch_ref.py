@@ -5,7 +5,7 @@ What it is
     The PyTorch reference for `runner`'s image recipes: it reads a *resolved* recipe (the
     output of `runner show RECIPE [--set k=v ...]`: every default filled in, data paths
     absolute), builds the same model, data pipeline, optimizer, schedule and cleanup
-    policy in PyTorch, times its steps the way `runner` does (src/train.rs) and prints ONE
+    policy in PyTorch, times its steps the way `runner` does (src/train/trainer.rs) and prints ONE
     JSON line on stdout. Everything else goes to stderr.
 
 Install (any machine; PyPI's wheel is the CUDA build and also runs on a CPU-only host)
@@ -44,7 +44,7 @@ What it matches
       article/cleanup_every_step mirrors the article's per-step gc.collect() with
       ["sync", "empty_cache"]; `--gc-collect` runs the article's own call instead:
       gc.collect() in place of the recipe's actions whenever a cleanup is due.
-    - Timing, as src/train.rs: a step runs from asking for its first batch to the end of
+    - Timing, as src/train/trainer.rs: a step runs from asking for its first batch to the end of
       its logging; no device sync per step except inside `[profile] steps` (each phase then
       ends with one) and in `sync` cleanups; the losses are read back every `log.every`
       steps and at an epoch's end, and that wait lands on the step that reads. Median and
@@ -259,7 +259,7 @@ class Recipe:
 
 
 def parse_steps(text):
-    """"20..30" -> range 20..=29; "20..=30" -> 20..=30 (as src/plan.rs parse_steps)."""
+    """"20..30" -> range 20..=29; "20..=30" -> 20..=30 (as src/plan/mod.rs parse_steps)."""
     inclusive = "..=" in text
     a, _, b = text.partition("..=" if inclusive else "..")
     try:
