@@ -88,16 +88,11 @@ pub(crate) fn cpu_geometry(
     cpu::Geometry::new(dims(x)?, dims(weight)?, stride, padding, dilation)
 }
 
-/// A tensor [`cpu_geometry`] accepted, as a contiguous buffer.
-fn contiguous(t: &FlexTensor) -> FlexTensor {
-    t.to_contiguous()
-}
-
 impl ConvBackend for Flex {
     fn conv2d_nobias(x: FlexTensor, weight: FlexTensor, options: ConvOptions<2>) -> FlexTensor {
         match cpu_geometry(&x, &weight, &options) {
             Some(g) => {
-                let (x, w) = (contiguous(&x), contiguous(&weight));
+                let (x, w) = (x.to_contiguous(), weight.to_contiguous());
                 to_flex(
                     cpu::forward(&g, values(&x), values(&w)),
                     [g.n, g.co, g.ho, g.wo],
@@ -115,7 +110,7 @@ impl ConvBackend for Flex {
     ) -> FlexTensor {
         match cpu_geometry(&x, &weight, &options) {
             Some(g) if output_grad.dtype() == DType::F32 => {
-                let (w, dy) = (contiguous(&weight), contiguous(&output_grad));
+                let (w, dy) = (weight.to_contiguous(), output_grad.to_contiguous());
                 to_flex(
                     cpu::backward_x(&g, values(&w), values(&dy)),
                     [g.n, g.c, g.h, g.w],
@@ -133,7 +128,7 @@ impl ConvBackend for Flex {
     ) -> FlexTensor {
         match cpu_geometry(&x, &weight, &options) {
             Some(g) if output_grad.dtype() == DType::F32 => {
-                let (x, dy) = (contiguous(&x), contiguous(&output_grad));
+                let (x, dy) = (x.to_contiguous(), output_grad.to_contiguous());
                 to_flex(
                     cpu::backward_weight(&g, values(&x), values(&dy)),
                     [g.co, g.c, g.kh, g.kw],
