@@ -44,7 +44,8 @@
 # results.tsv (a row per run, appended as each ends), gpu-table.md (both tables, rewritten
 # after each run, printed at the end), nvidia-smi.csv (memory and utilisation every 500 ms
 # during the first runner run of article/default: the cross-check of the runner's figures),
-# runs.tar.gz (every run directory and torch_ref's JSON lines), cache.tar.gz (the kernel
+# runs.tar.gz (every run directory without its weights and checkpoints, which would make
+# it hundreds of MiB, and torch_ref's JSON lines), cache.tar.gz (the kernel
 # cache, if under 15 MiB). Exit 0 when every run completed, 1 otherwise; $OUT is packed
 # either way.
 set -uo pipefail
@@ -364,7 +365,8 @@ fi
 py render "$RESULTS" "$TABLE"
 echo
 cat "$TABLE"
-tar -C "$SCRATCH" -czf "$OUT/runs.tar.gz" runs resolved
+tar -C "$SCRATCH" -czf "$OUT/runs.tar.gz" --exclude='*.safetensors' --exclude=checkpoints \
+  runs resolved
 say "runs.tar.gz: $(du -h "$OUT/runs.tar.gz" | cut -f1)"
 tar -C "$RUNNER_CACHE_DIR" -czf "$SCRATCH/cache.tar.gz" .
 size=$(stat -c %s "$SCRATCH/cache.tar.gz")
