@@ -1,16 +1,25 @@
 #!/usr/bin/env bash
 # The GPU check, in one call of under 10 minutes on a lent GPU machine (one H200, python3 +
-# torch + torchvision, no network). It measures:
-#   1. start-up: for mlp, small_cnn, resnet18, resnet50 (batch 64, article/default's data and
-#      loader), runner twice, first with an empty kernel cache (cold), then warm: the
-#      summary's startup_s (process start to the first step), first_step_ms, median ms/iter
-#      and kernel counts (`kernels`: compiled / from cache / tuned / tunings loaded).
-#      Smallest models first.
-#   2. side by side: article/{default,tuned_loader,cleanup_every_step,empty_cache_every_step}
-#      and resnet50_accum, runner then scripts/torch_ref.py on the same resolved recipe,
-#      alternating, REPEATS times: median ms/iter of each, their ratio, the runner's GPU
-#      utilisation and memory, torch's memory, start-up of each. One extra torch run of
-#      cleanup_every_step with --gc-collect: the article's own per-step gc.collect().
+# torch + torchvision, no network). A session gets 15 minutes of device time, the machine's
+# start included, so plan for this one call: it runs an ordered PLAN of steps, the most
+# wanted first, writes each result as it ends, and skips what the budget has no room for.
+#   startup:ARCH  start-up of ARCH (mlp, small_cnn, resnet18, resnet50) at batch 64 with
+#                 article/default's data and loader: runner twice, first cold (an empty
+#                 kernel cache of its own, .runner-cache/ARCH), then warm (the same cache):
+#                 the summary's startup_s (process start to the first step), first_step_ms,
+#                 median ms/iter and kernel counts (compiled / from cache / tuned / tunings
+#                 loaded), and whether the cache was empty when the run began.
+#   compare:RECIPE  runner, then scripts/torch_ref.py, on the same resolved recipe (`runner
+#                 show`): median ms/iter of each, their ratio, the runner's GPU utilisation
+#                 and memory, torch's memory, start-up of each. The runner uses the kernel
+#                 cache of the recipe's model.arch, so after startup:resnet50 the ResNet-50
+#                 recipes start warm. A recipe named again is a further repeat.
+#   gc            torch_ref on article/cleanup_every_step with --gc-collect: the article's
+#                 own per-step gc.collect().
+# The default PLAN: the mlp (the pipeline works, in about a minute), ResNet-50's cold start,
+# the headline ratio (article/default), the other start-ups, then every article row and
+# resnet50_accum, then a second repeat of each. `nvidia-smi` samples memory and utilisation
+# beside the first runner run of article/default (the cross-check of the runner's figures).
 #
 # With this project's device tool (the machine gets a copy of the work tree, and $OUT back):
 #   here:    cargo build --release --features cuda
@@ -22,32 +31,34 @@
 #                carry=[".device"], timeout_s=600)
 #   warm:    copy the cache.tar.gz an earlier call brought back into .device/, then
 #            CACHE_IN=.device/cache.tar.gz bash scripts/gpu-check.sh .device/runner.xz
-#            (phase 1's first runs are then warm too, and the log says so)
+#            (every cache starts full, so no run is cold; the tables say so per run); a
+#            second call would rather measure what the first had no time for, e.g.
+#            PLAN="compare:article/tuned_loader compare:resnet50_accum ..."
 #
 # Without a GPU (a dry run of the whole script on this machine's CPU):
-#   DEVICE=cpu MAX_STEPS=3 WARMUP=1 STARTUP_STEPS=3 STARTUP_WARMUP=1 REPEATS=1 ARCHS=mlp \
-#     RECIPES=article/default EXTRA_SETS=loader.batch_size=8 PYTHON=/tmp/torchenv/bin/python3 \
-#     RUNNER_CACHE_DIR=/tmp/rc OUT=/tmp/gc-out bash scripts/gpu-check.sh target/release/runner
+#   DEVICE=cpu MAX_STEPS=3 WARMUP=1 STARTUP_STEPS=3 STARTUP_WARMUP=1 \
+#     PLAN="startup:mlp compare:article/default gc" EXTRA_SETS=loader.batch_size=8 \
+#     PYTHON=/tmp/torchenv/bin/python3 RUNNER_CACHE_DIR=/tmp/rc OUT=/tmp/gc-out \
+#     bash scripts/gpu-check.sh target/release/runner
 #
 # Settings (environment): OUT (default ./gpu-check-out); BUDGET (540): seconds after which
-# the remaining runs are skipped (each run's timeout is also cut to what is left); REPEATS
-# (2); ARCHS and RECIPES (paths under recipes/ without .toml; "" skips that phase);
-# STARTUP_STEPS (60) / STARTUP_WARMUP (20) for phase 1; MAX_STEPS (80) / WARMUP (20) for
-# phase 2, which also sets run.eval=never; T_COLD (150), T_WARM (60), T_RUN (120): timeouts
-# in seconds; DEVICE (cuda, or cpu: --set backend.kind=cpu, torch_ref --device cpu, no
-# nvidia-smi); PYTHON (python3: the one with torch); GC_ROW (1: the extra gc.collect row);
-# RUNNER_CACHE_DIR (default $PWD/.runner-cache); CACHE_IN (a cache.tar.gz unpacked into it
-# first); FRESH_CACHE=1 (empty it first); EXTRA_SETS (more KEY=VALUE overrides for every
-# run, space-separated, e.g. "loader.batch_size=8").
+# the remaining runs are skipped (each run's timeout is also cut to what is left); PLAN (as
+# above); STARTUP_STEPS (60) / STARTUP_WARMUP (20) for start-ups; MAX_STEPS (80) / WARMUP
+# (20) for compares, which also set run.eval=never; timeouts in seconds: T_COLD (150; 330
+# for resnet50: T_COLD_BIG), T_WARM (60), T_RUN (120); DEVICE (cuda, or cpu: --set
+# backend.kind=cpu, torch_ref --device cpu, no nvidia-smi); PYTHON (python3: the one with
+# torch); RUNNER_CACHE_DIR (default $PWD/.runner-cache: one kernel cache per model.arch
+# below it); CACHE_IN (a cache.tar.gz unpacked into it first); FRESH_CACHE=1 (empty it
+# first); EXTRA_SETS (more KEY=VALUE overrides for every run, space-separated, e.g.
+# "loader.batch_size=8").
 #
 # $OUT (at most 8 files): log.txt (everything), env.txt (nvidia-smi, versions),
 # results.tsv (a row per run, appended as each ends), gpu-table.md (both tables, rewritten
 # after each run, printed at the end), nvidia-smi.csv (memory and utilisation every 500 ms
-# during the first runner run of article/default: the cross-check of the runner's figures),
-# runs.tar.gz (every run directory without its weights and checkpoints, which would make
-# it hundreds of MiB, and torch_ref's JSON lines), cache.tar.gz (the kernel
-# cache, if under 15 MiB). Exit 0 when every run completed, 1 otherwise; $OUT is packed
-# either way.
+# beside the first runner run of article/default), runs.tar.gz (every run directory without
+# its weights and checkpoints, which would make it hundreds of MiB, and torch_ref's JSON
+# lines), cache.tar.gz (the kernel caches, if under 15 MiB; else ResNet-50's alone, if
+# that is). Exit 0 when every run completed, 1 otherwise; $OUT is packed either way.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 2
 REPO=$PWD
@@ -55,23 +66,22 @@ T0=$SECONDS
 
 OUT=$(realpath -m "${OUT:-gpu-check-out}")
 BUDGET=${BUDGET:-540}
-REPEATS=${REPEATS:-2}
-ARCHS=${ARCHS-mlp small_cnn resnet18 resnet50}
-RECIPES=${RECIPES-article/default article/tuned_loader article/cleanup_every_step article/empty_cache_every_step resnet50_accum}
+ROWS="article/default article/tuned_loader article/cleanup_every_step article/empty_cache_every_step resnet50_accum"
+compares() { for r in $ROWS; do printf 'compare:%s ' "$r"; done; }
+PLAN=${PLAN-startup:mlp startup:resnet50 compare:article/default startup:small_cnn startup:resnet18 $(compares) gc $(compares)}
 MAX_STEPS=${MAX_STEPS:-80}
 WARMUP=${WARMUP:-20}
 STARTUP_STEPS=${STARTUP_STEPS:-60}
 STARTUP_WARMUP=${STARTUP_WARMUP:-20}
 T_COLD=${T_COLD:-150}
+T_COLD_BIG=${T_COLD_BIG:-330}
 T_WARM=${T_WARM:-60}
 T_RUN=${T_RUN:-120}
 DEVICE=${DEVICE:-cuda}
 PYTHON=${PYTHON:-python3}
-GC_ROW=${GC_ROW:-1}
-RUNNER_CACHE_DIR=$(realpath -m "${RUNNER_CACHE_DIR:-$REPO/.runner-cache}")
-export RUNNER_CACHE_DIR
+CACHE_ROOT=$(realpath -m "${RUNNER_CACHE_DIR:-$REPO/.runner-cache}")
 
-mkdir -p "$OUT" "$RUNNER_CACHE_DIR"
+mkdir -p "$OUT" "$CACHE_ROOT"
 SCRATCH=$(mktemp -d)
 RUNS=$SCRATCH/runs
 mkdir -p "$RUNS/torch" "$SCRATCH/resolved"
@@ -135,7 +145,7 @@ def row(kind, path):
             fmt(s.get("peak_mem_reserved_bytes")), fmt(s.get("parameters")), kernels,
             fmt(s.get("final_loss"), 4)]
 
-COLS = ["phase", "recipe", "which", "framework", "status", "wall_s", "startup_s",
+COLS = ["phase", "recipe", "which", "framework", "status", "wall_s", "cache_files", "startup_s",
         "first_step_ms", "median_ms", "p95_ms", "gpu_util_pct", "mem_in_use", "mem_reserved",
         "parameters", "kernels", "final_loss"]
 
@@ -145,19 +155,21 @@ def render(results, out):
         with open(results) as f:
             rows = [dict(zip(COLS, line.rstrip("\n").split("\t"))) for line in f if line.strip()]
     L = ["## Start-up: time to the first step, cold then warm kernel cache", "",
-         "| model | run | status | startup s | first step ms | process s | median ms/iter "
-         "| parameters | kernels compiled / from cache / shapes tuned / tunings loaded |",
-         "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+         "| model | run | files in its cache at start | status | startup s | first step ms "
+         "| process s | median ms/iter | parameters "
+         "| kernels compiled / from cache / shapes tuned / tunings loaded |",
+         "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in rows:
         if r["phase"] == "startup":
-            L.append(f"| {r['recipe']} | {r['which']} | {r['status']} | {r['startup_s']} | "
+            L.append(f"| {r['recipe']} | {r['which']} | {r['cache_files']} | {r['status']} | "
+                     f"{r['startup_s']} | "
                      f"{r['first_step_ms']} | {r['wall_s']} | {r['median_ms']} | "
                      f"{r['parameters']} | {r['kernels']} |")
     L += ["", "## Side by side: runner vs PyTorch (same resolved recipe)", "",
           "| recipe | repeat | runner ms/iter | torch ms/iter | runner/torch | runner GPU util % "
           "| runner mem in use / reserved GiB | torch mem allocated / reserved GiB "
-          "| startup s runner / torch | params runner / torch |",
-          "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+          "| startup s runner / torch | runner cache files at start | params runner / torch |",
+          "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     pairs = {}
     for r in rows:
         if r["phase"] == "compare":
@@ -173,7 +185,7 @@ def render(results, out):
         g = lambda r, k: r[k] if r else "-"
         L.append(f"| {recipe} | {which} | {ms(ru)} | {ms(to)} | {ratio} | "
                  f"{g(ru, 'gpu_util_pct')} | {mem(ru)} | {mem(to)} | "
-                 f"{g(ru, 'startup_s')} / {g(to, 'startup_s')} | "
+                 f"{g(ru, 'startup_s')} / {g(to, 'startup_s')} | {g(ru, 'cache_files')} | "
                  f"{g(ru, 'parameters')} / {g(to, 'parameters')} |")
     L += ["", "ms/iter: median over the steps after warm-up. Memory: the largest reading after "
           "a step (runner: Burn's pool; torch: memory_allocated / memory_reserved). "
@@ -207,16 +219,15 @@ fi
 BIN=$(realpath "$BIN")
 chmod +x "$BIN" 2>/dev/null
 
-# --- the kernel cache ---
-[[ ${FRESH_CACHE:-0} == 1 ]] && find "$RUNNER_CACHE_DIR" -mindepth 1 -delete
+# --- the kernel caches: one per model.arch under CACHE_ROOT ---
+[[ ${FRESH_CACHE:-0} == 1 ]] && find "$CACHE_ROOT" -mindepth 1 -delete
 if [[ -n ${CACHE_IN:-} ]]; then
-  if tar -C "$RUNNER_CACHE_DIR" -xzf "$CACHE_IN"; then say "cache: unpacked $CACHE_IN"
+  if tar -C "$CACHE_ROOT" -xzf "$CACHE_IN"; then say "cache: unpacked $CACHE_IN"
   else say "cache: cannot unpack $CACHE_IN; going on"; fi
 fi
-cache_files=$(find "$RUNNER_CACHE_DIR" -type f | wc -l)
-if [[ $cache_files -eq 0 ]]; then cache_state="empty: phase 1's first runs are cold"
-else cache_state="$cache_files files at start: phase 1's first runs are NOT cold"; fi
-say "cache: $RUNNER_CACHE_DIR, $cache_state"
+files_in() { find "$1" -type f 2> /dev/null | wc -l; }
+cache_state="$(files_in "$CACHE_ROOT") files at start"
+say "cache: $CACHE_ROOT, $cache_state (a run whose own cache is not empty is not cold: see the cache column)"
 
 # --- the machine ---
 SETS_DEV=() # every runner and show call gets these
@@ -237,11 +248,11 @@ print("python", sys.version.split()[0], "torch", torch.__version__, "torchvision
       "gpu", torch.cuda.get_device_name(0) if torch.cuda.is_available() else None)' 2>&1 ||
     echo "torch: not importable with $PYTHON"
   echo "cpus: $(nproc), memory: $(free -g 2>/dev/null | awk '/Mem:/{print $2 " GiB"}'), $(uname -srm)"
-  echo "cache: $RUNNER_CACHE_DIR ($cache_state)"
-  echo "settings: BUDGET=$BUDGET REPEATS=$REPEATS ARCHS='$ARCHS' RECIPES='$RECIPES'" \
+  echo "cache: $CACHE_ROOT ($cache_state)"
+  echo "settings: BUDGET=$BUDGET PLAN='$PLAN'" \
     "MAX_STEPS=$MAX_STEPS WARMUP=$WARMUP STARTUP_STEPS=$STARTUP_STEPS" \
-    "STARTUP_WARMUP=$STARTUP_WARMUP T_COLD=$T_COLD T_WARM=$T_WARM T_RUN=$T_RUN" \
-    "DEVICE=$DEVICE EXTRA_SETS='${EXTRA_SETS:-}' GC_ROW=$GC_ROW"
+    "STARTUP_WARMUP=$STARTUP_WARMUP T_COLD=$T_COLD T_COLD_BIG=$T_COLD_BIG T_WARM=$T_WARM" \
+    "T_RUN=$T_RUN DEVICE=$DEVICE EXTRA_SETS='${EXTRA_SETS:-}'"
 } > "$OUT/env.txt" 2>&1
 cat "$OUT/env.txt"
 
@@ -252,110 +263,137 @@ allow() {
   if ((left < 10)); then echo 0; elif (($1 < left)); then echo "$1"; else echo "$left"; fi
 }
 skipped=()
-record() { # phase recipe which framework status wall_s result-file kind
+record() { # phase recipe which framework status wall_s cache-files result-file kind
   local tail
-  tail=$(py row "$8" "$7")
-  printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$1" "$2" "$3" "$4" "$5" "$6" "$tail" >> "$RESULTS"
+  tail=$(py row "$9" "$8")
+  printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$1" "$2" "$3" "$4" "$5" "$6" "$7" "$tail" >> "$RESULTS"
   py render "$RESULTS" "$TABLE"
-  say "$1 $2 $3 $4: $5 (${6}s) | startup s, first step ms, median, p95, util %, in use, reserved, params, kernels, loss: $(echo "$tail" | tr '\t' ' ')"
+  say "$1 $2 $3 $4: $5 (${6}s, cache files at start: $7) | startup s, first step ms, median, p95, util %, in use, reserved, params, kernels, loss: $(echo "$tail" | tr '\t' ' ')"
 }
 status_of() { # exit code -> word
   case $1 in 0) echo ok ;; 124 | 137) echo timeout ;; *) echo "failed($1)" ;; esac
 }
-# runner_run PHASE RECIPE WHICH TIMEOUT TAG FILE SETS...: trains, records the row.
+# resolve TAG FILE SETS...: `runner show` into $SCRATCH/resolved/TAG.toml (absolute data
+# paths, every override applied), so runner and torch_ref read the very same recipe.
+resolve() {
+  local tag=$1 file=$2
+  shift 2
+  "$BIN" show "$file" "$@" "${SETS_DEV[@]}" > "$SCRATCH/resolved/$tag.toml"
+}
+arch_of() { sed -n 's/^arch *= *"\(.*\)"/\1/p' "$1" | head -n 1; }
+# runner_run PHASE RECIPE WHICH TIMEOUT TAG RESOLVED: trains with the kernel cache of the
+# recipe's model.arch, records the row.
 runner_run() {
   local phase=$1 recipe=$2 which=$3 limit=$4 tag=$5 file=$6
-  shift 6
-  local t
+  local cache=$CACHE_ROOT/$(arch_of "$file") t
+  mkdir -p "$cache"
+  local files
+  files=$(files_in "$cache")
   t=$(allow "$limit")
   if ((t == 0)); then
     skipped+=("runner $recipe $which")
-    record "$phase" "$recipe" "$which" runner skipped 0 /nonexistent runner
+    record "$phase" "$recipe" "$which" runner skipped 0 "$files" /nonexistent runner
     return
   fi
   local start rc
   start=$(stamp)
-  say "runner $recipe $which (timeout ${t}s)"
-  (cd "$SCRATCH" && timeout -k 5 "$t" "$BIN" -q "$file" "$@" "${SETS_DEV[@]}" --set "log.dir=$RUNS/$tag")
+  say "runner $recipe $which (timeout ${t}s, cache $cache: $files files)"
+  (cd "$SCRATCH" && RUNNER_CACHE_DIR=$cache timeout -k 5 "$t" "$BIN" -q "$file" \
+    --set "log.dir=$RUNS/$tag")
   rc=$?
   local st
   st=$(status_of $rc)
   [[ $st == ok ]] || status=1
   local summary
-  summary=$(find "$RUNS/$tag" -name summary.json 2>/dev/null | head -n 1)
-  record "$phase" "$recipe" "$which" runner "$st" "$(since "$start")" "${summary:-/nonexistent}" runner
+  summary=$(find "$RUNS/$tag" -name summary.json 2> /dev/null | head -n 1)
+  record "$phase" "$recipe" "$which" runner "$st" "$(since "$start")" "$files" \
+    "${summary:-/nonexistent}" runner
 }
-# torch_run RECIPE WHICH TIMEOUT TAG FILE [--gc-collect] -- SETS...: resolves, trains, records.
+# torch_run RECIPE WHICH TIMEOUT TAG RESOLVED [torch_ref flags]: trains, records the row.
 torch_run() {
   local recipe=$1 which=$2 limit=$3 tag=$4 file=$5
   shift 5
-  local extra=()
-  while [[ $# -gt 0 && $1 != -- ]]; do extra+=("$1"); shift; done
-  shift
   local t
   t=$(allow "$limit")
   if ((t == 0)); then
     skipped+=("torch $recipe $which")
-    record compare "$recipe" "$which" torch skipped 0 /nonexistent torch
+    record compare "$recipe" "$which" torch skipped 0 - /nonexistent torch
     return
   fi
-  local start rc resolved=$SCRATCH/resolved/$tag.toml json=$RUNS/torch/$tag.json
+  local start rc json=$RUNS/torch/$tag.json
   start=$(stamp)
   say "torch $recipe $which (timeout ${t}s)"
-  if ! "$BIN" show "$file" "$@" "${SETS_DEV[@]}" > "$resolved"; then
-    status=1
-    record compare "$recipe" "$which" torch "failed(show)" 0 /nonexistent torch
-    return
-  fi
-  timeout -k 5 "$t" "$PYTHON" "$REPO/scripts/torch_ref.py" "$resolved" "${TORCH_DEV[@]}" "${extra[@]}" > "$json"
+  timeout -k 5 "$t" "$PYTHON" "$REPO/scripts/torch_ref.py" "$file" "${TORCH_DEV[@]}" "$@" > "$json"
   rc=$?
   local st
   st=$(status_of $rc)
   [[ $st == ok ]] || status=1
-  record compare "$recipe" "$which" torch "$st" "$(since "$start")" "$json" torch
+  record compare "$recipe" "$which" torch "$st" "$(since "$start")" - "$json" torch
 }
 
-# --- phase 1: start-up, cold then warm ---
+# startup ARCH: cold (its own cache, empty unless CACHE_IN filled it), then warm.
 # mlp and small_cnn may not carry model.stem (a ResNet key): they get article/default
 # without it, resolved by the runner itself (absolute data paths), in the scratch dir.
-NOSTEM=$SCRATCH/resolved/article_default_nostem.toml
-"$BIN" show "$REPO/recipes/article/default.toml" | sed '/^stem *=/d' > "$NOSTEM"
-say "phase 1: start-up, archs: $ARCHS"
-for arch in $ARCHS; do
-  file=$REPO/recipes/article/default.toml
-  [[ $arch == resnet* ]] || file=$NOSTEM
+startup() {
+  local arch=$1 file=$REPO/recipes/article/default.toml which limit
+  if [[ $arch != resnet* ]]; then
+    file=$SCRATCH/resolved/article_default_nostem.toml
+    "$BIN" show "$REPO/recipes/article/default.toml" | sed '/^stem *=/d' > "$file"
+  fi
+  if ! resolve "p1-$arch" "$file" --set "model.arch=$arch" --set "name=startup_$arch" \
+    --set "run.max_steps=$STARTUP_STEPS" --set "run.warmup_steps=$STARTUP_WARMUP"; then
+    status=1
+    record startup "$arch" - runner "failed(show)" 0 - /nonexistent runner
+    return
+  fi
   for which in cold warm; do
     limit=$T_COLD
+    [[ $arch == resnet50 ]] && limit=$T_COLD_BIG
     [[ $which == warm ]] && limit=$T_WARM
-    runner_run startup "$arch" "$which" "$limit" "p1-$arch-$which" "$file" \
-      --set "model.arch=$arch" --set "name=startup_$arch" \
-      --set "run.max_steps=$STARTUP_STEPS" --set "run.warmup_steps=$STARTUP_WARMUP"
+    runner_run startup "$arch" "$which" "$limit" "p1-$arch-$which" "$SCRATCH/resolved/p1-$arch.toml"
   done
-done
+}
 
-# --- phase 2: side by side ---
-say "phase 2: side by side, $REPEATS repeats: $RECIPES"
-SMI_PID=
-for i in $(seq "$REPEATS"); do
-  for r in $RECIPES; do
-    file=$REPO/recipes/$r.toml
-    sets=(--set "run.max_steps=$MAX_STEPS" --set "run.warmup_steps=$WARMUP" --set run.eval=never)
-    tag=p2-${r//\//_}-$i
-    if [[ $r == article/default && $i == 1 && $DEVICE != cpu ]] && command -v nvidia-smi > /dev/null; then
+# compare RECIPE [--gc-collect]: runner then torch (or torch alone with --gc-collect).
+declare -A repeat_of=()
+SMI_DONE=
+compare() {
+  local r=$1 label=$1 flag=${2:-}
+  [[ -n $flag ]] && label="$r (torch: gc.collect)"
+  local i=$((${repeat_of[$label]:-0} + 1))
+  repeat_of[$label]=$i
+  local tag=p2-${r//\//_}${flag:+-gc}-$i
+  if ! resolve "$tag" "$REPO/recipes/$r.toml" --set "run.max_steps=$MAX_STEPS" \
+    --set "run.warmup_steps=$WARMUP" --set run.eval=never; then
+    status=1
+    record compare "$label" "$i" runner "failed(show)" 0 - /nonexistent runner
+    return
+  fi
+  local file=$SCRATCH/resolved/$tag.toml
+  if [[ -z $flag ]]; then
+    local smi=
+    if [[ $r == article/default && -z $SMI_DONE && $DEVICE != cpu ]] && command -v nvidia-smi > /dev/null; then
       nvidia-smi --query-gpu=timestamp,memory.used,utilization.gpu --format=csv -lms 500 \
         > "$OUT/nvidia-smi.csv" 2>&1 &
-      SMI_PID=$!
+      smi=$!
+      SMI_DONE=1
     fi
-    runner_run compare "$r" "$i" "$T_RUN" "$tag-runner" "$file" "${sets[@]}"
-    if [[ -n $SMI_PID ]]; then kill "$SMI_PID" 2>/dev/null; wait "$SMI_PID" 2>/dev/null; SMI_PID=; fi
-    torch_run "$r" "$i" "$T_RUN" "$tag-torch" "$file" -- "${sets[@]}"
-  done
+    runner_run compare "$label" "$i" "$T_RUN" "$tag-runner" "$file"
+    if [[ -n $smi ]]; then kill "$smi" 2> /dev/null; wait "$smi" 2> /dev/null; fi
+  fi
+  torch_run "$label" "$i" "$T_RUN" "$tag-torch" "$file" $flag
+}
+
+# --- the plan ---
+say "plan: $PLAN"
+for step in $PLAN; do
+  case $step in
+    startup:*) startup "${step#startup:}" ;;
+    compare:*) compare "${step#compare:}" ;;
+    gc) compare article/cleanup_every_step --gc-collect ;;
+    *) say "unknown plan step '$step' (startup:ARCH, compare:RECIPE or gc): skipped"; status=1 ;;
+  esac
 done
-if [[ $GC_ROW == 1 && " $RECIPES " == *" article/cleanup_every_step "* ]]; then
-  torch_run "article/cleanup_every_step (torch: gc.collect)" 1 "$T_RUN" p2-gc-torch \
-    "$REPO/recipes/article/cleanup_every_step.toml" --gc-collect -- \
-    --set "run.max_steps=$MAX_STEPS" --set "run.warmup_steps=$WARMUP" --set run.eval=never
-fi
 
 # --- pack ---
 if ((${#skipped[@]})); then
@@ -368,14 +406,19 @@ cat "$TABLE"
 tar -C "$SCRATCH" -czf "$OUT/runs.tar.gz" --exclude='*.safetensors' --exclude=checkpoints \
   runs resolved
 say "runs.tar.gz: $(du -h "$OUT/runs.tar.gz" | cut -f1)"
-tar -C "$RUNNER_CACHE_DIR" -czf "$SCRATCH/cache.tar.gz" .
-size=$(stat -c %s "$SCRATCH/cache.tar.gz")
-if ((size > 15 * 1024 * 1024)); then
-  say "cache.tar.gz is $((size / 1024 / 1024)) MiB, over 15 MiB: not kept"
-else
+# The caches for a warm second call: all of them if they fit, else ResNet-50's alone.
+pack_cache() { # what (relative to CACHE_ROOT)
+  tar -C "$CACHE_ROOT" -czf "$SCRATCH/cache.tar.gz" "$1" 2> /dev/null || return 1
+  local size
+  size=$(stat -c %s "$SCRATCH/cache.tar.gz")
+  if ((size > 15 * 1024 * 1024)); then
+    say "cache.tar.gz of $1 is $((size / 1024 / 1024)) MiB, over 15 MiB: not kept"
+    return 1
+  fi
   mv "$SCRATCH/cache.tar.gz" "$OUT/cache.tar.gz"
-  say "cache.tar.gz: $((size / 1024)) KiB ($(find "$RUNNER_CACHE_DIR" -type f | wc -l) files)"
-fi
+  say "cache.tar.gz: $1, $((size / 1024)) KiB ($(files_in "$CACHE_ROOT/$1") files)"
+}
+pack_cache . || { [[ -d $CACHE_ROOT/resnet50 ]] && pack_cache resnet50; }
 rm -rf "$SCRATCH"
 say "done in $((SECONDS - T0))s, exit $status"
 exec >&- 2>&-
