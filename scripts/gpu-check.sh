@@ -282,7 +282,9 @@ resolve() {
 }
 arch_of() { sed -n 's/^arch *= *"\(.*\)"/\1/p' "$1" | head -n 1; }
 # runner_run PHASE RECIPE WHICH TIMEOUT TAG RESOLVED: trains with the kernel cache of the
-# recipe's model.arch, records the row.
+# recipe's model.arch, records the row. The driver's cache of the PTX it compiled to
+# machine code (CUDA_CACHE_PATH, else ~/.nv/ComputeCache) goes there too, so a cold run is
+# cold for the driver as well, and a second call can carry it.
 runner_run() {
   local phase=$1 recipe=$2 which=$3 limit=$4 tag=$5 file=$6
   local cache=$CACHE_ROOT/$(arch_of "$file") t
@@ -298,8 +300,8 @@ runner_run() {
   local start rc
   start=$(stamp)
   say "runner $recipe $which (timeout ${t}s, cache $cache: $files files)"
-  (cd "$SCRATCH" && RUNNER_CACHE_DIR=$cache timeout -k 5 "$t" "$BIN" -q "$file" \
-    --set "log.dir=$RUNS/$tag")
+  (cd "$SCRATCH" && RUNNER_CACHE_DIR=$cache CUDA_CACHE_PATH=$cache/driver \
+    timeout -k 5 "$t" "$BIN" -q "$file" --set "log.dir=$RUNS/$tag")
   rc=$?
   local st
   st=$(status_of $rc)
