@@ -16,6 +16,11 @@
 #                 recipes start warm. A recipe named again is a further repeat.
 #   gc            torch_ref on article/cleanup_every_step with --gc-collect: the article's
 #                 own per-step gc.collect().
+#   A startup or compare step may name a variant, overrides after commas, e.g.
+#   startup:resnet50,backend.fusion=false or compare:article/default,backend.autotune=minimal:
+#   a variant has its own kernel cache (other settings compile other kernels), so its
+#   first run is cold too. This is how the backend.autotune / backend.fusion defaults are
+#   chosen (README, [backend]).
 # The default PLAN: the mlp (the pipeline works, in about a minute), ResNet-50's cold start,
 # the headline ratio (article/default), the other start-ups, then every article row and
 # resnet50_accum, then a second repeat of each. `nvidia-smi` samples memory and utilisation
@@ -281,13 +286,16 @@ resolve() {
   "$BIN" show "$file" "$@" "${SETS_DEV[@]}" > "$SCRATCH/resolved/$tag.toml"
 }
 arch_of() { sed -n 's/^arch *= *"\(.*\)"/\1/p' "$1" | head -n 1; }
-# runner_run PHASE RECIPE WHICH TIMEOUT TAG RESOLVED: trains with the kernel cache of the
-# recipe's model.arch, records the row. The driver's cache of the PTX it compiled to
+# A plan step's variant ("backend.fusion=false,backend.autotune=minimal") as --set flags,
+# and as a suffix naming its own kernel cache (other settings, other kernels).
+variant_sets() { local kv; for kv in ${1//,/ }; do printf '%s\n' --set "$kv"; done; }
+variant_tag() { [[ -n $1 ]] && printf '+%s' "$(printf '%s' "$1" | tr -c 'A-Za-z0-9_.=\n-' '_')"; }
+# runner_run PHASE RECIPE WHICH TIMEOUT TAG RESOLVED CACHE: trains with the kernel cache
+# CACHE (the recipe's model.arch and the step's variant), records the row. The driver's cache of the PTX it compiled to
 # machine code (CUDA_CACHE_PATH, else ~/.nv/ComputeCache) goes there too, so a cold run is
 # cold for the driver as well, and a second call can carry it.
 runner_run() {
-  local phase=$1 recipe=$2 which=$3 limit=$4 tag=$5 file=$6
-  local cache=$CACHE_ROOT/$(arch_of "$file") t
+  local phase=$1 recipe=$2 which=$3 limit=$4 tag=$5 file=$6 cache=$CACHE_ROOT/$7 t
   mkdir -p "$cache"
   local files
   files=$(files_in "$cache")
@@ -333,40 +341,51 @@ torch_run() {
   record compare "$recipe" "$which" torch "$st" "$(since "$start")" - "$json" torch
 }
 
-# startup ARCH: cold (its own cache, empty unless CACHE_IN filled it), then warm.
-# mlp and small_cnn may not carry model.stem (a ResNet key): they get article/default
-# without it, resolved by the runner itself (absolute data paths), in the scratch dir.
+# startup ARCH[,KEY=VALUE...]: cold (its own cache, empty unless CACHE_IN filled it),
+# then warm. mlp and small_cnn may not carry model.stem (a ResNet key): they get
+# article/default without it, resolved by the runner itself (absolute data paths).
 startup() {
-  local arch=$1 file=$REPO/recipes/article/default.toml which limit
+  local arch=${1%%,*} variant= which limit
+  [[ $1 == *,* ]] && variant=${1#*,}
+  local label=$arch${variant:+ ($variant)} name=$arch$(variant_tag "$variant")
+  local file=$REPO/recipes/article/default.toml
   if [[ $arch != resnet* ]]; then
     file=$SCRATCH/resolved/article_default_nostem.toml
     "$BIN" show "$REPO/recipes/article/default.toml" | sed '/^stem *=/d' > "$file"
   fi
-  if ! resolve "p1-$arch" "$file" --set "model.arch=$arch" --set "name=startup_$arch" \
-    --set "run.max_steps=$STARTUP_STEPS" --set "run.warmup_steps=$STARTUP_WARMUP"; then
+  local sets
+  mapfile -t sets < <(variant_sets "$variant")
+  if ! resolve "p1-$name" "$file" --set "model.arch=$arch" --set "name=startup_$arch" \
+    --set "run.max_steps=$STARTUP_STEPS" --set "run.warmup_steps=$STARTUP_WARMUP" "${sets[@]}"; then
     status=1
-    record startup "$arch" - runner "failed(show)" 0 - /nonexistent runner
+    record startup "$label" - runner "failed(show)" 0 - /nonexistent runner
     return
   fi
   for which in cold warm; do
     limit=$T_COLD
     [[ $arch == resnet50 ]] && limit=$T_COLD_BIG
     [[ $which == warm ]] && limit=$T_WARM
-    runner_run startup "$arch" "$which" "$limit" "p1-$arch-$which" "$SCRATCH/resolved/p1-$arch.toml"
+    runner_run startup "$label" "$which" "$limit" "p1-$name-$which" \
+      "$SCRATCH/resolved/p1-$name.toml" "$name"
   done
 }
 
-# compare RECIPE [--gc-collect]: runner then torch (or torch alone with --gc-collect).
+# compare RECIPE[,KEY=VALUE...] [--gc-collect]: runner then torch (or torch alone with
+# --gc-collect). The variant's settings reach both (torch_ref ignores backend keys).
 declare -A repeat_of=()
 SMI_DONE=
 compare() {
-  local r=$1 label=$1 flag=${2:-}
-  [[ -n $flag ]] && label="$r (torch: gc.collect)"
+  local r=${1%%,*} variant= flag=${2:-}
+  [[ $1 == *,* ]] && variant=${1#*,}
+  local label=$r${variant:+ ($variant)}
+  [[ -n $flag ]] && label="$label (torch: gc.collect)"
   local i=$((${repeat_of[$label]:-0} + 1))
   repeat_of[$label]=$i
-  local tag=p2-${r//\//_}${flag:+-gc}-$i
+  local tag=p2-${r//\//_}$(variant_tag "$variant")${flag:+-gc}-$i
+  local sets
+  mapfile -t sets < <(variant_sets "$variant")
   if ! resolve "$tag" "$REPO/recipes/$r.toml" --set "run.max_steps=$MAX_STEPS" \
-    --set "run.warmup_steps=$WARMUP" --set run.eval=never; then
+    --set "run.warmup_steps=$WARMUP" --set run.eval=never "${sets[@]}"; then
     status=1
     record compare "$label" "$i" runner "failed(show)" 0 - /nonexistent runner
     return
@@ -380,7 +399,8 @@ compare() {
       smi=$!
       SMI_DONE=1
     fi
-    runner_run compare "$label" "$i" "$T_RUN" "$tag-runner" "$file"
+    runner_run compare "$label" "$i" "$T_RUN" "$tag-runner" "$file" \
+      "$(arch_of "$file")$(variant_tag "$variant")"
     if [[ -n $smi ]]; then kill "$smi" 2> /dev/null; wait "$smi" 2> /dev/null; fi
   fi
   torch_run "$label" "$i" "$T_RUN" "$tag-torch" "$file" $flag
@@ -393,7 +413,10 @@ for step in $PLAN; do
     startup:*) startup "${step#startup:}" ;;
     compare:*) compare "${step#compare:}" ;;
     gc) compare article/cleanup_every_step --gc-collect ;;
-    *) say "unknown plan step '$step' (startup:ARCH, compare:RECIPE or gc): skipped"; status=1 ;;
+    *)
+      say "unknown plan step '$step' (startup:ARCH[,K=V...], compare:RECIPE[,K=V...] or gc): skipped"
+      status=1
+      ;;
   esac
 done
 
