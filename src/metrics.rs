@@ -90,6 +90,10 @@ pub struct StepRecord {
     pub checkpoint_ms: f64,
     /// Reading losses back from the device and writing metrics lines (0 when not due).
     pub log_ms: f64,
+    /// Asking the device's memory pool for the `mem_*` figures (and for the memory around
+    /// a cleanup): on CUDA a round trip to CubeCL's device thread, on the CPU nothing.
+    #[serde(default)]
+    pub mem_query_ms: f64,
     /// `samples / iter_ms`.
     pub samples_per_s: f64,
     /// Device memory in use / reserved by the backend's pool, where the backend reports it.
@@ -210,6 +214,8 @@ pub struct Phases {
     pub optimizer_ms: f64,
     pub cleanup_ms: f64,
     pub log_ms: f64,
+    #[serde(default)]
+    pub mem_query_ms: f64,
     /// What the step spent outside the phases above (bookkeeping, scheduling).
     pub other_ms: f64,
     pub iter_ms: f64,
@@ -231,6 +237,7 @@ impl Phases {
             optimizer_ms: med(|r| r.optimizer_ms),
             cleanup_ms: med(|r| r.cleanup_ms),
             log_ms: med(|r| r.log_ms),
+            mem_query_ms: med(|r| r.mem_query_ms),
             other_ms: med(|r| {
                 r.iter_ms
                     - r.data_wait_ms
@@ -240,6 +247,7 @@ impl Phases {
                     - r.cleanup_ms
                     - r.checkpoint_ms
                     - r.log_ms
+                    - r.mem_query_ms
             }),
             iter_ms: med(|r| r.iter_ms),
         })

@@ -859,6 +859,7 @@ fn a_cpu_run_records_every_phase_and_its_profile_window() {
             "optimizer_ms",
             "cleanup_ms",
             "log_ms",
+            "mem_query_ms",
             "iter_ms",
             "synced",
             "t_ms",
@@ -873,7 +874,8 @@ fn a_cpu_run_records_every_phase_and_its_profile_window() {
             + r.forward_backward_ms
             + r.optimizer_ms
             + r.cleanup_ms
-            + r.log_ms;
+            + r.log_ms
+            + r.mem_query_ms;
         assert!(
             phases <= r.iter_ms + 1e-6,
             "step {}: phases {phases} > step {}",
@@ -2434,6 +2436,11 @@ fn a_resumed_run_ends_bitwise_where_the_uninterrupted_one_does() {
         assert_eq!(out.status.code(), None, "killed by a signal");
         let run = only_run(&killed_dir.join("r"));
         assert_eq!(summary(&run).status, "running");
+        // As if an older runner had started the run: its metrics.csv lacks a column.
+        let csv_path = run.join("metrics.csv");
+        let old = std::fs::read_to_string(&csv_path).unwrap();
+        let header = old.lines().next().unwrap().to_string();
+        std::fs::write(&csv_path, old.replacen(",mem_query_ms", "", 1)).unwrap();
         let out = runner_cmd()
             .arg("resume")
             .arg(&run)
@@ -2451,6 +2458,13 @@ fn a_resumed_run_ends_bitwise_where_the_uninterrupted_one_does() {
             &reference.join("model.safetensors"),
         );
         assert!(diff.is_empty(), "after kill -9: {diff:?}");
+        // That metrics.csv is written again whole, in this version's columns.
+        let csv = std::fs::read_to_string(&csv_path).unwrap();
+        let lines: Vec<&str> = csv.lines().collect();
+        assert_eq!(lines[0], header);
+        assert_eq!(lines.len(), want.len() + 1);
+        let columns = header.split(',').count();
+        assert!(lines.iter().all(|l| l.split(',').count() == columns));
     }
 }
 

@@ -224,7 +224,8 @@ pub(super) fn start_sampler(plan: &Plan, t0: Instant) -> Sampler {
 }
 
 /// `metrics.csv` and the TensorBoard event file, opened before the first step so a bad
-/// path fails early; a resumed run continues them.
+/// path fails early; a resumed run continues them. A `metrics.csv` whose columns are not
+/// this version's (a run started by an older runner) is written again from the records.
 pub(super) fn open_exports(
     plan: &Plan,
     dir: &Path,
@@ -233,7 +234,14 @@ pub(super) fn open_exports(
 ) -> Result<(), String> {
     if plan.log.csv {
         let path = dir.join("metrics.csv");
-        let opened = if resumed_at.is_some() && path.is_file() {
+        let same_columns = || {
+            use std::io::BufRead;
+            let mut first = String::new();
+            std::fs::File::open(&path)
+                .and_then(|f| std::io::BufReader::new(f).read_line(&mut first))
+                .is_ok_and(|_| first.trim_end() == StepRecord::csv_header())
+        };
+        let opened = if resumed_at.is_some() && path.is_file() && same_columns() {
             JsonLines::reopen_raw(&path, sink.lines + 1)
         } else {
             JsonLines::create(&path).and_then(|mut f| {

@@ -336,21 +336,24 @@ impl<'a, B: TrainBackend> Trainer<'a, B> {
         if epoch_done {
             actions.extend_from_slice(self.policy.decide(Point::EpochEnd));
         }
-        let mem = self.io.mem;
-        // What a cleanup frees: the pool's reserved bytes on a device with one, else RSS.
-        let cleanup_mem = || {
-            mem(&device)
-                .map(|(_, reserved)| reserved)
-                .or_else(rss_bytes)
+        // The pool's figures, the time asking for them took added to the step's record.
+        let mem = |rec: &mut StepRecord| {
+            let t = Instant::now();
+            let m = (self.io.mem)(&device);
+            rec.mem_query_ms += ms(t);
+            m
         };
+        // What a cleanup frees: the pool's reserved bytes on a device with one, else RSS.
+        let cleanup_mem =
+            |rec: &mut StepRecord| mem(rec).map(|(_, reserved)| reserved).or_else(rss_bytes);
         if !actions.is_empty() {
-            rec.cleanup_mem_before_bytes = cleanup_mem();
+            rec.cleanup_mem_before_bytes = cleanup_mem(rec);
             let run = || run_cleanup::<B>(&actions, &device);
             let ((), took) = phase::<B, _>(rec.synced, &device, run);
             rec.cleanup_ms = took;
-            rec.cleanup_mem_after_bytes = cleanup_mem();
+            rec.cleanup_mem_after_bytes = cleanup_mem(rec);
         }
-        if let Some((in_use, reserved)) = mem(&device) {
+        if let Some((in_use, reserved)) = mem(rec) {
             rec.mem_in_use_bytes = Some(in_use);
             rec.mem_reserved_bytes = Some(reserved);
         }
