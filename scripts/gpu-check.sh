@@ -14,17 +14,21 @@
 #                 and memory, torch's memory, start-up of each. The runner uses the kernel
 #                 cache of the recipe's model.arch, so after startup:resnet50 the ResNet-50
 #                 recipes start warm. A recipe named again is a further repeat.
+#   runner:RECIPE the runner alone, as compare does it (e.g. with profile.sample_ms=0:
+#                 the NVML sampler off, against compare's runs with it on).
 #   gc            torch_ref on article/cleanup_every_step with --gc-collect: the article's
 #                 own per-step gc.collect().
 #   A startup or compare step may name a variant, overrides after commas, e.g.
 #   startup:resnet50,backend.fusion=false or compare:article/default,backend.autotune=minimal:
-#   a variant has its own kernel cache (other settings compile other kernels), so its
-#   first run is cold too. This is how the backend.autotune / backend.fusion defaults are
+#   a variant with backend.* settings has its own kernel cache (other settings compile
+#   other kernels), so its first run is cold too. This is how the backend.autotune / backend.fusion defaults are
 #   chosen (README, [backend]).
 # The default PLAN: the mlp (the pipeline works, in about a minute), ResNet-50's cold start,
 # the headline ratio (article/default), the other start-ups, then every article row and
-# resnet50_accum, then a second repeat of each. `nvidia-smi` samples memory and utilisation
-# beside the first runner run of article/default (the cross-check of the runner's figures).
+# resnet50_accum, then article/default without the NVML sampler (its per-step cost), then a
+# second round of the same. `nvidia-smi` samples memory and utilisation beside the first
+# runner run of article/default (the cross-check of the runner's figures). Each runner row
+# has the time its steps spent asking Burn's pool for memory figures (summary.phases).
 #
 # With this project's device tool (the machine gets a copy of the work tree, and $OUT back):
 #   here:    cargo build --release --features cuda
@@ -73,7 +77,8 @@ OUT=$(realpath -m "${OUT:-gpu-check-out}")
 BUDGET=${BUDGET:-540}
 ROWS="article/default article/tuned_loader article/cleanup_every_step article/empty_cache_every_step resnet50_accum"
 compares() { for r in $ROWS; do printf 'compare:%s ' "$r"; done; }
-PLAN=${PLAN-startup:mlp startup:resnet50 compare:article/default startup:small_cnn startup:resnet18 $(compares) gc $(compares)}
+NVML_OFF=runner:article/default,profile.sample_ms=0
+PLAN=${PLAN-startup:mlp startup:resnet50 compare:article/default startup:small_cnn startup:resnet18 $(compares) gc $NVML_OFF $(compares) $NVML_OFF}
 MAX_STEPS=${MAX_STEPS:-80}
 WARMUP=${WARMUP:-20}
 STARTUP_STEPS=${STARTUP_STEPS:-60}
@@ -131,12 +136,12 @@ def row(kind, path):
             text = f.read().strip()
         s = json.loads(text.splitlines()[-1] if kind == "torch" else text)
     except (OSError, ValueError, IndexError):
-        return ["-"] * 10
+        return ["-"] * 11
     if kind == "torch":
         return [fmt(s.get("startup_s")), "-", fmt(s.get("median_ms")), fmt(s.get("p95_ms")), "-",
                 fmt(s.get("mem_in_use_after_step_bytes")),
                 fmt(s.get("mem_reserved_after_step_bytes")), fmt(s.get("parameters")), "-",
-                fmt(s.get("final_loss"), 4)]
+                fmt(s.get("final_loss"), 4), "-"]
     it = s.get("iter_ms") or {}
     if not it.get("count"):  # no timed step (a run cut short): no statistics
         it = {}
@@ -145,14 +150,15 @@ def row(kind, path):
     k = s.get("kernels")  # CUDA only: what CubeCL compiled, loaded and tuned
     kernels = "/".join(str(k.get(f, "?")) for f in
                        ("compiled", "from_cache", "tuned", "tune_results_loaded")) if k else "-"
+    phases = s.get("phases") or {}  # host-side medians of the timed steps
     return [fmt(s.get("startup_s")), fmt(s.get("first_step_ms"), 1), fmt(it.get("median")),
             fmt(it.get("p95")), fmt(s.get("gpu_util_pct"), 1), fmt(s.get("peak_mem_in_use_bytes")),
             fmt(s.get("peak_mem_reserved_bytes")), fmt(s.get("parameters")), kernels,
-            fmt(s.get("final_loss"), 4)]
+            fmt(s.get("final_loss"), 4), fmt(phases.get("mem_query_ms"), 3)]
 
 COLS = ["phase", "recipe", "which", "framework", "status", "wall_s", "cache_files", "startup_s",
         "first_step_ms", "median_ms", "p95_ms", "gpu_util_pct", "mem_in_use", "mem_reserved",
-        "parameters", "kernels", "final_loss"]
+        "parameters", "kernels", "final_loss", "mem_query_ms"]
 
 def render(results, out):
     rows = []
@@ -173,8 +179,9 @@ def render(results, out):
     L += ["", "## Side by side: runner vs PyTorch (same resolved recipe)", "",
           "| recipe | repeat | runner ms/iter | torch ms/iter | runner/torch | runner GPU util % "
           "| runner mem in use / reserved GiB | torch mem allocated / reserved GiB "
-          "| startup s runner / torch | runner cache files at start | params runner / torch |",
-          "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+          "| startup s runner / torch | runner cache files at start | params runner / torch "
+          "| runner pool query ms/step |",
+          "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     pairs = {}
     for r in rows:
         if r["phase"] == "compare":
@@ -191,9 +198,10 @@ def render(results, out):
         L.append(f"| {recipe} | {which} | {ms(ru)} | {ms(to)} | {ratio} | "
                  f"{g(ru, 'gpu_util_pct')} | {mem(ru)} | {mem(to)} | "
                  f"{g(ru, 'startup_s')} / {g(to, 'startup_s')} | {g(ru, 'cache_files')} | "
-                 f"{g(ru, 'parameters')} / {g(to, 'parameters')} |")
+                 f"{g(ru, 'parameters')} / {g(to, 'parameters')} | {g(ru, 'mem_query_ms')} |")
     L += ["", "ms/iter: median over the steps after warm-up. Memory: the largest reading after "
-          "a step (runner: Burn's pool; torch: memory_allocated / memory_reserved). "
+          "a step (runner: Burn's pool; torch: memory_allocated / memory_reserved). Pool query: "
+          "the median time per step the runner spent asking the pool for those figures. "
           "startup: process start to the end of the first step; process s: the whole "
           "runner process as the script timed it.", ""]
     with open(out, "w") as f:
@@ -273,7 +281,7 @@ record() { # phase recipe which framework status wall_s cache-files result-file 
   tail=$(py row "$9" "$8")
   printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$1" "$2" "$3" "$4" "$5" "$6" "$7" "$tail" >> "$RESULTS"
   py render "$RESULTS" "$TABLE"
-  say "$1 $2 $3 $4: $5 (${6}s, cache files at start: $7) | startup s, first step ms, median, p95, util %, in use, reserved, params, kernels, loss: $(echo "$tail" | tr '\t' ' ')"
+  say "$1 $2 $3 $4: $5 (${6}s, cache files at start: $7) | startup s, first step ms, median, p95, util %, in use, reserved, params, kernels, loss, pool query ms: $(echo "$tail" | tr '\t' ' ')"
 }
 status_of() { # exit code -> word
   case $1 in 0) echo ok ;; 124 | 137) echo timeout ;; *) echo "failed($1)" ;; esac
@@ -290,6 +298,9 @@ arch_of() { sed -n 's/^arch *= *"\(.*\)"/\1/p' "$1" | head -n 1; }
 # and as a suffix naming its own kernel cache (other settings, other kernels).
 variant_sets() { local kv; for kv in ${1//,/ }; do printf '%s\n' --set "$kv"; done; }
 variant_tag() { [[ -n $1 ]] && printf '+%s' "$(printf '%s' "$1" | tr -c 'A-Za-z0-9_.=\n-' '_')"; }
+# The cache suffix: the variant's backend.* settings alone (the others compile no other
+# kernels, so their runs share the model's cache).
+cache_tag() { variant_tag "$(printf '%s' "$1" | tr ',' '\n' | grep '^backend\.' | paste -sd, -)"; }
 # runner_run PHASE RECIPE WHICH TIMEOUT TAG RESOLVED CACHE: trains with the kernel cache
 # CACHE (the recipe's model.arch and the step's variant), records the row. The driver's cache of the PTX it compiled to
 # machine code (CUDA_CACHE_PATH, else ~/.nv/ComputeCache) goes there too, so a cold run is
@@ -348,6 +359,7 @@ startup() {
   local arch=${1%%,*} variant= which limit
   [[ $1 == *,* ]] && variant=${1#*,}
   local label=$arch${variant:+ ($variant)} name=$arch$(variant_tag "$variant")
+  local cache=$arch$(cache_tag "$variant")
   local file=$REPO/recipes/article/default.toml
   if [[ $arch != resnet* ]]; then
     file=$SCRATCH/resolved/article_default_nostem.toml
@@ -366,16 +378,18 @@ startup() {
     [[ $arch == resnet50 ]] && limit=$T_COLD_BIG
     [[ $which == warm ]] && limit=$T_WARM
     runner_run startup "$label" "$which" "$limit" "p1-$name-$which" \
-      "$SCRATCH/resolved/p1-$name.toml" "$name"
+      "$SCRATCH/resolved/p1-$name.toml" "$cache"
   done
 }
 
-# compare RECIPE[,KEY=VALUE...] [--gc-collect]: runner then torch (or torch alone with
-# --gc-collect). The variant's settings reach both (torch_ref ignores backend keys).
+# compare RECIPE[,KEY=VALUE...] [--gc-collect | --runner-only]: runner then torch (or torch
+# alone with --gc-collect, the runner alone with --runner-only). The variant's settings
+# reach both (torch_ref ignores backend keys).
 declare -A repeat_of=()
 SMI_DONE=
 compare() {
-  local r=${1%%,*} variant= flag=${2:-}
+  local r=${1%%,*} variant= flag=${2:-} only=
+  [[ $flag == --runner-only ]] && { only=runner; flag=; }
   [[ $1 == *,* ]] && variant=${1#*,}
   local label=$r${variant:+ ($variant)}
   [[ -n $flag ]] && label="$label (torch: gc.collect)"
@@ -400,10 +414,10 @@ compare() {
       SMI_DONE=1
     fi
     runner_run compare "$label" "$i" "$T_RUN" "$tag-runner" "$file" \
-      "$(arch_of "$file")$(variant_tag "$variant")"
+      "$(arch_of "$file")$(cache_tag "$variant")"
     if [[ -n $smi ]]; then kill "$smi" 2> /dev/null; wait "$smi" 2> /dev/null; fi
   fi
-  torch_run "$label" "$i" "$T_RUN" "$tag-torch" "$file" $flag
+  [[ -n $only ]] || torch_run "$label" "$i" "$T_RUN" "$tag-torch" "$file" $flag
 }
 
 # --- the plan ---
@@ -412,9 +426,10 @@ for step in $PLAN; do
   case $step in
     startup:*) startup "${step#startup:}" ;;
     compare:*) compare "${step#compare:}" ;;
+    runner:*) compare "${step#runner:}" --runner-only ;;
     gc) compare article/cleanup_every_step --gc-collect ;;
     *)
-      say "unknown plan step '$step' (startup:ARCH[,K=V...], compare:RECIPE[,K=V...] or gc): skipped"
+      say "unknown plan step '$step' (startup:ARCH[,K=V...], compare:RECIPE[,K=V...], runner:RECIPE[,K=V...] or gc): skipped"
       status=1
       ;;
   esac
