@@ -9,20 +9,22 @@
 #                 the summary's startup_s (process start to the first step), first_step_ms,
 #                 median ms/iter and kernel counts (compiled / from cache / tuned / tunings
 #                 loaded), and whether the cache was empty when the run began.
+#   cold:ARCH     the cold run of startup:ARCH alone (for ResNet-50, the article recipes'
+#                 runs that follow it are the warm start-ups, with their cache's file count).
 #   compare:RECIPE  runner, then scripts/torch_ref.py, on the same resolved recipe (`runner
 #                 show`): median ms/iter of each, their ratio, the runner's GPU utilisation
 #                 and memory, torch's memory, start-up of each. The runner uses the kernel
-#                 cache of the recipe's model.arch, so after startup:resnet50 the ResNet-50
+#                 cache of the recipe's model.arch, so after cold:resnet50 the ResNet-50
 #                 recipes start warm. A recipe named again is a further repeat.
 #   runner:RECIPE the runner alone, as compare does it (e.g. with profile.sample_ms=0:
 #                 the NVML sampler off, against compare's runs with it on).
 #   gc            torch_ref on article/cleanup_every_step with --gc-collect: the article's
 #                 own per-step gc.collect().
-#   A startup or compare step may name a variant, overrides after commas, e.g.
-#   startup:resnet50,backend.fusion=false or compare:article/default,backend.autotune=minimal:
-#   a variant with backend.* settings has its own kernel cache (other settings compile
-#   other kernels), so its first run is cold too. This is how the backend.autotune / backend.fusion defaults are
-#   chosen (README, [backend]).
+#   A startup, cold, compare or runner step may name a variant, overrides after commas,
+#   e.g. startup:resnet50,backend.fusion=false or
+#   compare:article/default,backend.autotune=minimal: a variant with backend.* settings has
+#   its own kernel cache (other settings compile other kernels), so its first run is cold
+#   too. This is how the backend.autotune / backend.fusion defaults are to be chosen.
 # The default PLAN: the mlp (the pipeline works, in about a minute), ResNet-50's cold start,
 # the headline ratio (article/default), the other start-ups, then every article row and
 # resnet50_accum, then article/default without the NVML sampler (its per-step cost), then a
@@ -78,7 +80,7 @@ BUDGET=${BUDGET:-540}
 ROWS="article/default article/tuned_loader article/cleanup_every_step article/empty_cache_every_step resnet50_accum"
 compares() { for r in $ROWS; do printf 'compare:%s ' "$r"; done; }
 NVML_OFF=runner:article/default,profile.sample_ms=0
-PLAN=${PLAN-startup:mlp startup:resnet50 compare:article/default startup:small_cnn startup:resnet18 $(compares) gc $NVML_OFF $(compares) $NVML_OFF}
+PLAN=${PLAN-startup:mlp cold:resnet50 compare:article/default startup:small_cnn startup:resnet18 $(compares) gc $NVML_OFF $(compares) $NVML_OFF}
 MAX_STEPS=${MAX_STEPS:-80}
 WARMUP=${WARMUP:-20}
 STARTUP_STEPS=${STARTUP_STEPS:-60}
@@ -356,7 +358,7 @@ torch_run() {
 # then warm. mlp and small_cnn may not carry model.stem (a ResNet key): they get
 # article/default without it, resolved by the runner itself (absolute data paths).
 startup() {
-  local arch=${1%%,*} variant= which limit
+  local runs=${2:-cold warm} arch=${1%%,*} variant= which limit
   [[ $1 == *,* ]] && variant=${1#*,}
   local label=$arch${variant:+ ($variant)} name=$arch$(variant_tag "$variant")
   local cache=$arch$(cache_tag "$variant")
@@ -373,7 +375,7 @@ startup() {
     record startup "$label" - runner "failed(show)" 0 - /nonexistent runner
     return
   fi
-  for which in cold warm; do
+  for which in $runs; do
     limit=$T_COLD
     [[ $arch == resnet50 ]] && limit=$T_COLD_BIG
     [[ $which == warm ]] && limit=$T_WARM
@@ -425,11 +427,12 @@ say "plan: $PLAN"
 for step in $PLAN; do
   case $step in
     startup:*) startup "${step#startup:}" ;;
+    cold:*) startup "${step#cold:}" cold ;;
     compare:*) compare "${step#compare:}" ;;
     runner:*) compare "${step#runner:}" --runner-only ;;
     gc) compare article/cleanup_every_step --gc-collect ;;
     *)
-      say "unknown plan step '$step' (startup:ARCH[,K=V...], compare:RECIPE[,K=V...], runner:RECIPE[,K=V...] or gc): skipped"
+      say "unknown plan step '$step' (startup:ARCH[,K=V...], cold:ARCH[,K=V...], compare:RECIPE[,K=V...], runner:RECIPE[,K=V...] or gc): skipped"
       status=1
       ;;
   esac
