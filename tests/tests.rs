@@ -1675,10 +1675,10 @@ fn warmup_runs_every_shape_once_and_creates_no_run() {
     expect_exit(&out, 0);
     let stdout = String::from_utf8_lossy(&out.stdout);
     // 100 samples in batches of 32: 32 and a last 4 (two shapes), each a step of 2
-    // micro-batches; 50 test samples: 32 and 18.
+    // micro-batches; 50 test samples: 32 and 18, filled up to 32 (one shape).
     assert!(
         stdout.starts_with("warm: warmed up on flex (cpu)")
-            && stdout.contains("2 training and 2 evaluation batch shape(s), 4 micro-batches"),
+            && stdout.contains("2 training and 1 evaluation batch shape(s), 4 micro-batches"),
         "{stdout}"
     );
     assert!(!dir.join("runs").exists(), "warmup created a run directory");
@@ -1705,17 +1705,28 @@ fn warmup_runs_every_shape_once_and_creates_no_run() {
         .output()
         .unwrap();
     expect_exit(&out, 2);
-    // A validation set's shapes are warmed up too: 20 held-out samples, one batch of 20.
-    let out = runner_cmd()
-        .arg("warmup")
-        .arg(&recipe)
-        .args(["--set", "data.validation=0.2"])
-        .output()
-        .unwrap();
-    expect_exit(&out, 0);
-    let stdout = String::from_utf8_lossy(&out.stdout);
+    // A validation set's shapes are warmed up too: 20 held-out samples, one batch filled
+    // up to 32, the test set's shape (run once). In batches of 16: 80 training samples
+    // make one shape, and the validation set's 16 + 4 and the test set's 3 × 16 + 2, short
+    // batches filled up, one more.
+    let warm = |sets: &[&str]| {
+        let mut cmd = runner_cmd();
+        cmd.arg("warmup").arg(&recipe);
+        for s in sets {
+            cmd.args(["--set", s]);
+        }
+        let out = cmd.output().unwrap();
+        expect_exit(&out, 0);
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let stdout = warm(&["data.validation=0.2"]);
     assert!(
-        stdout.contains("2 training and 3 evaluation batch shape(s)"),
+        stdout.contains("2 training and 1 evaluation batch shape(s)"),
+        "{stdout}"
+    );
+    let stdout = warm(&["data.validation=0.2", "loader.batch_size=16"]);
+    assert!(
+        stdout.contains("1 training and 1 evaluation batch shape(s)"),
         "{stdout}"
     );
 }
@@ -2533,6 +2544,49 @@ fn eval_scores_saved_weights_like_the_run_did_and_on_another_file() {
         .unwrap();
     expect_exit(&out, 0);
     assert!(String::from_utf8_lossy(&out.stdout).contains(" on 20 samples"));
+    // A short last batch is filled up to the batch size and scored by its own rows alone:
+    // batches of 32 leave 20 of the 500 (filled with 12 copies), 7 leave 3, 500 none. The
+    // same weights score the same hits whatever the batch size, and the same loss up to
+    // the order of float sums.
+    let scores = |batch: usize| {
+        let copy = dir.join(format!("batch{batch}"));
+        std::fs::create_dir_all(&copy).unwrap();
+        for f in [
+            "recipe.toml",
+            "model.safetensors",
+            "summary.json",
+            "env.json",
+        ] {
+            std::fs::copy(run.join(f), copy.join(f)).unwrap();
+        }
+        let r = std::fs::read_to_string(copy.join("recipe.toml")).unwrap();
+        assert!(r.contains("batch_size = 32\n"));
+        let r = r.replace("batch_size = 32\n", &format!("batch_size = {batch}\n"));
+        std::fs::write(copy.join("recipe.toml"), r).unwrap();
+        let out = runner_cmd().arg("eval").arg(&copy).output().unwrap();
+        expect_exit(&out, 0);
+        let written = walk_files(&copy)
+            .into_iter()
+            .find(|p| {
+                p.file_name()
+                    .unwrap()
+                    .to_string_lossy()
+                    .starts_with("eval-")
+            })
+            .expect("eval-*.json");
+        let e = json(&written);
+        (e["accuracy"].as_f64().unwrap(), e["loss"].as_f64().unwrap())
+    };
+    let (acc, loss) = scores(500);
+    assert_eq!(acc, s.test_accuracy.unwrap());
+    for batch in [7, 32] {
+        let (a, l) = scores(batch);
+        assert_eq!(a, acc, "batch {batch}");
+        assert!(
+            (l - loss).abs() <= 1e-5 * loss.abs(),
+            "batch {batch}: {l} vs {loss}"
+        );
+    }
     // A bad file is checked as data.test would be.
     let out = runner_cmd()
         .arg("eval")

@@ -17,6 +17,23 @@ pub fn evaluate_weights<B: TrainBackend>(
     Ok(evaluate(&model, test, &all, batcher, plan, device))
 }
 
+/// `idx` in evaluation batches of `batch_size`, each with how many of its rows are its own.
+/// A last, shorter batch is filled up to `batch_size` with copies of its first sample,
+/// whose outputs are dropped before scoring: every evaluation batch then has the training
+/// batch's shape (a copied row is no longer than the batch's longest, so text keeps its
+/// padded length), and on CUDA evaluation compiles and tunes no kernels of its own; a new
+/// batch size would cost a whole new round of convolution and matmul autotuning. The
+/// price is at most `batch_size - 1` extra rows per evaluation.
+pub(crate) fn eval_batches(idx: &[usize], batch_size: usize) -> Vec<(Vec<usize>, usize)> {
+    idx.chunks(batch_size.max(1))
+        .map(|c| {
+            let mut b = c.to_vec();
+            b.resize(batch_size.max(c.len()), c[0]);
+            (b, c.len())
+        })
+        .collect()
+}
+
 /// Accuracy and mean loss on the test set, in order, without augmentation or autodiff.
 pub(crate) fn evaluate<B: crate::ops::ModelBackend>(
     model: &Net<B>,
@@ -28,14 +45,18 @@ pub(crate) fn evaluate<B: crate::ops::ModelBackend>(
 ) -> EvalRecord {
     let t = Instant::now();
     let loss_fn: CrossEntropyLoss<B> = CrossEntropyLossConfig::new().init(device);
-    let bs = plan.loader.batch_size;
     let n = idx.len();
     let mut correct: Option<Tensor<B, 1, Int>> = None;
     let mut loss_total: Option<Tensor<B, 1>> = None;
-    for chunk in idx.chunks(bs) {
-        let (x, y) = batcher.to_device::<B>(batcher.host(test, chunk, 0, false), device);
-        let logits = model.forward(x);
-        let loss = loss_fn.forward(logits.clone(), y.clone()) * chunk.len() as f32;
+    for (batch, real) in eval_batches(idx, plan.loader.batch_size) {
+        let (x, y) = batcher.to_device::<B>(batcher.host(test, &batch, 0, false), device);
+        let mut logits = model.forward(x);
+        let mut y = y;
+        if real < batch.len() {
+            logits = logits.slice([0..real]);
+            y = y.slice([0..real]);
+        }
+        let loss = loss_fn.forward(logits.clone(), y.clone()) * real as f32;
         let hits = logits.argmax(1).flatten::<1>(0, 1).equal(y).int().sum();
         correct = Some(match correct {
             Some(c) => c + hits,

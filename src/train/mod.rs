@@ -11,8 +11,8 @@ mod trainer;
 mod warmup;
 
 pub use batch::{Batcher, HostBatch};
-use eval::evaluate;
 pub use eval::evaluate_weights;
+use eval::{eval_batches, evaluate};
 pub use optim::{clip_grad_norm, loss_config, Accumulation, Optim};
 use trainer::Trainer;
 pub use warmup::{warm_up, Warmed};

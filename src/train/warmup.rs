@@ -1,6 +1,8 @@
 //! `runner warmup`: every distinct computation of a plan run once, so its kernels are
 //! compiled and tuned (and cached) before a real run.
 
+use std::collections::HashSet;
+
 use super::*;
 
 /// What `warm_up` ran.
@@ -13,13 +15,14 @@ pub struct Warmed {
     pub micro_batches: usize,
 }
 
-/// One representative batch of each distinct shape among `batches`, in first-seen order.
-pub(crate) fn distinct_shapes(
+/// One representative batch of each shape among `batches` not in `seen` yet, in
+/// first-seen order (and now in `seen`).
+fn new_shapes(
     batcher: &Batcher,
     data: &Dataset,
     batches: &[Vec<usize>],
+    seen: &mut HashSet<(usize, usize)>,
 ) -> Vec<Vec<usize>> {
-    let mut seen = std::collections::HashSet::new();
     batches
         .iter()
         .filter(|b| seen.insert(batcher.shape_of(data, b)))
@@ -45,7 +48,7 @@ pub fn warm_up<B: TrainBackend>(
     let mut optim = Optim::<B>::new(&plan.optim);
     let loss_fn: CrossEntropyLoss<B> = loss_config(plan).init(device);
     let batches = crate::loader::epoch_batches(train.len(), &loader_config(plan, train), 0);
-    let shapes = distinct_shapes(batcher, train, &batches);
+    let shapes = new_shapes(batcher, train, &batches, &mut HashSet::new());
     let accum = plan.optim.accumulation_steps.max(1);
     let mut groups: Vec<(usize, &Vec<usize>)> = shapes.iter().map(|b| (accum, b)).collect();
     // The epoch's last group is shorter when the batches do not divide; a group of one
@@ -74,26 +77,31 @@ pub fn warm_up<B: TrainBackend>(
     if !plan.cleanup.actions.is_empty() {
         run_cleanup::<B>(&plan.cleanup.actions, device);
     }
-    // The evaluations a run makes: the test set (run.eval) and the validation set.
+    // The evaluations a run makes: the test set (run.eval) and the validation set; a shape
+    // both have is run once.
     let sets = [
         (plan.run.eval != EvalWhen::Never).then_some(test),
         validation,
     ];
+    let mut seen = HashSet::new();
     for data in sets.into_iter().flatten().filter(|d| !d.is_empty()) {
         let all: Vec<usize> = (0..data.len()).collect();
-        let chunks: Vec<Vec<usize>> = all
-            .chunks(plan.loader.batch_size)
-            .map(<[usize]>::to_vec)
+        let batches: Vec<Vec<usize>> = eval_batches(&all, plan.loader.batch_size)
+            .into_iter()
+            .map(|(b, _)| b)
             .collect();
-        // Full batches first, a shorter last one last: `evaluate` chunks them back the same.
-        let (mut full, partial): (Vec<Vec<usize>>, Vec<Vec<usize>>) =
-            distinct_shapes(batcher, data, &chunks)
-                .into_iter()
-                .partition(|c| c.len() == plan.loader.batch_size);
-        warmed.eval_shapes += full.len() + partial.len();
-        full.extend(partial);
-        let idx: Vec<usize> = full.concat();
-        let _ = evaluate(&model.valid(), data, &idx, batcher, plan, device);
+        // Whole batches (a short last one is filled up), so `evaluate` batches them back
+        // the same.
+        let shapes = new_shapes(batcher, data, &batches, &mut seen);
+        warmed.eval_shapes += shapes.len();
+        let _ = evaluate(
+            &model.valid(),
+            data,
+            &shapes.concat(),
+            batcher,
+            plan,
+            device,
+        );
     }
     let _ = B::sync(device);
     warmed
