@@ -53,8 +53,8 @@ pub(crate) fn evaluate<B: crate::ops::ModelBackend>(
         let mut logits = model.forward(x);
         let mut y = y;
         if real < batch.len() {
-            logits = logits.slice([0..real]);
-            y = y.slice([0..real]);
+            logits = logits.narrow(0, 0, real);
+            y = y.narrow(0, 0, real);
         }
         let loss = loss_fn.forward(logits.clone(), y.clone()) * real as f32;
         let hits = logits.argmax(1).flatten::<1>(0, 1).equal(y).int().sum();
