@@ -198,7 +198,7 @@ impl log::Log for Observer {
 
 /// One CubeCL log message → the counters (the messages of cubecl-cuda and
 /// cubecl-runtime 0.10; a test pins them).
-fn observe(level: log::Level, msg: &str) {
+pub(crate) fn observe(level: log::Level, msg: &str) {
     match msg {
         "Compiling kernel" => {
             COMPILED.fetch_add(1, Ordering::Relaxed);

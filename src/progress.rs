@@ -1,12 +1,12 @@
 //! What a person watching a run sees: the start-up phase (what is being done before the
 //! first step: loading data, compiling and tuning kernels, with counts and elapsed time),
-//! then a progress bar with loss and ms/iter on a terminal, a line per epoch, and the
-//! evaluation results. Writes to stderr only; stdout carries the final one-line summary.
+//! then a progress bar with loss and ms/iter on a terminal, a line per epoch, the
+//! evaluation results, and on CUDA what a new shape later in the run compiles. Writes to stderr only; stdout carries the final one-line summary.
 
 use std::path::PathBuf;
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
@@ -14,28 +14,44 @@ use crate::kernels::{self, KernelCounts};
 use crate::metrics::{EvalRecord, Stats, StepRecord};
 use crate::plan::Plan;
 
-/// How often the start-up phase prints a line where there is no terminal (logs, Slurm).
-const STARTUP_LINE_EVERY: Duration = Duration::from_secs(10);
+/// How often the start-up phase (and later compilation) prints a line where there is no
+/// terminal (logs, Slurm).
+const LINE_EVERY: Duration = Duration::from_secs(10);
 
 pub struct Progress {
     bar: Option<ProgressBar>,
     quiet: bool,
     epochs: usize,
     name: String,
-    startup: Option<Startup>,
+    /// The first step is done.
+    started: bool,
+    /// The start-up phase's ticker, then (on CUDA) the watcher of later compilation.
+    ticker: Option<Ticker>,
+    /// Kernels are compiled at run time (CUDA): watch for them after start-up too.
+    watch: bool,
 }
 
-/// The ticker of the start-up phase: updates the bar's message (terminal) or prints a line
-/// every `STARTUP_LINE_EVERY` (no terminal) until the first step is done.
-struct Startup {
+/// The ticker: during the start-up phase it updates the bar's message (terminal) or prints
+/// a line every `LINE_EVERY` (no terminal) until the first step is done. After it,
+/// on a device that compiles kernels, it watches for new ones: a new shape later in a run
+/// (an epoch's shorter last batch, text of a new length) stops training while CubeCL
+/// compiles and tunes, and the display says so instead of looking hung.
+struct Ticker {
     shared: Arc<(Mutex<Phase>, Condvar)>,
-    ticker: Option<JoinHandle<()>>,
+    thread: Option<JoinHandle<()>>,
 }
 
 struct Phase {
     what: String,
-    done: bool,
+    /// The first step is done: watching for later compilation.
+    started: bool,
+    stop: bool,
 }
+
+/// How often the ticker looks.
+const TICK: Duration = Duration::from_millis(250);
+/// On a terminal, a burst of compilation shows once it has lasted this long.
+const BURST_SHOWN_AFTER: Duration = Duration::from_secs(1);
 
 /// `starting 12 s: first step (compiling kernels): 40 kernels compiled, ...`
 fn startup_line(name: &str, what: &str, counts: KernelCounts, cache: &Option<PathBuf>) -> String {
@@ -50,43 +66,162 @@ fn startup_line(name: &str, what: &str, counts: KernelCounts, cache: &Option<Pat
     s
 }
 
-impl Startup {
-    fn start(name: String, bar: Option<ProgressBar>, cache: Option<PathBuf>) -> Self {
+/// Kernels compiled, loaded or tuned between two readings (the autotune results a cache
+/// file holds are read at once and are no sign of work).
+fn compiling(before: KernelCounts, now: KernelCounts) -> bool {
+    (now.compiled, now.from_cache, now.tuned) != (before.compiled, before.from_cache, before.tuned)
+}
+
+/// A burst of compilation after start-up: when it began and the counts then.
+struct Burst {
+    since: Instant,
+    at: KernelCounts,
+    /// A line about it was shown (so its end gets one too).
+    shown: bool,
+}
+
+fn burst_line(name: &str, b: &Burst, now: KernelCounts, cache: &Option<PathBuf>) -> String {
+    let mut s = format!(
+        "{name}: a new shape, compiling and tuning its kernels, {} s: {}",
+        b.since.elapsed().as_secs(),
+        now.since(b.at).describe()
+    );
+    if let Some(dir) = cache {
+        s += &format!(" (cached in {} for next time)", dir.display());
+    }
+    s
+}
+
+/// Where the ticker's lines go.
+enum Out {
+    Bar(ProgressBar),
+    Stderr,
+    #[cfg(test)]
+    Captured(Arc<Mutex<Vec<String>>>),
+}
+
+impl Out {
+    /// A status: the bar's message on a terminal, else a line.
+    fn status(&self, line: String) {
+        match self {
+            Out::Bar(b) => b.set_message(line),
+            _ => self.line(line),
+        }
+    }
+
+    /// A line of its own.
+    fn line(&self, line: String) {
+        match self {
+            Out::Bar(b) => b.println(line),
+            Out::Stderr => eprintln!("{line}"),
+            #[cfg(test)]
+            Out::Captured(v) => v.lock().unwrap().push(line),
+        }
+    }
+}
+
+/// The ticker thread's state between ticks.
+struct Looker {
+    name: String,
+    cache: Option<PathBuf>,
+    out: Out,
+    /// Without a terminal, a line at most this often.
+    every: Duration,
+    printed: Instant,
+    prev: KernelCounts,
+    burst: Option<Burst>,
+}
+
+impl Looker {
+    /// Whether a status is due: on a terminal after `on_terminal`, else after `every`.
+    fn due(&mut self, on_terminal: Duration) -> bool {
+        let after = match self.out {
+            Out::Bar(_) => on_terminal,
+            _ => self.every,
+        };
+        let due = self.printed.elapsed() >= after;
+        if due {
+            self.printed = Instant::now();
+        }
+        due
+    }
+
+    fn tick(&mut self, phase: &Phase) {
+        let now = kernels::counts();
+        let before = std::mem::replace(&mut self.prev, now);
+        if !phase.started {
+            if self.due(Duration::ZERO) {
+                let line = startup_line(&self.name, &phase.what, now, &self.cache);
+                self.out.status(line);
+            }
+            return;
+        }
+        match (self.burst.take(), compiling(before, now)) {
+            (None, true) => {
+                self.printed = Instant::now();
+                self.burst = Some(Burst {
+                    since: Instant::now() - TICK,
+                    at: before,
+                    shown: false,
+                });
+            }
+            (Some(mut b), true) => {
+                if self.due(BURST_SHOWN_AFTER) {
+                    b.shown = true;
+                    self.out
+                        .status(burst_line(&self.name, &b, now, &self.cache));
+                }
+                self.burst = Some(b);
+            }
+            (Some(b), false) if b.shown => self.out.line(format!(
+                "{}: the new shape's kernels are ready after {:.0} s ({})",
+                self.name,
+                b.since.elapsed().as_secs_f64(),
+                now.since(b.at).describe()
+            )),
+            _ => {}
+        }
+    }
+}
+
+impl Ticker {
+    fn start(name: String, out: Out, cache: Option<PathBuf>, every: Duration) -> Self {
         let shared = Arc::new((
             Mutex::new(Phase {
                 what: "loading data".into(),
-                done: false,
+                started: false,
+                stop: false,
             }),
             Condvar::new(),
         ));
-        let every = if bar.is_some() {
-            Duration::from_millis(250)
-        } else {
-            STARTUP_LINE_EVERY
-        };
         let state = Arc::clone(&shared);
-        let ticker = std::thread::Builder::new()
-            .name("runner-startup".into())
+        let mut looker = Looker {
+            name,
+            cache,
+            out,
+            every,
+            printed: Instant::now(),
+            prev: kernels::counts(),
+            burst: None,
+        };
+        let thread = std::thread::Builder::new()
+            .name("runner-progress".into())
             .spawn(move || {
                 let (lock, cv) = &*state;
                 let mut phase = lock.lock().unwrap_or_else(|p| p.into_inner());
                 loop {
                     let (p, _) = cv
-                        .wait_timeout(phase, every)
+                        .wait_timeout(phase, TICK)
                         .unwrap_or_else(|p| p.into_inner());
                     phase = p;
-                    if phase.done {
+                    if phase.stop {
                         return;
                     }
-                    let line = startup_line(&name, &phase.what, kernels::counts(), &cache);
-                    match &bar {
-                        Some(b) => b.set_message(line),
-                        None => eprintln!("{line}"),
-                    }
+                    looker.tick(&phase);
                 }
             })
             .ok();
-        Self { shared, ticker }
+        Self { shared, thread }
     }
 
     fn phase(&self, what: &str) {
@@ -94,10 +229,24 @@ impl Startup {
         p.what = what.into();
     }
 
+    /// The first step is done: the ticker goes on watching (`watch`) or stops.
+    fn started(self, watch: bool) -> Option<Self> {
+        if !watch {
+            self.stop();
+            return None;
+        }
+        self.shared
+            .0
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .started = true;
+        Some(self)
+    }
+
     fn stop(mut self) {
-        self.shared.0.lock().unwrap_or_else(|p| p.into_inner()).done = true;
+        self.shared.0.lock().unwrap_or_else(|p| p.into_inner()).stop = true;
         self.shared.1.notify_all();
-        if let Some(t) = self.ticker.take() {
+        if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
     }
@@ -124,30 +273,38 @@ impl Progress {
             b.set_prefix(plan.name.clone());
             b
         });
-        let startup =
-            (!quiet).then(|| Startup::start(plan.name.clone(), bar.clone(), cache.clone()));
+        let watch = cache.is_some();
+        let ticker = (!quiet).then(|| {
+            let out = bar.clone().map_or(Out::Stderr, Out::Bar);
+            Ticker::start(plan.name.clone(), out, cache, LINE_EVERY)
+        });
         Self {
             bar,
             quiet,
             epochs: plan.run.epochs,
             name: plan.name.clone(),
-            startup,
+            ticker,
+            watch,
+            started: false,
         }
     }
 
     /// What the start-up phase is doing now (`building the model`, `first step`...).
     pub fn phase(&self, what: &str) {
-        if let Some(s) = &self.startup {
-            s.phase(what);
+        if let Some(t) = self.ticker.as_ref().filter(|_| !self.started) {
+            t.phase(what);
         }
     }
 
     /// Ends the start-up phase with one line: how long it took and what was compiled.
     pub fn first_step_done(&mut self, startup_s: f64, counts: KernelCounts) {
-        let Some(s) = self.startup.take() else {
+        if std::mem::replace(&mut self.started, true) {
+            return;
+        }
+        let Some(t) = self.ticker.take() else {
             return;
         };
-        s.stop();
+        self.ticker = t.started(self.watch);
         let mut line = format!(
             "{}: first step done {startup_s:.1} s after start",
             self.name
@@ -225,11 +382,63 @@ impl Progress {
     }
 
     pub fn finish(&mut self) {
-        if let Some(s) = self.startup.take() {
-            s.stop();
+        if let Some(t) = self.ticker.take() {
+            t.stop();
         }
         if let Some(b) = self.bar.take() {
             b.finish_and_clear();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A ticker whose lines are kept, a line at most every 300 ms, past its start-up.
+    fn captured(watch_after_start: bool) -> (Option<Ticker>, Arc<Mutex<Vec<String>>>) {
+        let lines = Arc::new(Mutex::new(Vec::new()));
+        let out = Out::Captured(Arc::clone(&lines));
+        let cache = Some(PathBuf::from("/kc"));
+        let t = Ticker::start("r".into(), out, cache, Duration::from_millis(300));
+        std::thread::sleep(Duration::from_millis(700));
+        (t.started(watch_after_start), lines)
+    }
+
+    /// Kernels compiled for `ms`, one every 50 ms, as CubeCL reports them.
+    fn compile_for(ms: u64) {
+        for _ in 0..ms / 50 {
+            kernels::observe(log::Level::Trace, "Compiling kernel");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    #[test]
+    fn a_new_shape_after_start_up_is_shown_while_it_compiles_and_when_done() {
+        let (t, lines) = captured(true);
+        compile_for(1500);
+        std::thread::sleep(Duration::from_millis(800));
+        t.expect("watching").stop();
+        let lines = lines.lock().unwrap().clone();
+        assert!(lines[0].starts_with("r: starting, "), "{lines:?}");
+        let during = lines
+            .iter()
+            .position(|l| l.starts_with("r: a new shape, compiling and tuning its kernels, "))
+            .unwrap_or_else(|| panic!("no line during the burst: {lines:?}"));
+        assert!(lines[during].ends_with("(cached in /kc for next time)"));
+        let done = lines
+            .iter()
+            .position(|l| l.starts_with("r: the new shape's kernels are ready after "))
+            .unwrap_or_else(|| panic!("no line at the end of the burst: {lines:?}"));
+        assert!(done > during);
+    }
+
+    #[test]
+    fn without_run_time_kernels_nothing_is_watched_after_start_up() {
+        let (t, lines) = captured(false);
+        assert!(t.is_none(), "the ticker stopped at the first step");
+        let before = lines.lock().unwrap().len();
+        compile_for(1000);
+        assert_eq!(lines.lock().unwrap().len(), before);
     }
 }
