@@ -21,9 +21,10 @@ pub fn evaluate_weights<B: TrainBackend>(
 /// A last, shorter batch is filled up to `batch_size` with copies of its first sample,
 /// whose outputs are dropped before scoring: every evaluation batch then has the training
 /// batch's shape (a copied row is no longer than the batch's longest, so text keeps its
-/// padded length), and on CUDA evaluation compiles and tunes no kernels of its own; a new
-/// batch size would cost a whole new round of convolution and matmul autotuning. The
-/// price is at most `batch_size - 1` extra rows per evaluation.
+/// padded length), and on CUDA evaluation compiles and tunes no kernels of its own; a
+/// batch size that rounds to another autotune key (at `balanced`, 24 rounds to 32, not
+/// 64) would cost a new round of convolution and matmul autotuning. The price is at most
+/// `batch_size - 1` extra rows per evaluation.
 pub(crate) fn eval_batches(idx: &[usize], batch_size: usize) -> Vec<(Vec<usize>, usize)> {
     idx.chunks(batch_size.max(1))
         .map(|c| {
