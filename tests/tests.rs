@@ -1731,6 +1731,45 @@ fn warmup_runs_every_shape_once_and_creates_no_run() {
     );
 }
 
+#[test]
+fn warmup_covers_the_shapes_of_every_epoch_a_text_run_reaches() {
+    // Batches padded to their longest review take new lengths as the shuffle changes
+    // from epoch to epoch: warm-up must run each shape the whole run will see, which the
+    // run's own metrics give (rows, padded tokens / rows) step by step.
+    let dir = tempdir("warmup-text");
+    let sets = ["data.limit=400", "run.epochs=3", "run.eval=\"never\""];
+    let mut run = runner_cmd();
+    run.arg("recipes/text/rotten_tomatoes.toml").arg("-q");
+    run.args(["--set", &format!("log.dir=\"{}\"", dir.display())]);
+    let mut warm = runner_cmd();
+    warm.args(["warmup", "recipes/text/rotten_tomatoes.toml"]);
+    for s in sets {
+        run.args(["--set", s]);
+        warm.args(["--set", s]);
+    }
+    expect_exit(&run.output().unwrap(), 0);
+    let recs = records(&only_run(&dir.join("rotten_tomatoes")));
+    let shapes = |epochs: usize| {
+        recs.iter()
+            .filter(|r| r.epoch < epochs)
+            .map(|r| (r.samples, r.padded_tokens.unwrap() / r.samples as u64))
+            .collect::<std::collections::HashSet<_>>()
+            .len()
+    };
+    assert!(shapes(3) > shapes(1), "later epochs bring new shapes");
+    let out = warm.output().unwrap();
+    expect_exit(&out, 0);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout.contains(&format!(
+            "{} training and 0 evaluation batch shape(s)",
+            shapes(3)
+        )),
+        "{stdout} (the run had {} shapes)",
+        shapes(3)
+    );
+}
+
 // ---------------------------------------------------------------- when things go wrong
 
 /// Every line of a metrics file parses (none was cut).

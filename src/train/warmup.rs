@@ -30,12 +30,23 @@ fn new_shapes(
         .collect()
 }
 
+/// The training batches of every epoch the run will reach (`run.epochs`, or fewer where
+/// `run.max_steps` ends it sooner), in the loader's order: text batches padded to their
+/// longest sequence take new shapes in later epochs.
+fn run_batches<'a>(plan: &Plan, train: &'a Dataset) -> impl Iterator<Item = Vec<Vec<usize>>> + 'a {
+    let cfg = loader_config(plan, train);
+    let r = &plan.run;
+    let reached = r.total_steps.div_ceil(r.steps_per_epoch.max(1)) as usize;
+    (0..r.epochs.min(reached).max(1))
+        .map(move |epoch| crate::loader::epoch_batches(train.len(), &cfg, epoch))
+}
+
 /// Runs once each computation a run of `plan` will run, so that its kernels are compiled
 /// and tuned (and cached) before a real run: for every distinct training batch shape of
-/// the first epoch a full optimizer step of `accumulation_steps` micro-batches (and a
-/// step of the epoch's last, shorter group where its code path differs), the cleanup
-/// actions, and evaluation of each distinct test and validation batch shape. Records
-/// nothing.
+/// the run (every epoch's) a full optimizer step of `accumulation_steps` micro-batches
+/// (and a step of an epoch's last, shorter group where its code path differs), the
+/// cleanup actions, and evaluation of each distinct test and validation batch shape.
+/// Records nothing.
 pub fn warm_up<B: TrainBackend>(
     plan: &Plan,
     batcher: &Batcher,
@@ -47,13 +58,18 @@ pub fn warm_up<B: TrainBackend>(
     let mut model: Net<B> = Net::new(&plan.model, batcher.shape, plan.seed, device);
     let mut optim = Optim::<B>::new(&plan.optim);
     let loss_fn: CrossEntropyLoss<B> = loss_config(plan).init(device);
-    let batches = crate::loader::epoch_batches(train.len(), &loader_config(plan, train), 0);
-    let shapes = new_shapes(batcher, train, &batches, &mut HashSet::new());
+    let mut seen = HashSet::new();
+    let mut per_epoch = 0;
+    let mut shapes = Vec::new();
+    for batches in run_batches(plan, train) {
+        per_epoch = batches.len();
+        shapes.extend(new_shapes(batcher, train, &batches, &mut seen));
+    }
     let accum = plan.optim.accumulation_steps.max(1);
     let mut groups: Vec<(usize, &Vec<usize>)> = shapes.iter().map(|b| (accum, b)).collect();
     // The epoch's last group is shorter when the batches do not divide; a group of one
     // takes another path (no accumulator).
-    let rest = batches.len() % accum;
+    let rest = per_epoch % accum;
     if accum > 1 && rest == 1 {
         if let Some(first) = shapes.first() {
             groups.push((1, first));
