@@ -88,7 +88,7 @@ fn bare(p: &Plan) -> Vec<f64> {
             let (x, y) = batcher.to_device::<B>(b.value, &device);
             let mut acc = Accumulation::<B>::new(1);
             let loss = acc.add(&model, loss_fn.forward(model.forward(x), y));
-            model = optim.step(p.optim.lr, model, acc.grads());
+            model = optim.update(&p.optim, p.optim.lr, model, acc);
             let _: f32 = loss.into_scalar();
             times.push(t.elapsed().as_secs_f64() * 1e3);
             if times.len() as u64 == STEPS {

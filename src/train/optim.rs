@@ -41,11 +41,28 @@ impl<B: TrainBackend> Optim<B> {
         }
     }
 
-    pub fn step(&mut self, lr: f64, model: Net<B>, grads: GradientsParams) -> Net<B> {
+    fn step(&mut self, lr: f64, model: Net<B>, grads: GradientsParams) -> Net<B> {
         match self {
             Optim::Sgd(o) => o.step(lr, model, grads),
             Optim::AdamW(o) => o.step(lr, model, grads),
         }
+    }
+
+    /// The update an optimizer step makes: the step's accumulated gradients, clipped to
+    /// `optim.clip_grad_norm`, then the optimizer. The training loop and `runner warmup`
+    /// both take it, so warm-up runs the same kernels as a run.
+    pub fn update(
+        &mut self,
+        p: &crate::plan::OptimPlan,
+        lr: f64,
+        model: Net<B>,
+        acc: Accumulation<B>,
+    ) -> Net<B> {
+        let mut grads = acc.grads();
+        if let Some(max_norm) = p.clip_grad_norm {
+            grads = clip_grad_norm(&model, grads, max_norm);
+        }
+        self.step(lr, model, grads)
     }
 }
 

@@ -314,12 +314,8 @@ impl<'a, B: TrainBackend> Trainer<'a, B> {
         let plan = self.io.plan;
         let device = self.io.device.clone();
         let (model, opt_ms) = phase::<B, _>(rec.synced, &device, || {
-            let mut grads = acc.grads();
-            if let Some(max_norm) = plan.optim.clip_grad_norm {
-                grads = clip_grad_norm(&self.model, grads, max_norm);
-            }
             let model = std::mem::replace(&mut self.model, Net::placeholder());
-            self.optim.step(rec.lr, model, grads)
+            self.optim.update(&plan.optim, rec.lr, model, acc)
         });
         self.model = model;
         rec.optimizer_ms = opt_ms;

@@ -79,16 +79,27 @@ pub fn warm_up<B: TrainBackend>(
         train_shapes: shapes.len(),
         ..Default::default()
     };
+    // As the training loop: the step's mean loss kept on the device, the update, and the
+    // losses read back together.
+    let mut losses = Vec::new();
     for (group, idx) in groups {
         let mut acc = Accumulation::<B>::new(group);
+        let mut sum: Option<Tensor<B::InnerBackend, 1>> = None;
         for _ in 0..group {
             let (x, y) = batcher.to_device::<B>(batcher.host(train, idx, 0, true), device);
-            let loss = loss_fn.forward(model.forward(x), y);
-            let _ = acc.add(&model, loss);
+            let l = acc.add(&model, loss_fn.forward(model.forward(x), y));
+            sum = Some(match sum {
+                Some(s) => s + l,
+                None => l,
+            });
             warmed.micro_batches += 1;
         }
-        model = optim.step(plan.optim.lr, model, acc.grads());
+        losses.extend(sum.map(|s| s / group as f32));
+        model = optim.update(&plan.optim, plan.optim.lr, model, acc);
         let _ = B::sync(device);
+    }
+    if !losses.is_empty() {
+        let _ = Tensor::cat(losses, 0).into_data();
     }
     if !plan.cleanup.actions.is_empty() {
         run_cleanup::<B>(&plan.cleanup.actions, device);
