@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # A real Slurm test: install Debian's Slurm (slurm-wlm, munge), start a one-node cluster on
-# localhost, submit a small CPU grid as a job array with `runner sweep --slurm --submit`,
-# wait for it, and check that every cell completed and `runner report` covers them all.
+# localhost, submit a small CPU grid as a job array with `runner sweep --slurm --submit`
+# (after its warm-up job), wait for it, and check that every cell completed and `runner
+# report` covers them all.
 #
 #   .ci/slurm-test.sh path/to/runner          (as root; CI calls it after the tests)
 set -euo pipefail
@@ -75,10 +76,13 @@ for _ in $(seq 60); do
 done
 sinfo
 
-# A small CPU grid, its sweep state and runs in the work directory.
+# A small CPU grid, its sweep state and runs in the work directory. slurm.warmup = true
+# (on by default only when tasks get a GPU): a warm-up job first, the array after it.
 GRID=tests/fixtures/sweep/tiny_grid.toml
 LOGS="$WORK/runs"
-"$RUNNER" sweep --slurm --submit "$GRID" --set "log.dir=\"$LOGS\"" | tee "$WORK/submit.txt"
+"$RUNNER" sweep --slurm --submit "$GRID" --set "log.dir=\"$LOGS\"" --set slurm.warmup=true |
+  tee "$WORK/submit.txt"
+grep -q '^warm-up job [0-9]*: the array starts when it ends' "$WORK/submit.txt"
 JOB=$(awk '/Submitted batch job/ {print $4}' "$WORK/submit.txt")
 [ -n "$JOB" ] || { echo "no job id"; exit 1; }
 for _ in $(seq 300); do
@@ -95,6 +99,9 @@ DONE=$(grep -l '"state": "done"' "$SWEEP"/cells/*.json | wc -l)
 echo "cells: $CELLS, done: $DONE"
 for f in "$SWEEP"/slurm-*.out; do echo "== $f"; cat "$f"; done
 [ "$DONE" -eq "$CELLS" ] || { echo "not every cell completed"; cat "$WORK"/slurmd.log | tail -30; exit 1; }
+# The warm-up job ran (the array depended on it, so it ran first) and warmed the grid up.
+for f in "$SWEEP"/warmup-*.out; do echo "== $f"; cat "$f"; done
+grep -q 'warmed up on' "$SWEEP"/warmup-*.out || { echo "the warm-up job did not run"; exit 1; }
 ROWS=$("$RUNNER" report "$LOGS/tiny_grid" --format csv | tail -n +2 | wc -l)
 "$RUNNER" report "$LOGS/tiny_grid"
 [ "$ROWS" -eq "$CELLS" ] || { echo "the report has $ROWS rows for $CELLS cells"; exit 1; }

@@ -1,21 +1,28 @@
 //! Slurm job arrays for grids: the `sbatch` script (one array task per cell or shard,
 //! resources from `[slurm]`, the values checked by validation and quoted here), the
 //! command each task runs, the preemption plumbing (`--signal`, forwarding SIGTERM,
-//! `scontrol requeue`), and submission. The grid itself is `sweep`'s.
+//! `scontrol requeue`), the warm-up job that compiles the grid's kernels before the array
+//! starts, and submission. The grid itself is `sweep`'s.
 
 use std::path::{Path, PathBuf};
 
 use crate::recipe::schema;
 use crate::sweep::{Checked, SweepDir};
 
+/// What [`write`] wrote for a grid.
+pub struct Scripts {
+    /// The job array's script.
+    pub array: PathBuf,
+    pub tasks: usize,
+    /// The warm-up job's script (`slurm.warmup`), to run before the array.
+    pub warmup: Option<PathBuf>,
+}
+
 /// Writes `<sweep dir>/slurm.sbatch` for a grid: every task runs this binary on the grid
-/// with `--resume` and its `--cell` (or `--shard` with `shards`). Returns the script and
-/// the number of tasks.
-pub fn write(
-    c: &Checked,
-    sets: &[String],
-    shards: Option<usize>,
-) -> Result<(PathBuf, usize), String> {
+/// with `--resume` and its `--cell` (or `--shard` with `shards`); and, where `[slurm]
+/// warmup` asks for it (by default when tasks get a GPU), `<sweep dir>/warmup.sbatch`: one
+/// task of the same resources running `runner warmup` on the whole grid.
+pub fn write(c: &Checked, sets: &[String], shards: Option<usize>) -> Result<Scripts, String> {
     let exe = std::env::current_exe().unwrap_or_else(|_| PathBuf::from("runner"));
     let workdir = std::env::current_dir().unwrap_or_else(|_| PathBuf::from("."));
     let root = &c.plans[0].log.dir;
@@ -26,16 +33,20 @@ pub fn write(
         )
     })?;
     let recipe_abs = std::fs::canonicalize(&c.path).unwrap_or_else(|_| c.path.clone());
-    let mut command = vec![
-        exe.display().to_string(),
+    let with_sets = |mut command: Vec<String>| {
+        for s in sets {
+            command.extend(["--set".into(), s.clone()]);
+        }
+        command
+    };
+    let (exe, recipe_abs) = (exe.display().to_string(), recipe_abs.display().to_string());
+    let mut command = with_sets(vec![
+        exe.clone(),
         "sweep".into(),
-        recipe_abs.display().to_string(),
+        recipe_abs.clone(),
         "--resume".into(),
         "--quiet".into(),
-    ];
-    for s in sets {
-        command.extend(["--set".into(), s.clone()]);
-    }
+    ]);
     let tasks = match shards {
         Some(k) if k >= 1 => {
             command.extend(["--shard".into(), format!("$((SLURM_ARRAY_TASK_ID+1))/{k}")]);
@@ -46,27 +57,66 @@ pub fn write(
             c.cells.len()
         }
     };
-    let text = script(
-        &c.cells[0].loaded.recipe.slurm,
-        &format!("runner-{}", c.base.replace('/', "-")),
+    let slurm = &c.cells[0].loaded.recipe.slurm;
+    let job = format!("runner-{}", c.base.replace('/', "-"));
+    let save = |name: &str, text: String| {
+        let path = dir.dir.join(name);
+        std::fs::write(&path, text).map_err(|e| format!("error: {}: {e}", path.display()))?;
+        Ok::<_, String>(path)
+    };
+    let array = save(
+        "slurm.sbatch",
+        script(slurm, &job, tasks, &dir.dir, &workdir, &command),
+    )?;
+    let warmup = if slurm.warmup.unwrap_or(slurm.gpus_per_task > 0) {
+        let command = with_sets(vec![exe, "warmup".into(), recipe_abs]);
+        let text = warmup_script(slurm, &job, &dir.dir, &workdir, &command);
+        Some(save("warmup.sbatch", text)?)
+    } else {
+        None
+    };
+    Ok(Scripts {
+        array,
         tasks,
-        &dir.dir,
-        &workdir,
-        &command,
-    );
-    let path = dir.dir.join("slurm.sbatch");
-    std::fs::write(&path, text).map_err(|e| format!("error: {}: {e}", path.display()))?;
-    Ok((path, tasks))
+        warmup,
+    })
 }
 
-/// `sbatch SCRIPT`, its output printed; the error with its exit code (1: sbatch refused
-/// the job, 2: there is no sbatch here).
-pub fn submit(script: &Path) -> Result<(), (u8, String)> {
-    match std::process::Command::new("sbatch").arg(script).output() {
-        Ok(o) if o.status.success() => {
-            print!("{}", String::from_utf8_lossy(&o.stdout));
-            Ok(())
+/// Submits the scripts: the warm-up job first (`sbatch --parsable`, for its id), then the
+/// array with `--dependency=afterany:<id>` (it starts when the warm-up ends, whether or
+/// not it succeeded: a task compiles what is missing itself). sbatch's output is printed;
+/// the error comes with its exit code (1: sbatch refused a job, 2: there is no sbatch).
+pub fn submit(scripts: &Scripts) -> Result<(), (u8, String)> {
+    let mut after = vec![];
+    if let Some(w) = &scripts.warmup {
+        let out = sbatch(&["--parsable".into()], w)?;
+        // `ID` or `ID;CLUSTER`.
+        let id = out.trim().split(';').next().unwrap_or_default().to_string();
+        if id.is_empty() || !id.chars().all(|c| c.is_ascii_digit()) {
+            return Err((
+                1,
+                format!(
+                    "error: sbatch --parsable {} printed {:?}, not a job id",
+                    w.display(),
+                    out.trim()
+                ),
+            ));
         }
+        println!("warm-up job {id}: the array starts when it ends");
+        after.push(format!("--dependency=afterany:{id}"));
+    }
+    print!("{}", sbatch(&after, &scripts.array)?);
+    Ok(())
+}
+
+/// `sbatch ARGS SCRIPT`: its standard output, or the error with its exit code.
+fn sbatch(args: &[String], script: &Path) -> Result<String, (u8, String)> {
+    match std::process::Command::new("sbatch")
+        .args(args)
+        .arg(script)
+        .output()
+    {
+        Ok(o) if o.status.success() => Ok(String::from_utf8_lossy(&o.stdout).into_owned()),
         Ok(o) => Err((
             1,
             format!(
@@ -85,23 +135,17 @@ pub fn submit(script: &Path) -> Result<(), (u8, String)> {
     }
 }
 
-/// `[slurm]` resources for the job-array script.
-pub fn script(
-    s: &schema::SlurmSection,
-    job_name: &str,
-    tasks: usize,
-    sweep_dir: &Path,
-    workdir: &Path,
-    command: &[String],
-) -> String {
-    let mut lines = vec![
-        "#!/bin/bash".to_string(),
-        format!("#SBATCH --job-name={job_name}"),
-        format!("#SBATCH --array=0-{}", tasks.saturating_sub(1)),
-        format!("#SBATCH --output={}/slurm-%A_%a.out", sweep_dir.display()),
+/// The `#SBATCH` lines of `[slurm]`'s resources, after the job's own `first` lines. The
+/// job (each array task) is one task, said explicitly: Slurm 23.11 refuses
+/// `--gpus-per-task` without a task count.
+fn resources(s: &schema::SlurmSection, first: Vec<String>) -> Vec<String> {
+    let mut lines = vec!["#!/bin/bash".to_string()];
+    lines.extend(first);
+    lines.extend([
         format!("#SBATCH --time={}", s.time),
+        "#SBATCH --ntasks=1".into(),
         format!("#SBATCH --cpus-per-task={}", s.cpus_per_task),
-    ];
+    ]);
     if let Some(p) = &s.partition {
         lines.push(format!("#SBATCH --partition={p}"));
     }
@@ -114,12 +158,61 @@ pub fn script(
     if let Some(a) = &s.account {
         lines.push(format!("#SBATCH --account={a}"));
     }
+    for extra in &s.extra {
+        lines.push(format!("#SBATCH {extra}"));
+    }
+    lines
+}
+
+/// The warm-up job: one task with an array task's resources, `runner warmup` on the grid.
+pub fn warmup_script(
+    s: &schema::SlurmSection,
+    job_name: &str,
+    sweep_dir: &Path,
+    workdir: &Path,
+    command: &[String],
+) -> String {
+    let mut lines = resources(
+        s,
+        vec![
+            format!("#SBATCH --job-name={job_name}-warmup"),
+            format!("#SBATCH --output={}/warmup-%j.out", sweep_dir.display()),
+        ],
+    );
+    let quoted: Vec<String> = command.iter().map(|a| shell_quote(a)).collect();
+    lines.extend([
+        String::new(),
+        "# Generated by `runner sweep --slurm`: compiles and tunes every kernel the grid's".into(),
+        "# cells need, once, into the shared kernel cache; the array starts after it.".into(),
+        format!(
+            "cd {} || exit 2",
+            shell_quote(&workdir.display().to_string())
+        ),
+        format!("exec {}", quoted.join(" ")),
+    ]);
+    lines.join("\n") + "\n"
+}
+
+/// `[slurm]` resources for the job-array script.
+pub fn script(
+    s: &schema::SlurmSection,
+    job_name: &str,
+    tasks: usize,
+    sweep_dir: &Path,
+    workdir: &Path,
+    command: &[String],
+) -> String {
+    let mut lines = resources(
+        s,
+        vec![
+            format!("#SBATCH --job-name={job_name}"),
+            format!("#SBATCH --array=0-{}", tasks.saturating_sub(1)),
+            format!("#SBATCH --output={}/slurm-%A_%a.out", sweep_dir.display()),
+        ],
+    );
     if s.requeue {
         lines.push(format!("#SBATCH --signal=B:TERM@{REQUEUE_GRACE_S}"));
         lines.push("#SBATCH --requeue".into());
-    }
-    for extra in &s.extra {
-        lines.push(format!("#SBATCH {extra}"));
     }
     let quoted: Vec<String> = command.iter().map(|a| shell_quote(a)).collect();
     lines.push(String::new());

@@ -1216,6 +1216,99 @@ fn shards_split_a_grid_and_their_union_is_the_whole() {
 }
 
 #[test]
+fn a_gpu_grid_gets_a_warmup_job_and_its_array_starts_after_it() {
+    // A stand-in sbatch on PATH: it logs its arguments and answers as sbatch does.
+    let logs = tempdir("slurm-warmup");
+    let bin = logs.join("bin");
+    std::fs::create_dir_all(&bin).unwrap();
+    let calls = logs.join("calls.txt");
+    let fake = bin.join("sbatch");
+    std::fs::write(
+        &fake,
+        format!(
+            "#!/bin/sh\necho \"$*\" >> '{}'\ncase \"$1\" in --parsable) echo '4242;cluster' ;; *) echo 'Submitted batch job 4243' ;; esac\n",
+            calls.display()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&fake, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let path = format!(
+        "{}:{}",
+        bin.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let submit = |sets: &[&str]| {
+        let _ = std::fs::remove_file(&calls);
+        let mut cmd = runner_cmd();
+        cmd.args([
+            "sweep",
+            "--slurm",
+            "--submit",
+            "tests/fixtures/sweep/tiny_grid.toml",
+        ]);
+        cmd.args(["--set", &format!("log.dir=\"{}\"", logs.display())]);
+        for s in sets {
+            cmd.args(["--set", s]);
+        }
+        let out = cmd.env("PATH", &path).output().unwrap();
+        expect_exit(&out, 0);
+        let calls = std::fs::read_to_string(&calls).unwrap();
+        (String::from_utf8_lossy(&out.stdout).into_owned(), calls)
+    };
+    let dir = |calls: &str| {
+        let first = calls.lines().next().unwrap();
+        PathBuf::from(first.rsplit(' ').next().unwrap())
+            .parent()
+            .unwrap()
+            .to_path_buf()
+    };
+
+    // Tasks with a GPU: the warm-up job first, then the array depending on it.
+    let (stdout, calls) = submit(&["slurm.gpus_per_task=1"]);
+    let lines: Vec<&str> = calls.lines().collect();
+    let sweep = dir(&calls);
+    assert_eq!(
+        lines,
+        [
+            format!("--parsable {}", sweep.join("warmup.sbatch").display()),
+            format!(
+                "--dependency=afterany:4242 {}",
+                sweep.join("slurm.sbatch").display()
+            ),
+        ],
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("warm-up job 4242: the array starts when it ends"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("Submitted batch job 4243"), "{stdout}");
+    // Slurm 23.11 refuses --gpus-per-task without a task count.
+    let array = std::fs::read_to_string(sweep.join("slurm.sbatch")).unwrap();
+    assert!(array.contains("#SBATCH --ntasks=1\n"), "{array}");
+    let warmup = std::fs::read_to_string(sweep.join("warmup.sbatch")).unwrap();
+    assert!(
+        warmup.contains("#SBATCH --gpus-per-task=1")
+            && warmup.contains("#SBATCH --ntasks=1")
+            && !warmup.contains("--array")
+            && warmup.contains(" warmup ")
+            && warmup.contains("tiny_grid.toml --set ")
+            && warmup.contains(" --set slurm.gpus_per_task=1"),
+        "{warmup}"
+    );
+
+    // On the CPU (no GPU asked for) there is nothing to compile: the array alone, unless
+    // slurm.warmup asks for it.
+    let (_, calls) = submit(&[]);
+    assert_eq!(calls.lines().count(), 1, "{calls}");
+    assert!(!calls.contains("--dependency"), "{calls}");
+    let (_, calls) = submit(&["slurm.gpus_per_task=1", "slurm.warmup=false"]);
+    assert_eq!(calls.lines().count(), 1, "{calls}");
+    let (_, calls) = submit(&["slurm.warmup=true"]);
+    assert_eq!(calls.lines().count(), 2, "{calls}");
+}
+
+#[test]
 fn resume_reruns_only_what_was_not_done() {
     let logs = tempdir("resume");
     let run = |extra: &[&str]| {

@@ -398,7 +398,7 @@ pub(crate) fn slurm(args: &SweepArgs) -> ExitCode {
         return ExitCode::from(2);
     }
     for c in &all {
-        let (script, tasks) = match slurm::write(c, &args.run.check.sets, args.shards) {
+        let scripts = match slurm::write(c, &args.run.check.sets, args.shards) {
             Ok(x) => x,
             Err(e) => {
                 eprintln!("{e}");
@@ -408,11 +408,26 @@ pub(crate) fn slurm(args: &SweepArgs) -> ExitCode {
         println!(
             "{}: {} array task(s) in {}",
             c.path.display(),
-            tasks,
-            script.display()
+            scripts.tasks,
+            scripts.array.display()
         );
+        if let Some(w) = &scripts.warmup {
+            println!(
+                "{}: a warm-up job before them (slurm.warmup) in {}{}",
+                c.path.display(),
+                w.display(),
+                if args.submit {
+                    String::new()
+                } else {
+                    format!(
+                        "; submit it first (sbatch --parsable), then sbatch --dependency=afterany:ID {}",
+                        scripts.array.display()
+                    )
+                }
+            );
+        }
         if args.submit {
-            if let Err((code, e)) = slurm::submit(&script) {
+            if let Err((code, e)) = slurm::submit(&scripts) {
                 eprintln!("{e}");
                 return ExitCode::from(code);
             }

@@ -872,6 +872,12 @@ pub struct SlurmSection {
     /// the runner checkpoints and stops, and the task requeues itself (`--requeue`) and
     /// resumes its cell from the checkpoint. Default true.
     pub requeue: bool,
+    /// Compile and tune the grid's kernels once, in a job of their own (`runner warmup`),
+    /// and start the array after it (`--dependency=afterany:`), so its tasks do not all
+    /// compile the same kernels at once, each on its own GPU. Default: when tasks get a
+    /// GPU (`gpus_per_task` > 0).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub warmup: Option<bool>,
 }
 
 impl Default for SlurmSection {
@@ -885,6 +891,7 @@ impl Default for SlurmSection {
             account: None,
             extra: vec![],
             requeue: true,
+            warmup: None,
         }
     }
 }
