@@ -165,7 +165,7 @@ fn resources(s: &schema::SlurmSection, first: Vec<String>) -> Vec<String> {
 }
 
 /// The warm-up job: one task with an array task's resources, `runner warmup` on the grid.
-pub fn warmup_script(
+fn warmup_script(
     s: &schema::SlurmSection,
     job_name: &str,
     sweep_dir: &Path,
