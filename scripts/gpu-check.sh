@@ -309,7 +309,7 @@ cache_tag() { variant_tag "$(printf '%s' "$1" | tr ',' '\n' | grep '^backend\.' 
 # cold for the driver as well, and a second call can carry it.
 runner_run() {
   local phase=$1 recipe=$2 which=$3 limit=$4 tag=$5 file=$6 cache=$CACHE_ROOT/$7 t
-  mkdir -p "$cache"
+  mkdir -p "$cache/driver"
   local files
   files=$(files_in "$cache")
   t=$(allow "$limit")
