@@ -141,6 +141,10 @@ pub fn load_run(dir: &Path) -> Result<Run, Error> {
         evals: stored.evals.clone(),
         test_accuracy: stored.test_accuracy,
         parameters: stored.parameters,
+        // What the metrics lines do not hold: the start-up and what it compiled.
+        startup_s: stored.startup_s,
+        first_step_ms: stored.first_step_ms,
+        kernels: stored.kernels,
         ..Default::default()
     };
     summary.absorb(&records, stored.warmup_steps);
@@ -179,6 +183,10 @@ pub struct Row {
     pub pad_tokens: Option<f64>,
     pub real_tokens_per_s: Option<f64>,
     pub padded_tokens_per_s: Option<f64>,
+    /// Runs that compiled kernels at run time (CUDA): process start to the first step
+    /// done, the shortest and longest over repeats. A cold kernel cache shows here, not in
+    /// `ms_median`.
+    pub startup_s: Option<(f64, f64)>,
     /// `ms_median / baseline's ms_median`.
     pub ratio: f64,
     /// The difference to the baseline is smaller than twice the combined spread.
@@ -245,6 +253,13 @@ pub fn rows(runs: &[Run], baseline: Option<&str>) -> Result<Vec<Row>, Error> {
                 ),
                 real_tokens_per_s: mean_opt(s.iter().map(|s| s.real_tokens_per_s)),
                 padded_tokens_per_s: mean_opt(s.iter().map(|s| s.padded_tokens_per_s)),
+                startup_s: s.iter().filter_map(|s| s.kernels.and(s.startup_s)).fold(
+                    None,
+                    |r, v| match r {
+                        None => Some((v, v)),
+                        Some((lo, hi)) => Some((f64::min(lo, v), f64::max(hi, v))),
+                    },
+                ),
                 ratio: 1.0,
                 within_noise: true,
                 is_baseline: false,
@@ -314,6 +329,10 @@ fn cells(rows: &[Row]) -> (Vec<String>, Vec<Vec<String>>) {
         header
             .extend(["pad tokens", "pad waste %", "real tok/s", "padded tok/s"].map(String::from));
     }
+    let startup = rows.iter().any(|r| r.startup_s.is_some());
+    if startup {
+        header.push("startup s".into());
+    }
     header.extend(["test acc %", "vs baseline"].map(String::from));
     let body = rows
         .iter()
@@ -347,6 +366,13 @@ fn cells(rows: &[Row]) -> (Vec<String>, Vec<Vec<String>>) {
                     opt(r.real_tokens_per_s, 0),
                     opt(r.padded_tokens_per_s, 0),
                 ]);
+            }
+            if startup {
+                c.push(match r.startup_s {
+                    None => "-".into(),
+                    Some((lo, hi)) if lo == hi => format!("{lo:.1}"),
+                    Some((lo, hi)) => format!("{lo:.1}-{hi:.1}"),
+                });
             }
             c.extend([
                 opt(r.test_accuracy.map(|a| 100.0 * a), 2),
@@ -385,6 +411,8 @@ struct CsvRow<'a> {
     pad_waste_pct: Option<f64>,
     real_tokens_per_s: Option<f64>,
     padded_tokens_per_s: Option<f64>,
+    startup_s_min: Option<f64>,
+    startup_s_max: Option<f64>,
     test_accuracy: Option<f64>,
     ratio: f64,
     within_noise: bool,
@@ -413,6 +441,8 @@ fn csv_rows(rows: &[Row]) -> String {
             pad_waste_pct: r.pad_waste_pct,
             real_tokens_per_s: r.real_tokens_per_s,
             padded_tokens_per_s: r.padded_tokens_per_s,
+            startup_s_min: r.startup_s.map(|s| s.0),
+            startup_s_max: r.startup_s.map(|s| s.1),
             test_accuracy: r.test_accuracy,
             ratio: r.ratio,
             within_noise: r.within_noise,

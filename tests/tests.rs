@@ -788,6 +788,13 @@ fn report_recomputes_the_table_from_metrics_files() {
     let cleanup = 100.0 * 50.0 * 6.0 / (112.0 + 113.0 + 112.0 + 114.0 + 112.0 + 113.0);
     assert!((rows[1].cleanup_pct - cleanup).abs() < 1e-9);
     assert_eq!(rows[0].gpu_util_pct, Some(92.5));
+    // Start-up (CUDA runs record their kernel counts): a cold and a warm run of default,
+    // a warm one of tuned; gc_every_step's summary predates start-up records.
+    assert_eq!(rows[0].startup_s, Some((8.5, 181.5)));
+    assert_eq!(
+        (rows[1].startup_s, rows[2].startup_s),
+        (None, Some((9.25, 9.25)))
+    );
     let dir = root().join("tests/fixtures/report");
     expect(
         &dir.join("expected.txt"),
