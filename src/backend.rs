@@ -22,7 +22,9 @@ pub fn dispatch<J: Job>(device: Device, fusion: bool, job: J) -> Result<J::Outpu
             Ok(job.run::<CpuBackend>(cpu_device(), cpu_memory))
         }
         #[cfg(feature = "cuda")]
-        Device::Cuda(i) if fusion => Ok(job.run::<CudaBackend>(cuda_device(i), cuda_memory)),
+        Device::Cuda(i) if fusion => {
+            Ok(job.run::<CudaBackend>(cuda_device(i), cuda_memory_fused))
+        }
         #[cfg(feature = "cuda")]
         Device::Cuda(i) => Ok(job.run::<CudaUnfused>(cuda_device(i), cuda_memory)),
         #[cfg(not(feature = "cuda"))]
@@ -162,6 +164,17 @@ pub fn cuda_memory(device: &burn::backend::cuda::CudaDevice) -> Option<(u64, u64
         .memory_usage()
         .ok()
         .map(|m| (m.bytes_in_use, m.bytes_reserved))
+}
+
+/// As [`cuda_memory`], with Burn's fusion in front: the ops fusion still holds in its queue
+/// (a step's tail) are launched first, so the pool has made their allocations. No device
+/// sync: the figures are the pool's once the queued work is on the device, as
+/// `torch.cuda.memory_allocated` after a step.
+#[cfg(feature = "cuda")]
+pub fn cuda_memory_fused(device: &burn::backend::cuda::CudaDevice) -> Option<(u64, u64)> {
+    type Cube = burn_cubecl::CubeBackend<cubecl::cuda::CudaRuntime, f32, i32, u8>;
+    let d = device.clone();
+    burn_fusion::get_client::<Cube>(device).sync(move || cuda_memory(&d))
 }
 
 #[cfg(feature = "cuda")]

@@ -91,7 +91,8 @@ pub struct StepRecord {
     /// Reading losses back from the device and writing metrics lines (0 when not due).
     pub log_ms: f64,
     /// Asking the device's memory pool for the `mem_*` figures (and for the memory around
-    /// a cleanup): on CUDA a round trip to CubeCL's device thread, on the CPU nothing.
+    /// a cleanup): on CUDA a round trip to CubeCL's device thread (after fusion launches
+    /// what it still queues), on the CPU nothing.
     #[serde(default)]
     pub mem_query_ms: f64,
     /// `samples / iter_ms`.
