@@ -1,7 +1,8 @@
 //! What a person watching a run sees: the start-up phase (what is being done before the
 //! first step: loading data, compiling and tuning kernels, with counts and elapsed time),
 //! then a progress bar with loss and ms/iter on a terminal, a line per epoch, the
-//! evaluation results, and on CUDA what a new shape later in the run compiles. Writes to stderr only; stdout carries the final one-line summary.
+//! evaluation results, and on CUDA what a new shape later in the run compiles. Writes to
+//! stderr only; stdout carries the final one-line summary.
 
 use std::path::PathBuf;
 use std::sync::{Arc, Condvar, Mutex};
