@@ -22,9 +22,7 @@ pub fn dispatch<J: Job>(device: Device, fusion: bool, job: J) -> Result<J::Outpu
             Ok(job.run::<CpuBackend>(cpu_device(), cpu_memory))
         }
         #[cfg(feature = "cuda")]
-        Device::Cuda(i) if fusion => {
-            Ok(job.run::<CudaBackend>(cuda_device(i), cuda_memory_fused))
-        }
+        Device::Cuda(i) if fusion => Ok(job.run::<CudaBackend>(cuda_device(i), cuda_memory_fused)),
         #[cfg(feature = "cuda")]
         Device::Cuda(i) => Ok(job.run::<CudaUnfused>(cuda_device(i), cuda_memory)),
         #[cfg(not(feature = "cuda"))]
