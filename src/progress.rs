@@ -417,8 +417,8 @@ mod tests {
     #[test]
     fn a_new_shape_after_start_up_is_shown_while_it_compiles_and_when_done() {
         let (t, lines) = captured(true);
-        compile_for(1500);
-        std::thread::sleep(Duration::from_millis(800));
+        compile_for(3000);
+        std::thread::sleep(Duration::from_millis(1500));
         t.expect("watching").stop();
         let lines = lines.lock().unwrap().clone();
         assert!(lines[0].starts_with("r: starting, "), "{lines:?}");
