@@ -53,6 +53,22 @@ struct Phase {
 const TICK: Duration = Duration::from_millis(250);
 /// On a terminal, a burst of compilation shows once it has lasted this long.
 const BURST_SHOWN_AFTER: Duration = Duration::from_secs(1);
+/// A burst ends after this long without a kernel compiled, loaded or tuned: CubeCL counts
+/// a kernel as it starts compiling it, and one can take seconds.
+const BURST_QUIET: Duration = Duration::from_secs(5);
+
+/// How often the ticker writes a line without a terminal, and how long a quiet spell
+/// ends a burst of compilation.
+#[derive(Clone, Copy)]
+struct Pace {
+    every: Duration,
+    quiet: Duration,
+}
+
+const PACE: Pace = Pace {
+    every: LINE_EVERY,
+    quiet: BURST_QUIET,
+};
 
 /// `starting 12 s: first step (compiling kernels): 40 kernels compiled, ...`
 fn startup_line(name: &str, what: &str, counts: KernelCounts, cache: &Option<PathBuf>) -> String {
@@ -77,6 +93,8 @@ fn compiling(before: KernelCounts, now: KernelCounts) -> bool {
 struct Burst {
     since: Instant,
     at: KernelCounts,
+    /// The last tick that saw the counts move.
+    last: Instant,
     /// A line about it was shown (so its end gets one too).
     shown: bool,
 }
@@ -126,8 +144,7 @@ struct Looker {
     name: String,
     cache: Option<PathBuf>,
     out: Out,
-    /// Without a terminal, a line at most this often.
-    every: Duration,
+    pace: Pace,
     printed: Instant,
     prev: KernelCounts,
     burst: Option<Burst>,
@@ -138,7 +155,7 @@ impl Looker {
     fn due(&mut self, on_terminal: Duration) -> bool {
         let after = match self.out {
             Out::Bar(_) => on_terminal,
-            _ => self.every,
+            _ => self.pace.every,
         };
         let due = self.printed.elapsed() >= after;
         if due {
@@ -157,36 +174,45 @@ impl Looker {
             }
             return;
         }
-        match (self.burst.take(), compiling(before, now)) {
-            (None, true) => {
+        let active = compiling(before, now);
+        let Some(mut b) = self.burst.take() else {
+            if active {
                 self.printed = Instant::now();
                 self.burst = Some(Burst {
                     since: Instant::now() - TICK,
                     at: before,
+                    last: Instant::now(),
                     shown: false,
                 });
             }
-            (Some(mut b), true) => {
-                if self.due(BURST_SHOWN_AFTER) {
-                    b.shown = true;
-                    self.out
-                        .status(burst_line(&self.name, &b, now, &self.cache));
-                }
-                self.burst = Some(b);
+            return;
+        };
+        // Quiet long enough: the burst ended at its last change.
+        if !active && b.last.elapsed() >= self.pace.quiet {
+            if b.shown {
+                self.out.line(format!(
+                    "{}: the new shape's kernels are ready after {:.0} s ({})",
+                    self.name,
+                    (b.last - b.since).as_secs_f64(),
+                    now.since(b.at).describe()
+                ));
             }
-            (Some(b), false) if b.shown => self.out.line(format!(
-                "{}: the new shape's kernels are ready after {:.0} s ({})",
-                self.name,
-                b.since.elapsed().as_secs_f64(),
-                now.since(b.at).describe()
-            )),
-            _ => {}
+            return;
         }
+        if active {
+            b.last = Instant::now();
+        }
+        if self.due(BURST_SHOWN_AFTER) {
+            b.shown = true;
+            self.out
+                .status(burst_line(&self.name, &b, now, &self.cache));
+        }
+        self.burst = Some(b);
     }
 }
 
 impl Ticker {
-    fn start(name: String, out: Out, cache: Option<PathBuf>, every: Duration) -> Self {
+    fn start(name: String, out: Out, cache: Option<PathBuf>, pace: Pace) -> Self {
         let shared = Arc::new((
             Mutex::new(Phase {
                 what: "loading data".into(),
@@ -200,7 +226,7 @@ impl Ticker {
             name,
             cache,
             out,
-            every,
+            pace,
             printed: Instant::now(),
             prev: kernels::counts(),
             burst: None,
@@ -277,7 +303,7 @@ impl Progress {
         let watch = cache.is_some();
         let ticker = (!quiet).then(|| {
             let out = bar.clone().map_or(Out::Stderr, Out::Bar);
-            Ticker::start(plan.name.clone(), out, cache, LINE_EVERY)
+            Ticker::start(plan.name.clone(), out, cache, PACE)
         });
         Self {
             bar,
@@ -396,29 +422,45 @@ impl Progress {
 mod tests {
     use super::*;
 
-    /// A ticker whose lines are kept, a line at most every 300 ms, past its start-up.
+    /// A ticker whose lines are kept, past its start-up: a line at most every 300 ms, a
+    /// burst over after 1.5 s without a kernel.
     fn captured(watch_after_start: bool) -> (Option<Ticker>, Arc<Mutex<Vec<String>>>) {
         let lines = Arc::new(Mutex::new(Vec::new()));
         let out = Out::Captured(Arc::clone(&lines));
         let cache = Some(PathBuf::from("/kc"));
-        let t = Ticker::start("r".into(), out, cache, Duration::from_millis(300));
+        let pace = Pace {
+            every: Duration::from_millis(300),
+            quiet: Duration::from_millis(1500),
+        };
+        let t = Ticker::start("r".into(), out, cache, pace);
         std::thread::sleep(Duration::from_millis(700));
         (t.started(watch_after_start), lines)
     }
 
-    /// Kernels compiled for `ms`, one every 50 ms, as CubeCL reports them.
-    fn compile_for(ms: u64) {
-        for _ in 0..ms / 50 {
+    /// Kernels compiled for `ms`, one every `every` ms, as CubeCL reports them.
+    fn compile_for(ms: u64, every: u64) {
+        for _ in 0..ms / every {
             kernels::observe(log::Level::Trace, "Compiling kernel");
-            std::thread::sleep(Duration::from_millis(50));
+            std::thread::sleep(Duration::from_millis(every));
         }
     }
 
+    /// One test, so no other test of this module reports kernels meanwhile (the counters
+    /// are the process's).
     #[test]
     fn a_new_shape_after_start_up_is_shown_while_it_compiles_and_when_done() {
+        // Without run-time kernels (the CPU) nothing is watched after start-up.
+        let (t, lines) = captured(false);
+        assert!(t.is_none(), "the ticker stopped at the first step");
+        let before = lines.lock().unwrap().len();
+        compile_for(1000, 50);
+        assert_eq!(lines.lock().unwrap().len(), before);
+
         let (t, lines) = captured(true);
-        compile_for(3000);
-        std::thread::sleep(Duration::from_millis(1500));
+        // Kernels that take 600 ms each (longer than a tick, shorter than the quiet spell
+        // that ends a burst): one burst, one line at its end.
+        compile_for(3000, 600);
+        std::thread::sleep(Duration::from_millis(2500));
         t.expect("watching").stop();
         let lines = lines.lock().unwrap().clone();
         assert!(lines[0].starts_with("r: starting, "), "{lines:?}");
@@ -427,19 +469,10 @@ mod tests {
             .position(|l| l.starts_with("r: a new shape, compiling and tuning its kernels, "))
             .unwrap_or_else(|| panic!("no line during the burst: {lines:?}"));
         assert!(lines[during].ends_with("(cached in /kc for next time)"));
-        let done = lines
-            .iter()
-            .position(|l| l.starts_with("r: the new shape's kernels are ready after "))
-            .unwrap_or_else(|| panic!("no line at the end of the burst: {lines:?}"));
-        assert!(done > during);
-    }
-
-    #[test]
-    fn without_run_time_kernels_nothing_is_watched_after_start_up() {
-        let (t, lines) = captured(false);
-        assert!(t.is_none(), "the ticker stopped at the first step");
-        let before = lines.lock().unwrap().len();
-        compile_for(1000);
-        assert_eq!(lines.lock().unwrap().len(), before);
+        let ready: Vec<usize> = (0..lines.len())
+            .filter(|&i| lines[i].starts_with("r: the new shape's kernels are ready after "))
+            .collect();
+        assert_eq!(ready.len(), 1, "one burst, one end: {lines:?}");
+        assert!(ready[0] > during);
     }
 }
