@@ -1798,6 +1798,18 @@ fn warmup_runs_every_shape_once_and_creates_no_run() {
         !dir.join("runs").exists(),
         "warmup of a grid wrote sweep state"
     );
+    // Label smoothing on or off, clipping on or off run different kernels; the clipping
+    // norm itself does not.
+    for (sweep, lines) in [
+        ("\"optim.label_smoothing\" = [0.0, 0.1]", 2),
+        ("\"optim.clip_grad_norm\" = [1.0, 2.0]", 1),
+    ] {
+        let grid = tiny_recipe(&dir, "grid2", &format!("[sweep]\n{sweep}\n"));
+        let out = runner_cmd().arg("warmup").arg(&grid).output().unwrap();
+        expect_exit(&out, 0);
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert_eq!(stdout.lines().count(), lines, "{sweep}: {stdout}");
+    }
 
     // Bad input: exit 2, as for a run.
     let out = runner_cmd()

@@ -308,11 +308,15 @@ pub(crate) fn eval(run_dir: &Path, data: Option<&Path>, best: bool) -> ExitCode 
 }
 
 /// What decides the kernels a plan compiles and tunes: plans equal in this warm up once.
+/// Text batches take their lengths from the order and the epochs the run reaches.
 pub(crate) fn kernel_key(p: &Plan) -> String {
     let o = &p.optim;
-    let text_order = p.data.text().map(|_| (p.seed, p.loader.shuffle));
+    let text_order = p
+        .data
+        .text()
+        .map(|_| (p.seed, p.loader.shuffle, runner::train::epochs_reached(p)));
     format!(
-        "{:?}|{:?}|{:?}|{:?}|{}|{}|{:?}|{}|{}|{}|{}|{:?}|{:?}|{:?}",
+        "{:?}|{:?}|{:?}|{:?}|{}|{}|{:?}|{}|{}|{}|{}|{:?}|{:?}|{:?}|{}|{}",
         p.device,
         p.kernels,
         p.model,
@@ -327,6 +331,8 @@ pub(crate) fn kernel_key(p: &Plan) -> String {
         o.optimizer,
         p.cleanup.actions,
         p.run.eval,
+        o.clip_grad_norm.is_some(),
+        o.label_smoothing > 0.0,
     )
 }
 

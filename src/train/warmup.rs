@@ -35,10 +35,16 @@ fn new_shapes(
 /// longest sequence take new shapes in later epochs.
 fn run_batches<'a>(plan: &Plan, train: &'a Dataset) -> impl Iterator<Item = Vec<Vec<usize>>> + 'a {
     let cfg = loader_config(plan, train);
+    (0..epochs_reached(plan))
+        .map(move |epoch| crate::loader::epoch_batches(train.len(), &cfg, epoch))
+}
+
+/// The epochs a run of `plan` reaches: `run.epochs`, or fewer where `run.max_steps` ends
+/// it sooner (at least one).
+pub fn epochs_reached(plan: &Plan) -> usize {
     let r = &plan.run;
     let reached = r.total_steps.div_ceil(r.steps_per_epoch.max(1)) as usize;
-    (0..r.epochs.min(reached).max(1))
-        .map(move |epoch| crate::loader::epoch_batches(train.len(), &cfg, epoch))
+    r.epochs.min(reached).max(1)
 }
 
 /// Runs once each computation a run of `plan` will run, so that its kernels are compiled
