@@ -354,6 +354,10 @@ torch_run() {
   record compare "$recipe" "$which" torch "$st" "$(since "$start")" - "$json" torch
 }
 
+# How many times a plan step has run so far (a step named again is a repeat: its own
+# log directory, "#2" in its row).
+declare -A repeat_of=()
+
 # startup ARCH[,KEY=VALUE...]: cold (its own cache, empty unless CACHE_IN filled it),
 # then warm. mlp and small_cnn may not carry model.stem (a ResNet key): they get
 # article/default without it, resolved by the runner itself (absolute data paths).
@@ -362,6 +366,8 @@ startup() {
   [[ $1 == *,* ]] && variant=${1#*,}
   local label=$arch${variant:+ ($variant)} name=$arch$(variant_tag "$variant")
   local cache=$arch$(cache_tag "$variant")
+  local n=$((${repeat_of["startup $name"]:-0} + 1))
+  repeat_of["startup $name"]=$n
   local file=$REPO/recipes/article/default.toml
   if [[ $arch != resnet* ]]; then
     file=$SCRATCH/resolved/article_default_nostem.toml
@@ -379,15 +385,14 @@ startup() {
     limit=$T_COLD
     [[ $arch == resnet50 ]] && limit=$T_COLD_BIG
     [[ $which == warm ]] && limit=$T_WARM
-    runner_run startup "$label" "$which" "$limit" "p1-$name-$which" \
-      "$SCRATCH/resolved/p1-$name.toml" "$cache"
+    runner_run startup "$label" "$which$( ((n > 1)) && echo " #$n")" "$limit" \
+      "p1-$name-$n-$which" "$SCRATCH/resolved/p1-$name.toml" "$cache"
   done
 }
 
 # compare RECIPE[,KEY=VALUE...] [--gc-collect | --runner-only]: runner then torch (or torch
 # alone with --gc-collect, the runner alone with --runner-only). The variant's settings
 # reach both (torch_ref ignores backend keys).
-declare -A repeat_of=()
 SMI_DONE=
 compare() {
   local r=${1%%,*} variant= flag=${2:-} only=
