@@ -1,5 +1,7 @@
 //! Evaluation without autodiff: accuracy and mean loss over a set, and over saved weights.
 
+use burn::tensor::activation::log_softmax;
+
 use super::*;
 
 /// Evaluates saved weights (`checkpoint::save_weights`) on all of `test`, without
@@ -19,12 +21,12 @@ pub fn evaluate_weights<B: TrainBackend>(
 
 /// `idx` in evaluation batches of `batch_size`, each with how many of its rows are its own.
 /// A last, shorter batch is filled up to `batch_size` with copies of its first sample,
-/// whose outputs are dropped before scoring: every evaluation batch then has the training
-/// batch's shape (a copied row is no longer than the batch's longest, so text keeps its
-/// padded length), and on CUDA evaluation compiles and tunes no kernels of its own; a
-/// batch size that rounds to another autotune key (at `balanced`, 24 rounds to 32, not
-/// 64) would cost a new round of convolution and matmul autotuning. The price is at most
-/// `batch_size - 1` extra rows per evaluation.
+/// which scoring masks out: every evaluation batch then has the training batch's shape (a
+/// copied row is no longer than the batch's longest, so text keeps its padded length),
+/// down to the loss and accuracy reductions, and on CUDA evaluation compiles and tunes no
+/// kernels of its own; a batch size that rounds to another autotune key (at `balanced`, 24
+/// rounds to 32, not 64) would cost a new round of convolution, matmul and reduction
+/// autotuning. The price is at most `batch_size - 1` extra rows per evaluation.
 pub(crate) fn eval_batches(idx: &[usize], batch_size: usize) -> Vec<(Vec<usize>, usize)> {
     idx.chunks(batch_size.max(1))
         .map(|c| {
@@ -45,20 +47,30 @@ pub(crate) fn evaluate<B: crate::ops::ModelBackend>(
     device: &B::Device,
 ) -> EvalRecord {
     let t = Instant::now();
-    let loss_fn: CrossEntropyLoss<B> = CrossEntropyLossConfig::new().init(device);
     let n = idx.len();
     let mut correct: Option<Tensor<B, 1, Int>> = None;
     let mut loss_total: Option<Tensor<B, 1>> = None;
     for (batch, real) in eval_batches(idx, plan.loader.batch_size) {
+        let rows = batch.len();
         let (x, y) = batcher.to_device::<B>(batcher.host(test, &batch, 0, false), device);
-        let mut logits = model.forward(x);
-        let mut y = y;
-        if real < batch.len() {
-            logits = logits.narrow(0, 0, real);
-            y = y.narrow(0, 0, real);
-        }
-        let loss = loss_fn.forward(logits.clone(), y.clone()) * real as f32;
-        let hits = logits.argmax(1).flatten::<1>(0, 1).equal(y).int().sum();
+        let logits = model.forward(x);
+        // The batch's own rows; every batch has one such mask, so the same kernels.
+        let own: Vec<bool> = (0..rows).map(|i| i < real).collect();
+        let own = Tensor::<B, 1, Bool>::from_data(TensorData::new(own, [rows]), device);
+        // Cross-entropy as Burn's `CrossEntropyLoss` has it, summed over the own rows.
+        let picked = log_softmax(logits.clone(), 1).gather(1, y.clone().reshape([rows, 1]));
+        let loss = picked
+            .reshape([rows])
+            .mask_fill(own.clone().bool_not(), 0.0)
+            .sum()
+            .neg();
+        let hits = logits
+            .argmax(1)
+            .reshape([rows])
+            .equal(y)
+            .bool_and(own)
+            .int()
+            .sum();
         correct = Some(match correct {
             Some(c) => c + hits,
             None => hits,
