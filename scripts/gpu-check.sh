@@ -24,11 +24,15 @@
 #   e.g. startup:resnet50,backend.fusion=false or
 #   compare:article/default,backend.autotune=minimal: a variant with backend.* settings has
 #   its own kernel cache (other settings compile other kernels), so its first run is cold
-#   too. This is how the backend.autotune / backend.fusion defaults are to be chosen.
-# The default PLAN: the mlp (the pipeline works, in about a minute), ResNet-50's cold start,
-# the headline ratio (article/default), the other start-ups, then every article row and
-# resnet50_accum, then article/default without the NVML sampler (its per-step cost), then a
-# second round of the same. `nvidia-smi` samples memory and utilisation beside the first
+#   too. This is how the backend.autotune / backend.fusion / backend.conv defaults are to
+#   be chosen.
+# The default PLAN: the mlp (the pipeline works, in about a minute); ResNet-50's cold start
+# and the headline ratio (article/default) with backend.conv=implicit_gemm (convolutions
+# untuned: about 70 convolution kernels to compile instead of up to 477), so a ratio is
+# measured even if autotune's cold start takes the rest of the budget; then the same two
+# with autotune (the default); the other start-ups; every article row and resnet50_accum;
+# article/default without the NVML sampler (its per-step cost); a second implicit_gemm
+# ratio; a second round of the article rows. `nvidia-smi` samples memory and utilisation beside the first
 # runner run of article/default (the cross-check of the runner's figures). Each runner row
 # has the time its steps spent asking Burn's pool for memory figures (summary.phases).
 #
@@ -80,7 +84,8 @@ BUDGET=${BUDGET:-540}
 ROWS="article/default article/tuned_loader article/cleanup_every_step article/empty_cache_every_step resnet50_accum"
 compares() { for r in $ROWS; do printf 'compare:%s ' "$r"; done; }
 NVML_OFF=runner:article/default,profile.sample_ms=0
-PLAN=${PLAN-startup:mlp cold:resnet50 compare:article/default startup:small_cnn startup:resnet18 $(compares) gc $NVML_OFF $(compares) $NVML_OFF}
+IGEMM=backend.conv=implicit_gemm
+PLAN=${PLAN-startup:mlp cold:resnet50,$IGEMM compare:article/default,$IGEMM cold:resnet50 compare:article/default startup:small_cnn startup:resnet18 $(compares) gc $NVML_OFF compare:article/default,$IGEMM $(compares) $NVML_OFF}
 MAX_STEPS=${MAX_STEPS:-80}
 WARMUP=${WARMUP:-20}
 STARTUP_STEPS=${STARTUP_STEPS:-60}

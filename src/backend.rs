@@ -1,11 +1,11 @@
 //! The one place that knows which Burn backends exist: probing for a GPU without crashing,
 //! and calling generic code (the training loop, the warm-up) with the backend type the plan
 //! chose. CPU is Burn's Flex backend; CUDA is burn-cuda with autotune, with or without
-//! fusion, compiled in with `--features cuda`.
+//! fusion, compiled in with `--features cuda`, its convolutions as `backend.conv` says.
 
 use crate::ops::TrainBackend;
 
-use crate::plan::{Device, Machine};
+use crate::plan::{Device, KernelPlan, Machine};
 
 /// Work generic over the backend, handed the device and its memory query by `dispatch`.
 pub trait Job {
@@ -13,21 +13,28 @@ pub trait Job {
     fn run<B: TrainBackend>(self, device: B::Device, mem: MemFn<B::Device>) -> Self::Output;
 }
 
-/// Runs `job` on the backend the plan chose. Validation has rejected CUDA where it is not
-/// compiled in, so a CPU-only binary never sees `Device::Cuda`; if it does, it says so.
-pub fn dispatch<J: Job>(device: Device, fusion: bool, job: J) -> Result<J::Output, String> {
+/// Runs `job` on the backend the plan chose, with its `[backend]` kernel settings (fusion
+/// picks the CUDA backend type, `conv` the convolution strategy). Validation has rejected
+/// CUDA where it is not compiled in, so a CPU-only binary never sees `Device::Cuda`; if it
+/// does, it says so.
+pub fn dispatch<J: Job>(device: Device, kernels: &KernelPlan, job: J) -> Result<J::Output, String> {
     match device {
         Device::Cpu => {
             keep_freed_memory();
             Ok(job.run::<CpuBackend>(cpu_device(), cpu_memory))
         }
         #[cfg(feature = "cuda")]
-        Device::Cuda(i) if fusion => Ok(job.run::<CudaBackend>(cuda_device(i), cuda_memory_fused)),
-        #[cfg(feature = "cuda")]
-        Device::Cuda(i) => Ok(job.run::<CudaUnfused>(cuda_device(i), cuda_memory)),
+        Device::Cuda(i) => {
+            crate::ops::conv_cuda::set(kernels.conv);
+            if kernels.fusion {
+                Ok(job.run::<CudaBackend>(cuda_device(i), cuda_memory_fused))
+            } else {
+                Ok(job.run::<CudaUnfused>(cuda_device(i), cuda_memory))
+            }
+        }
         #[cfg(not(feature = "cuda"))]
         Device::Cuda(_) => {
-            let _ = fusion;
+            let _ = kernels;
             Err("this binary was built without the `cuda` feature".into())
         }
     }
@@ -70,9 +77,13 @@ pub fn describe(device: Device, kernels: &crate::plan::KernelPlan) -> (String, S
         Device::Cpu => ("flex (cpu)".into(), cpu_name()),
         Device::Cuda(i) => (
             format!(
-                "cuda ({}autotune {})",
+                "cuda ({}autotune {}{})",
                 if kernels.fusion { "fusion, " } else { "" },
-                kernels.autotune.name()
+                kernels.autotune.name(),
+                match kernels.conv {
+                    crate::recipe::ConvAlgo::Autotune => String::new(),
+                    c => format!(", conv {}", c.name()),
+                }
             ),
             cuda_devices()
                 .ok()

@@ -59,6 +59,8 @@ pub struct KernelSettings {
     pub cache: CacheDir,
     pub autotune: String,
     pub fusion: bool,
+    /// `backend.conv`: `autotune` or `implicit_gemm`.
+    pub conv: String,
     /// False on the CPU backend, which compiles nothing at run time.
     pub used: bool,
     /// Anything that kept the recipe's settings from applying.
@@ -77,12 +79,14 @@ pub fn configure_cuda(plan: &KernelPlan) -> Result<KernelSettings, String> {
         cache: cache_dir(plan.cache_dir.as_deref(), |k| std::env::var_os(k)),
         autotune: plan.autotune.name().into(),
         fusion: plan.fusion,
+        conv: plan.conv.name().into(),
         used: true,
         notes: vec![],
     };
     if let Some(first) = APPLIED.get() {
         let mut s = first.clone();
         s.fusion = plan.fusion;
+        s.conv = plan.conv.name().into();
         if (&s.cache, &s.autotune) != (&wanted.cache, &wanted.autotune) {
             s.notes.push(format!(
                 "CubeCL was already configured in this process (cache {}, autotune {}); run cells that differ in backend.cache_dir or backend.autotune as separate processes (--cell N)",
@@ -117,6 +121,7 @@ pub fn cpu_settings(plan: &KernelPlan) -> KernelSettings {
         cache: cache_dir(plan.cache_dir.as_deref(), |k| std::env::var_os(k)),
         autotune: plan.autotune.name().into(),
         fusion: plan.fusion,
+        conv: plan.conv.name().into(),
         used: false,
         notes: vec![],
     }

@@ -1728,6 +1728,7 @@ fn a_run_records_its_startup_and_where_kernels_are_cached() {
     assert_eq!(env["kernels"]["chosen_by"], "$RUNNER_CACHE_DIR");
     assert_eq!(env["kernels"]["used"], false);
     assert_eq!(env["kernels"]["autotune"], "balanced");
+    assert_eq!(env["kernels"]["conv"], "autotune");
 
     // The recipe key wins over the variable, relative to the directory it was given in;
     // -q silences the start-up line.
@@ -1735,6 +1736,7 @@ fn a_run_records_its_startup_and_where_kernels_are_cached() {
         .arg(&recipe)
         .args(["-q", "--set", "backend.cache_dir=\"from-key\""])
         .args(["--set", "backend.autotune=\"minimal\""])
+        .args(["--set", "backend.conv=\"implicit_gemm\""])
         .env("RUNNER_CACHE_DIR", dir.join("kc"))
         .output()
         .unwrap();
@@ -1748,6 +1750,7 @@ fn a_run_records_its_startup_and_where_kernels_are_cached() {
     let env = json(&runs[0].join("env.json"));
     assert_eq!(env["kernels"]["chosen_by"], "backend.cache_dir");
     assert_eq!(env["kernels"]["autotune"], "minimal");
+    assert_eq!(env["kernels"]["conv"], "implicit_gemm");
     assert_eq!(
         env["kernels"]["dir"],
         root().join("from-key").display().to_string()
@@ -1803,6 +1806,8 @@ fn warmup_runs_every_shape_once_and_creates_no_run() {
     for (sweep, lines) in [
         ("\"optim.label_smoothing\" = [0.0, 0.1]", 2),
         ("\"optim.clip_grad_norm\" = [1.0, 2.0]", 1),
+        // On CUDA the two convolution strategies compile different kernels.
+        ("\"backend.conv\" = [\"autotune\", \"implicit_gemm\"]", 2),
     ] {
         let grid = tiny_recipe(&dir, "grid2", &format!("[sweep]\n{sweep}\n"));
         let out = runner_cmd().arg("warmup").arg(&grid).output().unwrap();

@@ -1,8 +1,8 @@
 //! The models' 2-D convolution (no bias) as a backend extension: [`ConvBackend`] has the
 //! forward and the two gradients, with Burn's own kernels as the default. Flex overrides
 //! them with [`super::conv_cpu`]'s im2col + gemm lowering; the autodiff backend records one
-//! custom op whose backward calls the inner backend's two gradients; CUDA keeps Burn's
-//! kernels (empty impls).
+//! custom op whose backward calls the inner backend's two gradients; CUDA runs Burn's
+//! kernels with the strategy `backend.conv` chose ([`super::conv_cuda`]).
 //!
 //! Why not Burn's `conv2d` on Flex: burn-flex 0.21 overrides `conv2d` but neither
 //! `conv2d_x_backward` nor `conv2d_weight_backward`, and Burn's generic fallbacks for those
@@ -197,9 +197,3 @@ impl<B: ConvBackend, C: CheckpointStrategy> ConvBackend for Autodiff<B, C> {
         }
     }
 }
-
-#[cfg(feature = "cuda")]
-impl ConvBackend for burn::backend::Cuda {}
-
-#[cfg(feature = "cuda")]
-impl ConvBackend for burn_cubecl::CubeBackend<cubecl::cuda::CudaRuntime, f32, i32, u8> {}

@@ -3,8 +3,9 @@
 //! backend extension, the route of Burn's "custom kernel" examples: a trait with Burn's
 //! kernels as the default, an override for the CPU backend (Flex), and an impl for the
 //! autodiff backend that records one custom op whose backward calls the inner backend.
-//! CUDA keeps Burn's kernels. No change to Burn; the cost is a bound ([`ModelBackend`],
-//! [`TrainBackend`]) that the model and the training loop carry.
+//! CUDA keeps Burn's kernels, with the convolution strategy `backend.conv` chose. No
+//! change to Burn; the cost is a bound ([`ModelBackend`], [`TrainBackend`]) that the model
+//! and the training loop carry.
 //!
 //! Measured on a ResNet-18 step (issue 12): Flex ran Burn's generic convolution gradients
 //! at 2–30× PyTorch's per layer, and a batch norm composed of a dozen whole-tensor ops
@@ -12,6 +13,8 @@
 
 pub mod conv;
 pub mod conv_cpu;
+#[cfg(feature = "cuda")]
+pub mod conv_cuda;
 pub mod norm;
 mod patches;
 

@@ -81,6 +81,7 @@ impl<'a> Validator<'a> {
         KernelPlan {
             autotune: b.autotune,
             fusion: b.fusion,
+            conv: b.conv,
             cache_dir,
         }
     }

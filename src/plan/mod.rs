@@ -19,8 +19,8 @@ use std::path::{Path, PathBuf};
 use crate::data::cifar;
 use crate::policy::CleanupPolicy;
 use crate::recipe::{
-    Arch, AutotuneLevel, BackendKind, CleanupAction, DataFormat, Diagnostic, Diagnostics, EvalWhen,
-    Every, Loaded, NormalizeOn, OptimizerKind, Recipe, Schedule, Stem,
+    Arch, AutotuneLevel, BackendKind, CleanupAction, ConvAlgo, DataFormat, Diagnostic, Diagnostics,
+    EvalWhen, Every, Loaded, NormalizeOn, OptimizerKind, Recipe, Schedule, Stem,
 };
 
 /// Most CPU threads a recipe may ask for (rayon cannot start many more).
@@ -95,6 +95,7 @@ pub struct Plan {
 pub struct KernelPlan {
     pub autotune: AutotuneLevel,
     pub fusion: bool,
+    pub conv: ConvAlgo,
     /// `backend.cache_dir`, absolute; `None`: the per-user default (see `kernels::cache_dir`).
     pub cache_dir: Option<PathBuf>,
 }

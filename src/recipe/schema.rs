@@ -54,6 +54,13 @@ pub struct BackendSection {
     /// CUDA: Burn's kernel fusion (element-wise chains compiled into one kernel). Default
     /// true. Ignored by the CPU backend.
     pub fusion: bool,
+    /// CUDA: how a convolution picks its kernel. `autotune`: each new shape tries Burn's
+    /// candidates (8 for the forward pass, 6 and 7 for the two gradients), each compiled
+    /// and timed, and keeps the fastest. `implicit_gemm`: one implicit-GEMM kernel on
+    /// tensor cores each, nothing tuned, so a cold first step compiles a fraction of the
+    /// kernels; a shape it cannot take goes to `autotune`. Default `autotune`. Ignored by
+    /// the CPU backend (its convolution is the runner's own).
+    pub conv: ConvAlgo,
     /// Where compiled kernels and autotune results are kept between runs (relative to
     /// this file). Default: `$RUNNER_CACHE_DIR`, else `$XDG_CACHE_HOME/runner`, else
     /// `~/.cache/runner`. Safe to share between concurrent runs (a Slurm array).
@@ -69,6 +76,7 @@ impl Default for BackendSection {
             threads: 0,
             autotune: AutotuneLevel::Balanced,
             fusion: true,
+            conv: ConvAlgo::Autotune,
             cache_dir: None,
         }
     }
@@ -91,6 +99,23 @@ impl AutotuneLevel {
             Self::Balanced => "balanced",
             Self::Extensive => "extensive",
             Self::Full => "full",
+        }
+    }
+}
+
+/// How CUDA convolutions pick their kernels (`backend.conv`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum ConvAlgo {
+    Autotune,
+    ImplicitGemm,
+}
+
+impl ConvAlgo {
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Autotune => "autotune",
+            Self::ImplicitGemm => "implicit_gemm",
         }
     }
 }

@@ -93,6 +93,9 @@ pub fn eval(
     let vocab = loaded.tokenizer.as_ref().map_or(0, |t| t.vocab_size());
     let batcher = train::Batcher::new(&plan, vocab);
     backend::set_cpu_threads(plan.threads);
+    // On CUDA, CubeCL takes the run's kernel caches, as training did: evaluation then
+    // compiles nothing the run (or its warm-up) already compiled.
+    super::kernel_settings(&plan)?;
     let (backend_name, _) = backend::describe(plan.device, &plan.kernels);
     let job = Job {
         plan: &plan,
@@ -104,7 +107,7 @@ pub fn eval(
         dir: run_dir.to_path_buf(),
         message,
     };
-    let e = backend::dispatch(plan.device, plan.kernels.fusion, job)
+    let e = backend::dispatch(plan.device, &plan.kernels, job)
         .map_err(failed)?
         .map_err(failed)?;
     let report = EvalReport {

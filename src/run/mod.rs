@@ -317,7 +317,7 @@ fn drive(
             sink: &mut sink,
             persist: &persist,
         };
-        backend::dispatch(plan.device, plan.kernels.fusion, job)
+        backend::dispatch(plan.device, &plan.kernels, job)
     }));
     sink.progress.finish();
     summary.util_source = finish_sampler(&mut sink, &dir);

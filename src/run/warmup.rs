@@ -61,7 +61,7 @@ pub fn warmup(plan: &Plan) -> Result<Warmup, RunError> {
         message,
     };
     let warmed = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        backend::dispatch(plan.device, plan.kernels.fusion, job)
+        backend::dispatch(plan.device, &plan.kernels, job)
     }))
     .map_err(|p| failed(panic_message(p.as_ref())))?
     .map_err(failed)?;
