@@ -60,7 +60,8 @@
 # the remaining runs are skipped (each run's timeout is also cut to what is left); PLAN (as
 # above); STARTUP_STEPS (60) / STARTUP_WARMUP (20) for start-ups; MAX_STEPS (80) / WARMUP
 # (20) for compares, which also set run.eval=never; timeouts in seconds: T_COLD (150; 330
-# for resnet50: T_COLD_BIG), T_WARM (60), T_RUN (120); DEVICE (cuda, or cpu: --set
+# for resnet50: T_COLD_BIG), T_WARM (60), T_RUN (120); DEVICE (cuda; wgpu: a dry run
+# through CubeCL on Mesa's software Vulkan with a `--features wgpu` runner; or cpu: --set
 # backend.kind=cpu, torch_ref --device cpu, no nvidia-smi); PYTHON (python3: the one with
 # torch); RUNNER_CACHE_DIR (default $PWD/.runner-cache: one kernel cache per model.arch
 # below it); CACHE_IN (a cache.tar.gz unpacked into it first); FRESH_CACHE=1 (empty it
@@ -254,11 +255,16 @@ SETS_DEV=() # every runner and show call gets these
 TORCH_DEV=(--device "$DEVICE")
 if [[ $DEVICE == cpu ]]; then
   SETS_DEV=(--set backend.kind=cpu)
+elif [[ $DEVICE == wgpu ]]; then
+  # A dry run through CubeCL on this machine (a runner built with --features wgpu, on
+  # Mesa's software Vulkan): kernel counts, caches and start-up rows are real; torch on CPU.
+  SETS_DEV=(--set backend.kind=wgpu)
+  TORCH_DEV=(--device cpu)
 fi
 for kv in ${EXTRA_SETS:-}; do SETS_DEV+=(--set "$kv"); done
 {
   echo "date: $(date -u +%FT%TZ)"
-  if [[ $DEVICE == cpu ]]; then echo "DEVICE=cpu: nvidia-smi skipped"
+  if [[ $DEVICE != cuda ]]; then echo "DEVICE=$DEVICE: nvidia-smi skipped"
   else timeout 20 nvidia-smi || echo "nvidia-smi: failed or missing"; fi
   echo "runner: $("$BIN" --version 2>&1)"
   timeout 60 "$PYTHON" -c '
@@ -419,7 +425,7 @@ compare() {
   local file=$SCRATCH/resolved/$tag.toml
   if [[ -z $flag ]]; then
     local smi=
-    if [[ $r == article/default && -z $SMI_DONE && $DEVICE != cpu ]] && command -v nvidia-smi > /dev/null; then
+    if [[ $r == article/default && -z $SMI_DONE && $DEVICE == cuda ]] && command -v nvidia-smi > /dev/null; then
       nvidia-smi --query-gpu=timestamp,memory.used,utilization.gpu --format=csv -lms 500 \
         > "$OUT/nvidia-smi.csv" 2>&1 &
       smi=$!

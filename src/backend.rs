@@ -1,7 +1,8 @@
 //! The one place that knows which Burn backends exist: probing for a GPU without crashing,
 //! and calling generic code (the training loop, the warm-up) with the backend type the plan
 //! chose. CPU is Burn's Flex backend; CUDA is burn-cuda with autotune, with or without
-//! fusion, compiled in with `--features cuda`, its convolutions as `backend.conv` says.
+//! fusion, compiled in with `--features cuda`, its convolutions as `backend.conv` says;
+//! WebGPU (`--features wgpu`) is the same CubeCL code on Burn's wgpu runtime.
 
 use crate::ops::TrainBackend;
 
@@ -25,7 +26,7 @@ pub fn dispatch<J: Job>(device: Device, kernels: &KernelPlan, job: J) -> Result<
         }
         #[cfg(feature = "cuda")]
         Device::Cuda(i) => {
-            crate::ops::conv_cuda::set(kernels.conv);
+            crate::ops::conv_cube::set(kernels.conv);
             if kernels.fusion {
                 Ok(job.run::<CudaBackend>(cuda_device(i), cuda_memory_fused))
             } else {
@@ -37,6 +38,18 @@ pub fn dispatch<J: Job>(device: Device, kernels: &KernelPlan, job: J) -> Result<
             let _ = kernels;
             Err("this binary was built without the `cuda` feature".into())
         }
+        #[cfg(feature = "wgpu")]
+        Device::Wgpu => {
+            crate::ops::conv_cube::set(kernels.conv);
+            let device = burn::backend::wgpu::WgpuDevice::DefaultDevice;
+            if kernels.fusion {
+                Ok(job.run::<WgpuBackend>(device, wgpu_memory_fused))
+            } else {
+                Ok(job.run::<WgpuUnfused>(device, wgpu_memory))
+            }
+        }
+        #[cfg(not(feature = "wgpu"))]
+        Device::Wgpu => Err("this binary was built without the `wgpu` feature".into()),
     }
 }
 
@@ -46,6 +59,7 @@ pub fn probe() -> Machine {
     let gpus = cuda_gpus();
     Machine {
         cuda_compiled: cfg!(feature = "cuda"),
+        wgpu_compiled: cfg!(feature = "wgpu"),
         cuda_devices: gpus.as_ref().map(|d| d.len()).map_err(Clone::clone),
         host_memory: crate::plan::resources::host_memory(),
         gpu_memory: gpus
@@ -76,21 +90,28 @@ pub fn describe(device: Device, kernels: &crate::plan::KernelPlan) -> (String, S
     match device {
         Device::Cpu => ("flex (cpu)".into(), cpu_name()),
         Device::Cuda(i) => (
-            format!(
-                "cuda ({}autotune {}{})",
-                if kernels.fusion { "fusion, " } else { "" },
-                kernels.autotune.name(),
-                match kernels.conv {
-                    crate::recipe::ConvAlgo::Autotune => String::new(),
-                    c => format!(", conv {}", c.name()),
-                }
-            ),
+            cube_label("cuda", kernels),
             cuda_devices()
                 .ok()
                 .and_then(|d| d.get(i).cloned())
                 .unwrap_or_else(|| format!("CUDA device {i}")),
         ),
+        Device::Wgpu => (cube_label("wgpu", kernels), "WebGPU default adapter".into()),
     }
+}
+
+/// `cuda (fusion, autotune balanced, conv implicit_gemm)`: a CubeCL backend and the
+/// `[backend]` settings that change its kernels (a default `conv` left out).
+fn cube_label(runtime: &str, kernels: &KernelPlan) -> String {
+    let conv = match kernels.conv {
+        crate::recipe::ConvAlgo::Autotune => String::new(),
+        c => format!(", conv {}", c.name()),
+    };
+    format!(
+        "{runtime} ({}autotune {}{conv})",
+        if kernels.fusion { "fusion, " } else { "" },
+        kernels.autotune.name(),
+    )
 }
 
 fn cpu_name() -> String {
@@ -165,25 +186,54 @@ pub fn cuda_device(index: usize) -> burn::backend::cuda::CudaDevice {
     burn::backend::cuda::CudaDevice::new(index)
 }
 
-#[cfg(feature = "cuda")]
-pub fn cuda_memory(device: &burn::backend::cuda::CudaDevice) -> Option<(u64, u64)> {
-    use cubecl::Runtime;
-    let client = cubecl::cuda::CudaRuntime::client(device);
-    client
+/// A CubeCL runtime's pool: (bytes in use, bytes reserved).
+#[cfg(feature = "cube")]
+fn cube_memory<R: cubecl::Runtime>(device: &R::Device) -> Option<(u64, u64)> {
+    R::client(device)
         .memory_usage()
         .ok()
         .map(|m| (m.bytes_in_use, m.bytes_reserved))
 }
 
-/// As [`cuda_memory`], with Burn's fusion in front: the ops fusion still holds in its queue
+/// As [`cube_memory`], with Burn's fusion in front: the ops fusion still holds in its queue
 /// (a step's tail) are launched first, so the pool has made their allocations. No device
 /// sync: the figures are the pool's once the queued work is on the device, as
 /// `torch.cuda.memory_allocated` after a step.
+#[cfg(feature = "cube")]
+fn cube_memory_fused<R: burn_cubecl::CubeRuntime, BT: burn_cubecl::BoolElement>(
+    device: &R::Device,
+) -> Option<(u64, u64)> {
+    type Cube<R, BT> = burn_cubecl::CubeBackend<R, f32, i32, BT>;
+    let d = device.clone();
+    burn_fusion::get_client::<Cube<R, BT>>(device).sync(move || cube_memory::<R>(&d))
+}
+
+#[cfg(feature = "cuda")]
+pub fn cuda_memory(device: &burn::backend::cuda::CudaDevice) -> Option<(u64, u64)> {
+    cube_memory::<cubecl::cuda::CudaRuntime>(device)
+}
+
 #[cfg(feature = "cuda")]
 pub fn cuda_memory_fused(device: &burn::backend::cuda::CudaDevice) -> Option<(u64, u64)> {
-    type Cube = burn_cubecl::CubeBackend<cubecl::cuda::CudaRuntime, f32, i32, u8>;
-    let d = device.clone();
-    burn_fusion::get_client::<Cube>(device).sync(move || cuda_memory(&d))
+    cube_memory_fused::<cubecl::cuda::CudaRuntime, u8>(device)
+}
+
+/// WebGPU (`--features wgpu`): Burn's `Wgpu` backend, with and without fusion.
+#[cfg(feature = "wgpu")]
+pub type WgpuBackend = burn::backend::Autodiff<burn::backend::Wgpu>;
+
+#[cfg(feature = "wgpu")]
+pub type WgpuUnfused =
+    burn::backend::Autodiff<burn_cubecl::CubeBackend<cubecl::wgpu::WgpuRuntime, f32, i32, u32>>;
+
+#[cfg(feature = "wgpu")]
+fn wgpu_memory(device: &burn::backend::wgpu::WgpuDevice) -> Option<(u64, u64)> {
+    cube_memory::<cubecl::wgpu::WgpuRuntime>(device)
+}
+
+#[cfg(feature = "wgpu")]
+fn wgpu_memory_fused(device: &burn::backend::wgpu::WgpuDevice) -> Option<(u64, u64)> {
+    cube_memory_fused::<cubecl::wgpu::WgpuRuntime, u32>(device)
 }
 
 #[cfg(feature = "cuda")]

@@ -70,11 +70,11 @@ pub struct KernelSettings {
 
 static APPLIED: OnceLock<KernelSettings> = OnceLock::new();
 
-/// Configures CubeCL for a CUDA run (once per process: CubeCL reads its configuration
-/// when the first device starts and never again). A later call with other settings gets
+/// Configures CubeCL for a CUDA (or WebGPU) run (once per process: CubeCL reads its
+/// configuration when the first device starts and never again). A later call with other settings gets
 /// the first ones back, with a note saying so. `cubecl.toml` and `CUBECL_DEBUG_LOG` still
 /// apply; the cache locations and the autotune level are the recipe's.
-pub fn configure_cuda(plan: &KernelPlan) -> Result<KernelSettings, String> {
+pub fn configure_cubecl(plan: &KernelPlan) -> Result<KernelSettings, String> {
     let wanted = KernelSettings {
         cache: cache_dir(plan.cache_dir.as_deref(), |k| std::env::var_os(k)),
         autotune: plan.autotune.name().into(),
@@ -127,7 +127,7 @@ pub fn cpu_settings(plan: &KernelPlan) -> KernelSettings {
     }
 }
 
-#[cfg(feature = "cuda")]
+#[cfg(feature = "cube")]
 fn apply_cubecl(dir: &Path, level: AutotuneLevel) -> Result<(), String> {
     use cubecl::config::autotune::AutotuneLevel as Level;
     use cubecl::config::cache::CacheConfig;
@@ -159,9 +159,9 @@ fn apply_cubecl(dir: &Path, level: AutotuneLevel) -> Result<(), String> {
     })
 }
 
-#[cfg(not(feature = "cuda"))]
+#[cfg(not(feature = "cube"))]
 fn apply_cubecl(_: &Path, _: AutotuneLevel) -> Result<(), String> {
-    Err("this binary was built without the `cuda` feature".into())
+    Err("this binary was built without the `cuda` or `wgpu` feature".into())
 }
 
 static COMPILED: AtomicU64 = AtomicU64::new(0);
@@ -210,6 +210,10 @@ pub(crate) fn observe(level: log::Level, msg: &str) {
         }
         "Using PTX cache" => {
             FROM_CACHE.fetch_add(1, Ordering::Relaxed);
+        }
+        // cubecl-wgpu's WGSL path (no compiled-kernel cache there).
+        m if m.starts_with("[cubecl-wgpu] compiling WGSL module") => {
+            COMPILED.fetch_add(1, Ordering::Relaxed);
         }
         m if m.starts_with("Tuning ") => {
             TUNED.fetch_add(1, Ordering::Relaxed);

@@ -225,5 +225,6 @@ fn any_machine() -> Machine {
         cuda_devices: Ok(usize::MAX),
         host_memory: None,
         gpu_memory: vec![],
+        wgpu_compiled: true,
     }
 }

@@ -58,6 +58,7 @@ fn any_machine() -> Machine {
         cuda_devices: Ok(8),
         host_memory: None,
         gpu_memory: vec![],
+        wgpu_compiled: true,
     }
 }
 
@@ -179,7 +180,9 @@ fn bad_recipes_fail_through_the_binary_with_every_finding() {
             "{name}: a bad recipe wrote a run directory"
         );
         let validate = runner_cmd().arg("validate").arg(&file).output().unwrap();
-        if name.starts_with("cuda_") {
+        // `validate` checks against any machine (a CUDA or WebGPU recipe is valid on a
+        // laptop).
+        if name.starts_with("cuda_") || name.starts_with("wgpu_") {
             continue;
         }
         expect_exit(&validate, 2);
@@ -3174,4 +3177,97 @@ fn a_validation_file_is_read_like_the_test_set() {
     expect_exit(&out, 2);
     assert!(String::from_utf8_lossy(&out.stderr)
         .contains("data.validation_file: given with data.validation"));
+}
+
+/// The CubeCL path CUDA takes, run for real on a machine without a GPU: Burn's WebGPU
+/// backend over Mesa's software Vulkan (lavapipe), with `cargo test --release --features
+/// wgpu` (`.ci/run` installs Mesa's Vulkan driver). A cold run compiles and tunes, says so
+/// while it does and learns; a second run with the same cache tunes nothing (the results
+/// are loaded); `runner warmup` leaves a run nothing to tune, evaluation included; and
+/// `backend.conv = "implicit_gemm"` runs, its refusals (no tensor cores here) said and
+/// taken by autotune, to the same numbers.
+#[cfg(feature = "wgpu")]
+#[test]
+fn wgpu_cubecl_caches_warmup_and_implicit_gemm_on_software_vulkan() {
+    let dir = tempdir("wgpu");
+    let run = |cache: &str, extra: &[&str]| {
+        let mut cmd = runner_cmd();
+        cmd.arg("recipes/quickstart.toml")
+            .args(["--set", "backend.kind=\"wgpu\"", "--set", "run.max_steps=8"])
+            .args(["--set", "run.warmup_steps=2", "--set", "run.eval=\"end\""])
+            .arg("--set")
+            .arg(format!("log.dir=\"{}\"", dir.join(cache).display()))
+            .env("RUNNER_CACHE_DIR", dir.join(cache).join("kc"));
+        for s in extra {
+            cmd.args(["--set", s]);
+        }
+        let out = cmd.output().unwrap();
+        expect_exit(&out, 0);
+        let runs = dir.join(cache).join("quickstart");
+        let mut all: Vec<PathBuf> = std::fs::read_dir(&runs)
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .collect();
+        all.sort();
+        let latest = all.pop().unwrap();
+        (
+            json(&latest.join("summary.json")),
+            json(&latest.join("env.json")),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let count = |s: &serde_json::Value, k: &str| s["kernels"][k].as_u64().unwrap();
+
+    // Cold: everything compiled and tuned, the start-up said, the kernels cached.
+    let (cold, env, stderr) = run("a", &[]);
+    assert_eq!(env["kernels"]["used"], true, "{env}");
+    assert!(
+        count(&cold, "compiled") > 0 && count(&cold, "tuned") > 0,
+        "{cold}"
+    );
+    assert!(stderr.contains("first step done"), "{stderr}");
+    let accuracy = cold["test_accuracy"].as_f64().unwrap();
+    assert!(
+        accuracy > 0.2,
+        "8 steps of small_cnn reached only {accuracy}"
+    );
+    assert!(
+        std::fs::read_dir(dir.join("a/kc/autotune")).is_ok(),
+        "no autotune results under the cache directory"
+    );
+
+    // Warm: the same recipe loads every tuning result and tunes nothing.
+    let (warm, ..) = run("a", &[]);
+    assert_eq!(count(&warm, "tuned"), 0, "{warm}");
+    assert!(count(&warm, "tune_results_loaded") > 0, "{warm}");
+    eprintln!(
+        "wgpu start-up: cold {} s, warm {} s",
+        cold["startup_s"], warm["startup_s"]
+    );
+
+    // The fallback of every refused implicit-GEMM shape is autotune's kernel: with the
+    // tuning results of the runs above, the same numbers.
+    let (igemm, env, stderr) = run("a", &["backend.conv=\"implicit_gemm\""]);
+    assert_eq!(env["kernels"]["conv"], "implicit_gemm");
+    assert!(
+        stderr.contains("backend.conv = \"implicit_gemm\" cannot take"),
+        "{stderr}"
+    );
+    assert_eq!(igemm["final_loss"], warm["final_loss"]);
+    assert_eq!(igemm["test_accuracy"], warm["test_accuracy"]);
+
+    // Warm-up into an empty cache, then a run: nothing left to tune, evaluation included.
+    let out = runner_cmd()
+        .args(["warmup", "recipes/quickstart.toml"])
+        .args(["--set", "backend.kind=\"wgpu\"", "--set", "run.max_steps=8"])
+        .args(["--set", "run.eval=\"end\""])
+        .arg("--set")
+        .arg(format!("log.dir=\"{}\"", dir.join("b").display()))
+        .env("RUNNER_CACHE_DIR", dir.join("b").join("kc"))
+        .output()
+        .unwrap();
+    expect_exit(&out, 0);
+    assert!(!dir.join("b/quickstart").exists(), "warmup created a run");
+    let (after, ..) = run("b", &[]);
+    assert_eq!(count(&after, "tuned"), 0, "warm-up missed a shape: {after}");
 }

@@ -2,7 +2,7 @@
 //! forward and the two gradients, with Burn's own kernels as the default. Flex overrides
 //! them with [`super::conv_cpu`]'s im2col + gemm lowering; the autodiff backend records one
 //! custom op whose backward calls the inner backend's two gradients; CUDA runs Burn's
-//! kernels with the strategy `backend.conv` chose ([`super::conv_cuda`]).
+//! kernels with the strategy `backend.conv` chose (`super::conv_cube`).
 //!
 //! Why not Burn's `conv2d` on Flex: burn-flex 0.21 overrides `conv2d` but neither
 //! `conv2d_x_backward` nor `conv2d_weight_backward`, and Burn's generic fallbacks for those

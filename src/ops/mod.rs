@@ -13,8 +13,8 @@
 
 pub mod conv;
 pub mod conv_cpu;
-#[cfg(feature = "cuda")]
-pub mod conv_cuda;
+#[cfg(feature = "cube")]
+pub mod conv_cube;
 pub mod norm;
 mod patches;
 

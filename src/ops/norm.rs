@@ -271,11 +271,16 @@ impl<B: NormBackend, C: CheckpointStrategy> NormBackend for Autodiff<B, C> {
     }
 }
 
-#[cfg(feature = "cuda")]
-impl NormBackend for burn::backend::Cuda {}
+/// CubeCL's backends (CUDA; WebGPU in the tests) compose batch norm from Burn's tensor ops,
+/// which fusion joins into few kernels.
+#[cfg(feature = "cube")]
+impl<R: burn_cubecl::CubeRuntime, BT: burn_cubecl::BoolElement> NormBackend
+    for burn_cubecl::CubeBackend<R, f32, i32, BT>
+{
+}
 
-#[cfg(feature = "cuda")]
-impl NormBackend for burn_cubecl::CubeBackend<cubecl::cuda::CudaRuntime, f32, i32, u8> {}
+#[cfg(feature = "cube")]
+impl<B: burn_fusion::FusionBackend + NormBackend> NormBackend for burn_fusion::Fusion<B> {}
 
 /// `[n, c, hw]`: channel `ch` of image `i` is the row `(i·c + ch)·hw ..`.
 struct Shape {

@@ -52,6 +52,16 @@ impl<'a> Validator<'a> {
                 }
                 (Device::Cuda(b.device), "backend.kind = \"cuda\"".into())
             }
+            BackendKind::Wgpu => {
+                if !m.wgpu_compiled {
+                    self.err(
+                        "backend.kind",
+                        "WebGPU was asked for, but this binary was built without it",
+                        "build with `cargo build --release --features wgpu`, or set kind = \"auto\" or \"cpu\"",
+                    );
+                }
+                (Device::Wgpu, "backend.kind = \"wgpu\"".into())
+            }
         }
     }
 
@@ -130,6 +140,12 @@ impl<'a> Validator<'a> {
                     cap(machine.gpu_memory.get(i).copied(), "the GPU's memory"),
                     vec![model_part, act_part],
                 ),
+            ],
+            // The adapter's memory is not known before it starts: the data against the
+            // host, the rest against the cap.
+            Device::Wgpu => vec![
+                (f.data_bytes, host, vec![data_part]),
+                (f.device_bytes(), cap(None, ""), vec![model_part, act_part]),
             ],
         };
         let Some((need, (limit, what), parts)) = checks

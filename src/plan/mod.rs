@@ -40,6 +40,8 @@ pub struct Machine {
     pub host_memory: Option<u64>,
     /// Total memory of each CUDA device, bytes, where known.
     pub gpu_memory: Vec<u64>,
+    /// The binary was built with `--features wgpu`.
+    pub wgpu_compiled: bool,
 }
 
 impl Machine {
@@ -49,6 +51,7 @@ impl Machine {
             gpu_memory: vec![],
             cuda_compiled: false,
             cuda_devices: Err("this binary was built without the `cuda` feature".into()),
+            wgpu_compiled: false,
         }
     }
 }
@@ -57,6 +60,8 @@ impl Machine {
 pub enum Device {
     Cpu,
     Cuda(usize),
+    /// Burn's WebGPU backend, on the default adapter (`--features wgpu`).
+    Wgpu,
 }
 
 /// A recipe that passed every check, with every default resolved.

@@ -39,8 +39,10 @@ pub struct Recipe {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct BackendSection {
-    /// `auto` (CUDA when compiled in and a GPU answers, else CPU), `cpu` or `cuda`.
-    /// Default `auto`.
+    /// `auto` (CUDA when compiled in and a GPU answers, else CPU), `cpu`, `cuda`, or
+    /// `wgpu` (Burn's WebGPU backend on Vulkan, in a binary built with `--features wgpu`;
+    /// experimental: the tests run it on Mesa's software Vulkan to exercise the CubeCL
+    /// code CUDA runs). Default `auto`.
     pub kind: BackendKind,
     /// CUDA device index. Default 0. Ignored by the CPU backend.
     pub device: usize,
@@ -57,9 +59,11 @@ pub struct BackendSection {
     /// CUDA: how a convolution picks its kernel. `autotune`: each new shape tries Burn's
     /// candidates (8 for the forward pass, 6 and 7 for the two gradients), each compiled
     /// and timed, and keeps the fastest. `implicit_gemm`: one implicit-GEMM kernel on
-    /// tensor cores each, nothing tuned, so a cold first step compiles a fraction of the
-    /// kernels; a shape it cannot take goes to `autotune`. Default `autotune`. Ignored by
-    /// the CPU backend (its convolution is the runner's own).
+    /// TF32 tensor cores per pass, untuned, so a cold first step compiles a fraction of the
+    /// kernels (a strided convolution's input gradient takes Burn's transposed
+    /// convolution, tuned between two kernels; a shape the GEMM refuses goes to
+    /// `autotune`). Default `autotune`. Ignored by the CPU backend (its convolution is the
+    /// runner's own).
     pub conv: ConvAlgo,
     /// Where compiled kernels and autotune results are kept between runs (relative to
     /// this file). Default: `$RUNNER_CACHE_DIR`, else `$XDG_CACHE_HOME/runner`, else
@@ -126,6 +130,7 @@ pub enum BackendKind {
     Auto,
     Cpu,
     Cuda,
+    Wgpu,
 }
 
 /// `[model]`: the network.

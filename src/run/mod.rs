@@ -76,7 +76,7 @@ fn create_run_dir(root: &Path, name: &str) -> std::io::Result<(PathBuf, String)>
 fn kernel_settings(plan: &Plan) -> Result<KernelSettings, RunError> {
     match plan.device {
         Device::Cpu => Ok(kernels::cpu_settings(&plan.kernels)),
-        Device::Cuda(_) => kernels::configure_cuda(&plan.kernels).map_err(|e| {
+        Device::Cuda(_) | Device::Wgpu => kernels::configure_cubecl(&plan.kernels).map_err(|e| {
             RunError::Input(format!(
                 "error: {e}\n  = help: set backend.cache_dir or ${} to a writable directory",
                 kernels::CACHE_ENV

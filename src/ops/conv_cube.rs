@@ -1,0 +1,570 @@
+//! `backend.conv` on CubeCL's backends (CUDA; WebGPU in the tests): the models'
+//! convolution through Burn's autotuned kernels (the default), or through one implicit-GEMM
+//! kernel per pass with nothing tuned (`implicit_gemm`; a strided convolution's input
+//! gradient, which Burn's implicit GEMM does not take, goes through its transposed
+//! convolution, tuned between two kernels). Owns the process-wide choice and the record of
+//! shapes the implicit GEMM refused; it does not configure CubeCL (`kernels` does).
+//!
+//! Why: burn-cubecl's `conv2d` always takes `ConvStrategy::default()`, which with the
+//! `autotune` feature compiles and times every candidate kernel of each new convolution
+//! shape before the step goes on: up to 477 kernels for ResNet-50's first step at batch
+//! 64 (BENCHMARKS.md, "Start-up"). Burn exposes the strategy only on its kernel functions,
+//! so the runner calls them itself: on the plain CubeCL backend directly, and through a
+//! custom fusion operation on the fused one (Burn's own `conv2d` there would call the
+//! inner backend's default again).
+
+use std::collections::HashSet;
+use std::marker::PhantomData;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Mutex;
+
+use burn::tensor::ops::conv::calculate_conv_output_size;
+use burn::tensor::ops::conv::calculate_padding_out;
+use burn::tensor::ops::ConvTransposeOptions;
+use burn::tensor::ops::{ConvOptions, FloatTensor, ModuleOps};
+use burn::tensor::{Shape, TensorMetadata};
+use burn_cubecl::kernel::conv::{
+    conv_data_backward, conv_forward, conv_transpose2d, conv_weight_backward, ConvStrategy,
+    ConvTranspose2dStrategy,
+};
+use burn_cubecl::{BoolElement, CubeBackend, CubeRuntime};
+use burn_fusion::stream::{Operation, OperationStreams};
+use burn_fusion::{Fusion, FusionBackend, FusionRuntime};
+use burn_ir::{CustomOpIr, HandleContainer, OperationIr, OperationOutput, TensorIr};
+
+use super::ConvBackend;
+use crate::recipe::ConvAlgo;
+
+/// The float32 backends the runner builds on a CubeCL runtime.
+type Cube<R, BT> = CubeBackend<R, f32, i32, BT>;
+
+static IMPLICIT_GEMM: AtomicBool = AtomicBool::new(false);
+
+/// Sets `backend.conv` for the convolutions queued from now on (each run sets its own).
+pub fn set(algo: ConvAlgo) {
+    IMPLICIT_GEMM.store(algo == ConvAlgo::ImplicitGemm, Ordering::Relaxed);
+}
+
+fn current() -> ConvAlgo {
+    if IMPLICIT_GEMM.load(Ordering::Relaxed) {
+        ConvAlgo::ImplicitGemm
+    } else {
+        ConvAlgo::Autotune
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum Pass {
+    Forward,
+    InputGrad,
+    WeightGrad,
+}
+
+impl Pass {
+    fn name(self) -> &'static str {
+        match self {
+            Pass::Forward => "forward pass",
+            Pass::InputGrad => "input gradient",
+            Pass::WeightGrad => "weight gradient",
+        }
+    }
+}
+
+/// A convolution as the implicit GEMM sees it: the pass, both operands' shapes, the options.
+type Key = (
+    Pass,
+    Vec<usize>,
+    Vec<usize>,
+    [usize; 2],
+    [usize; 2],
+    [usize; 2],
+    usize,
+);
+
+fn key(pass: Pass, x: &Shape, w: &Shape, o: &ConvOptions<2>) -> Key {
+    (
+        pass,
+        x.as_slice().to_vec(),
+        w.as_slice().to_vec(),
+        o.stride,
+        o.padding,
+        o.dilation,
+        o.groups,
+    )
+}
+
+/// What the implicit GEMM did with each shape so far in this process.
+#[derive(Default)]
+struct Seen {
+    /// Refused at set-up or failed at its first launch: autotune takes these from then on,
+    /// so a refusal costs one attempt per process, not one per step.
+    refused: HashSet<Key>,
+    /// Ran once without an error reported.
+    ran: HashSet<Key>,
+    /// Reasons already said on stderr.
+    reasons: HashSet<String>,
+}
+
+static SEEN: Mutex<Option<Seen>> = Mutex::new(None);
+
+fn seen<T>(f: impl FnOnce(&mut Seen) -> T) -> Option<T> {
+    let mut guard = SEEN.lock().ok()?;
+    Some(f(guard.get_or_insert_with(Seen::default)))
+}
+
+/// Records a refusal; the first shape refused for a reason is said on stderr, with the
+/// reason (a GPU without tensor cores would otherwise print a line per layer). The run goes
+/// on, on Burn's autotune.
+fn refuse(k: Key, why: &dyn std::fmt::Debug) {
+    let reason = format!("{why:?}");
+    let say = seen(|s| s.refused.insert(k.clone()) && s.reasons.insert(reason.clone()));
+    if say == Some(true) {
+        eprintln!(
+            "runner: backend.conv = \"implicit_gemm\" cannot take the {} of a convolution of {:?} by {:?} (stride {:?}, padding {:?}): {}; autotune takes it, and any other shape refused for this reason",
+            k.0.name(),
+            k.1,
+            k.2,
+            k.3,
+            k.4,
+            reason.trim()
+        );
+    }
+}
+
+/// The implicit GEMM's kernel for `pass`, or `None` where it refuses the shape. The
+/// operands are cheap handles, cloned so a refusal leaves them for the fallback.
+fn try_gemm<R: CubeRuntime, BT: BoolElement>(
+    pass: Pass,
+    x: &FloatTensor<Cube<R, BT>>,
+    weight: &FloatTensor<Cube<R, BT>>,
+    output_grad: Option<&FloatTensor<Cube<R, BT>>>,
+    options: &ConvOptions<2>,
+) -> Option<FloatTensor<Cube<R, BT>>> {
+    let k = key(pass, &x.shape(), &weight.shape(), options);
+    if seen(|s| s.refused.contains(&k)).unwrap_or(true) {
+        return None;
+    }
+    let (o, s) = (options.clone(), ConvStrategy::ImplicitGemm);
+    let out = match (pass, output_grad) {
+        (Pass::Forward, _) => conv_forward::<R, 2>(x.clone(), weight.clone(), None, o, s),
+        (Pass::InputGrad, Some(dy)) => {
+            conv_data_backward::<R, 2>(dy.clone(), weight.clone(), x.shape(), o, s)
+        }
+        (Pass::WeightGrad, Some(dy)) => {
+            conv_weight_backward::<R, 2>(x.clone(), dy.clone(), weight.shape(), o, s)
+        }
+        _ => return None,
+    };
+    let out = match out {
+        Ok(out) => out,
+        Err(e) => {
+            refuse(k, &e);
+            return None;
+        }
+    };
+    // Set-up checks are all an `Err` covers: a kernel that fails to compile or to launch
+    // is reported by the device at its next flush. So a shape's first run is flushed, and
+    // an error there sends the shape to autotune too (its output is dropped).
+    if seen(|s| s.ran.insert(k.clone())).unwrap_or(false) {
+        if let Err(e) = out.client.flush() {
+            refuse(k, &e);
+            return None;
+        }
+    }
+    Some(out)
+}
+
+/// Whether Burn's own input gradient can come back wrong: when the kernel's extent is
+/// shorter than the stride (`kernel · dilation < stride` along a side, as in ResNet's 1×1
+/// stride-2 shortcut), burn-cubecl 0.21's direct transposed-convolution kernel, one of the
+/// two its input gradient is tuned between (Burn's implicit GEMM takes stride 1 only),
+/// sums over an empty range and returns zeros: its rows run from `y_start` to
+/// `y_start + kernel · dilation − stride + 1`. Autotune keeps it wherever it is the faster
+/// one, which on lavapipe it is (and the test in this file caught it).
+fn direct_transpose_is_wrong(weight: &Shape, options: &ConvOptions<2>) -> bool {
+    (0..2).any(|i| weight.as_slice()[2 + i] * options.dilation[i] < options.stride[i])
+}
+
+/// The input gradient through Burn's other transposed convolution (a matmul, then col2im,
+/// which gathers every output position's taps and so is right for any stride).
+fn input_grad_col2im<R: CubeRuntime, BT: BoolElement>(
+    x: &FloatTensor<Cube<R, BT>>,
+    weight: FloatTensor<Cube<R, BT>>,
+    output_grad: FloatTensor<Cube<R, BT>>,
+    options: &ConvOptions<2>,
+) -> Option<FloatTensor<Cube<R, BT>>> {
+    let (xs, ws, ys) = (x.shape(), weight.shape(), output_grad.shape());
+    let padding_out = [0, 1].map(|i| {
+        calculate_padding_out(
+            ws[2 + i],
+            options.stride[i],
+            options.padding[i],
+            options.dilation[i],
+            xs[2 + i],
+            ys[2 + i],
+        )
+    });
+    let o = ConvTransposeOptions::new(
+        options.stride,
+        options.padding,
+        padding_out,
+        options.dilation,
+        options.groups,
+    );
+    match conv_transpose2d(output_grad, weight, None, o, ConvTranspose2dStrategy::Gemm) {
+        Ok(dx) => Some(dx),
+        Err(e) => {
+            let reason = format!("col2im: {e:?}");
+            if seen(|s| s.reasons.insert(reason.clone())) == Some(true) {
+                eprintln!(
+                    "runner: the input gradient of a convolution of {xs:?} by {ws:?} (stride {:?}) cannot go through Burn's col2im ({}); Burn's default takes it, whose direct kernel may return zeros for this shape",
+                    options.stride,
+                    reason.trim()
+                );
+            }
+            None
+        }
+    }
+}
+
+/// `pass` on the plain CubeCL backend with the strategy `algo`. `output_grad` is there for
+/// the two gradients.
+fn run_pass<R: CubeRuntime, BT: BoolElement>(
+    pass: Pass,
+    algo: ConvAlgo,
+    x: FloatTensor<Cube<R, BT>>,
+    weight: FloatTensor<Cube<R, BT>>,
+    output_grad: Option<FloatTensor<Cube<R, BT>>>,
+    options: ConvOptions<2>,
+) -> FloatTensor<Cube<R, BT>> {
+    // First, whatever `algo` says: the implicit GEMM hands a strided input gradient to the
+    // same transposed convolution.
+    if let (Pass::InputGrad, Some(dy)) = (pass, &output_grad) {
+        if direct_transpose_is_wrong(&weight.shape(), &options) {
+            let fixed = input_grad_col2im::<R, BT>(&x, weight.clone(), dy.clone(), &options);
+            if let Some(dx) = fixed {
+                return dx;
+            }
+        }
+    }
+    if algo == ConvAlgo::ImplicitGemm {
+        if let Some(out) = try_gemm::<R, BT>(pass, &x, &weight, output_grad.as_ref(), &options) {
+            return out;
+        }
+    }
+    type C<R, BT> = Cube<R, BT>;
+    match (pass, output_grad) {
+        (Pass::InputGrad, Some(dy)) => C::<R, BT>::conv2d_x_backward(x, weight, dy, options),
+        (Pass::WeightGrad, Some(dy)) => C::<R, BT>::conv2d_weight_backward(x, weight, dy, options),
+        _ => C::<R, BT>::conv2d(x, weight, None, options),
+    }
+}
+
+impl<R: CubeRuntime, BT: BoolElement> ConvBackend for Cube<R, BT> {
+    fn conv2d_nobias(
+        x: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        options: ConvOptions<2>,
+    ) -> FloatTensor<Self> {
+        run_pass::<R, BT>(Pass::Forward, current(), x, weight, None, options)
+    }
+
+    fn conv2d_nobias_x_backward(
+        x: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        output_grad: FloatTensor<Self>,
+        options: ConvOptions<2>,
+    ) -> FloatTensor<Self> {
+        run_pass::<R, BT>(
+            Pass::InputGrad,
+            current(),
+            x,
+            weight,
+            Some(output_grad),
+            options,
+        )
+    }
+
+    fn conv2d_nobias_weight_backward(
+        x: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        output_grad: FloatTensor<Self>,
+        options: ConvOptions<2>,
+    ) -> FloatTensor<Self> {
+        run_pass::<R, BT>(
+            Pass::WeightGrad,
+            current(),
+            x,
+            weight,
+            Some(output_grad),
+            options,
+        )
+    }
+}
+
+/// One convolution pass queued on the fused backend, with the strategy of the run that
+/// queued it: when fusion executes it, the plain backend runs it ([`run_pass`]). Inputs are
+/// `[x, weight]` for the forward pass, `[x, weight, output_grad]` for the gradients.
+#[derive(Debug)]
+struct FusedConv<R, BT> {
+    desc: CustomOpIr,
+    pass: Pass,
+    algo: ConvAlgo,
+    options: ConvOptions<2>,
+    _b: PhantomData<(R, BT)>,
+}
+
+impl<R: CubeRuntime, BT: BoolElement> Operation<<Cube<R, BT> as FusionBackend>::FusionRuntime>
+    for FusedConv<R, BT>
+{
+    fn execute(
+        &self,
+        handles: &mut HandleContainer<
+            <<Cube<R, BT> as FusionBackend>::FusionRuntime as FusionRuntime>::FusionHandle,
+        >,
+    ) {
+        let inputs = &self.desc.inputs;
+        let x = handles.get_float_tensor::<Cube<R, BT>>(&inputs[0]);
+        let weight = handles.get_float_tensor::<Cube<R, BT>>(&inputs[1]);
+        let dy = inputs
+            .get(2)
+            .map(|t| handles.get_float_tensor::<Cube<R, BT>>(t));
+        let o = self.options.clone();
+        let out = run_pass::<R, BT>(self.pass, self.algo, x, weight, dy, o);
+        handles.register_float_tensor::<Cube<R, BT>>(&self.desc.outputs[0].id, out);
+    }
+}
+
+/// Queues `pass` on the fused backend, its output shaped and typed as Burn's own op's.
+fn fused<R: CubeRuntime, BT: BoolElement>(
+    pass: Pass,
+    x: FloatTensor<Fusion<Cube<R, BT>>>,
+    weight: FloatTensor<Fusion<Cube<R, BT>>>,
+    output_grad: Option<FloatTensor<Fusion<Cube<R, BT>>>>,
+    options: ConvOptions<2>,
+) -> FloatTensor<Fusion<Cube<R, BT>>> {
+    let client = x.client.clone();
+    let dtype = output_grad.as_ref().map_or(x.dtype, |dy| dy.dtype);
+    let shape = match pass {
+        Pass::Forward => {
+            let (xs, ws) = (x.shape.as_slice(), weight.shape.as_slice());
+            let size = |i: usize| {
+                calculate_conv_output_size(
+                    ws[2 + i],
+                    options.stride[i],
+                    options.padding[i],
+                    options.dilation[i],
+                    xs[2 + i],
+                )
+            };
+            Shape::new([xs[0], ws[0], size(0), size(1)])
+        }
+        Pass::InputGrad => x.shape.clone(),
+        Pass::WeightGrad => weight.shape.clone(),
+    };
+    let mut streams = OperationStreams::with_inputs([&x, &weight]);
+    if let Some(dy) = &output_grad {
+        streams.tensor(dy);
+    }
+    let mut inputs = vec![x.into_ir(), weight.into_ir()];
+    inputs.extend(output_grad.map(|dy| dy.into_ir()));
+    let out = TensorIr::uninit(client.create_empty_handle(), shape, dtype);
+    let algo = current();
+    let desc = CustomOpIr {
+        id: format!("runner_conv2d_{pass:?}_{}", algo.name()),
+        inputs,
+        outputs: vec![out],
+    };
+    let op = FusedConv::<R, BT> {
+        desc: desc.clone(),
+        pass,
+        algo,
+        options,
+        _b: PhantomData,
+    };
+    client
+        .register(streams, OperationIr::Custom(desc), op)
+        .output()
+}
+
+impl<R: CubeRuntime, BT: BoolElement> ConvBackend for Fusion<Cube<R, BT>> {
+    fn conv2d_nobias(
+        x: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        options: ConvOptions<2>,
+    ) -> FloatTensor<Self> {
+        if current() == ConvAlgo::Autotune {
+            return Self::conv2d(x, weight, None, options);
+        }
+        fused::<R, BT>(Pass::Forward, x, weight, None, options)
+    }
+
+    fn conv2d_nobias_x_backward(
+        x: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        output_grad: FloatTensor<Self>,
+        options: ConvOptions<2>,
+    ) -> FloatTensor<Self> {
+        if current() == ConvAlgo::Autotune && !direct_transpose_is_wrong(&weight.shape, &options) {
+            return Self::conv2d_x_backward(x, weight, output_grad, options);
+        }
+        fused::<R, BT>(Pass::InputGrad, x, weight, Some(output_grad), options)
+    }
+
+    fn conv2d_nobias_weight_backward(
+        x: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        output_grad: FloatTensor<Self>,
+        options: ConvOptions<2>,
+    ) -> FloatTensor<Self> {
+        if current() == ConvAlgo::Autotune {
+            return Self::conv2d_weight_backward(x, weight, output_grad, options);
+        }
+        fused::<R, BT>(Pass::WeightGrad, x, weight, Some(output_grad), options)
+    }
+}
+
+/// The convolution on a real CubeCL runtime: WebGPU on Mesa's software Vulkan (lavapipe),
+/// fused and not, with `backend.conv` at each value, against the CPU's. This runs the code
+/// CUDA runs (the custom fusion op, Burn's kernel functions, the fallback of a refused
+/// shape: lavapipe has no tensor cores, so the implicit GEMM refuses every shape) on a
+/// machine without a GPU; `cargo test --release --features wgpu` (see `.ci/run`).
+#[cfg(all(test, feature = "wgpu"))]
+mod tests {
+    use burn::backend::{Autodiff, Flex};
+    use burn::tensor::{Distribution, Tensor, TensorData};
+
+    use super::*;
+    use crate::ops::{conv2d, TrainBackend};
+
+    type Wgpu = burn::backend::Wgpu;
+    type WgpuPlain = CubeBackend<cubecl::wgpu::WgpuRuntime, f32, i32, u32>;
+
+    /// (output, dx, dw) of `sum(conv2d(x, w) * dy)`.
+    fn conv_and_grads<B: TrainBackend>(
+        x: &TensorData,
+        w: &TensorData,
+        dy: &TensorData,
+        options: &ConvOptions<2>,
+    ) -> [Vec<f32>; 3] {
+        let device = Default::default();
+        let x = Tensor::<B, 4>::from_data(x.clone(), &device).require_grad();
+        let w = Tensor::<B, 4>::from_data(w.clone(), &device).require_grad();
+        let dy = Tensor::<B, 4>::from_data(dy.clone(), &device);
+        let y = conv2d(x.clone(), w.clone(), options.clone());
+        let grads = (y.clone() * dy).sum().backward();
+        let values = |d: TensorData| d.to_vec::<f32>().unwrap();
+        [
+            values(y.into_data()),
+            values(x.grad(&grads).unwrap().into_data()),
+            values(w.grad(&grads).unwrap().into_data()),
+        ]
+    }
+
+    fn random(dims: [usize; 4]) -> TensorData {
+        Tensor::<Flex, 4>::random(dims, Distribution::Normal(0.0, 1.0), &Default::default())
+            .into_data()
+    }
+
+    /// (output, dx, dw) by the definition, in plain loops (no padding taps, dilation 1).
+    fn reference(
+        x: &TensorData,
+        w: &TensorData,
+        dy: &TensorData,
+        stride: usize,
+        pad: usize,
+    ) -> [Vec<f32>; 3] {
+        let dims = |d: &TensorData| -> [usize; 4] { d.shape.as_slice().try_into().unwrap() };
+        let ([n, c, h, wd], [o, _, k, _], [_, _, ho, wo]) = (dims(x), dims(w), dims(dy));
+        let (xv, wv, dyv) = (
+            x.to_vec::<f32>().unwrap(),
+            w.to_vec::<f32>().unwrap(),
+            dy.to_vec::<f32>().unwrap(),
+        );
+        let (mut y, mut dx, mut dw) = (
+            vec![0.0f32; n * o * ho * wo],
+            vec![0.0f32; xv.len()],
+            vec![0.0f32; wv.len()],
+        );
+        for (b, oc, i, j, ci, u, v) in (0..n).flat_map(|b| {
+            (0..o).flat_map(move |oc| {
+                (0..ho).flat_map(move |i| {
+                    (0..wo).flat_map(move |j| {
+                        (0..c).flat_map(move |ci| {
+                            (0..k).flat_map(move |u| (0..k).map(move |v| (b, oc, i, j, ci, u, v)))
+                        })
+                    })
+                })
+            })
+        }) {
+            let (r, q) = (
+                (i * stride + u) as isize - pad as isize,
+                (j * stride + v) as isize - pad as isize,
+            );
+            if r < 0 || q < 0 || r as usize >= h || q as usize >= wd {
+                continue;
+            }
+            let xi = ((b * c + ci) * h + r as usize) * wd + q as usize;
+            let wi = ((oc * c + ci) * k + u) * k + v;
+            let yi = ((b * o + oc) * ho + i) * wo + j;
+            y[yi] += xv[xi] * wv[wi];
+            dx[xi] += dyv[yi] * wv[wi];
+            dw[wi] += dyv[yi] * xv[xi];
+        }
+        [y, dx, dw]
+    }
+
+    #[test]
+    fn cubecl_convolution_matches_the_definition_fused_or_not_with_either_strategy() {
+        // (x, weight, stride, padding): a 3×3 stride 1, a strided 3×3 (its input gradient
+        // takes Burn's transposed convolution), a strided 1×1 whose taps miss the last row
+        // and column (ResNet's downsampling shortcut on an even map).
+        let cases = [
+            ([2, 3, 8, 8], [4, 3, 3, 3], 1, 1),
+            ([2, 4, 8, 8], [6, 4, 3, 3], 2, 1),
+            ([2, 4, 6, 6], [8, 4, 1, 1], 2, 0),
+        ];
+        let mut failures = vec![];
+        for _round in 0..3 {
+            for (xs, ws, stride, padding) in cases {
+                let options = ConvOptions::new([stride; 2], [padding; 2], [1, 1], 1);
+                let (x, w) = (random(xs), random(ws));
+                let size = |i: usize| (xs[i] + 2 * padding - ws[i]) / stride + 1;
+                let dy = random([xs[0], ws[0], size(2), size(3)]);
+                let want = reference(&x, &w, &dy, stride, padding);
+                let cpu = conv_and_grads::<Autodiff<Flex>>(&x, &w, &dy, &options);
+                let mut results = vec![("cpu".to_string(), cpu)];
+                for algo in [ConvAlgo::Autotune, ConvAlgo::ImplicitGemm] {
+                    set(algo);
+                    let fused = conv_and_grads::<Autodiff<Wgpu>>(&x, &w, &dy, &options);
+                    results.push((format!("fused {algo:?}"), fused));
+                    let plain = conv_and_grads::<Autodiff<WgpuPlain>>(&x, &w, &dy, &options);
+                    results.push((format!("plain {algo:?}"), plain));
+                }
+                for (backend, got) in results {
+                    for (i, what) in ["output", "input gradient", "weight gradient"]
+                        .iter()
+                        .enumerate()
+                    {
+                        assert_eq!(got[i].len(), want[i].len(), "{what}");
+                        let bad: Vec<usize> = (0..got[i].len())
+                            .filter(|&e| (got[i][e] - want[i][e]).abs() > 1e-3)
+                            .collect();
+                        if !bad.is_empty() {
+                            failures.push(format!(
+                                "{backend} {xs:?}*{ws:?} stride {stride}: {what} wrong at {} of {} elements, first {:?}: got {:?}, want {:?}",
+                                bad.len(),
+                                got[i].len(),
+                                &bad[..bad.len().min(6)],
+                                bad.iter().take(6).map(|&e| got[i][e]).collect::<Vec<_>>(),
+                                bad.iter().take(6).map(|&e| want[i][e]).collect::<Vec<_>>(),
+                            ));
+                        }
+                    }
+                }
+            }
+        }
+        set(ConvAlgo::Autotune);
+        assert!(failures.is_empty(), "{}", failures.join("\n"));
+    }
+}
