@@ -519,10 +519,14 @@ mod tests {
         // (x, weight, stride, padding): a 3×3 stride 1, a strided 3×3 (its input gradient
         // takes Burn's transposed convolution), a strided 1×1 whose taps miss the last row
         // and column (ResNet's downsampling shortcut on an even map).
+        // ResNet's other shapes too: a 1×1 stride 1 (the bottleneck's) and a 7×7 stride 2
+        // (the ImageNet stem's).
         let cases = [
             ([2, 3, 8, 8], [4, 3, 3, 3], 1, 1),
             ([2, 4, 8, 8], [6, 4, 3, 3], 2, 1),
             ([2, 4, 6, 6], [8, 4, 1, 1], 2, 0),
+            ([2, 8, 4, 4], [6, 8, 1, 1], 1, 0),
+            ([1, 3, 12, 12], [4, 3, 7, 7], 2, 3),
         ];
         let mut failures = vec![];
         for _round in 0..3 {

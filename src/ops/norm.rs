@@ -504,3 +504,69 @@ mod tests {
         }
     }
 }
+
+/// Batch norm on a real CubeCL runtime (WebGPU over Mesa's software Vulkan, fused and not):
+/// the composed ops CUDA runs, forward and all three gradients, against the CPU kernels
+/// (which `tests` above and `model::tests` tie to Burn's `BatchNorm`).
+#[cfg(all(test, feature = "wgpu"))]
+mod wgpu_tests {
+    use burn::backend::{Autodiff, Flex};
+    use burn::tensor::{Distribution, Tensor, TensorData};
+
+    use super::*;
+    use crate::ops::TrainBackend;
+
+    type Plain = burn_cubecl::CubeBackend<cubecl::wgpu::WgpuRuntime, f32, i32, u32>;
+
+    /// out, mean, var, dx, dγ, dβ of `sum(batch_norm(x) * dy)`.
+    fn run<B: TrainBackend>(x: &TensorData, g: &TensorData, dy: &TensorData) -> Vec<Vec<f32>> {
+        let device = Default::default();
+        let x = Tensor::<B, 4>::from_data(x.clone(), &device).require_grad();
+        let gamma = Tensor::<B, 1>::from_data(g.clone(), &device).require_grad();
+        let beta = Tensor::<B, 1>::zeros([g.shape[0]], &device).require_grad();
+        let dy = Tensor::<B, 4>::from_data(dy.clone(), &device);
+        let (out, mean, var) = batch_norm_train(x.clone(), gamma.clone(), beta.clone(), 1e-5);
+        let grads = (out.clone() * dy).sum().backward();
+        let v = |d: TensorData| d.to_vec::<f32>().unwrap();
+        vec![
+            v(out.into_data()),
+            v(mean.into_data()),
+            v(var.into_data()),
+            v(x.grad(&grads).unwrap().into_data()),
+            v(gamma.grad(&grads).unwrap().into_data()),
+            v(beta.grad(&grads).unwrap().into_data()),
+        ]
+    }
+
+    #[test]
+    fn wgpu_batch_norm_matches_the_cpu_fused_or_not() {
+        let random = |dims: Vec<usize>, d| {
+            Tensor::<Flex, 1>::random([dims.iter().product::<usize>()], d, &Default::default())
+                .into_data()
+                .to_vec::<f32>()
+                .map(|v| TensorData::new(v, dims))
+                .unwrap()
+        };
+        for dims in [vec![4, 3, 5, 6], vec![2, 8, 4, 4]] {
+            let x = random(dims.clone(), Distribution::Normal(1.0, 2.0));
+            let g = random(vec![dims[1]], Distribution::Uniform(0.5, 1.5));
+            let dy = random(dims.clone(), Distribution::Default);
+            let want = run::<Autodiff<Flex>>(&x, &g, &dy);
+            let got = [
+                ("fused", run::<Autodiff<burn::backend::Wgpu>>(&x, &g, &dy)),
+                ("plain", run::<Autodiff<Plain>>(&x, &g, &dy)),
+            ];
+            let names = ["output", "mean", "variance", "dx", "dgamma", "dbeta"];
+            for (backend, got) in got {
+                for (i, name) in names.iter().enumerate() {
+                    let worst = got[i]
+                        .iter()
+                        .zip(&want[i])
+                        .map(|(a, b)| (a - b).abs())
+                        .fold(0.0f32, f32::max);
+                    assert!(worst < 1e-3, "{backend} {dims:?}: {name} off by {worst}");
+                }
+            }
+        }
+    }
+}
