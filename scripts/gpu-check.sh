@@ -31,8 +31,9 @@
 # untuned: about 70 convolution kernels to compile instead of up to 477), so a ratio is
 # measured even if autotune's cold start takes the rest of the budget; then the same two
 # with autotune (the default); the other start-ups; every article row and resnet50_accum;
-# article/default without the NVML sampler (its per-step cost); a second implicit_gemm
-# ratio; a second round of the article rows. `nvidia-smi` samples memory and utilisation beside the first
+# article/default without the NVML sampler, then without the per-step pool reading
+# (profile.memory=false): each one's cost per step, against the runs with both on; a second
+# implicit_gemm ratio; a second round of the article rows and of the two A/Bs. `nvidia-smi` samples memory and utilisation beside the first
 # runner run of article/default (the cross-check of the runner's figures). Each runner row
 # has the time its steps spent asking Burn's pool for memory figures (summary.phases).
 #
@@ -85,8 +86,9 @@ BUDGET=${BUDGET:-540}
 ROWS="article/default article/tuned_loader article/cleanup_every_step article/empty_cache_every_step resnet50_accum"
 compares() { for r in $ROWS; do printf 'compare:%s ' "$r"; done; }
 NVML_OFF=runner:article/default,profile.sample_ms=0
+POOL_OFF=runner:article/default,profile.memory=false
 IGEMM=backend.conv=implicit_gemm
-PLAN=${PLAN-startup:mlp cold:resnet50,$IGEMM compare:article/default,$IGEMM cold:resnet50 compare:article/default startup:small_cnn startup:resnet18 $(compares) gc $NVML_OFF compare:article/default,$IGEMM $(compares) $NVML_OFF}
+PLAN=${PLAN-startup:mlp cold:resnet50,$IGEMM compare:article/default,$IGEMM cold:resnet50 compare:article/default startup:small_cnn startup:resnet18 $(compares) gc $NVML_OFF $POOL_OFF compare:article/default,$IGEMM $(compares) $NVML_OFF $POOL_OFF}
 MAX_STEPS=${MAX_STEPS:-80}
 WARMUP=${WARMUP:-20}
 STARTUP_STEPS=${STARTUP_STEPS:-60}

@@ -1740,6 +1740,7 @@ fn a_run_records_its_startup_and_where_kernels_are_cached() {
         .args(["-q", "--set", "backend.cache_dir=\"from-key\""])
         .args(["--set", "backend.autotune=\"minimal\""])
         .args(["--set", "backend.conv=\"implicit_gemm\""])
+        .args(["--set", "profile.memory=false"])
         .env("RUNNER_CACHE_DIR", dir.join("kc"))
         .output()
         .unwrap();
@@ -1754,6 +1755,11 @@ fn a_run_records_its_startup_and_where_kernels_are_cached() {
     assert_eq!(env["kernels"]["chosen_by"], "backend.cache_dir");
     assert_eq!(env["kernels"]["autotune"], "minimal");
     assert_eq!(env["kernels"]["conv"], "implicit_gemm");
+    // profile.memory = false: the pool is never asked, so no step spends time asking it
+    // (the first run, which asked, did).
+    let asked = |run: &Path| records(run).iter().map(|r| r.mem_query_ms).sum::<f64>();
+    assert_eq!(asked(&runs[0]), 0.0);
+    assert!(asked(&run) > 0.0);
     assert_eq!(
         env["kernels"]["dir"],
         root().join("from-key").display().to_string()
@@ -3255,6 +3261,13 @@ fn wgpu_cubecl_caches_warmup_and_implicit_gemm_on_software_vulkan() {
     );
     assert_eq!(igemm["final_loss"], warm["final_loss"]);
     assert_eq!(igemm["test_accuracy"], warm["test_accuracy"]);
+    // The pool's figures come from CubeCL after every step, unless profile.memory is off.
+    assert!(
+        warm["peak_mem_in_use_bytes"].as_u64().unwrap() > 0,
+        "{warm}"
+    );
+    let (off, ..) = run("a", &["profile.memory=false"]);
+    assert!(off["peak_mem_in_use_bytes"].is_null(), "{off}");
 
     // Warm-up into an empty cache, then a run: nothing left to tune, evaluation included.
     let out = runner_cmd()

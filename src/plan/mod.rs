@@ -223,6 +223,8 @@ pub struct ProfilePlan {
     /// 1-based optimizer steps timed with a device sync after each phase.
     pub window: Option<std::ops::RangeInclusive<u64>>,
     pub sample_ms: u64,
+    /// Read the pool's memory figures after every step.
+    pub memory: bool,
 }
 
 /// When a run writes checkpoints, how many it keeps, and whether it saves its weights.

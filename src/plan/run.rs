@@ -197,6 +197,7 @@ impl<'a> Validator<'a> {
         ProfilePlan {
             window,
             sample_ms: p.sample_ms,
+            memory: p.memory,
         }
     }
 

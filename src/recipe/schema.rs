@@ -866,6 +866,12 @@ pub struct ProfileSection {
     /// Interval of the utilisation sampler (NVML on CUDA, /proc on the CPU), milliseconds;
     /// 0 turns sampling off. Default 100.
     pub sample_ms: u64,
+    /// Read the device memory pool's figures after every step (`mem_in_use_bytes`,
+    /// `mem_reserved_bytes`). On CUDA each reading is a round trip to CubeCL's device
+    /// thread, after fusion launches what it still holds; `false` skips it (those columns
+    /// stay empty; a cleanup still reads the pool to measure what it frees), which is how
+    /// its cost per step is measured. Default true.
+    pub memory: bool,
 }
 
 impl Default for ProfileSection {
@@ -873,6 +879,7 @@ impl Default for ProfileSection {
         Self {
             steps: None,
             sample_ms: 100,
+            memory: true,
         }
     }
 }

@@ -349,6 +349,9 @@ impl<'a, B: TrainBackend> Trainer<'a, B> {
             rec.cleanup_ms = took;
             rec.cleanup_mem_after_bytes = cleanup_mem(rec);
         }
+        if !self.io.plan.profile.memory {
+            return;
+        }
         if let Some((in_use, reserved)) = mem(rec) {
             rec.mem_in_use_bytes = Some(in_use);
             rec.mem_reserved_bytes = Some(reserved);
