@@ -42,6 +42,16 @@ pub fn dispatch<J: Job>(device: Device, kernels: &KernelPlan, job: J) -> Result<
         Device::Wgpu => {
             crate::ops::conv_cube::set(kernels.conv);
             let device = burn::backend::wgpu::WgpuDevice::DefaultDevice;
+            // cubecl-wgpu panics where no adapter answers (no Vulkan driver): an error here.
+            let start = std::panic::catch_unwind(|| {
+                <cubecl::wgpu::WgpuRuntime as cubecl::Runtime>::client(&device);
+            });
+            if let Err(p) = start {
+                return Err(format!(
+                    "no WebGPU adapter can be used ({}); install a Vulkan driver (on Debian, mesa-vulkan-drivers for a software one), or set backend.kind = \"cpu\"",
+                    crate::clock::panic_message(p.as_ref())
+                ));
+            }
             if kernels.fusion {
                 Ok(job.run::<WgpuBackend>(device, wgpu_memory_fused))
             } else {

@@ -164,6 +164,13 @@ fn bad_recipes_fail_through_the_binary_with_every_finding() {
     let logs = tempdir("fixtures-cli");
     for f in toml_files(&root().join("tests/fixtures/invalid")) {
         let file = rel(&f);
+        // A binary built with the backend it names runs that recipe.
+        let stem = f.file_stem().unwrap().to_string_lossy();
+        if (cfg!(feature = "wgpu") && stem.starts_with("wgpu_"))
+            || (cfg!(feature = "cuda") && stem.starts_with("cuda_"))
+        {
+            continue;
+        }
         let want = std::fs::read_to_string(f.with_extension("expected")).unwrap();
         let run = runner_cmd().arg(&file).env("HOME", &logs).output().unwrap();
         expect_exit(&run, 2);
@@ -1755,11 +1762,9 @@ fn a_run_records_its_startup_and_where_kernels_are_cached() {
     assert_eq!(env["kernels"]["chosen_by"], "backend.cache_dir");
     assert_eq!(env["kernels"]["autotune"], "minimal");
     assert_eq!(env["kernels"]["conv"], "implicit_gemm");
-    // profile.memory = false: the pool is never asked, so no step spends time asking it
-    // (the first run, which asked, did).
+    // profile.memory = false: the pool is never asked, so no step spends time asking it.
     let asked = |run: &Path| records(run).iter().map(|r| r.mem_query_ms).sum::<f64>();
     assert_eq!(asked(&runs[0]), 0.0);
-    assert!(asked(&run) > 0.0);
     assert_eq!(
         env["kernels"]["dir"],
         root().join("from-key").display().to_string()

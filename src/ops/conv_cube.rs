@@ -514,6 +514,50 @@ mod tests {
         [y, dx, dw]
     }
 
+    /// The premise of `run_pass`'s col2im route: Burn 0.21's direct transposed convolution
+    /// returns zeros where `direct_transpose_is_wrong` says, and col2im is right. When a
+    /// Burn upgrade fixes the kernel this fails, and the route can go.
+    #[test]
+    fn wgpu_direct_transposed_convolution_is_what_the_col2im_route_avoids() {
+        let device = Default::default();
+        let options = ConvOptions::new([2, 2], [0, 0], [1, 1], 1);
+        assert!(direct_transpose_is_wrong(
+            &Shape::new([8, 4, 1, 1]),
+            &options
+        ));
+        assert!(!direct_transpose_is_wrong(
+            &Shape::new([8, 4, 3, 3]),
+            &options
+        ));
+        let (x, w, dy) = (
+            random([2, 4, 6, 6]),
+            random([8, 4, 1, 1]),
+            random([2, 8, 3, 3]),
+        );
+        let want = reference(&x, &w, &dy, 2, 0)[1].clone();
+        let t = |d: &TensorData| {
+            Tensor::<WgpuPlain, 4>::from_data(d.clone(), &device)
+                .into_primitive()
+                .tensor()
+        };
+        let worst = |strategy| {
+            let o = ConvTransposeOptions::new([2, 2], [0, 0], [1, 1], [1, 1], 1);
+            let dx = conv_transpose2d(t(&dy), t(&w), None, o, strategy).unwrap();
+            let dx =
+                Tensor::<WgpuPlain, 4>::from_primitive(burn::tensor::TensorPrimitive::Float(dx));
+            let got = dx.into_data().to_vec::<f32>().unwrap();
+            got.iter()
+                .zip(&want)
+                .map(|(a, b)| (a - b).abs())
+                .fold(0.0f32, f32::max)
+        };
+        assert!(worst(ConvTranspose2dStrategy::Gemm) < 1e-3);
+        assert!(
+            worst(ConvTranspose2dStrategy::Direct) > 0.1,
+            "Burn's direct transposed convolution is right here now: the col2im route in run_pass can go"
+        );
+    }
+
     #[test]
     fn cubecl_convolution_matches_the_definition_fused_or_not_with_either_strategy() {
         // (x, weight, stride, padding): a 3×3 stride 1, a strided 3×3 (its input gradient
