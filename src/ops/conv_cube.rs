@@ -71,10 +71,11 @@ impl Pass {
 }
 
 /// A convolution as the implicit GEMM sees it: the pass, both operands' shapes, the options.
+/// Plain arrays: it is built for every convolution of every step under `implicit_gemm`.
 type Key = (
     Pass,
-    Vec<usize>,
-    Vec<usize>,
+    [usize; 4],
+    [usize; 4],
     [usize; 2],
     [usize; 2],
     [usize; 2],
@@ -84,8 +85,8 @@ type Key = (
 fn key(pass: Pass, x: &Shape, w: &Shape, o: &ConvOptions<2>) -> Key {
     (
         pass,
-        x.as_slice().to_vec(),
-        w.as_slice().to_vec(),
+        x.dims(),
+        w.dims(),
         o.stride,
         o.padding,
         o.dilation,
@@ -117,7 +118,7 @@ fn seen<T>(f: impl FnOnce(&mut Seen) -> T) -> Option<T> {
 /// on, on Burn's autotune.
 fn refuse(k: Key, why: &dyn std::fmt::Debug) {
     let reason = format!("{why:?}");
-    let say = seen(|s| s.refused.insert(k.clone()) && s.reasons.insert(reason.clone()));
+    let say = seen(|s| s.refused.insert(k) && s.reasons.insert(reason.clone()));
     if say == Some(true) {
         eprintln!(
             "runner: backend.conv = \"implicit_gemm\" cannot take the {} of a convolution of {:?} by {:?} (stride {:?}, padding {:?}): {}; autotune takes it, and any other shape refused for this reason",
@@ -165,7 +166,7 @@ fn try_gemm<R: CubeRuntime, BT: BoolElement>(
     // Set-up checks are all an `Err` covers: a kernel that fails to compile or to launch
     // is reported by the device at its next flush. So a shape's first run is flushed, and
     // an error there sends the shape to autotune too (its output is dropped).
-    if seen(|s| s.ran.insert(k.clone())).unwrap_or(false) {
+    if seen(|s| s.ran.insert(k)).unwrap_or(false) {
         if let Err(e) = out.client.flush() {
             refuse(k, &e);
             return None;
@@ -370,11 +371,15 @@ fn fused<R: CubeRuntime, BT: BoolElement>(
     inputs.extend(output_grad.map(|dy| dy.into_ir()));
     let out = TensorIr::uninit(client.create_empty_handle(), shape, dtype);
     let algo = current();
-    let desc = CustomOpIr {
-        id: format!("runner_conv2d_{pass:?}_{}", algo.name()),
-        inputs,
-        outputs: vec![out],
+    let id = match (pass, algo) {
+        (Pass::Forward, ConvAlgo::Autotune) => "runner_conv2d_forward_autotune",
+        (Pass::Forward, ConvAlgo::ImplicitGemm) => "runner_conv2d_forward_implicit_gemm",
+        (Pass::InputGrad, ConvAlgo::Autotune) => "runner_conv2d_input_grad_autotune",
+        (Pass::InputGrad, ConvAlgo::ImplicitGemm) => "runner_conv2d_input_grad_implicit_gemm",
+        (Pass::WeightGrad, ConvAlgo::Autotune) => "runner_conv2d_weight_grad_autotune",
+        (Pass::WeightGrad, ConvAlgo::ImplicitGemm) => "runner_conv2d_weight_grad_implicit_gemm",
     };
+    let desc = CustomOpIr::new(id, &inputs, &[out]);
     let op = FusedConv::<R, BT> {
         desc: desc.clone(),
         pass,
