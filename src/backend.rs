@@ -39,16 +39,17 @@ pub fn dispatch<J: Job>(device: Device, kernels: &KernelPlan, job: J) -> Result<
             Err("this binary was built without the `cuda` feature".into())
         }
         #[cfg(feature = "wgpu")]
-        Device::Wgpu => {
+        Device::Wgpu(target) => {
             crate::ops::conv_cube::set(kernels.conv);
-            let device = burn::backend::wgpu::WgpuDevice::DefaultDevice;
-            // cubecl-wgpu panics where no adapter answers (no Vulkan driver): an error here.
-            let start = std::panic::catch_unwind(|| {
+            let device = wgpu_device(target);
+            // Validation found the adapter; cubecl-wgpu still panics if it is gone since
+            // (the panic hook is quiet meanwhile: the error below says it).
+            let start = crate::clock::quietly(|| {
                 <cubecl::wgpu::WgpuRuntime as cubecl::Runtime>::client(&device);
             });
             if let Err(p) = start {
                 return Err(format!(
-                    "no WebGPU adapter can be used ({}); install a Vulkan driver (on Debian, mesa-vulkan-drivers for a software one), or set backend.kind = \"cpu\"",
+                    "the WebGPU adapter cannot be used ({}); install a Vulkan driver (on Debian, mesa-vulkan-drivers for a software one), or set backend.kind = \"cpu\"",
                     crate::clock::panic_message(p.as_ref())
                 ));
             }
@@ -59,7 +60,7 @@ pub fn dispatch<J: Job>(device: Device, kernels: &KernelPlan, job: J) -> Result<
             }
         }
         #[cfg(not(feature = "wgpu"))]
-        Device::Wgpu => Err("this binary was built without the `wgpu` feature".into()),
+        Device::Wgpu(_) => Err("this binary was built without the `wgpu` feature".into()),
     }
 }
 
@@ -70,11 +71,82 @@ pub fn probe() -> Machine {
     Machine {
         cuda_compiled: cfg!(feature = "cuda"),
         wgpu_compiled: cfg!(feature = "wgpu"),
+        wgpu_adapters: cfg!(feature = "wgpu").then_some(wgpu_adapters as fn() -> _),
         cuda_devices: gpus.as_ref().map(|d| d.len()).map_err(Clone::clone),
         host_memory: crate::plan::resources::host_memory(),
         gpu_memory: gpus
             .map(|d| d.iter().map(|(_, m)| *m).collect())
             .unwrap_or_default(),
+    }
+}
+
+/// The WebGPU adapters on the graphics API CubeCL uses (Vulkan on Linux), in
+/// `backend.device` order: discrete GPUs, integrated, virtual, software, unknown; each
+/// kind in the driver's order, which is how CubeCL counts them. Asked of wgpu directly:
+/// starting CubeCL's runtime would fix its configuration before the runner sets the
+/// kernel caches. Listed once per process; none in a binary without `wgpu`.
+pub fn wgpu_adapters() -> Vec<crate::plan::WgpuAdapter> {
+    static LISTED: std::sync::OnceLock<Vec<crate::plan::WgpuAdapter>> = std::sync::OnceLock::new();
+    LISTED.get_or_init(list_wgpu_adapters).clone()
+}
+
+fn list_wgpu_adapters() -> Vec<crate::plan::WgpuAdapter> {
+    #[cfg(feature = "wgpu")]
+    {
+        use crate::plan::{AdapterKind, WgpuAdapter, WgpuTarget};
+        use cubecl::wgpu::GraphicsApi;
+        let backend = cubecl::wgpu::AutoGraphicsApi::backend();
+        let instance = wgpu::Instance::new(wgpu::InstanceDescriptor {
+            backends: backend.into(),
+            ..wgpu::InstanceDescriptor::new_without_display_handle()
+        });
+        let found = cubecl::future::block_on(instance.enumerate_adapters(backend.into()));
+        let mut seen = [0usize; 5];
+        let mut out: Vec<WgpuAdapter> = found
+            .iter()
+            .map(|a| {
+                let info = a.get_info();
+                let (kind, slot) = match info.device_type {
+                    wgpu::DeviceType::DiscreteGpu => (AdapterKind::DiscreteGpu, 0),
+                    wgpu::DeviceType::IntegratedGpu => (AdapterKind::IntegratedGpu, 1),
+                    wgpu::DeviceType::VirtualGpu => (AdapterKind::VirtualGpu, 2),
+                    wgpu::DeviceType::Cpu => (AdapterKind::Cpu, 3),
+                    wgpu::DeviceType::Other => (AdapterKind::Other, 4),
+                };
+                seen[slot] += 1;
+                WgpuAdapter {
+                    name: info.name,
+                    target: WgpuTarget {
+                        index: 0,
+                        kind,
+                        nth: seen[slot] - 1,
+                    },
+                }
+            })
+            .collect();
+        out.sort_by_key(|a| a.target.kind as u8);
+        for (i, a) in out.iter_mut().enumerate() {
+            a.target.index = i;
+        }
+        out
+    }
+    #[cfg(not(feature = "wgpu"))]
+    {
+        vec![]
+    }
+}
+
+/// CubeCL's name for the adapter (validation refused the kinds it cannot select).
+#[cfg(feature = "wgpu")]
+fn wgpu_device(t: crate::plan::WgpuTarget) -> burn::backend::wgpu::WgpuDevice {
+    use crate::plan::AdapterKind;
+    use burn::backend::wgpu::WgpuDevice;
+    match t.kind {
+        AdapterKind::DiscreteGpu => WgpuDevice::DiscreteGpu(t.nth),
+        AdapterKind::IntegratedGpu => WgpuDevice::IntegratedGpu(t.nth),
+        AdapterKind::VirtualGpu => WgpuDevice::VirtualGpu(t.nth),
+        AdapterKind::Cpu => WgpuDevice::Cpu,
+        AdapterKind::Other => WgpuDevice::DefaultDevice,
     }
 }
 
@@ -106,7 +178,14 @@ pub fn describe(device: Device, kernels: &crate::plan::KernelPlan) -> (String, S
                 .and_then(|d| d.get(i).cloned())
                 .unwrap_or_else(|| format!("CUDA device {i}")),
         ),
-        Device::Wgpu => (cube_label("wgpu", kernels), "WebGPU default adapter".into()),
+        Device::Wgpu(t) => (
+            cube_label("wgpu", kernels),
+            wgpu_adapters()
+                .into_iter()
+                .find(|a| a.target == t)
+                .map(|a| format!("{} ({})", a.name, t.kind.name()))
+                .unwrap_or_else(|| format!("WebGPU adapter {}", t.index)),
+        ),
     }
 }
 

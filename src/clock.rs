@@ -1,6 +1,6 @@
 //! Facts about this process with no dependencies: UTC timestamps for run ids and records,
 //! the process's start (from which a run's start-up time is counted), the host name
-//! records carry, and the text of a caught panic.
+//! records carry, and caught panics (their text; one caught without a report).
 
 use std::sync::OnceLock;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
@@ -24,6 +24,17 @@ pub fn hostname() -> Option<String> {
         .ok()
         .map(|s| s.trim().to_string())
         .filter(|s| !s.is_empty())
+}
+
+/// Runs `f`, catching a panic without the default hook's report on stderr: for a library
+/// call whose panic the caller turns into an error of its own. The hook is process-wide,
+/// so a panic of another thread meanwhile goes unreported too; keep `f` short.
+pub fn quietly<T>(f: impl FnOnce() -> T) -> std::thread::Result<T> {
+    let hook = std::panic::take_hook();
+    std::panic::set_hook(Box::new(|_| {}));
+    let out = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));
+    std::panic::set_hook(hook);
+    out
 }
 
 /// The text of a caught panic.

@@ -226,5 +226,6 @@ fn any_machine() -> Machine {
         host_memory: None,
         gpu_memory: vec![],
         wgpu_compiled: true,
+        wgpu_adapters: None,
     }
 }

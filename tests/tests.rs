@@ -59,6 +59,7 @@ fn any_machine() -> Machine {
         host_memory: None,
         gpu_memory: vec![],
         wgpu_compiled: true,
+        wgpu_adapters: None,
     }
 }
 
@@ -3232,6 +3233,9 @@ fn wgpu_cubecl_caches_warmup_and_implicit_gemm_on_software_vulkan() {
     // Cold: everything compiled and tuned, the start-up said, the kernels cached.
     let (cold, env, stderr) = run("a", &[]);
     assert_eq!(env["kernels"]["used"], true, "{env}");
+    // The adapter by name (lavapipe is Mesa's software one).
+    let device = env["device"].as_str().unwrap();
+    assert!(device.ends_with("(software, on the CPU)"), "{device}");
     assert!(
         count(&cold, "compiled") > 0 && count(&cold, "tuned") > 0,
         "{cold}"
@@ -3288,4 +3292,128 @@ fn wgpu_cubecl_caches_warmup_and_implicit_gemm_on_software_vulkan() {
     assert!(!dir.join("b/quickstart").exists(), "warmup created a run");
     let (after, ..) = run("b", &[]);
     assert_eq!(count(&after, "tuned"), 0, "warm-up missed a shape: {after}");
+}
+
+/// `backend.kind = "wgpu"` picks the adapter `backend.device` names among those found, in
+/// the order the runner lists them, and refuses what CubeCL cannot start before a run
+/// directory exists: no adapter, an index past the list, a second software adapter.
+#[test]
+fn webgpu_adapter_is_the_one_backend_device_names_or_a_clear_error() {
+    use runner::plan::{AdapterKind, Device, WgpuAdapter, WgpuTarget};
+    fn adapter(index: usize, name: &str, kind: AdapterKind, nth: usize) -> WgpuAdapter {
+        WgpuAdapter {
+            name: name.into(),
+            target: WgpuTarget { index, kind, nth },
+        }
+    }
+    let machine = |adapters: fn() -> Vec<WgpuAdapter>| Machine {
+        wgpu_adapters: Some(adapters),
+        ..any_machine()
+    };
+    let two = machine(|| {
+        vec![
+            adapter(0, "NVIDIA H200", AdapterKind::DiscreteGpu, 0),
+            adapter(1, "llvmpipe", AdapterKind::Cpu, 0),
+            adapter(2, "SwiftShader", AdapterKind::Cpu, 1),
+        ]
+    });
+    let check_with = |sets: &[&str], m: &Machine| {
+        let mut all = vec!["backend.kind=\"wgpu\"".to_string()];
+        all.extend(sets.iter().map(|s| s.to_string()));
+        runner::sweep::check(Path::new("recipes/quickstart.toml"), &all, m, 16)
+            .map(|c| c.plans.into_iter().next().unwrap())
+    };
+    std::env::set_current_dir(root()).unwrap();
+
+    let p = check_with(&["backend.device=1"], &two).expect("adapter 1 exists");
+    assert_eq!(
+        p.device,
+        Device::Wgpu(WgpuTarget {
+            index: 1,
+            kind: AdapterKind::Cpu,
+            nth: 0
+        })
+    );
+    assert!(
+        p.device_reason.contains("adapter 1 of 3, llvmpipe"),
+        "{}",
+        p.device_reason
+    );
+    let p = check_with(&[], &two).expect("adapter 0 exists");
+    assert!(matches!(p.device, Device::Wgpu(t) if t.kind == AdapterKind::DiscreteGpu));
+
+    let err = |sets: &[&str], m: &Machine| check_with(sets, m).unwrap_err().to_string();
+    let e = err(&["backend.device=3"], &two);
+    assert!(
+        e.contains("backend.device")
+            && e.contains("WebGPU adapter 3 does not exist: 3 found")
+            && e.contains("1: llvmpipe (software, on the CPU)"),
+        "{e}"
+    );
+    let e = err(&["backend.device=2"], &two);
+    assert!(
+        e.contains("CubeCL selects only the first") && e.contains("use device 1"),
+        "{e}"
+    );
+    let e = err(&[], &machine(Vec::new));
+    assert!(
+        e.contains("backend.kind")
+            && e.contains("no adapter was found")
+            && e.contains("mesa-vulkan-drivers"),
+        "{e}"
+    );
+    // pin_memory has no staging memory to use there: a warning, not an error.
+    let p = check_with(&["loader.pin_memory=true"], &two).unwrap();
+    let warnings: Vec<String> = p.warnings.iter().map(|w| w.to_string()).collect();
+    assert!(
+        warnings
+            .iter()
+            .any(|w| w.contains("loader.pin_memory") && w.contains("WebGPU")),
+        "{warnings:?}"
+    );
+}
+
+/// With no Vulkan driver a WebGPU recipe is refused as bad input (exit 2) naming
+/// `backend.kind` and what to install, before a run directory exists, and nothing panics;
+/// an adapter index past those found names `backend.device` and lists them.
+#[cfg(feature = "wgpu")]
+#[test]
+fn wgpu_without_an_adapter_is_an_error_before_the_run_starts() {
+    let dir = tempdir("wgpu-none");
+    let run = |icd: Option<&str>, device: usize| {
+        let mut cmd = runner_cmd();
+        cmd.arg("recipes/quickstart.toml")
+            .args(["--set", "backend.kind=\"wgpu\""])
+            .arg("--set")
+            .arg(format!("backend.device={device}"))
+            .arg("--set")
+            .arg(format!("log.dir=\"{}\"", dir.join("runs").display()))
+            .env("RUNNER_CACHE_DIR", dir.join("kc"));
+        if let Some(icd) = icd {
+            cmd.env("VK_ICD_FILENAMES", icd);
+        }
+        cmd.output().unwrap()
+    };
+    let out = run(Some("/nonexistent/icd.json"), 0);
+    expect_exit(&out, 2);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("backend.kind")
+            && stderr.contains("no adapter was found")
+            && stderr.contains("mesa-vulkan-drivers"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    assert!(!dir.join("runs").exists(), "a run directory was created");
+
+    let out = run(None, 99);
+    expect_exit(&out, 2);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("backend.device")
+            && stderr.contains("WebGPU adapter 99 does not exist")
+            && stderr.contains("0: "),
+        "{stderr}"
+    );
+    assert!(!dir.join("runs").exists(), "a run directory was created");
 }

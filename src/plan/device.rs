@@ -52,17 +52,89 @@ impl<'a> Validator<'a> {
                 }
                 (Device::Cuda(b.device), "backend.kind = \"cuda\"".into())
             }
-            BackendKind::Wgpu => {
-                if !m.wgpu_compiled {
-                    self.err(
-                        "backend.kind",
-                        "WebGPU was asked for, but this binary was built without it",
-                        "build with `cargo build --release --features wgpu`, or set kind = \"auto\" or \"cpu\"",
-                    );
-                }
-                (Device::Wgpu, "backend.kind = \"wgpu\"".into())
-            }
+            BackendKind::Wgpu => self.wgpu_adapter(m),
         }
+    }
+
+    /// `backend.kind = "wgpu"`: the adapter `backend.device` names, among those found.
+    fn wgpu_adapter(&mut self, m: &Machine) -> (Device, String) {
+        let d = self.recipe().backend.device;
+        let unchecked = WgpuTarget {
+            index: d,
+            kind: AdapterKind::Other,
+            nth: d,
+        };
+        let reason = "backend.kind = \"wgpu\"".to_string();
+        if !m.wgpu_compiled {
+            self.err(
+                "backend.kind",
+                "WebGPU was asked for, but this binary was built without it",
+                "build with `cargo build --release --features wgpu`, or set kind = \"auto\" or \"cpu\"",
+            );
+            return (Device::Wgpu(unchecked), reason);
+        }
+        let Some(list_adapters) = m.wgpu_adapters else {
+            return (Device::Wgpu(unchecked), reason);
+        };
+        let adapters = &list_adapters();
+        let list = || {
+            adapters
+                .iter()
+                .enumerate()
+                .map(|(i, a)| format!("{i}: {} ({})", a.name, a.target.kind.name()))
+                .collect::<Vec<_>>()
+                .join("; ")
+        };
+        let Some(a) = adapters.get(d) else {
+            if adapters.is_empty() {
+                self.err(
+                    "backend.kind",
+                    "WebGPU was asked for, but no adapter was found (no Vulkan driver answers)",
+                    "install a Vulkan driver (on Debian, mesa-vulkan-drivers gives a software one), or set backend.kind = \"cpu\"",
+                );
+            } else {
+                self.err(
+                    "backend.device",
+                    format!(
+                        "WebGPU adapter {d} does not exist: {} found ({})",
+                        adapters.len(),
+                        list()
+                    ),
+                    format!("use a device index below {}", adapters.len()),
+                );
+            }
+            return (Device::Wgpu(unchecked), reason);
+        };
+        // CubeCL selects an adapter by kind and position; it cannot name an adapter of
+        // unknown kind, nor a software one after the first.
+        let first_software = adapters
+            .iter()
+            .position(|a| a.target.kind == AdapterKind::Cpu);
+        match a.target.kind {
+            AdapterKind::Other => self.err(
+                "backend.device",
+                format!("WebGPU adapter {d} ({}) is of a kind CubeCL cannot select", a.name),
+                format!("use another adapter ({})", list()),
+            ),
+            AdapterKind::Cpu if a.target.nth > 0 => self.err(
+                "backend.device",
+                format!(
+                    "WebGPU adapter {d} ({}) is a second software adapter; CubeCL selects only the first",
+                    a.name
+                ),
+                format!("use device {}", first_software.unwrap_or(0)),
+            ),
+            _ => {}
+        }
+        (
+            Device::Wgpu(a.target),
+            format!(
+                "{reason}: adapter {d} of {}, {} ({})",
+                adapters.len(),
+                a.name,
+                a.target.kind.name()
+            ),
+        )
     }
 
     pub(super) fn kernels(&mut self) -> KernelPlan {
@@ -143,7 +215,7 @@ impl<'a> Validator<'a> {
             ],
             // The adapter's memory is not known before it starts: the data against the
             // host, the rest against the cap.
-            Device::Wgpu => vec![
+            Device::Wgpu(_) => vec![
                 (f.data_bytes, host, vec![data_part]),
                 (f.device_bytes(), cap(None, ""), vec![model_part, act_part]),
             ],

@@ -29,7 +29,7 @@ pub const MAX_THREADS: usize = 1024;
 pub const MAX_TOKENS: usize = 65_536;
 
 /// What the machine offers, found before validation (see `backend::probe`).
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone)]
 pub struct Machine {
     /// The binary was built with `--features cuda`.
     pub cuda_compiled: bool,
@@ -42,6 +42,53 @@ pub struct Machine {
     pub gpu_memory: Vec<u64>,
     /// The binary was built with `--features wgpu`.
     pub wgpu_compiled: bool,
+    /// Lists the WebGPU adapters, in `backend.device` order; called only for a recipe that
+    /// asks for WebGPU (starting Vulkan costs time and can print driver warnings). `None`:
+    /// not looked for (a binary without `wgpu`, or `runner validate`, which checks
+    /// against no machine).
+    pub wgpu_adapters: Option<fn() -> Vec<WgpuAdapter>>,
+}
+
+/// A WebGPU adapter as the runner lists it: discrete GPUs first, then integrated, virtual,
+/// software (CPU) and unknown ones, each kind in the driver's order.
+#[derive(Debug, Clone, PartialEq)]
+pub struct WgpuAdapter {
+    /// The driver's name for it, e.g. `llvmpipe (LLVM 15.0.6, 256 bits)`.
+    pub name: String,
+    /// How CubeCL selects it.
+    pub target: WgpuTarget,
+}
+
+/// The kind of a WebGPU adapter, as wgpu reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AdapterKind {
+    DiscreteGpu,
+    IntegratedGpu,
+    VirtualGpu,
+    /// A software implementation (Mesa's lavapipe, SwiftShader): it computes on the CPU.
+    Cpu,
+    Other,
+}
+
+impl AdapterKind {
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::DiscreteGpu => "discrete GPU",
+            Self::IntegratedGpu => "integrated GPU",
+            Self::VirtualGpu => "virtual GPU",
+            Self::Cpu => "software, on the CPU",
+            Self::Other => "unknown kind",
+        }
+    }
+}
+
+/// The adapter a WebGPU run uses: its `backend.device` index, and the `nth` adapter of its
+/// `kind` (what CubeCL's `WgpuDevice` names).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WgpuTarget {
+    pub index: usize,
+    pub kind: AdapterKind,
+    pub nth: usize,
 }
 
 impl Machine {
@@ -52,6 +99,7 @@ impl Machine {
             cuda_compiled: false,
             cuda_devices: Err("this binary was built without the `cuda` feature".into()),
             wgpu_compiled: false,
+            wgpu_adapters: None,
         }
     }
 }
@@ -60,8 +108,8 @@ impl Machine {
 pub enum Device {
     Cpu,
     Cuda(usize),
-    /// Burn's WebGPU backend, on the default adapter (`--features wgpu`).
-    Wgpu,
+    /// Burn's WebGPU backend (`--features wgpu`), on this adapter.
+    Wgpu(WgpuTarget),
 }
 
 /// A recipe that passed every check, with every default resolved.

@@ -39,12 +39,18 @@ impl<'a> Validator<'a> {
                 "use at most 256",
             );
         }
-        if l.pin_memory && device == Device::Cpu {
-            self.warn(
+        match device {
+            Device::Cpu if l.pin_memory => self.warn(
                 "loader.pin_memory",
                 "does nothing on the CPU backend: there is no host-to-device copy to speed up",
                 "keep it for CUDA runs, or set it to false",
-            );
+            ),
+            Device::Wgpu(_) if l.pin_memory => self.warn(
+                "loader.pin_memory",
+                "does nothing on WebGPU: its runtime (cubecl-wgpu) has no page-locked staging memory",
+                "keep it for CUDA runs, or set it to false",
+            ),
+            _ => {}
         }
         l.clone()
     }

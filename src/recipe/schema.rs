@@ -44,7 +44,9 @@ pub struct BackendSection {
     /// experimental: the tests run it on Mesa's software Vulkan to exercise the CubeCL
     /// code CUDA runs). Default `auto`.
     pub kind: BackendKind,
-    /// CUDA device index. Default 0. Ignored by the CPU backend.
+    /// Which device: the CUDA device index, or for `wgpu` the adapter's index in the list
+    /// an out-of-range index prints (discrete GPUs first, software adapters last). Default
+    /// 0. Ignored by the CPU backend.
     pub device: usize,
     /// Threads for the CPU backend's kernels (rayon). Default 0 = one per core.
     pub threads: usize,
@@ -481,7 +483,7 @@ pub struct LoaderSection {
     /// Worker threads preparing batches; 0 prepares them on the training thread. Default 0.
     pub workers: usize,
     /// Stage each batch for a fast host-to-device copy (pinned memory on CUDA); does
-    /// nothing on the CPU backend. Default false.
+    /// nothing on the CPU backend or WebGPU (a warning says so). Default false.
     pub pin_memory: bool,
     /// Keep the workers alive across epochs instead of starting them every epoch.
     /// Needs `workers > 0`. Default false.

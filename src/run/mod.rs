@@ -76,12 +76,14 @@ fn create_run_dir(root: &Path, name: &str) -> std::io::Result<(PathBuf, String)>
 fn kernel_settings(plan: &Plan) -> Result<KernelSettings, RunError> {
     match plan.device {
         Device::Cpu => Ok(kernels::cpu_settings(&plan.kernels)),
-        Device::Cuda(_) | Device::Wgpu => kernels::configure_cubecl(&plan.kernels).map_err(|e| {
-            RunError::Input(format!(
-                "error: {e}\n  = help: set backend.cache_dir or ${} to a writable directory",
-                kernels::CACHE_ENV
-            ))
-        }),
+        Device::Cuda(_) | Device::Wgpu(_) => {
+            kernels::configure_cubecl(&plan.kernels).map_err(|e| {
+                RunError::Input(format!(
+                    "error: {e}\n  = help: set backend.cache_dir or ${} to a writable directory",
+                    kernels::CACHE_ENV
+                ))
+            })
+        }
     }
 }
 

@@ -217,9 +217,9 @@ impl FileSink {
 pub(super) fn start_sampler(plan: &Plan, t0: Instant) -> Sampler {
     let source = match plan.device {
         Device::Cuda(i) => UtilSource::Nvml(i as u32),
-        // No utilisation counter for a WebGPU adapter; the process's CPU use is what
-        // there is (all of it, on a software Vulkan).
-        Device::Cpu | Device::Wgpu => UtilSource::Proc,
+        // No utilisation counter for a WebGPU adapter: the process's CPU use is recorded
+        // (as CPU use; on a software Vulkan it is all the work there is).
+        Device::Cpu | Device::Wgpu(_) => UtilSource::Proc,
     };
     let interval = std::time::Duration::from_millis(plan.profile.sample_ms);
     Sampler::start(source, interval, t0)
