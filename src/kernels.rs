@@ -201,7 +201,7 @@ impl log::Log for Observer {
     fn flush(&self) {}
 }
 
-/// One CubeCL log message → the counters (the messages of cubecl-cuda and
+/// One CubeCL log message → the counters (the messages of cubecl-cuda, cubecl-wgpu and
 /// cubecl-runtime 0.10; a test pins them).
 pub(crate) fn observe(level: log::Level, msg: &str) {
     match msg {
@@ -284,6 +284,10 @@ mod tests {
         observe(log::Level::Trace, "Compiling kernel");
         observe(log::Level::Trace, "Compiling kernel");
         observe(log::Level::Trace, "Using PTX cache");
+        observe(
+            log::Level::Trace,
+            "[cubecl-wgpu] compiling WGSL module `main`\n@compute fn main() {}",
+        );
         observe(log::Level::Info, "Tuning MatmulAutotuneKey { m: 64 }");
         observe(log::Level::Info, "Loaded 17 autotune cached entries");
         observe(log::Level::Info, "Load autotune cache ...");
@@ -291,7 +295,7 @@ mod tests {
         // Other tests may count concurrently; these are lower bounds that cannot all hold
         // by accident (nothing else in the suite logs through CubeCL).
         assert!(
-            d.compiled >= 2 && d.from_cache >= 1 && d.tuned >= 1,
+            d.compiled >= 3 && d.from_cache >= 1 && d.tuned >= 1,
             "{d:?}"
         );
         assert!(d.tune_results_loaded >= 17, "{d:?}");
@@ -322,6 +326,9 @@ mod tests {
         }
         if let Some(tuner) = find("cubecl-runtime-0.10.0", "src/tune/tuner.rs") {
             assert!(tuner.contains("log::info!(\"Tuning {key}\")"));
+        }
+        if let Some(backend) = find("cubecl-wgpu-0.10.0", "src/backend/base.rs") {
+            assert!(backend.contains("log::trace!(\"[cubecl-wgpu] compiling WGSL module `"));
         }
         if let Some(cache) = find("cubecl-runtime-0.10.0", "src/tune/tune_cache.rs") {
             assert!(cache.contains("log::info!(\"Loaded {loaded} autotune cached entries\")"));
