@@ -3362,6 +3362,23 @@ fn webgpu_adapter_is_the_one_backend_device_names_or_a_clear_error() {
             && e.contains("mesa-vulkan-drivers"),
         "{e}"
     );
+    // A software adapter computes in host memory: the model and activations are checked
+    // against it, as on the CPU; a GPU adapter's are not (its memory is its own).
+    let small_host = |adapters: fn() -> Vec<WgpuAdapter>| Machine {
+        host_memory: Some(64 << 20),
+        ..machine(adapters)
+    };
+    let batch = ["loader.batch_size=8192", "data.limit=256"];
+    let e = err(
+        &[&batch[..], &["backend.device=1"]].concat(),
+        &small_host(two.wgpu_adapters.unwrap()),
+    );
+    assert!(
+        e.contains("loader.batch_size") && e.contains("more than this machine's memory"),
+        "{e}"
+    );
+    check_with(&batch, &small_host(two.wgpu_adapters.unwrap()))
+        .expect("a GPU adapter's activations are not in host memory");
     // pin_memory has no staging memory to use there: a warning, not an error.
     let p = check_with(&["loader.pin_memory=true"], &two).unwrap();
     let warnings: Vec<String> = p.warnings.iter().map(|w| w.to_string()).collect();

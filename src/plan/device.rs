@@ -213,7 +213,11 @@ impl<'a> Validator<'a> {
                     vec![model_part, act_part],
                 ),
             ],
-            // The adapter's memory is not known before it starts: the data against the
+            // A software adapter computes in host memory, like the CPU backend.
+            Device::Wgpu(t) if t.kind == AdapterKind::Cpu => {
+                vec![(f.host_bytes(), host, vec![model_part, act_part, data_part])]
+            }
+            // A GPU adapter's memory is not known before it starts: the data against the
             // host, the rest against the cap.
             Device::Wgpu(_) => vec![
                 (f.data_bytes, host, vec![data_part]),
