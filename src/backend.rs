@@ -42,15 +42,20 @@ pub fn dispatch<J: Job>(device: Device, kernels: &KernelPlan, job: J) -> Result<
         Device::Wgpu(target) => {
             crate::ops::conv_cube::set(kernels.conv);
             let device = wgpu_device(target);
-            // Validation found the adapter; cubecl-wgpu still panics if it is gone since
-            // (the panic hook is quiet meanwhile: the error below says it).
-            let start = crate::clock::quietly(|| {
+            // Validation found the adapter; cubecl-wgpu still panics if it is gone since, or
+            // if it refuses a device (on its device thread: the cause is among the panics
+            // collected, before this thread's closed channel).
+            if let Err(panics) = crate::clock::quietly(|| {
                 <cubecl::wgpu::WgpuRuntime as cubecl::Runtime>::client(&device);
-            });
-            if let Err(p) = start {
+            }) {
+                let cause = panics
+                    .iter()
+                    .find(|m| !m.contains("RecvError"))
+                    .or(panics.last())
+                    .cloned()
+                    .unwrap_or_default();
                 return Err(format!(
-                    "the WebGPU adapter cannot be used ({}); install a Vulkan driver (on Debian, mesa-vulkan-drivers for a software one), or set backend.kind = \"cpu\"",
-                    crate::clock::panic_message(p.as_ref())
+                    "the WebGPU adapter cannot be used ({cause}); install a Vulkan driver (on Debian, mesa-vulkan-drivers for a software one), or set backend.kind = \"cpu\""
                 ));
             }
             if kernels.fusion {
@@ -93,7 +98,7 @@ pub fn wgpu_adapters() -> Vec<crate::plan::WgpuAdapter> {
 fn list_wgpu_adapters() -> Vec<crate::plan::WgpuAdapter> {
     #[cfg(feature = "wgpu")]
     {
-        use crate::plan::{AdapterKind, WgpuAdapter, WgpuTarget};
+        use crate::plan::AdapterKind;
         use cubecl::wgpu::GraphicsApi;
         let backend = cubecl::wgpu::AutoGraphicsApi::backend();
         let instance = wgpu::Instance::new(wgpu::InstanceDescriptor {
@@ -101,39 +106,52 @@ fn list_wgpu_adapters() -> Vec<crate::plan::WgpuAdapter> {
             ..wgpu::InstanceDescriptor::new_without_display_handle()
         });
         let found = cubecl::future::block_on(instance.enumerate_adapters(backend.into()));
-        let mut seen = [0usize; 5];
-        let mut out: Vec<WgpuAdapter> = found
-            .iter()
-            .map(|a| {
-                let info = a.get_info();
-                let (kind, slot) = match info.device_type {
-                    wgpu::DeviceType::DiscreteGpu => (AdapterKind::DiscreteGpu, 0),
-                    wgpu::DeviceType::IntegratedGpu => (AdapterKind::IntegratedGpu, 1),
-                    wgpu::DeviceType::VirtualGpu => (AdapterKind::VirtualGpu, 2),
-                    wgpu::DeviceType::Cpu => (AdapterKind::Cpu, 3),
-                    wgpu::DeviceType::Other => (AdapterKind::Other, 4),
-                };
-                seen[slot] += 1;
-                WgpuAdapter {
-                    name: info.name,
-                    target: WgpuTarget {
-                        index: 0,
-                        kind,
-                        nth: seen[slot] - 1,
-                    },
-                }
-            })
-            .collect();
-        out.sort_by_key(|a| a.target.kind as u8);
-        for (i, a) in out.iter_mut().enumerate() {
-            a.target.index = i;
-        }
-        out
+        order_adapters(found.iter().map(|a| {
+            let info = a.get_info();
+            let kind = match info.device_type {
+                wgpu::DeviceType::DiscreteGpu => AdapterKind::DiscreteGpu,
+                wgpu::DeviceType::IntegratedGpu => AdapterKind::IntegratedGpu,
+                wgpu::DeviceType::VirtualGpu => AdapterKind::VirtualGpu,
+                wgpu::DeviceType::Cpu => AdapterKind::Cpu,
+                wgpu::DeviceType::Other => AdapterKind::Other,
+            };
+            (info.name, kind)
+        }))
     }
     #[cfg(not(feature = "wgpu"))]
     {
         vec![]
     }
+}
+
+/// The adapters in the driver's order → the runner's list: each one's position among
+/// those of its kind (how CubeCL counts them), then the kinds in `AdapterKind` order,
+/// each kind keeping the driver's order.
+pub fn order_adapters(
+    found: impl IntoIterator<Item = (String, crate::plan::AdapterKind)>,
+) -> Vec<crate::plan::WgpuAdapter> {
+    use crate::plan::{WgpuAdapter, WgpuTarget};
+    let mut seen = [0usize; 5];
+    let mut out: Vec<WgpuAdapter> = found
+        .into_iter()
+        .map(|(name, kind)| {
+            let slot = kind as usize;
+            seen[slot] += 1;
+            WgpuAdapter {
+                name,
+                target: WgpuTarget {
+                    index: 0,
+                    kind,
+                    nth: seen[slot] - 1,
+                },
+            }
+        })
+        .collect();
+    out.sort_by_key(|a| a.target.kind as u8);
+    for (i, a) in out.iter_mut().enumerate() {
+        a.target.index = i;
+    }
+    out
 }
 
 /// CubeCL's name for the adapter (validation refused the kinds it cannot select).

@@ -27,14 +27,31 @@ pub fn hostname() -> Option<String> {
 }
 
 /// Runs `f`, catching a panic without the default hook's report on stderr: for a library
-/// call whose panic the caller turns into an error of its own. The hook is process-wide,
-/// so a panic of another thread meanwhile goes unreported too; keep `f` short.
-pub fn quietly<T>(f: impl FnOnce() -> T) -> std::thread::Result<T> {
+/// call whose panic the caller turns into an error of its own. The error is the text of
+/// every panic meanwhile, in order, the caught one last: a library may panic on a worker
+/// thread of its own, where the cause is, so that `f` only sees a closed channel. The hook
+/// is process-wide, so a panic of another thread meanwhile is collected too instead of
+/// reported; keep `f` short, and call this from one thread at a time.
+pub fn quietly<T>(f: impl FnOnce() -> T) -> Result<T, Vec<String>> {
+    use std::sync::{Arc, Mutex};
+    let seen = Arc::new(Mutex::new(Vec::<String>::new()));
     let hook = std::panic::take_hook();
-    std::panic::set_hook(Box::new(|_| {}));
+    let record = Arc::clone(&seen);
+    std::panic::set_hook(Box::new(move |info| {
+        if let Ok(mut all) = record.lock() {
+            all.push(panic_message(info.payload()));
+        }
+    }));
     let out = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));
     std::panic::set_hook(hook);
-    out
+    out.map_err(|caught| {
+        let mut all = seen.lock().map(|a| a.clone()).unwrap_or_default();
+        let last = panic_message(caught.as_ref());
+        if all.last() != Some(&last) {
+            all.push(last);
+        }
+        all
+    })
 }
 
 /// The text of a caught panic.
@@ -75,6 +92,24 @@ pub fn utc_now() -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn quietly_returns_the_panics_of_other_threads_before_its_own() {
+        let out = quietly(|| {
+            let worker = std::thread::spawn(|| panic!("no adapter on the worker"));
+            let _ = worker.join();
+            panic!("the channel closed")
+        });
+        // Tests run side by side: another test's panic meanwhile may be collected too.
+        let panics = out.unwrap_err();
+        let at = |m: &str| panics.iter().position(|p| p == m);
+        assert!(
+            at("no adapter on the worker") < at("the channel closed")
+                && panics.last().map(String::as_str) == Some("the channel closed"),
+            "{panics:?}"
+        );
+        assert_eq!(quietly(|| 7).unwrap(), 7);
+    }
 
     #[test]
     fn utc_stamp_has_the_iso_shape() {

@@ -3355,6 +3355,12 @@ fn webgpu_adapter_is_the_one_backend_device_names_or_a_clear_error() {
         e.contains("CubeCL selects only the first") && e.contains("use device 1"),
         "{e}"
     );
+    let other = machine(|| vec![adapter(0, "mystery", AdapterKind::Other, 0)]);
+    let e = err(&[], &other);
+    assert!(
+        e.contains("backend.device") && e.contains("cannot select reliably"),
+        "{e}"
+    );
     let e = err(&[], &machine(Vec::new));
     assert!(
         e.contains("backend.kind")
@@ -3407,7 +3413,8 @@ fn wgpu_without_an_adapter_is_an_error_before_the_run_starts() {
             .arg(format!("log.dir=\"{}\"", dir.join("runs").display()))
             .env("RUNNER_CACHE_DIR", dir.join("kc"));
         if let Some(icd) = icd {
-            cmd.env("VK_ICD_FILENAMES", icd);
+            // The Vulkan loader reads the newer name first.
+            cmd.env("VK_ICD_FILENAMES", icd).env("VK_DRIVER_FILES", icd);
         }
         cmd.output().unwrap()
     };
@@ -3429,8 +3436,38 @@ fn wgpu_without_an_adapter_is_an_error_before_the_run_starts() {
     assert!(
         stderr.contains("backend.device")
             && stderr.contains("WebGPU adapter 99 does not exist")
-            && stderr.contains("0: "),
+            && stderr.contains("0: llvmpipe"),
         "{stderr}"
     );
     assert!(!dir.join("runs").exists(), "a run directory was created");
+}
+
+/// The runner lists WebGPU adapters discrete first and software last, and names each by
+/// its position among those of its kind in the driver's order, which is how CubeCL's
+/// `WgpuDevice::DiscreteGpu(n)` and the others count.
+#[test]
+fn webgpu_adapters_are_listed_by_kind_and_counted_as_cubecl_counts_them() {
+    use runner::plan::AdapterKind::*;
+    let found = [
+        ("lavapipe", Cpu),
+        ("A100", DiscreteGpu),
+        ("mystery", Other),
+        ("Iris", IntegratedGpu),
+        ("H200", DiscreteGpu),
+    ];
+    let listed = runner::backend::order_adapters(found.map(|(n, k)| (n.to_string(), k)));
+    let got: Vec<(usize, &str, _, usize)> = listed
+        .iter()
+        .map(|a| (a.target.index, a.name.as_str(), a.target.kind, a.target.nth))
+        .collect();
+    assert_eq!(
+        got,
+        [
+            (0, "A100", DiscreteGpu, 0),
+            (1, "H200", DiscreteGpu, 1),
+            (2, "Iris", IntegratedGpu, 0),
+            (3, "lavapipe", Cpu, 0),
+            (4, "mystery", Other, 0),
+        ]
+    );
 }

@@ -107,13 +107,23 @@ impl<'a> Validator<'a> {
         };
         // CubeCL selects an adapter by kind and position; it cannot name an adapter of
         // unknown kind, nor a software one after the first.
+        if std::env::var_os("CUBECL_WGPU_DEFAULT_DEVICE").is_some() {
+            self.warn(
+                "backend.device",
+                "CUBECL_WGPU_DEFAULT_DEVICE is ignored: backend.device selects the adapter",
+                "set backend.device (--set backend.device=N) instead",
+            );
+        }
         let first_software = adapters
             .iter()
             .position(|a| a.target.kind == AdapterKind::Cpu);
         match a.target.kind {
             AdapterKind::Other => self.err(
                 "backend.device",
-                format!("WebGPU adapter {d} ({}) is of a kind CubeCL cannot select", a.name),
+                format!(
+                    "WebGPU adapter {d} ({}) is of a kind CubeCL cannot select reliably",
+                    a.name
+                ),
                 format!("use another adapter ({})", list()),
             ),
             AdapterKind::Cpu if a.target.nth > 0 => self.err(
@@ -169,8 +179,8 @@ impl<'a> Validator<'a> {
     }
 
     /// Refuses a plan whose memory floor (`preflight`) exceeds the machine's memory (the
-    /// GPU's on CUDA, the host's on the CPU), or `preflight::ABSOLUTE_CAP` anywhere. Blames
-    /// the key behind the largest part.
+    /// GPU's on CUDA, the host's on the CPU and on a software WebGPU adapter), or
+    /// `preflight::ABSOLUTE_CAP` anywhere. Blames the key behind the largest part.
     pub(super) fn preflight(
         &mut self,
         model: &ModelPlan,
