@@ -408,3 +408,39 @@ mod cuda_probe {
         }
     }
 }
+
+#[cfg(all(test, feature = "wgpu"))]
+mod wgpu_tests {
+    use super::*;
+    use crate::plan::{AdapterKind, WgpuTarget};
+
+    struct Nothing;
+
+    impl Job for Nothing {
+        type Output = ();
+        fn run<B: TrainBackend>(self, _: B::Device, _: MemFn<B::Device>) {}
+    }
+
+    /// An adapter that cannot be started (here: a sixth discrete GPU, which CubeCL looks for
+    /// on its device thread and panics there) is an error that says CubeCL's own reason,
+    /// not the closed channel the calling thread sees.
+    #[test]
+    fn wgpu_start_failure_is_an_error_with_the_device_threads_reason() {
+        let plan = KernelPlan {
+            autotune: crate::recipe::AutotuneLevel::Balanced,
+            fusion: false,
+            conv: crate::recipe::ConvAlgo::Autotune,
+            cache_dir: None,
+        };
+        let missing = WgpuTarget {
+            index: 0,
+            kind: AdapterKind::DiscreteGpu,
+            nth: 5,
+        };
+        let e = dispatch(Device::Wgpu(missing), &plan, Nothing).unwrap_err();
+        assert!(
+            e.contains("No Discrete GPU device found") && !e.contains("RecvError"),
+            "{e}"
+        );
+    }
+}
