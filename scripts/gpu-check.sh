@@ -20,7 +20,13 @@
 #                 the NVML sampler off, against compare's runs with it on).
 #   gc            torch_ref on article/cleanup_every_step with --gc-collect: the article's
 #                 own per-step gc.collect().
-#   A startup, cold, compare or runner step may name a variant, overrides after commas,
+#   kernels:RECIPE  where a step's device time goes: the runner alone for KERNEL_STEPS
+#                 steps with CubeCL's profiler on (a cubecl.toml in its working directory:
+#                 every kernel launch waits for the device and is timed), into
+#                 kernels-RECIPE.md: the kernels by total device time, with launches per
+#                 step (and the raw log, gzipped). With the recipe's kernel cache, so after
+#                 compare:RECIPE it neither compiles nor tunes.
+#   A startup, cold, compare, runner or kernels step may name a variant, overrides after commas,
 #   e.g. startup:resnet50,backend.fusion=false or
 #   compare:article/default,backend.autotune=minimal: a variant with backend.* settings has
 #   its own kernel cache (other settings compile other kernels), so its first run is cold
@@ -33,7 +39,8 @@
 # with autotune (the default); the other start-ups; every article row and resnet50_accum;
 # article/default without the NVML sampler, then without the per-step pool reading
 # (profile.memory=false): each one's cost per step, against the runs with both on; a second
-# implicit_gemm ratio; a second round of the article rows and of the two A/Bs. `nvidia-smi` samples memory and utilisation beside the first
+# implicit_gemm ratio; the kernels of article/default; a second round of the article rows
+# and of the two A/Bs. `nvidia-smi` samples memory and utilisation beside the first
 # runner run of article/default (the cross-check of the runner's figures). Each runner row
 # has the time its steps spent asking Burn's pool for memory figures (summary.phases).
 #
@@ -60,7 +67,7 @@
 # Settings (environment): OUT (default ./gpu-check-out); BUDGET (540): seconds after which
 # the remaining runs are skipped (each run's timeout is also cut to what is left); PLAN (as
 # above); STARTUP_STEPS (60) / STARTUP_WARMUP (20) for start-ups; MAX_STEPS (80) / WARMUP
-# (20) for compares, which also set run.eval=never; timeouts in seconds: T_COLD (150; 330
+# (20) for compares, which also set run.eval=never; KERNEL_STEPS (10) for kernels; timeouts in seconds: T_COLD (150; 330
 # for resnet50: T_COLD_BIG), T_WARM (60), T_RUN (120); DEVICE (cuda; wgpu: a dry run
 # through CubeCL on Mesa's software Vulkan with a `--features wgpu` runner; or cpu: --set
 # backend.kind=cpu, torch_ref --device cpu, no nvidia-smi); PYTHON (python3: the one with
@@ -69,7 +76,8 @@
 # first); EXTRA_SETS (more KEY=VALUE overrides for every run, space-separated, e.g.
 # "loader.batch_size=8").
 #
-# $OUT (at most 8 files): log.txt (everything), env.txt (nvidia-smi, versions),
+# $OUT: log.txt (everything), env.txt (nvidia-smi, versions), kernels-*.md and
+# kernels-*.log.gz (each kernels step),
 # results.tsv (a row per run, appended as each ends), gpu-table.md (both tables, rewritten
 # after each run, printed at the end), nvidia-smi.csv (memory and utilisation every 500 ms
 # beside the first runner run of article/default), runs.tar.gz (every run directory without
@@ -88,7 +96,8 @@ compares() { for r in $ROWS; do printf 'compare:%s ' "$r"; done; }
 NVML_OFF=runner:article/default,profile.sample_ms=0
 POOL_OFF=runner:article/default,profile.memory=false
 IGEMM=backend.conv=implicit_gemm
-PLAN=${PLAN-startup:mlp cold:resnet50,$IGEMM compare:article/default,$IGEMM cold:resnet50 compare:article/default startup:small_cnn startup:resnet18 $(compares) gc $NVML_OFF $POOL_OFF compare:article/default,$IGEMM $(compares) $NVML_OFF $POOL_OFF}
+PLAN=${PLAN-startup:mlp cold:resnet50,$IGEMM compare:article/default,$IGEMM cold:resnet50 compare:article/default startup:small_cnn startup:resnet18 $(compares) gc $NVML_OFF $POOL_OFF compare:article/default,$IGEMM kernels:article/default $(compares) $NVML_OFF $POOL_OFF}
+KERNEL_STEPS=${KERNEL_STEPS:-10}
 MAX_STEPS=${MAX_STEPS:-80}
 WARMUP=${WARMUP:-20}
 STARTUP_STEPS=${STARTUP_STEPS:-60}
@@ -217,6 +226,47 @@ def render(results, out):
     with open(out, "w") as f:
         f.write("\n".join(L))
 
+def kernels(log, out, title, steps):
+    """CubeCL's profiling log (a line `| <duration> | <kernel>` per launch) -> the kernels
+    by total device time."""
+    import re
+    unit = {"ns": 1e-6, "µs": 1e-3, "us": 1e-3, "ms": 1.0, "s": 1e3}
+    total, count = {}, {}
+    try:
+        f = open(log, encoding="utf-8", errors="replace")
+    except OSError:
+        f = []
+    for line in f:
+        parts = line.rstrip("\n").split("|", 2)
+        if len(parts) != 3 or parts[0].strip():
+            continue
+        m = re.fullmatch(r"([0-9.]+)(ns|µs|us|ms|s)", parts[1].strip())
+        if not m:
+            continue
+        # CubeCL's name is the kernel's generic types joined by " | ": drop the argument
+        # plumbing and the runtime, keep what tells kernels apart.
+        words = [w.strip() for w in parts[2].split("|")]
+        name = " · ".join(w for w in words if w and w not in ("DynamicScalar", "DynamicSize", "()")
+                          and not w.startswith("__") and not w.endswith("Runtime")) or parts[2].strip()
+        total[name] = total.get(name, 0.0) + float(m.group(1)) * unit[m.group(2)]
+        count[name] = count.get(name, 0) + 1
+    all_ms = sum(total.values())
+    steps = max(int(steps), 1)
+    L = [f"## Kernels of {title}: device time over {steps} steps, each launch timed", "",
+         f"{sum(count.values())} launches of {len(total)} kernels, {all_ms:.1f} ms in all "
+         f"({all_ms / steps:.2f} ms per step; the profiler waits for each launch, so this is "
+         "device time without overlap, not the step time).", "",
+         "| kernel | ms per step | share % | launches per step | mean µs |",
+         "| --- | --- | --- | --- | --- |"]
+    for name in sorted(total, key=total.get, reverse=True)[:30]:
+        t, n = total[name], count[name]
+        L.append(f"| {name} | {t / steps:.3f} | {100 * t / all_ms:.1f} | {n / steps:.1f} | "
+                 f"{1e3 * t / n:.1f} |")
+    if not total:
+        L.append("| (no profiled launch in the log) | - | - | - | - |")
+    with open(out, "w") as g:
+        g.write("\n".join(L) + "\n")
+
 cmd = sys.argv[1]
 if cmd == "unxz":
     unxz(sys.argv[2], sys.argv[3])
@@ -224,6 +274,8 @@ elif cmd == "row":
     print("\t".join(row(sys.argv[2], sys.argv[3])))
 elif cmd == "render":
     render(sys.argv[2], sys.argv[3])
+elif cmd == "kernels":
+    kernels(*sys.argv[2:6])
 PY
 py() { python3 "$HELPER" "$@"; }
 
@@ -334,7 +386,7 @@ runner_run() {
   local start rc
   start=$(stamp)
   say "runner $recipe $which (timeout ${t}s, cache $cache: $files files)"
-  (cd "$SCRATCH" && RUNNER_CACHE_DIR=$cache CUDA_CACHE_PATH=$cache/driver \
+  (cd "${RUN_CWD:-$SCRATCH}" && RUNNER_CACHE_DIR=$cache CUDA_CACHE_PATH=$cache/driver \
     timeout -k 5 "$t" "$BIN" -q "$file" --set "log.dir=$RUNS/$tag")
   rc=$?
   local st
@@ -440,6 +492,34 @@ compare() {
   [[ -n $only ]] || torch_run "$label" "$i" "$T_RUN" "$tag-torch" "$file" $flag
 }
 
+# kernels RECIPE[,KEY=VALUE...]: the runner alone, KERNEL_STEPS steps, CubeCL's profiler
+# on through a cubecl.toml in its working directory; the kernels table into $OUT.
+kernels() {
+  local r=${1%%,*} variant=
+  [[ $1 == *,* ]] && variant=${1#*,}
+  local label=$r${variant:+ ($variant)}
+  local tag=p3-${r//\//_}$(variant_tag "$variant")
+  local sets
+  mapfile -t sets < <(variant_sets "$variant")
+  if ! resolve "$tag" "$REPO/recipes/$r.toml" --set "run.max_steps=$KERNEL_STEPS" \
+    --set run.warmup_steps=0 --set run.eval=never "${sets[@]}"; then
+    status=1
+    record kernels "$label" - runner "failed(show)" 0 - /nonexistent runner
+    return
+  fi
+  local file=$SCRATCH/resolved/$tag.toml dir=$SCRATCH/$tag
+  local log=$dir/kernels.log name=kernels-${r//\//_}$(variant_tag "$variant")
+  mkdir -p "$dir"
+  printf '[profiling]\nlogger = { level = "basic", file = "%s", append = false }\n' "$log" \
+    > "$dir/cubecl.toml"
+  RUN_CWD=$dir runner_run kernels "$label" profiled "$T_RUN" "$tag" "$file" \
+    "$(arch_of "$file")$(cache_tag "$variant")"
+  py kernels "$log" "$OUT/$name.md" "$label" "$KERNEL_STEPS"
+  [[ -f $log ]] && gzip -c "$log" > "$OUT/$name.log.gz"
+  say "kernels $label: $OUT/$name.md"
+  head -n 20 "$OUT/$name.md"
+}
+
 # --- the plan ---
 say "plan: $PLAN"
 for step in $PLAN; do
@@ -449,8 +529,9 @@ for step in $PLAN; do
     compare:*) compare "${step#compare:}" ;;
     runner:*) compare "${step#runner:}" --runner-only ;;
     gc) compare article/cleanup_every_step --gc-collect ;;
+    kernels:*) kernels "${step#kernels:}" ;;
     *)
-      say "unknown plan step '$step' (startup:ARCH[,K=V...], cold:ARCH[,K=V...], compare:RECIPE[,K=V...], runner:RECIPE[,K=V...] or gc): skipped"
+      say "unknown plan step '$step' (startup:ARCH[,K=V...], cold:ARCH[,K=V...], compare:RECIPE[,K=V...], runner:RECIPE[,K=V...], kernels:RECIPE[,K=V...] or gc): skipped"
       status=1
       ;;
   esac
