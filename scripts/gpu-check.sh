@@ -39,8 +39,8 @@
 # with autotune (the default); the other start-ups; every article row and resnet50_accum;
 # article/default without the NVML sampler, then without the per-step pool reading
 # (profile.memory=false): each one's cost per step, against the runs with both on; a second
-# implicit_gemm ratio; the kernels of article/default; a second round of the article rows
-# and of the two A/Bs. `nvidia-smi` samples memory and utilisation beside the first
+# implicit_gemm ratio; the kernels of article/default; tuned_loader without pinned memory;
+# a second round of the article rows and of the two A/Bs. `nvidia-smi` samples memory and utilisation beside the first
 # runner run of article/default (the cross-check of the runner's figures). Each runner row
 # has the time its steps spent asking Burn's pool for memory figures (summary.phases).
 #
@@ -96,7 +96,10 @@ compares() { for r in $ROWS; do printf 'compare:%s ' "$r"; done; }
 NVML_OFF=runner:article/default,profile.sample_ms=0
 POOL_OFF=runner:article/default,profile.memory=false
 IGEMM=backend.conv=implicit_gemm
-PLAN=${PLAN-startup:mlp cold:resnet50,$IGEMM compare:article/default,$IGEMM cold:resnet50 compare:article/default startup:small_cnn startup:resnet18 $(compares) gc $NVML_OFF $POOL_OFF compare:article/default,$IGEMM kernels:article/default $(compares) $NVML_OFF $POOL_OFF}
+# tuned_loader without pinned memory: on CubeCL each pinned batch is a blocking request to
+# the device thread from a loader worker (cubecl-runtime's `staging`), which this isolates.
+UNPINNED=compare:article/tuned_loader,loader.pin_memory=false
+PLAN=${PLAN-startup:mlp cold:resnet50,$IGEMM compare:article/default,$IGEMM cold:resnet50 compare:article/default startup:small_cnn startup:resnet18 $(compares) gc $NVML_OFF $POOL_OFF compare:article/default,$IGEMM kernels:article/default $UNPINNED $(compares) $NVML_OFF $POOL_OFF}
 KERNEL_STEPS=${KERNEL_STEPS:-10}
 MAX_STEPS=${MAX_STEPS:-80}
 WARMUP=${WARMUP:-20}
