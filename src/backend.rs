@@ -221,7 +221,8 @@ fn cube_label(runtime: &str, kernels: &KernelPlan) -> String {
     )
 }
 
-fn cpu_name() -> String {
+/// The CPU's model name (`/proc/cpuinfo`), else the architecture.
+pub fn cpu_name() -> String {
     std::fs::read_to_string("/proc/cpuinfo")
         .ok()
         .and_then(|s| {

@@ -83,7 +83,7 @@ enum Command {
         #[arg(long)]
         cell: Option<usize>,
     },
-    /// List the shipped recipes, the models and the data formats.
+    /// List the shipped recipes, the models, the data formats and the devices here.
     Ls,
     /// Print the JSON Schema of the recipe format (editors use it to check and complete).
     Schema {

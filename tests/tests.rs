@@ -2400,6 +2400,24 @@ fn ls_lists_every_model_and_data_format_the_format_allows() {
     let out = runner_cmd().arg("ls").output().unwrap();
     expect_exit(&out, 0);
     let stdout = String::from_utf8_lossy(&out.stdout);
+    // And the devices each backend.kind would use here, or why there are none.
+    let devices = stdout
+        .split_once("devices (backend.kind, backend.device):\n")
+        .map(|(_, d)| d)
+        .unwrap_or_else(|| panic!("no devices section:\n{stdout}"));
+    assert!(devices.starts_with("  cpu "), "{devices}");
+    if !cfg!(feature = "cuda") {
+        assert!(
+            devices.contains("cuda         this binary was built without the `cuda` feature"),
+            "{devices}"
+        );
+    }
+    if !cfg!(feature = "wgpu") {
+        assert!(
+            devices.contains("wgpu         this binary was built without the `wgpu` feature"),
+            "{devices}"
+        );
+    }
     let schema = runner::recipe::schema::json_schema();
     let text = serde_json::to_string(&schema).unwrap();
     let schema: serde_json::Value = serde_json::from_str(&text).unwrap();
@@ -3429,6 +3447,25 @@ fn wgpu_without_an_adapter_is_an_error_before_the_run_starts() {
     );
     assert!(!stderr.contains("panicked"), "{stderr}");
     assert!(!dir.join("runs").exists(), "a run directory was created");
+
+    // `runner ls` says the same.
+    let ls = runner_cmd()
+        .arg("ls")
+        .env("VK_ICD_FILENAMES", "/nonexistent/icd.json")
+        .env("VK_DRIVER_FILES", "/nonexistent/icd.json")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&ls.stdout);
+    assert!(
+        stdout.contains("wgpu         no adapter found (no Vulkan driver answers)"),
+        "{stdout}"
+    );
+    let ls = runner_cmd().arg("ls").output().unwrap();
+    let stdout = String::from_utf8_lossy(&ls.stdout);
+    assert!(
+        stdout.contains("wgpu         0: llvmpipe") && stdout.contains("(software, on the CPU)"),
+        "{stdout}"
+    );
 
     let out = run(None, 99);
     expect_exit(&out, 2);

@@ -118,7 +118,61 @@ pub(crate) fn ls() -> ExitCode {
     for f in runner::recipe::DataFormat::ALL {
         println!("  {:<12} {}", f.name(), f.about());
     }
+    println!("devices (backend.kind, backend.device):");
+    for line in devices() {
+        println!("  {line}");
+    }
     ExitCode::SUCCESS
+}
+
+/// What each backend would run on here: the CPU, the CUDA devices the driver reports and
+/// the WebGPU adapters, each with the `backend.device` index that names it, or why none.
+fn devices() -> Vec<String> {
+    let machine = runner::backend::probe();
+    let mut out = vec![format!(
+        "{:<12} {} ({} CPUs available)",
+        "cpu",
+        runner::backend::cpu_name(),
+        std::thread::available_parallelism().map_or(1, |n| n.get())
+    )];
+    match runner::backend::cuda_devices() {
+        Ok(names) if names.is_empty() => out.push(format!("{:<12} none found", "cuda")),
+        Ok(names) => {
+            for (i, name) in names.iter().enumerate() {
+                let memory = machine
+                    .gpu_memory
+                    .get(i)
+                    .map(|b| format!(", {:.1} GiB", *b as f64 / (1u64 << 30) as f64))
+                    .unwrap_or_default();
+                out.push(format!("{:<12} {i}: {name}{memory}", "cuda"));
+            }
+        }
+        Err(why) => out.push(format!("{:<12} {why}", "cuda")),
+    }
+    if !machine.wgpu_compiled {
+        out.push(format!(
+            "{:<12} this binary was built without the `wgpu` feature",
+            "wgpu"
+        ));
+    } else {
+        let adapters = runner::backend::wgpu_adapters();
+        if adapters.is_empty() {
+            out.push(format!(
+                "{:<12} no adapter found (no Vulkan driver answers)",
+                "wgpu"
+            ));
+        }
+        for a in adapters {
+            out.push(format!(
+                "{:<12} {}: {} ({})",
+                "wgpu",
+                a.target.index,
+                a.name,
+                a.target.kind.name()
+            ));
+        }
+    }
+    out
 }
 
 pub(crate) fn schema(output: Option<&Path>) -> ExitCode {
