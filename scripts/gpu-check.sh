@@ -40,7 +40,8 @@
 # article/default without the NVML sampler, then without the per-step pool reading
 # (profile.memory=false): each one's cost per step, against the runs with both on; a second
 # implicit_gemm ratio; the kernels of article/default; tuned_loader without pinned memory;
-# a second round of the article rows and of the two A/Bs. `nvidia-smi` samples memory and utilisation beside the first
+# article/default with losses read every 10 steps; a second round of the article rows and
+# of the two A/Bs. `nvidia-smi` samples memory and utilisation beside the first
 # runner run of article/default (the cross-check of the runner's figures). Each runner row
 # has the time its steps spent asking Burn's pool for memory figures (summary.phases).
 #
@@ -99,7 +100,10 @@ IGEMM=backend.conv=implicit_gemm
 # tuned_loader without pinned memory: on CubeCL each pinned batch is a blocking request to
 # the device thread from a loader worker (cubecl-runtime's `staging`), which this isolates.
 UNPINNED=compare:article/tuned_loader,loader.pin_memory=false
-PLAN=${PLAN-startup:mlp cold:resnet50,$IGEMM compare:article/default,$IGEMM cold:resnet50 compare:article/default startup:small_cnn startup:resnet18 $(compares) gc $NVML_OFF $POOL_OFF compare:article/default,$IGEMM kernels:article/default $UNPINNED $(compares) $NVML_OFF $POOL_OFF}
+# Losses read back every 10 steps instead of every step (both frameworks): one host sync
+# in ten, so the host queues the next steps while the device runs; what a sync costs.
+FEWER_SYNCS=compare:article/default,log.every=10
+PLAN=${PLAN-startup:mlp cold:resnet50,$IGEMM compare:article/default,$IGEMM cold:resnet50 compare:article/default startup:small_cnn startup:resnet18 $(compares) gc $NVML_OFF $POOL_OFF compare:article/default,$IGEMM kernels:article/default $UNPINNED $FEWER_SYNCS $(compares) $NVML_OFF $POOL_OFF}
 KERNEL_STEPS=${KERNEL_STEPS:-10}
 MAX_STEPS=${MAX_STEPS:-80}
 WARMUP=${WARMUP:-20}
