@@ -174,7 +174,7 @@ pub fn cuda_devices() -> Result<Vec<String>, String> {
 }
 
 /// The CUDA devices the driver reports: name and total memory in bytes.
-fn cuda_gpus() -> Result<Vec<(String, u64)>, String> {
+pub fn cuda_gpus() -> Result<Vec<(String, u64)>, String> {
     #[cfg(feature = "cuda")]
     {
         cuda_probe::devices()

@@ -128,28 +128,23 @@ pub(crate) fn ls() -> ExitCode {
 /// What each backend would run on here: the CPU, the CUDA devices the driver reports and
 /// the WebGPU adapters, each with the `backend.device` index that names it, or why none.
 fn devices() -> Vec<String> {
-    let machine = runner::backend::probe();
     let mut out = vec![format!(
         "{:<12} {} ({} CPUs available)",
         "cpu",
         runner::backend::cpu_name(),
         std::thread::available_parallelism().map_or(1, |n| n.get())
     )];
-    match runner::backend::cuda_devices() {
-        Ok(names) if names.is_empty() => out.push(format!("{:<12} none found", "cuda")),
-        Ok(names) => {
-            for (i, name) in names.iter().enumerate() {
-                let memory = machine
-                    .gpu_memory
-                    .get(i)
-                    .map(|b| format!(", {:.1} GiB", *b as f64 / (1u64 << 30) as f64))
-                    .unwrap_or_default();
-                out.push(format!("{:<12} {i}: {name}{memory}", "cuda"));
+    match runner::backend::cuda_gpus() {
+        Ok(gpus) if gpus.is_empty() => out.push(format!("{:<12} none found", "cuda")),
+        Ok(gpus) => {
+            for (i, (name, memory)) in gpus.iter().enumerate() {
+                let memory = runner::plan::resources::gib(*memory);
+                out.push(format!("{:<12} {i}: {name}, {memory}", "cuda"));
             }
         }
         Err(why) => out.push(format!("{:<12} {why}", "cuda")),
     }
-    if !machine.wgpu_compiled {
+    if !cfg!(feature = "wgpu") {
         out.push(format!(
             "{:<12} this binary was built without the `wgpu` feature",
             "wgpu"

@@ -105,8 +105,6 @@ impl<'a> Validator<'a> {
             }
             return (Device::Wgpu(unchecked), reason);
         };
-        // CubeCL selects an adapter by kind and position; it cannot name an adapter of
-        // unknown kind, nor a software one after the first.
         if std::env::var_os("CUBECL_WGPU_DEFAULT_DEVICE").is_some() {
             self.warn(
                 "backend.device",
@@ -114,6 +112,8 @@ impl<'a> Validator<'a> {
                 "set backend.device (--set backend.device=N) instead",
             );
         }
+        // CubeCL selects an adapter by kind and position; it cannot name an adapter of
+        // unknown kind, nor a software one after the first.
         let first_software = adapters
             .iter()
             .position(|a| a.target.kind == AdapterKind::Cpu);
