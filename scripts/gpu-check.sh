@@ -176,6 +176,8 @@ def row(kind, path):
     k = s.get("kernels")  # CUDA only: what CubeCL compiled, loaded and tuned
     kernels = "/".join(str(k.get(f, "?")) for f in
                        ("compiled", "from_cache", "tuned", "tune_results_loaded")) if k else "-"
+    if k and k.get("tuned"):
+        kernels += f" (tuning {k.get('tune_ms', 0) / 1e3:.1f} s)"
     phases = s.get("phases") or {}  # host-side medians of the timed steps
     return [fmt(s.get("startup_s")), fmt(s.get("first_step_ms"), 1), fmt(it.get("median")),
             fmt(it.get("p95")), fmt(s.get("gpu_util_pct"), 1), fmt(s.get("peak_mem_in_use_bytes")),

@@ -129,7 +129,7 @@ pub fn cpu_settings(plan: &KernelPlan) -> KernelSettings {
 
 #[cfg(feature = "cube")]
 fn apply_cubecl(dir: &Path, level: AutotuneLevel) -> Result<(), String> {
-    use cubecl::config::autotune::AutotuneLevel as Level;
+    use cubecl::config::autotune::{AutotuneLevel as Level, AutotuneLogLevel};
     use cubecl::config::cache::CacheConfig;
     use cubecl::config::{CubeClRuntimeConfig, RuntimeConfig};
     // CubeCL panics on a malformed cubecl.toml; turn that into an error naming the file.
@@ -148,6 +148,13 @@ fn apply_cubecl(dir: &Path, level: AutotuneLevel) -> Result<(), String> {
     // for each write, so concurrent processes (a Slurm array) can share them.
     config.compilation.cache = Some(CacheConfig::File(dir.to_path_buf()));
     config.autotune.cache = CacheConfig::File(dir.to_path_buf());
+    // Each tuning's end as a `log` record ("Fastest result ..."), so its time can be
+    // measured (the start is CubeCL's "Tuning ..." record): the autotune logger at its
+    // least level, forwarded to the `log` crate, beside whatever cubecl.toml asks for.
+    if matches!(config.autotune.logger.level, AutotuneLogLevel::Disabled) {
+        config.autotune.logger.level = AutotuneLogLevel::Minimal;
+    }
+    config.autotune.logger.log = Some(Default::default());
     config.autotune.level = match level {
         AutotuneLevel::Minimal => Level::Minimal,
         AutotuneLevel::Balanced => Level::Balanced,
@@ -168,6 +175,55 @@ static COMPILED: AtomicU64 = AtomicU64::new(0);
 static FROM_CACHE: AtomicU64 = AtomicU64::new(0);
 static TUNED: AtomicU64 = AtomicU64::new(0);
 static TUNE_LOADED: AtomicU64 = AtomicU64::new(0);
+static TUNE_MICROS: AtomicU64 = AtomicU64::new(0);
+
+/// The tunings under way: per thread, the key being tuned; and since when at least one
+/// has been. A tuning can wait on another one on a second thread (a candidate's own kernels
+/// tuned there), so the time counted is the wall time during which any tuning is under
+/// way, not a sum per tuning. CubeCL tunes one key at a time per thread.
+struct Tunings<T> {
+    open: std::collections::HashMap<T, String>,
+    since: Option<std::time::Instant>,
+}
+
+impl<T: std::hash::Hash + Eq> Tunings<T> {
+    fn new() -> Self {
+        Self {
+            open: std::collections::HashMap::new(),
+            since: None,
+        }
+    }
+
+    /// A tuning of `key` began on `thread`. One still open there ended without saying
+    /// so: CubeCL takes a set of a single candidate without timing it, and without the
+    /// end line.
+    fn began(&mut self, thread: T, key: &str, now: std::time::Instant) {
+        self.since.get_or_insert(now);
+        self.open.insert(thread, key.to_string());
+    }
+
+    /// CubeCL's line at the end of a tuning on `thread` (`Fastest result <kernel>-<key>.
+    /// ...`). When no tuning is under way any more: the time since the first began.
+    fn ended(
+        &mut self,
+        thread: T,
+        msg: &str,
+        now: std::time::Instant,
+    ) -> Option<std::time::Duration> {
+        let key = self.open.get(&thread)?;
+        if !msg.contains(&format!("-{key}.")) {
+            return None;
+        }
+        self.open.remove(&thread);
+        if !self.open.is_empty() {
+            return None;
+        }
+        self.since.take().map(|since| now - since)
+    }
+}
+
+static TUNINGS: std::sync::Mutex<Option<Tunings<std::thread::ThreadId>>> =
+    std::sync::Mutex::new(None);
 
 pub fn counts() -> KernelCounts {
     KernelCounts {
@@ -175,6 +231,26 @@ pub fn counts() -> KernelCounts {
         from_cache: FROM_CACHE.load(Ordering::Relaxed),
         tuned: TUNED.load(Ordering::Relaxed),
         tune_results_loaded: TUNE_LOADED.load(Ordering::Relaxed),
+        tune_ms: TUNE_MICROS.load(Ordering::Relaxed) / 1000,
+    }
+}
+
+fn tuning_began(key: &str) {
+    if let Ok(mut t) = TUNINGS.lock() {
+        let now = std::time::Instant::now();
+        t.get_or_insert_with(Tunings::new)
+            .began(std::thread::current().id(), key, now);
+    }
+}
+
+fn tuning_ended(msg: &str) {
+    let Ok(mut t) = TUNINGS.lock() else { return };
+    let now = std::time::Instant::now();
+    if let Some(took) = t
+        .as_mut()
+        .and_then(|t| t.ended(std::thread::current().id(), msg, now))
+    {
+        TUNE_MICROS.fetch_add(took.as_micros() as u64, Ordering::Relaxed);
     }
 }
 
@@ -217,7 +293,10 @@ pub(crate) fn observe(level: log::Level, msg: &str) {
         }
         m if m.starts_with("Tuning ") => {
             TUNED.fetch_add(1, Ordering::Relaxed);
+            tuning_began(&m["Tuning ".len()..]);
         }
+        // The autotune logger's line at the end of a tuning (at any of its levels).
+        m if m.starts_with("Fastest result ") => tuning_ended(m),
         m if m.starts_with("Loaded ") && m.ends_with(" autotune cached entries") => {
             let n = m
                 .trim_start_matches("Loaded ")
@@ -289,6 +368,10 @@ mod tests {
             "[cubecl-wgpu] compiling WGSL module `main`\n@compute fn main() {}",
         );
         observe(log::Level::Info, "Tuning MatmulAutotuneKey { m: 64 }");
+        observe(
+            log::Level::Info,
+            "Fastest result matmul-MatmulAutotuneKey { m: 64 }. \n Top 3 times: []",
+        );
         observe(log::Level::Info, "Loaded 17 autotune cached entries");
         observe(log::Level::Info, "Load autotune cache ...");
         let d = counts().since(before);
@@ -299,6 +382,38 @@ mod tests {
             "{d:?}"
         );
         assert!(d.tune_results_loaded >= 17, "{d:?}");
+    }
+
+    /// Tunings that overlap on two threads (one waits on the other) count their wall time
+    /// once; a tuning that never says it ended (a single candidate) does not hold the
+    /// count open.
+    #[test]
+    fn tuning_time_is_the_wall_time_any_tuning_is_under_way() {
+        let t0 = std::time::Instant::now();
+        let at = |ms| t0 + std::time::Duration::from_millis(ms);
+        let mut t = Tunings::new();
+        t.began(1, "OuterKey(1)", at(0));
+        t.began(2, "InnerKey(2)", at(10));
+        let end = |key: &str| format!("Fastest result k-{key}. \n Top 3 times: []");
+        assert_eq!(
+            t.ended(2, &end("InnerKey(2)"), at(50)),
+            None,
+            "the outer one is open"
+        );
+        // Not the open key of that thread: ignored.
+        assert_eq!(t.ended(1, &end("InnerKey(2)"), at(55)), None);
+        let union = t.ended(1, &end("OuterKey(1)"), at(60));
+        assert_eq!(
+            union,
+            Some(std::time::Duration::from_millis(60)),
+            "not 60 + 40"
+        );
+
+        // A single-candidate tuning (no end line), then a real one on the same thread.
+        t.began(1, "LoneKey(3)", at(100));
+        t.began(1, "RealKey(4)", at(100));
+        let took = t.ended(1, &end("RealKey(4)"), at(130));
+        assert_eq!(took, Some(std::time::Duration::from_millis(30)));
     }
 
     /// The messages counted are CubeCL 0.10's own: if an upgrade changes them, this fails
@@ -326,6 +441,8 @@ mod tests {
         }
         if let Some(tuner) = find("cubecl-runtime-0.10.0", "src/tune/tuner.rs") {
             assert!(tuner.contains("log::info!(\"Tuning {key}\")"));
+            // Both of the autotune logger's levels end a tuning with this line.
+            assert_eq!(tuner.matches("\"Fastest result {}-{key}.").count(), 2);
         }
         if let Some(backend) = find("cubecl-wgpu-0.10.0", "src/backend/base.rs") {
             assert!(backend.contains("log::trace!(\"[cubecl-wgpu] compiling WGSL module `"));

@@ -20,6 +20,10 @@ pub struct KernelCounts {
     pub tuned: u64,
     /// Autotune results loaded from the cache file.
     pub tune_results_loaded: u64,
+    /// Wall-clock milliseconds spent tuning those shapes (compiling and timing every
+    /// candidate kernel), from CubeCL's start and end of each tuning.
+    #[serde(default)]
+    pub tune_ms: u64,
 }
 
 impl KernelCounts {
@@ -29,6 +33,7 @@ impl KernelCounts {
             from_cache: self.from_cache - before.from_cache,
             tuned: self.tuned - before.tuned,
             tune_results_loaded: self.tune_results_loaded - before.tune_results_loaded,
+            tune_ms: self.tune_ms - before.tune_ms,
         }
     }
 
@@ -36,10 +41,15 @@ impl KernelCounts {
         *self == KernelCounts::default()
     }
 
-    /// `12 kernels compiled, 30 from the cache, 4 shapes tuned`.
+    /// `12 kernels compiled, 30 from the cache, 4 shapes tuned in 9.8 s`.
     pub fn describe(&self) -> String {
+        let took = if self.tuned > 0 {
+            format!(" in {:.1} s", self.tune_ms as f64 / 1e3)
+        } else {
+            String::new()
+        };
         format!(
-            "{} kernels compiled, {} from the cache, {} shapes tuned",
+            "{} kernels compiled, {} from the cache, {} shapes tuned{took}",
             self.compiled, self.from_cache, self.tuned
         )
     }
@@ -338,7 +348,8 @@ pub struct Summary {
     pub startup_s: Option<f64>,
     /// The first step's own time, compilation and tuning included, ms.
     pub first_step_ms: Option<f64>,
-    /// CUDA: what CubeCL compiled, took from the cache and tuned during the run.
+    /// CUDA and WebGPU: what CubeCL compiled, took from the cache and tuned during the
+    /// run, and how long the tuning took.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub kernels: Option<KernelCounts>,
 }

@@ -776,6 +776,19 @@ fn a_run_prints_a_one_line_summary() {
         stdout.contains(&logs.join("runs/tiny/").display().to_string()),
         "{stdout}"
     );
+    // With every step inside run.warmup_steps there is no speed to print, not a zero one.
+    let out = runner_cmd()
+        .arg(&recipe)
+        .args(["--set", "run.warmup_steps=10"])
+        .output()
+        .unwrap();
+    expect_exit(&out, 0);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout
+            .starts_with("tiny: 4 steps, none timed (all within run.warmup_steps), test accuracy"),
+        "{stdout}"
+    );
 }
 
 // ---------------------------------------------------------------- measurement and report
@@ -3258,6 +3271,13 @@ fn wgpu_cubecl_caches_warmup_and_implicit_gemm_on_software_vulkan() {
         count(&cold, "compiled") > 0 && count(&cold, "tuned") > 0,
         "{cold}"
     );
+    // The tuning's time, from CubeCL's start and end of each (the evaluation's shapes
+    // included): part of the run's wall time, counted once where tunings overlap.
+    let tune_ms = count(&cold, "tune_ms");
+    assert!(
+        tune_ms > 0 && (tune_ms as f64) < cold["wall_s"].as_f64().unwrap() * 1e3,
+        "{cold}"
+    );
     assert!(stderr.contains("first step done"), "{stderr}");
     let accuracy = cold["test_accuracy"].as_f64().unwrap();
     assert!(
@@ -3272,6 +3292,7 @@ fn wgpu_cubecl_caches_warmup_and_implicit_gemm_on_software_vulkan() {
     // Warm: the same recipe loads every tuning result and tunes nothing.
     let (warm, ..) = run("a", &[]);
     assert_eq!(count(&warm, "tuned"), 0, "{warm}");
+    assert_eq!(count(&warm, "tune_ms"), 0, "{warm}");
     assert!(count(&warm, "tune_results_loaded") > 0, "{warm}");
     eprintln!(
         "wgpu start-up: cold {} s, warm {} s",

@@ -100,13 +100,19 @@ pub(crate) fn run_one(p: &Plan, opts: &RunOptions) -> Result<PathBuf, RunError> 
             let acc = s.test_accuracy.map_or("no test set".into(), |a| {
                 format!("test accuracy {:.2}%", 100.0 * a)
             });
+            // No timed step (run.warmup_steps took them all): no speed to report.
+            let speed = if s.iter_ms.count == 0 {
+                "none timed (all within run.warmup_steps)".to_string()
+            } else {
+                format!(
+                    "median {:.2} ms/iter (p95 {:.2}), {:.0} samples/s",
+                    s.iter_ms.median, s.iter_ms.p95, s.samples_per_s
+                )
+            };
             println!(
-                "{}: {} steps, median {:.2} ms/iter (p95 {:.2}), {:.0} samples/s, {acc}, {}",
+                "{}: {} steps, {speed}, {acc}, {}",
                 s.name,
                 s.steps,
-                s.iter_ms.median,
-                s.iter_ms.p95,
-                s.samples_per_s,
                 f.dir.display()
             );
             Ok(f.dir)
