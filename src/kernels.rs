@@ -177,12 +177,17 @@ static TUNED: AtomicU64 = AtomicU64::new(0);
 static TUNE_LOADED: AtomicU64 = AtomicU64::new(0);
 static TUNE_MICROS: AtomicU64 = AtomicU64::new(0);
 
-/// The tunings under way: per thread, the key being tuned; and since when at least one
-/// has been. A tuning can wait on another one on a second thread (a candidate's own kernels
-/// tuned there), so the time counted is the wall time during which any tuning is under
-/// way, not a sum per tuning. CubeCL tunes one key at a time per thread.
+/// The tunings under way: per thread, the keys being tuned (a candidate's own kernels may
+/// tune inside, inline on the device thread or on a second thread); and since when at
+/// least one has been. The time counted is the wall time during which any tuning is under
+/// way, not a sum per tuning, so nested and overlapping ones count once.
+///
+/// A tuning whose end line never comes (CubeCL panics inside it; a set of one candidate is
+/// taken without timing and without the line, though Burn 0.21 has none) is dropped when a
+/// tuning begun before it on its thread ends; one with nothing open below it keeps the
+/// count from closing, so later tunings are missed: the figure errs low, never high.
 struct Tunings<T> {
-    open: std::collections::HashMap<T, String>,
+    open: std::collections::HashMap<T, Vec<String>>,
     since: Option<std::time::Instant>,
 }
 
@@ -194,27 +199,29 @@ impl<T: std::hash::Hash + Eq> Tunings<T> {
         }
     }
 
-    /// A tuning of `key` began on `thread`. One still open there ended without saying
-    /// so: CubeCL takes a set of a single candidate without timing it, and without the
-    /// end line.
+    /// A tuning of `key` began on `thread`.
     fn began(&mut self, thread: T, key: &str, now: std::time::Instant) {
         self.since.get_or_insert(now);
-        self.open.insert(thread, key.to_string());
+        self.open.entry(thread).or_default().push(key.to_string());
     }
 
     /// CubeCL's line at the end of a tuning on `thread` (`Fastest result <kernel>-<key>.
-    /// ...`). When no tuning is under way any more: the time since the first began.
+    /// ...`): that tuning ends, with any begun after it there that never said so. When no
+    /// tuning is under way any more: the time since the first of them began.
     fn ended(
         &mut self,
         thread: T,
         msg: &str,
         now: std::time::Instant,
     ) -> Option<std::time::Duration> {
-        let key = self.open.get(&thread)?;
-        if !msg.contains(&format!("-{key}.")) {
-            return None;
+        let keys = self.open.get_mut(&thread)?;
+        let at = keys
+            .iter()
+            .rposition(|key| msg.contains(&format!("-{key}.")))?;
+        keys.truncate(at);
+        if keys.is_empty() {
+            self.open.remove(&thread);
         }
-        self.open.remove(&thread);
         if !self.open.is_empty() {
             return None;
         }
@@ -384,36 +391,52 @@ mod tests {
         assert!(d.tune_results_loaded >= 17, "{d:?}");
     }
 
-    /// Tunings that overlap on two threads (one waits on the other) count their wall time
-    /// once; a tuning that never says it ended (a single candidate) does not hold the
-    /// count open.
+    /// Tunings that overlap on two threads, or nest on one, count their wall time once;
+    /// one that never says it ended is dropped when an enclosing one ends, and otherwise
+    /// makes the figure miss later tunings rather than count the time between them.
     #[test]
     fn tuning_time_is_the_wall_time_any_tuning_is_under_way() {
         let t0 = std::time::Instant::now();
         let at = |ms| t0 + std::time::Duration::from_millis(ms);
+        let ms = std::time::Duration::from_millis;
+        let end = |key: &str| format!("Fastest result k-{key}. \n Top 3 times: []");
         let mut t = Tunings::new();
+
+        // Across two threads: 0..60 holds 10..50.
         t.began(1, "OuterKey(1)", at(0));
         t.began(2, "InnerKey(2)", at(10));
-        let end = |key: &str| format!("Fastest result k-{key}. \n Top 3 times: []");
         assert_eq!(
             t.ended(2, &end("InnerKey(2)"), at(50)),
             None,
             "the outer one is open"
         );
-        // Not the open key of that thread: ignored.
-        assert_eq!(t.ended(1, &end("InnerKey(2)"), at(55)), None);
-        let union = t.ended(1, &end("OuterKey(1)"), at(60));
         assert_eq!(
-            union,
-            Some(std::time::Duration::from_millis(60)),
+            t.ended(1, &end("InnerKey(2)"), at(55)),
+            None,
+            "not open on thread 1"
+        );
+        assert_eq!(
+            t.ended(1, &end("OuterKey(1)"), at(60)),
+            Some(ms(60)),
             "not 60 + 40"
         );
 
-        // A single-candidate tuning (no end line), then a real one on the same thread.
-        t.began(1, "LoneKey(3)", at(100));
-        t.began(1, "RealKey(4)", at(100));
-        let took = t.ended(1, &end("RealKey(4)"), at(130));
-        assert_eq!(took, Some(std::time::Duration::from_millis(30)));
+        // Nested on one thread: 100..200 holds 120..150.
+        t.began(1, "OuterKey(3)", at(100));
+        t.began(1, "InnerKey(4)", at(120));
+        assert_eq!(t.ended(1, &end("InnerKey(4)"), at(150)), None);
+        assert_eq!(t.ended(1, &end("OuterKey(3)"), at(200)), Some(ms(100)));
+
+        // A tuning that never ends, inside one that does: dropped with it.
+        t.began(1, "OuterKey(5)", at(300));
+        t.began(1, "LostKey(6)", at(310));
+        assert_eq!(t.ended(1, &end("OuterKey(5)"), at(330)), Some(ms(30)));
+
+        // One with nothing enclosing it: later tunings are missed, and the time between
+        // them is not counted either.
+        t.began(1, "LostKey(7)", at(400));
+        t.began(1, "RealKey(8)", at(500));
+        assert_eq!(t.ended(1, &end("RealKey(8)"), at(510)), None, "not 110 ms");
     }
 
     /// The messages counted are CubeCL 0.10's own: if an upgrade changes them, this fails

@@ -20,8 +20,9 @@ pub struct KernelCounts {
     pub tuned: u64,
     /// Autotune results loaded from the cache file.
     pub tune_results_loaded: u64,
-    /// Wall-clock milliseconds spent tuning those shapes (compiling and timing every
-    /// candidate kernel), from CubeCL's start and end of each tuning.
+    /// Wall-clock milliseconds during which any of those tunings was under way (compiling
+    /// and timing candidate kernels), from CubeCL's lines at the start and end of each; a
+    /// tuning whose end line never came makes it err low.
     #[serde(default)]
     pub tune_ms: u64,
 }
@@ -43,7 +44,7 @@ impl KernelCounts {
 
     /// `12 kernels compiled, 30 from the cache, 4 shapes tuned in 9.8 s`.
     pub fn describe(&self) -> String {
-        let took = if self.tuned > 0 {
+        let took = if self.tune_ms > 0 {
             format!(" in {:.1} s", self.tune_ms as f64 / 1e3)
         } else {
             String::new()
