@@ -151,15 +151,27 @@ fn bars(bottom: &Area, rows: &[Row], err: Err) -> Result<(), String> {
             .light_line_style(WHITE.mix(0.0))
             .draw()
             .map_err(|e| err(&e))?;
-        c.draw_series(values.iter().enumerate().map(|(i, v)| {
-            let x = i as f64;
-            Rectangle::new([(x + 0.15, 0.0), (x + 0.85, *v)], colour(i).filled())
-        }))
+        // A recipe with no timed step has no bar, and `-` for its value.
+        c.draw_series(
+            values
+                .iter()
+                .enumerate()
+                .filter(|(_, v)| v.is_finite())
+                .map(|(i, v)| {
+                    let x = i as f64;
+                    Rectangle::new([(x + 0.15, 0.0), (x + 0.85, *v)], colour(i).filled())
+                }),
+        )
         .map_err(|e| err(&e))?;
         c.draw_series(values.iter().enumerate().map(|(i, v)| {
+            let (label, y) = if v.is_finite() {
+                (format!("{v:.1}"), *v)
+            } else {
+                ("-".to_string(), 0.0)
+            };
             Text::new(
-                format!("{v:.1}"),
-                (i as f64 + 0.2, *v + top_v * 0.035),
+                label,
+                (i as f64 + 0.2, y + top_v * 0.035),
                 ("sans-serif", 13),
             )
         }))

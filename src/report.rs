@@ -161,8 +161,12 @@ pub fn load_run(dir: &Path) -> Result<Run, Error> {
 pub struct Row {
     pub recipe: String,
     pub runs: usize,
+    /// Runs with a step after `run.warmup_steps`: only these give the time columns (a
+    /// run cut short inside its warm-up has no step time to average in).
+    pub timed: usize,
     pub backend: String,
-    /// Mean over repeats of each run's median / p95 step time (timed steps).
+    /// Mean over the timed repeats of each run's median / p95 step time; NaN when none
+    /// is timed (shown as `-`).
     pub ms_median: f64,
     pub ms_p95: f64,
     /// Spread of `ms_median` in percent: between repeats when there are several (their
@@ -217,12 +221,23 @@ pub fn rows(runs: &[Run], baseline: Option<&str>) -> Result<Vec<Row>, Error> {
         .map(|name| {
             let group: Vec<&Run> = runs.iter().filter(|r| r.name == *name).collect();
             let s: Vec<&Summary> = group.iter().map(|r| &r.summary).collect();
-            let medians: Vec<f64> = s.iter().map(|s| s.iter_ms.median).collect();
-            let m = mean(&medians);
+            // The time columns come from the runs with timed steps alone.
+            let t: Vec<&Summary> = s.iter().copied().filter(|s| s.iter_ms.count > 0).collect();
+            let timed_mean = |f: fn(&Summary) -> f64| {
+                if t.is_empty() {
+                    f64::NAN
+                } else {
+                    mean(&t.iter().map(|s| f(s)).collect::<Vec<_>>())
+                }
+            };
+            let medians: Vec<f64> = t.iter().map(|s| s.iter_ms.median).collect();
+            let m = timed_mean(|s| s.iter_ms.median);
             let cv_pct = if medians.len() > 1 {
                 100.0 * Stats::of(&medians).std / m
+            } else if t.is_empty() {
+                f64::NAN
             } else {
-                let st = &s[0].iter_ms;
+                let st = &t[0].iter_ms;
                 // Standard error of a median: 1.2533 σ / √n.
                 if st.count > 1 && m > 0.0 {
                     100.0 * 1.2533 * st.std / (st.count as f64).sqrt() / m
@@ -233,18 +248,19 @@ pub fn rows(runs: &[Run], baseline: Option<&str>) -> Result<Vec<Row>, Error> {
             Row {
                 recipe: name.to_string(),
                 runs: group.len(),
+                timed: t.len(),
                 backend: s[0].backend.clone(),
                 ms_median: m,
-                ms_p95: mean(&s.iter().map(|s| s.iter_ms.p95).collect::<Vec<_>>()),
+                ms_p95: timed_mean(|s| s.iter_ms.p95),
                 cv_pct,
-                samples_per_s: mean(&s.iter().map(|s| s.samples_per_s).collect::<Vec<_>>()),
+                samples_per_s: timed_mean(|s| s.samples_per_s),
                 gpu_util_pct: mean_opt(s.iter().map(|s| s.gpu_util_pct)),
                 cpu_util_pct: mean_opt(s.iter().map(|s| s.cpu_util_pct)),
                 peak_in_use_bytes: s.iter().filter_map(|s| s.peak_mem_in_use_bytes).max(),
                 peak_reserved_bytes: s.iter().filter_map(|s| s.peak_mem_reserved_bytes).max(),
                 peak_rss_bytes: s.iter().filter_map(|s| s.peak_rss_bytes).max(),
-                data_wait_pct: mean(&s.iter().map(|s| s.data_wait_pct).collect::<Vec<_>>()),
-                cleanup_pct: mean(&s.iter().map(|s| s.cleanup_pct).collect::<Vec<_>>()),
+                data_wait_pct: timed_mean(|s| s.data_wait_pct),
+                cleanup_pct: timed_mean(|s| s.cleanup_pct),
                 test_accuracy: mean_opt(s.iter().map(|s| s.test_accuracy)),
                 pad_waste_pct: mean_opt(s.iter().map(|s| s.pad_waste_pct)),
                 pad_tokens: mean_opt(
@@ -279,7 +295,8 @@ pub fn rows(runs: &[Run], baseline: Option<&str>) -> Result<Vec<Row>, Error> {
     out[base].is_baseline = true;
     let (bm, bcv) = (out[base].ms_median, out[base].cv_pct);
     for r in &mut out {
-        r.ratio = if bm > 0.0 { r.ms_median / bm } else { 0.0 };
+        // NaN (shown as `-`) when either side has no timed step.
+        r.ratio = if bm > 0.0 { r.ms_median / bm } else { f64::NAN };
         let noise = 2.0 * ((r.cv_pct / 100.0).powi(2) + (bcv / 100.0).powi(2)).sqrt();
         r.within_noise = (r.ratio - 1.0).abs() < noise;
     }
@@ -304,6 +321,11 @@ fn gib(b: Option<u64>) -> String {
 
 fn opt(v: Option<f64>, digits: usize) -> String {
     v.map_or("-".into(), |v| format!("{v:.digits$}"))
+}
+
+/// A time column: `-` where no run was timed.
+fn num(v: f64, digits: usize) -> String {
+    opt(v.is_finite().then_some(v), digits)
 }
 
 /// The table's header and cells, as text.
@@ -339,11 +361,15 @@ fn cells(rows: &[Row]) -> (Vec<String>, Vec<Vec<String>>) {
         .map(|r| {
             let mut c = vec![
                 r.recipe.clone(),
-                r.runs.to_string(),
-                format!("{:.2}", r.ms_median),
-                format!("{:.1}", r.cv_pct),
-                format!("{:.2}", r.ms_p95),
-                format!("{:.1}", r.samples_per_s),
+                if r.timed == r.runs {
+                    r.runs.to_string()
+                } else {
+                    format!("{} ({} timed)", r.runs, r.timed)
+                },
+                num(r.ms_median, 2),
+                num(r.cv_pct, 1),
+                num(r.ms_p95, 2),
+                num(r.samples_per_s, 1),
             ];
             if gpu {
                 c.push(opt(r.gpu_util_pct, 1));
@@ -356,8 +382,8 @@ fn cells(rows: &[Row]) -> (Vec<String>, Vec<Vec<String>>) {
             }
             c.extend([
                 gib(r.peak_rss_bytes),
-                format!("{:.1}", r.data_wait_pct),
-                format!("{:.1}", r.cleanup_pct),
+                num(r.data_wait_pct, 1),
+                num(r.cleanup_pct, 1),
             ]);
             if text {
                 c.extend([
@@ -378,6 +404,8 @@ fn cells(rows: &[Row]) -> (Vec<String>, Vec<Vec<String>>) {
                 opt(r.test_accuracy.map(|a| 100.0 * a), 2),
                 if r.is_baseline {
                     "baseline".into()
+                } else if !r.ratio.is_finite() {
+                    "-".into()
                 } else if r.within_noise {
                     format!("{:.2}x ≈", r.ratio)
                 } else {
@@ -395,18 +423,19 @@ fn cells(rows: &[Row]) -> (Vec<String>, Vec<Vec<String>>) {
 struct CsvRow<'a> {
     recipe: &'a str,
     runs: usize,
+    timed_runs: usize,
     backend: &'a str,
-    ms_median: f64,
-    ms_p95: f64,
-    cv_pct: f64,
-    samples_per_s: f64,
+    ms_median: Option<f64>,
+    ms_p95: Option<f64>,
+    cv_pct: Option<f64>,
+    samples_per_s: Option<f64>,
     gpu_util_pct: Option<f64>,
     cpu_util_pct: Option<f64>,
     peak_mem_in_use_bytes: Option<u64>,
     peak_mem_reserved_bytes: Option<u64>,
     peak_rss_bytes: Option<u64>,
-    data_wait_pct: f64,
-    cleanup_pct: f64,
+    data_wait_pct: Option<f64>,
+    cleanup_pct: Option<f64>,
     pad_tokens: Option<f64>,
     pad_waste_pct: Option<f64>,
     real_tokens_per_s: Option<f64>,
@@ -414,8 +443,13 @@ struct CsvRow<'a> {
     startup_s_min: Option<f64>,
     startup_s_max: Option<f64>,
     test_accuracy: Option<f64>,
-    ratio: f64,
+    ratio: Option<f64>,
     within_noise: bool,
+}
+
+/// An empty CSV field where no run was timed.
+fn finite(v: f64) -> Option<f64> {
+    v.is_finite().then_some(v)
 }
 
 /// The rows as CSV (the `csv` crate: quoting, and an empty field for a missing value).
@@ -425,18 +459,19 @@ fn csv_rows(rows: &[Row]) -> String {
         let line = CsvRow {
             recipe: &r.recipe,
             runs: r.runs,
+            timed_runs: r.timed,
             backend: &r.backend,
-            ms_median: r.ms_median,
-            ms_p95: r.ms_p95,
-            cv_pct: r.cv_pct,
-            samples_per_s: r.samples_per_s,
+            ms_median: finite(r.ms_median),
+            ms_p95: finite(r.ms_p95),
+            cv_pct: finite(r.cv_pct),
+            samples_per_s: finite(r.samples_per_s),
             gpu_util_pct: r.gpu_util_pct,
             cpu_util_pct: r.cpu_util_pct,
             peak_mem_in_use_bytes: r.peak_in_use_bytes,
             peak_mem_reserved_bytes: r.peak_reserved_bytes,
             peak_rss_bytes: r.peak_rss_bytes,
-            data_wait_pct: r.data_wait_pct,
-            cleanup_pct: r.cleanup_pct,
+            data_wait_pct: finite(r.data_wait_pct),
+            cleanup_pct: finite(r.cleanup_pct),
             pad_tokens: r.pad_tokens,
             pad_waste_pct: r.pad_waste_pct,
             real_tokens_per_s: r.real_tokens_per_s,
@@ -444,7 +479,7 @@ fn csv_rows(rows: &[Row]) -> String {
             startup_s_min: r.startup_s.map(|s| s.0),
             startup_s_max: r.startup_s.map(|s| s.1),
             test_accuracy: r.test_accuracy,
-            ratio: r.ratio,
+            ratio: finite(r.ratio),
             within_noise: r.within_noise,
         };
         w.serialize(line)
@@ -580,5 +615,42 @@ mod tests {
             .unwrap_err()
             .to_string()
             .contains("the recipes here are: base, slow, same"));
+    }
+
+    /// A run with no step after its warm-up (cut short, or a smoke test) adds nothing to
+    /// the time columns: not a 0 ms median pulling the mean down, nor a NaN spread.
+    #[test]
+    fn runs_without_timed_steps_are_left_out_of_the_times() {
+        let mut short = run("quickstart", &[30.0, 40.0]);
+        short.summary.absorb(&short.records.clone(), 5);
+        assert_eq!(short.summary.iter_ms.count, 0);
+        let runs = vec![
+            run("quickstart", &[18.0, 18.5, 19.0]),
+            short.clone(),
+            run("other", &[9.0, 9.0, 9.0]),
+            Run {
+                name: "untimed".into(),
+                ..short
+            },
+        ];
+        let r = rows(&runs, None).unwrap();
+        assert_eq!((r[0].runs, r[0].timed), (2, 1));
+        assert_eq!(r[0].ms_median, 18.5, "the timed run's median alone");
+        assert!(r[0].cv_pct.is_finite() && r[0].samples_per_s > 0.0);
+        assert_eq!(r[0].cleanup_pct, 0.0);
+        assert!((r[1].ratio - 9.0 / 18.5).abs() < 1e-12);
+        assert!(r[2].ms_median.is_nan() && r[2].ratio.is_nan());
+        let (_, body) = cells(&r);
+        assert_eq!(body[0][1], "2 (1 timed)");
+        assert_eq!(body[0][2], "18.50");
+        assert_eq!(&body[2][1..6], ["1 (0 timed)", "-", "-", "-", "-"]);
+        assert_eq!(body[2].last().unwrap(), "-", "no ratio");
+        let csv = render(&r, Format::Csv);
+        let untimed = csv.lines().find(|l| l.starts_with("untimed,")).unwrap();
+        assert!(untimed.starts_with("untimed,1,0,,,,,,"), "{untimed}");
+        assert!(!csv.contains("NaN"), "{csv}");
+        // With no timed baseline, no ratio at all.
+        let by = rows(&runs, Some("untimed")).unwrap();
+        assert!(by.iter().all(|r| r.ratio.is_nan()));
     }
 }
