@@ -126,7 +126,52 @@ pub fn eval(
         .chars()
         .filter(|c| c.is_ascii_digit() || *c == 'T')
         .collect();
-    write_json_atomic(&run_dir.join(format!("eval-{stamp}.json")), &report)
-        .map_err(|e| failed(format!("eval-{stamp}.json: {e}")))?;
+    let path = free_name(run_dir, &stamp).map_err(failed)?;
+    write_json_atomic(&path, &report).map_err(|e| failed(format!("{}: {e}", path.display())))?;
     Ok(report)
+}
+
+/// `eval-<stamp>.json`, or `eval-<stamp>-2.json`, ... when an evaluation in the same second
+/// (a second `runner eval` with `--data`, or one run beside it) has the name: reserved by
+/// creating it, so neither overwrites the other.
+fn free_name(run_dir: &Path, stamp: &str) -> Result<PathBuf, String> {
+    let mut n = 1;
+    loop {
+        let name = match n {
+            1 => format!("eval-{stamp}.json"),
+            n => format!("eval-{stamp}-{n}.json"),
+        };
+        let path = run_dir.join(&name);
+        match std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&path)
+        {
+            Ok(_) => return Ok(path),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => n += 1,
+            Err(e) => return Err(format!("{}: {e}", path.display())),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn evaluations_in_the_same_second_keep_both_files() {
+        let dir = std::env::temp_dir().join(format!("runner-eval-name-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let names: Vec<String> = (0..3)
+            .map(|_| super::free_name(&dir, "20261201T070000").unwrap())
+            .map(|p| p.file_name().unwrap().to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(
+            names,
+            [
+                "eval-20261201T070000.json",
+                "eval-20261201T070000-2.json",
+                "eval-20261201T070000-3.json"
+            ]
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 }
