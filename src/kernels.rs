@@ -227,6 +227,12 @@ impl<T: std::hash::Hash + Eq> Tunings<T> {
         }
         self.since.take().map(|since| now - since)
     }
+
+    /// How long the tuning under way now has been (none: nothing is being tuned).
+    fn running(&self, now: std::time::Instant) -> std::time::Duration {
+        self.since
+            .map_or(std::time::Duration::ZERO, |since| now - since)
+    }
 }
 
 static TUNINGS: std::sync::Mutex<Option<Tunings<std::thread::ThreadId>>> =
@@ -240,6 +246,25 @@ pub fn counts() -> KernelCounts {
         tune_results_loaded: TUNE_LOADED.load(Ordering::Relaxed),
         tune_ms: TUNE_MICROS.load(Ordering::Relaxed) / 1000,
     }
+}
+
+/// `counts()` with the tuning under way now counted up to now, for a display that must not
+/// stand still through a long tuning (the figure stays monotonic: a stretch that ends
+/// moves from here into `tune_ms`). A tuning whose end line never comes keeps this
+/// growing, so records keep `counts()`.
+pub fn counts_live() -> KernelCounts {
+    // Under the lock a tuning's end takes to add its stretch, so no stretch is counted in
+    // neither or both.
+    let Ok(t) = TUNINGS.lock() else {
+        return counts();
+    };
+    let mut c = counts();
+    if let Some(t) = t.as_ref() {
+        c.tune_ms = (TUNE_MICROS.load(Ordering::Relaxed)
+            + t.running(std::time::Instant::now()).as_micros() as u64)
+            / 1000;
+    }
+    c
 }
 
 fn tuning_began(key: &str) {
@@ -402,14 +427,18 @@ mod tests {
         let end = |key: &str| format!("Fastest result k-{key}. \n Top 3 times: []");
         let mut t = Tunings::new();
 
-        // Across two threads: 0..60 holds 10..50.
+        // Across two threads: 0..60 holds 10..50. While it runs, the display's figure
+        // grows from its start.
+        assert_eq!(t.running(at(0)), ms(0), "nothing under way");
         t.began(1, "OuterKey(1)", at(0));
         t.began(2, "InnerKey(2)", at(10));
+        assert_eq!(t.running(at(40)), ms(40));
         assert_eq!(
             t.ended(2, &end("InnerKey(2)"), at(50)),
             None,
             "the outer one is open"
         );
+        assert_eq!(t.running(at(52)), ms(52), "still under way");
         assert_eq!(
             t.ended(1, &end("InnerKey(2)"), at(55)),
             None,
@@ -420,6 +449,7 @@ mod tests {
             Some(ms(60)),
             "not 60 + 40"
         );
+        assert_eq!(t.running(at(70)), ms(0), "its time moved into the total");
 
         // Nested on one thread: 100..200 holds 120..150.
         t.began(1, "OuterKey(3)", at(100));

@@ -165,7 +165,7 @@ impl Looker {
     }
 
     fn tick(&mut self, phase: &Phase) {
-        let now = kernels::counts();
+        let now = kernels::counts_live();
         let before = std::mem::replace(&mut self.prev, now);
         if !phase.started {
             if self.due(Duration::ZERO) {
@@ -228,7 +228,7 @@ impl Ticker {
             out,
             pace,
             printed: Instant::now(),
-            prev: kernels::counts(),
+            prev: kernels::counts_live(),
             burst: None,
         };
         let thread = std::thread::Builder::new()

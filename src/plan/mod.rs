@@ -112,6 +112,24 @@ pub enum Device {
     Wgpu(WgpuTarget),
 }
 
+impl Device {
+    /// What the first step's wait is spent on, for the start-up display: the CPU compiles
+    /// nothing at run time; CubeCL compiles and tunes, on a GPU or, on a software adapter,
+    /// on this machine's CPU.
+    pub fn first_step_work(self) -> &'static str {
+        match self {
+            Device::Cpu => "first step",
+            Device::Wgpu(WgpuTarget {
+                kind: AdapterKind::Cpu,
+                ..
+            }) => "first step (compiling and tuning kernels for the software adapter)",
+            Device::Cuda(_) | Device::Wgpu(_) => {
+                "first step (compiling and tuning kernels for the GPU)"
+            }
+        }
+    }
+}
+
 /// A recipe that passed every check, with every default resolved.
 #[derive(Debug, Clone)]
 pub struct Plan {

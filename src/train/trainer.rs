@@ -110,7 +110,7 @@ impl<'a, B: TrainBackend> Trainer<'a, B> {
             }
         };
         sink.started(parameters);
-        sink.phase("first step (compiling and tuning kernels on a GPU)");
+        sink.phase(plan.device.first_step_work());
         let trainer = Self {
             loss_fn: loss_config(plan).init(&io.device),
             schedule: plan.lr_schedule(),
