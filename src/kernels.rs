@@ -299,7 +299,7 @@ impl log::Log for Observer {
     fn log(&self, r: &log::Record) {
         if !r.target().starts_with("cubecl") {
             if r.level() <= log::Level::Error && r.target().starts_with("burn") {
-                eprintln!("{}: {}", r.target(), r.args());
+                crate::errln!("{}: {}", r.target(), r.args());
             }
             return;
         }
@@ -338,7 +338,7 @@ pub(crate) fn observe(level: log::Level, msg: &str) {
                 .unwrap_or(0);
             TUNE_LOADED.fetch_add(n, Ordering::Relaxed);
         }
-        m if level <= log::Level::Error => eprintln!("cubecl: {m}"),
+        m if level <= log::Level::Error => crate::errln!("cubecl: {m}"),
         _ => {}
     }
 }

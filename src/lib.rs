@@ -6,6 +6,36 @@
 //! `train` and `checkpoint` know Burn; `plan`, `recipe`, `sweep`, `slurm` and `report` build
 //! and test without a device.
 
+/// `println!` that carries on when standard output is gone (a reader that left:
+/// `runner ls | head -1`, a `tee` that died). What the runner prints is also in its files,
+/// so a run must not stop over it, and `println!` would panic.
+#[macro_export]
+macro_rules! outln {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stdout().lock(), $($arg)*);
+    }};
+}
+
+/// `print!` that carries on when standard output is gone (see `outln!`).
+#[macro_export]
+macro_rules! out {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let mut o = std::io::stdout().lock();
+        let _ = write!(o, $($arg)*).and_then(|()| o.flush());
+    }};
+}
+
+/// `eprintln!` that carries on when standard error is gone (`runner r.toml 2>&1 | head`).
+#[macro_export]
+macro_rules! errln {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr().lock(), $($arg)*);
+    }};
+}
+
 pub mod backend;
 pub mod clock;
 pub mod data;

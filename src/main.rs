@@ -187,7 +187,7 @@ fn main() -> ExitCode {
 /// Loads, expands and validates every recipe, printing every finding; `None` on any error.
 fn check_all(args: &CheckArgs, machine: &Machine) -> Option<Vec<Checked>> {
     if args.max_cells == 0 {
-        eprintln!(
+        runner::errln!(
             "error: --max-cells 0 allows no cell\n  = help: use at least 1 (the default is {})",
             sweep::DEFAULT_MAX_CELLS
         );
@@ -203,14 +203,14 @@ fn check_all(args: &CheckArgs, machine: &Machine) -> Option<Vec<Checked>> {
                 for w in c.plans.iter().flat_map(|p| &p.warnings) {
                     let text = w.to_string();
                     if !warned.contains(&text) {
-                        eprintln!("{text}");
+                        runner::errln!("{text}");
                         warned.push(text);
                     }
                 }
                 out.push(c);
             }
             Err(report) => {
-                eprintln!("{report}");
+                runner::errln!("{report}");
                 ok = false;
             }
         }

@@ -132,7 +132,7 @@ impl Out {
     fn line(&self, line: String) {
         match self {
             Out::Bar(b) => b.println(line),
-            Out::Stderr => eprintln!("{line}"),
+            Out::Stderr => crate::errln!("{line}"),
             #[cfg(test)]
             Out::Captured(v) => v.lock().unwrap().push(line),
         }
@@ -368,7 +368,7 @@ impl Progress {
         }
         match &self.bar {
             Some(b) => b.println(s),
-            None => eprintln!("{s}"),
+            None => crate::errln!("{s}"),
         }
     }
 

@@ -34,7 +34,7 @@ pub fn install() {
             .spawn(move || loop {
                 let s = watch.load(Ordering::Relaxed);
                 if s != 0 {
-                    eprintln!(
+                    crate::errln!(
                         "\n{}: stopping at the next step boundary (metrics are kept); send it again to exit at once",
                         name(s as i32)
                     );

@@ -102,10 +102,10 @@ pub fn submit(scripts: &Scripts) -> Result<(), (u8, String)> {
                 ),
             ));
         }
-        println!("warm-up job {id}: the array starts when it ends");
+        crate::outln!("warm-up job {id}: the array starts when it ends");
         after.push(format!("--dependency=afterany:{id}"));
     }
-    print!("{}", sbatch(&after, &scripts.array)?);
+    crate::out!("{}", sbatch(&after, &scripts.array)?);
     Ok(())
 }
 

@@ -2086,6 +2086,44 @@ fn sigterm_stops_at_a_step_boundary_and_says_interrupted() {
     );
 }
 
+/// A reader that left (`runner grid.toml | head -1`, a `tee` that died) stops neither a
+/// grid nor a listing: output to a closed pipe is dropped, not a panic.
+#[test]
+fn a_closed_stdout_or_stderr_stops_nothing() {
+    let dir = tempdir("closed-pipe");
+    let grid = tiny_recipe(&dir, "g", "[sweep]\n\"optim.lr\" = [0.1, 0.2]\n");
+    let closed = || {
+        let (reader, writer) = std::io::pipe().unwrap();
+        drop(reader);
+        writer
+    };
+    let out = runner_cmd()
+        .arg(&grid)
+        .stdout(closed())
+        .stderr(closed())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "the grid ran to its end");
+    let sweep = only_run(&dir.join("runs/g/sweeps"));
+    let states: Vec<String> = statuses(&sweep).into_iter().map(|(_, s)| s).collect();
+    assert_eq!(
+        states,
+        ["done", "done"],
+        "both cells, after the first one's lines were lost"
+    );
+    for args in [&["ls"][..], &["show", grid.to_str().unwrap()], &["schema"]] {
+        let out = runner_cmd()
+            .args(args)
+            .stdout(closed())
+            .stderr(std::process::Stdio::piped())
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(0), "{args:?}: {stderr}");
+        assert!(!stderr.contains("panicked"), "{args:?}: {stderr}");
+    }
+}
+
 #[test]
 fn an_interrupted_grid_cell_is_rerun_by_resume() {
     let dir = tempdir("sigint-grid");

@@ -13,7 +13,7 @@ pub(crate) fn validate(args: &CheckArgs) -> ExitCode {
     };
     for c in all {
         if c.grid {
-            println!(
+            runner::outln!(
                 "ok: {} (grid of {} cells: {})",
                 c.path.display(),
                 c.cells.len(),
@@ -25,7 +25,7 @@ pub(crate) fn validate(args: &CheckArgs) -> ExitCode {
             );
         } else {
             let p = &c.plans[0];
-            println!(
+            runner::outln!(
                 "ok: {} ({}: {} optimizer steps of {} × {} samples)",
                 c.path.display(),
                 p.name,
@@ -45,17 +45,17 @@ pub(crate) fn show(args: &CheckArgs, cell: Option<usize>) -> ExitCode {
     for c in all {
         match (c.grid, cell) {
             (true, None) => {
-                println!(
+                runner::outln!(
                     "# {}: a grid of {} cells (runner show --cell N for one)",
                     c.path.display(),
                     c.cells.len()
                 );
                 for cell in &c.cells {
-                    println!("{:>4}  {}  {}", cell.index, cell.id, cell.name);
+                    runner::outln!("{:>4}  {}  {}", cell.index, cell.id, cell.name);
                 }
             }
             (_, Some(i)) if i >= c.cells.len() => {
-                eprintln!(
+                runner::errln!(
                     "error: --cell {i}: {} has {} cell(s), 0 to {}",
                     c.path.display(),
                     c.cells.len(),
@@ -65,7 +65,7 @@ pub(crate) fn show(args: &CheckArgs, cell: Option<usize>) -> ExitCode {
             }
             (_, i) => {
                 let p = &c.plans[i.unwrap_or(0)];
-                print!(
+                runner::out!(
                     "# {} (cell {}, id {})\n{}",
                     c.path.display(),
                     i.unwrap_or(0),
@@ -85,7 +85,7 @@ pub(crate) fn ls() -> ExitCode {
     ]
     .into_iter()
     .find(|d| d.is_dir());
-    println!("recipes:");
+    runner::outln!("recipes:");
     match dir {
         Some(d) => {
             let mut files = vec![];
@@ -105,22 +105,22 @@ pub(crate) fn ls() -> ExitCode {
                 let about = recipe::load(&f)
                     .map(|l| l.recipe.description)
                     .unwrap_or_else(|_| "(does not validate)".into());
-                println!("  {:<45} {about}", f.display());
+                runner::outln!("  {:<45} {about}", f.display());
             }
         }
-        None => println!("  (no recipes/ directory here)"),
+        None => runner::outln!("  (no recipes/ directory here)"),
     }
-    println!("models (model.arch):");
+    runner::outln!("models (model.arch):");
     for a in runner::recipe::Arch::ALL {
-        println!("  {:<12} {}", a.name(), a.about());
+        runner::outln!("  {:<12} {}", a.name(), a.about());
     }
-    println!("data formats (data.format):");
+    runner::outln!("data formats (data.format):");
     for f in runner::recipe::DataFormat::ALL {
-        println!("  {:<12} {}", f.name(), f.about());
+        runner::outln!("  {:<12} {}", f.name(), f.about());
     }
-    println!("devices (backend.kind, backend.device):");
+    runner::outln!("devices (backend.kind, backend.device):");
     for line in devices() {
-        println!("  {line}");
+        runner::outln!("  {line}");
     }
     ExitCode::SUCCESS
 }
@@ -174,13 +174,13 @@ pub(crate) fn schema(output: Option<&Path>) -> ExitCode {
     let text = serde_json::to_string_pretty(&recipe::schema::json_schema()).expect("schema") + "\n";
     match output {
         None => {
-            print!("{text}");
+            runner::out!("{text}");
             ExitCode::SUCCESS
         }
         Some(p) => match std::fs::write(p, text) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
-                eprintln!("error: {}: {e}", p.display());
+                runner::errln!("error: {}: {e}", p.display());
                 ExitCode::from(2)
             }
         },
@@ -202,25 +202,25 @@ pub(crate) fn report_cmd(
         // Only completed runs are averaged; the others are listed with what became of them.
         let (runs, excluded) = report::split_completed(runs);
         if !excluded.is_empty() {
-            eprintln!(
+            runner::errln!(
                 "not in the table ({} run(s) did not complete):",
                 excluded.len()
             );
             for x in &excluded {
-                eprintln!("  {}: {}", x.dir.display(), x.why);
+                runner::errln!("  {}: {}", x.dir.display(), x.why);
             }
         }
         if runs.is_empty() {
-            eprintln!("error: no completed run to compare");
+            runner::errln!("error: no completed run to compare");
             return Ok(false);
         }
         let rows = report::rows(&runs, baseline)?;
-        print!("{}", report::render(&rows, format));
+        runner::out!("{}", report::render(&rows, format));
         if let Some(p) = plot {
             runner::plot::draw(p, &runs, &rows).map_err(|e| {
                 runner::error::Error::Input(format!("error: cannot draw the plot: {e}"))
             })?;
-            eprintln!("plot: {}", p.display());
+            runner::errln!("plot: {}", p.display());
         }
         Ok::<_, runner::error::Error>(true)
     })();
@@ -229,7 +229,7 @@ pub(crate) fn report_cmd(
         // Nothing to compare is not bad input: the runs failed.
         Ok(false) => ExitCode::from(1),
         Err(e) => {
-            eprintln!("{e}");
+            runner::errln!("{e}");
             ExitCode::from(e.exit_code())
         }
     }

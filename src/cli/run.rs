@@ -20,20 +20,20 @@ pub(crate) fn run_all(args: &RunArgs) -> ExitCode {
     let shard = match args.shard.as_deref().map(sweep::parse_shard).transpose() {
         Ok(s) => s,
         Err(e) => {
-            eprintln!("error: {e}");
+            runner::errln!("error: {e}");
             return ExitCode::from(2);
         }
     };
     for c in &all {
         if !c.grid && (shard.is_some() || args.cell.is_some() || args.resume) {
-            eprintln!(
+            runner::errln!(
                 "error: {}: --shard, --cell and --resume apply to recipes with a [sweep] table",
                 c.path.display()
             );
             return ExitCode::from(2);
         }
         if let Some(i) = args.cell.filter(|&i| i >= c.cells.len()) {
-            eprintln!(
+            runner::errln!(
                 "error: --cell {i}: {} has {} cells, 0 to {}",
                 c.path.display(),
                 c.cells.len(),
@@ -65,7 +65,7 @@ pub(crate) fn run_all(args: &RunArgs) -> ExitCode {
             Err(RunError::Failed { .. }) => code = ExitCode::from(1),
             Err(e @ RunError::Interrupted { .. }) => return ExitCode::from(e.exit_code()),
             Err(e @ (RunError::Input(_) | RunError::Io(_))) => {
-                eprintln!("{e}");
+                runner::errln!("{e}");
                 return ExitCode::from(e.exit_code());
             }
         }
@@ -75,7 +75,7 @@ pub(crate) fn run_all(args: &RunArgs) -> ExitCode {
 
 pub(crate) fn run_one(p: &Plan, opts: &RunOptions) -> Result<PathBuf, RunError> {
     if !opts.quiet {
-        eprintln!(
+        runner::errln!(
             "{}: {} ({})",
             p.name,
             runner::backend::describe(p.device, &p.kernels).0,
@@ -109,7 +109,7 @@ pub(crate) fn run_one(p: &Plan, opts: &RunOptions) -> Result<PathBuf, RunError> 
                     s.iter_ms.median, s.iter_ms.p95, s.samples_per_s
                 )
             };
-            println!(
+            runner::outln!(
                 "{}: {} steps, {speed}, {acc}, {}",
                 s.name,
                 s.steps,
@@ -118,7 +118,7 @@ pub(crate) fn run_one(p: &Plan, opts: &RunOptions) -> Result<PathBuf, RunError> 
             Ok(f.dir)
         }
         Err(RunError::Failed { dir, message }) => {
-            eprintln!(
+            runner::errln!(
                 "error: run {} failed: {message}\n  = note: what was recorded is in {}",
                 p.name,
                 dir.display()
@@ -126,7 +126,7 @@ pub(crate) fn run_one(p: &Plan, opts: &RunOptions) -> Result<PathBuf, RunError> 
             Err(RunError::Failed { dir, message })
         }
         Err(RunError::Interrupted { dir, signal }) => {
-            eprintln!(
+            runner::errln!(
                 "{}: interrupted by {}; what was recorded is in {} (status \"interrupted\")",
                 p.name,
                 runner::signals::name(signal),
@@ -146,7 +146,7 @@ pub(crate) fn run_grid(c: &Checked, sel: Selection, opts: &RunOptions) -> Result
             root.display()
         ))
     })?;
-    eprintln!(
+    runner::errln!(
         "sweep {}: {} cells, state in {}",
         c.base,
         c.cells.len(),
@@ -164,7 +164,7 @@ pub(crate) fn run_grid(c: &Checked, sel: Selection, opts: &RunOptions) -> Result
         let result = match stopped_run {
             Some(run_dir) => {
                 if !opts.quiet {
-                    eprintln!("{}: resuming {}", cell.name, run_dir.display());
+                    runner::errln!("{}: resuming {}", cell.name, run_dir.display());
                 }
                 run::resume(&run_dir, opts, &runner::backend::probe()).map(|f| f.dir)
             }
@@ -182,10 +182,10 @@ pub(crate) fn run_grid(c: &Checked, sel: Selection, opts: &RunOptions) -> Result
         return Err(e);
     }
     for (i, owner) in &outcome.busy {
-        eprintln!("cell {i}: left to {owner}, which holds its lock");
+        runner::errln!("cell {i}: left to {owner}, which holds its lock");
     }
     if !outcome.skipped.is_empty() {
-        eprintln!(
+        runner::errln!(
             "resumed: {} cell(s) already done were skipped",
             outcome.skipped.len()
         );
@@ -253,10 +253,10 @@ fn print_comparison(c: &Checked, dir: &SweepDir) {
             .and_then(|runs| report::rows(&runs, None))
         {
             Ok(rows) => {
-                println!("\n{} of {} cells done:", done.len(), c.cells.len());
-                print!("{}", report::render(&rows, report::Format::Table));
+                runner::outln!("\n{} of {} cells done:", done.len(), c.cells.len());
+                runner::out!("{}", report::render(&rows, report::Format::Table));
             }
-            Err(e) => eprintln!("{e}"),
+            Err(e) => runner::errln!("{e}"),
         }
     }
 }
@@ -267,7 +267,7 @@ pub(crate) fn resume(run_dir: &Path, quiet: bool) -> ExitCode {
     match run::resume(run_dir, &opts, &runner::backend::probe()) {
         Ok(f) => {
             let s = &f.summary;
-            println!(
+            runner::outln!(
                 "{}: completed, {} steps in all ({} resume(s)), final loss {:.4}, {}",
                 s.name,
                 s.steps,
@@ -279,14 +279,14 @@ pub(crate) fn resume(run_dir: &Path, quiet: bool) -> ExitCode {
         }
         Err(e) => {
             match &e {
-                RunError::Failed { dir, message } => eprintln!(
+                RunError::Failed { dir, message } => runner::errln!(
                     "error: the resumed run failed: {message}\n  = note: what was recorded is in {}",
                     dir.display()
                 ),
                 RunError::Interrupted { dir, .. } => {
-                    eprintln!("{e}; resume it again with: runner resume {}", dir.display())
+                    runner::errln!("{e}; resume it again with: runner resume {}", dir.display())
                 }
-                _ => eprintln!("{e}"),
+                _ => runner::errln!("{e}"),
             }
             ExitCode::from(e.exit_code())
         }
@@ -296,7 +296,7 @@ pub(crate) fn resume(run_dir: &Path, quiet: bool) -> ExitCode {
 pub(crate) fn eval(run_dir: &Path, data: Option<&Path>, best: bool) -> ExitCode {
     match run::eval(run_dir, data, best, &runner::backend::probe()) {
         Ok(r) => {
-            println!(
+            runner::outln!(
                 "accuracy {:.2}% on {} samples, loss {:.4} ({}, {:.1} s)",
                 100.0 * r.accuracy,
                 r.samples,
@@ -307,7 +307,7 @@ pub(crate) fn eval(run_dir: &Path, data: Option<&Path>, best: bool) -> ExitCode 
             ExitCode::SUCCESS
         }
         Err(e) => {
-            eprintln!("{e}");
+            runner::errln!("{e}");
             ExitCode::from(e.exit_code())
         }
     }
@@ -355,7 +355,7 @@ pub(crate) fn warmup(args: &CheckArgs, quiet: bool) -> ExitCode {
         }
         let (backend, _) = runner::backend::describe(p.device, &p.kernels);
         if !quiet {
-            eprintln!("{}: warming up on {backend} ({})", p.name, p.device_reason);
+            runner::errln!("{}: warming up on {backend} ({})", p.name, p.device_reason);
         }
         match run::warmup(p) {
             Ok(w) => {
@@ -368,7 +368,7 @@ pub(crate) fn warmup(args: &CheckArgs, quiet: bool) -> ExitCode {
                 } else {
                     "nothing to compile on the CPU backend".into()
                 };
-                println!(
+                runner::outln!(
                     "{}: warmed up on {} ({}) in {:.1} s: {} training and {} evaluation batch shape(s), {} micro-batches; {cache}",
                     p.name,
                     w.backend,
@@ -380,11 +380,11 @@ pub(crate) fn warmup(args: &CheckArgs, quiet: bool) -> ExitCode {
                 );
             }
             Err(RunError::Failed { message, .. }) => {
-                eprintln!("error: the warm-up of {} failed: {message}", p.name);
+                runner::errln!("error: the warm-up of {} failed: {message}", p.name);
                 code = ExitCode::from(1);
             }
             Err(e) => {
-                eprintln!("{e}");
+                runner::errln!("{e}");
                 return ExitCode::from(e.exit_code());
             }
         }
@@ -398,11 +398,11 @@ pub(crate) fn slurm(args: &SweepArgs) -> ExitCode {
     };
     // Refused before anything is written.
     if args.shards == Some(0) {
-        eprintln!("error: --shards must be at least 1");
+        runner::errln!("error: --shards must be at least 1");
         return ExitCode::from(2);
     }
     if let Some(c) = all.iter().find(|c| !c.grid) {
-        eprintln!(
+        runner::errln!(
             "error: {}: has no [sweep] table, so there is no grid to split into array tasks\n  = help: run it with `runner {}` (in an sbatch script of your own), or add a [sweep] table",
             c.path.display(),
             c.path.display()
@@ -413,18 +413,18 @@ pub(crate) fn slurm(args: &SweepArgs) -> ExitCode {
         let scripts = match slurm::write(c, &args.run.check.sets, args.shards) {
             Ok(x) => x,
             Err(e) => {
-                eprintln!("{e}");
+                runner::errln!("{e}");
                 return ExitCode::from(2);
             }
         };
-        println!(
+        runner::outln!(
             "{}: {} array task(s) in {}",
             c.path.display(),
             scripts.tasks,
             scripts.array.display()
         );
         if let Some(w) = &scripts.warmup {
-            println!(
+            runner::outln!(
                 "{}: a warm-up job before them (slurm.warmup) in {}{}",
                 c.path.display(),
                 w.display(),
@@ -440,7 +440,7 @@ pub(crate) fn slurm(args: &SweepArgs) -> ExitCode {
         }
         if args.submit {
             if let Err((code, e)) = slurm::submit(&scripts) {
-                eprintln!("{e}");
+                runner::errln!("{e}");
                 return ExitCode::from(code);
             }
         }

@@ -120,7 +120,7 @@ fn refuse(k: Key, why: &dyn std::fmt::Debug) {
     let reason = format!("{why:?}");
     let say = seen(|s| s.refused.insert(k) && s.reasons.insert(reason.clone()));
     if say == Some(true) {
-        eprintln!(
+        crate::errln!(
             "runner: backend.conv = \"implicit_gemm\" cannot take the {} of a convolution of {:?} by {:?} (stride {:?}, padding {:?}): {}; autotune takes it, and any other shape refused for this reason",
             k.0.name(),
             k.1,
@@ -217,7 +217,7 @@ fn input_grad_col2im<R: CubeRuntime, BT: BoolElement>(
         Err(e) => {
             let reason = format!("col2im: {e:?}");
             if seen(|s| s.reasons.insert(reason.clone())) == Some(true) {
-                eprintln!(
+                crate::errln!(
                     "runner: the input gradient of a convolution of {xs:?} by {ws:?} (stride {:?}) cannot go through Burn's col2im ({}); Burn's default takes it, whose direct kernel may return zeros for this shape",
                     options.stride,
                     reason.trim()

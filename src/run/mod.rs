@@ -138,7 +138,7 @@ fn prepare(plan: &Plan, opts: &RunOptions) -> Result<Prepared, RunError> {
     let wall = Instant::now();
     let settings = kernel_settings(plan)?;
     for note in &settings.notes {
-        eprintln!("warning: {note}");
+        crate::errln!("warning: {note}");
     }
     let counts_at_start = kernels::counts();
     let progress = Progress::new(

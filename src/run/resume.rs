@@ -51,7 +51,7 @@ pub fn resume(
     write_json_atomic(&summary_path, &summary).map_err(|e| fail(format!("summary.json: {e}")))?;
     let env = environment(&plan, &prepared);
     if !opts.quiet {
-        eprintln!(
+        crate::errln!(
             "{}: resuming from {} (step {}, epoch {}, batch {})",
             plan.name,
             ckpt_dir.display(),

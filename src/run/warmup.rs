@@ -19,7 +19,7 @@ pub struct Warmup {
 pub fn warmup(plan: &Plan) -> Result<Warmup, RunError> {
     let settings = kernel_settings(plan)?;
     for note in &settings.notes {
-        eprintln!("warning: {note}");
+        crate::errln!("warning: {note}");
     }
     let sets = data::load(&plan.data, plan.model.num_classes, plan.seed)
         .map_err(|e| RunError::Input(format!("error: {e}\n  = help: {}", e.help_text())))?;
