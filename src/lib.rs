@@ -7,33 +7,63 @@
 //! and test without a device.
 
 /// `println!` that carries on when standard output is gone (a reader that left:
-/// `runner ls | head -1`, a `tee` that died). What the runner prints is also in its files,
-/// so a run must not stop over it, and `println!` would panic.
+/// `runner ls | head -1`, a `tee` that died): what the runner prints is also in its files,
+/// so a run must not stop over it, and `println!` would panic. Any other failure (a full
+/// disk under `runner schema > s.json`) is kept for `output_error`.
 #[macro_export]
 macro_rules! outln {
-    ($($arg:tt)*) => {{
-        use std::io::Write as _;
-        let _ = writeln!(std::io::stdout().lock(), $($arg)*);
-    }};
+    ($($arg:tt)*) => {
+        $crate::print_to(false, format!("{}\n", format_args!($($arg)*)))
+    };
 }
 
 /// `print!` that carries on when standard output is gone (see `outln!`).
 #[macro_export]
 macro_rules! out {
-    ($($arg:tt)*) => {{
-        use std::io::Write as _;
-        let mut o = std::io::stdout().lock();
-        let _ = write!(o, $($arg)*).and_then(|()| o.flush());
-    }};
+    ($($arg:tt)*) => {
+        $crate::print_to(false, format!($($arg)*))
+    };
 }
 
 /// `eprintln!` that carries on when standard error is gone (`runner r.toml 2>&1 | head`).
 #[macro_export]
 macro_rules! errln {
-    ($($arg:tt)*) => {{
-        use std::io::Write as _;
-        let _ = writeln!(std::io::stderr().lock(), $($arg)*);
-    }};
+    ($($arg:tt)*) => {
+        $crate::print_to(true, format!("{}\n", format_args!($($arg)*)))
+    };
+}
+
+static OUTPUT_ERROR: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+
+/// Writes `text` (already formatted: nothing runs under the stream's lock) to stderr or
+/// stdout. A closed pipe drops it; the first other failure of stdout is kept, and said
+/// once on stderr.
+#[doc(hidden)]
+pub fn print_to(stderr: bool, text: String) {
+    use std::io::Write as _;
+    let written = if stderr {
+        std::io::stderr().lock().write_all(text.as_bytes())
+    } else {
+        let mut o = std::io::stdout().lock();
+        o.write_all(text.as_bytes()).and_then(|()| o.flush())
+    };
+    if let Err(e) = written {
+        let first = !stderr
+            && e.kind() != std::io::ErrorKind::BrokenPipe
+            && OUTPUT_ERROR.set(e.to_string()).is_ok();
+        if first {
+            let _ = writeln!(
+                std::io::stderr().lock(),
+                "error: cannot write to standard output: {e}"
+            );
+        }
+    }
+}
+
+/// Why standard output could not be written (other than a reader that left), if it
+/// could not: a command whose output is its result fails with it.
+pub fn output_error() -> Option<&'static str> {
+    OUTPUT_ERROR.get().map(String::as_str)
 }
 
 pub mod backend;

@@ -172,15 +172,31 @@ fn main() -> ExitCode {
             data,
             best,
         }) => eval(&run_dir, data.as_deref(), best),
-        Some(Command::Show { check, cell }) => show(&check, cell),
-        Some(Command::Ls) => ls(),
-        Some(Command::Schema { output }) => schema(output.as_deref()),
+        Some(Command::Show { check, cell }) => printed(show(&check, cell)),
+        Some(Command::Ls) => printed(ls()),
+        Some(Command::Schema { output }) => printed(schema(output.as_deref())),
         Some(Command::Report {
             paths,
             baseline,
             format,
             plot,
-        }) => report_cmd(&paths, baseline.as_deref(), format, plot.as_deref()),
+        }) => printed(report_cmd(
+            &paths,
+            baseline.as_deref(),
+            format,
+            plot.as_deref(),
+        )),
+    }
+}
+
+/// A command whose output is its result fails (exit 1) when standard output could not take
+/// it (`runner schema > s.json` on a full disk); the error was said when it happened. A
+/// reader that left (`| head`) is no failure.
+fn printed(code: ExitCode) -> ExitCode {
+    if code == ExitCode::SUCCESS && runner::output_error().is_some() {
+        ExitCode::FAILURE
+    } else {
+        code
     }
 }
 

@@ -542,8 +542,12 @@ impl JsonLines {
 pub fn write_json_atomic<T: Serialize>(path: &Path, value: &T) -> std::io::Result<()> {
     let tmp = path.with_extension("json.tmp");
     let text = serde_json::to_string_pretty(value).map_err(std::io::Error::other)?;
-    std::fs::write(&tmp, text + "\n")?;
-    std::fs::rename(&tmp, path)
+    let written = std::fs::write(&tmp, text + "\n").and_then(|()| std::fs::rename(&tmp, path));
+    if written.is_err() {
+        // A full disk leaves no partial temporary file beside the last good one.
+        let _ = std::fs::remove_file(&tmp);
+    }
+    written
 }
 
 /// Resident set size of this process, from `/proc/self/statm` (Linux).

@@ -70,7 +70,8 @@ const PACE: Pace = Pace {
     quiet: BURST_QUIET,
 };
 
-/// `starting 12 s: first step (compiling kernels): 40 kernels compiled, ...`
+/// `<name>: starting, 12 s: first step (compiling and tuning kernels for the GPU); 40
+/// kernels compiled, ...`
 fn startup_line(name: &str, what: &str, counts: KernelCounts, cache: &Option<PathBuf>) -> String {
     let secs = crate::clock::process_start().elapsed().as_secs();
     let mut s = format!("{name}: starting, {secs} s: {what}");

@@ -284,7 +284,8 @@ pub fn rows(runs: &[Run], baseline: Option<&str>) -> Result<Vec<Row>, Error> {
         .collect();
     let base =
         match baseline {
-            None => 0,
+            // The first recipe with a timed run: an untimed one has no time to compare with.
+            None => out.iter().position(|r| r.timed > 0).unwrap_or(0),
             Some(b) => out.iter().position(|r| r.recipe == b).ok_or_else(|| {
                 Error::Input(format!(
                 "error: --baseline {b}: no run of that recipe\n  = help: the recipes here are: {}",
@@ -444,7 +445,8 @@ struct CsvRow<'a> {
     startup_s_max: Option<f64>,
     test_accuracy: Option<f64>,
     ratio: Option<f64>,
-    within_noise: bool,
+    /// Empty where there is no ratio.
+    within_noise: Option<bool>,
 }
 
 /// An empty CSV field where no run was timed.
@@ -480,7 +482,7 @@ fn csv_rows(rows: &[Row]) -> String {
             startup_s_max: r.startup_s.map(|s| s.1),
             test_accuracy: r.test_accuracy,
             ratio: finite(r.ratio),
-            within_noise: r.within_noise,
+            within_noise: r.ratio.is_finite().then_some(r.within_noise),
         };
         w.serialize(line)
             .expect("a flat record serialises into memory");
@@ -538,7 +540,7 @@ pub fn render(rows: &[Row], format: Format) -> String {
         }
     }
     out.push_str(
-        "\nms/iter: mean over runs of each run's median step time after warm-up; ± %: spread of that \
+        "\nms/iter: mean over the timed runs of each run's median step time after warm-up; ± %: spread of that \
          median (coefficient of variation over repeats, or one run's standard error); ≈: the \
          difference to the baseline is within twice the combined spread.\n",
     );
@@ -649,8 +651,18 @@ mod tests {
         let untimed = csv.lines().find(|l| l.starts_with("untimed,")).unwrap();
         assert!(untimed.starts_with("untimed,1,0,,,,,,"), "{untimed}");
         assert!(!csv.contains("NaN"), "{csv}");
-        // With no timed baseline, no ratio at all.
+        assert!(
+            untimed.ends_with(",,"),
+            "no ratio, and no verdict on noise: {untimed}"
+        );
+        // Named as the baseline, an untimed recipe gives no ratio at all; by default the
+        // first timed recipe is the baseline.
         let by = rows(&runs, Some("untimed")).unwrap();
         assert!(by.iter().all(|r| r.ratio.is_nan()));
+        let mut first_untimed = runs.clone();
+        first_untimed.rotate_right(1);
+        let by = rows(&first_untimed, None).unwrap();
+        assert_eq!(by[0].recipe, "untimed");
+        assert!(by[1].is_baseline && (by[2].ratio - 9.0 / 18.5).abs() < 1e-12);
     }
 }

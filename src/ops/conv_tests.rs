@@ -150,7 +150,7 @@ fn matches_burn_in_output_and_both_gradients() {
                 })
                 .fold(0.0, f32::max)
         });
-        crate::errln!("{threads} threads: largest relative error {worst:e}");
+        eprintln!("{threads} threads: largest relative error {worst:e}");
     }
 }
 

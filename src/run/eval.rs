@@ -127,7 +127,11 @@ pub fn eval(
         .filter(|c| c.is_ascii_digit() || *c == 'T')
         .collect();
     let path = free_name(run_dir, &stamp).map_err(failed)?;
-    write_json_atomic(&path, &report).map_err(|e| failed(format!("{}: {e}", path.display())))?;
+    write_json_atomic(&path, &report).map_err(|e| {
+        // Not an empty file left to trip whatever reads eval-*.json.
+        let _ = std::fs::remove_file(&path);
+        failed(format!("cannot write {}: {e}", path.display()))
+    })?;
     Ok(report)
 }
 
@@ -149,7 +153,7 @@ fn free_name(run_dir: &Path, stamp: &str) -> Result<PathBuf, String> {
         {
             Ok(_) => return Ok(path),
             Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => n += 1,
-            Err(e) => return Err(format!("{}: {e}", path.display())),
+            Err(e) => return Err(format!("cannot create {}: {e}", path.display())),
         }
     }
 }
