@@ -2733,6 +2733,139 @@ fn a_resumed_run_ends_bitwise_where_the_uninterrupted_one_does() {
     }
 }
 
+/// A checkpoint damaged on disk (cut short, or changed in place) is found by the sizes
+/// and hashes its state.json keeps, and resume takes the one before it, ending where the
+/// uninterrupted run ends; with none left it refuses and changes nothing. One process at
+/// a time continues a run.
+#[test]
+fn resume_skips_a_damaged_checkpoint_and_runs_once() {
+    let dir = tempdir("resume-damaged");
+    let recipe = long_recipe(&dir, "r", "[checkpoint]\nevery = 5\n");
+    let out = runner_cmd()
+        .arg(&recipe)
+        .arg("-q")
+        .arg("--set")
+        .arg(format!("log.dir=\"{}\"", dir.join("ref").display()))
+        .output()
+        .unwrap();
+    expect_exit(&out, 0);
+    let reference = only_run(&dir.join("ref/r"));
+    let out = kill_after(
+        &[recipe.as_os_str(), "-q".as_ref()],
+        &dir.join("runs"),
+        23,
+        "-KILL",
+    );
+    assert_eq!(out.status.code(), None, "killed by a signal");
+    let run = only_run(&dir.join("runs/r"));
+    let kept: Vec<u64> = runner::checkpoint::list(&run)
+        .iter()
+        .map(|(_, s)| s.step)
+        .collect();
+    assert_eq!(kept, [15, 20]);
+    let copy = |to: &str| {
+        let to = dir.join(to);
+        let ok = Command::new("cp")
+            .arg("-a")
+            .arg(&run)
+            .arg(&to)
+            .status()
+            .unwrap();
+        assert!(ok.success());
+        to
+    };
+    let (flipped, none_left, twice) = (copy("flipped"), copy("none-left"), copy("twice"));
+    let latest_model = |run: &Path| run.join("checkpoints/step-000000020/model.bin");
+
+    // Cut short: the one before it, and the run ends bitwise where the reference does.
+    let m = latest_model(&run);
+    let len = std::fs::metadata(&m).unwrap().len();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&m)
+        .unwrap()
+        .set_len(len / 2)
+        .unwrap();
+    let out = runner_cmd()
+        .arg("resume")
+        .arg(&run)
+        .arg("-q")
+        .output()
+        .unwrap();
+    expect_exit(&out, 0);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("step-000000020: model.bin has")
+            && stderr.contains("resuming from the one before it (step 15)"),
+        "{stderr}"
+    );
+    assert_eq!(losses(&run), losses(&reference));
+    assert!(differing(
+        &run.join("model.safetensors"),
+        &reference.join("model.safetensors")
+    )
+    .is_empty());
+
+    // Changed in place, same size: the hash tells.
+    let m = latest_model(&flipped);
+    let mut bytes = std::fs::read(&m).unwrap();
+    let mid = bytes.len() / 2;
+    for b in &mut bytes[mid..mid + 64] {
+        *b = !*b;
+    }
+    std::fs::write(&m, bytes).unwrap();
+    let out = runner_cmd()
+        .arg("resume")
+        .arg(&flipped)
+        .arg("-q")
+        .output()
+        .unwrap();
+    expect_exit(&out, 0);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("its CRC-32 differs"));
+    assert_eq!(losses(&flipped), losses(&reference));
+
+    // Nothing usable: exit 2, each checkpoint's trouble named, the run left as it was.
+    std::fs::write(
+        none_left.join("checkpoints/step-000000015/state.json"),
+        "{ garbage",
+    )
+    .unwrap();
+    std::fs::remove_file(latest_model(&none_left)).unwrap();
+    let before = std::fs::read(none_left.join("summary.json")).unwrap();
+    let out = runner_cmd().arg("resume").arg(&none_left).output().unwrap();
+    expect_exit(&out, 2);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("has no checkpoint to resume from")
+            && stderr.contains("step-000000015: state.json:1:")
+            && stderr.contains("step-000000020: model.bin is missing"),
+        "{stderr}"
+    );
+    assert_eq!(
+        std::fs::read(none_left.join("summary.json")).unwrap(),
+        before
+    );
+
+    // A live process resuming it, or still running it on this host: refused, untouched.
+    let me = format!(
+        "{} {}\n",
+        runner::clock::hostname().unwrap_or_default(),
+        std::process::id()
+    );
+    std::fs::write(twice.join("resume.lock"), &me).unwrap();
+    let out = runner_cmd().arg("resume").arg(&twice).output().unwrap();
+    expect_exit(&out, 2);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("is resuming it already"));
+    std::fs::remove_file(twice.join("resume.lock")).unwrap();
+    let mut s = json(&twice.join("summary.json"));
+    s["pid"] = std::process::id().into();
+    std::fs::write(twice.join("summary.json"), s.to_string()).unwrap();
+    let out = runner_cmd().arg("resume").arg(&twice).output().unwrap();
+    expect_exit(&out, 2);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("the run is still going"));
+    assert_eq!(json(&twice.join("summary.json")), s);
+}
+
 #[test]
 fn resume_refuses_what_it_cannot_continue() {
     let dir = tempdir("resume-refuse");

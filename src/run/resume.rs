@@ -29,6 +29,35 @@ pub fn resume(
             run_dir.display()
         )));
     }
+    // One process at a time continues a run: two would write the same metrics lines.
+    if let (Some(pid), Some(host)) = (summary.pid, &summary.host) {
+        let alive = Path::new(&format!("/proc/{pid}")).exists();
+        if summary.status == "running"
+            && Some(host) == crate::clock::hostname().as_ref()
+            && alive
+            && pid != std::process::id()
+        {
+            return Err(input(format!(
+                "error: {}: the run is still going (pid {pid})\n  = help: stop it first (SIGINT or SIGTERM writes a checkpoint), then resume",
+                run_dir.display()
+            )));
+        }
+    }
+    let _lock = match crate::sweep::CellLock::acquire(&run_dir.join("resume.lock")) {
+        Ok(Ok(lock)) => lock,
+        Ok(Err(owner)) => {
+            return Err(input(format!(
+                "error: {}: {owner} is resuming it already",
+                run_dir.display()
+            )))
+        }
+        Err(e) => {
+            return Err(input(format!(
+                "error: {}: cannot take resume.lock: {e}",
+                run_dir.display()
+            )))
+        }
+    };
     let plan = run_plan(&recipe_path, &[], machine)?;
     let sha = sha256_file(&recipe_path);
     let metrics_path = run_dir.join("metrics.jsonl");
@@ -45,8 +74,14 @@ pub fn resume(
         dir: run_dir.to_path_buf(),
         message,
     };
+    // Nothing is written yet: a metrics file that cannot be continued is bad input.
     let (metrics, records) = JsonLines::reopen::<StepRecord>(&metrics_path, state.metrics_lines)
-        .map_err(|e| fail(format!("{}: {e}", metrics_path.display())))?;
+        .map_err(|e| {
+            input(format!(
+                "error: {}: {e}\n  = help: metrics.jsonl is written by runner; restore it (the run cannot continue without the lines up to its checkpoint)",
+                metrics_path.display()
+            ))
+        })?;
     let evals = rewind(&mut summary, &state);
     write_json_atomic(&summary_path, &summary).map_err(|e| fail(format!("summary.json: {e}")))?;
     let env = environment(&plan, &prepared);
@@ -72,8 +107,10 @@ pub fn resume(
     drive(&plan, opts, prepared, files)
 }
 
-/// The latest checkpoint whose metrics lines are all there (a crash between writing a
-/// checkpoint and its step's line leaves one line short: the one before is used).
+/// The latest checkpoint that is whole (its files as its `state.json` says they were
+/// written) and whose metrics lines are all there (a crash between writing a checkpoint
+/// and its step's line leaves one line short). A later one that is not is said, with why,
+/// and the one before it is used (what `checkpoint.keep` > 1 is for).
 fn latest_checkpoint(
     run_dir: &Path,
     metrics_path: &Path,
@@ -81,16 +118,62 @@ fn latest_checkpoint(
     let lines = std::fs::read_to_string(metrics_path)
         .map(|t| t.lines().count() as u64)
         .unwrap_or(0);
-    crate::checkpoint::list(run_dir)
+    let (good, bad) = crate::checkpoint::scan(run_dir);
+    // (step from the directory name, directory, why it cannot be used)
+    let step_of = |p: &Path| {
+        p.file_name()
+            .and_then(|n| n.to_str())
+            .and_then(|n| n.strip_prefix("step-"))
+            .and_then(|n| n.parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    let mut unusable: Vec<(u64, PathBuf, String)> = bad
         .into_iter()
-        .rev()
-        .find(|(_, s)| s.metrics_lines <= lines)
-        .ok_or_else(|| {
-            RunError::Input(format!(
-                "error: {} has no checkpoint to resume from\n  = help: checkpoints are written by [checkpoint] every = N (or \"epoch\"), and when SIGINT/SIGTERM stops a run",
+        .map(|(p, why)| (step_of(&p), p, why))
+        .collect();
+    let mut chosen = None;
+    for (dir, state) in good.into_iter().rev() {
+        if state.metrics_lines > lines {
+            let why = format!(
+                "metrics.jsonl has {lines} lines, it follows line {}",
+                state.metrics_lines
+            );
+            unusable.push((state.step, dir, why));
+            continue;
+        }
+        match crate::checkpoint::verify(&dir, &state) {
+            Ok(()) => {
+                chosen = Some((dir, state));
+                break;
+            }
+            Err(why) => unusable.push((state.step, dir, why)),
+        }
+    }
+    unusable.sort_by_key(|u| u.0);
+    let said = |u: &(u64, PathBuf, String)| format!("{}: {}", u.1.display(), u.2);
+    match chosen {
+        Some((dir, state)) => {
+            for u in unusable.iter().filter(|u| u.0 > state.step) {
+                crate::errln!(
+                    "warning: checkpoint {}; resuming from the one before it (step {})",
+                    said(u),
+                    state.step
+                );
+            }
+            Ok((dir, state))
+        }
+        None => {
+            let mut text = format!(
+                "error: {} has no checkpoint to resume from",
                 run_dir.display()
-            ))
-        })
+            );
+            for u in &unusable {
+                text += &format!("\n  = note: {}", said(u));
+            }
+            text += "\n  = help: checkpoints are written by [checkpoint] every = N (or \"epoch\"), and when SIGINT/SIGTERM stops a run; one that is damaged cannot be used";
+            Err(RunError::Input(text))
+        }
+    }
 }
 
 /// The summary as it was at the checkpoint, marked running again in this process;

@@ -7,10 +7,15 @@
 //! `keep` are kept. The trained weights are `model.safetensors` (burn-store), for other
 //! tools and for `runner eval`.
 //!
+//! `state.json` also holds the size and CRC-32 of `model.bin` and `optimizer.bin`, so a
+//! checkpoint cut short or changed on disk (a full disk, a bad copy, a file from another
+//! run) is found before it is loaded, and `runner resume` takes the one before it.
+//!
 //! Nothing else is needed to continue exactly: the learning rate is a function of the
 //! step, and the data order and augmentation of the seed, the epoch and the sample
 //! (`loader`, `data`), so `state.json` says where to start and the rest follows.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use crate::ops::TrainBackend;
@@ -43,6 +48,63 @@ pub struct State {
     pub best: Option<(u64, f64)>,
     #[serde(default)]
     pub since_best: u64,
+    /// `model.bin` and `optimizer.bin` as written (none in checkpoints of earlier versions,
+    /// which are loaded unchecked). Filled in by `save`.
+    #[serde(default)]
+    pub files: BTreeMap<String, FileSum>,
+}
+
+/// A checkpoint file's size and CRC-32 when it was written: enough to find a file cut
+/// short or changed by accident (not to tell a forged one).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct FileSum {
+    pub bytes: u64,
+    pub crc32: String,
+}
+
+/// The files a checkpoint's state vouches for.
+const FILES: [&str; 2] = ["model.bin", "optimizer.bin"];
+
+fn file_sum(path: &Path) -> std::io::Result<FileSum> {
+    use std::io::Read;
+    let mut f = std::fs::File::open(path)?;
+    let mut hash = crc32fast::Hasher::new();
+    let mut buf = vec![0u8; 1 << 20];
+    let mut bytes = 0u64;
+    loop {
+        let n = f.read(&mut buf)?;
+        if n == 0 {
+            break;
+        }
+        hash.update(&buf[..n]);
+        bytes += n as u64;
+    }
+    let crc32 = format!("{:08x}", hash.finalize());
+    Ok(FileSum { bytes, crc32 })
+}
+
+/// Whether a checkpoint's files are those its `state.json` was written with: `Err` says
+/// which differs and how.
+pub fn verify(dir: &Path, state: &State) -> Result<(), String> {
+    for (name, want) in &state.files {
+        let path = dir.join(name);
+        let bytes = std::fs::metadata(&path)
+            .map_err(|e| format!("{name}: {e}"))?
+            .len();
+        if bytes != want.bytes {
+            return Err(format!(
+                "{name} has {bytes} bytes, {} when it was written (cut short or replaced)",
+                want.bytes
+            ));
+        }
+        let got = file_sum(&path).map_err(|e| format!("{name}: {e}"))?;
+        if got.crc32 != want.crc32 {
+            return Err(format!(
+                "{name} is not the file that was written (its CRC-32 differs)"
+            ));
+        }
+    }
+    Ok(())
 }
 
 type Rec = BinFileRecorder<FullPrecisionSettings>;
@@ -76,7 +138,12 @@ pub fn save<B: TrainBackend>(
         Optim::AdamW(o) => Recorder::<B>::record(&rec, o.to_record(), tmp.join("optimizer")),
     }
     .map_err(|e| io("optimizer", &e))?;
-    let text = serde_json::to_string_pretty(state).map_err(|e| io("state", &e))?;
+    let mut state = state.clone();
+    for name in FILES {
+        let sum = file_sum(&tmp.join(name)).map_err(|e| io(name, &e))?;
+        state.files.insert(name.to_string(), sum);
+    }
+    let text = serde_json::to_string_pretty(&state).map_err(|e| io("state", &e))?;
     std::fs::write(tmp.join("state.json"), text + "\n").map_err(|e| io("state.json", &e))?;
     let dir = root.join(&name);
     let _ = std::fs::remove_dir_all(&dir);
@@ -91,7 +158,17 @@ pub fn save<B: TrainBackend>(
 /// Complete checkpoints of a run, oldest first (a temporary directory left by a crash is
 /// not one).
 pub fn list(run_dir: &Path) -> Vec<(PathBuf, State)> {
-    let mut out: Vec<(PathBuf, State)> = std::fs::read_dir(checkpoints(run_dir))
+    scan(run_dir).0
+}
+
+/// A `step-*` directory that is not a whole checkpoint, and why.
+pub type NotCheckpoint = (PathBuf, String);
+
+/// The checkpoints of a run, oldest first, and the `step-*` directories that are not
+/// whole ones (no or an unreadable `state.json`, a file missing).
+pub fn scan(run_dir: &Path) -> (Vec<(PathBuf, State)>, Vec<NotCheckpoint>) {
+    let (mut good, mut bad) = (vec![], vec![]);
+    let dirs = std::fs::read_dir(checkpoints(run_dir))
         .into_iter()
         .flatten()
         .flatten()
@@ -100,16 +177,24 @@ pub fn list(run_dir: &Path) -> Vec<(PathBuf, State)> {
             p.file_name()
                 .and_then(|n| n.to_str())
                 .is_some_and(|n| n.starts_with("step-"))
-        })
-        .filter_map(|p| {
-            let s = std::fs::read_to_string(p.join("state.json")).ok()?;
-            let state: State = serde_json::from_str(&s).ok()?;
-            let whole = p.join("model.bin").is_file() && p.join("optimizer.bin").is_file();
-            whole.then_some((p, state))
-        })
-        .collect();
-    out.sort_by_key(|(_, s)| s.step);
-    out
+        });
+    for p in dirs {
+        let state = std::fs::read_to_string(p.join("state.json"))
+            .map_err(|e| format!("state.json: {e}"))
+            .and_then(|s| {
+                serde_json::from_str::<State>(&s)
+                    .map_err(|e| format!("state.json:{}:{}: {e}", e.line(), e.column()))
+            });
+        let missing = FILES.iter().find(|f| !p.join(f).is_file());
+        match (state, missing) {
+            (Ok(state), None) => good.push((p, state)),
+            (Err(why), _) => bad.push((p, why)),
+            (_, Some(f)) => bad.push((p, format!("{f} is missing"))),
+        }
+    }
+    good.sort_by_key(|(_, s)| s.step);
+    bad.sort();
+    (good, bad)
 }
 
 /// The latest complete checkpoint.
@@ -128,19 +213,39 @@ pub fn load<B: TrainBackend>(
     let err = |what: &str, e: &dyn std::fmt::Display| {
         format!("checkpoint {}: {what}: {e}", dir.display())
     };
+    // Burn panics on a record that does not fit the model (another layout, a file changed
+    // after it was checked): an error, not a crash.
+    crate::clock::quietly(|| load_unchecked::<B>(dir, &rec, model, optim, device, &err)).map_err(
+        |panics| {
+            err(
+                "does not fit this recipe's model",
+                &panics.last().cloned().unwrap_or_default(),
+            )
+        },
+    )?
+}
+
+fn load_unchecked<B: TrainBackend>(
+    dir: &Path,
+    rec: &Rec,
+    model: Net<B>,
+    optim: Optim<B>,
+    device: &B::Device,
+    err: &dyn Fn(&str, &dyn std::fmt::Display) -> String,
+) -> Result<(Net<B>, Optim<B>), String> {
     let record =
-        Recorder::<B>::load(&rec, dir.join("model"), device).map_err(|e| err("model", &e))?;
+        Recorder::<B>::load(rec, dir.join("model"), device).map_err(|e| err("model", &e))?;
     let model = model.load_record(record);
     let optim = match optim {
         Optim::Sgd(o) => Optim::Sgd(
             o.load_record(
-                Recorder::<B>::load(&rec, dir.join("optimizer"), device)
+                Recorder::<B>::load(rec, dir.join("optimizer"), device)
                     .map_err(|e| err("optimizer", &e))?,
             ),
         ),
         Optim::AdamW(o) => Optim::AdamW(
             o.load_record(
-                Recorder::<B>::load(&rec, dir.join("optimizer"), device)
+                Recorder::<B>::load(rec, dir.join("optimizer"), device)
                     .map_err(|e| err("optimizer", &e))?,
             ),
         ),

@@ -162,6 +162,7 @@ impl<'a, B: TrainBackend> Trainer<'a, B> {
             written_at: crate::clock::utc_now(),
             best: self.watching.best,
             since_best: self.watching.since_best,
+            files: Default::default(),
         };
         let t = Instant::now();
         let dir = checkpoint::save::<B>(
