@@ -14,9 +14,14 @@ pub const RECORD: usize = 1 + PIXELS;
 /// Records in a file, from its size alone; a partial last record is an error that names
 /// the byte offset where it starts.
 pub fn count_records(path: &Path) -> Result<usize, DataError> {
-    let len = std::fs::metadata(path)
-        .map_err(|e| DataError::io(path, e))?
-        .len() as usize;
+    let meta = std::fs::metadata(path).map_err(|e| DataError::io(path, e))?;
+    if meta.is_dir() {
+        return Err(
+            DataError::new(path, "is a directory, not a file of CIFAR-10 records")
+                .help("remove or rename it, or point at the .bin files it holds"),
+        );
+    }
+    let len = meta.len() as usize;
     check_whole(path, len)?;
     Ok(len / RECORD)
 }
@@ -149,6 +154,15 @@ mod tests {
             e.contains("record 2 starts at byte offset 6146 and has only 100 of its 3073 bytes"),
             "{e}"
         );
+    }
+
+    /// A directory named like a batch file is not read as 4096 truncated bytes.
+    #[test]
+    fn a_directory_is_not_a_truncated_file() {
+        let p = write("x.bin", b"").with_file_name("data_batch_2.bin");
+        std::fs::create_dir_all(&p).unwrap();
+        let e = count_records(&p).unwrap_err().to_string();
+        assert!(e.contains("is a directory, not a file"), "{e}");
     }
 
     #[test]

@@ -124,13 +124,19 @@ impl<'a> Validator<'a> {
             );
             return None;
         };
-        let train = self.cifar_files("data.train", train, "data_batch")?;
+        // Both files are looked at before either error returns: every finding at once.
+        let train = self.cifar_files("data.train", train, "data_batch");
         let test = match &d.test {
-            Some(t) => self.cifar_files("data.test", t, "test_batch")?,
-            None => vec![],
+            Some(t) => self.cifar_files("data.test", t, "test_batch"),
+            None => Some(vec![]),
         };
-        let train_n = self.count_records("data.train", &train)?;
-        let test_n = self.count_records("data.test", &test)?;
+        let train_n = train
+            .as_ref()
+            .and_then(|t| self.count_records("data.train", t));
+        let test_n = test
+            .as_ref()
+            .and_then(|t| self.count_records("data.test", t));
+        let (train, test, train_n, test_n) = (train?, test?, train_n?, test_n?);
         let classes = cifar::class_names(&train[0]).map_or(10, |n| n.len());
         // Labels are read now, so a bad byte is an error before anything runs.
         let allowed = self.recipe().model.num_classes.unwrap_or(0).max(classes);
@@ -179,10 +185,12 @@ impl<'a> Validator<'a> {
             d.text_field.clone().unwrap_or("text".into()),
             d.label_field.clone().unwrap_or("label".into()),
         );
-        let train = self.jsonl_file("data.train", train)?;
-        let test = match &d.test {
-            Some(t) => Some(self.jsonl_file("data.test", t)?),
-            None => None,
+        let train = self.jsonl_file("data.train", train);
+        let test = d.test.as_ref().map(|t| self.jsonl_file("data.test", t));
+        let (train, test) = match (train, test) {
+            (Some(train), None) => (train, None),
+            (Some(train), Some(Some(test))) => (train, Some(test)),
+            _ => return None,
         };
         let named = crate::data::text::class_names(&train).map(|n| n.len());
         let limit = self.recipe().model.num_classes.or(named);

@@ -22,7 +22,9 @@ impl<'a> Validator<'a> {
             );
         }
         let has_test = data.is_some_and(|d| d.test_len > 0);
-        let eval = if !has_test && r.eval != EvalWhen::Never {
+        // With data that could not be read (its error is given) there is nothing to say
+        // about the test set.
+        let eval = if data.is_some() && !has_test && r.eval != EvalWhen::Never {
             if self.l.is_set("run.eval") {
                 self.err(
                     "run.eval",
