@@ -132,7 +132,7 @@ struct RunArgs {
     #[arg(long)]
     resume: bool,
     /// Grids: run only shard I of N (cells I-1, I-1+N, ...), e.g. --shard 2/4.
-    #[arg(long, value_name = "I/N")]
+    #[arg(long, value_name = "I/N", conflicts_with = "cell")]
     shard: Option<String>,
     /// Grids: run only the cell with this index (what each Slurm array task does).
     #[arg(long)]

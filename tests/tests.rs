@@ -2300,6 +2300,23 @@ fn slurm_refuses_a_plain_recipe_and_zero_shards_before_writing() {
         .output()
         .unwrap();
     expect_exit(&out, 2);
+    // More shards than cells: array tasks with nothing to do.
+    let out = runner_cmd()
+        .args(["sweep", "--slurm", "--shards", "3"])
+        .arg(&grid)
+        .output()
+        .unwrap();
+    expect_exit(&out, 2);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--shards 3: "));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("has 2 cells, so at most 2 shards"));
+    // --cell and --shard choose cells two ways: refused, not an empty selection.
+    let out = runner_cmd()
+        .arg(&grid)
+        .args(["--cell", "1", "--shard", "1/2"])
+        .output()
+        .unwrap();
+    expect_exit(&out, 2);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("cannot be used with"));
     assert!(!dir.join("runs").exists(), "state written before the error");
 }
 

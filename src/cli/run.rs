@@ -409,6 +409,19 @@ pub(crate) fn slurm(args: &SweepArgs) -> ExitCode {
         );
         return ExitCode::from(2);
     }
+    // More tasks than cells would leave array tasks with nothing to run.
+    if let Some((k, c)) = args
+        .shards
+        .and_then(|k| all.iter().find(|c| k > c.cells.len()).map(|c| (k, c)))
+    {
+        runner::errln!(
+            "error: --shards {k}: {} has {} cells, so at most {} shards\n  = help: leave --shards out for one task per cell",
+            c.path.display(),
+            c.cells.len(),
+            c.cells.len()
+        );
+        return ExitCode::from(2);
+    }
     for c in &all {
         let scripts = match slurm::write(c, &args.run.check.sets, args.shards) {
             Ok(x) => x,

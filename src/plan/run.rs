@@ -62,7 +62,10 @@ impl<'a> Validator<'a> {
         if r.warmup_steps >= total && total > 0 {
             self.warn(
                 "run.warmup_steps",
-                format!("the run has only {total} optimizer steps, so none is timed"),
+                format!(
+                    "the run has only {total} optimizer step{}, so none is timed",
+                    if total == 1 { "" } else { "s" }
+                ),
                 format!("lower warmup_steps below {total}"),
             );
         }
