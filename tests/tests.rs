@@ -1972,13 +1972,32 @@ fn a_diverged_run_fails_at_that_step_and_report_keeps_it_apart() {
     assert_eq!(stdout.lines().count(), 2, "header and one row: {stdout}");
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
-        stderr.contains("not in the table (1 run(s) did not complete)")
+        stderr.contains("not in the table (1 run(s) did not complete or cannot be read)")
             && stderr.contains(&format!("{}: failed: diverged at step", run.display())),
         "{stderr}"
     );
     // Only failed runs: nothing to compare is exit 1, not "bad input".
     let out = runner_cmd().arg("report").arg(&run).output().unwrap();
     expect_exit(&out, 1);
+    // A run whose summary cannot be read is listed, and the others still compared.
+    let broken = dir.join("runs/broken/20260101T000000");
+    std::fs::create_dir_all(&broken).unwrap();
+    std::fs::write(broken.join("summary.json"), "{ not json").unwrap();
+    std::fs::write(broken.join("metrics.jsonl"), "").unwrap();
+    let out = runner_cmd()
+        .args(["report", "--format", "csv"])
+        .arg(dir.join("runs"))
+        .output()
+        .unwrap();
+    expect_exit(&out, 0);
+    assert_eq!(String::from_utf8_lossy(&out.stdout).lines().count(), 2);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("(2 run(s) did not complete or cannot be read)")
+            && stderr.contains(&format!("{}: unreadable: ", broken.display()))
+            && stderr.contains("not a summary"),
+        "{stderr}"
+    );
 }
 
 #[test]

@@ -195,15 +195,29 @@ pub(crate) fn report_cmd(
 ) -> ExitCode {
     let result = (|| {
         let dirs = report::find_runs(paths)?;
+        // A run whose files cannot be read is listed, not the end of the report.
+        let mut unreadable = vec![];
         let runs = dirs
             .iter()
-            .map(|d| report::load_run(d))
-            .collect::<Result<Vec<_>, _>>()?;
+            .filter_map(|d| match report::load_run(d) {
+                Ok(run) => Some(run),
+                Err(e) => {
+                    let why = e.to_string();
+                    let why = why.strip_prefix("error: ").unwrap_or(&why);
+                    unreadable.push(report::Excluded {
+                        dir: d.clone(),
+                        why: format!("unreadable: {}", why.lines().next().unwrap_or_default()),
+                    });
+                    None
+                }
+            })
+            .collect();
         // Only completed runs are averaged; the others are listed with what became of them.
-        let (runs, excluded) = report::split_completed(runs);
+        let (runs, mut excluded) = report::split_completed(runs);
+        excluded.extend(unreadable);
         if !excluded.is_empty() {
             runner::errln!(
-                "not in the table ({} run(s) did not complete):",
+                "not in the table ({} run(s) did not complete or cannot be read):",
                 excluded.len()
             );
             for x in &excluded {
