@@ -2967,6 +2967,39 @@ fn eval_scores_saved_weights_like_the_run_did_and_on_another_file() {
         .unwrap();
     expect_exit(&out, 0);
     assert!(String::from_utf8_lossy(&out.stdout).contains(" on 20 samples"));
+    // A bad --data file is said of --data, with the format it must have, not of the
+    // `--set data.test` the runner checks it through.
+    let text = root().join("datasets/rotten_tomatoes/test.jsonl");
+    let out = runner_cmd()
+        .arg("eval")
+        .arg(&run)
+        .arg("--data")
+        .arg(&text)
+        .output()
+        .unwrap();
+    expect_exit(&out, 2);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.starts_with(&format!("error: --data: {} is truncated", text.display()))
+            && stderr.contains("data.format is \"cifar10-bin\"")
+            && !stderr.contains("--set"),
+        "{stderr}"
+    );
+    // Damaged weights: an error that says so, no panic.
+    let damaged = dir.join("damaged");
+    std::fs::create_dir_all(&damaged).unwrap();
+    for f in ["recipe.toml", "summary.json", "env.json"] {
+        std::fs::copy(run.join(f), damaged.join(f)).unwrap();
+    }
+    let weights = std::fs::read(run.join("model.safetensors")).unwrap();
+    std::fs::write(damaged.join("model.safetensors"), &weights[..1000]).unwrap();
+    let out = runner_cmd().arg("eval").arg(&damaged).output().unwrap();
+    expect_exit(&out, 1);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.starts_with("error: cannot evaluate") && !stderr.contains("panicked"),
+        "{stderr}"
+    );
     // A short last batch is filled up to the batch size and scored by its own rows alone:
     // batches of 32 leave 20 of the 500 (filled with 12 copies), 7 leave 3, 500 none. The
     // same weights score the same hits whatever the batch size, and the same loss up to

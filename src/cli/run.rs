@@ -306,6 +306,13 @@ pub(crate) fn eval(run_dir: &Path, data: Option<&Path>, best: bool) -> ExitCode 
             );
             ExitCode::SUCCESS
         }
+        Err(RunError::Failed { message, .. }) => {
+            runner::errln!(
+                "error: cannot evaluate {}: {message}\n  = help: a damaged or replaced weights file cannot be scored; running the run's recipe.toml again writes new weights",
+                run_dir.display()
+            );
+            ExitCode::from(1)
+        }
         Err(e) => {
             runner::errln!("{e}");
             ExitCode::from(e.exit_code())

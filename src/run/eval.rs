@@ -78,7 +78,14 @@ pub fn eval(
             toml::Value::String(abs.display().to_string())
         ));
     }
-    let plan = run_plan(&recipe_path, &sets, machine)?;
+    let plan = run_plan(&recipe_path, &sets, machine).map_err(|e| match (e, data_file) {
+        (RunError::Input(text), Some(_)) => input(data_flag_error(&text, &recipe_path)),
+        (RunError::Input(text), None) if text.contains("data.test: ") => input(format!(
+            "{text}\n  = help: if the test data moved, give it with runner eval {} --data FILE",
+            run_dir.display()
+        )),
+        (e, _) => e,
+    })?;
     if plan.data.test_len == 0 {
         return Err(input(format!(
             "error: {} has no test set\n  = help: give one with --data FILE",
@@ -133,6 +140,41 @@ pub fn eval(
         failed(format!("cannot write {}: {e}", path.display()))
     })?;
     Ok(report)
+}
+
+/// An error in the `--data` file, said of `--data` (the runner checks the file as the
+/// run's `data.test` by overriding it, which the user did not write): without the `--set`
+/// snippet, with the format the file must have.
+fn data_flag_error(text: &str, recipe_path: &Path) -> String {
+    let format = std::fs::read_to_string(recipe_path)
+        .ok()
+        .and_then(|t| t.parse::<toml::Table>().ok())
+        .and_then(|t| t.get("data")?.get("format")?.as_str().map(String::from))
+        .unwrap_or_default();
+    let mut out = vec![];
+    for line in text.lines() {
+        let snippet = line.trim_start().starts_with('|')
+            || line
+                .split_once(" |")
+                .is_some_and(|(n, _)| n.trim().parse::<u32>().is_ok());
+        if snippet || (line.ends_with(" in --set") && line.contains(" error")) {
+            continue;
+        }
+        if let Some((_, msg)) = line
+            .strip_prefix("error: --set:")
+            .and_then(|rest| rest.split_once(": data.test: "))
+        {
+            out.push(format!("error: --data: {msg}"));
+            out.push(format!(
+                "  = note: the run's data.format is \"{format}\": --data must be a file of that format"
+            ));
+        } else if line.contains("= help: paths are relative to the recipe file") {
+            out.push("  = help: --data is a path from the working directory".into());
+        } else {
+            out.push(line.to_string());
+        }
+    }
+    out.join("\n")
 }
 
 /// `eval-<stamp>.json`, or `eval-<stamp>-2.json`, ... when an evaluation in the same second

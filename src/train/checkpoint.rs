@@ -285,7 +285,11 @@ pub fn load_weights<B: crate::ops::ModelBackend>(
         ));
     }
     if let Some(e) = result.errors.first() {
-        return Err(format!("{}: {e:?}", path.display()));
+        return Err(format!(
+            "{}: does not fit this recipe's model ({} tensor(s), e.g. {e:?}): was it saved from another recipe?",
+            path.display(),
+            result.errors.len()
+        ));
     }
     Ok(model)
 }
