@@ -87,7 +87,7 @@ pub fn check_labels(path: &Path, classes: usize) -> Result<(), DataError> {
 }
 
 /// Class names from `batches.meta.txt` beside the file (one per line), if it is there.
-pub fn class_names(path: &Path) -> Option<Vec<String>> {
+pub fn class_names(path: &Path) -> Result<Option<Vec<String>>, DataError> {
     super::names_beside(path, "batches.meta.txt")
 }
 

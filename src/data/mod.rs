@@ -107,16 +107,67 @@ pub fn stratified_split(labels: &[u32], held: usize, seed: u64) -> (Vec<usize>, 
 }
 
 /// Class names from a file beside `path` (`batches.meta.txt`, `labels.txt`): one per
-/// line, line k naming label k. `None` when there is no such file.
-pub fn names_beside(path: &Path, file: &str) -> Option<Vec<String>> {
-    let text = std::fs::read_to_string(path.parent()?.join(file)).ok()?;
-    let names: Vec<String> = text
-        .lines()
-        .map(str::trim)
-        .filter(|l| !l.is_empty())
-        .map(String::from)
-        .collect();
-    (!names.is_empty()).then_some(names)
+/// line, line k naming label k - 1 (blank lines at the end are ignored). `Ok(None)` when
+/// there is no such file; an error when there is one that cannot be used as such, rather
+/// than a class count quietly taken from elsewhere.
+pub fn names_beside(path: &Path, file: &str) -> Result<Option<Vec<String>>, DataError> {
+    let Some(dir) = path.parent() else {
+        return Ok(None);
+    };
+    let names_path = dir.join(file);
+    let help = format!("{file} holds one class name per line, line k naming label k - 1");
+    let bytes = match std::fs::read(&names_path) {
+        Ok(b) => b,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) if names_path.is_dir() => {
+            let _ = e;
+            return Err(
+                DataError::new(&names_path, "is a directory, not a list of class names")
+                    .help(format!("{help}; remove or rename the directory")),
+            );
+        }
+        Err(e) => return Err(DataError::io(&names_path, e)),
+    };
+    let text = String::from_utf8(bytes).map_err(|e| {
+        let line = 1 + e.as_bytes()[..e.utf8_error().valid_up_to()]
+            .iter()
+            .filter(|&&b| b == b'\n')
+            .count();
+        DataError::new(&names_path, format!("line {line} is not UTF-8 text"))
+            .help(format!("{help}, in UTF-8"))
+    })?;
+    let lines: Vec<&str> = text.lines().map(str::trim).collect();
+    let used = lines.len() - lines.iter().rev().take_while(|l| l.is_empty()).count();
+    let names = &lines[..used];
+    if names.is_empty() {
+        return Err(DataError::new(&names_path, "holds no class name").help(help));
+    }
+    for (i, name) in names.iter().enumerate() {
+        if name.is_empty() {
+            return Err(DataError::new(
+                &names_path,
+                format!(
+                    "line {} is blank, so the names after it would name the wrong labels",
+                    i + 1
+                ),
+            )
+            .help(format!(
+                "{help}; name that class, or remove the line if no label is {i}"
+            )));
+        }
+        if let Some(first) = names[..i].iter().position(|n| n == name) {
+            return Err(DataError::new(
+                &names_path,
+                format!(
+                    "line {} repeats the class name \"{name}\" of line {}",
+                    i + 1,
+                    first + 1
+                ),
+            )
+            .help(format!("{help}; each class once")));
+        }
+    }
+    Ok(Some(names.iter().map(|n| n.to_string()).collect()))
 }
 
 /// A data file that cannot be used, with its path and what to do.
@@ -468,6 +519,44 @@ impl Prepare {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A class-name file is used as it is or refused with its line: never skipped for a
+    /// count from elsewhere (10, or the largest label + 1), nor read with lines dropped.
+    #[test]
+    fn class_name_files_are_used_whole_or_refused() {
+        let dir = std::env::temp_dir().join(format!("runner-names-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let data = dir.join("data_batch.bin");
+        let names = |bytes: &[u8]| {
+            let f = dir.join("batches.meta.txt");
+            let _ = std::fs::remove_dir_all(&f);
+            std::fs::write(&f, bytes).unwrap();
+            names_beside(&data, "batches.meta.txt").map_err(|e| e.message)
+        };
+        assert_eq!(names_beside(&data, "batches.meta.txt").unwrap(), None);
+        assert_eq!(
+            names(b"cat\ndog\n\n\n"),
+            Ok(Some(vec!["cat".into(), "dog".into()]))
+        );
+        assert_eq!(names(b"\n\n"), Err("holds no class name".into()));
+        assert!(names(b"cat\n\ndog\n")
+            .unwrap_err()
+            .starts_with("line 2 is blank"));
+        assert_eq!(
+            names(b"cat\ndog\ncat\n"),
+            Err("line 3 repeats the class name \"cat\" of line 1".into())
+        );
+        assert_eq!(
+            names(b"cat\ncaf\xe9\n"),
+            Err("line 2 is not UTF-8 text".into())
+        );
+        std::fs::remove_file(dir.join("batches.meta.txt")).unwrap();
+        std::fs::create_dir(dir.join("batches.meta.txt")).unwrap();
+        let e = names_beside(&data, "batches.meta.txt").unwrap_err();
+        assert!(e.message.contains("is a directory"), "{}", e.message);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 
     fn tiny() -> Images {
         Images {

@@ -198,7 +198,7 @@ fn parse_line(
 }
 
 /// Class names from `labels.txt` beside the file (one per line), if it is there.
-pub fn class_names(path: &Path) -> Option<Vec<String>> {
+pub fn class_names(path: &Path) -> Result<Option<Vec<String>>, DataError> {
     super::names_beside(path, "labels.txt")
 }
 

@@ -137,7 +137,13 @@ impl<'a> Validator<'a> {
             .as_ref()
             .and_then(|t| self.count_records("data.test", t));
         let (train, test, train_n, test_n) = (train?, test?, train_n?, test_n?);
-        let classes = cifar::class_names(&train[0]).map_or(10, |n| n.len());
+        let classes = match cifar::class_names(&train[0]) {
+            Ok(names) => names.map_or(10, |n| n.len()),
+            Err(e) => {
+                self.data_err("data.train", &e);
+                return None;
+            }
+        };
         // Labels are read now, so a bad byte is an error before anything runs.
         let allowed = self.recipe().model.num_classes.unwrap_or(0).max(classes);
         for (key, files) in [("data.train", &train), ("data.test", &test)] {
@@ -192,7 +198,13 @@ impl<'a> Validator<'a> {
             (Some(train), Some(Some(test))) => (train, Some(test)),
             _ => return None,
         };
-        let named = crate::data::text::class_names(&train).map(|n| n.len());
+        let named = match crate::data::text::class_names(&train) {
+            Ok(names) => names.map(|n| n.len()),
+            Err(e) => {
+                self.data_err("data.train", &e);
+                return None;
+            }
+        };
         let limit = self.recipe().model.num_classes.or(named);
         let mut max_label = 0;
         let mut distinct = std::collections::BTreeSet::new();
