@@ -1002,6 +1002,28 @@ fn a_three_key_grid_expands_in_the_documented_order() {
     );
 }
 
+/// Values a directory name cannot tell apart (`x/y` and `x_y`) do not give two cells one
+/// name, which would share a runs directory and a report row.
+#[test]
+fn cells_whose_values_name_alike_are_told_apart() {
+    let cells = grid_cells(
+        "extends = \"base.toml\"\nname = \"g\"\n[sweep]\n\"backend.cache_dir\" = [\"x/y\", \"x_y\", \"z\"]\n",
+    );
+    let names: Vec<&str> = cells.iter().map(|c| c.name.as_str()).collect();
+    assert_eq!(
+        names,
+        [
+            "g/cache_dir=x_y,cell=0",
+            "g/cache_dir=x_y,cell=1",
+            "g/cache_dir=z"
+        ]
+    );
+    assert_eq!(
+        cells[1].loaded.recipe.name.as_deref(),
+        Some("g/cache_dir=x_y,cell=1")
+    );
+}
+
 #[test]
 fn cell_ids_are_stable_and_follow_the_resolved_recipe() {
     let a =

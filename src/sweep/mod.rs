@@ -269,8 +269,10 @@ pub fn expand(loaded: &Loaded, max_cells: usize) -> Result<Vec<Cell>, Diagnostic
         report.push(d);
         return Err(report);
     }
+    let picks = product(&sizes);
+    let names = cell_names(&base, &axes, &picks);
     let mut out = vec![];
-    for (index, pick) in product(&sizes).into_iter().enumerate() {
+    for (index, pick) in picks.into_iter().enumerate() {
         let mut doc = loaded.doc.clone();
         let mut assignments = vec![];
         for (axis, &i) in axes.iter().zip(&pick) {
@@ -285,7 +287,7 @@ pub fn expand(loaded: &Loaded, max_cells: usize) -> Result<Vec<Cell>, Diagnostic
             }
             assignments.push((axis.key.clone(), v));
         }
-        let name = cell_name(&base, &axes, &assignments, index);
+        let name = names[index].clone();
         // The cell is named in its recipe, so its run directory and its resolved recipe say which it is.
         doc.table
             .insert("name".into(), toml::Value::String(name.clone()));
@@ -310,6 +312,35 @@ pub fn expand(loaded: &Loaded, max_cells: usize) -> Result<Vec<Cell>, Diagnostic
         return Err(dedup(report));
     }
     Ok(out)
+}
+
+/// Each cell's name (`cell_name`). Values that differ only in characters a directory name
+/// cannot hold (`a/b.bin` and `a_b.bin`) would name two cells alike, and share their runs'
+/// directory and their row in a report: such cells are told apart by their index.
+fn cell_names(base: &str, axes: &[Axis], picks: &[Vec<usize>]) -> Vec<String> {
+    let names: Vec<String> = picks
+        .iter()
+        .enumerate()
+        .map(|(index, pick)| {
+            let assignments: Vec<(String, toml::Value)> = axes
+                .iter()
+                .zip(pick)
+                .map(|(a, &i)| (a.key.clone(), a.values[i].clone()))
+                .collect();
+            cell_name(base, axes, &assignments, index)
+        })
+        .collect();
+    names
+        .iter()
+        .enumerate()
+        .map(|(index, n)| {
+            if names.iter().filter(|m| *m == n).count() > 1 {
+                format!("{n},cell={index}")
+            } else {
+                n.clone()
+            }
+        })
+        .collect()
 }
 
 /// `base/label=value,...`, or `base/cell-NNNN` where that would not make a readable
