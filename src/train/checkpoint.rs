@@ -125,11 +125,28 @@ pub fn save<B: TrainBackend>(
     let root = checkpoints(run_dir);
     let name = format!("step-{:09}", state.step);
     let tmp = root.join(format!(".tmp-{name}-{}", std::process::id()));
+    let saved = save_in(run_dir, &tmp, &name, model, optim, state, keep);
+    if saved.is_err() {
+        // A half-written checkpoint (a full disk) is no use, and its space is needed.
+        let _ = std::fs::remove_dir_all(&tmp);
+    }
+    saved
+}
+
+fn save_in<B: TrainBackend>(
+    run_dir: &Path,
+    tmp: &Path,
+    name: &str,
+    model: &Net<B>,
+    optim: &Optim<B>,
+    state: &State,
+    keep: usize,
+) -> Result<PathBuf, String> {
     let io = |what: &str, e: &dyn std::fmt::Display| {
         format!("checkpoint {}: {what}: {e}", tmp.display())
     };
-    let _ = std::fs::remove_dir_all(&tmp);
-    std::fs::create_dir_all(&tmp).map_err(|e| io("cannot create", &e))?;
+    let _ = std::fs::remove_dir_all(tmp);
+    std::fs::create_dir_all(tmp).map_err(|e| io("cannot create", &e))?;
     let rec = Rec::new();
     Recorder::<B>::record(&rec, model.clone().into_record(), tmp.join("model"))
         .map_err(|e| io("model", &e))?;
@@ -145,9 +162,9 @@ pub fn save<B: TrainBackend>(
     }
     let text = serde_json::to_string_pretty(&state).map_err(|e| io("state", &e))?;
     std::fs::write(tmp.join("state.json"), text + "\n").map_err(|e| io("state.json", &e))?;
-    let dir = root.join(&name);
+    let dir = checkpoints(run_dir).join(name);
     let _ = std::fs::remove_dir_all(&dir);
-    std::fs::rename(&tmp, &dir).map_err(|e| io("cannot rename", &e))?;
+    std::fs::rename(tmp, &dir).map_err(|e| io("cannot rename", &e))?;
     let all = list(run_dir);
     for (old, _) in all.iter().take(all.len().saturating_sub(keep)) {
         let _ = std::fs::remove_dir_all(old);
@@ -261,10 +278,15 @@ pub fn save_weights<B: crate::ops::ModelBackend>(
     use burn_store::{ModuleSnapshot, SafetensorsStore};
     let tmp = path.with_extension("safetensors.tmp");
     let mut store = SafetensorsStore::from_file(&tmp).overwrite(true);
-    model
+    let saved = model
         .save_into(&mut store)
-        .map_err(|e| format!("{}: {e}", path.display()))?;
-    std::fs::rename(&tmp, path).map_err(|e| format!("{}: {e}", path.display()))
+        .map_err(|e| format!("{}: {e}", path.display()))
+        .and_then(|()| std::fs::rename(&tmp, path).map_err(|e| format!("{}: {e}", path.display())));
+    if saved.is_err() {
+        // On a full disk, the space it held is what the summary needs next.
+        let _ = std::fs::remove_file(&tmp);
+    }
+    saved
 }
 
 /// Loads weights saved by `save_weights` into a model of the same recipe.
