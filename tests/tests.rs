@@ -2323,6 +2323,38 @@ fn a_full_disk_stops_the_run_without_cutting_a_line() {
     }
 }
 
+/// A recipe that is not UTF-8 says where; a --set value that is TOML for several keys is
+/// refused instead of the keys after the first being dropped.
+#[test]
+fn a_non_utf8_recipe_and_a_multi_key_set_are_refused_with_where() {
+    let dir = tempdir("non-utf8");
+    let recipe = tiny_recipe(&dir, "u", "");
+    let mut bytes = std::fs::read(&recipe).unwrap();
+    let second_line = bytes.iter().position(|&b| b == b'\n').unwrap() + 1;
+    bytes.splice(second_line..second_line, b"# caf\xe9\n".iter().copied());
+    let latin1 = dir.join("latin1.toml");
+    std::fs::write(&latin1, bytes).unwrap();
+    let out = runner_cmd().arg("validate").arg(&latin1).output().unwrap();
+    expect_exit(&out, 2);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("line 2, column 6 is not UTF-8 text (byte 0xe9)"),
+        "{stderr}"
+    );
+    let out = runner_cmd()
+        .arg("validate")
+        .arg(&recipe)
+        .args(["--set", "name=\"a\"\nseed=5"])
+        .output()
+        .unwrap();
+    expect_exit(&out, 2);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("the value of `name` holds more keys after it"),
+        "{stderr}"
+    );
+}
+
 #[test]
 fn slurm_refuses_a_plain_recipe_and_zero_shards_before_writing() {
     let dir = tempdir("slurm-refuse");

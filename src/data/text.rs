@@ -96,7 +96,24 @@ pub fn read_jsonl(
     classes: Option<usize>,
     limit: usize,
 ) -> Result<Vec<(String, u32)>, DataError> {
-    let text = std::fs::read_to_string(path).map_err(|e| DataError::io(path, e))?;
+    let bytes = std::fs::read(path).map_err(|e| DataError::io(path, e))?;
+    let text = String::from_utf8(bytes).map_err(|e| {
+        let at = e.utf8_error().valid_up_to();
+        let line = 1 + e.as_bytes()[..at].iter().filter(|&&b| b == b'\n').count();
+        let looks_binary = e.as_bytes().iter().take(4096).any(|&b| b == 0);
+        DataError::new(
+            path,
+            format!(
+                "line {line} is not UTF-8 text (byte 0x{:02x} at offset {at})",
+                e.as_bytes()[at]
+            ),
+        )
+        .help(if looks_binary {
+            "this looks like a binary file: is it a CIFAR-10 .bin given as format = \"jsonl\"?"
+        } else {
+            "JSON Lines are UTF-8: convert the file (e.g. iconv -f latin1 -t utf-8)"
+        })
+    })?;
     // A byte-order mark (some editors write one) is not part of the first object.
     let text = text.strip_prefix('\u{feff}').unwrap_or(&text);
     let fields = (text_field, label_field);
@@ -389,6 +406,30 @@ mod tests {
         let pad5 = Tokenizer::build_word(&["a b"], 100, 1, true, 5);
         assert_eq!(pad5.vocab_size(), 6);
         assert_eq!(pad5.encode("a b q", 10), [1, 2, 0]);
+    }
+
+    /// Text that is not UTF-8 is named by its line, and a binary file is told apart.
+    #[test]
+    fn non_utf8_lines_are_named() {
+        let dir = std::env::temp_dir().join(format!("runner-utf8-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let latin1 = dir.join("latin1.jsonl");
+        std::fs::write(
+            &latin1,
+            b"{\"text\": \"ok\", \"label\": 0}\n{\"text\": \"caf\xe9\", \"label\": 1}\n",
+        )
+        .unwrap();
+        let e = read_jsonl(&latin1, "text", "label", None, usize::MAX).unwrap_err();
+        assert_eq!(
+            e.message,
+            "line 2 is not UTF-8 text (byte 0xe9 at offset 40)"
+        );
+        assert!(e.help_text().contains("iconv"));
+        let binary = dir.join("data.bin");
+        std::fs::write(&binary, [7u8, 0, 0, 255, 0]).unwrap();
+        let e = read_jsonl(&binary, "text", "label", None, usize::MAX).unwrap_err();
+        assert!(e.help_text().contains("binary file"), "{}", e.help_text());
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

@@ -240,6 +240,12 @@ impl<'a> Validator<'a> {
         }
         if g.dir.is_empty() {
             self.err("log.dir", "empty", "use \"runs\" or another directory");
+        } else if g.dir.chars().any(char::is_control) {
+            self.err(
+                "log.dir",
+                format!("{:?} holds a control character (a newline, a NUL)", g.dir),
+                "a directory name of printable characters",
+            );
         }
         Some(LogPlan {
             dir: PathBuf::from(&g.dir),

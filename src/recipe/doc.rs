@@ -145,6 +145,23 @@ impl Doc {
                 continue;
             };
             let (key, raw) = (key.trim(), raw.trim());
+            // `--set 'name="a"\nseed=5'` is TOML for two keys: the second would be dropped.
+            if toml::from_str::<toml::Table>(&format!("v = {raw}")).is_ok_and(|t| t.len() > 1) {
+                sources.push(SourceFile {
+                    name: name.clone(),
+                    text: text.clone(),
+                    dir: PathBuf::from("."),
+                });
+                report.push(
+                    Diagnostic::error(
+                        &name,
+                        format!("the value of `{key}` holds more keys after it"),
+                    )
+                    .at(&text, 0..text.len())
+                    .help("give each key its own --set"),
+                );
+                continue;
+            }
             let value = parse_value(raw);
             let at = arg.find('=').unwrap_or(0) + 1;
             sources.push(SourceFile {
@@ -288,6 +305,29 @@ fn load_chain(
 fn read_text(path: &Path, text: Option<String>, report: &mut Diagnostics) -> Option<String> {
     match text.map_or_else(|| std::fs::read_to_string(path), Ok) {
         Ok(t) => Some(t),
+        // Not UTF-8: where, so the byte can be found.
+        Err(e) if e.kind() == std::io::ErrorKind::InvalidData => {
+            let bytes = std::fs::read(path).unwrap_or_default();
+            let at = std::str::from_utf8(&bytes)
+                .err()
+                .map_or(0, |u| u.valid_up_to());
+            let before = &bytes[..at];
+            let line = 1 + before.iter().filter(|&&b| b == b'\n').count();
+            let start = before
+                .iter()
+                .rposition(|&b| b == b'\n')
+                .map_or(0, |i| i + 1);
+            let column = 1 + String::from_utf8_lossy(&before[start..]).chars().count();
+            let byte = bytes.get(at).copied().unwrap_or(0);
+            report.push(
+                Diagnostic::error(
+                    path,
+                    format!("cannot read recipe: line {line}, column {column} is not UTF-8 text (byte 0x{byte:02x})"),
+                )
+                .help("save the recipe as UTF-8 (TOML files are UTF-8)"),
+            );
+            None
+        }
         Err(e) => {
             let help = if e.kind() == std::io::ErrorKind::NotFound {
                 "check the path; recipes ship under recipes/ (`runner ls` lists them)"
