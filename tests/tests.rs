@@ -2353,6 +2353,19 @@ fn a_non_utf8_recipe_and_a_multi_key_set_are_refused_with_where() {
         stderr.contains("the value of `name` holds more keys after it"),
         "{stderr}"
     );
+    // A number past TOML's range is said to be one, not "a string, write it without quotes".
+    let out = runner_cmd()
+        .arg("validate")
+        .arg(&recipe)
+        .args(["--set", "seed=18446744073709551615"])
+        .output()
+        .unwrap();
+    expect_exit(&out, 2);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("seed: 18446744073709551615 is not a TOML integer"),
+        "{stderr}"
+    );
 }
 
 #[test]

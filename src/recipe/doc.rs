@@ -162,6 +162,25 @@ impl Doc {
                 );
                 continue;
             }
+            // A number TOML cannot hold would otherwise become a string, and be refused as one.
+            let digits = raw.strip_prefix(['-', '+']).unwrap_or(raw);
+            if !digits.is_empty()
+                && digits.chars().all(|c| c.is_ascii_digit() || c == '_')
+                && toml::from_str::<toml::Table>(&format!("v = {raw}")).is_err()
+            {
+                sources.push(SourceFile {
+                    name: name.clone(),
+                    text: text.clone(),
+                    dir: PathBuf::from("."),
+                });
+                let at = arg.find('=').unwrap_or(0) + 1;
+                report.push(
+                    Diagnostic::error(&name, format!("{key}: {raw} is not a TOML integer"))
+                        .at(&text, at..text.len())
+                        .help("TOML integers are 64-bit signed: at most 9223372036854775807"),
+                );
+                continue;
+            }
             let value = parse_value(raw);
             let at = arg.find('=').unwrap_or(0) + 1;
             sources.push(SourceFile {
