@@ -2334,37 +2334,33 @@ fn a_non_utf8_recipe_and_a_multi_key_set_are_refused_with_where() {
     bytes.splice(second_line..second_line, b"# caf\xe9\n".iter().copied());
     let latin1 = dir.join("latin1.toml");
     std::fs::write(&latin1, bytes).unwrap();
-    let out = runner_cmd().arg("validate").arg(&latin1).output().unwrap();
-    expect_exit(&out, 2);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        stderr.contains("line 2, column 6 is not UTF-8 text (byte 0xe9)"),
-        "{stderr}"
+    // `runner validate FILE [--set KV]`: refused (exit 2), with this on stderr.
+    let refused = |file: &Path, set: &[&str], want: &str| {
+        let out = runner_cmd()
+            .arg("validate")
+            .arg(file)
+            .args(set)
+            .output()
+            .unwrap();
+        expect_exit(&out, 2);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.contains(want), "{stderr}");
+    };
+    refused(
+        &latin1,
+        &[],
+        "line 2, column 6 is not UTF-8 text (byte 0xe9)",
     );
-    let out = runner_cmd()
-        .arg("validate")
-        .arg(&recipe)
-        .args(["--set", "name=\"a\"\nseed=5"])
-        .output()
-        .unwrap();
-    expect_exit(&out, 2);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        stderr.contains("the value of `name` holds more keys after it"),
-        "{stderr}"
+    refused(
+        &recipe,
+        &["--set", "name=\"a\"\nseed=5"],
+        "the value of `name` holds more keys after it",
     );
     // A number past TOML's range is said to be one, not "a string, write it without quotes".
-    let out = runner_cmd()
-        .arg("validate")
-        .arg(&recipe)
-        .args(["--set", "seed=18446744073709551615"])
-        .output()
-        .unwrap();
-    expect_exit(&out, 2);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        stderr.contains("seed: 18446744073709551615 is not a TOML integer"),
-        "{stderr}"
+    refused(
+        &recipe,
+        &["--set", "seed=18446744073709551615"],
+        "seed: 18446744073709551615 is not a TOML integer",
     );
 }
 

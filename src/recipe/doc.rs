@@ -145,13 +145,15 @@ impl Doc {
                 continue;
             };
             let (key, raw) = (key.trim(), raw.trim());
+            let at = arg.find('=').unwrap_or(0) + 1;
+            sources.push(SourceFile {
+                name: name.clone(),
+                text: text.clone(),
+                dir: PathBuf::from("."),
+            });
+            let parsed = toml::from_str::<toml::Table>(&format!("v = {raw}"));
             // `--set 'name="a"\nseed=5'` is TOML for two keys: the second would be dropped.
-            if toml::from_str::<toml::Table>(&format!("v = {raw}")).is_ok_and(|t| t.len() > 1) {
-                sources.push(SourceFile {
-                    name: name.clone(),
-                    text: text.clone(),
-                    dir: PathBuf::from("."),
-                });
+            if parsed.as_ref().is_ok_and(|t| t.len() > 1) {
                 report.push(
                     Diagnostic::error(
                         &name,
@@ -164,16 +166,10 @@ impl Doc {
             }
             // A number TOML cannot hold would otherwise become a string, and be refused as one.
             let digits = raw.strip_prefix(['-', '+']).unwrap_or(raw);
-            if !digits.is_empty()
+            if parsed.is_err()
+                && !digits.is_empty()
                 && digits.chars().all(|c| c.is_ascii_digit() || c == '_')
-                && toml::from_str::<toml::Table>(&format!("v = {raw}")).is_err()
             {
-                sources.push(SourceFile {
-                    name: name.clone(),
-                    text: text.clone(),
-                    dir: PathBuf::from("."),
-                });
-                let at = arg.find('=').unwrap_or(0) + 1;
                 report.push(
                     Diagnostic::error(&name, format!("{key}: {raw} is not a TOML integer"))
                         .at(&text, at..text.len())
@@ -181,13 +177,11 @@ impl Doc {
                 );
                 continue;
             }
-            let value = parse_value(raw);
-            let at = arg.find('=').unwrap_or(0) + 1;
-            sources.push(SourceFile {
-                name: name.clone(),
-                text: text.clone(),
-                dir: PathBuf::from("."),
-            });
+            // TOML if it parses as TOML, else the text as a string (as `parse_value`).
+            let value = parsed
+                .ok()
+                .and_then(|mut t| t.remove("v"))
+                .unwrap_or_else(|| toml::Value::String(raw.to_string()));
             let origin = Origin {
                 source: sources.len() - 1,
                 key: 0..key.len(),
