@@ -2365,6 +2365,38 @@ fn a_non_utf8_recipe_and_a_multi_key_set_are_refused_with_where() {
 }
 
 #[test]
+fn a_set_key_may_be_quoted_as_in_a_recipe_file() {
+    let dir = tempdir("quoted-set");
+    let recipe = tiny_recipe(&dir, "q", "");
+    // The [sweep] table's keys are written quoted in files; --set takes them both ways.
+    for key in [
+        "sweep.\"loader.workers\"",
+        "sweep.loader.workers",
+        "\"loader\".workers",
+    ] {
+        let set = if key.starts_with("sweep") {
+            format!("{key}=[0, 1]")
+        } else {
+            format!("{key}=1")
+        };
+        let out = runner_cmd()
+            .arg("validate")
+            .arg(&recipe)
+            .args(["--set", &set])
+            .output()
+            .unwrap();
+        expect_exit(&out, 0);
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let want = if key.starts_with("sweep") {
+            "grid of 2 cells: q/workers=0 | q/workers=1"
+        } else {
+            "ok: "
+        };
+        assert!(stdout.contains(want), "{set}: {stdout}");
+    }
+}
+
+#[test]
 fn slurm_refuses_a_plain_recipe_and_zero_shards_before_writing() {
     let dir = tempdir("slurm-refuse");
     let plain = tiny_recipe(&dir, "plain", "");

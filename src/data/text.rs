@@ -131,6 +131,32 @@ pub fn read_jsonl(
     Ok(out)
 }
 
+/// A JSON object's entries in the order written, repeated keys kept.
+struct Entries(Vec<(String, serde_json::Value)>);
+
+impl<'de> Deserialize<'de> for Entries {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Visit;
+        impl<'de> serde::de::Visitor<'de> for Visit {
+            type Value = Entries;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a JSON object")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut m: A,
+            ) -> Result<Entries, A::Error> {
+                let mut out = vec![];
+                while let Some(entry) = m.next_entry()? {
+                    out.push(entry);
+                }
+                Ok(Entries(out))
+            }
+        }
+        d.deserialize_map(Visit)
+    }
+}
+
 /// One line's `(text, label)`; `at` makes an error that names the file and line.
 fn parse_line(
     line: &str,
@@ -146,13 +172,22 @@ fn parse_line(
             None => s,
         }
     };
-    let v: serde_json::Value = serde_json::from_str(line).map_err(|e| {
-        at(format!("not JSON ({e})"))
-            .help("each line must be one JSON object, e.g. {\"label\": 1, \"text\": \"...\"}")
-    })?;
-    let obj = v
-        .as_object()
-        .ok_or_else(|| at("not a JSON object".into()).help("each line must be one JSON object"))?;
+    let Ok(Entries(entries)) = serde_json::from_str::<Entries>(line) else {
+        // Not an object: say whether it is JSON at all.
+        return Err(match serde_json::from_str::<serde_json::Value>(line) {
+            Err(e) => at(format!("not JSON ({e})"))
+                .help("each line must be one JSON object, e.g. {\"label\": 1, \"text\": \"...\"}"),
+            Ok(_) => at("not a JSON object".into()).help("each line must be one JSON object"),
+        });
+    };
+    // serde_json's map would keep the last of two equal keys, in silence.
+    for field in [text_field, label_field] {
+        if entries.iter().filter(|(k, _)| k == field).count() > 1 {
+            return Err(at(format!("field \"{field}\" is given more than once"))
+                .help("keep one value per field: which one is meant cannot be told"));
+        }
+    }
+    let obj: serde_json::Map<String, serde_json::Value> = entries.into_iter().collect();
     let fields = || {
         obj.keys()
             .map(|k| format!("\"{k}\""))
@@ -486,6 +521,10 @@ mod tests {
                 "line 1: label -1 is not a non-negative integer",
             ),
             ("[1, 2]\n", "line 1: not a JSON object"),
+            (
+                "{\"label\": 0, \"text\": \"a\", \"label\": 1}\n",
+                "line 1: field \"label\" is given more than once",
+            ),
         ];
         for (text, want) in cases {
             std::fs::write(&p, text).unwrap();

@@ -246,6 +246,15 @@ impl<'a> Validator<'a> {
                 format!("{:?} holds a control character (a newline, a NUL)", g.dir),
                 "a directory name of printable characters",
             );
+        } else if let Some(file) = file_in_the_way(Path::new(&g.dir)) {
+            self.err(
+                "log.dir",
+                format!(
+                    "{} is a file, so no directory can be made there",
+                    file.display()
+                ),
+                "point log.dir at a directory, or at a path to create",
+            );
         }
         Some(LogPlan {
             dir: PathBuf::from(&g.dir),
@@ -291,4 +300,14 @@ impl<'a> Validator<'a> {
             }
         }
     }
+}
+
+/// The file (not a directory) at `dir` or at the nearest ancestor of it that exists, which
+/// would make creating `dir` fail when the run starts. A path that cannot be looked at is
+/// left to that moment, whose error says why.
+fn file_in_the_way(dir: &Path) -> Option<PathBuf> {
+    dir.ancestors()
+        .filter(|a| !a.as_os_str().is_empty())
+        .find_map(|a| std::fs::metadata(a).ok().map(|m| (a, m.is_dir())))
+        .and_then(|(a, is_dir)| (!is_dir).then(|| a.to_path_buf()))
 }

@@ -145,6 +145,9 @@ impl Doc {
                 continue;
             };
             let (key, raw) = (key.trim(), raw.trim());
+            let key_span = 0..at_key_end(arg);
+            // TOML's quoted keys (`sweep."loader.workers"`), as a recipe file may write them.
+            let key = &dotted(key);
             let at = arg.find('=').unwrap_or(0) + 1;
             sources.push(SourceFile {
                 name: name.clone(),
@@ -184,7 +187,7 @@ impl Doc {
                 .unwrap_or_else(|| toml::Value::String(raw.to_string()));
             let origin = Origin {
                 source: sources.len() - 1,
-                key: 0..key.len(),
+                key: key_span,
                 value: at..text.len(),
             };
             self.sources = Arc::new(sources.clone());
@@ -201,6 +204,30 @@ impl Doc {
             }
         }
         self.sources = Arc::new(sources);
+    }
+}
+
+/// Where a `key=value` argument's key ends (its trailing spaces left out).
+fn at_key_end(arg: &str) -> usize {
+    arg.split_once('=').map_or(0, |(k, _)| k.trim_end().len())
+}
+
+/// A `--set` key as the dotted path the recipe's keys use: `sweep."loader.workers"` and
+/// `sweep.loader.workers` are one key; a key TOML cannot read is left as written.
+fn dotted(key: &str) -> String {
+    let Ok(mut t) = toml::from_str::<toml::Table>(&format!("{key} = 0")) else {
+        return key.to_string();
+    };
+    let mut parts = vec![];
+    loop {
+        let Some((k, v)) = t.into_iter().next() else {
+            return key.to_string();
+        };
+        parts.push(k);
+        match v {
+            toml::Value::Table(inner) => t = inner,
+            _ => return parts.join("."),
+        }
     }
 }
 
@@ -293,17 +320,22 @@ fn load_chain(
         return None;
     }
     if !parent_path.is_file() {
+        let (what, help) = if parent_path.is_dir() {
+            (
+                "is a directory, not a recipe file",
+                "name the .toml file to build on, relative to this recipe file",
+            )
+        } else {
+            ("no such file", "the path is relative to this recipe file")
+        };
         report.push(
             Diagnostic::error(
                 path,
-                format!(
-                    "extends {}: no such file",
-                    super::lexical(&parent_path).display()
-                ),
+                format!("extends {}: {what}", super::lexical(&parent_path).display()),
             )
             .key("extends")
             .at(&text, here("extends").0)
-            .help("the path is relative to this recipe file"),
+            .help(help),
         );
         return None;
     }
