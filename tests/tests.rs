@@ -3016,6 +3016,27 @@ fn resume_refuses_what_it_cannot_continue() {
     let out = runner_cmd().arg("resume").arg(&run).output().unwrap();
     expect_exit(&out, 2);
     assert!(String::from_utf8_lossy(&out.stderr).contains("has no checkpoint to resume from"));
+
+    // A file the run goes on writing cannot be written (here metrics.csv is a directory,
+    // which root cannot write either): refused before the run is marked running again.
+    let recipe = tiny_recipe(&dir, "w", "[checkpoint]\nevery = 1\n");
+    expect_exit(&runner_cmd().arg(&recipe).arg("-q").output().unwrap(), 0);
+    let run = only_run(&dir.join("runs/w"));
+    let mut s = json(&run.join("summary.json"));
+    s["status"] = "interrupted".into();
+    std::fs::write(run.join("summary.json"), s.to_string()).unwrap();
+    std::fs::remove_file(run.join("metrics.csv")).unwrap();
+    std::fs::create_dir(run.join("metrics.csv")).unwrap();
+    let out = runner_cmd().arg("resume").arg(&run).output().unwrap();
+    expect_exit(&out, 2);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("cannot write") && stderr.contains("metrics.csv"),
+        "{stderr}"
+    );
+    let after = json(&run.join("summary.json"));
+    assert_eq!(after["status"], "interrupted");
+    assert_eq!(after["resumes"], s["resumes"]);
 }
 
 #[test]
@@ -3758,8 +3779,9 @@ fn webgpu_adapter_is_the_one_backend_device_names_or_a_clear_error() {
     );
     // A software adapter computes in host memory: the model and activations are checked
     // against it, as on the CPU; a GPU adapter's are not (its memory is its own).
+    // (Room for the data and the batches the loader holds ahead, 77 MB here, not more.)
     let small_host = |adapters: fn() -> Vec<WgpuAdapter>| Machine {
-        host_memory: Some(64 << 20),
+        host_memory: Some(256 << 20),
         ..machine(adapters)
     };
     let batch = ["loader.batch_size=8192", "data.limit=256"];

@@ -304,7 +304,15 @@ pub(crate) fn eval(run_dir: &Path, data: Option<&Path>, best: bool) -> ExitCode 
                 r.weights.display(),
                 r.ms / 1e3
             );
-            ExitCode::SUCCESS
+            match r.saved {
+                Ok(_) => ExitCode::SUCCESS,
+                Err(why) => {
+                    runner::errln!(
+                        "error: the result above was not saved: {why}\n  = help: evaluations are saved in the run's directory as eval-<time>.json: make it writable, or evaluate a copy of it"
+                    );
+                    ExitCode::from(1)
+                }
+            }
         }
         Err(RunError::Failed { message, .. }) => {
             runner::errln!(

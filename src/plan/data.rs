@@ -572,8 +572,21 @@ impl<'a> Validator<'a> {
     pub(super) fn cifar_files(&mut self, key: &str, rel: &str, stem: &str) -> Option<Vec<PathBuf>> {
         let path = self.l.dir_of(key).join(rel);
         if path.is_dir() {
-            let mut files: Vec<PathBuf> = std::fs::read_dir(&path)
-                .ok()?
+            let entries = match std::fs::read_dir(&path) {
+                Ok(entries) => entries,
+                Err(e) => {
+                    self.err(
+                        key,
+                        format!(
+                            "directory {} cannot be listed: {e}",
+                            crate::recipe::lexical(&path).display()
+                        ),
+                        "check its permissions (listing needs read and execute), or name one .bin file",
+                    );
+                    return None;
+                }
+            };
+            let mut files: Vec<PathBuf> = entries
                 .filter_map(|e| e.ok().map(|e| e.path()))
                 .filter(|p| {
                     p.file_name()

@@ -207,16 +207,21 @@ impl<'a> Validator<'a> {
         };
         // The data stays in host memory on either backend; the model and activations are
         // where the backend computes.
-        let (model_part, act_part, data_part) = (
+        let (model_part, act_part, data_part, ahead_part) = (
             (f.model_bytes, "the model"),
             (f.activation_bytes, "one batch's activations"),
             (f.data_bytes, "the data"),
+            (f.loader_bytes, "the batches loaded ahead"),
         );
         let host = cap(machine.host_memory, "this machine's memory");
         let checks = match device {
-            Device::Cpu => vec![(f.host_bytes(), host, vec![model_part, act_part, data_part])],
+            Device::Cpu => vec![(
+                f.host_bytes(),
+                host,
+                vec![model_part, act_part, data_part, ahead_part],
+            )],
             Device::Cuda(i) => vec![
-                (f.data_bytes, host, vec![data_part]),
+                (f.data_on_host(), host, vec![data_part, ahead_part]),
                 (
                     f.device_bytes(),
                     cap(machine.gpu_memory.get(i).copied(), "the GPU's memory"),
@@ -224,13 +229,15 @@ impl<'a> Validator<'a> {
                 ),
             ],
             // A software adapter computes in host memory, like the CPU backend.
-            Device::Wgpu(t) if t.kind == AdapterKind::Cpu => {
-                vec![(f.host_bytes(), host, vec![model_part, act_part, data_part])]
-            }
+            Device::Wgpu(t) if t.kind == AdapterKind::Cpu => vec![(
+                f.host_bytes(),
+                host,
+                vec![model_part, act_part, data_part, ahead_part],
+            )],
             // A GPU adapter's memory is not known before it starts: the data against the
             // host, the rest against the cap.
             Device::Wgpu(_) => vec![
-                (f.data_bytes, host, vec![data_part]),
+                (f.data_on_host(), host, vec![data_part, ahead_part]),
                 (f.device_bytes(), cap(None, ""), vec![model_part, act_part]),
             ],
         };
@@ -249,12 +256,17 @@ impl<'a> Validator<'a> {
         self.err(
             key,
             format!(
-                "the run needs at least {} ({} parameters: {} with gradients and optimizer state; data {}; activations of one batch {}), more than {what} ({})",
+                "the run needs at least {} ({} parameters: {} with gradients and optimizer state; data {}; activations of one batch {}{}), more than {what} ({})",
                 gib(need),
                 f.parameters,
                 gib(f.model_bytes),
                 gib(f.data_bytes),
                 gib(f.activation_bytes),
+                if f.loader_bytes >= (1 << 30) / 20 {
+                    format!("; batches loaded ahead {}", gib(f.loader_bytes))
+                } else {
+                    String::new()
+                },
                 gib(limit)
             ),
             help,
@@ -265,6 +277,10 @@ impl<'a> Validator<'a> {
 /// The key to change, and how, when `biggest` (a part of the footprint) is too large.
 fn blame(biggest: &str, model: &ModelPlan, data: &DataPlan) -> (&'static str, &'static str) {
     match biggest {
+        "the batches loaded ahead" => (
+            "loader.prefetch",
+            "each worker holds prefetch finished batches: lower prefetch (PyTorch's default is 2) or workers",
+        ),
         "one batch's activations" => (
             "loader.batch_size",
             "lower batch_size; optim.accumulation_steps keeps the effective batch",

@@ -25,6 +25,8 @@ use crate::recipe::{
 
 /// Most CPU threads a recipe may ask for (rayon cannot start many more).
 pub const MAX_THREADS: usize = 1024;
+/// Most finished batches a loader worker may hold ahead: more only waits in memory.
+pub const MAX_PREFETCH: usize = 1024;
 /// Longest padded row a text recipe may ask for.
 pub const MAX_TOKENS: usize = 65_536;
 
@@ -317,6 +319,16 @@ pub fn validate(loaded: &Loaded, machine: &Machine) -> Result<Plan, Diagnostics>
         report: loaded.findings.clone(),
     };
     let plan = v.run(machine);
+    if plan.is_none() && !v.report.has_errors() {
+        // Every check that gives up says why; one that did not must not pass as valid.
+        v.report.push(
+            Diagnostic::error(
+                &loaded.path,
+                "the recipe could not be checked, and no check said why",
+            )
+            .help("this is a bug in runner: please report it with the recipe"),
+        );
+    }
     match plan {
         Some(p) if !v.report.has_errors() => Ok(Plan {
             warnings: v.report.0,

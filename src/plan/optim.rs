@@ -31,6 +31,12 @@ impl<'a> Validator<'a> {
                 "0 batches ahead would stall every worker",
                 "use at least 1",
             );
+        } else if l.prefetch > MAX_PREFETCH {
+            self.err(
+                "loader.prefetch",
+                format!("{} batches ahead per worker", l.prefetch),
+                format!("use at most {MAX_PREFETCH} (PyTorch's default is 2)"),
+            );
         }
         if l.workers > 256 {
             self.err(

@@ -24,6 +24,10 @@ pub struct Footprint {
     pub data_bytes: u64,
     /// What one micro-batch keeps for its backward pass.
     pub activation_bytes: u64,
+    /// Batches the loader holds ahead in host memory: each worker's `prefetch` finished
+    /// batches and the one it is building (one batch without workers), at a byte per image
+    /// element or four per token.
+    pub loader_bytes: u64,
 }
 
 impl Footprint {
@@ -34,7 +38,12 @@ impl Footprint {
 
     /// What the host holds on the CPU backend: everything.
     pub fn host_bytes(&self) -> u64 {
-        self.device_bytes().saturating_add(self.data_bytes)
+        self.device_bytes().saturating_add(self.data_on_host())
+    }
+
+    /// What stays in host memory on any backend: the data and the batches loaded ahead.
+    pub fn data_on_host(&self) -> u64 {
+        self.data_bytes.saturating_add(self.loader_bytes)
     }
 }
 
@@ -160,17 +169,27 @@ pub fn estimate(
         OptimizerKind::Adamw => 2,
     };
     let model_bytes = params.saturating_mul(4 * (2 + states));
-    // Bytes of an image sample, or tokens of a padded text row.
-    let (data_bytes, per_input) = match &data.source {
+    // Bytes of an image sample, or tokens of a padded text row; bytes per element of a batch.
+    let (data_bytes, per_input, element_bytes) = match &data.source {
         DataSource::Cifar { image: i, .. } | DataSource::Synthetic { image: i, .. } => {
             let sample = (i.channels * i.height * i.width) as u64;
             let samples = (data.train_len + data.test_len) as u64;
-            (sample.saturating_mul(samples), sample)
+            (sample.saturating_mul(samples), sample, 1)
         }
-        DataSource::Jsonl { text: t, .. } => {
-            (text_bytes.saturating_mul(2), t.padding.max_row_len() as u64)
-        }
+        DataSource::Jsonl { text: t, .. } => (
+            text_bytes.saturating_mul(2),
+            t.padding.max_row_len() as u64,
+            4,
+        ),
     };
+    let batches_ahead = match loader.workers {
+        0 => 1,
+        w => (w as u64).saturating_mul((loader.prefetch as u64).saturating_add(1)),
+    };
+    let loader_bytes = batches_ahead
+        .saturating_mul(loader.batch_size as u64)
+        .saturating_mul(per_input)
+        .saturating_mul(element_bytes);
     let activation_bytes = (loader.batch_size as u64)
         .saturating_mul(per_input)
         .saturating_mul(activations_per_input(model))
@@ -180,6 +199,7 @@ pub fn estimate(
         model_bytes,
         data_bytes,
         activation_bytes,
+        loader_bytes,
     }
 }
 

@@ -15,6 +15,10 @@ pub struct EvalReport {
     pub ms: f64,
     pub backend: String,
     pub at: String,
+    /// Where the report was saved, or why it could not be (a run directory that is not
+    /// writable): the result is printed either way.
+    #[serde(skip)]
+    pub saved: Result<PathBuf, String>,
 }
 
 /// `model.safetensors` (or `model-best.safetensors`) of a run, which must exist.
@@ -25,7 +29,14 @@ fn saved_weights(run_dir: &Path, best: bool) -> Result<PathBuf, RunError> {
         train::WEIGHTS
     });
     if weights.is_file() {
-        return Ok(weights);
+        // Unreadable (another user's run) is not damaged: said before any work.
+        return match std::fs::File::open(&weights) {
+            Ok(_) => Ok(weights),
+            Err(e) => Err(RunError::Input(format!(
+                "error: cannot read {}: {e}\n  = help: check the file's permissions",
+                weights.display()
+            ))),
+        };
     }
     Err(RunError::Input(if best {
         format!(
@@ -117,7 +128,7 @@ pub fn eval(
     let e = backend::dispatch(plan.device, &plan.kernels, job)
         .map_err(failed)?
         .map_err(failed)?;
-    let report = EvalReport {
+    let mut report = EvalReport {
         run_dir: run_dir.to_path_buf(),
         weights,
         data,
@@ -127,18 +138,21 @@ pub fn eval(
         ms: e.ms,
         backend: backend_name,
         at: utc_now(),
+        saved: Err(String::new()),
     };
     let stamp: String = report
         .at
         .chars()
         .filter(|c| c.is_ascii_digit() || *c == 'T')
         .collect();
-    let path = free_name(run_dir, &stamp).map_err(failed)?;
-    write_json_atomic(&path, &report).map_err(|e| {
-        // Not an empty file left to trip whatever reads eval-*.json.
-        let _ = std::fs::remove_file(&path);
-        failed(format!("cannot write {}: {e}", path.display()))
-    })?;
+    report.saved = free_name(run_dir, &stamp).and_then(|path| {
+        write_json_atomic(&path, &report).map_err(|e| {
+            // Not an empty file left to trip whatever reads eval-*.json.
+            let _ = std::fs::remove_file(&path);
+            format!("cannot write {}: {e}", path.display())
+        })?;
+        Ok(path)
+    });
     Ok(report)
 }
 

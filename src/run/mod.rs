@@ -298,7 +298,17 @@ fn drive(
         sampler,
     );
     let resumed_at = resume.as_ref().map(|(_, s)| s.step);
-    open_exports(plan, &dir, resumed_at, &mut sink).map_err(fail)?;
+    if let Err(e) = open_exports(plan, &dir, resumed_at, &mut sink) {
+        // The run ends before its first step: its summary says so, not "running".
+        sink.progress.finish();
+        summary.util_source = finish_sampler(&mut sink, &dir);
+        summary.wall_s += wall.elapsed().as_secs_f64();
+        summary.status = "failed".into();
+        summary.error = Some(format!("cannot write {e}"));
+        // Already failing: a summary that cannot be written either changes nothing said.
+        let _ = write_json_atomic(&dir.join("summary.json"), &summary);
+        return Err(fail(e));
+    }
     let vocab = sets.tokenizer.as_ref().map_or(0, |t| t.vocab_size());
     let batcher = train::Batcher::new(plan, vocab);
     let (train_set, test_set) = (Arc::new(sets.train), Arc::new(sets.test));

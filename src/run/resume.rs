@@ -69,6 +69,21 @@ pub fn resume(
             ckpt_dir.display()
         )));
     }
+    // Every file the run goes on writing, before anything is changed: a resume that could
+    // not write one would otherwise fail after marking the run as running again.
+    let mut outputs = vec![metrics_path.clone()];
+    if plan.log.csv {
+        outputs.push(run_dir.join("metrics.csv"));
+    }
+    for path in outputs.iter().filter(|p| p.exists()) {
+        if let Err(e) = std::fs::OpenOptions::new().append(true).open(path) {
+            return Err(input(format!(
+                "error: cannot write {}: {e}
+  = help: resume goes on writing in the run's directory: check the owner and permissions of its files",
+                path.display()
+            )));
+        }
+    }
     let prepared = prepare(&plan, opts)?;
     let fail = |message: String| RunError::Failed {
         dir: run_dir.to_path_buf(),
