@@ -2397,6 +2397,32 @@ fn a_set_key_may_be_quoted_as_in_a_recipe_file() {
 }
 
 #[test]
+fn a_set_table_merges_into_the_recipes_table() {
+    // As a recipe's table over the one it extends: the keys it does not name stay.
+    let out = runner_cmd()
+        .current_dir(root())
+        .args([
+            "show",
+            "recipes/quickstart.toml",
+            "--set",
+            "run={max_steps=3}",
+        ])
+        .args(["--set", "data.normalize={on=\"device\"}"])
+        .output()
+        .unwrap();
+    expect_exit(&out, 0);
+    let shown = String::from_utf8_lossy(&out.stdout);
+    for line in [
+        "epochs = 8",
+        "max_steps = 3",
+        "mean = [0.2193]",
+        "on = \"device\"",
+    ] {
+        assert!(shown.lines().any(|l| l == line), "{line}: {shown}");
+    }
+}
+
+#[test]
 fn slurm_refuses_a_plain_recipe_and_zero_shards_before_writing() {
     let dir = tempdir("slurm-refuse");
     let plain = tiny_recipe(&dir, "plain", "");

@@ -107,6 +107,26 @@ impl Doc {
         Ok(())
     }
 
+    /// As `set`, but a table set over a table merges into it key by key, as a recipe's
+    /// table merges over the one it extends: `--set 'run={max_steps=3}'` keeps the rest of
+    /// `[run]`.
+    pub fn set_merged(
+        &mut self,
+        key: &str,
+        value: toml::Value,
+        origin: Origin,
+    ) -> Result<(), String> {
+        match value {
+            toml::Value::Table(t) if matches!(self.get(key), Some(toml::Value::Table(_))) => {
+                for (k, v) in t {
+                    self.set_merged(&format!("{key}.{k}"), v, origin.clone())?;
+                }
+                Ok(())
+            }
+            v => self.set(key, v, origin),
+        }
+    }
+
     /// Reads `path` and the files it extends, merged (each file's tables over its parent's).
     pub fn load(path: &Path, report: &mut Diagnostics) -> Option<Doc> {
         Self::parse(path, None, report)
@@ -199,7 +219,7 @@ impl Doc {
                 );
                 continue;
             }
-            if let Err(e) = self.set(key, value, origin) {
+            if let Err(e) = self.set_merged(key, value, origin) {
                 report.push(Diagnostic::error(&name, e).key(key).at(&text, 0..at));
             }
         }

@@ -263,8 +263,34 @@ fn check_types(path: &Path, doc: &mut Doc, report: &mut Diagnostics, dropped: &m
             t.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
         for (k, v) in entries {
             let full = join(table_path, &k);
-            if v.is_table() && tables.iter().any(|(p, _)| *p == full) {
+            let format_table = tables.iter().any(|(p, _)| *p == full);
+            if v.is_table() && format_table {
                 continue; // a table of the format: its keys are checked one by one
+            }
+            // serde would bind an array to a table's fields by position (`loader = [16, 0]`
+            // read as batch_size 16, workers 0), and `[[loader]]` gets a message about the
+            // first field's type.
+            if format_table {
+                let what = match &v {
+                    toml::Value::Array(a)
+                        if a.iter().all(toml::Value::is_table) && !a.is_empty() =>
+                    {
+                        format!("an array of tables ([[{full}]])")
+                    }
+                    other => format!("{} {}", article(other.type_str()), other.type_str()),
+                };
+                let d = doc.diagnostic(
+                    path,
+                    &full,
+                    Diagnostic::error(path, format!("must be a table, not {what}"))
+                        .key(full.clone()),
+                );
+                report.push(d.help(format!(
+                    "write [{full}] with its keys on the lines below it, or {full} = {{ key = value, ... }}"
+                )));
+                doc.remove(&full);
+                dropped.push(full);
+                continue;
             }
             let mut alone = toml::Value::Table(toml::Table::new());
             let mut slot = &mut alone;
@@ -291,6 +317,14 @@ fn check_types(path: &Path, doc: &mut Doc, report: &mut Diagnostics, dropped: &m
                 dropped.push(full);
             }
         }
+    }
+}
+
+fn article(word: &str) -> &'static str {
+    if word.starts_with(['a', 'e', 'i', 'o', 'u']) {
+        "an"
+    } else {
+        "a"
     }
 }
 
