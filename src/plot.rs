@@ -31,12 +31,49 @@ fn colour(i: usize) -> RGBColor {
 /// Draws the figure to `path` (SVG).
 pub fn draw(path: &Path, runs: &[Run], rows: &[Row]) -> Result<(), String> {
     let err = |e: &dyn std::fmt::Display| format!("{}: {e}", path.display());
-    let root = SVGBackend::new(path, (W, H)).into_drawing_area();
-    root.fill(&WHITE).map_err(|e| err(&e))?;
-    let (top, bottom) = root.split_vertically(440);
-    step_times(&top, runs, rows, &err)?;
-    bars(&bottom, rows, &err)?;
-    root.present().map_err(|e| err(&e))?;
+    // Drawn beside it and renamed: a failed drawing leaves an earlier plot whole.
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(".tmp");
+    let tmp = std::path::PathBuf::from(tmp);
+    let drawn = (|| {
+        let root = SVGBackend::new(&tmp, (W, H)).into_drawing_area();
+        root.fill(&WHITE).map_err(|e| err(&e))?;
+        let (top, bottom) = root.split_vertically(440);
+        step_times(&top, runs, rows, &err)?;
+        bars(&bottom, rows, &err)?;
+        root.present().map_err(|e| err(&e))
+    })();
+    match drawn.and_then(|()| std::fs::rename(&tmp, path).map_err(|e| err(&e))) {
+        Ok(()) => Ok(()),
+        Err(e) => {
+            let _ = std::fs::remove_file(&tmp);
+            Err(e)
+        }
+    }
+}
+
+/// Whether `path` may receive the plot: an `.svg` name, and not a file other than an SVG
+/// (`--plot runs/x/metrics.jsonl` would replace a run's records).
+pub fn check_target(path: &Path) -> Result<(), String> {
+    let svg = path
+        .extension()
+        .is_some_and(|e| e.eq_ignore_ascii_case("svg"));
+    if !svg {
+        return Err("the plot is an SVG file: give a name ending in .svg".into());
+    }
+    if path.is_dir() {
+        return Err("is a directory: give a file name ending in .svg".into());
+    }
+    if let Ok(mut f) = std::fs::File::open(path) {
+        use std::io::Read;
+        let mut head = [0u8; 256];
+        let n = f.read(&mut head).unwrap_or(0);
+        let text = String::from_utf8_lossy(&head[..n]);
+        let text = text.trim_start();
+        if n > 0 && !(text.starts_with("<svg") || text.starts_with("<?xml")) {
+            return Err("exists and is not an SVG file: not overwritten (remove it, or choose another name)".into());
+        }
+    }
     Ok(())
 }
 

@@ -857,6 +857,35 @@ fn report_command_prints_markdown_and_draws_a_plot() {
             && picture.contains("gc_every_step")
             && picture.contains("optimizer step")
     );
+    // Drawn again over its own earlier plot; never over another file, nor to a name
+    // that is not .svg (a run's metrics.jsonl was replaced by a picture).
+    let again = runner_cmd()
+        .args(["report", "tests/fixtures/report", "--plot"])
+        .arg(&svg)
+        .output()
+        .unwrap();
+    expect_exit(&again, 0);
+    let records = out_dir.join("metrics.jsonl");
+    std::fs::write(&records, "{\"step\": 1}\n").unwrap();
+    let kept = out_dir.join("notes.svg");
+    std::fs::write(&kept, "my notes\n").unwrap();
+    for (target, want) in [
+        (&records, "give a name ending in .svg"),
+        (&kept, "exists and is not an SVG file"),
+    ] {
+        let refused = runner_cmd()
+            .args(["report", "tests/fixtures/report", "--plot"])
+            .arg(target)
+            .output()
+            .unwrap();
+        expect_exit(&refused, 2);
+        assert!(String::from_utf8_lossy(&refused.stderr).contains(want));
+    }
+    assert_eq!(
+        std::fs::read_to_string(&records).unwrap(),
+        "{\"step\": 1}\n"
+    );
+    assert_eq!(std::fs::read_to_string(&kept).unwrap(), "my notes\n");
     let bad = runner_cmd()
         .args(["report", "tests/fixtures/report", "--baseline", "nope"])
         .output()
@@ -2394,6 +2423,70 @@ fn a_set_key_may_be_quoted_as_in_a_recipe_file() {
         };
         assert!(stdout.contains(want), "{set}: {stdout}");
     }
+}
+
+#[test]
+fn validate_says_what_a_step_holds() {
+    let dir = tempdir("step-holds");
+    let recipe = tiny_recipe(&dir, "s", "");
+    // 100 samples: 4 batches of 32 an epoch; steps do not span epochs.
+    let out = runner_cmd()
+        .arg("validate")
+        .arg(&recipe)
+        .args(["--set", "optim.accumulation_steps=1000"])
+        .output()
+        .unwrap();
+    expect_exit(&out, 0);
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert!(
+        stdout.contains("(s: 1 optimizer steps of 32 × 4 samples)"),
+        "{stdout}"
+    );
+    assert!(
+        stderr.contains(
+            "optim.accumulation_steps: 1000 is more than the 4 micro-batches of an epoch"
+        ),
+        "{stderr}"
+    );
+    let out = runner_cmd()
+        .arg("validate")
+        .arg(&recipe)
+        .args(["--set", "loader.batch_size=500"])
+        .output()
+        .unwrap();
+    expect_exit(&out, 0);
+    assert!(String::from_utf8_lossy(&out.stdout).contains("1 optimizer steps of 100 × 1 samples"));
+    assert!(String::from_utf8_lossy(&out.stderr)
+        .contains("loader.batch_size: 500 is more than the 100 training samples"));
+}
+
+#[test]
+fn a_label_only_the_test_file_has_is_warned_of() {
+    let dir = tempdir("stray-test-label");
+    let line = |label: u32, text: &str| format!("{{\"label\": {label}, \"text\": \"{text}\"}}\n");
+    std::fs::write(dir.join("train.jsonl"), line(0, "bad") + &line(1, "good")).unwrap();
+    std::fs::write(dir.join("test.jsonl"), line(1, "fine") + &line(5, "odd")).unwrap();
+    let recipe = dir.join("t.toml");
+    std::fs::write(
+        &recipe,
+        "[model]\narch = \"bag\"\n[data]\nformat = \"jsonl\"\ntrain = \"train.jsonl\"\ntest = \"test.jsonl\"\n",
+    )
+    .unwrap();
+    let out = runner_cmd().arg("validate").arg(&recipe).output().unwrap();
+    expect_exit(&out, 0);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("data.test: label 5 occurs in the test set, but training labels run up to 1: the model gets 6 classes"),
+        "{stderr}"
+    );
+    // A test file within the training labels: nothing to warn of.
+    std::fs::write(dir.join("test.jsonl"), line(1, "fine")).unwrap();
+    let out = runner_cmd().arg("validate").arg(&recipe).output().unwrap();
+    expect_exit(&out, 0);
+    assert!(!String::from_utf8_lossy(&out.stderr).contains("occurs in the test set"));
 }
 
 #[test]

@@ -25,13 +25,17 @@ pub(crate) fn validate(args: &CheckArgs) -> ExitCode {
             );
         } else {
             let p = &c.plans[0];
+            // What a step holds, not what the recipe asks (a batch larger than the data
+            // holds the data; accumulation stops at the epoch's end).
+            let batch = p.loader.batch_size.min(p.data.train_len.max(1));
+            let acc = (p.optim.accumulation_steps as u64).min(p.run.micro_batches_per_epoch.max(1));
             runner::outln!(
                 "ok: {} ({}: {} optimizer steps of {} × {} samples)",
                 c.path.display(),
                 p.name,
                 p.run.total_steps,
-                p.loader.batch_size,
-                p.optim.accumulation_steps
+                batch,
+                acc
             );
         }
     }
@@ -193,6 +197,13 @@ pub(crate) fn report_cmd(
     format: report::Format,
     plot: Option<&Path>,
 ) -> ExitCode {
+    if let Some(Err(e)) = plot.map(runner::plot::check_target) {
+        runner::errln!(
+            "error: --plot {}: {e}",
+            plot.unwrap_or(Path::new("")).display()
+        );
+        return ExitCode::from(2);
+    }
     let result = (|| {
         let dirs = report::find_runs(paths)?;
         // A run whose files cannot be read is listed, not the end of the report.

@@ -207,6 +207,7 @@ impl<'a> Validator<'a> {
         };
         let limit = self.recipe().model.num_classes.or(named);
         let mut max_label = 0;
+        let mut train_max = 0;
         let mut distinct = std::collections::BTreeSet::new();
         let mut counts = [0usize; 2];
         for (i, (key, path)) in [("data.train", Some(&train)), ("data.test", test.as_ref())]
@@ -219,6 +220,9 @@ impl<'a> Validator<'a> {
                     counts[i] = scan.rows;
                     let top = scan.labels.last().map_or(0, |&l| l as usize);
                     max_label = max_label.max(top);
+                    if i == 0 {
+                        train_max = top;
+                    }
                     distinct.extend(scan.labels);
                 }
                 Err(e) => {
@@ -228,6 +232,17 @@ impl<'a> Validator<'a> {
             }
         }
         let classes = named.unwrap_or(max_label + 1).max(2);
+        // Classes are counted from both files: a label only the test set has adds outputs
+        // that training never sees.
+        if limit.is_none() && max_label > train_max {
+            self.warn(
+                "data.test",
+                format!(
+                    "label {max_label} occurs in the test set, but training labels run up to {train_max}: the model gets {classes} classes, and those above {train_max} are never trained"
+                ),
+                "check the test file's labels, or name the classes in labels.txt beside the training file",
+            );
+        }
         if named.is_none() && classes > 10 && distinct.len() * 2 < classes {
             self.warn(
                 "data.train",

@@ -193,7 +193,9 @@ impl<'a> Validator<'a> {
             self.only_for("optim.step_size", "to schedule = \"step\"");
             self.only_for("optim.gamma", "to schedule = \"step\"");
         }
-        if o.schedule == Schedule::Cosine && !(min_lr >= 0.0 && min_lr < o.lr) {
+        // Against a bad lr, said at optim.lr already, not again at a min_lr never written.
+        let lr_ok = o.lr.is_finite() && o.lr > 0.0;
+        if o.schedule == Schedule::Cosine && lr_ok && !(min_lr >= 0.0 && min_lr < o.lr) {
             self.err(
                 "optim.min_lr",
                 format!("{min_lr} is not in [0, lr)"),

@@ -25,7 +25,17 @@ impl<'a> Validator<'a> {
         // With data that could not be read (its error is given) there is nothing to say
         // about the test set.
         let eval = if data.is_some() && !has_test && r.eval != EvalWhen::Never {
-            if self.l.is_set("run.eval") {
+            let asked = self.l.is_set("run.eval");
+            if asked && self.recipe().data.test_limit == Some(0) {
+                self.err(
+                    "data.test_limit",
+                    format!(
+                        "0 leaves no test sample, and run.eval = \"{}\" needs some",
+                        r.eval.name()
+                    ),
+                    "remove test_limit for the whole test set, or set run.eval = \"never\"",
+                );
+            } else if asked {
                 self.err(
                     "run.eval",
                     format!("\"{}\" needs test data", r.eval.name()),
@@ -66,7 +76,12 @@ impl<'a> Validator<'a> {
                     "the run has only {total} optimizer step{}, so none is timed",
                     if total == 1 { "" } else { "s" }
                 ),
-                format!("lower warmup_steps below {total}"),
+                if total == 1 {
+                    "set warmup_steps = 0 (the one step is then timed, start-up included)"
+                        .to_string()
+                } else {
+                    format!("lower warmup_steps below {total}")
+                },
             );
         }
         Some(RunPlan {
@@ -146,6 +161,13 @@ impl<'a> Validator<'a> {
         } else {
             n.div_ceil(bs)
         } as u64;
+        if n < bs && !loader.drop_last {
+            self.warn(
+                "loader.batch_size",
+                format!("{bs} is more than the {n} training samples: each batch holds {n}"),
+                format!("use a batch_size of at most {n}, or more data"),
+            );
+        }
         if micro == 0 {
             self.err(
                 "loader.drop_last",
@@ -154,7 +176,20 @@ impl<'a> Validator<'a> {
             );
             return None;
         }
-        let steps_per_epoch = micro.div_ceil(optim.accumulation_steps as u64);
+        let acc = optim.accumulation_steps as u64;
+        if acc > micro {
+            // Steps do not span epochs: the step is the epoch, and the recipe's figure lies.
+            self.warn(
+                "optim.accumulation_steps",
+                format!(
+                    "{acc} is more than the {micro} micro-batch{} of an epoch: each optimizer step accumulates one epoch ({micro} micro-batch{}), as a step does not span epochs",
+                    if micro == 1 { "" } else { "es" },
+                    if micro == 1 { "" } else { "es" },
+                ),
+                format!("use at most {micro}, or a smaller loader.batch_size"),
+            );
+        }
+        let steps_per_epoch = micro.div_ceil(acc);
         let Some(mut total) = steps_per_epoch.checked_mul(r.epochs as u64) else {
             self.err(
                 "run.epochs",

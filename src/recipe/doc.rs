@@ -345,6 +345,11 @@ fn load_chain(
                 "is a directory, not a recipe file",
                 "name the .toml file to build on, relative to this recipe file",
             )
+        } else if parent_path.exists() {
+            (
+                "is not a regular file",
+                "name the .toml file to build on, relative to this recipe file",
+            )
         } else {
             ("no such file", "the path is relative to this recipe file")
         };
@@ -396,6 +401,8 @@ fn read_text(path: &Path, text: Option<String>, report: &mut Diagnostics) -> Opt
         Err(e) => {
             let help = if e.kind() == std::io::ErrorKind::NotFound {
                 "check the path; recipes ship under recipes/ (`runner ls` lists them)"
+            } else if path.is_dir() {
+                "give a recipe file (.toml), not a directory; `runner ls` lists the shipped ones"
             } else {
                 "check that the file is readable UTF-8 text"
             };
