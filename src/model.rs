@@ -187,12 +187,23 @@ impl<B: ModelBackend> ConvBn<B> {
     }
 
     fn forward(&self, x: Tensor<B, 4>) -> Tensor<B, 4> {
+        self.forward_act(x, None, false)
+    }
+
+    /// `relu?(bn(conv(x)) + residual?)`.
+    fn forward_act(
+        &self,
+        x: Tensor<B, 4>,
+        residual: Option<Tensor<B, 4>>,
+        relu: bool,
+    ) -> Tensor<B, 4> {
         // Burn's `Conv2d` holds the weight and its settings (and names them in records);
         // the arithmetic is ours, so the CPU backend runs its own kernels (src/conv).
         let c = &self.conv;
         let padding = c.kernel_size.map(Self::padding);
         let options = ConvOptions::new(c.stride, padding, c.dilation, c.groups);
-        self.bn.forward(ops::conv2d(x, c.weight.val(), options))
+        self.bn
+            .forward_act(ops::conv2d(x, c.weight.val(), options), residual, relu)
     }
 
     /// Elements of the batch norm's running statistics.
@@ -229,11 +240,23 @@ impl<B: ModelBackend> BatchNorm2d<B> {
     }
 
     pub fn forward(&self, x: Tensor<B, 4>) -> Tensor<B, 4> {
+        self.forward_act(x, None, false)
+    }
+
+    /// `relu?(bn(x) + residual?)`: in training one op with what follows the batch norm
+    /// (on the CPU; [`ops::batch_norm_train_act`]), in evaluation Burn's add and ReLU.
+    pub fn forward_act(
+        &self,
+        x: Tensor<B, 4>,
+        residual: Option<Tensor<B, 4>>,
+        relu: bool,
+    ) -> Tensor<B, 4> {
         let [n, c, h, w] = x.dims();
         if B::ad_enabled(&x.device()) {
             // Training: the batch's statistics, in one op (src/ops/norm.rs).
+            let (gamma, beta) = (self.gamma.val(), self.beta.val());
             let (out, mean, var) =
-                ops::batch_norm_train(x, self.gamma.val(), self.beta.val(), Self::EPS);
+                ops::batch_norm_train_act(x, gamma, beta, Self::EPS, residual, relu);
             let m = (n * h * w) as f64;
             let unbiased = var * (m / (m - 1.0).max(1.0));
             let k = Self::MOMENTUM;
@@ -249,7 +272,14 @@ impl<B: ModelBackend> BatchNorm2d<B> {
         let scale = (self.running_var.value() + Self::EPS).sqrt().recip();
         let centered = x2 - rows(self.running_mean.value());
         let out = centered * rows(self.gamma.val() * scale) + rows(self.beta.val());
-        out.reshape([n, c, h, w])
+        let mut out = out.reshape([n, c, h, w]);
+        if let Some(r) = residual {
+            out = out + r;
+        }
+        if relu {
+            out = burn::tensor::activation::relu(out);
+        }
+        out
     }
 }
 
@@ -299,19 +329,16 @@ impl<B: ModelBackend> Residual<B> {
     }
 
     fn forward(&self, x: Tensor<B, 4>) -> Tensor<B, 4> {
-        let last = self.convs.len() - 1;
+        let (last, body) = self.convs.split_last().expect("a block has convolutions");
         let mut out = x.clone();
-        for (i, c) in self.convs.iter().enumerate() {
-            out = c.forward(out);
-            if i < last {
-                out = relu(out);
-            }
+        for c in body {
+            out = c.forward_act(out, None, true);
         }
         let identity = match &self.downsample {
             Some(d) => d.forward(x),
             None => x,
         };
-        relu(out + identity)
+        last.forward_act(out, Some(identity), true)
     }
 }
 
@@ -366,7 +393,7 @@ impl<B: ModelBackend> ResNet<B> {
     }
 
     fn forward(&self, x: Tensor<B, 4>) -> Tensor<B, 2> {
-        let mut x = relu(self.stem.forward(x));
+        let mut x = self.stem.forward_act(x, None, true);
         if let Some(p) = &self.stem_pool {
             x = p.forward(x);
         }
@@ -402,8 +429,8 @@ impl<B: ModelBackend> SmallCnn<B> {
     }
 
     fn forward(&self, x: Tensor<B, 4>) -> Tensor<B, 2> {
-        let x = self.pool.forward(relu(self.c1.forward(x)));
-        let x = self.pool.forward(relu(self.c2.forward(x)));
+        let x = self.pool.forward(self.c1.forward_act(x, None, true));
+        let x = self.pool.forward(self.c2.forward_act(x, None, true));
         let x = x.flatten::<2>(1, 3);
         self.fc2.forward(relu(self.fc1.forward(x)))
     }

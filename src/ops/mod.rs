@@ -1,5 +1,6 @@
 //! The operations the models call whose CPU implementation is the runner's own: the 2-D
-//! convolution ([`conv`]) and training-mode batch normalisation ([`norm`]). Each is a Burn
+//! convolution ([`conv`]) and training-mode batch normalisation with the residual add and
+//! ReLU after it ([`norm`]). Each is a Burn
 //! backend extension, the route of Burn's "custom kernel" examples: a trait with Burn's
 //! kernels as the default, an override for the CPU backend (Flex), and an impl for the
 //! autodiff backend that records one custom op whose backward calls the inner backend.
@@ -9,7 +10,9 @@
 //!
 //! Measured on a ResNet-18 step (issue 12): Flex ran Burn's generic convolution gradients
 //! at 2–30× PyTorch's per layer, and a batch norm composed of a dozen whole-tensor ops
-//! (each a pass over memory, forward and backward) cost about a fifth of the step.
+//! (each a pass over memory, forward and backward) cost about a fifth of the step. Flex
+//! runs elementwise ops on one thread, so on two cores every separate pass that remained
+//! (ReLU, residual add) cost twice what a parallel one would.
 
 pub mod conv;
 pub mod conv_cpu;
@@ -26,7 +29,7 @@ use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::{DType, TensorData, TensorMetadata};
 
 pub use conv::{conv2d, ConvBackend};
-pub use norm::{batch_norm_train, NormBackend};
+pub use norm::{batch_norm_train, batch_norm_train_act, NormBackend};
 
 /// What the models need of a backend.
 pub trait ModelBackend: ConvBackend + NormBackend {}

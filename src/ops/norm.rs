@@ -4,6 +4,10 @@
 //! CUDA runs, fused by Burn); Flex overrides both with two passes over memory each way
 //! (statistics, then normalise; reductions, then the input gradient) where the composed
 //! form makes about a dozen, forward and backward; the autodiff backend records one op.
+//! What follows a ResNet's batch norm, a residual added and a ReLU, is part of the op
+//! ([`batch_norm_train_act`]) on Flex: Flex runs elementwise ops on one thread, so on two
+//! cores each separate pass (the add, the ReLU, its backward mask) cost twice its time in a
+//! parallel loop. Elsewhere the epilogue stays Burn's own add and ReLU, as separate ops.
 //!
 //! Gradients, with `x̂ = (x − mean)·invstd`, `m = N·H·W` values per channel:
 //! `dβ = Σ dy`, `dγ = Σ dy·x̂`, `dx = γ·invstd/m · (m·dy − dβ − x̂·dγ)` (PyTorch's).
@@ -16,7 +20,7 @@ use burn::backend::autodiff::{Autodiff, NodeId};
 use burn::backend::flex::FlexTensor;
 use burn::backend::Flex;
 use burn::tensor::backend::{AutodiffBackend, Backend};
-use burn::tensor::ops::FloatTensor;
+use burn::tensor::ops::{ActivationOps, FloatTensor};
 use burn::tensor::{Tensor, TensorPrimitive};
 use rayon::prelude::*;
 
@@ -24,6 +28,12 @@ use super::{flex_f32, to_flex, values};
 
 /// A backend the models can batch-normalise on. The defaults compose Burn's tensor ops.
 pub trait NormBackend: Backend {
+    /// Whether [`NormBackend::batch_norm_train_act`] is one op on this backend: the autodiff
+    /// backend then records it as one node whose backward is
+    /// [`NormBackend::batch_norm_train_act_backward`]; otherwise as the nodes of its parts
+    /// (the batch norm, Burn's add and Burn's ReLU), as they were before it existed.
+    const FUSES_EPILOGUE: bool = false;
+
     /// `x` `[n, c, h, w]` normalised per channel by its batch mean and biased variance, then
     /// scaled by `gamma` and shifted by `beta` (`[c]`): (output, mean, variance).
     fn batch_norm_train(
@@ -46,6 +56,49 @@ pub trait NormBackend: Backend {
     ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
         composed_backward::<Self>(x, gamma, stats, eps, dy)
     }
+
+    /// `relu?(batch_norm(x) + residual?)`, the residual of `x`'s shape: (output, mean,
+    /// variance). The default composes the batch norm with Burn's add and ReLU.
+    fn batch_norm_train_act(
+        x: FloatTensor<Self>,
+        gamma: FloatTensor<Self>,
+        beta: FloatTensor<Self>,
+        eps: f64,
+        epilogue: Epilogue<FloatTensor<Self>>,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
+        composed_act::<Self>(x, gamma, beta, eps, epilogue)
+    }
+
+    /// The gradients of [`NormBackend::batch_norm_train_act`]: of `x`, `gamma`, `beta`
+    /// and, where it had one (`residual`), the residual, from the output's gradient `dy`;
+    /// `relu_output` is the op's output where it ended in a ReLU (whose mask it gives).
+    #[allow(clippy::type_complexity)]
+    fn batch_norm_train_act_backward(
+        x: FloatTensor<Self>,
+        gamma: FloatTensor<Self>,
+        stats: (FloatTensor<Self>, FloatTensor<Self>),
+        eps: f64,
+        (residual, relu_output): (bool, Option<FloatTensor<Self>>),
+        dy: FloatTensor<Self>,
+    ) -> (
+        FloatTensor<Self>,
+        FloatTensor<Self>,
+        FloatTensor<Self>,
+        Option<FloatTensor<Self>>,
+    ) {
+        let dy = match relu_output {
+            Some(output) => Self::relu_backward(output, dy),
+            None => dy,
+        };
+        finish_act_backward::<Self>(x, gamma, stats, eps, residual, dy)
+    }
+}
+
+/// What follows a batch norm in [`batch_norm_train_act`]: a residual added, then a ReLU.
+#[derive(Debug, Clone)]
+pub struct Epilogue<T> {
+    pub residual: Option<T>,
+    pub relu: bool,
 }
 
 /// Training-mode batch norm on any [`NormBackend`]: (output, batch mean, biased batch
@@ -68,6 +121,30 @@ pub fn batch_norm_train<B: NormBackend>(
         Tensor::from_primitive(prim(mean)),
         Tensor::from_primitive(prim(var)),
     )
+}
+
+/// `relu?(batch_norm(x) + residual?)` in training mode on any [`NormBackend`]: (output,
+/// batch mean, biased batch variance), as [`batch_norm_train`] followed by Burn's add and
+/// ReLU, to the bit.
+pub fn batch_norm_train_act<B: NormBackend>(
+    x: Tensor<B, 4>,
+    gamma: Tensor<B, 1>,
+    beta: Tensor<B, 1>,
+    eps: f64,
+    residual: Option<Tensor<B, 4>>,
+    relu: bool,
+) -> (Tensor<B, 4>, Tensor<B, 1>, Tensor<B, 1>) {
+    let (out, mean, var) = B::batch_norm_train_act(
+        x.into_primitive().tensor(),
+        gamma.into_primitive().tensor(),
+        beta.into_primitive().tensor(),
+        eps,
+        Epilogue {
+            residual: residual.map(|r| r.into_primitive().tensor()),
+            relu,
+        },
+    );
+    (tensor(out), tensor(mean), tensor(var))
 }
 
 fn tensor<B: Backend, const D: usize>(t: FloatTensor<B>) -> Tensor<B, D> {
@@ -101,6 +178,48 @@ impl Rows {
         let (n, c) = (self.n, self.c);
         t.reshape([1, c]).repeat_dim(0, n).reshape([n * c, 1])
     }
+}
+
+/// The default [`NormBackend::batch_norm_train_act`]: the batch norm, then Burn's add and
+/// ReLU (on the autodiff backend, each its own node).
+fn composed_act<B: NormBackend>(
+    x: FloatTensor<B>,
+    gamma: FloatTensor<B>,
+    beta: FloatTensor<B>,
+    eps: f64,
+    epilogue: Epilogue<FloatTensor<B>>,
+) -> (FloatTensor<B>, FloatTensor<B>, FloatTensor<B>) {
+    let (out, mean, var) = B::batch_norm_train(x, gamma, beta, eps);
+    let mut out = tensor::<B, 4>(out);
+    if let Some(residual) = epilogue.residual {
+        out = out + tensor::<B, 4>(residual);
+    }
+    if epilogue.relu {
+        out = burn::tensor::activation::relu(out);
+    }
+    (out.into_primitive().tensor(), mean, var)
+}
+
+/// The rest of [`NormBackend::batch_norm_train_act_backward`] once `dy` is the batch
+/// norm's own output gradient (the ReLU's mask applied): the residual's gradient is that
+/// same tensor.
+#[allow(clippy::type_complexity)]
+fn finish_act_backward<B: NormBackend>(
+    x: FloatTensor<B>,
+    gamma: FloatTensor<B>,
+    stats: (FloatTensor<B>, FloatTensor<B>),
+    eps: f64,
+    residual: bool,
+    dy: FloatTensor<B>,
+) -> (
+    FloatTensor<B>,
+    FloatTensor<B>,
+    FloatTensor<B>,
+    Option<FloatTensor<B>>,
+) {
+    let d_residual = residual.then(|| dy.clone());
+    let (dx, d_gamma, d_beta) = B::batch_norm_train_backward(x, gamma, stats, eps, dy);
+    (dx, d_gamma, d_beta, d_residual)
 }
 
 fn composed_forward<B: Backend>(
@@ -153,26 +272,46 @@ fn composed_backward<B: Backend>(
 }
 
 impl NormBackend for Flex {
+    const FUSES_EPILOGUE: bool = true;
+
     fn batch_norm_train(
         x: FlexTensor,
         gamma: FlexTensor,
         beta: FlexTensor,
         eps: f64,
     ) -> (FlexTensor, FlexTensor, FlexTensor) {
-        let (Some((xc, dims)), Some((g, _)), Some((b, _))) = (
-            flex_f32::<4>(&x),
-            flex_f32::<1>(&gamma),
-            flex_f32::<1>(&beta),
-        ) else {
-            return composed_forward::<Self>(x, gamma, beta, eps);
+        let plain = Epilogue {
+            residual: None,
+            relu: false,
         };
-        if dims.contains(&0) {
-            return composed_forward::<Self>(x, gamma, beta, eps);
-        }
-        let [n, c, h, w] = dims;
-        let shape = Shape { n, c, hw: h * w };
-        let (out, mean, var) = cpu::forward(&shape, values(&xc), values(&g), values(&b), eps);
-        (to_flex(out, dims), to_flex(mean, [c]), to_flex(var, [c]))
+        flex_forward(&x, &gamma, &beta, eps, &plain)
+            .unwrap_or_else(|| composed_forward::<Self>(x, gamma, beta, eps))
+    }
+
+    fn batch_norm_train_act(
+        x: FlexTensor,
+        gamma: FlexTensor,
+        beta: FlexTensor,
+        eps: f64,
+        epilogue: Epilogue<FlexTensor>,
+    ) -> (FlexTensor, FlexTensor, FlexTensor) {
+        flex_forward(&x, &gamma, &beta, eps, &epilogue)
+            .unwrap_or_else(|| composed_act::<Self>(x, gamma, beta, eps, epilogue))
+    }
+
+    fn batch_norm_train_act_backward(
+        x: FlexTensor,
+        gamma: FlexTensor,
+        stats: (FlexTensor, FlexTensor),
+        eps: f64,
+        (residual, relu_output): (bool, Option<FlexTensor>),
+        dy: FlexTensor,
+    ) -> (FlexTensor, FlexTensor, FlexTensor, Option<FlexTensor>) {
+        let dy = match relu_output {
+            Some(output) => relu_mask(output, dy),
+            None => dy,
+        };
+        finish_act_backward::<Self>(x, gamma, stats, eps, residual, dy)
     }
 
     fn batch_norm_train_backward(
@@ -208,6 +347,69 @@ impl NormBackend for Flex {
             to_flex(d_beta, [c]),
         )
     }
+}
+
+/// The Flex forward, with its epilogue; `None` where an operand is not a non-empty `f32`
+/// tensor of the expected shape (the composed ops take those).
+fn flex_forward(
+    x: &FlexTensor,
+    gamma: &FlexTensor,
+    beta: &FlexTensor,
+    eps: f64,
+    epilogue: &Epilogue<FlexTensor>,
+) -> Option<(FlexTensor, FlexTensor, FlexTensor)> {
+    let (xc, dims) = flex_f32::<4>(x)?;
+    let (g, b) = (flex_f32::<1>(gamma)?.0, flex_f32::<1>(beta)?.0);
+    let residual = match &epilogue.residual {
+        Some(r) => Some(flex_f32::<4>(r).filter(|(_, d)| *d == dims)?.0),
+        None => None,
+    };
+    if dims.contains(&0) {
+        return None;
+    }
+    let [n, c, h, w] = dims;
+    let shape = Shape { n, c, hw: h * w };
+    let (out, mean, var) = cpu::forward(
+        &shape,
+        (values(&xc), values(&g), values(&b)),
+        eps,
+        residual.as_ref().map(values),
+        epilogue.relu,
+    );
+    Some((to_flex(out, dims), to_flex(mean, [c]), to_flex(var, [c])))
+}
+
+/// Flex's `relu_backward` (`dy` where the ReLU's output is positive, else 0) as a parallel
+/// pass, in place where `dy` is not shared: Flex's own is a serial pass into a new buffer.
+fn relu_mask(output: FlexTensor, dy: FlexTensor) -> FlexTensor {
+    const CHUNK: usize = 1 << 14;
+    let (Some((out, dims)), Some((mut g, g_dims))) = (flex_f32::<4>(&output), flex_f32::<4>(&dy))
+    else {
+        return <Flex as ActivationOps<Flex>>::relu_backward(output, dy);
+    };
+    if dims != g_dims {
+        return <Flex as ActivationOps<Flex>>::relu_backward(output, dy);
+    }
+    // `g` shares `dy`'s buffer where that was contiguous: dropping `dy` may make it unique.
+    drop(dy);
+    let out = values(&out);
+    let keep = |o: f32, g: f32| if o > 0.0 { g } else { 0.0 };
+    if let Some(gs) = g.try_storage_mut::<f32>() {
+        gs.par_chunks_mut(CHUNK)
+            .zip(out.par_chunks(CHUNK))
+            .for_each(|(g, o)| g.iter_mut().zip(o).for_each(|(g, &o)| *g = keep(o, *g)));
+        return g;
+    }
+    let mut masked = vec![0.0; out.len()];
+    masked
+        .par_chunks_mut(CHUNK)
+        .zip(out.par_chunks(CHUNK).zip(values(&g).par_chunks(CHUNK)))
+        .for_each(|(m, (o, g))| {
+            for ((m, &o), &g) in m.iter_mut().zip(o).zip(g) {
+                *m = keep(o, g);
+            }
+        });
+    to_flex(masked, dims)
 }
 
 /// One autodiff node per batch norm; its backward asks the inner backend for all three
@@ -268,6 +470,94 @@ impl<B: NormBackend, C: CheckpointStrategy> NormBackend for Autodiff<B, C> {
             OpsKind::UnTracked(prep) => prep.finish(out),
         };
         (out, Self::from_inner(mean), Self::from_inner(var))
+    }
+
+    fn batch_norm_train_act(
+        x: FloatTensor<Self>,
+        gamma: FloatTensor<Self>,
+        beta: FloatTensor<Self>,
+        eps: f64,
+        epilogue: Epilogue<FloatTensor<Self>>,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
+        if !B::FUSES_EPILOGUE {
+            return composed_act::<Self>(x, gamma, beta, eps, epilogue);
+        }
+        let Epilogue { residual, relu, .. } = epilogue;
+        let (out, mean, var) = B::batch_norm_train_act(
+            x.primitive.clone(),
+            gamma.primitive.clone(),
+            beta.primitive.clone(),
+            eps,
+            Epilogue {
+                residual: residual.as_ref().map(|r| r.primitive.clone()),
+                relu,
+            },
+        );
+        // One node with the residual as a fourth parent where there is one (the node's
+        // parent count is its type's, so the two cases are two instantiations).
+        macro_rules! record {
+            ($parents:expr) => {
+                match BatchNormActBackward
+                    .prepare::<C>($parents)
+                    .compute_bound()
+                    .stateful()
+                {
+                    OpsKind::Tracked(mut prep) => {
+                        let x_state = prep.checkpoint(&x);
+                        let gamma_state = prep.checkpoint(&gamma);
+                        let output = relu.then(|| out.clone());
+                        let state = (x_state, gamma_state, mean.clone(), var.clone(), eps, output);
+                        prep.finish(state, out)
+                    }
+                    OpsKind::UnTracked(prep) => prep.finish(out),
+                }
+            };
+        }
+        let (xn, gn, bn) = (x.node.clone(), gamma.node.clone(), beta.node.clone());
+        let out = match residual {
+            Some(r) => record!([xn, gn, bn, r.node]),
+            None => record!([xn, gn, bn]),
+        };
+        (out, Self::from_inner(mean), Self::from_inner(var))
+    }
+}
+
+/// The autodiff node of a fused batch norm and epilogue: parents x, γ, β and, where `N` is
+/// 4, the residual; its backward asks the inner backend for all the gradients at once.
+#[derive(Debug)]
+struct BatchNormActBackward;
+
+impl<B: NormBackend, const N: usize> Backward<B, N> for BatchNormActBackward {
+    /// x, γ (checkpointed), the batch mean and variance, eps, the output where the op ends
+    /// in a ReLU.
+    type State = (
+        NodeId,
+        NodeId,
+        FloatTensor<B>,
+        FloatTensor<B>,
+        f64,
+        Option<FloatTensor<B>>,
+    );
+
+    fn backward(
+        self,
+        ops: Ops<Self::State, N>,
+        grads: &mut Gradients,
+        checkpointer: &mut Checkpointer,
+    ) {
+        let dy = grads.consume::<B>(&ops.node);
+        let (x_state, gamma_state, mean, var, eps, output) = ops.state;
+        let x = checkpointer.retrieve_node_output::<FloatTensor<B>>(x_state);
+        let gamma = checkpointer.retrieve_node_output::<FloatTensor<B>>(gamma_state);
+        let epilogue = (N == 4, output);
+        let (dx, d_gamma, d_beta, d_residual) =
+            B::batch_norm_train_act_backward(x, gamma, (mean, var), eps, epilogue, dy);
+        let mut parents = ops.parents.into_iter();
+        for grad in [Some(dx), Some(d_gamma), Some(d_beta), d_residual] {
+            if let (Some(node), Some(grad)) = (parents.next().flatten(), grad) {
+                grads.register::<B>(node.id, grad);
+            }
+        }
     }
 }
 
@@ -337,13 +627,14 @@ mod cpu {
         lanes.iter().sum::<f32>() + tail
     }
 
-    /// (output, mean, biased variance).
+    /// (output, mean, biased variance); the output is `relu?(x̂·γ + β + residual?)`,
+    /// rounded after each step as the separate ops would.
     pub(super) fn forward(
         s: &Shape,
-        x: &[f32],
-        gamma: &[f32],
-        beta: &[f32],
+        (x, gamma, beta): (&[f32], &[f32], &[f32]),
         eps: f64,
+        residual: Option<&[f32]>,
+        relu: bool,
     ) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
         let m = (s.n * s.hw) as f64;
         // Two passes per channel (mean, then the variance around it): the channel's rows
@@ -376,6 +667,13 @@ mod cpu {
             .for_each(|(row, (y, x))| {
                 let (a, b) = affine[row % s.c];
                 y.iter_mut().zip(x).for_each(|(y, &x)| *y = x * a + b);
+                if let Some(r) = residual {
+                    let r = &r[row * s.hw..][..s.hw];
+                    y.iter_mut().zip(r).for_each(|(y, &r)| *y += r);
+                }
+                if relu {
+                    y.iter_mut().for_each(|y| *y = y.max(0.0));
+                }
             });
         let (mean, var) = stats.into_iter().unzip();
         (out, mean, var)
@@ -501,6 +799,107 @@ mod tests {
             assert!(worst(&grads.0, &expected.0) < 1e-4, "{dims:?}: dx");
             assert!(worst(&grads.1, &expected.1) < 1e-4, "{dims:?}: dgamma");
             assert!(worst(&grads.2, &expected.2) < 1e-4, "{dims:?}: dbeta");
+        }
+    }
+}
+
+#[cfg(test)]
+mod epilogue_tests {
+    use burn::backend::{Autodiff, Flex};
+    use burn::tensor::{Distribution, Tensor, TensorData};
+
+    use super::*;
+
+    type A = Autodiff<Flex>;
+
+    fn bits(t: TensorData) -> Vec<u32> {
+        t.to_vec::<f32>()
+            .unwrap()
+            .iter()
+            .map(|x| x.to_bits())
+            .collect()
+    }
+
+    /// On Flex the batch norm with its epilogue is one node; it gives what the batch norm
+    /// followed by Burn's add and ReLU (three nodes, as on CUDA) gives, to the bit: the
+    /// output, the statistics, and the gradients of x, γ, β and the residual.
+    #[test]
+    fn fused_epilogue_equals_burns_add_and_relu_to_the_bit() {
+        const { assert!(<Flex as NormBackend>::FUSES_EPILOGUE) };
+        let d = Default::default();
+        let random = |dims: Vec<usize>, dist| {
+            let n = dims.iter().product::<usize>();
+            let v = Tensor::<Flex, 1>::random([n], dist, &d).into_data();
+            TensorData::new(v.to_vec::<f32>().unwrap(), dims)
+        };
+        for dims in [[4, 3, 5, 6], [2, 5, 8, 8], [3, 2, 1, 1]] {
+            let c = dims[1];
+            let x = random(dims.to_vec(), Distribution::Normal(1.0, 2.0));
+            let r = random(dims.to_vec(), Distribution::Normal(0.0, 1.0));
+            let dy = random(dims.to_vec(), Distribution::Normal(0.0, 1.0));
+            let gamma = random(vec![c], Distribution::Uniform(0.5, 1.5));
+            let beta = random(vec![c], Distribution::Default);
+            for (residual, relu) in [(false, true), (true, true), (true, false), (false, false)] {
+                let what = format!("{dims:?}, residual {residual}, relu {relu}");
+                // Each graph its own leaves: (output, mean, var, dx, dγ, dβ, d residual).
+                let run = |fused: bool| {
+                    let leaf4 =
+                        |t: &TensorData| Tensor::<A, 4>::from_data(t.clone(), &d).require_grad();
+                    let leaf1 =
+                        |t: &TensorData| Tensor::<A, 1>::from_data(t.clone(), &d).require_grad();
+                    let (xl, rl, gl, bl) = (leaf4(&x), leaf4(&r), leaf1(&gamma), leaf1(&beta));
+                    let res = residual.then(|| rl.clone());
+                    let (out, mean, var) = if fused {
+                        batch_norm_train_act(xl.clone(), gl.clone(), bl.clone(), 1e-5, res, relu)
+                    } else {
+                        let (mut out, mean, var) =
+                            batch_norm_train(xl.clone(), gl.clone(), bl.clone(), 1e-5);
+                        if let Some(res) = res {
+                            out = out + res;
+                        }
+                        if relu {
+                            out = burn::tensor::activation::relu(out);
+                        }
+                        (out, mean, var)
+                    };
+                    let g = (out.clone() * Tensor::<A, 4>::from_data(dy.clone(), &d))
+                        .sum()
+                        .backward();
+                    let b = |t: Option<TensorData>| t.map(bits);
+                    [
+                        b(Some(out.into_data())),
+                        b(Some(mean.into_data())),
+                        b(Some(var.into_data())),
+                        b(xl.grad(&g).map(|t| t.into_data())),
+                        b(gl.grad(&g).map(|t| t.into_data())),
+                        b(bl.grad(&g).map(|t| t.into_data())),
+                        b(rl.grad(&g).map(|t| t.into_data())),
+                    ]
+                };
+                let (ours, burns) = (run(true), run(false));
+                let names = [
+                    "output",
+                    "mean",
+                    "variance",
+                    "dx",
+                    "dgamma",
+                    "dbeta",
+                    "d residual",
+                ];
+                for (name, (a, b)) in names.iter().zip(ours.iter().zip(&burns)) {
+                    assert_eq!(a, b, "{what}: {name}");
+                }
+                assert_eq!(ours[6].is_some(), residual, "{what}: d residual present");
+                // The ReLU clipped some outputs (so its mask was exercised), and not all.
+                let out = ours[0].as_ref().unwrap();
+                let clipped = out.iter().filter(|&&b| b == 0).count();
+                if relu {
+                    assert!(
+                        clipped > 0 && clipped < out.len(),
+                        "{what}: {clipped} clipped"
+                    );
+                }
+            }
         }
     }
 }
