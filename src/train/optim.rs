@@ -2,34 +2,29 @@
 //! accumulation, global-norm clipping, and the training loss.
 
 use super::*;
+use crate::ops::sgd::{FusedSgd, SgdSettings};
 
 /// The recipe's optimizer, built with PyTorch's semantics.
 pub enum Optim<B: TrainBackend> {
-    Sgd(OptimizerAdaptor<Sgd<B::InnerBackend>, Net<B>, B>),
+    Sgd(OptimizerAdaptor<FusedSgd, Net<B>, B>),
     AdamW(OptimizerAdaptor<AdamW, Net<B>, B>),
 }
 
 impl<B: TrainBackend> Optim<B> {
     /// PyTorch semantics: SGD momentum without dampening (Burn defaults to 0.1), L2 weight
-    /// decay on the gradient; AdamW with decoupled decay and the recipe's eps (Burn: 1e-5).
+    /// decay on the gradient (one op per parameter, `ops::sgd`); AdamW with decoupled
+    /// decay and the recipe's eps (Burn: 1e-5).
     pub fn new(p: &crate::plan::OptimPlan) -> Self {
         match p.optimizer {
-            OptimizerKind::Sgd => {
-                let momentum = (p.momentum > 0.0).then_some(MomentumConfig {
+            OptimizerKind::Sgd => Optim::Sgd(
+                FusedSgd::new(SgdSettings {
                     momentum: p.momentum,
                     dampening: 0.0,
                     nesterov: p.nesterov,
-                });
-                let decay = (p.weight_decay > 0.0).then_some(WeightDecayConfig {
-                    penalty: p.weight_decay as f32,
-                });
-                Optim::Sgd(
-                    SgdConfig::new()
-                        .with_momentum(momentum)
-                        .with_weight_decay(decay)
-                        .init(),
-                )
-            }
+                    weight_decay: p.weight_decay,
+                })
+                .init(),
+            ),
             OptimizerKind::Adamw => Optim::AdamW(
                 AdamWConfig::new()
                     .with_beta_1(p.betas[0] as f32)
