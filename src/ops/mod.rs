@@ -1,6 +1,6 @@
 //! The operations the models call whose CPU implementation is the runner's own: the 2-D
 //! convolution ([`conv`]), training-mode batch normalisation with the residual add and
-//! ReLU after it ([`norm`]), and the optimizer's SGD update ([`sgd`]). Each is a Burn
+//! ReLU after it ([`norm`]), and the optimizers' updates ([`optim`]). Each is a Burn
 //! backend extension, the route of Burn's "custom kernel" examples: a trait with Burn's
 //! kernels as the default, an override for the CPU backend (Flex), and an impl for the
 //! autodiff backend that records one custom op whose backward calls the inner backend.
@@ -12,15 +12,15 @@
 //! at 2–30× PyTorch's per layer, and a batch norm composed of a dozen whole-tensor ops
 //! (each a pass over memory, forward and backward) cost about a fifth of the step. Flex
 //! runs elementwise ops on one thread, so on two cores every separate pass that remained
-//! (ReLU, residual add, the SGD update's seven) cost twice what a parallel one would.
+//! (ReLU, residual add, the optimizer's) cost twice what a parallel one would.
 
 pub mod conv;
 pub mod conv_cpu;
 #[cfg(feature = "cube")]
 pub mod conv_cube;
 pub mod norm;
+pub mod optim;
 mod patches;
-pub mod sgd;
 
 #[cfg(test)]
 mod conv_tests;
@@ -31,7 +31,7 @@ use burn::tensor::{DType, TensorData, TensorMetadata};
 
 pub use conv::{conv2d, ConvBackend};
 pub use norm::{batch_norm_train, batch_norm_train_act, NormBackend};
-pub use sgd::SgdBackend;
+pub use optim::OptimBackend;
 
 /// What the models need of a backend.
 pub trait ModelBackend: ConvBackend + NormBackend {}
@@ -41,12 +41,12 @@ impl<B: ConvBackend + NormBackend> ModelBackend for B {}
 /// What the training loop needs of a backend: autodiff, and the models' operations on both
 /// it and the inner (evaluation) backend.
 pub trait TrainBackend:
-    AutodiffBackend<InnerBackend: ModelBackend + SgdBackend> + ModelBackend
+    AutodiffBackend<InnerBackend: ModelBackend + OptimBackend> + ModelBackend
 {
 }
 
 impl<B> TrainBackend for B where
-    B: AutodiffBackend<InnerBackend: ModelBackend + SgdBackend> + ModelBackend
+    B: AutodiffBackend<InnerBackend: ModelBackend + OptimBackend> + ModelBackend
 {
 }
 

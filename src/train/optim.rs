@@ -2,18 +2,18 @@
 //! accumulation, global-norm clipping, and the training loss.
 
 use super::*;
-use crate::ops::sgd::{FusedSgd, SgdSettings};
+use crate::ops::optim::{AdamWSettings, FusedAdamW, FusedSgd, SgdSettings};
 
 /// The recipe's optimizer, built with PyTorch's semantics.
 pub enum Optim<B: TrainBackend> {
     Sgd(OptimizerAdaptor<FusedSgd, Net<B>, B>),
-    AdamW(OptimizerAdaptor<AdamW, Net<B>, B>),
+    AdamW(OptimizerAdaptor<FusedAdamW, Net<B>, B>),
 }
 
 impl<B: TrainBackend> Optim<B> {
     /// PyTorch semantics: SGD momentum without dampening (Burn defaults to 0.1), L2 weight
-    /// decay on the gradient (one op per parameter, `ops::sgd`); AdamW with decoupled
-    /// decay and the recipe's eps (Burn: 1e-5).
+    /// decay on the gradient; AdamW with decoupled decay and the recipe's eps (Burn: 1e-5).
+    /// Each one op per parameter (`ops::optim`).
     pub fn new(p: &crate::plan::OptimPlan) -> Self {
         match p.optimizer {
             OptimizerKind::Sgd => Optim::Sgd(
@@ -26,12 +26,13 @@ impl<B: TrainBackend> Optim<B> {
                 .init(),
             ),
             OptimizerKind::Adamw => Optim::AdamW(
-                AdamWConfig::new()
-                    .with_beta_1(p.betas[0] as f32)
-                    .with_beta_2(p.betas[1] as f32)
-                    .with_epsilon(p.eps as f32)
-                    .with_weight_decay(p.weight_decay as f32)
-                    .init(),
+                FusedAdamW::new(AdamWSettings {
+                    beta_1: p.betas[0] as f32,
+                    beta_2: p.betas[1] as f32,
+                    epsilon: p.eps as f32,
+                    weight_decay: p.weight_decay as f32,
+                })
+                .init(),
             ),
         }
     }
