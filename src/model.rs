@@ -468,15 +468,6 @@ impl<B: Backend> Mlp<B> {
     }
 }
 
-/// Mean of `x` `[batch, len, dim]` over the positions that are not padding → `[batch, dim]`.
-fn masked_mean<B: Backend>(x: Tensor<B, 3>, pad: Tensor<B, 2, Bool>) -> Tensor<B, 2> {
-    let [b, _, d] = x.dims();
-    let keep = pad.bool_not().float();
-    let count = keep.clone().sum_dim(1).clamp_min(1.0);
-    let sum = (x * keep.unsqueeze_dim::<3>(2)).sum_dim(1).reshape([b, d]);
-    sum / count
-}
-
 fn mlp_head<B: Backend>(layers: &[Linear<B>], mut x: Tensor<B, 2>) -> Tensor<B, 2> {
     let last = layers.len() - 1;
     for (i, l) in layers.iter().enumerate() {
@@ -491,12 +482,12 @@ fn mlp_head<B: Backend>(layers: &[Linear<B>], mut x: Tensor<B, 2>) -> Tensor<B, 
 /// fastText-style: the mean of the sequence's token embeddings (padding excluded), then
 /// fully connected layers.
 #[derive(Module, Debug)]
-pub struct Bag<B: Backend> {
+pub struct Bag<B: ModelBackend> {
     embed: Embedding<B>,
     head: Vec<Linear<B>>,
 }
 
-impl<B: Backend> Bag<B> {
+impl<B: ModelBackend> Bag<B> {
     fn new(
         vocab: usize,
         embed_dim: usize,
@@ -517,7 +508,7 @@ impl<B: Backend> Bag<B> {
     }
 
     fn forward(&self, ids: Tensor<B, 2, Int>, pad: Tensor<B, 2, Bool>) -> Tensor<B, 2> {
-        mlp_head(&self.head, masked_mean(self.embed.forward(ids), pad))
+        mlp_head(&self.head, ops::masked_mean(self.embed.forward(ids), pad))
     }
 }
 
@@ -561,14 +552,14 @@ impl<B: Backend> LstmClassifier<B> {
 /// Token and learned position embeddings, a Transformer encoder whose attention ignores
 /// padded keys, the mean over real positions, and a linear classifier.
 #[derive(Module, Debug)]
-pub struct TransformerClassifier<B: Backend> {
+pub struct TransformerClassifier<B: ModelBackend> {
     embed: Embedding<B>,
     position: Embedding<B>,
     encoder: TransformerEncoder<B>,
     out: Linear<B>,
 }
 
-impl<B: Backend> TransformerClassifier<B> {
+impl<B: ModelBackend> TransformerClassifier<B> {
     fn new(
         vocab: usize,
         max_len: usize,
@@ -597,7 +588,7 @@ impl<B: Backend> TransformerClassifier<B> {
         let x = self
             .encoder
             .forward(TransformerEncoderInput::new(x).mask_pad(pad.clone()));
-        self.out.forward(masked_mean(x, pad))
+        self.out.forward(ops::masked_mean(x, pad))
     }
 }
 

@@ -21,6 +21,7 @@ pub mod conv_cube;
 pub mod norm;
 pub mod optim;
 mod patches;
+pub mod pool;
 
 #[cfg(test)]
 mod conv_tests;
@@ -32,11 +33,12 @@ use burn::tensor::{DType, TensorData, TensorMetadata};
 pub use conv::{conv2d, ConvBackend};
 pub use norm::{batch_norm_train, batch_norm_train_act, NormBackend};
 pub use optim::OptimBackend;
+pub use pool::{masked_mean, PoolBackend};
 
 /// What the models need of a backend.
-pub trait ModelBackend: ConvBackend + NormBackend {}
+pub trait ModelBackend: ConvBackend + NormBackend + PoolBackend {}
 
-impl<B: ConvBackend + NormBackend> ModelBackend for B {}
+impl<B: ConvBackend + NormBackend + PoolBackend> ModelBackend for B {}
 
 /// What the training loop needs of a backend: autodiff, and the models' operations on both
 /// it and the inner (evaluation) backend.
