@@ -3,7 +3,7 @@
 # padding strategies, same model, data, seed and schedule, REPEATS times each; then the
 # comparison (Markdown): padding tokens, waste, real tokens/s, ms/iter, test accuracy.
 #
-#   scripts/bench-padding.sh          (about 3 minutes on 2 cores)
+#   scripts/bench-padding.sh          (about 10 seconds on 2 cores)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 REPEATS=${REPEATS:-2}
