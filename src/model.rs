@@ -395,7 +395,7 @@ impl<B: ModelBackend> ResNet<B> {
     fn forward(&self, x: Tensor<B, 4>) -> Tensor<B, 2> {
         let mut x = self.stem.forward_act(x, None, true);
         if let Some(p) = &self.stem_pool {
-            x = p.forward(x);
+            x = ops::max_pool2d(p, x);
         }
         for b in &self.blocks {
             x = b.forward(x);
@@ -429,8 +429,8 @@ impl<B: ModelBackend> SmallCnn<B> {
     }
 
     fn forward(&self, x: Tensor<B, 4>) -> Tensor<B, 2> {
-        let x = self.pool.forward(self.c1.forward_act(x, None, true));
-        let x = self.pool.forward(self.c2.forward_act(x, None, true));
+        let x = ops::max_pool2d(&self.pool, self.c1.forward_act(x, None, true));
+        let x = ops::max_pool2d(&self.pool, self.c2.forward_act(x, None, true));
         let x = x.flatten::<2>(1, 3);
         self.fc2.forward(relu(self.fc1.forward(x)))
     }

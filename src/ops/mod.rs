@@ -1,6 +1,6 @@
 //! The operations the models call whose CPU implementation is the runner's own: the 2-D
 //! convolution ([`conv`]), training-mode batch normalisation with the residual add and
-//! ReLU after it ([`norm`]), and the optimizers' updates ([`optim`]). Each is a Burn
+//! ReLU after it ([`norm`]), the optimizers' updates ([`optim`]), and the masked mean and max pooling ([`pool`]). Each is a Burn
 //! backend extension, the route of Burn's "custom kernel" examples: a trait with Burn's
 //! kernels as the default, an override for the CPU backend (Flex), and an impl for the
 //! autodiff backend that records one custom op whose backward calls the inner backend.
@@ -33,7 +33,7 @@ use burn::tensor::{DType, TensorData, TensorMetadata};
 pub use conv::{conv2d, ConvBackend};
 pub use norm::{batch_norm_train, batch_norm_train_act, NormBackend};
 pub use optim::OptimBackend;
-pub use pool::{masked_mean, PoolBackend};
+pub use pool::{masked_mean, max_pool2d, PoolBackend};
 
 /// What the models need of a backend.
 pub trait ModelBackend: ConvBackend + NormBackend + PoolBackend {}
