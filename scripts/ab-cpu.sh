@@ -10,20 +10,22 @@
 #   scripts/ab-cpu.sh /tmp/before/target/release/runner target/release/runner
 #
 # Settings (environment): ROUNDS (3), CASES (names below: "quickstart resnet18
-# rotten_tomatoes spamassassin"). About 4 minutes with the defaults on 2 cores.
-# Each run's line goes to stderr as it ends.
+# rotten_tomatoes spamassassin"). About 2 minutes with the defaults on 2 cores.
+# Each run's line goes to stderr as it ends; if a run fails, its directory is kept and
+# named.
 set -euo pipefail
-cd "$(dirname "$0")/.."
 [ $# -eq 2 ] || { echo "usage: $0 BEFORE_BIN AFTER_BIN" >&2; exit 2; }
+# The binaries as given, from the caller's directory; the recipes from the repository's.
 A=$(realpath "$1")
 B=$(realpath "$2")
+cd "$(dirname "$0")/.."
 for bin in "$A" "$B"; do
   [ -x "$bin" ] || { echo "ab-cpu: $bin is not an executable" >&2; exit 2; }
 done
 ROUNDS=${ROUNDS:-3}
 CASES=${CASES:-quickstart resnet18 rotten_tomatoes spamassassin}
 SCRATCH=$(mktemp -d)
-trap 'rm -rf "$SCRATCH"' EXIT
+trap 'status=$?; if [ $status -eq 0 ]; then rm -rf "$SCRATCH"; else echo "ab-cpu: failed; runs kept in $SCRATCH" >&2; fi' EXIT
 
 args_of() {
   case $1 in
@@ -41,8 +43,9 @@ for round in $(seq "$ROUNDS"); do
     for side in before after; do
       bin=$A; [ "$side" = after ] && bin=$B
       dir="$SCRATCH/$case/$side/$round"
-      # shellcheck disable=SC2086  # the recipe and its --set words
-      eval "\"$bin\" $args -q --set 'log.dir=\"$dir\"'" >&2
+      # $args is the recipe and its --set words, split as a shell would.
+      eval "set -- $args"
+      "$bin" "$@" -q --set "log.dir=\"$dir\"" >&2
     done
   done
 done
@@ -56,8 +59,12 @@ for case in cases:
     med = {}
     for side in ("before", "after"):
         rows = []
-        for f in sorted(glob.glob(f"{scratch}/{case}/{side}/*/*/*/summary.json")):
-            p = json.load(open(f))["phases"]
+        files = glob.glob(f"{scratch}/{case}/{side}/*/*/*/summary.json")
+        round_of = lambda f: int(f[len(f"{scratch}/{case}/{side}/"):].split("/")[0])
+        for f in sorted(files, key=round_of):
+            p = json.load(open(f)).get("phases")
+            if not p:
+                sys.exit(f"ab-cpu: {f} has no step phases (no step after the warm-up?)")
             rows.append((p["iter_ms"], p["forward_backward_ms"], p["optimizer_ms"]))
         if not rows:
             sys.exit(f"ab-cpu: no summary for {case} ({side})")

@@ -21,7 +21,7 @@ use burn::backend::flex::FlexTensor;
 use burn::backend::Flex;
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::ops::{ActivationOps, FloatTensor};
-use burn::tensor::{Tensor, TensorPrimitive};
+use burn::tensor::{Tensor, TensorMetadata, TensorPrimitive};
 use rayon::prelude::*;
 
 use super::{flex_f32, to_flex, values};
@@ -479,7 +479,13 @@ impl<B: NormBackend, C: CheckpointStrategy> NormBackend for Autodiff<B, C> {
         eps: f64,
         epilogue: Epilogue<FloatTensor<Self>>,
     ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
-        if !B::FUSES_EPILOGUE {
+        // A residual of another shape (broadcast) takes Burn's add, whose backward reduces
+        // its gradient to that shape; the fused node's would be `x`'s.
+        let same_shape = epilogue
+            .residual
+            .as_ref()
+            .is_none_or(|r| r.primitive.shape() == x.primitive.shape());
+        if !B::FUSES_EPILOGUE || !same_shape {
             return composed_act::<Self>(x, gamma, beta, eps, epilogue);
         }
         let Epilogue { residual, relu, .. } = epilogue;
@@ -806,7 +812,7 @@ mod tests {
 #[cfg(test)]
 mod epilogue_tests {
     use burn::backend::{Autodiff, Flex};
-    use burn::tensor::{Distribution, Tensor, TensorData};
+    use burn::tensor::{Tensor, TensorData};
 
     use super::*;
 
@@ -827,18 +833,28 @@ mod epilogue_tests {
     fn fused_epilogue_equals_burns_add_and_relu_to_the_bit() {
         const { assert!(<Flex as NormBackend>::FUSES_EPILOGUE) };
         let d = Default::default();
-        let random = |dims: Vec<usize>, dist| {
+        // Fixed values (Burn's random tensors are seeded from the system): `offset + scale·u`
+        // with `u` uniform in [-1, 1) from a seeded LCG.
+        let fixed = |dims: Vec<usize>, seed: u64, offset: f32, scale: f32| {
+            let mut state = seed;
             let n = dims.iter().product::<usize>();
-            let v = Tensor::<Flex, 1>::random([n], dist, &d).into_data();
-            TensorData::new(v.to_vec::<f32>().unwrap(), dims)
+            let v = (0..n)
+                .map(|_| {
+                    state = state
+                        .wrapping_mul(6364136223846793005)
+                        .wrapping_add(1442695040888963407);
+                    offset + scale * ((state >> 40) as f32 / (1u64 << 23) as f32 - 1.0)
+                })
+                .collect::<Vec<f32>>();
+            TensorData::new(v, dims)
         };
         for dims in [[4, 3, 5, 6], [2, 5, 8, 8], [3, 2, 1, 1]] {
             let c = dims[1];
-            let x = random(dims.to_vec(), Distribution::Normal(1.0, 2.0));
-            let r = random(dims.to_vec(), Distribution::Normal(0.0, 1.0));
-            let dy = random(dims.to_vec(), Distribution::Normal(0.0, 1.0));
-            let gamma = random(vec![c], Distribution::Uniform(0.5, 1.5));
-            let beta = random(vec![c], Distribution::Default);
+            let x = fixed(dims.to_vec(), 1, 1.0, 3.0);
+            let r = fixed(dims.to_vec(), 2, 0.0, 1.5);
+            let dy = fixed(dims.to_vec(), 3, 0.0, 1.5);
+            let gamma = fixed(vec![c], 4, 1.0, 0.5);
+            let beta = fixed(vec![c], 5, 0.0, 0.5);
             for (residual, relu) in [(false, true), (true, true), (true, false), (false, false)] {
                 let what = format!("{dims:?}, residual {residual}, relu {relu}");
                 // Each graph its own leaves: (output, mean, var, dx, dγ, dβ, d residual).
@@ -901,6 +917,22 @@ mod epilogue_tests {
                 }
             }
         }
+    }
+
+    /// The ReLU mask on a gradient whose buffer is shared: Flex's `relu_backward`'s values,
+    /// and the other holder's values untouched (the unshared case runs in place, above).
+    #[test]
+    fn relu_mask_of_a_shared_gradient_copies() {
+        let out: Vec<f32> = (0..40_000).map(|i| (i % 7) as f32 - 3.0).collect();
+        let dy: Vec<f32> = (0..40_000).map(|i| (i % 5) as f32 + 0.5).collect();
+        let t = |v: &Vec<f32>| FlexTensor::from_data(TensorData::new(v.clone(), [2, 4, 50, 100]));
+        let (output, grad) = (t(&out), t(&dy));
+        let holder = grad.clone();
+        let masked = relu_mask(output.clone(), grad);
+        let expected = <Flex as ActivationOps<Flex>>::relu_backward(output, t(&dy));
+        assert_eq!(values(&masked), values(&expected.to_contiguous()));
+        assert_eq!(values(&holder), &dy[..], "the shared buffer was written");
+        assert!(values(&masked).contains(&0.0) && values(&masked).contains(&0.5));
     }
 }
 
