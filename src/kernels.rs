@@ -30,6 +30,17 @@ pub struct CacheDir {
     pub dir: PathBuf,
     /// `backend.cache_dir`, `$RUNNER_CACHE_DIR`, `$XDG_CACHE_HOME`, `$HOME` or `working directory`.
     pub chosen_by: String,
+    /// The directory chosen, where it could not be written and `dir` is this user's
+    /// fallback for it (see [`usable_cache`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub instead_of: Option<PathBuf>,
+}
+
+impl CacheDir {
+    /// The directory the settings asked for (`dir`, unless it is a fallback).
+    pub fn requested(&self) -> &Path {
+        self.instead_of.as_deref().unwrap_or(&self.dir)
+    }
 }
 
 /// Where kernels are cached: `backend.cache_dir` (already absolute), else
@@ -49,7 +60,163 @@ pub fn cache_dir(key: Option<&Path>, env: impl Fn(&str) -> Option<OsString>) -> 
         (PathBuf::from(".runner-cache"), "working directory".into())
     };
     let dir = std::path::absolute(&dir).unwrap_or(dir);
-    CacheDir { dir, chosen_by }
+    CacheDir {
+        dir,
+        chosen_by,
+        instead_of: None,
+    }
+}
+
+/// Where under `dir` this process cannot write, if anywhere: every directory must take a
+/// new file and every file an append. CubeCL 0.10 creates a lock file beside each of its
+/// cache files before it reads the file, retries for 30 s where it cannot, and then neither
+/// reads nor writes that file; so a cache another user made (directories `rwxr-xr-x`), a
+/// read-only home, or a read-only file system cost 30 s a file and were not read at all
+/// (seen on WebGPU over software Vulkan: a warm cache owned by another user, 371 s to the
+/// quickstart's first step; 23 s through the fallback, as long as its owner's run takes
+/// without Mesa's own shader cache). Lock files themselves are not checked; the walk stops
+/// after 10,000 entries.
+pub fn unwritable(dir: &Path) -> Option<String> {
+    let probe = |d: &Path| -> std::io::Result<()> {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |t| t.subsec_nanos());
+        let name = d.join(format!(".runner-probe-{}-{nanos}", std::process::id()));
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&name)?;
+        std::fs::remove_file(&name)
+    };
+    let mut dirs = vec![dir.to_path_buf()];
+    let mut seen = 0;
+    while let Some(d) = dirs.pop() {
+        if let Err(e) = probe(&d) {
+            return Some(format!("{} takes no new file: {e}", d.display()));
+        }
+        let entries = match std::fs::read_dir(&d) {
+            Ok(entries) => entries,
+            Err(e) => return Some(format!("{} cannot be listed: {e}", d.display())),
+        };
+        for entry in entries.flatten() {
+            seen += 1;
+            if seen > 10_000 {
+                return None;
+            }
+            let path = entry.path();
+            match entry.file_type() {
+                Ok(t) if t.is_dir() => dirs.push(path),
+                Ok(t) if t.is_file() && path.extension().is_none_or(|x| x != "lock") => {
+                    if let Err(e) = std::fs::OpenOptions::new().append(true).open(&path) {
+                        return Some(format!("{} cannot be appended to: {e}", path.display()));
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
+    None
+}
+
+/// The cache to give CubeCL for `wanted`: `wanted` itself where this process can write all
+/// of it ([`unwritable`]); else this user's own directory `runner-kernels-<uid>` under
+/// `temp`, with the files of `wanted` it lacks copied in (so a cache shared read-only still
+/// saves the compiling and tuning), and a warning that says why, where, and what to do.
+/// `Err` only where no fallback can be made either.
+pub fn usable_cache(wanted: CacheDir, temp: &Path) -> Result<(CacheDir, Option<String>), String> {
+    let why = match std::fs::create_dir_all(&wanted.dir) {
+        Err(e) => format!("it cannot be created: {e}"),
+        Ok(()) => match unwritable(&wanted.dir) {
+            None => return Ok((wanted, None)),
+            Some(why) => why,
+        },
+    };
+    let user = user_id();
+    let own = |d: &Path| -> bool {
+        use std::os::unix::fs::{DirBuilderExt, MetadataExt};
+        match std::fs::symlink_metadata(d) {
+            Ok(m) => m.is_dir() && Some(m.uid()) == user && unwritable(d).is_none(),
+            Err(_) => std::fs::DirBuilder::new().mode(0o700).create(d).is_ok(),
+        }
+    };
+    let tag = user.map_or_else(|| "user".to_string(), |u| u.to_string());
+    let mut fallback = temp.join(format!("runner-kernels-{tag}"));
+    if !own(&fallback) {
+        // Taken by someone else (or not a directory): one of this process's own.
+        fallback = temp.join(format!("runner-kernels-{tag}-{}", std::process::id()));
+        if !own(&fallback) {
+            return Err(format!(
+                "the kernel cache {} (chosen by {}) cannot be used: {why}; and no directory of this user's could be made under {} instead",
+                wanted.dir.display(),
+                wanted.chosen_by,
+                temp.display()
+            ));
+        }
+    }
+    let (copied, failed) = if wanted.dir.is_dir() {
+        copy_missing(&wanted.dir, &fallback)
+    } else {
+        (0, 0)
+    };
+    let failed = match failed {
+        0 => String::new(),
+        n => format!(", {n} could not be read"),
+    };
+    let note = format!(
+        "the kernel cache {} (chosen by {}) is not writable by this process ({why}): CubeCL would wait 30 s on each of its files and then neither read nor keep them. This run caches in {} instead ({copied} files copied from it{failed}), which lasts as long as {} keeps it. To share one cache between users, make it writable by all of them (group-writable directories, umask 002); else set ${CACHE_ENV} or backend.cache_dir to a writable directory",
+        wanted.dir.display(),
+        wanted.chosen_by,
+        fallback.display(),
+        temp.display(),
+    );
+    let used = CacheDir {
+        dir: fallback,
+        chosen_by: format!("fallback for {}", wanted.chosen_by),
+        instead_of: Some(wanted.dir),
+    };
+    Ok((used, Some(note)))
+}
+
+/// This process's user id (the owner of `/proc/self`), where Linux tells it.
+fn user_id() -> Option<u32> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata("/proc/self").ok().map(|m| m.uid())
+}
+
+/// Copies the files under `from` that `to` lacks (lock files aside), keeping their
+/// relative paths; what `to` already has is its own, newer record, and is kept. Returns the
+/// files copied and those that could not be.
+fn copy_missing(from: &Path, to: &Path) -> (usize, usize) {
+    let (mut copied, mut failed) = (0, 0);
+    let mut dirs = vec![PathBuf::new()];
+    while let Some(rel) = dirs.pop() {
+        let Ok(entries) = std::fs::read_dir(from.join(&rel)) else {
+            failed += 1;
+            continue;
+        };
+        for entry in entries.flatten() {
+            let rel = rel.join(entry.file_name());
+            match entry.file_type() {
+                Ok(t) if t.is_dir() => dirs.push(rel),
+                Ok(t) if t.is_file() && rel.extension().is_none_or(|x| x != "lock") => {
+                    let dest = to.join(&rel);
+                    if dest.exists() {
+                        continue;
+                    }
+                    let done = dest
+                        .parent()
+                        .map_or(Ok(()), std::fs::create_dir_all)
+                        .and_then(|()| std::fs::copy(entry.path(), &dest));
+                    match done {
+                        Ok(_) => copied += 1,
+                        Err(_) => failed += 1,
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
+    (copied, failed)
 }
 
 /// What CubeCL was configured with in this process (it can be configured once).
@@ -87,7 +254,7 @@ pub fn configure_cubecl(plan: &KernelPlan) -> Result<KernelSettings, String> {
         let mut s = first.clone();
         s.fusion = plan.fusion;
         s.conv = plan.conv.name().into();
-        if (&s.cache, &s.autotune) != (&wanted.cache, &wanted.autotune) {
+        if (s.cache.requested(), &s.autotune) != (wanted.cache.requested(), &wanted.autotune) {
             s.notes.push(format!(
                 "CubeCL was already configured in this process (cache {}, autotune {}); run cells that differ in backend.cache_dir or backend.autotune as separate processes (--cell N)",
                 s.cache.dir.display(),
@@ -96,14 +263,10 @@ pub fn configure_cubecl(plan: &KernelPlan) -> Result<KernelSettings, String> {
         }
         return Ok(s);
     }
-    std::fs::create_dir_all(&wanted.cache.dir).map_err(|e| {
-        format!(
-            "cannot create the kernel cache {} (chosen by {}): {e}",
-            wanted.cache.dir.display(),
-            wanted.cache.chosen_by
-        )
-    })?;
     let mut settings = wanted;
+    let (cache, note) = usable_cache(settings.cache, &std::env::temp_dir())?;
+    settings.cache = cache;
+    settings.notes.extend(note);
     if let Ok(env) = std::env::var("CUBECL_AUTOTUNE_LEVEL") {
         settings.notes.push(format!(
             "CUBECL_AUTOTUNE_LEVEL={env} is ignored: the recipe's backend.autotune = \"{}\" applies (--set backend.autotune=... to change it)",
@@ -387,6 +550,98 @@ mod tests {
         assert_eq!(d.dir, PathBuf::from("/h/.cache/runner"));
         let d = cache_dir(None, env(&[]));
         assert!(d.dir.is_absolute() && d.dir.ends_with(".runner-cache"));
+    }
+
+    fn scratch(tag: &str) -> PathBuf {
+        let d = std::env::temp_dir().join(format!("runner-unit-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        d
+    }
+
+    fn wanted(dir: &Path) -> CacheDir {
+        CacheDir {
+            dir: dir.to_path_buf(),
+            chosen_by: "$RUNNER_CACHE_DIR".into(),
+            instead_of: None,
+        }
+    }
+
+    /// A cache this process can write is used as it is; one it cannot (here: one that
+    /// cannot be created, under /proc, which even root cannot write) is replaced by this
+    /// user's own directory under the temporary one, the same on the next run, with a
+    /// warning naming both and what to do. Permissions proper (another user's cache) are
+    /// checked through the binary, as another user (tests.rs).
+    #[test]
+    fn an_unwritable_cache_falls_back_to_this_users_own() {
+        let tmp = scratch("cache-fallback");
+        let good = tmp.join("kc");
+        std::fs::create_dir_all(good.join("autotune/0.10.0")).unwrap();
+        std::fs::write(good.join("autotune/0.10.0/matmul.json.log"), "{}\n").unwrap();
+        assert_eq!(unwritable(&good), None);
+        let (used, note) = usable_cache(wanted(&good), &tmp).unwrap();
+        assert_eq!((used, note), (wanted(&good), None));
+
+        let bad = Path::new("/proc/runner-no-such-cache");
+        let why = unwritable(Path::new("/proc")).expect("/proc takes no file");
+        assert!(why.starts_with("/proc takes no new file"), "{why}");
+        let (used, note) = usable_cache(wanted(bad), &tmp).unwrap();
+        let uid = user_id().unwrap();
+        assert_eq!(used.dir, tmp.join(format!("runner-kernels-{uid}")));
+        assert_eq!(used.requested(), bad);
+        assert_eq!(used.chosen_by, "fallback for $RUNNER_CACHE_DIR");
+        let note = note.unwrap();
+        for part in [
+            "the kernel cache /proc/runner-no-such-cache (chosen by $RUNNER_CACHE_DIR) is not writable",
+            "it cannot be created",
+            "wait 30 s",
+            "(0 files copied from it)",
+            "set $RUNNER_CACHE_DIR or backend.cache_dir to a writable directory",
+        ] {
+            assert!(note.contains(part), "{part:?} not in {note}");
+        }
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(&used.dir).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o700, "{mode:o}");
+        let (again, _) = usable_cache(wanted(bad), &tmp).unwrap();
+        assert_eq!(again.dir, used.dir);
+
+        // A fallback path someone else took (here a file) is not used: one of this
+        // process's own is.
+        let tmp2 = scratch("cache-fallback-taken");
+        std::fs::write(tmp2.join(format!("runner-kernels-{uid}")), "").unwrap();
+        let (used, _) = usable_cache(wanted(bad), &tmp2).unwrap();
+        let pid = std::process::id();
+        assert_eq!(used.dir, tmp2.join(format!("runner-kernels-{uid}-{pid}")));
+        let _ = std::fs::remove_dir_all(&tmp);
+        let _ = std::fs::remove_dir_all(&tmp2);
+    }
+
+    /// The files a fallback lacks are copied in with their paths; lock files are not, and
+    /// what it has already (its own later record) is kept.
+    #[test]
+    fn copy_missing_fills_in_without_overwriting() {
+        let tmp = scratch("copy-missing");
+        let (from, to) = (tmp.join("from"), tmp.join("to"));
+        for (rel, text) in [
+            ("cuda/0.10.0/ptx.json.log", "shared ptx"),
+            ("autotune/0.10.0/dev/matmul.json.log", "shared matmul"),
+            ("autotune/0.10.0/dev/conv.json.log", "shared conv"),
+            ("autotune/0.10.0/dev/conv.json.log.lock", "stale"),
+        ] {
+            let p = from.join(rel);
+            std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+            std::fs::write(p, text).unwrap();
+        }
+        std::fs::create_dir_all(to.join("autotune/0.10.0/dev")).unwrap();
+        std::fs::write(to.join("autotune/0.10.0/dev/conv.json.log"), "mine").unwrap();
+        assert_eq!(copy_missing(&from, &to), (2, 0));
+        let read = |rel: &str| std::fs::read_to_string(to.join(rel)).unwrap();
+        assert_eq!(read("cuda/0.10.0/ptx.json.log"), "shared ptx");
+        assert_eq!(read("autotune/0.10.0/dev/matmul.json.log"), "shared matmul");
+        assert_eq!(read("autotune/0.10.0/dev/conv.json.log"), "mine");
+        assert!(!to.join("autotune/0.10.0/dev/conv.json.log.lock").exists());
+        let _ = std::fs::remove_dir_all(&tmp);
     }
 
     #[test]

@@ -3990,6 +3990,146 @@ fn wgpu_without_an_adapter_is_an_error_before_the_run_starts() {
     assert!(!dir.join("runs").exists(), "a run directory was created");
 }
 
+/// A kernel cache this user cannot write (another user's, shared read-only: here made by
+/// root and read as `nobody`, or made read-only where the suite does not run as root) is
+/// not handed to CubeCL, which would wait 30 s on each of its files and then neither read
+/// nor keep them: the run says so, caches in a directory of its own under `$TMPDIR` with
+/// the shared files copied in, and so still tunes nothing the cache holds; the shared
+/// cache is left as it was.
+#[cfg(feature = "wgpu")]
+#[test]
+fn wgpu_cache_another_user_owns_is_read_through_a_private_copy() {
+    use std::os::unix::fs::PermissionsExt;
+    fn my_uid() -> u32 {
+        use std::os::unix::fs::MetadataExt;
+        std::fs::metadata("/proc/self").unwrap().uid()
+    }
+    fn is_root() -> bool {
+        my_uid() == 0
+    }
+    let dir = tempdir("wgpu-shared-cache");
+    let (kc, home) = (dir.join("kc"), dir.join("home"));
+    std::fs::create_dir_all(home.join("tmp")).unwrap();
+    // The second run's user must reach the binary: a copy beside the cache.
+    let bin = dir.join("runner");
+    std::fs::copy(env!("CARGO_BIN_EXE_runner"), &bin).unwrap();
+    let recipe = dir.join("mlp.toml");
+    std::fs::write(
+        &recipe,
+        "name = \"mlp\"\nseed = 1\n[backend]\nkind = \"wgpu\"\n[model]\narch = \"mlp\"\nhidden = [32]\n[data]\nformat = \"synthetic\"\nsynthetic = { image_size = 8, channels = 1, samples = 64, test_samples = 0 }\n[loader]\nbatch_size = 16\n[run]\nmax_steps = 3\nwarmup_steps = 1\neval = \"never\"\n",
+    )
+    .unwrap();
+    let run = |as_other: bool, logs: &str| {
+        let mut cmd = if as_other && is_root() {
+            // Root reads and writes everything: the second run is another user's.
+            let mut c = Command::new("setpriv");
+            c.args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+                .arg(&bin);
+            c
+        } else {
+            Command::new(&bin)
+        };
+        cmd.arg(&recipe)
+            .arg("--set")
+            .arg(format!("log.dir=\"{}\"", home.join(logs).display()))
+            .env("RUNNER_CACHE_DIR", &kc)
+            .env("HOME", &home)
+            .env("TMPDIR", home.join("tmp"))
+            .env("XDG_RUNTIME_DIR", home.join("xdg"));
+        let out = cmd
+            .output()
+            .expect("setpriv (util-linux) runs the second user's run");
+        expect_exit(&out, 0);
+        let runs = home.join(logs).join("mlp");
+        let latest = std::fs::read_dir(&runs)
+            .unwrap()
+            .next()
+            .unwrap()
+            .unwrap()
+            .path();
+        (
+            json(&latest.join("summary.json")),
+            json(&latest.join("env.json")),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (first, _, stderr) = run(false, "first");
+    assert!(first["kernels"]["tuned"].as_u64().unwrap() > 0, "{first}");
+    assert!(!stderr.contains("not writable"), "{stderr}");
+    let files = |d: &Path| {
+        let out = Command::new("find")
+            .arg(d)
+            .arg("-type")
+            .arg("f")
+            .output()
+            .unwrap();
+        let mut v: Vec<String> = String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .map(String::from)
+            .collect();
+        v.sort();
+        v
+    };
+    let shared = files(&kc);
+    assert!(!shared.is_empty());
+
+    // The second user: the home and temporary directory are theirs, the cache is not.
+    let chmod = |p: &Path, mode: u32| {
+        std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode)).unwrap()
+    };
+    std::fs::create_dir_all(home.join("xdg")).unwrap();
+    chmod(&home.join("xdg"), 0o700);
+    if is_root() {
+        for d in ["", "tmp", "xdg"] {
+            std::os::unix::fs::chown(home.join(d), Some(65534), Some(65534)).unwrap();
+        }
+        chmod(&bin, 0o755);
+    }
+    // Whatever the umask made of it: writable by its owner at most.
+    let mode = if is_root() { "go-w" } else { "a-w" };
+    let status = Command::new("chmod")
+        .args(["-R", mode])
+        .arg(&kc)
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let (second, env, stderr) = run(true, "second");
+    if !is_root() {
+        Command::new("chmod")
+            .arg("-R")
+            .arg("u+w")
+            .arg(&kc)
+            .status()
+            .unwrap();
+    }
+    let uid = if is_root() { 65534 } else { my_uid() };
+    let own = home.join("tmp").join(format!("runner-kernels-{uid}"));
+    assert!(
+        stderr.contains(&format!(
+            "warning: the kernel cache {} (chosen by $RUNNER_CACHE_DIR) is not writable by this process",
+            kc.display()
+        )) && stderr.contains(&format!("This run caches in {} instead", own.display())),
+        "{stderr}"
+    );
+    // CubeCL never met the unwritable files (it logs each lock it gives up on).
+    assert!(!stderr.contains("cubecl cache"), "{stderr}");
+    assert_eq!(env["kernels"]["dir"], own.display().to_string(), "{env}");
+    assert_eq!(
+        env["kernels"]["instead_of"],
+        kc.display().to_string(),
+        "{env}"
+    );
+    // What the shared cache held was used: nothing tuned again.
+    assert_eq!(second["kernels"]["tuned"], 0, "{second}");
+    assert!(
+        second["kernels"]["tune_results_loaded"].as_u64().unwrap() > 0,
+        "{second}"
+    );
+    assert_eq!(second["final_loss"], first["final_loss"]);
+    assert_eq!(files(&kc), shared, "the shared cache changed");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// The runner lists WebGPU adapters discrete first and software last, and names each by
 /// its position among those of its kind in the driver's order, which is how CubeCL's
 /// `WgpuDevice::DiscreteGpu(n)` and the others count.
