@@ -1,54 +1,95 @@
 //! Ctrl-C and SIGTERM (what Slurm sends before a time limit, and `kill`): the first one asks
 //! the run to stop at its next step boundary (its metrics flushed, `status: "interrupted"`,
-//! exit 130 or 143); a second one ends the process at once with the same code. Owns the
+//! exit 130 or 143); a second one, half a second or more later, ends the process at once
+//! with the same code (one sooner is the first delivered twice). Owns the
 //! handlers and the flag the training loop polls; it decides nothing about runs.
 
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
 
-struct Flags {
-    /// The first signal's number, 0 until one arrives.
-    received: Arc<AtomicUsize>,
+/// A second signal this soon after the first is the same one delivered twice, not a person
+/// asking again: `timeout` sends its signal to the command and then to its own process
+/// group, which holds the command too (and a job script that forwards signals to its group
+/// does the same). Both usually merge into one, but where the first was handled before the
+/// second arrived, a run under `timeout -s INT` exited at once with nothing said and its
+/// `summary.json` left `running` (1 time in 6 here). A second Ctrl-C by hand comes later.
+const SAME_SIGNAL: Duration = Duration::from_millis(500);
+
+/// When the handlers were installed: the clock the handler measures with.
+static BASE: OnceLock<Instant> = OnceLock::new();
+/// When the first signal came, in microseconds after `BASE` plus one; 0 until then.
+static FIRST_AT: AtomicU64 = AtomicU64::new(0);
+/// The first signal's number, 0 until one arrives.
+static RECEIVED: AtomicUsize = AtomicUsize::new(0);
+
+/// What a signal arriving at `now` does, the first having come at `first` (both in
+/// microseconds on one clock; `first` 0: none yet).
+#[derive(Debug, PartialEq)]
+enum Action {
+    /// The first: stop at the next step boundary.
+    Stop,
+    /// The first one again, delivered twice.
+    Ignore,
+    /// A second one: exit now.
+    Exit,
 }
 
-static FLAGS: OnceLock<Flags> = OnceLock::new();
+fn action(first: u64, now: u64) -> Action {
+    if first == 0 {
+        Action::Stop
+    } else if now.saturating_sub(first) < SAME_SIGNAL.as_micros() as u64 {
+        Action::Ignore
+    } else {
+        Action::Exit
+    }
+}
+
+/// The handler: only atomics, the monotonic clock (`clock_gettime`) and `_exit`, all
+/// async-signal-safe.
+fn on_signal(sig: i32) {
+    let Some(base) = BASE.get() else { return };
+    let now = base.elapsed().as_micros() as u64 + 1;
+    let first = match FIRST_AT.compare_exchange(0, now, Ordering::SeqCst, Ordering::SeqCst) {
+        Ok(_) => 0,
+        Err(first) => first,
+    };
+    match action(first, now) {
+        Action::Stop => RECEIVED.store(sig as usize, Ordering::SeqCst),
+        Action::Ignore => {}
+        Action::Exit => signal_hook::low_level::exit(128 + sig),
+    }
+}
 
 /// Installs the handlers (once per process). Failure leaves the default behaviour.
 pub fn install() {
-    FLAGS.get_or_init(|| {
-        let received = Arc::new(AtomicUsize::new(0));
-        let seen = Arc::new(AtomicBool::new(false));
-        for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
-            // Registration order matters: the exit checks `seen` before the first signal
-            // sets it, so only a second signal exits.
-            let _ =
-                signal_hook::flag::register_conditional_shutdown(sig, 128 + sig, Arc::clone(&seen));
-            let _ = signal_hook::flag::register(sig, Arc::clone(&seen));
-            let _ = signal_hook::flag::register_usize(sig, Arc::clone(&received), sig as usize);
-        }
-        // Say at once that the signal was seen: the loop may be inside a long step (or
-        // compiling kernels) before it can act on it.
-        let watch = Arc::clone(&received);
-        let _ = std::thread::Builder::new()
-            .name("runner-signals".into())
-            .spawn(move || loop {
-                let s = watch.load(Ordering::Relaxed);
-                if s != 0 {
-                    crate::errln!(
-                        "\n{}: stopping at the next step boundary (metrics are kept); send it again to exit at once",
-                        name(s as i32)
-                    );
-                    return;
-                }
-                std::thread::sleep(std::time::Duration::from_millis(100));
-            });
-        Flags { received }
-    });
+    if BASE.set(Instant::now()).is_err() {
+        return;
+    }
+    for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+        // SAFETY: `on_signal` does only what a signal handler may (see there).
+        let _ = unsafe { signal_hook::low_level::register(sig, move || on_signal(sig)) };
+    }
+    // Say at once that the signal was seen: the loop may be inside a long step (or
+    // compiling kernels) before it can act on it.
+    let _ = std::thread::Builder::new()
+        .name("runner-signals".into())
+        .spawn(move || loop {
+            let s = RECEIVED.load(Ordering::Relaxed);
+            if s != 0 {
+                crate::errln!(
+                    "\n{}: stopping at the next step boundary (metrics are kept); send it again to exit at once",
+                    name(s as i32)
+                );
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        });
 }
 
 /// The signal that asked the run to stop, if one did.
 pub fn received() -> Option<i32> {
-    let s = FLAGS.get()?.received.load(Ordering::Relaxed);
+    let s = RECEIVED.load(Ordering::Relaxed);
     (s != 0).then_some(s as i32)
 }
 
@@ -58,5 +99,19 @@ pub fn name(sig: i32) -> &'static str {
         signal_hook::consts::SIGINT => "SIGINT",
         signal_hook::consts::SIGTERM => "SIGTERM",
         _ => "a signal",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_second_signal_within_half_a_second_is_the_first_delivered_twice() {
+        assert_eq!(action(0, 5), Action::Stop);
+        assert_eq!(action(1_000, 1_000), Action::Ignore);
+        assert_eq!(action(1_000, 1_000 + 499_999), Action::Ignore);
+        assert_eq!(action(1_000, 1_000 + 500_000), Action::Exit);
+        assert_eq!(action(1_000, 9_000_000), Action::Exit);
     }
 }

@@ -2074,9 +2074,24 @@ fn report_tells_a_killed_run_from_a_running_one() {
 /// Starts `runner` on a long synthetic run, waits for its first metrics line, sends
 /// `signal`, and returns its output and run directory.
 fn interrupt(tag: &str, extra: &str, signal: &str) -> (std::process::Output, PathBuf) {
+    interrupt_n(tag, extra, &[], signal, 1)
+}
+
+/// `interrupt`, with more `--set` overrides and the signal sent `times` times, 20 ms apart.
+fn interrupt_n(
+    tag: &str,
+    extra: &str,
+    sets: &[&str],
+    signal: &str,
+    times: usize,
+) -> (std::process::Output, PathBuf) {
     let dir = tempdir(tag);
     let recipe = tiny_recipe(&dir, tag, extra);
-    let child = runner_cmd()
+    let mut cmd = runner_cmd();
+    for set in sets {
+        cmd.args(["--set", set]);
+    }
+    let child = cmd
         .arg(&recipe)
         .args([
             "-q",
@@ -2104,11 +2119,16 @@ fn interrupt(tag: &str, extra: &str, signal: &str) -> (std::process::Output, Pat
         );
         std::thread::sleep(std::time::Duration::from_millis(50));
     }
-    let status = Command::new("kill")
-        .args([signal, &child.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(status.success());
+    for i in 0..times {
+        if i > 0 {
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        let status = Command::new("kill")
+            .args([signal, &child.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(status.success());
+    }
     let out = child.wait_with_output().unwrap();
     (out, dir)
 }
@@ -2152,6 +2172,27 @@ fn sigterm_stops_at_a_step_boundary_and_says_interrupted() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
         stderr.contains("sigterm: interrupted by SIGTERM; what was recorded is in"),
+        "{stderr}"
+    );
+}
+
+/// One signal delivered twice (`timeout -s INT` signals the command, then its process
+/// group) is one request to stop, not the "again" that exits at once: the run still ends
+/// `interrupted` with its summary and says so. (Before, the second copy, 20 ms later here,
+/// ended the process with nothing written, its summary left `running`: steps of about
+/// 100 ms make sure the first has not finished the run by then.)
+#[test]
+fn a_signal_delivered_twice_still_stops_at_a_step_boundary() {
+    let long_steps = ["model.hidden=[2048, 2048]", "loader.batch_size=512"];
+    let (out, dir) = interrupt_n("sigint-twice", "", &long_steps, "-INT", 2);
+    expect_exit(&out, 130);
+    let run = only_run(&dir.join("runs/sigint-twice"));
+    let s = summary(&run);
+    assert_eq!(s.status, "interrupted");
+    assert_eq!(s.steps as usize, whole_lines(&run).len());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("interrupted by SIGINT; what was recorded is in"),
         "{stderr}"
     );
 }
