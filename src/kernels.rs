@@ -134,9 +134,18 @@ pub fn usable_cache(wanted: CacheDir, temp: &Path) -> Result<(CacheDir, Option<S
     let user = user_id();
     let own = |d: &Path| -> bool {
         use std::os::unix::fs::{DirBuilderExt, MetadataExt};
+        let ours =
+            |m: std::fs::Metadata| m.is_dir() && Some(m.uid()) == user && unwritable(d).is_none();
         match std::fs::symlink_metadata(d) {
-            Ok(m) => m.is_dir() && Some(m.uid()) == user && unwritable(d).is_none(),
-            Err(_) => std::fs::DirBuilder::new().mode(0o700).create(d).is_ok(),
+            Ok(m) => ours(m),
+            Err(_) => match std::fs::DirBuilder::new().mode(0o700).create(d) {
+                Ok(()) => true,
+                // Another run of this user's made it meanwhile.
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                    std::fs::symlink_metadata(d).is_ok_and(ours)
+                }
+                Err(_) => false,
+            },
         }
     };
     let tag = user.map_or_else(|| "user".to_string(), |u| u.to_string());
@@ -184,7 +193,9 @@ fn user_id() -> Option<u32> {
 }
 
 /// Copies the files under `from` that `to` lacks (lock files aside), keeping their
-/// relative paths; what `to` already has is its own, newer record, and is kept. Returns the
+/// relative paths; what `to` already has is its own, newer record, and is kept. Each file
+/// is copied to a temporary name and linked into place only where none is there yet, so a
+/// concurrent run of the same user's, already appending to it, loses nothing. Returns the
 /// files copied and those that could not be.
 fn copy_missing(from: &Path, to: &Path) -> (usize, usize) {
     let (mut copied, mut failed) = (0, 0);
@@ -203,12 +214,16 @@ fn copy_missing(from: &Path, to: &Path) -> (usize, usize) {
                     if dest.exists() {
                         continue;
                     }
+                    let part = dest.with_extension(format!("part-{}", std::process::id()));
                     let done = dest
                         .parent()
                         .map_or(Ok(()), std::fs::create_dir_all)
-                        .and_then(|()| std::fs::copy(entry.path(), &dest));
+                        .and_then(|()| std::fs::copy(entry.path(), &part))
+                        .and_then(|_| std::fs::hard_link(&part, &dest));
+                    let _ = std::fs::remove_file(&part);
                     match done {
-                        Ok(_) => copied += 1,
+                        Ok(()) => copied += 1,
+                        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
                         Err(_) => failed += 1,
                     }
                 }
