@@ -74,8 +74,11 @@ pub fn cache_dir(key: Option<&Path>, env: impl Fn(&str) -> Option<OsString>) -> 
 /// read-only home, or a read-only file system cost 30 s a file and were not read at all
 /// (seen on WebGPU over software Vulkan: a warm cache owned by another user, 371 s to the
 /// quickstart's first step; 23 s through the fallback, as long as its owner's run takes
-/// without Mesa's own shader cache). Lock files themselves are not checked; the walk stops
-/// after 10,000 entries.
+/// without Mesa's own shader cache). On CUDA it is worse: cubecl-common 0.10's compiled-kernel
+/// cache opens its chunk file for appending with `expect("Failed to open write chunk")`, so
+/// an unwritable cache panics the device thread at start (read in its source,
+/// `compilation_cache.rs`; not run here). Lock files themselves are not checked; the walk
+/// stops after 10,000 entries.
 pub fn unwritable(dir: &Path) -> Option<String> {
     let probe = |d: &Path| -> std::io::Result<()> {
         let nanos = std::time::SystemTime::now()
