@@ -80,17 +80,7 @@ pub fn cache_dir(key: Option<&Path>, env: impl Fn(&str) -> Option<OsString>) -> 
 /// `compilation_cache.rs`; not run here). Lock files themselves are not checked; the walk
 /// stops after 10,000 entries.
 pub fn unwritable(dir: &Path) -> Option<String> {
-    let probe = |d: &Path| -> std::io::Result<()> {
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |t| t.subsec_nanos());
-        let name = d.join(format!(".runner-probe-{}-{nanos}", std::process::id()));
-        std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .open(&name)?;
-        std::fs::remove_file(&name)
-    };
+    let probe = crate::metrics::takes_new_file;
     let mut dirs = vec![dir.to_path_buf()];
     let mut seen = 0;
     while let Some(d) = dirs.pop() {

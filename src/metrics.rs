@@ -550,6 +550,20 @@ pub fn write_json_atomic<T: Serialize>(path: &Path, value: &T) -> std::io::Resul
     written
 }
 
+/// Whether this process can create files in `dir`: by creating one (and removing it), as
+/// permission bits alone do not tell (root, ACLs, read-only mounts).
+pub fn takes_new_file(dir: &Path) -> std::io::Result<()> {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |t| t.subsec_nanos());
+    let name = dir.join(format!(".runner-probe-{}-{nanos}", std::process::id()));
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(&name)?;
+    std::fs::remove_file(&name)
+}
+
 /// Resident set size of this process, from `/proc/self/statm` (Linux).
 pub fn rss_bytes() -> Option<u64> {
     let s = std::fs::read_to_string("/proc/self/statm").ok()?;

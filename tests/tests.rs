@@ -2197,6 +2197,100 @@ fn a_signal_delivered_twice_still_stops_at_a_step_boundary() {
     );
 }
 
+fn my_uid() -> u32 {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata("/proc/self").unwrap().uid()
+}
+
+fn is_root() -> bool {
+    my_uid() == 0
+}
+
+/// `chown -R` (as root) or `chmod -R` (otherwise) so that `path` is, or is not, writable by
+/// the user `as_other` runs commands as (`nobody` under root, else this user).
+fn writable_by_other(path: &Path, yes: bool, recursive: bool) {
+    let mut cmd = if is_root() {
+        let mut c = Command::new("chown");
+        c.arg(if yes { "65534" } else { "0" });
+        c
+    } else {
+        let mut c = Command::new("chmod");
+        c.arg(if yes { "u+w" } else { "a-w" });
+        c
+    };
+    if recursive {
+        cmd.arg("-R");
+    }
+    assert!(cmd.arg(path).status().unwrap().success());
+}
+
+/// The runner binary run as another user where the suite runs as root (`nobody`, through
+/// util-linux's `setpriv`, from a copy of the binary under `dir` that user can reach), else
+/// as this user.
+fn as_other(dir: &Path) -> Command {
+    let bin = dir.join("runner-bin");
+    if !bin.exists() {
+        std::fs::copy(env!("CARGO_BIN_EXE_runner"), &bin).unwrap();
+    }
+    let home = dir.join("other-home");
+    std::fs::create_dir_all(&home).unwrap();
+    if is_root() {
+        std::os::unix::fs::chown(&home, Some(65534), Some(65534)).unwrap();
+        let mut c = Command::new("setpriv");
+        c.args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+            .arg(&bin)
+            .env("HOME", &home);
+        c
+    } else {
+        let mut c = Command::new(&bin);
+        c.env("HOME", &home);
+        c
+    }
+}
+
+/// `runner resume` checks every file and folder it will write before it trains: a
+/// `checkpoints/` or `samples.jsonl` it cannot write is refused at once (exit 2, the path
+/// named, the run untouched). Before, the resume trained to its end and then failed,
+/// turning an interrupted run into a failed one.
+#[test]
+fn resume_refuses_at_once_what_it_could_not_write_later() {
+    let (out, dir) = interrupt("resume-perm", "", "-TERM");
+    expect_exit(&out, 143);
+    let run = only_run(&dir.join("runs/resume-perm"));
+    assert!(run.join("checkpoints").is_dir());
+    // The sampler's lines of the first stretch (none if it was stopped within one interval).
+    if !run.join("samples.jsonl").exists() {
+        std::fs::write(run.join("samples.jsonl"), "").unwrap();
+    }
+    writable_by_other(&run, true, true);
+    let before = std::fs::read_to_string(run.join("summary.json")).unwrap();
+    let resume = || {
+        as_other(&dir)
+            .arg("resume")
+            .arg(&run)
+            .arg("-q")
+            .output()
+            .unwrap()
+    };
+    for blocked in ["checkpoints", "samples.jsonl"] {
+        writable_by_other(&run.join(blocked), false, false);
+        let out = resume();
+        expect_exit(&out, 2);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            stderr.contains(&format!(
+                "error: cannot write {}",
+                run.join(blocked).display()
+            )),
+            "{blocked}: {stderr}"
+        );
+        let after = std::fs::read_to_string(run.join("summary.json")).unwrap();
+        assert_eq!(after, before, "{blocked}: the summary changed");
+        writable_by_other(&run.join(blocked), true, false);
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// A reader that left (`runner grid.toml | head -1`, a `tee` that died) stops neither a
 /// grid nor a listing: output to a closed pipe is dropped, not a panic.
 #[test]
@@ -4041,13 +4135,6 @@ fn wgpu_without_an_adapter_is_an_error_before_the_run_starts() {
 #[test]
 fn wgpu_cache_another_user_owns_is_read_through_a_private_copy() {
     use std::os::unix::fs::PermissionsExt;
-    fn my_uid() -> u32 {
-        use std::os::unix::fs::MetadataExt;
-        std::fs::metadata("/proc/self").unwrap().uid()
-    }
-    fn is_root() -> bool {
-        my_uid() == 0
-    }
     let dir = tempdir("wgpu-shared-cache");
     let (kc, home) = (dir.join("kc"), dir.join("home"));
     std::fs::create_dir_all(home.join("tmp")).unwrap();

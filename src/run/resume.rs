@@ -71,18 +71,27 @@ pub fn resume(
     }
     // Every file the run goes on writing, before anything is changed: a resume that could
     // not write one would otherwise fail after marking the run as running again.
-    let mut outputs = vec![metrics_path.clone()];
+    // (Seen before: a `samples.jsonl` or a `checkpoints/` of another user's let a resume
+    // train to its end, then fail.)
+    let mut outputs = vec![metrics_path.clone(), run_dir.join("samples.jsonl")];
     if plan.log.csv {
         outputs.push(run_dir.join("metrics.csv"));
     }
+    let cannot = |path: &Path, e: std::io::Error| {
+        input(format!(
+            "error: cannot write {}: {e}
+  = help: resume goes on writing in the run's directory: check the owner and permissions of its files",
+            path.display()
+        ))
+    };
     for path in outputs.iter().filter(|p| p.exists()) {
         if let Err(e) = std::fs::OpenOptions::new().append(true).open(path) {
-            return Err(input(format!(
-                "error: cannot write {}: {e}
-  = help: resume goes on writing in the run's directory: check the owner and permissions of its files",
-                path.display()
-            )));
+            return Err(cannot(path, e));
         }
+    }
+    let checkpoints = run_dir.join("checkpoints");
+    if checkpoints.is_dir() {
+        crate::metrics::takes_new_file(&checkpoints).map_err(|e| cannot(&checkpoints, e))?;
     }
     let prepared = prepare(&plan, opts)?;
     let fail = |message: String| RunError::Failed {
