@@ -73,16 +73,26 @@ pub fn find_runs(paths: &[PathBuf]) -> Result<Vec<PathBuf>, Error> {
                 out.push(d);
                 continue;
             }
-            if let Ok(rd) = std::fs::read_dir(&d) {
-                stack.extend(
-                    rd.filter_map(|e| e.ok().map(|e| e.path()))
-                        .filter(|p| p.is_dir()),
-                );
+            match std::fs::read_dir(&d) {
+                // Symbolic links to directories are not followed below a path given: a
+                // `runs/latest` would count its run twice, and `up -> ..` without end.
+                Ok(rd) => stack.extend(rd.filter_map(|e| {
+                    let e = e.ok()?;
+                    e.file_type().ok()?.is_dir().then(|| e.path())
+                })),
+                // One that cannot be listed (another user's run) is reported as such by
+                // `load_run`, not left out in silence.
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound && d != *p => out.push(d),
+                Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => out.push(d),
+                Err(_) => {}
             }
         }
     }
     out.sort();
     out.dedup();
+    // The same run named twice over (a path given and a link to it): once, as first named.
+    let mut seen = std::collections::HashSet::new();
+    out.retain(|d| seen.insert(std::fs::canonicalize(d).unwrap_or_else(|_| d.clone())));
     if out.is_empty() {
         return Err(Error::Input(format!(
             "error: no run directories (with summary.json and metrics.jsonl) under {}\n  = help: run a recipe first; runs go to runs/<name>/<run-id>/",

@@ -2291,6 +2291,73 @@ fn resume_refuses_at_once_what_it_could_not_write_later() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// `runner report` counts each run once, however it is reached: a `runs/latest` link
+/// to a run counted it twice (and halved its spread), and a link up the tree without
+/// end; and a run it cannot enter (another user's, `drwx------`) is listed as unreadable
+/// instead of vanishing from an exit-0 report.
+#[test]
+fn report_counts_linked_runs_once_and_names_unreadable_ones() {
+    let dir = tempdir("report-links");
+    let recipe = tiny_recipe(&dir, "rl", "");
+    for _ in 0..2 {
+        expect_exit(&runner_cmd().arg(&recipe).arg("-q").output().unwrap(), 0);
+    }
+    let runs = dir.join("runs");
+    let mut both: Vec<PathBuf> = std::fs::read_dir(runs.join("rl"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    both.sort();
+    assert_eq!(both.len(), 2);
+    std::os::unix::fs::symlink(&both[0], runs.join("latest")).unwrap();
+    std::os::unix::fs::symlink("..", runs.join("rl").join("up")).unwrap();
+    let csv = |out: &std::process::Output| {
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        let line = text
+            .lines()
+            .find(|l| l.starts_with("rl,"))
+            .unwrap_or("")
+            .to_string();
+        (text, line)
+    };
+    let out = runner_cmd()
+        .args(["report", "--format", "csv"])
+        .arg(&runs)
+        .output()
+        .unwrap();
+    expect_exit(&out, 0);
+    let (text, line) = csv(&out);
+    assert!(line.starts_with("rl,2,"), "{text}");
+
+    // The second run, closed to the user who reports.
+    writable_by_other(&runs, true, true);
+    let hidden = &both[1];
+    let mode = if is_root() { "700" } else { "000" };
+    assert!(Command::new("chmod")
+        .args([mode])
+        .arg(hidden)
+        .status()
+        .unwrap()
+        .success());
+    if is_root() {
+        std::os::unix::fs::chown(hidden, Some(0), Some(0)).unwrap();
+    }
+    let out = as_other(&dir)
+        .args(["report", "--format", "csv"])
+        .arg(&runs)
+        .output()
+        .unwrap();
+    let _ = Command::new("chmod").arg("755").arg(hidden).status();
+    let (text, line) = csv(&out);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(line.starts_with("rl,1,"), "{text}");
+    assert!(
+        stderr.contains(&hidden.display().to_string()) && stderr.contains("Permission denied"),
+        "{stderr}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// A reader that left (`runner grid.toml | head -1`, a `tee` that died) stops neither a
 /// grid nor a listing: output to a closed pipe is dropped, not a panic.
 #[test]
