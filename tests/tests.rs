@@ -2358,6 +2358,84 @@ fn report_counts_linked_runs_once_and_names_unreadable_ones() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// Paths that are there but cannot be read as files get an error that says what they are,
+/// at once: a dangling link is not "does not exist", a pipe named `batches.meta.txt`
+/// beside the data does not block `validate`, and `runner ls` neither blocks on a pipe
+/// named `*.toml` nor follows a link up the tree.
+#[test]
+fn paths_that_are_links_or_pipes_are_named_as_such_and_block_nothing() {
+    let dir = tempdir("links-pipes");
+    let data = root().join("datasets/fashion_mnist");
+    let mkfifo = |p: &Path| assert!(Command::new("mkfifo").arg(p).status().unwrap().success());
+    // With `timeout`, so a regression fails instead of hanging the suite.
+    let validate = |recipe: &Path| {
+        Command::new("timeout")
+            .arg("20")
+            .arg(env!("CARGO_BIN_EXE_runner"))
+            .arg("validate")
+            .arg(recipe)
+            .output()
+            .unwrap()
+    };
+    let recipe = |name: &str, train: &Path| {
+        let r = dir.join(name);
+        std::fs::write(
+            &r,
+            format!(
+                "[model]\narch = \"small_cnn\"\n[data]\nformat = \"cifar10-bin\"\ntrain = \"{}\"\n",
+                train.display()
+            ),
+        )
+        .unwrap();
+        r
+    };
+    std::os::unix::fs::symlink(dir.join("gone.bin"), dir.join("dangling.bin")).unwrap();
+    let out = validate(&recipe("dangling.toml", &dir.join("dangling.bin")));
+    expect_exit(&out, 2);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains(&format!(
+            "is a symbolic link to {}, which does not exist",
+            dir.join("gone.bin").display()
+        )),
+        "{stderr}"
+    );
+
+    let beside = dir.join("fifo-meta");
+    std::fs::create_dir_all(&beside).unwrap();
+    std::fs::copy(data.join("data_batch.bin"), beside.join("data_batch.bin")).unwrap();
+    mkfifo(&beside.join("batches.meta.txt"));
+    let out = validate(&recipe("fifo.toml", &beside.join("data_batch.bin")));
+    expect_exit(&out, 2);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("batches.meta.txt") && stderr.contains("is not a regular file"),
+        "{stderr}"
+    );
+
+    let listing = dir.join("ls");
+    std::fs::create_dir_all(listing.join("recipes")).unwrap();
+    std::fs::copy(
+        root().join("recipes/quickstart.toml"),
+        listing.join("recipes/q.toml"),
+    )
+    .unwrap();
+    mkfifo(&listing.join("recipes/zz.toml"));
+    std::os::unix::fs::symlink("..", listing.join("recipes/up")).unwrap();
+    let out = Command::new("timeout")
+        .arg("20")
+        .arg(env!("CARGO_BIN_EXE_runner"))
+        .arg("ls")
+        .current_dir(&listing)
+        .output()
+        .unwrap();
+    expect_exit(&out, 0);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(stdout.matches("q.toml").count(), 1, "{stdout}");
+    assert!(!stdout.contains("zz.toml"), "{stdout}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// A reader that left (`runner grid.toml | head -1`, a `tee` that died) stops neither a
 /// grid nor a listing: output to a closed pipe is dropped, not a panic.
 #[test]

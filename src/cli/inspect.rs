@@ -96,10 +96,14 @@ pub(crate) fn ls() -> ExitCode {
             let mut stack = vec![d.clone()];
             while let Some(x) = stack.pop() {
                 for e in std::fs::read_dir(&x).into_iter().flatten().flatten() {
+                    // Linked folders are not followed (`up -> ..` listed the tree 800
+                    // times over), and only regular files are read (a pipe named
+                    // `*.toml` blocked the listing).
+                    let Ok(kind) = e.file_type() else { continue };
                     let p = e.path();
-                    if p.is_dir() {
+                    if kind.is_dir() {
                         stack.push(p);
-                    } else if p.extension().is_some_and(|e| e == "toml") {
+                    } else if p.extension().is_some_and(|e| e == "toml") && p.is_file() {
                         files.push(p);
                     }
                 }

@@ -116,6 +116,16 @@ pub fn names_beside(path: &Path, file: &str) -> Result<Option<Vec<String>>, Data
     };
     let names_path = dir.join(file);
     let help = format!("{file} holds one class name per line, line k naming label k - 1");
+    // A FIFO or a device there would block the read, or never end it.
+    if let Ok(m) = std::fs::metadata(&names_path) {
+        if !m.is_file() && !m.is_dir() {
+            return Err(
+                DataError::new(&names_path, "is not a regular file").help(format!(
+                    "{help}; remove or rename what is there (a pipe or a device)"
+                )),
+            );
+        }
+    }
     let bytes = match std::fs::read(&names_path) {
         Ok(b) => b,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),

@@ -488,11 +488,13 @@ impl<'a> Validator<'a> {
         if path.exists() {
             self.err(key, format!("{} {what}", shown.display()), help);
         } else {
-            self.err(
-                key,
-                format!("{} does not exist", shown.display()),
-                "paths are relative to the recipe file; the shipped data is under datasets/",
-            );
+            let why = crate::recipe::why_missing(path);
+            let help = if why == "does not exist" {
+                "paths are relative to the recipe file; the shipped data is under datasets/"
+            } else {
+                "check the path, its links and the permissions of the folders on the way"
+            };
+            self.err(key, format!("{} {why}", shown.display()), help);
         }
     }
 

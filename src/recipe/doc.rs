@@ -351,7 +351,13 @@ fn load_chain(
                 "name the .toml file to build on, relative to this recipe file",
             )
         } else {
-            ("no such file", "the path is relative to this recipe file")
+            match super::why_missing(&parent_path).as_str() {
+                "does not exist" => ("no such file", "the path is relative to this recipe file"),
+                _ => (
+                    "cannot be read (a dangling or looping symbolic link, or a folder on the way this user may not enter)",
+                    "check the path, its links and the permissions of the folders on the way",
+                ),
+            }
         };
         report.push(
             Diagnostic::error(

@@ -146,6 +146,23 @@ pub fn check(path: &Path, mut doc: Doc, mut report: Diagnostics) -> Result<Loade
     })
 }
 
+/// Why `path` cannot be opened when `path.exists()` says no: "does not exist" only where
+/// nothing is there; else a dangling symbolic link, a loop of them, or a folder on the way
+/// this user may not enter (all of which `exists()` reports as missing).
+pub fn why_missing(path: &Path) -> String {
+    match std::fs::metadata(path) {
+        Ok(_) => "exists".into(),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => match std::fs::read_link(path) {
+            Ok(target) => format!(
+                "is a symbolic link to {}, which does not exist",
+                target.display()
+            ),
+            Err(_) => "does not exist".into(),
+        },
+        Err(e) => format!("cannot be reached: {e}"),
+    }
+}
+
 /// `a/b/../c` → `a/c`, without touching the file system (for messages about missing files).
 pub fn lexical(p: &Path) -> PathBuf {
     use std::path::Component;

@@ -38,7 +38,18 @@ fn saved_weights(run_dir: &Path, best: bool) -> Result<PathBuf, RunError> {
             ))),
         };
     }
-    Err(RunError::Input(if best {
+    let why = crate::recipe::why_missing(&weights);
+    Err(RunError::Input(if why == "exists" {
+        format!(
+            "error: {} is not a regular file\n  = help: runner writes its weights as a regular safetensors file; restore it",
+            weights.display()
+        )
+    } else if why != "does not exist" {
+        format!(
+            "error: {} {why}\n  = help: check the path, its links and the permissions of the folders on the way",
+            weights.display()
+        )
+    } else if best {
         format!(
             "error: {} does not exist: the run has no validation set (data.validation)",
             weights.display()
