@@ -2436,6 +2436,34 @@ fn paths_that_are_links_or_pipes_are_named_as_such_and_block_nothing() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// With several recipes, every log.dir is checked before the first one trains: one that
+/// is a link to nowhere is an error naming its recipe and the key, and the
+/// recipes before it have not run. (Before, the first trained, then the second failed
+/// with "File exists" and no recipe named.)
+#[test]
+fn every_log_dir_is_checked_before_any_recipe_runs() {
+    let dir = tempdir("log-dirs");
+    let one = tiny_recipe(&dir, "one", "");
+    std::os::unix::fs::symlink(dir.join("nowhere"), dir.join("dangling")).unwrap();
+    // (A log.dir that is a file, or below one, is a validation error, with its line.)
+    let two = tiny_recipe(&dir, "two", "");
+    let text = std::fs::read_to_string(&two).unwrap().replace(
+        &format!("dir = \"{}\"", dir.join("runs").display()),
+        &format!("dir = \"{}\"", dir.join("dangling").display()),
+    );
+    std::fs::write(&two, text).unwrap();
+    let out = runner_cmd().arg(&one).arg(&two).arg("-q").output().unwrap();
+    expect_exit(&out, 2);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains(&format!("error: {}: log.dir:", two.display()))
+            && stderr.contains("is a symbolic link to a folder that does not exist"),
+        "{stderr}"
+    );
+    assert!(!dir.join("runs").exists(), "the first recipe ran");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// A reader that left (`runner grid.toml | head -1`, a `tee` that died) stops neither a
 /// grid nor a listing: output to a closed pipe is dropped, not a panic.
 #[test]

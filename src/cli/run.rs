@@ -42,6 +42,28 @@ pub(crate) fn run_all(args: &RunArgs) -> ExitCode {
             return ExitCode::from(2);
         }
     }
+    // Where every run will be written, before the first one trains: with several recipes,
+    // a later one's log.dir that cannot be written was found only after the earlier ones
+    // had run.
+    let mut dirs: Vec<(&Path, &Path)> = all
+        .iter()
+        .flat_map(|c| {
+            c.plans
+                .iter()
+                .map(|p| (c.path.as_path(), p.log.dir.as_path()))
+        })
+        .collect();
+    dirs.dedup_by(|a, b| a.1 == b.1);
+    for (recipe, dir) in dirs {
+        if let Some(why) = log_dir_problem(dir) {
+            runner::errln!(
+                "error: {}: log.dir: {} {why}\n  = help: point log.dir (or --set log.dir=...) at a folder this user can write; nothing was run",
+                recipe.display(),
+                dir.display()
+            );
+            return ExitCode::from(2);
+        }
+    }
     let opts = RunOptions { quiet: args.quiet };
     runner::signals::install();
     let mut code = ExitCode::SUCCESS;
@@ -474,4 +496,38 @@ pub(crate) fn slurm(args: &SweepArgs) -> ExitCode {
         }
     }
     ExitCode::SUCCESS
+}
+
+/// Why runs cannot be written under `dir`, if they cannot: it, or the nearest folder above
+/// it that exists (it is created then), must be a folder this process can create files in.
+fn log_dir_problem(dir: &Path) -> Option<String> {
+    let mut at = dir;
+    loop {
+        match std::fs::symlink_metadata(at) {
+            Ok(m) if m.file_type().is_symlink() && !at.exists() => {
+                return Some(format!(
+                    "cannot be created: {} is a symbolic link to a folder that does not exist",
+                    at.display()
+                ));
+            }
+            Ok(_) if !at.is_dir() => {
+                return Some(format!(
+                    "cannot be created: {} is not a folder",
+                    at.display()
+                ));
+            }
+            Ok(_) => {
+                return runner::metrics::takes_new_file(at).err().map(|e| {
+                    format!("cannot be written: {} takes no new file: {e}", at.display())
+                });
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => match at.parent() {
+                Some(up) if !up.as_os_str().is_empty() => at = up,
+                // A relative path with nothing above it: the working directory.
+                _ if at != Path::new(".") => at = Path::new("."),
+                _ => return Some("cannot be created: the working directory is gone".into()),
+            },
+            Err(e) => return Some(format!("cannot be reached: {e}")),
+        }
+    }
 }
