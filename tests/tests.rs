@@ -2613,6 +2613,40 @@ fn a_locked_cell_is_left_to_its_owner_and_a_stale_lock_is_taken_over() {
     assert!(!lock.exists());
 }
 
+/// A stale lock this user may not remove (another user's, in a `locks/` it cannot write)
+/// is an error naming it: before, each try read it as held, and `--cell N --resume` (a
+/// Slurm task) exited 0 having run nothing, every time.
+#[test]
+fn a_stale_lock_that_cannot_be_removed_is_named_not_taken_for_a_live_one() {
+    let dir = tempdir("stale-lock");
+    let grid = tiny_recipe(&dir, "g", "[sweep]\n\"optim.lr\" = [0.1, 0.2]\n");
+    let cells = runner::sweep::check(&grid, &[], &Machine::cpu_only(), 256)
+        .unwrap()
+        .cells;
+    let sweep = runner::sweep::SweepDir::open(&dir.join("runs"), "g", &grid, &cells).unwrap();
+    let host = std::fs::read_to_string("/etc/hostname").unwrap_or_default();
+    let lock = sweep.dir.join(format!("locks/0000-{}.lock", cells[0].id));
+    std::fs::write(&lock, format!("{} 4000000\n", host.trim())).unwrap();
+    writable_by_other(&dir, true, true);
+    writable_by_other(&sweep.dir.join("locks"), false, false);
+    let out = as_other(&dir)
+        .arg(&grid)
+        .args(["-q", "--resume", "--cell", "0"])
+        .output()
+        .unwrap();
+    writable_by_other(&sweep.dir.join("locks"), true, false);
+    expect_exit(&out, 1);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains(&format!("the lock {} is stale", lock.display()))
+            && stderr.contains("pid 4000000")
+            && stderr.contains("cannot be removed"),
+        "{stderr}"
+    );
+    assert!(lock.exists());
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[test]
 fn a_full_disk_stops_the_run_without_cutting_a_line() {
     let dir = tempdir("full-disk");

@@ -257,7 +257,27 @@ impl CellLock {
                         }));
                     }
                     // Stale: remove and try again (another process may win the race).
-                    let _ = std::fs::remove_file(path);
+                    // One this user may not remove (another user's, in a sticky `locks/`)
+                    // would block the cell for good while each try said it was busy.
+                    match std::fs::remove_file(path) {
+                        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                            let owner = owner.trim();
+                            let owner = match owner {
+                                "" => "no process".to_string(),
+                                o => o.replacen(' ', " pid ", 1),
+                            };
+                            return Err(std::io::Error::new(
+                                e.kind(),
+                                format!(
+                                    "the lock {} is stale (its owner, {owner}, is gone) and \
+                                     cannot be removed: {e}; remove it (as its owner or \
+                                     root), then run again",
+                                    path.display()
+                                ),
+                            ));
+                        }
+                        _ => {}
+                    }
                 }
                 Err(e) => return Err(e),
             }
