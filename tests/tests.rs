@@ -2722,6 +2722,13 @@ fn a_non_utf8_recipe_and_a_multi_key_set_are_refused_with_where() {
         &[],
         "line 2, column 6 is not UTF-8 text (byte 0xe9)",
     );
+    // A path that is not a recipe at all is not read without end (`/dev/zero` grew the
+    // process to 6.8 GB before), nor is a file past the size a recipe could have.
+    let big = dir.join("big.toml");
+    std::fs::write(&big, "#".repeat(5 << 20)).unwrap();
+    for file in [Path::new("/dev/zero"), &big] {
+        refused(file, &[], "cannot read recipe: more than 4 MiB");
+    }
     refused(
         &recipe,
         &["--set", "name=\"a\"\nseed=5"],

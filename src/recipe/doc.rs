@@ -377,33 +377,59 @@ fn load_chain(
     Some((base, base_origins))
 }
 
-/// The recipe's text: given, or read from `path`.
+/// The most a recipe file may hold. Recipes are a few KiB; this stops a path that is not
+/// one (`/dev/zero`, a data file given by mistake) from being read without end.
+pub const MAX_RECIPE_BYTES: u64 = 4 << 20;
+
+/// The recipe's text: given, or read from `path` (at most `MAX_RECIPE_BYTES`).
 fn read_text(path: &Path, text: Option<String>, report: &mut Diagnostics) -> Option<String> {
-    match text.map_or_else(|| std::fs::read_to_string(path), Ok) {
-        Ok(t) => Some(t),
-        // Not UTF-8: where, so the byte can be found.
-        Err(e) if e.kind() == std::io::ErrorKind::InvalidData => {
-            let bytes = std::fs::read(path).unwrap_or_default();
-            let at = std::str::from_utf8(&bytes)
-                .err()
-                .map_or(0, |u| u.valid_up_to());
-            let before = &bytes[..at];
-            let line = 1 + before.iter().filter(|&&b| b == b'\n').count();
-            let start = before
-                .iter()
-                .rposition(|&b| b == b'\n')
-                .map_or(0, |i| i + 1);
-            let column = 1 + String::from_utf8_lossy(&before[start..]).chars().count();
-            let byte = bytes.get(at).copied().unwrap_or(0);
+    if let Some(t) = text {
+        return Some(t);
+    }
+    let read = std::fs::File::open(path).and_then(|f| {
+        use std::io::Read as _;
+        let mut bytes = vec![];
+        f.take(MAX_RECIPE_BYTES + 1).read_to_end(&mut bytes)?;
+        Ok(bytes)
+    });
+    match read {
+        Ok(bytes) if bytes.len() as u64 > MAX_RECIPE_BYTES => {
             report.push(
                 Diagnostic::error(
                     path,
-                    format!("cannot read recipe: line {line}, column {column} is not UTF-8 text (byte 0x{byte:02x})"),
+                    format!(
+                        "cannot read recipe: more than {} MiB; a recipe is a short TOML text",
+                        MAX_RECIPE_BYTES >> 20
+                    ),
                 )
-                .help("save the recipe as UTF-8 (TOML files are UTF-8)"),
+                .help("check the path: is this the recipe (a .toml file), not a data file or a device?"),
             );
             None
         }
+        Ok(bytes) => match String::from_utf8(bytes) {
+            Ok(t) => Some(t),
+            // Not UTF-8: where, so the byte can be found.
+            Err(e) => {
+                let at = e.utf8_error().valid_up_to();
+                let bytes = e.as_bytes();
+                let before = &bytes[..at];
+                let line = 1 + before.iter().filter(|&&b| b == b'\n').count();
+                let start = before
+                    .iter()
+                    .rposition(|&b| b == b'\n')
+                    .map_or(0, |i| i + 1);
+                let column = 1 + String::from_utf8_lossy(&before[start..]).chars().count();
+                let byte = bytes.get(at).copied().unwrap_or(0);
+                report.push(
+                    Diagnostic::error(
+                        path,
+                        format!("cannot read recipe: line {line}, column {column} is not UTF-8 text (byte 0x{byte:02x})"),
+                    )
+                    .help("save the recipe as UTF-8 (TOML files are UTF-8)"),
+                );
+                None
+            }
+        },
         Err(e) => {
             let help = if e.kind() == std::io::ErrorKind::NotFound {
                 "check the path; recipes ship under recipes/ (`runner ls` lists them)"
