@@ -2647,6 +2647,56 @@ fn a_stale_lock_that_cannot_be_removed_is_named_not_taken_for_a_live_one() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// A resume on a full disk says so, and leaves no empty `resume.lock` behind: one read as
+/// "a process that is starting is resuming it" for a minute, refusing every retry.
+#[test]
+fn a_resume_on_a_full_disk_leaves_no_lock_behind() {
+    let (out, dir) = interrupt("resume-full", "", "-TERM");
+    expect_exit(&out, 143);
+    let mnt = dir.join("small");
+    std::fs::create_dir_all(&mnt).unwrap();
+    let mounted = Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=64m", "tmpfs"])
+        .arg(&mnt)
+        .status()
+        .is_ok_and(|s| s.success());
+    if !mounted {
+        eprintln!("skipped: cannot mount a small tmpfs here (not root?)");
+        return;
+    }
+    let run = mnt.join("run");
+    let copied = Command::new("cp")
+        .arg("-a")
+        .arg(only_run(&dir.join("runs/resume-full")))
+        .arg(&run)
+        .status()
+        .unwrap();
+    // Fill what is left, so that the next write fails.
+    {
+        use std::io::Write as _;
+        let mut filler = std::fs::File::create(mnt.join("filler")).unwrap();
+        let block = vec![0u8; 1 << 16];
+        while filler.write_all(&block).is_ok() {}
+    }
+    let out = runner_cmd()
+        .arg("resume")
+        .arg(&run)
+        .arg("-q")
+        .output()
+        .unwrap();
+    let lock_left = run.join("resume.lock").exists();
+    let _ = Command::new("umount").arg(&mnt).status();
+    assert!(copied.success());
+    expect_exit(&out, 2);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("cannot take resume.lock") && stderr.contains("No space left on device"),
+        "{stderr}"
+    );
+    assert!(!lock_left, "an empty resume.lock was left behind");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[test]
 fn a_full_disk_stops_the_run_without_cutting_a_line() {
     let dir = tempdir("full-disk");

@@ -243,7 +243,12 @@ impl CellLock {
                 .open(path)
             {
                 Ok(mut f) => {
-                    f.write_all(me.as_bytes())?;
+                    // An empty lock (a full disk) reads as "a process that is starting"
+                    // for a minute: it is not left behind.
+                    if let Err(e) = f.write_all(me.as_bytes()).and_then(|()| f.sync_data()) {
+                        let _ = std::fs::remove_file(path);
+                        return Err(e);
+                    }
                     return Ok(Ok(Self::held(path)));
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
