@@ -2697,6 +2697,47 @@ fn a_resume_on_a_full_disk_leaves_no_lock_behind() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// A checkpoint that does not fit says so in words, names the file, and leaves no
+/// half-written checkpoint behind (it was Burn's `Unknown("Io { inner: Os { code: 28 ..")`).
+#[test]
+fn a_checkpoint_on_a_full_disk_says_so_and_leaves_nothing_half_written() {
+    let dir = tempdir("ckpt-full");
+    let mnt = dir.join("small");
+    std::fs::create_dir_all(&mnt).unwrap();
+    // Room for the run's files, not for a checkpoint of the MLP (3 MB).
+    let mounted = Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=300k", "tmpfs"])
+        .arg(&mnt)
+        .status()
+        .is_ok_and(|s| s.success());
+    if !mounted {
+        eprintln!("skipped: cannot mount a small tmpfs here (not root?)");
+        return;
+    }
+    let recipe = tiny_recipe(&dir, "ckfull", "[checkpoint]\nevery = 2\n");
+    let out = runner_cmd()
+        .arg(&recipe)
+        .args(["-q", "--set", "run.epochs=3", "--set"])
+        .arg(format!("log.dir=\"{}\"", mnt.display()))
+        .output()
+        .unwrap();
+    let run = only_run(&mnt.join("ckfull"));
+    let left: Vec<_> = std::fs::read_dir(run.join("checkpoints"))
+        .map(|d| d.map(|e| e.unwrap().file_name()).collect())
+        .unwrap_or_default();
+    let summary = std::fs::read_to_string(run.join("summary.json")).unwrap_or_default();
+    let _ = Command::new("umount").arg(&mnt).status();
+    expect_exit(&out, 1);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("model.bin: No space left on device") && !stderr.contains("Unknown("),
+        "{stderr}"
+    );
+    assert!(left.is_empty(), "left in checkpoints/: {left:?}");
+    assert!(summary.contains("\"failed\""), "{summary}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[test]
 fn a_full_disk_stops_the_run_without_cutting_a_line() {
     let dir = tempdir("full-disk");

@@ -21,7 +21,7 @@ use std::path::{Path, PathBuf};
 use crate::ops::TrainBackend;
 use burn::module::Module;
 use burn::optim::Optimizer;
-use burn::record::{BinFileRecorder, FullPrecisionSettings, Recorder};
+use burn::record::{BinBytesRecorder, BinFileRecorder, FullPrecisionSettings, Recorder};
 use serde::{Deserialize, Serialize};
 
 use super::Optim;
@@ -64,6 +64,13 @@ pub struct FileSum {
 
 /// The files a checkpoint's state vouches for.
 const FILES: [&str; 2] = ["model.bin", "optimizer.bin"];
+
+fn bytes_sum(bytes: &[u8]) -> FileSum {
+    FileSum {
+        bytes: bytes.len() as u64,
+        crc32: format!("{:08x}", crc32fast::hash(bytes)),
+    }
+}
 
 fn file_sum(path: &Path) -> std::io::Result<FileSum> {
     use std::io::Read;
@@ -147,18 +154,21 @@ fn save_in<B: TrainBackend>(
     };
     let _ = std::fs::remove_dir_all(tmp);
     std::fs::create_dir_all(tmp).map_err(|e| io("cannot create", &e))?;
-    let rec = Rec::new();
-    Recorder::<B>::record(&rec, model.clone().into_record(), tmp.join("model"))
+    // Encoded in memory and written here (the same bytes `BinFileRecorder` writes and
+    // loads): an I/O error is then said as one ("No space left on device"), not as Burn's
+    // `Unknown("Io { inner: Os { code: 28, .. } }")`.
+    let rec = BinBytesRecorder::<FullPrecisionSettings>::default();
+    let model_bytes = Recorder::<B>::record(&rec, model.clone().into_record(), ())
         .map_err(|e| io("model", &e))?;
-    match optim {
-        Optim::Sgd(o) => Recorder::<B>::record(&rec, o.to_record(), tmp.join("optimizer")),
-        Optim::AdamW(o) => Recorder::<B>::record(&rec, o.to_record(), tmp.join("optimizer")),
+    let optim_bytes = match optim {
+        Optim::Sgd(o) => Recorder::<B>::record(&rec, o.to_record(), ()),
+        Optim::AdamW(o) => Recorder::<B>::record(&rec, o.to_record(), ()),
     }
     .map_err(|e| io("optimizer", &e))?;
     let mut state = state.clone();
-    for name in FILES {
-        let sum = file_sum(&tmp.join(name)).map_err(|e| io(name, &e))?;
-        state.files.insert(name.to_string(), sum);
+    for (name, bytes) in FILES.into_iter().zip([model_bytes, optim_bytes]) {
+        std::fs::write(tmp.join(name), &bytes).map_err(|e| io(name, &e))?;
+        state.files.insert(name.to_string(), bytes_sum(&bytes));
     }
     let text = serde_json::to_string_pretty(&state).map_err(|e| io("state", &e))?;
     std::fs::write(tmp.join("state.json"), text + "\n").map_err(|e| io("state.json", &e))?;
