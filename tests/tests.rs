@@ -3576,26 +3576,58 @@ fn resume_refuses_what_it_cannot_continue() {
     expect_exit(&out, 2);
     assert!(String::from_utf8_lossy(&out.stderr).contains("has no checkpoint to resume from"));
 
-    // A file the run goes on writing cannot be written (here metrics.csv is a directory,
-    // which root cannot write either): refused before the run is marked running again.
+    // A file the run goes on writing is not a file (here metrics.csv is a directory, and
+    // metrics.jsonl a named pipe, which blocked the resume for good): refused before the
+    // run is marked running again, and put back, the resume goes on.
     let recipe = tiny_recipe(&dir, "w", "[checkpoint]\nevery = 1\n");
     expect_exit(&runner_cmd().arg(&recipe).arg("-q").output().unwrap(), 0);
     let run = only_run(&dir.join("runs/w"));
     let mut s = json(&run.join("summary.json"));
     s["status"] = "interrupted".into();
     std::fs::write(run.join("summary.json"), s.to_string()).unwrap();
-    std::fs::remove_file(run.join("metrics.csv")).unwrap();
-    std::fs::create_dir(run.join("metrics.csv")).unwrap();
-    let out = runner_cmd().arg("resume").arg(&run).output().unwrap();
-    expect_exit(&out, 2);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        stderr.contains("cannot write") && stderr.contains("metrics.csv"),
-        "{stderr}"
-    );
-    let after = json(&run.join("summary.json"));
-    assert_eq!(after["status"], "interrupted");
-    assert_eq!(after["resumes"], s["resumes"]);
+    for (file, what) in [
+        ("metrics.csv", "is a folder, not a file"),
+        ("metrics.jsonl", "is a named pipe, not a file"),
+    ] {
+        let path = run.join(file);
+        let kept = dir.join(format!("{file}.kept"));
+        std::fs::rename(&path, &kept).unwrap();
+        if file == "metrics.csv" {
+            std::fs::create_dir(&path).unwrap();
+        } else {
+            assert!(Command::new("mkfifo")
+                .arg(&path)
+                .status()
+                .unwrap()
+                .success());
+        }
+        let out = runner_cmd()
+            .arg("resume")
+            .arg(&run)
+            .stdin(std::process::Stdio::null())
+            .output()
+            .unwrap();
+        expect_exit(&out, 2);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            stderr.contains(&format!("error: {}: {what}", path.display())),
+            "{stderr}"
+        );
+        let after = json(&run.join("summary.json"));
+        assert_eq!(after["status"], "interrupted");
+        assert_eq!(after["resumes"], s["resumes"]);
+        let _ = std::fs::remove_dir(&path);
+        let _ = std::fs::remove_file(&path);
+        std::fs::rename(&kept, &path).unwrap();
+    }
+    let out = runner_cmd()
+        .arg("resume")
+        .arg(&run)
+        .arg("-q")
+        .output()
+        .unwrap();
+    expect_exit(&out, 0);
+    assert_eq!(json(&run.join("summary.json"))["status"], "completed");
 }
 
 #[test]

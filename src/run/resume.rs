@@ -14,6 +14,32 @@ pub fn resume(
     let input = |m: String| RunError::Input(m);
     let recipe_path = run_recipe(run_dir)?;
     let summary_path = run_dir.join("summary.json");
+    // The run's own files are read, or opened to go on writing, below: one that is there
+    // but is not a file (a pipe would block the resume for good) is refused first.
+    let own = [
+        "summary.json",
+        "metrics.jsonl",
+        "metrics.csv",
+        "samples.jsonl",
+    ];
+    if let Some(odd) = own
+        .iter()
+        .map(|f| run_dir.join(f))
+        .find(|p| p.symlink_metadata().is_ok() && !p.is_file())
+    {
+        use std::os::unix::fs::FileTypeExt as _;
+        let what = match std::fs::metadata(&odd).map(|m| m.file_type()) {
+            Ok(t) if t.is_dir() => "is a folder, not a file".into(),
+            Ok(t) if t.is_fifo() => "is a named pipe, not a file".into(),
+            Ok(t) if t.is_socket() => "is a socket, not a file".into(),
+            Ok(_) => "is a device, not a file".into(),
+            Err(_) => crate::recipe::why_missing(&odd),
+        };
+        return Err(input(format!(
+            "error: {}: {what}\n  = help: the runner writes it as a regular file; move it away, then resume",
+            odd.display(),
+        )));
+    }
     let mut summary: Summary = std::fs::read_to_string(&summary_path)
         .ok()
         .and_then(|t| serde_json::from_str(&t).ok())
