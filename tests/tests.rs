@@ -2647,23 +2647,41 @@ fn a_stale_lock_that_cannot_be_removed_is_named_not_taken_for_a_live_one() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// A tmpfs of `size` mounted at `dir/small` (root can mount one; CI runs as root), or
+/// `None` (said on stderr: the test is skipped) where this user cannot.
+fn small_fs(dir: &Path, size: &str) -> Option<PathBuf> {
+    let mnt = dir.join("small");
+    std::fs::create_dir_all(&mnt).unwrap();
+    let mounted = Command::new("mount")
+        .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+        .arg(&mnt)
+        .status()
+        .is_ok_and(|s| s.success());
+    if !mounted {
+        eprintln!("skipped: cannot mount a small tmpfs here (not root?)");
+    }
+    mounted.then_some(mnt)
+}
+
+/// `runner RECIPE -q --set run.epochs=EPOCHS` with its runs under `log_dir`.
+fn run_epochs_in(recipe: &Path, epochs: u32, log_dir: &Path) -> std::process::Output {
+    runner_cmd()
+        .arg(recipe)
+        .args(["-q", "--set", &format!("run.epochs={epochs}"), "--set"])
+        .arg(format!("log.dir=\"{}\"", log_dir.display()))
+        .output()
+        .unwrap()
+}
+
 /// A resume on a full disk says so, and leaves no empty `resume.lock` behind: one read as
 /// "a process that is starting is resuming it" for a minute, refusing every retry.
 #[test]
 fn a_resume_on_a_full_disk_leaves_no_lock_behind() {
     let (out, dir) = interrupt("resume-full", "", "-TERM");
     expect_exit(&out, 143);
-    let mnt = dir.join("small");
-    std::fs::create_dir_all(&mnt).unwrap();
-    let mounted = Command::new("mount")
-        .args(["-t", "tmpfs", "-o", "size=64m", "tmpfs"])
-        .arg(&mnt)
-        .status()
-        .is_ok_and(|s| s.success());
-    if !mounted {
-        eprintln!("skipped: cannot mount a small tmpfs here (not root?)");
+    let Some(mnt) = small_fs(&dir, "64m") else {
         return;
-    }
+    };
     let run = mnt.join("run");
     let copied = Command::new("cp")
         .arg("-a")
@@ -2702,25 +2720,12 @@ fn a_resume_on_a_full_disk_leaves_no_lock_behind() {
 #[test]
 fn a_checkpoint_on_a_full_disk_says_so_and_leaves_nothing_half_written() {
     let dir = tempdir("ckpt-full");
-    let mnt = dir.join("small");
-    std::fs::create_dir_all(&mnt).unwrap();
     // Room for the run's files, not for a checkpoint of the MLP (3 MB).
-    let mounted = Command::new("mount")
-        .args(["-t", "tmpfs", "-o", "size=300k", "tmpfs"])
-        .arg(&mnt)
-        .status()
-        .is_ok_and(|s| s.success());
-    if !mounted {
-        eprintln!("skipped: cannot mount a small tmpfs here (not root?)");
+    let Some(mnt) = small_fs(&dir, "300k") else {
         return;
-    }
+    };
     let recipe = tiny_recipe(&dir, "ckfull", "[checkpoint]\nevery = 2\n");
-    let out = runner_cmd()
-        .arg(&recipe)
-        .args(["-q", "--set", "run.epochs=3", "--set"])
-        .arg(format!("log.dir=\"{}\"", mnt.display()))
-        .output()
-        .unwrap();
+    let out = run_epochs_in(&recipe, 3, &mnt);
     let run = only_run(&mnt.join("ckfull"));
     let left: Vec<_> = std::fs::read_dir(run.join("checkpoints"))
         .map(|d| d.map(|e| e.unwrap().file_name()).collect())
@@ -2741,25 +2746,12 @@ fn a_checkpoint_on_a_full_disk_says_so_and_leaves_nothing_half_written() {
 #[test]
 fn a_full_disk_stops_the_run_without_cutting_a_line() {
     let dir = tempdir("full-disk");
-    let mnt = dir.join("small");
-    std::fs::create_dir_all(&mnt).unwrap();
-    // A 64 KiB file system for the run directory (root can mount one; CI runs as root).
-    let mounted = Command::new("mount")
-        .args(["-t", "tmpfs", "-o", "size=64k", "tmpfs"])
-        .arg(&mnt)
-        .status()
-        .is_ok_and(|s| s.success());
-    if !mounted {
-        eprintln!("skipped: cannot mount a small tmpfs here (not root?)");
+    // A 64 KiB file system for the run directory.
+    let Some(mnt) = small_fs(&dir, "64k") else {
         return;
-    }
+    };
     let recipe = tiny_recipe(&dir, "full", "");
-    let out = runner_cmd()
-        .arg(&recipe)
-        .args(["-q", "--set", "run.epochs=200", "--set"])
-        .arg(format!("log.dir=\"{}\"", mnt.display()))
-        .output()
-        .unwrap();
+    let out = run_epochs_in(&recipe, 200, &mnt);
     let run = only_run(&mnt.join("full"));
     let text = std::fs::read_to_string(run.join("metrics.jsonl")).unwrap_or_default();
     let summary_text = std::fs::read_to_string(run.join("summary.json")).unwrap_or_default();
