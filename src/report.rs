@@ -69,7 +69,10 @@ pub fn find_runs(paths: &[PathBuf]) -> Result<Vec<PathBuf>, Error> {
         }
         let mut stack = vec![p.clone()];
         while let Some(d) = stack.pop() {
-            if d.join("summary.json").is_file() && d.join("metrics.jsonl").is_file() {
+            // A run's two files; listed when they are there at all, so that one that is
+            // not a file (a named pipe) is reported by `load_run` rather than skipped.
+            let there = |f: &str| d.join(f).symlink_metadata().is_ok();
+            if there("summary.json") && there("metrics.jsonl") {
                 out.push(d);
                 continue;
             }
@@ -105,6 +108,16 @@ pub fn find_runs(paths: &[PathBuf]) -> Result<Vec<PathBuf>, Error> {
 /// Reads a run directory and recomputes its statistics from the metrics lines.
 pub fn load_run(dir: &Path) -> Result<Run, Error> {
     let sp = dir.join("summary.json");
+    let mp = dir.join("metrics.jsonl");
+    // Read only regular files: a named pipe would block the report for good.
+    // (One that cannot be reached at all is said by the read below.)
+    let odd = |p: &&PathBuf| std::fs::metadata(p).is_ok_and(|m| !m.is_file());
+    if let Some(odd) = [&sp, &mp].into_iter().find(odd) {
+        return Err(Error::Input(format!(
+            "error: {}: not a regular file (the runner writes it as one)",
+            odd.display()
+        )));
+    }
     let text = std::fs::read_to_string(&sp)
         .map_err(|e| Error::Input(format!("error: {}: {e}", sp.display())))?;
     let stored: Summary = serde_json::from_str(&text).map_err(|e| {
@@ -115,7 +128,6 @@ pub fn load_run(dir: &Path) -> Result<Run, Error> {
             e.column()
         ))
     })?;
-    let mp = dir.join("metrics.jsonl");
     let text = std::fs::read_to_string(&mp)
         .map_err(|e| Error::Input(format!("error: {}: {e}", mp.display())))?;
     let mut records = vec![];

@@ -2355,6 +2355,28 @@ fn report_counts_linked_runs_once_and_names_unreadable_ones() {
         stderr.contains(&hidden.display().to_string()) && stderr.contains("Permission denied"),
         "{stderr}"
     );
+
+    // A run whose summary.json is a named pipe is listed as not readable; the report
+    // neither blocks on it nor leaves it out in silence.
+    let piped = hidden.join("summary.json");
+    std::fs::remove_file(&piped).unwrap();
+    assert!(Command::new("mkfifo")
+        .arg(&piped)
+        .status()
+        .unwrap()
+        .success());
+    let out = runner_cmd()
+        .args(["report", "--format", "csv"])
+        .arg(&runs)
+        .output()
+        .unwrap();
+    let (text, line) = csv(&out);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(line.starts_with("rl,1,"), "{text}");
+    assert!(
+        stderr.contains(&format!("{}: not a regular file", piped.display())),
+        "{stderr}"
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }
 
