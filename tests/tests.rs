@@ -256,18 +256,37 @@ fn readme_documents_every_recipe_key() {
     }
 }
 
+/// A run directory's `recipe.toml` (the resolved recipe) validates on its own and
+/// resolves to itself, for every cell of every shipped recipe: it is what `runner eval`,
+/// `runner resume` and a colleague's rerun read. (The text recipes' wrote the
+/// `data.augment` and `padding.buckets` defaults that validation then refused, so no text
+/// run could be resumed or evaluated.)
 #[test]
 fn the_resolved_recipe_runs_on_its_own() {
     std::env::set_current_dir(root()).unwrap();
-    let p = check(Path::new("recipes/quickstart.toml"), &Machine::cpu_only()).unwrap();
-    let text = toml::to_string(&p.resolved).unwrap();
     let dir = tempdir("resolved");
-    let path = dir.join("recipe.toml");
-    std::fs::write(&path, &text).unwrap();
-    let again = check(&path, &Machine::cpu_only()).unwrap_or_else(|r| panic!("{r}\n{text}"));
-    assert_eq!(again.resolved, p.resolved);
+    let mut checked = 0;
+    for f in toml_files(&root().join("recipes")) {
+        let c = runner::sweep::check(&rel(&f), &[], &any_machine(), 256)
+            .unwrap_or_else(|r| panic!("{}: {r}", f.display()));
+        for (i, p) in c.plans.iter().enumerate() {
+            let text = toml::to_string(&p.resolved).unwrap();
+            let path = dir.join(format!("{checked}.toml"));
+            std::fs::write(&path, &text).unwrap();
+            let again = runner::sweep::check(&path, &[], &any_machine(), 1)
+                .map(|mut c| c.plans.remove(0))
+                .unwrap_or_else(|r| panic!("{} (cell {i}) resolved:\n{r}\n{text}", f.display()));
+            assert_eq!(again.resolved, p.resolved, "{} (cell {i})", f.display());
+            checked += 1;
+        }
+    }
+    assert!(checked > 20, "{checked} resolved recipes");
+    let quickstart = check(Path::new("recipes/quickstart.toml"), &Machine::cpu_only()).unwrap();
+    let text = toml::to_string(&quickstart.resolved).unwrap();
     assert!(
-        text.contains("weight_decay = 0.0005") && text.contains("num_classes = 10"),
+        text.contains("weight_decay = 0.0005")
+            && text.contains("num_classes = 10")
+            && text.contains("[data.augment]"),
         "{text}"
     );
 }
@@ -1655,6 +1674,14 @@ fn a_short_run_on_rotten_tomatoes_beats_chance_and_counts_padding() {
             .unwrap();
     assert_eq!(tok["vocab"][0], "<pad>");
     assert_eq!(tok["vocab"][1], "<unk>");
+    // What the run wrote is what `runner eval` reads back.
+    let out = runner_cmd().arg("eval").arg(&dir).output().unwrap();
+    expect_exit(&out, 0);
+    assert!(
+        String::from_utf8_lossy(&out.stdout).starts_with(&format!("accuracy {:.2}%", 100.0 * acc)),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
 }
 
 #[test]

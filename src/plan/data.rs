@@ -3,6 +3,9 @@
 
 use super::*;
 
+/// `padding.buckets` where the recipe does not say.
+const DEFAULT_BUCKETS: usize = 8;
+
 /// A format's files (or generated set), before the samples' plan is attached.
 enum Files {
     Cifar {
@@ -65,7 +68,7 @@ impl<'a> Validator<'a> {
             );
         }
         let normalize = self.normalize(channels);
-        let a = &d.augment;
+        let a = d.augment.clone().unwrap_or_default();
         if size > 0 && a.crop_padding > size / 2 {
             self.err(
                 "data.augment.crop_padding",
@@ -546,7 +549,7 @@ impl<'a> Validator<'a> {
         }
         if p.strategy != crate::recipe::PaddingStrategy::Bucket {
             self.only_for("padding.buckets", "to strategy = \"bucket\"");
-        } else if p.buckets == 0 {
+        } else if p.buckets == Some(0) {
             self.err(
                 "padding.buckets",
                 "0 buckets",
@@ -581,7 +584,7 @@ impl<'a> Validator<'a> {
                 multiple_of: p.multiple_of.max(1),
                 pad_id: p.pad_id,
             },
-            buckets: p.buckets.max(1),
+            buckets: p.buckets.unwrap_or(DEFAULT_BUCKETS).max(1),
         }
     }
 

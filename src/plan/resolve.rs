@@ -27,7 +27,10 @@ impl<'a> Validator<'a> {
             resolved.data.label_field = Some(t.label_field.clone());
             resolved.data.tokenizer = Some(t.tokenizer.clone());
             let p = resolved.padding.get_or_insert_with(Default::default);
-            p.buckets = t.buckets;
+            p.buckets =
+                (t.padding.strategy == crate::recipe::PaddingStrategy::Bucket).then_some(t.buckets);
+        } else {
+            resolved.data.augment.get_or_insert_with(Default::default);
         }
         // Every default that applies is written out; keys that do not apply stay out.
         let ro = &mut resolved.optim;

@@ -280,8 +280,9 @@ pub struct DataSection {
     /// Per-channel normalisation `(x/255 - mean) / std`. Default: none (pixels scaled to 0..1).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub normalize: Option<NormalizeSection>,
-    /// Training-time augmentation. Default: none.
-    pub augment: AugmentSection,
+    /// Training-time augmentation (image data only). Default: none.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub augment: Option<AugmentSection>,
     /// `synthetic` only: the generated data set.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub synthetic: Option<SyntheticSection>,
@@ -345,7 +346,8 @@ pub struct PaddingSection {
     /// The token id of padding; the tokenizer keeps it free. Default 0.
     pub pad_id: u32,
     /// `bucket`: buckets, split at quantiles of the training lengths. Default 8.
-    pub buckets: usize,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub buckets: Option<usize>,
 }
 
 impl Default for PaddingSection {
@@ -355,7 +357,7 @@ impl Default for PaddingSection {
             max_length: 256,
             multiple_of: 1,
             pad_id: 0,
-            buckets: 8,
+            buckets: None,
         }
     }
 }
