@@ -21,8 +21,14 @@ pub struct Scripts {
 /// Writes `<sweep dir>/slurm.sbatch` for a grid: every task runs this binary on the grid
 /// with `--resume` and its `--cell` (or `--shard` with `shards`); and, where `[slurm]
 /// warmup` asks for it (by default when tasks get a GPU), `<sweep dir>/warmup.sbatch`: one
-/// task of the same resources running `runner warmup` on the whole grid.
-pub fn write(c: &Checked, sets: &[String], shards: Option<usize>) -> Result<Scripts, String> {
+/// task of the same resources running `runner warmup` on the whole grid. The tasks get the
+/// same `--set` overrides and `--max-cells` as this command.
+pub fn write(
+    c: &Checked,
+    sets: &[String],
+    max_cells: usize,
+    shards: Option<usize>,
+) -> Result<Scripts, String> {
     let exe = std::env::current_exe().unwrap_or_else(|_| PathBuf::from("runner"));
     let workdir = std::env::current_dir().unwrap_or_else(|_| PathBuf::from("."));
     let root = &c.plans[0].log.dir;
@@ -33,9 +39,14 @@ pub fn write(c: &Checked, sets: &[String], shards: Option<usize>) -> Result<Scri
         )
     })?;
     let recipe_abs = std::fs::canonicalize(&c.path).unwrap_or_else(|_| c.path.clone());
+    // What the grid was checked with: without them, each task would expand another grid,
+    // or refuse one over the default cap.
     let with_sets = |mut command: Vec<String>| {
         for s in sets {
             command.extend(["--set".into(), s.clone()]);
+        }
+        if max_cells != crate::sweep::DEFAULT_MAX_CELLS {
+            command.extend(["--max-cells".into(), max_cells.to_string()]);
         }
         command
     };

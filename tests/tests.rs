@@ -1311,9 +1311,41 @@ fn shards_split_a_grid_and_their_union_is_the_whole() {
     assert!(
         script.contains("#SBATCH --array=0-3")
             && script.contains("--cell $SLURM_ARRAY_TASK_ID")
-            && script.contains("--resume"),
+            && script.contains("--resume")
+            && !script.contains("--max-cells"),
         "{script}"
     );
+    // A cap given here is the tasks' cap too (a grid over the default one failed in every
+    // task), and the warm-up job's.
+    let out = runner_logged(
+        &logs,
+        &[
+            "sweep",
+            "--slurm",
+            "tests/fixtures/sweep/tiny_grid.toml",
+            "--max-cells",
+            "4",
+            "--set",
+            "slurm.warmup=true",
+        ],
+        &[],
+    );
+    expect_exit(&out, 0);
+    // `<recipe>: 4 array task(s) in <sweep dir>/slurm.sbatch`
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let array = stdout
+        .lines()
+        .find_map(|l| l.split_once(" array task(s) in "))
+        .map(|(_, p)| PathBuf::from(p))
+        .unwrap_or_else(|| panic!("{stdout}"));
+    for script in [array.clone(), array.with_file_name("warmup.sbatch")] {
+        let text = std::fs::read_to_string(&script).unwrap();
+        assert!(
+            text.contains(" --max-cells 4"),
+            "{}:\n{text}",
+            script.display()
+        );
+    }
 }
 
 #[test]

@@ -460,7 +460,12 @@ pub(crate) fn slurm(args: &SweepArgs) -> ExitCode {
         return ExitCode::from(2);
     }
     for c in &all {
-        let scripts = match slurm::write(c, &args.run.check.sets, args.shards) {
+        let scripts = match slurm::write(
+            c,
+            &args.run.check.sets,
+            args.run.check.max_cells,
+            args.shards,
+        ) {
             Ok(x) => x,
             Err(e) => {
                 runner::errln!("{e}");
