@@ -79,7 +79,8 @@ sinfo
 # A small CPU grid, its sweep state and runs in the work directory. slurm.warmup = true
 # (on by default only when tasks get a GPU): a warm-up job first, the array after it.
 GRID=tests/fixtures/sweep/tiny_grid.toml
-LOGS="$WORK/runs"
+# A space and a `%j` in the path: sbatch splits `#SBATCH` lines at spaces and expands `%`.
+LOGS="$WORK/runs 100%j"
 "$RUNNER" sweep --slurm --submit "$GRID" --set "log.dir=\"$LOGS\"" --set slurm.warmup=true |
   tee "$WORK/submit.txt"
 grep -q '^warm-up job [0-9]*: the array starts when it ends' "$WORK/submit.txt"

@@ -186,8 +186,14 @@ fn warmup_script(
     let mut lines = resources(
         s,
         vec![
-            format!("#SBATCH --job-name={job_name}-warmup"),
-            format!("#SBATCH --output={}/warmup-%j.out", sweep_dir.display()),
+            format!(
+                "#SBATCH --job-name={}",
+                sbatch_word(&format!("{job_name}-warmup"))
+            ),
+            format!(
+                "#SBATCH --output={}",
+                output_pattern(sweep_dir, "warmup-%j.out")
+            ),
         ],
     );
     let quoted: Vec<String> = command.iter().map(|a| shell_quote(a)).collect();
@@ -216,9 +222,12 @@ pub fn script(
     let mut lines = resources(
         s,
         vec![
-            format!("#SBATCH --job-name={job_name}"),
+            format!("#SBATCH --job-name={}", sbatch_word(job_name)),
             format!("#SBATCH --array=0-{}", tasks.saturating_sub(1)),
-            format!("#SBATCH --output={}/slurm-%A_%a.out", sweep_dir.display()),
+            format!(
+                "#SBATCH --output={}",
+                output_pattern(sweep_dir, "slurm-%A_%a.out")
+            ),
         ],
     );
     if s.requeue {
@@ -262,6 +271,35 @@ pub fn script(
     lines.join("\n") + "\n"
 }
 
+/// A value on an `#SBATCH` line as sbatch reads it back: it splits the line at white space
+/// (outside double quotes) and, in newer versions, ends it at a `#` even within quotes; a
+/// backslash escapes the next character. (A recipe named `a b` gave `--output=runs/a` and
+/// a stray word sbatch refused.) Checked against sbatch 22.05.
+fn sbatch_word(s: &str) -> String {
+    if !s
+        .chars()
+        .any(|c| c.is_whitespace() || matches!(c, '"' | '\\' | '#'))
+    {
+        return s.to_string();
+    }
+    let mut out = String::from('"');
+    for c in s.chars() {
+        if matches!(c, '"' | '\\' | '#') {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out + "\""
+}
+
+/// `--output`'s value: `file` (with its own `%A`, `%j`...) in `dir`, whose `%` are doubled,
+/// since sbatch expands `%j`, `%u`... anywhere in the pattern (`runs/a%jb` became
+/// `runs/a<job id>b/`, a folder that does not exist, and the task had no log).
+fn output_pattern(dir: &Path, file: &str) -> String {
+    let dir = dir.display().to_string().replace('%', "%%");
+    sbatch_word(&format!("{dir}/{file}"))
+}
+
 /// Seconds before the time limit at which Slurm signals a requeueing task.
 pub const REQUEUE_GRACE_S: u32 = 120;
 
@@ -277,5 +315,21 @@ fn shell_quote(s: &str) -> String {
         s.to_string()
     } else {
         format!("'{}'", s.replace('\'', "'\\''"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sbatch_lines_keep_spaces_quotes_hashes_and_percents_of_names_and_paths() {
+        assert_eq!(sbatch_word("runner-tiny_grid"), "runner-tiny_grid");
+        assert_eq!(sbatch_word("a b"), r#""a b""#);
+        assert_eq!(sbatch_word(r#"a"b#c"#), r#""a\"b\#c""#);
+        assert_eq!(
+            output_pattern(Path::new("/runs/100% a"), "slurm-%A_%a.out"),
+            r#""/runs/100%% a/slurm-%A_%a.out""#
+        );
     }
 }
