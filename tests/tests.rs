@@ -3537,7 +3537,12 @@ fn resume_skips_a_damaged_checkpoint_and_runs_once() {
         assert!(ok.success());
         to
     };
-    let (flipped, none_left, twice) = (copy("flipped"), copy("none-left"), copy("twice"));
+    let (flipped, none_left, twice, torn) = (
+        copy("flipped"),
+        copy("none-left"),
+        copy("twice"),
+        copy("torn"),
+    );
     let latest_model = |run: &Path| run.join("checkpoints/step-000000020/model.bin");
 
     // Cut short: the one before it, and the run ends bitwise where the reference does.
@@ -3586,6 +3591,27 @@ fn resume_skips_a_damaged_checkpoint_and_runs_once() {
     expect_exit(&out, 0);
     assert!(String::from_utf8_lossy(&out.stderr).contains("its CRC-32 differs"));
     assert_eq!(losses(&flipped), losses(&reference));
+
+    // The latest checkpoint's own metrics line cut short (a crash, or a copy cut off, in
+    // the middle of writing it): the one before it, as for a line missing altogether.
+    let metrics = torn.join("metrics.jsonl");
+    let text = std::fs::read_to_string(&metrics).unwrap();
+    let line_20: usize = text.split_inclusive('\n').take(20).map(str::len).sum();
+    std::fs::write(&metrics, &text[..line_20 - 30]).unwrap();
+    let out = runner_cmd()
+        .arg("resume")
+        .arg(&torn)
+        .arg("-q")
+        .output()
+        .unwrap();
+    expect_exit(&out, 0);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("metrics.jsonl has 19 whole lines, it follows line 20")
+            && stderr.contains("resuming from the one before it (step 15)"),
+        "{stderr}"
+    );
+    assert_eq!(losses(&torn), losses(&reference));
 
     // Nothing usable: exit 2, each checkpoint's trouble named, the run left as it was.
     std::fs::write(

@@ -165,8 +165,10 @@ fn latest_checkpoint(
     run_dir: &Path,
     metrics_path: &Path,
 ) -> Result<(PathBuf, crate::checkpoint::State), RunError> {
-    let lines = std::fs::read_to_string(metrics_path)
-        .map(|t| t.lines().count() as u64)
+    // Whole lines only: a last line cut short (a crash mid-write, a copy cut off) is not
+    // one, so a checkpoint that needs it gives way to the one before it.
+    let lines = std::fs::read(metrics_path)
+        .map(|t| t.iter().filter(|&&b| b == b'\n').count() as u64)
         .unwrap_or(0);
     let (good, bad) = crate::checkpoint::scan(run_dir);
     // (step from the directory name, directory, why it cannot be used)
@@ -185,7 +187,7 @@ fn latest_checkpoint(
     for (dir, state) in good.into_iter().rev() {
         if state.metrics_lines > lines {
             let why = format!(
-                "metrics.jsonl has {lines} lines, it follows line {}",
+                "metrics.jsonl has {lines} whole lines, it follows line {}",
                 state.metrics_lines
             );
             unusable.push((state.step, dir, why));
