@@ -1,6 +1,7 @@
-//! Ctrl-C and SIGTERM (what Slurm sends before a time limit, and `kill`): the first one asks
-//! the run to stop at its next step boundary (its metrics flushed, `status: "interrupted"`,
-//! exit 130 or 143); a second one, half a second or more later, ends the process at once
+//! Ctrl-C, SIGTERM (what Slurm sends before a time limit, and `kill`) and SIGHUP (the
+//! terminal or ssh session closed): the first one asks the run to stop at its next step
+//! boundary (its metrics flushed, a checkpoint written, `status: "interrupted"`, exit 130,
+//! 143 or 129); a second one, half a second or more later, ends the process at once
 //! with the same code (one sooner is the first delivered twice). Owns the
 //! handlers and the flag the training loop polls; it decides nothing about runs.
 
@@ -66,7 +67,19 @@ pub fn install() {
     if BASE.set(Instant::now()).is_err() {
         return;
     }
-    for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+    // SIGHUP too: by default it killed the run where it stood, with no checkpoint and its
+    // summary left `running`, when the terminal that started it closed. One ignored when
+    // the runner started stays ignored: `nohup runner ...` keeps running without its
+    // terminal, and a shell script's `runner ... &` is not stopped by the Ctrl-C meant
+    // for the script.
+    for sig in [
+        signal_hook::consts::SIGINT,
+        signal_hook::consts::SIGTERM,
+        signal_hook::consts::SIGHUP,
+    ] {
+        if ignored(sig) {
+            continue;
+        }
         // SAFETY: `on_signal` does only what a signal handler may (see there).
         let _ = unsafe { signal_hook::low_level::register(sig, move || on_signal(sig)) };
     }
@@ -87,6 +100,16 @@ pub fn install() {
         });
 }
 
+/// Whether `sig` is ignored in this process (as its parent left it).
+fn ignored(sig: i32) -> bool {
+    // SAFETY: with a null new action, `sigaction` only reads the current one into `old`,
+    // a plain C struct for which all zeros is a valid value.
+    unsafe {
+        let mut old: libc::sigaction = std::mem::zeroed();
+        libc::sigaction(sig, std::ptr::null(), &mut old) == 0 && old.sa_sigaction == libc::SIG_IGN
+    }
+}
+
 /// The signal that asked the run to stop, if one did.
 pub fn received() -> Option<i32> {
     let s = RECEIVED.load(Ordering::Relaxed);
@@ -98,6 +121,7 @@ pub fn name(sig: i32) -> &'static str {
     match sig {
         signal_hook::consts::SIGINT => "SIGINT",
         signal_hook::consts::SIGTERM => "SIGTERM",
+        signal_hook::consts::SIGHUP => "SIGHUP",
         _ => "a signal",
     }
 }

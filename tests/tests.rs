@@ -2144,21 +2144,32 @@ fn interrupt_n(
     signal: &str,
     times: usize,
 ) -> (std::process::Output, PathBuf) {
+    signalled(runner_cmd(), tag, extra, sets, signal, times)
+}
+
+/// `interrupt_n` of the runner started by `cmd` (the runner, or a wrapper such as `nohup`
+/// with the runner's path as its first argument); `sets` come last, so they win.
+fn signalled(
+    mut cmd: Command,
+    tag: &str,
+    extra: &str,
+    sets: &[&str],
+    signal: &str,
+    times: usize,
+) -> (std::process::Output, PathBuf) {
     let dir = tempdir(tag);
     let recipe = tiny_recipe(&dir, tag, extra);
-    let mut cmd = runner_cmd();
+    cmd.arg(&recipe).args([
+        "-q",
+        "--set",
+        "run.epochs=100000",
+        "--set",
+        "data.synthetic.samples=4000",
+    ]);
     for set in sets {
         cmd.args(["--set", set]);
     }
     let child = cmd
-        .arg(&recipe)
-        .args([
-            "-q",
-            "--set",
-            "run.epochs=100000",
-            "--set",
-            "data.synthetic.samples=4000",
-        ])
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .spawn()
@@ -2208,30 +2219,58 @@ fn walk_files(dir: &Path) -> Vec<PathBuf> {
     out
 }
 
+/// SIGTERM (Slurm, `kill`) and SIGHUP (the terminal or ssh session that started the run
+/// closed; it used to kill the run where it stood, its summary left `running`) stop the
+/// run at a step boundary with a checkpoint to resume from.
 #[test]
-fn sigterm_stops_at_a_step_boundary_and_says_interrupted() {
-    let (out, dir) = interrupt("sigterm", "", "-TERM");
-    expect_exit(&out, 143);
-    let run = only_run(&dir.join("runs/sigterm"));
-    let s = summary(&run);
-    assert_eq!(s.status, "interrupted");
-    let recs = whole_lines(&run);
+fn sigterm_and_sighup_stop_at_a_step_boundary_and_say_interrupted() {
+    for (signal, code, name) in [("-TERM", 143, "SIGTERM"), ("-HUP", 129, "SIGHUP")] {
+        let tag = name.to_lowercase();
+        let (out, dir) = interrupt(&tag, "", signal);
+        expect_exit(&out, code);
+        let run = only_run(&dir.join(format!("runs/{tag}")));
+        let s = summary(&run);
+        assert_eq!(s.status, "interrupted");
+        let recs = whole_lines(&run);
+        assert_eq!(
+            s.steps as usize,
+            recs.len(),
+            "the summary covers what was written"
+        );
+        assert!(
+            s.error
+                .as_deref()
+                .unwrap_or_default()
+                .starts_with(&format!("interrupted by {name} after step")),
+            "{s:?}"
+        );
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            stderr.contains(&format!(
+                "{tag}: interrupted by {name}; what was recorded is in"
+            )),
+            "{stderr}"
+        );
+        let latest = runner::checkpoint::list(&run).pop().map(|(_, st)| st.step);
+        assert_eq!(
+            latest,
+            Some(s.steps),
+            "{name}: no checkpoint at the last step"
+        );
+    }
+}
+
+/// Under `nohup` (which starts the runner with SIGHUP ignored) the terminal closing is
+/// left ignored, as the user asked: the run goes on to its end.
+#[test]
+fn under_nohup_a_sighup_is_left_ignored() {
+    let mut nohup = Command::new("nohup");
+    nohup.current_dir(root()).arg(env!("CARGO_BIN_EXE_runner"));
+    let (out, dir) = signalled(nohup, "nohup", "", &["run.epochs=4"], "-HUP", 1);
+    expect_exit(&out, 0);
     assert_eq!(
-        s.steps as usize,
-        recs.len(),
-        "the summary covers what was written"
-    );
-    assert!(
-        s.error
-            .as_deref()
-            .unwrap_or_default()
-            .starts_with("interrupted by SIGTERM after step"),
-        "{s:?}"
-    );
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        stderr.contains("sigterm: interrupted by SIGTERM; what was recorded is in"),
-        "{stderr}"
+        summary(&only_run(&dir.join("runs/nohup"))).status,
+        "completed"
     );
 }
 
