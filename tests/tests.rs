@@ -3694,6 +3694,54 @@ fn resume_skips_a_damaged_checkpoint_and_runs_once() {
     assert_eq!(json(&twice.join("summary.json")), s);
 }
 
+/// A resume continues only on the data the run started on: a training file changed in
+/// between (regenerated, cut short) is refused, naming it; put back, the run resumes.
+/// (Before, the checkpoint's epoch and batch were applied to the other data in silence.)
+#[test]
+fn resume_refuses_data_that_changed_since_the_run_started() {
+    let dir = tempdir("resume-data");
+    let data = std::fs::read(root().join("datasets/fashion_mnist/data_batch.bin")).unwrap();
+    let train = dir.join("train.bin");
+    std::fs::write(&train, &data[..3073 * 200]).unwrap();
+    let recipe = dir.join("d.toml");
+    std::fs::write(
+        &recipe,
+        format!(
+            "name = \"d\"\n[model]\narch = \"mlp\"\n[data]\nformat = \"cifar10-bin\"\ntrain = \"train.bin\"\n[loader]\nbatch_size = 50\n[run]\nepochs = 2\nwarmup_steps = 1\neval = \"never\"\n[checkpoint]\nevery = 2\n[log]\ndir = \"{}\"\n",
+            dir.join("runs").display()
+        ),
+    )
+    .unwrap();
+    expect_exit(&runner_cmd().arg(&recipe).arg("-q").output().unwrap(), 0);
+    let run = only_run(&dir.join("runs/d"));
+    let mut s = json(&run.join("summary.json"));
+    s["status"] = "interrupted".into();
+    std::fs::write(run.join("summary.json"), s.to_string()).unwrap();
+    let metrics = std::fs::read(run.join("metrics.jsonl")).unwrap();
+    std::fs::write(&train, &data[..3073 * 60]).unwrap();
+    let out = runner_cmd().arg("resume").arg(&run).output().unwrap();
+    expect_exit(&out, 2);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains(&format!(
+            "error: {}: changed since the run started (614600 bytes",
+            train.display()
+        )) && stderr.contains("184380 bytes"),
+        "{stderr}"
+    );
+    assert_eq!(json(&run.join("summary.json")), s, "the run was changed");
+    assert_eq!(std::fs::read(run.join("metrics.jsonl")).unwrap(), metrics);
+    std::fs::write(&train, &data[..3073 * 200]).unwrap();
+    let out = runner_cmd()
+        .arg("resume")
+        .arg(&run)
+        .arg("-q")
+        .output()
+        .unwrap();
+    expect_exit(&out, 0);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[test]
 fn resume_refuses_what_it_cannot_continue() {
     let dir = tempdir("resume-refuse");

@@ -46,6 +46,19 @@ pub struct DataPlan {
 }
 
 impl DataPlan {
+    /// The files the data is read from: training, test, then validation.
+    pub fn files(&self) -> Vec<PathBuf> {
+        let mut out = match &self.source {
+            DataSource::Cifar { train, test, .. } => [train.clone(), test.clone()].concat(),
+            DataSource::Synthetic { .. } => vec![],
+            DataSource::Jsonl { train, test, .. } => {
+                std::iter::once(train.clone()).chain(test.clone()).collect()
+            }
+        };
+        out.extend(self.validation_files.iter().cloned());
+        out
+    }
+
     /// Image data's shape and preparation.
     pub fn image(&self) -> Option<&ImagePlan> {
         match &self.source {

@@ -30,6 +30,33 @@ pub struct Environment {
     pub kernels: crate::kernels::KernelSettings,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub kernel_counts: Option<crate::kernels::KernelCounts>,
+    /// The data files as the run read them (size and CRC-32): `runner resume` continues
+    /// only on the same data.
+    pub data: Vec<DataFile>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, serde::Deserialize)]
+pub struct DataFile {
+    pub path: String,
+    pub bytes: u64,
+    pub crc32: String,
+}
+
+/// Each data file of the plan with its size and CRC-32 (one that cannot be read has
+/// none: it was read moments ago, and the run says so if it is gone).
+pub(crate) fn data_files(plan: &Plan) -> Vec<DataFile> {
+    plan.data
+        .files()
+        .iter()
+        .filter_map(|p| {
+            let sum = crate::checkpoint::file_sum(p).ok()?;
+            Some(DataFile {
+                path: p.display().to_string(),
+                bytes: sum.bytes,
+                crc32: sum.crc32,
+            })
+        })
+        .collect()
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -123,5 +150,6 @@ pub(crate) fn environment(plan: &Plan, p: &Prepared) -> Environment {
         started_at: utc_now(),
         kernels: p.settings.clone(),
         kernel_counts: None,
+        data: data_files(plan),
     }
 }

@@ -124,6 +124,14 @@ pub fn resume(
         dir: run_dir.to_path_buf(),
         message,
     };
+    // The data the run started on (env.json's `data`; runs of earlier versions have none):
+    // the checkpoint's epoch and batch mean nothing on other data.
+    let env = environment(&plan, &prepared);
+    if let Some(changed) = data_changed(run_dir, &env.data) {
+        return Err(input(format!(
+            "error: {changed}\n  = help: resume continues a run on the data it started on; put that file back, or start a new run on this data"
+        )));
+    }
     // Nothing is written yet: a metrics file that cannot be continued is bad input.
     let (metrics, records) = JsonLines::reopen::<StepRecord>(&metrics_path, state.metrics_lines)
         .map_err(|e| {
@@ -134,7 +142,6 @@ pub fn resume(
         })?;
     let evals = rewind(&mut summary, &state);
     write_json_atomic(&summary_path, &summary).map_err(|e| fail(format!("summary.json: {e}")))?;
-    let env = environment(&plan, &prepared);
     if !opts.quiet {
         crate::errln!(
             "{}: resuming from {} (step {}, epoch {}, batch {})",
@@ -155,6 +162,35 @@ pub fn resume(
         resume: Some((ckpt_dir, state)),
     };
     drive(&plan, opts, prepared, files)
+}
+
+/// How the data files differ from those the run started on (env.json's `data`), if they
+/// do; `None` where env.json does not say.
+fn data_changed(run_dir: &Path, now: &[super::env::DataFile]) -> Option<String> {
+    let text = std::fs::read_to_string(run_dir.join("env.json")).ok()?;
+    let env: serde_json::Value = serde_json::from_str(&text).ok()?;
+    let then: Vec<super::env::DataFile> = serde_json::from_value(env.get("data")?.clone()).ok()?;
+    let show = |f: &super::env::DataFile| format!("{} bytes, CRC-32 {}", f.bytes, f.crc32);
+    for old in &then {
+        match now.iter().find(|f| f.path == old.path) {
+            Some(new) if new == old => {}
+            Some(new) => {
+                return Some(format!(
+                    "{}: changed since the run started ({} then, {} now)",
+                    old.path,
+                    show(old),
+                    show(new)
+                ))
+            }
+            None => {
+                return Some(format!(
+                    "{}: the run started on it, and the recipe reads it no more",
+                    old.path
+                ))
+            }
+        }
+    }
+    None
 }
 
 /// The latest checkpoint that is whole (its files as its `state.json` says they were

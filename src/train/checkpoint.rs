@@ -72,7 +72,8 @@ fn bytes_sum(bytes: &[u8]) -> FileSum {
     }
 }
 
-fn file_sum(path: &Path) -> std::io::Result<FileSum> {
+/// A file's size and CRC-32, read through once.
+pub fn file_sum(path: &Path) -> std::io::Result<FileSum> {
     use std::io::Read;
     let mut f = std::fs::File::open(path)?;
     let mut hash = crc32fast::Hasher::new();
