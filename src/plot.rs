@@ -64,6 +64,21 @@ pub fn check_target(path: &Path) -> Result<(), String> {
     if path.is_dir() {
         return Err("is a directory: give a file name ending in .svg".into());
     }
+    // Found here, before the table is printed, not when drawing after it.
+    let folder = path
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    if !folder.is_dir() {
+        return Err(format!(
+            "its folder {} {}",
+            folder.display(),
+            match crate::recipe::why_missing(folder).as_str() {
+                "exists" => "is not a folder".to_string(),
+                why => why.to_string(),
+            }
+        ));
+    }
     if let Ok(mut f) = std::fs::File::open(path) {
         use std::io::Read;
         let mut head = [0u8; 256];

@@ -888,9 +888,18 @@ fn report_command_prints_markdown_and_draws_a_plot() {
     std::fs::write(&records, "{\"step\": 1}\n").unwrap();
     let kept = out_dir.join("notes.svg");
     std::fs::write(&kept, "my notes\n").unwrap();
+    // A folder that is not there is found before the table is printed, not after it.
+    let nowhere = out_dir.join("no-such-folder/plot.svg");
     for (target, want) in [
-        (&records, "give a name ending in .svg"),
-        (&kept, "exists and is not an SVG file"),
+        (&records, "give a name ending in .svg".to_string()),
+        (&kept, "exists and is not an SVG file".to_string()),
+        (
+            &nowhere,
+            format!(
+                "its folder {} does not exist",
+                out_dir.join("no-such-folder").display()
+            ),
+        ),
     ] {
         let refused = runner_cmd()
             .args(["report", "tests/fixtures/report", "--plot"])
@@ -898,7 +907,11 @@ fn report_command_prints_markdown_and_draws_a_plot() {
             .output()
             .unwrap();
         expect_exit(&refused, 2);
-        assert!(String::from_utf8_lossy(&refused.stderr).contains(want));
+        assert!(String::from_utf8_lossy(&refused.stderr).contains(&want));
+        assert!(
+            refused.stdout.is_empty(),
+            "{target:?}: the table was printed"
+        );
     }
     assert_eq!(
         std::fs::read_to_string(&records).unwrap(),
