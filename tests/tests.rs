@@ -2950,6 +2950,18 @@ fn a_non_utf8_recipe_and_a_multi_key_set_are_refused_with_where() {
         &["--set", "name=\"a\"\nseed=5"],
         "the value of `name` holds more keys after it",
     );
+    // A wrong value given on the command line is shown there, not at the recipe's first
+    // line or a table header of the file (as a swept list, and as a key below a value).
+    refused(
+        &recipe,
+        &["--set", "sweep.optim.lr=[0.1, \"x\"]"],
+        "error: --set:1:16: optim.lr: invalid type: string \"x\"",
+    );
+    refused(
+        &recipe,
+        &["--set", "loader.workers.x=1"],
+        "error: --set:1:1: loader.workers: invalid type: table",
+    );
     // A number past TOML's range is said to be one, not "a string, write it without quotes".
     refused(
         &recipe,

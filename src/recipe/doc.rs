@@ -47,6 +47,25 @@ impl Doc {
     /// A finding about a key, placed at its value (or at the nearest table above it that
     /// the sources write), in the file that wrote it.
     pub fn diagnostic(&self, fallback: &Path, key: &str, d: Diagnostic) -> Diagnostic {
+        // A value written only through keys below it (`--set loader.workers.x=1` made
+        // `loader.workers` a table): where the last of them was written, not the table
+        // around it.
+        let below = format!("{key}.");
+        let child = (!self.origins.contains_key(key))
+            .then(|| {
+                self.origins
+                    .iter()
+                    .filter(|(k, _)| k.starts_with(&below))
+                    .max_by_key(|(_, o)| o.source)
+                    .map(|(_, o)| o)
+            })
+            .flatten();
+        if let Some(o) = child {
+            let s = self.source(o);
+            let mut d = d.at(&s.text, o.key.start..o.value.end);
+            d.file = s.name.clone();
+            return d;
+        }
         let mut k = key;
         loop {
             if let Some(o) = self.origins.get(k) {

@@ -140,8 +140,15 @@ fn axes(loaded: &Loaded, report: &mut Diagnostics) -> Vec<Axis> {
         let Some(values) = sweep_values(loaded, (&key, &okey), value, &err, report) else {
             continue;
         };
+        // Each value where it was written; the list as a whole where its values have no
+        // place of their own (a `--set sweep.k=[..]`), not the top of the recipe file.
         let origins = (0..values.len())
-            .map(|i| loaded.doc.origins.get(&format!("{okey}[{i}]")).cloned())
+            .map(|i| {
+                let o = &loaded.doc.origins;
+                o.get(&format!("{okey}[{i}]"))
+                    .or_else(|| o.get(&okey))
+                    .cloned()
+            })
             .collect();
         out.push(Axis {
             label: label(&key),
