@@ -72,16 +72,19 @@ pub fn find_runs(paths: &[PathBuf]) -> Result<Vec<PathBuf>, Error> {
             // A run's two files; listed when they are there at all, so that one that is
             // not a file (a named pipe) is reported by `load_run` rather than skipped.
             let there = |f: &str| d.join(f).symlink_metadata().is_ok();
-            if there("summary.json") && there("metrics.jsonl") {
-                out.push(d);
-                continue;
+            let run = there("summary.json") && there("metrics.jsonl");
+            if run {
+                out.push(d.clone());
             }
             match std::fs::read_dir(&d) {
                 // Symbolic links to directories are not followed below a path given: a
                 // `runs/latest` would count its run twice, and `up -> ..` without end.
+                // Below a run too (a run named `a/<run id of a>` lies in that run's
+                // directory), but not into its checkpoints.
                 Ok(rd) => stack.extend(rd.filter_map(|e| {
                     let e = e.ok()?;
-                    e.file_type().ok()?.is_dir().then(|| e.path())
+                    let skip = run && e.file_name() == "checkpoints";
+                    (e.file_type().ok()?.is_dir() && !skip).then(|| e.path())
                 })),
                 // One that cannot be listed (another user's run) is reported as such by
                 // `load_run`, not left out in silence.

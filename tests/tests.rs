@@ -2402,6 +2402,36 @@ fn resume_refuses_at_once_what_it_could_not_write_later() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// A run whose name puts it inside another run's directory (`a/<a run id of a>`) is in the
+/// report: the walk stopped at the outer run, and the inner one was never listed.
+#[test]
+fn report_finds_a_run_inside_another_runs_directory() {
+    let dir = tempdir("report-nested");
+    let recipe = tiny_recipe(&dir, "n", "");
+    expect_exit(&runner_cmd().arg(&recipe).arg("-q").output().unwrap(), 0);
+    let outer = only_run(&dir.join("runs/n"));
+    let id = outer.file_name().unwrap().to_string_lossy().into_owned();
+    let out = runner_cmd()
+        .arg(&recipe)
+        .args(["-q", "--set", &format!("name=\"n/{id}\"")])
+        .output()
+        .unwrap();
+    expect_exit(&out, 0);
+    let out = runner_cmd()
+        .args(["report", "--format", "csv"])
+        .arg(dir.join("runs"))
+        .output()
+        .unwrap();
+    expect_exit(&out, 0);
+    let csv = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        csv.lines().any(|l| l.starts_with("n,1,"))
+            && csv.lines().any(|l| l.starts_with(&format!("n/{id},1,"))),
+        "{csv}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// `runner report` counts each run once, however it is reached: a `runs/latest` link
 /// to a run counted it twice (and halved its spread), and a link up the tree without
 /// end; and a run it cannot enter (another user's, `drwx------`) is listed as unreadable
