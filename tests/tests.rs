@@ -3933,7 +3933,7 @@ fn eval_scores_saved_weights_like_the_run_did_and_on_another_file() {
             && !stderr.contains("--set"),
         "{stderr}"
     );
-    // Damaged weights: an error that says so, no panic.
+    // Damaged weights: bad input (exit 2, as a folder in their place is), said so, no panic.
     let damaged = dir.join("damaged");
     std::fs::create_dir_all(&damaged).unwrap();
     for f in ["recipe.toml", "summary.json", "env.json"] {
@@ -3942,10 +3942,12 @@ fn eval_scores_saved_weights_like_the_run_did_and_on_another_file() {
     let weights = std::fs::read(run.join("model.safetensors")).unwrap();
     std::fs::write(damaged.join("model.safetensors"), &weights[..1000]).unwrap();
     let out = runner_cmd().arg("eval").arg(&damaged).output().unwrap();
-    expect_exit(&out, 1);
+    expect_exit(&out, 2);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
-        stderr.starts_with("error: cannot evaluate") && !stderr.contains("panicked"),
+        stderr.starts_with("error: cannot evaluate")
+            && stderr.contains("= help: a damaged or replaced weights file")
+            && !stderr.contains("panicked"),
         "{stderr}"
     );
     // A short last batch is filled up to the batch size and scored by its own rows alone:

@@ -337,10 +337,7 @@ pub(crate) fn eval(run_dir: &Path, data: Option<&Path>, best: bool) -> ExitCode 
             }
         }
         Err(RunError::Failed { message, .. }) => {
-            runner::errln!(
-                "error: cannot evaluate {}: {message}\n  = help: a damaged or replaced weights file cannot be scored; running the run's recipe.toml again writes new weights",
-                run_dir.display()
-            );
+            runner::errln!("error: cannot evaluate {}: {message}", run_dir.display());
             ExitCode::from(1)
         }
         Err(e) => {

@@ -136,9 +136,16 @@ pub fn eval(
         dir: run_dir.to_path_buf(),
         message,
     };
+    // The device failing is the evaluation failing (exit 1); weights that cannot be loaded
+    // (damaged, another recipe's) are bad input, as a directory in their place is (exit 2).
     let e = backend::dispatch(plan.device, &plan.kernels, job)
         .map_err(failed)?
-        .map_err(failed)?;
+        .map_err(|m| {
+            RunError::Input(format!(
+                "error: cannot evaluate {}: {m}\n  = help: a damaged or replaced weights file cannot be scored; running the run's recipe.toml again writes new weights",
+                run_dir.display()
+            ))
+        })?;
     let mut report = EvalReport {
         run_dir: run_dir.to_path_buf(),
         weights,

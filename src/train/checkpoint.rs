@@ -319,7 +319,7 @@ pub fn load_weights<B: crate::ops::ModelBackend>(
     }
     if let Some(e) = result.errors.first() {
         return Err(format!(
-            "{}: does not fit this recipe's model ({} tensor(s), e.g. {e:?}): was it saved from another recipe?",
+            "{}: does not fit this recipe's model ({} tensor(s), e.g. {e}): was it saved from another recipe?",
             path.display(),
             result.errors.len()
         ));
