@@ -3767,7 +3767,13 @@ fn resume_refuses_data_that_changed_since_the_run_started() {
         ),
     )
     .unwrap();
-    expect_exit(&runner_cmd().arg(&recipe).arg("-q").output().unwrap(), 0);
+    // Started by a relative path (the data's path in the run's recipe.toml is absolute).
+    let out = runner_cmd()
+        .current_dir(&dir)
+        .args(["d.toml", "-q"])
+        .output()
+        .unwrap();
+    expect_exit(&out, 0);
     let run = only_run(&dir.join("runs/d"));
     let mut s = json(&run.join("summary.json"));
     s["status"] = "interrupted".into();
@@ -3794,6 +3800,53 @@ fn resume_refuses_data_that_changed_since_the_run_started() {
         .output()
         .unwrap();
     expect_exit(&out, 0);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A checkpoint that would not load into the recipe's model (another layout under the
+/// same recipe hash, as another version of the runner could write) is refused before the
+/// run is touched: before, its metrics were cut back to the checkpoint and it was marked
+/// failed, and only then did loading fail.
+#[test]
+fn resume_refuses_a_checkpoint_of_another_model_before_changing_the_run() {
+    let dir = tempdir("resume-fit");
+    let recipe = tiny_recipe(&dir, "f", "[checkpoint]\nevery = 1\n");
+    expect_exit(&runner_cmd().arg(&recipe).arg("-q").output().unwrap(), 0);
+    let run = only_run(&dir.join("runs/f"));
+    let other = tiny_recipe(&dir, "o", "[checkpoint]\nevery = 1\n");
+    let out = runner_cmd()
+        .arg(&other)
+        .args(["-q", "--set", "model.hidden=[16]"])
+        .output()
+        .unwrap();
+    expect_exit(&out, 0);
+    let (ours, _) = runner::checkpoint::list(&run).pop().unwrap();
+    let (theirs, _) = runner::checkpoint::list(&only_run(&dir.join("runs/o")))
+        .pop()
+        .unwrap();
+    let state = json(&ours.join("state.json"));
+    for f in ["model.bin", "optimizer.bin", "state.json"] {
+        std::fs::copy(theirs.join(f), ours.join(f)).unwrap();
+    }
+    let mut forged = json(&ours.join("state.json"));
+    forged["recipe_sha256"] = state["recipe_sha256"].clone();
+    std::fs::write(ours.join("state.json"), forged.to_string()).unwrap();
+    let mut s = json(&run.join("summary.json"));
+    s["status"] = "interrupted".into();
+    std::fs::write(run.join("summary.json"), s.to_string()).unwrap();
+    let metrics = std::fs::read(run.join("metrics.jsonl")).unwrap();
+    let out = runner_cmd().arg("resume").arg(&run).output().unwrap();
+    expect_exit(&out, 2);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains(&format!(
+            "error: checkpoint {}: does not fit",
+            ours.display()
+        )),
+        "{stderr}"
+    );
+    assert_eq!(json(&run.join("summary.json")), s, "the summary changed");
+    assert_eq!(std::fs::read(run.join("metrics.jsonl")).unwrap(), metrics);
     let _ = std::fs::remove_dir_all(&dir);
 }
 

@@ -50,8 +50,11 @@ pub(crate) fn data_files(plan: &Plan) -> Vec<DataFile> {
         .iter()
         .filter_map(|p| {
             let sum = crate::checkpoint::file_sum(p).ok()?;
+            // The same file however the recipe was named (`recipes/../x.bin` from the
+            // command line, an absolute path in the run's own recipe.toml).
+            let path = std::fs::canonicalize(p).unwrap_or_else(|_| p.clone());
             Some(DataFile {
-                path: p.display().to_string(),
+                path: path.display().to_string(),
                 bytes: sum.bytes,
                 crc32: sum.crc32,
             })

@@ -132,6 +132,19 @@ pub fn resume(
             "error: {changed}\n  = help: resume continues a run on the data it started on; put that file back, or start a new run on this data"
         )));
     }
+    // A checkpoint that would not load (another model layout under the same recipe hash,
+    // e.g. written by another version of the runner) is found before anything is changed.
+    let vocab = prepared
+        .sets
+        .tokenizer
+        .as_ref()
+        .map_or(0, |t| t.vocab_size());
+    let shape = crate::train::Batcher::new(&plan, vocab).shape;
+    if let Err(e) = crate::checkpoint::fits(&plan, shape, &ckpt_dir) {
+        return Err(input(format!(
+            "error: {e}\n  = help: the checkpoint does not fit the model this recipe builds (written by another version of the runner?); resume it with the runner that wrote it"
+        )));
+    }
     // Nothing is written yet: a metrics file that cannot be continued is bad input.
     let (metrics, records) = JsonLines::reopen::<StepRecord>(&metrics_path, state.metrics_lines)
         .map_err(|e| {

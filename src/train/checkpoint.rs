@@ -230,6 +230,21 @@ pub fn latest(run_dir: &Path) -> Option<(PathBuf, State)> {
     list(run_dir).pop()
 }
 
+/// Whether a checkpoint loads into the model and optimizer `plan` builds, tried on the
+/// CPU: `runner resume` asks before it changes anything in the run directory. (Found only
+/// when training loaded it, a checkpoint of another model layout left the run cut back to
+/// it and marked failed.) `shape` is the batches' input shape.
+pub fn fits(
+    plan: &crate::plan::Plan,
+    shape: crate::model::Shape,
+    dir: &Path,
+) -> Result<(), String> {
+    type Cpu = crate::backend::CpuBackend;
+    let device = crate::backend::cpu_device();
+    let model = Net::<Cpu>::new(&plan.model, shape, plan.seed, &device);
+    load::<Cpu>(dir, model, Optim::<Cpu>::new(&plan.optim), &device).map(|_| ())
+}
+
 /// Loads a checkpoint's model and optimizer state into freshly built ones.
 pub fn load<B: TrainBackend>(
     dir: &Path,
@@ -263,7 +278,22 @@ fn load_unchecked<B: TrainBackend>(
 ) -> Result<(Net<B>, Optim<B>), String> {
     let record =
         Recorder::<B>::load(rec, dir.join("model"), device).map_err(|e| err("model", &e))?;
+    // Burn takes a record's tensors whatever their shapes (a layer of 16 for one of 256 is
+    // loaded, and trains): compared here.
+    let want = shapes(&model);
     let model = model.load_record(record);
+    let got = shapes(&model);
+    if let Some(i) = (0..want.len().max(got.len())).find(|&i| want.get(i) != got.get(i)) {
+        return Err(err(
+            "does not fit this recipe's model",
+            &format!(
+                "its tensor {} has shape {:?}, the model's {:?}",
+                i + 1,
+                got.get(i).cloned().unwrap_or_default(),
+                want.get(i).cloned().unwrap_or_default()
+            ),
+        ));
+    }
     let optim = match optim {
         Optim::Sgd(o) => Optim::Sgd(
             o.load_record(
@@ -279,6 +309,22 @@ fn load_unchecked<B: TrainBackend>(
         ),
     };
     Ok((model, optim))
+}
+
+/// The shapes of a model's parameters, in the order Burn visits them.
+fn shapes<B: crate::ops::ModelBackend>(model: &Net<B>) -> Vec<Vec<usize>> {
+    struct Shapes(Vec<Vec<usize>>);
+    impl<B: burn::tensor::backend::Backend> burn::module::ModuleVisitor<B> for Shapes {
+        fn visit_float<const D: usize>(
+            &mut self,
+            p: &burn::module::Param<burn::tensor::Tensor<B, D>>,
+        ) {
+            self.0.push(p.val().dims().to_vec());
+        }
+    }
+    let mut s = Shapes(vec![]);
+    model.visit(&mut s);
+    s.0
 }
 
 /// Saves the weights as safetensors (burn-store), written under a temporary name first.
