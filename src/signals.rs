@@ -1,5 +1,5 @@
 //! Ctrl-C, SIGTERM (what Slurm sends before a time limit, and `kill`) and SIGHUP (the
-//! terminal or ssh session closed): the first one asks the run to stop at its next step
+//! terminal or ssh session closed; left ignored under `nohup`): the first one asks the run to stop at its next step
 //! boundary (its metrics flushed, a checkpoint written, `status: "interrupted"`, exit 130,
 //! 143 or 129); a second one, half a second or more later, ends the process at once
 //! with the same code (one sooner is the first delivered twice). Owns the
@@ -68,16 +68,16 @@ pub fn install() {
         return;
     }
     // SIGHUP too: by default it killed the run where it stood, with no checkpoint and its
-    // summary left `running`, when the terminal that started it closed. One ignored when
-    // the runner started stays ignored: `nohup runner ...` keeps running without its
-    // terminal, and a shell script's `runner ... &` is not stopped by the Ctrl-C meant
-    // for the script.
+    // summary left `running`, when the terminal that started it closed. Unless it was
+    // ignored when the runner started: `nohup runner ...` keeps running without its
+    // terminal. (SIGINT and SIGTERM are always taken, as before: a shell starts a
+    // background job with SIGINT ignored, and `kill -INT` must still stop it cleanly.)
     for sig in [
         signal_hook::consts::SIGINT,
         signal_hook::consts::SIGTERM,
         signal_hook::consts::SIGHUP,
     ] {
-        if ignored(sig) {
+        if sig == signal_hook::consts::SIGHUP && ignored(sig) {
             continue;
         }
         // SAFETY: `on_signal` does only what a signal handler may (see there).

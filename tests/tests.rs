@@ -687,6 +687,15 @@ fn only_run(dir: &Path) -> PathBuf {
 fn runner_cmd() -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_runner"));
     c.current_dir(root());
+    // The runner leaves SIGHUP ignored where it was started so (`nohup`): a suite run
+    // under nohup would then see a SIGHUP test run on for ever.
+    // SAFETY: `signal` is async-signal-safe, as `pre_exec` requires.
+    unsafe {
+        std::os::unix::process::CommandExt::pre_exec(&mut c, || {
+            libc::signal(libc::SIGHUP, libc::SIG_DFL);
+            Ok(())
+        });
+    }
     c
 }
 
