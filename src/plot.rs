@@ -70,14 +70,12 @@ pub fn check_target(path: &Path) -> Result<(), String> {
         .filter(|p| !p.as_os_str().is_empty())
         .unwrap_or(Path::new("."));
     if !folder.is_dir() {
-        return Err(format!(
-            "its folder {} {}",
-            folder.display(),
-            match crate::recipe::why_missing(folder).as_str() {
-                "exists" => "is not a folder".to_string(),
-                why => why.to_string(),
-            }
-        ));
+        let why = match crate::recipe::odd_kind(folder) {
+            Some(kind) => format!("is {kind}, not a folder"),
+            None if folder.exists() => "is a file, not a folder".into(),
+            None => crate::recipe::why_missing(folder),
+        };
+        return Err(format!("its folder {} {why}", folder.display()));
     }
     if let Ok(mut f) = std::fs::File::open(path) {
         use std::io::Read;

@@ -114,12 +114,13 @@ pub fn load_run(dir: &Path) -> Result<Run, Error> {
     let mp = dir.join("metrics.jsonl");
     // Read only regular files: a named pipe would block the report for good.
     // (One that cannot be reached at all is said by the read below.)
-    let odd = |p: &&PathBuf| std::fs::metadata(p).is_ok_and(|m| !m.is_file());
-    if let Some(odd) = [&sp, &mp].into_iter().find(odd) {
-        return Err(Error::Input(format!(
-            "error: {}: not a regular file (the runner writes it as one)",
-            odd.display()
-        )));
+    for p in [&sp, &mp] {
+        if let Some(kind) = crate::recipe::odd_kind(p) {
+            return Err(Error::Input(format!(
+                "error: {}: not a regular file but {kind} (the runner writes it as a file)",
+                p.display()
+            )));
+        }
     }
     let text = std::fs::read_to_string(&sp)
         .map_err(|e| Error::Input(format!("error: {}: {e}", sp.display())))?;

@@ -146,6 +146,25 @@ pub fn check(path: &Path, mut doc: Doc, mut report: Diagnostics) -> Result<Loade
     })
 }
 
+/// What `path` is when it is there but is not a regular file (followed through links):
+/// "a folder", "a named pipe", "a socket" or "a device"; `None` for a regular file or
+/// nothing there (`why_missing` says which).
+pub fn odd_kind(path: &Path) -> Option<&'static str> {
+    use std::os::unix::fs::FileTypeExt as _;
+    let t = std::fs::metadata(path).ok()?.file_type();
+    Some(if t.is_file() {
+        return None;
+    } else if t.is_dir() {
+        "a folder"
+    } else if t.is_fifo() {
+        "a named pipe"
+    } else if t.is_socket() {
+        "a socket"
+    } else {
+        "a device"
+    })
+}
+
 /// Why `path` cannot be opened when `path.exists()` says no: "does not exist" only where
 /// nothing is there; else a dangling symbolic link, a loop of them, or a folder on the way
 /// this user may not enter (all of which `exists()` reports as missing).

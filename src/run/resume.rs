@@ -27,13 +27,9 @@ pub fn resume(
         .map(|f| run_dir.join(f))
         .find(|p| p.symlink_metadata().is_ok() && !p.is_file())
     {
-        use std::os::unix::fs::FileTypeExt as _;
-        let what = match std::fs::metadata(&odd).map(|m| m.file_type()) {
-            Ok(t) if t.is_dir() => "is a folder, not a file".into(),
-            Ok(t) if t.is_fifo() => "is a named pipe, not a file".into(),
-            Ok(t) if t.is_socket() => "is a socket, not a file".into(),
-            Ok(_) => "is a device, not a file".into(),
-            Err(_) => crate::recipe::why_missing(&odd),
+        let what = match crate::recipe::odd_kind(&odd) {
+            Some(kind) => format!("is {kind}, not a file"),
+            None => crate::recipe::why_missing(&odd),
         };
         return Err(input(format!(
             "error: {}: {what}\n  = help: the runner writes it as a regular file; move it away, then resume",

@@ -252,13 +252,14 @@ impl CellLock {
                     return Ok(Ok(Self::held(path)));
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
-                    let owner = std::fs::read_to_string(path).unwrap_or_default();
-                    if !Self::stale(path, &owner, &host) {
-                        let owner = owner.trim();
+                    let text = std::fs::read_to_string(path).unwrap_or_default();
+                    // `host pid` as said: `host pid 123`; empty while its owner starts.
+                    let owner = text.trim().replacen(' ', " pid ", 1);
+                    if !Self::stale(path, &text, &host) {
                         return Ok(Err(if owner.is_empty() {
                             "a process that is starting".into()
                         } else {
-                            format!("process {owner}", owner = owner.replacen(' ', " pid ", 1))
+                            format!("process {owner}")
                         }));
                     }
                     // Stale: remove and try again (another process may win the race).
@@ -266,10 +267,10 @@ impl CellLock {
                     // would block the cell for good while each try said it was busy.
                     match std::fs::remove_file(path) {
                         Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
-                            let owner = owner.trim();
-                            let owner = match owner {
-                                "" => "no process".to_string(),
-                                o => o.replacen(' ', " pid ", 1),
+                            let owner = if owner.is_empty() {
+                                "no process"
+                            } else {
+                                &owner
                             };
                             return Err(std::io::Error::new(
                                 e.kind(),
