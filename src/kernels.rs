@@ -579,7 +579,7 @@ mod tests {
     /// cannot be created, under /proc, which even root cannot write) is replaced by this
     /// user's own directory under the temporary one, the same on the next run, with a
     /// warning naming both and what to do. Permissions proper (another user's cache) are
-    /// checked through the binary, as another user (tests.rs).
+    /// checked through the binary, as another user (tests/tests/wgpu.rs).
     #[test]
     fn an_unwritable_cache_falls_back_to_this_users_own() {
         let tmp = scratch("cache-fallback");

@@ -1,0 +1,250 @@
+//! The binary as a user meets it: exit codes, messages, what is written and what is not.
+
+use crate::common::{
+    expect_exit, json, only_run, root, runner_cmd, statuses, tempdir, tiny_recipe,
+};
+
+#[test]
+fn bad_input_exits_2_and_writes_nothing() {
+    let logs = tempdir("cli-bad");
+    for fixture in ["unknown_key", "truncated_dataset", "cuda_not_compiled"] {
+        let out = runner_cmd()
+            .arg(format!("tests/fixtures/invalid/{fixture}.toml"))
+            .output()
+            .unwrap();
+        assert_eq!(
+            out.status.code(),
+            Some(2),
+            "{fixture}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains(&format!("tests/fixtures/invalid/{fixture}.toml:")),
+            "{err}"
+        );
+    }
+    assert!(
+        !root().join("runs/unknown_key").exists()
+            && !root().join("runs/truncated_dataset").exists()
+    );
+
+    // A label out of range is found when the data is read: still exit 2, still nothing written.
+    let bad = logs.join("bad_label.bin");
+    let mut bytes = std::fs::read(root().join("datasets/cifar10_sample/test_batch.bin")).unwrap();
+    bytes[3073 * 5] = 42;
+    std::fs::write(&bad, bytes).unwrap();
+    let recipe = logs.join("bad_label.toml");
+    std::fs::write(
+        &recipe,
+        format!("[model]\narch = \"mlp\"\n[data]\nformat = \"cifar10-bin\"\ntrain = \"bad_label.bin\"\n[log]\ndir = \"{}\"\n", logs.join("runs").display()),
+    )
+    .unwrap();
+    let out = runner_cmd().arg(&recipe).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains(
+            "bad_label.bin record 5 (byte offset 15365) has label 42, but there are 10 classes"
+        ),
+        "{err}"
+    );
+    assert!(
+        !logs.join("runs").exists(),
+        "a run directory was created for bad data"
+    );
+}
+
+#[test]
+fn validate_command_checks_every_recipe() {
+    let ok = runner_cmd()
+        .args([
+            "validate",
+            "recipes/quickstart.toml",
+            "recipes/article/default.toml",
+        ])
+        .output()
+        .unwrap();
+    expect_exit(&ok, 0);
+    assert!(String::from_utf8_lossy(&ok.stdout).contains("ok: recipes/quickstart.toml"));
+    let bad = runner_cmd()
+        .args([
+            "validate",
+            "recipes/quickstart.toml",
+            "tests/fixtures/invalid/many_errors.toml",
+            "tests/fixtures/invalid/unknown_key.toml",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(bad.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&bad.stderr);
+    assert!(
+        err.contains("errors in tests/fixtures/invalid/many_errors.toml")
+            && err.contains("loader.wokers"),
+        "{err}"
+    );
+    let usage = runner_cmd().arg("--no-such-flag").output().unwrap();
+    assert_eq!(usage.status.code(), Some(2));
+}
+
+#[test]
+fn a_run_prints_a_one_line_summary() {
+    let logs = tempdir("cli-run");
+    let recipe = logs.join("tiny.toml");
+    std::fs::write(
+        &recipe,
+        format!("[model]\narch = \"mlp\"\n[data]\nformat = \"synthetic\"\nsynthetic = {{ samples = 128, test_samples = 64 }}\n[run]\nepochs = 2\nwarmup_steps = 1\n[log]\ndir = \"{}\"\n", logs.join("runs").display()),
+    )
+    .unwrap();
+    let out = runner_cmd().arg(&recipe).output().unwrap();
+    expect_exit(&out, 0);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(stdout.lines().count(), 1, "{stdout}");
+    assert!(
+        stdout.starts_with("tiny: 4 steps, median ")
+            && stdout.contains("samples/s, test accuracy "),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains(&logs.join("runs/tiny/").display().to_string()),
+        "{stdout}"
+    );
+    // With every step inside run.warmup_steps there is no speed to print, not a zero one.
+    let out = runner_cmd()
+        .arg(&recipe)
+        .args(["--set", "run.warmup_steps=10"])
+        .output()
+        .unwrap();
+    expect_exit(&out, 0);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout
+            .starts_with("tiny: 4 steps, none timed (all within run.warmup_steps), test accuracy"),
+        "{stdout}"
+    );
+}
+
+/// With several recipes, every log.dir is checked before the first one trains: one that
+/// is a link to nowhere is an error naming its recipe and the key, and the
+/// recipes before it have not run. (Before, the first trained, then the second failed
+/// with "File exists" and no recipe named.)
+#[test]
+fn every_log_dir_is_checked_before_any_recipe_runs() {
+    let dir = tempdir("log-dirs");
+    let one = tiny_recipe(&dir, "one", "");
+    std::os::unix::fs::symlink(dir.join("nowhere"), dir.join("dangling")).unwrap();
+    // (A log.dir that is a file, or below one, is a validation error, with its line.)
+    let two = tiny_recipe(&dir, "two", "");
+    let text = std::fs::read_to_string(&two).unwrap().replace(
+        &format!("dir = \"{}\"", dir.join("runs").display()),
+        &format!("dir = \"{}\"", dir.join("dangling").display()),
+    );
+    std::fs::write(&two, text).unwrap();
+    let out = runner_cmd().arg(&one).arg(&two).arg("-q").output().unwrap();
+    expect_exit(&out, 2);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains(&format!("error: {}: log.dir:", two.display()))
+            && stderr.contains("is a symbolic link to a folder that does not exist"),
+        "{stderr}"
+    );
+    assert!(!dir.join("runs").exists(), "the first recipe ran");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A reader that left (`runner grid.toml | head -1`, a `tee` that died) stops neither a
+/// grid nor a listing: output to a closed pipe is dropped, not a panic.
+#[test]
+fn a_closed_stdout_or_stderr_stops_nothing() {
+    let dir = tempdir("closed-pipe");
+    let grid = tiny_recipe(&dir, "g", "[sweep]\n\"optim.lr\" = [0.1, 0.2]\n");
+    let closed = || {
+        let (reader, writer) = std::io::pipe().unwrap();
+        drop(reader);
+        writer
+    };
+    let out = runner_cmd()
+        .arg(&grid)
+        .stdout(closed())
+        .stderr(closed())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "the grid ran to its end");
+    let sweep = only_run(&dir.join("runs/g/sweeps"));
+    let states: Vec<String> = statuses(&sweep).into_iter().map(|(_, s)| s).collect();
+    assert_eq!(
+        states,
+        ["done", "done"],
+        "both cells, after the first one's lines were lost"
+    );
+    for args in [&["ls"][..], &["show", grid.to_str().unwrap()], &["schema"]] {
+        let out = runner_cmd()
+            .args(args)
+            .stdout(closed())
+            .stderr(std::process::Stdio::piped())
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(0), "{args:?}: {stderr}");
+        assert!(!stderr.contains("panicked"), "{args:?}: {stderr}");
+    }
+    // Output that is the command's result and could not be written (a full disk) is a
+    // failure, said once.
+    if let Ok(full) = std::fs::OpenOptions::new().write(true).open("/dev/full") {
+        let out = runner_cmd().arg("schema").stdout(full).output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{stderr}");
+        assert_eq!(
+            stderr
+                .matches("error: cannot write to standard output: No space left on device")
+                .count(),
+            1,
+            "{stderr}"
+        );
+    }
+}
+
+#[test]
+fn small_input_mistakes_get_plain_answers() {
+    let dir = tempdir("small-mistakes");
+    // A JSONL file saved with a byte-order mark reads like one without.
+    let text =
+        std::fs::read_to_string(root().join("datasets/rotten_tomatoes/train.jsonl")).unwrap();
+    let bom = dir.join("bom.jsonl");
+    std::fs::write(&bom, format!("\u{feff}{text}")).unwrap();
+    let recipe = dir.join("bom.toml");
+    std::fs::write(
+        &recipe,
+        format!(
+            "[model]\narch = \"bag\"\n[data]\nformat = \"jsonl\"\ntrain = \"{}\"\n",
+            bom.display()
+        ),
+    )
+    .unwrap();
+    expect_exit(
+        &runner_cmd().arg("validate").arg(&recipe).output().unwrap(),
+        0,
+    );
+    // --max-cells 0 says what it means.
+    let out = runner_cmd()
+        .args(["validate", "recipes/quickstart.toml", "--max-cells", "0"])
+        .output()
+        .unwrap();
+    expect_exit(&out, 2);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--max-cells 0 allows no cell"));
+    // A manifest cut by a crash is written again when the grid runs.
+    let grid = tiny_recipe(&dir, "g", "[sweep]\n\"optim.lr\" = [0.1, 0.2]\n");
+    expect_exit(&runner_cmd().arg(&grid).arg("-q").output().unwrap(), 0);
+    let sweep = only_run(&dir.join("runs/g/sweeps"));
+    std::fs::write(sweep.join("manifest.json"), "{\"grid_id\": ").unwrap();
+    expect_exit(
+        &runner_cmd()
+            .arg(&grid)
+            .args(["-q", "--resume"])
+            .output()
+            .unwrap(),
+        0,
+    );
+    let m = json(&sweep.join("manifest.json"));
+    assert_eq!(m["cells"].as_array().map(Vec::len), Some(2));
+}

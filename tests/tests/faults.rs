@@ -1,0 +1,411 @@
+//! Faults: signals, permissions, links and pipes, full disks.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use runner::metrics::{StepRecord, Summary};
+
+use crate::common::{
+    as_other, expect_exit, only_run, root, runner_cmd, summary, tempdir, tiny_recipe, walk_files,
+    whole_lines, writable_by_other,
+};
+
+/// Starts `runner` on a long synthetic run, waits for its first metrics line, sends
+/// `signal`, and returns its output and run directory.
+fn interrupt(tag: &str, extra: &str, signal: &str) -> (std::process::Output, PathBuf) {
+    interrupt_n(tag, extra, &[], signal, 1)
+}
+
+/// `interrupt`, with more `--set` overrides and the signal sent `times` times, 20 ms apart.
+fn interrupt_n(
+    tag: &str,
+    extra: &str,
+    sets: &[&str],
+    signal: &str,
+    times: usize,
+) -> (std::process::Output, PathBuf) {
+    signalled(runner_cmd(), tag, extra, sets, signal, times)
+}
+
+/// `interrupt_n` of the runner started by `cmd` (the runner, or a wrapper such as `nohup`
+/// with the runner's path as its first argument); `sets` come last, so they win.
+fn signalled(
+    mut cmd: Command,
+    tag: &str,
+    extra: &str,
+    sets: &[&str],
+    signal: &str,
+    times: usize,
+) -> (std::process::Output, PathBuf) {
+    let dir = tempdir(tag);
+    let recipe = tiny_recipe(&dir, tag, extra);
+    cmd.arg(&recipe).args([
+        "-q",
+        "--set",
+        "run.epochs=100000",
+        "--set",
+        "data.synthetic.samples=4000",
+    ]);
+    for set in sets {
+        cmd.args(["--set", set]);
+    }
+    let child = cmd
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let runs = dir.join("runs");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        let started = walk_files(&runs).iter().any(|p| {
+            p.ends_with("metrics.jsonl") && std::fs::metadata(p).is_ok_and(|m| m.len() > 0)
+        });
+        if started {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the run never started"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    for i in 0..times {
+        if i > 0 {
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        let status = Command::new("kill")
+            .args([signal, &child.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(status.success());
+    }
+    let out = child.wait_with_output().unwrap();
+    (out, dir)
+}
+
+/// SIGTERM (Slurm, `kill`) and SIGHUP (the terminal or ssh session that started the run
+/// closed; it used to kill the run where it stood, its summary left `running`) stop the
+/// run at a step boundary with a checkpoint to resume from.
+#[test]
+fn sigterm_and_sighup_stop_at_a_step_boundary_and_say_interrupted() {
+    for (signal, code, name) in [("-TERM", 143, "SIGTERM"), ("-HUP", 129, "SIGHUP")] {
+        let tag = name.to_lowercase();
+        let (out, dir) = interrupt(&tag, "", signal);
+        expect_exit(&out, code);
+        let run = only_run(&dir.join(format!("runs/{tag}")));
+        let s = summary(&run);
+        assert_eq!(s.status, "interrupted");
+        let recs = whole_lines(&run);
+        assert_eq!(
+            s.steps as usize,
+            recs.len(),
+            "the summary covers what was written"
+        );
+        assert!(
+            s.error
+                .as_deref()
+                .unwrap_or_default()
+                .starts_with(&format!("interrupted by {name} after step")),
+            "{s:?}"
+        );
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            stderr.contains(&format!(
+                "{tag}: interrupted by {name}; what was recorded is in"
+            )),
+            "{stderr}"
+        );
+        let latest = runner::checkpoint::list(&run).pop().map(|(_, st)| st.step);
+        assert_eq!(
+            latest,
+            Some(s.steps),
+            "{name}: no checkpoint at the last step"
+        );
+    }
+}
+
+/// Under `nohup` (which starts the runner with SIGHUP ignored) the terminal closing is
+/// left ignored, as the user asked: the run goes on to its end.
+#[test]
+fn under_nohup_a_sighup_is_left_ignored() {
+    let mut nohup = Command::new("nohup");
+    nohup.current_dir(root()).arg(env!("CARGO_BIN_EXE_runner"));
+    let (out, dir) = signalled(nohup, "nohup", "", &["run.epochs=4"], "-HUP", 1);
+    expect_exit(&out, 0);
+    assert_eq!(
+        summary(&only_run(&dir.join("runs/nohup"))).status,
+        "completed"
+    );
+}
+
+/// One signal delivered twice (`timeout -s INT` signals the command, then its process
+/// group) is one request to stop, not the "again" that exits at once: the run still ends
+/// `interrupted` with its summary and says so. (Before, the second copy, 20 ms later here,
+/// ended the process with nothing written, its summary left `running`: steps of about
+/// 100 ms make sure the first has not finished the run by then.)
+#[test]
+fn a_signal_delivered_twice_still_stops_at_a_step_boundary() {
+    let long_steps = ["model.hidden=[2048, 2048]", "loader.batch_size=512"];
+    let (out, dir) = interrupt_n("sigint-twice", "", &long_steps, "-INT", 2);
+    expect_exit(&out, 130);
+    let run = only_run(&dir.join("runs/sigint-twice"));
+    let s = summary(&run);
+    assert_eq!(s.status, "interrupted");
+    assert_eq!(s.steps as usize, whole_lines(&run).len());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("interrupted by SIGINT; what was recorded is in"),
+        "{stderr}"
+    );
+}
+
+/// `runner resume` checks every file and folder it will write before it trains: a
+/// `checkpoints/` or `samples.jsonl` it cannot write is refused at once (exit 2, the path
+/// named, the run untouched). Before, the resume trained to its end and then failed,
+/// turning an interrupted run into a failed one.
+#[test]
+fn resume_refuses_at_once_what_it_could_not_write_later() {
+    let (out, dir) = interrupt("resume-perm", "", "-TERM");
+    expect_exit(&out, 143);
+    let run = only_run(&dir.join("runs/resume-perm"));
+    assert!(run.join("checkpoints").is_dir());
+    // The sampler's lines of the first stretch (none if it was stopped within one interval).
+    if !run.join("samples.jsonl").exists() {
+        std::fs::write(run.join("samples.jsonl"), "").unwrap();
+    }
+    writable_by_other(&run, true, true);
+    let before = std::fs::read_to_string(run.join("summary.json")).unwrap();
+    let resume = || {
+        as_other(&dir)
+            .arg("resume")
+            .arg(&run)
+            .arg("-q")
+            .output()
+            .unwrap()
+    };
+    for blocked in ["checkpoints", "samples.jsonl"] {
+        writable_by_other(&run.join(blocked), false, false);
+        let out = resume();
+        expect_exit(&out, 2);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            stderr.contains(&format!(
+                "error: cannot write {}",
+                run.join(blocked).display()
+            )),
+            "{blocked}: {stderr}"
+        );
+        let after = std::fs::read_to_string(run.join("summary.json")).unwrap();
+        assert_eq!(after, before, "{blocked}: the summary changed");
+        writable_by_other(&run.join(blocked), true, false);
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Paths that are there but cannot be read as files get an error that says what they are,
+/// at once: a dangling link is not "does not exist", a pipe named `batches.meta.txt`
+/// beside the data does not block `validate`, and `runner ls` neither blocks on a pipe
+/// named `*.toml` nor follows a link up the tree.
+#[test]
+fn paths_that_are_links_or_pipes_are_named_as_such_and_block_nothing() {
+    let dir = tempdir("links-pipes");
+    let data = root().join("datasets/fashion_mnist");
+    let mkfifo = |p: &Path| assert!(Command::new("mkfifo").arg(p).status().unwrap().success());
+    // With `timeout`, so a regression fails instead of hanging the suite.
+    let validate = |recipe: &Path| {
+        Command::new("timeout")
+            .arg("20")
+            .arg(env!("CARGO_BIN_EXE_runner"))
+            .arg("validate")
+            .arg(recipe)
+            .output()
+            .unwrap()
+    };
+    let recipe = |name: &str, train: &Path| {
+        let r = dir.join(name);
+        std::fs::write(
+            &r,
+            format!(
+                "[model]\narch = \"small_cnn\"\n[data]\nformat = \"cifar10-bin\"\ntrain = \"{}\"\n",
+                train.display()
+            ),
+        )
+        .unwrap();
+        r
+    };
+    std::os::unix::fs::symlink(dir.join("gone.bin"), dir.join("dangling.bin")).unwrap();
+    let out = validate(&recipe("dangling.toml", &dir.join("dangling.bin")));
+    expect_exit(&out, 2);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains(&format!(
+            "is a symbolic link to {}, which does not exist",
+            dir.join("gone.bin").display()
+        )),
+        "{stderr}"
+    );
+
+    let beside = dir.join("fifo-meta");
+    std::fs::create_dir_all(&beside).unwrap();
+    std::fs::copy(data.join("data_batch.bin"), beside.join("data_batch.bin")).unwrap();
+    mkfifo(&beside.join("batches.meta.txt"));
+    let out = validate(&recipe("fifo.toml", &beside.join("data_batch.bin")));
+    expect_exit(&out, 2);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("batches.meta.txt") && stderr.contains("is not a regular file"),
+        "{stderr}"
+    );
+
+    let listing = dir.join("ls");
+    std::fs::create_dir_all(listing.join("recipes")).unwrap();
+    std::fs::copy(
+        root().join("recipes/quickstart.toml"),
+        listing.join("recipes/q.toml"),
+    )
+    .unwrap();
+    mkfifo(&listing.join("recipes/zz.toml"));
+    std::os::unix::fs::symlink("..", listing.join("recipes/up")).unwrap();
+    let out = Command::new("timeout")
+        .arg("20")
+        .arg(env!("CARGO_BIN_EXE_runner"))
+        .arg("ls")
+        .current_dir(&listing)
+        .output()
+        .unwrap();
+    expect_exit(&out, 0);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(stdout.matches("q.toml").count(), 1, "{stdout}");
+    assert!(!stdout.contains("zz.toml"), "{stdout}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A tmpfs of `size` mounted at `dir/small` (root can mount one; CI runs as root), or
+/// `None` (said on stderr: the test is skipped) where this user cannot.
+fn small_fs(dir: &Path, size: &str) -> Option<PathBuf> {
+    let mnt = dir.join("small");
+    std::fs::create_dir_all(&mnt).unwrap();
+    let mounted = Command::new("mount")
+        .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+        .arg(&mnt)
+        .status()
+        .is_ok_and(|s| s.success());
+    if !mounted {
+        eprintln!("skipped: cannot mount a small tmpfs here (not root?)");
+    }
+    mounted.then_some(mnt)
+}
+
+/// `runner RECIPE -q --set run.epochs=EPOCHS` with its runs under `log_dir`.
+fn run_epochs_in(recipe: &Path, epochs: u32, log_dir: &Path) -> std::process::Output {
+    runner_cmd()
+        .arg(recipe)
+        .args(["-q", "--set", &format!("run.epochs={epochs}"), "--set"])
+        .arg(format!("log.dir=\"{}\"", log_dir.display()))
+        .output()
+        .unwrap()
+}
+
+/// A resume on a full disk says so, and leaves no empty `resume.lock` behind: one read as
+/// "a process that is starting is resuming it" for a minute, refusing every retry.
+#[test]
+fn a_resume_on_a_full_disk_leaves_no_lock_behind() {
+    let (out, dir) = interrupt("resume-full", "", "-TERM");
+    expect_exit(&out, 143);
+    let Some(mnt) = small_fs(&dir, "64m") else {
+        return;
+    };
+    let run = mnt.join("run");
+    let copied = Command::new("cp")
+        .arg("-a")
+        .arg(only_run(&dir.join("runs/resume-full")))
+        .arg(&run)
+        .status()
+        .unwrap();
+    // Fill what is left, so that the next write fails.
+    {
+        use std::io::Write as _;
+        let mut filler = std::fs::File::create(mnt.join("filler")).unwrap();
+        let block = vec![0u8; 1 << 16];
+        while filler.write_all(&block).is_ok() {}
+    }
+    let out = runner_cmd()
+        .arg("resume")
+        .arg(&run)
+        .arg("-q")
+        .output()
+        .unwrap();
+    let lock_left = run.join("resume.lock").exists();
+    let _ = Command::new("umount").arg(&mnt).status();
+    assert!(copied.success());
+    expect_exit(&out, 2);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("cannot take resume.lock") && stderr.contains("No space left on device"),
+        "{stderr}"
+    );
+    assert!(!lock_left, "an empty resume.lock was left behind");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A checkpoint that does not fit says so in words, names the file, and leaves no
+/// half-written checkpoint behind (it was Burn's `Unknown("Io { inner: Os { code: 28 ..")`).
+#[test]
+fn a_checkpoint_on_a_full_disk_says_so_and_leaves_nothing_half_written() {
+    let dir = tempdir("ckpt-full");
+    // Room for the run's files, not for a checkpoint of the MLP (3 MB).
+    let Some(mnt) = small_fs(&dir, "300k") else {
+        return;
+    };
+    let recipe = tiny_recipe(&dir, "ckfull", "[checkpoint]\nevery = 2\n");
+    let out = run_epochs_in(&recipe, 3, &mnt);
+    let run = only_run(&mnt.join("ckfull"));
+    let left: Vec<_> = std::fs::read_dir(run.join("checkpoints"))
+        .map(|d| d.map(|e| e.unwrap().file_name()).collect())
+        .unwrap_or_default();
+    let summary = std::fs::read_to_string(run.join("summary.json")).unwrap_or_default();
+    let _ = Command::new("umount").arg(&mnt).status();
+    expect_exit(&out, 1);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("model.bin: No space left on device") && !stderr.contains("Unknown("),
+        "{stderr}"
+    );
+    assert!(left.is_empty(), "left in checkpoints/: {left:?}");
+    assert!(summary.contains("\"failed\""), "{summary}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_full_disk_stops_the_run_without_cutting_a_line() {
+    let dir = tempdir("full-disk");
+    // A 64 KiB file system for the run directory.
+    let Some(mnt) = small_fs(&dir, "64k") else {
+        return;
+    };
+    let recipe = tiny_recipe(&dir, "full", "");
+    let out = run_epochs_in(&recipe, 200, &mnt);
+    let run = only_run(&mnt.join("full"));
+    let text = std::fs::read_to_string(run.join("metrics.jsonl")).unwrap_or_default();
+    let summary_text = std::fs::read_to_string(run.join("summary.json")).unwrap_or_default();
+    let _ = Command::new("umount").arg(&mnt).status();
+    expect_exit(&out, 1);
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("No space left on device"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        text.is_empty() || text.ends_with('\n'),
+        "a cut metrics line"
+    );
+    for l in text.lines() {
+        serde_json::from_str::<StepRecord>(l).unwrap();
+    }
+    // Fewer lines than 200 epochs of 4 steps: the run stopped instead of going on.
+    assert!(text.lines().count() < 800);
+    // The summary is either the last whole one written, or says failed.
+    if let Ok(s) = serde_json::from_str::<Summary>(&summary_text) {
+        assert_ne!(s.status, "completed");
+    }
+}

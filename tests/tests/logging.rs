@@ -1,0 +1,165 @@
+//! What a run logs: phases and their profile window, TensorBoard events and metrics.csv.
+
+use std::path::Path;
+
+use runner::metrics::StepRecord;
+use runner::plan::{self, Machine};
+use runner::recipe;
+use runner::run::{self, RunOptions};
+
+use crate::common::{
+    expect_exit, only_run, plan_from, read_events, records, runner_cmd, summary, tb_losses,
+    tempdir, tiny_recipe, walk_files, TbEvent, FASHION,
+};
+
+#[test]
+fn a_cpu_run_records_every_phase_and_its_profile_window() {
+    let p = plan_from(
+        "phases",
+        &format!("{FASHION}\n[loader]\nbatch_size = 32\nworkers = 1\n[cleanup]\nevery = 4\nactions = [\"trim_host\"]\n[run]\nmax_steps = 24\nwarmup_steps = 2\neval = \"never\"\n[log]\nevery = 3\n[profile]\nsteps = \"10..15\"\nsample_ms = 10\n"),
+    );
+    let out = run::execute(&p, &RunOptions { quiet: true }).unwrap();
+    let text = std::fs::read_to_string(out.dir.join("metrics.jsonl")).unwrap();
+    let recs = records(&out.dir);
+    assert_eq!(recs.len(), 24);
+    for line in text.lines() {
+        let v: serde_json::Value = serde_json::from_str(line).unwrap();
+        for field in [
+            "data_wait_ms",
+            "h2d_ms",
+            "forward_backward_ms",
+            "optimizer_ms",
+            "cleanup_ms",
+            "log_ms",
+            "mem_query_ms",
+            "iter_ms",
+            "synced",
+            "t_ms",
+            "cpu_util_pct",
+        ] {
+            assert!(v.get(field).is_some(), "{field} missing from {line}");
+        }
+    }
+    for r in &recs {
+        let phases = r.data_wait_ms
+            + r.h2d_ms
+            + r.forward_backward_ms
+            + r.optimizer_ms
+            + r.cleanup_ms
+            + r.log_ms
+            + r.mem_query_ms;
+        assert!(
+            phases <= r.iter_ms + 1e-6,
+            "step {}: phases {phases} > step {}",
+            r.step,
+            r.iter_ms
+        );
+        assert!(r.forward_backward_ms > 0.0 && r.optimizer_ms > 0.0);
+        assert_eq!(r.synced, (10..15).contains(&r.step), "step {}", r.step);
+        assert_eq!(
+            r.log_ms > 0.0,
+            r.step % 3 == 0,
+            "losses are read every 3 steps (step {})",
+            r.step
+        );
+        assert_eq!(r.cleanup_mem_before_bytes.is_some(), r.step % 4 == 0);
+        let u = r.cpu_util_pct.expect("the /proc sampler covers every step");
+        assert!((0.0..=100.0).contains(&u));
+    }
+    assert!(recs.windows(2).all(|w| w[0].t_ms < w[1].t_ms));
+    let s = summary(&out.dir);
+    assert_eq!(s.util_source, "proc");
+    assert!(
+        s.cpu_util_pct.unwrap() > 5.0,
+        "a training process uses the CPU"
+    );
+    assert_eq!(s.synced_phases.as_ref().unwrap().steps, 5);
+    assert_eq!(s.phases.as_ref().unwrap().steps, 24 - 2 - 5);
+    assert!(s.cleanup_freed_bytes.is_some());
+    let samples = std::fs::read_to_string(out.dir.join("samples.jsonl")).unwrap();
+    assert!(samples.lines().count() >= 3);
+}
+
+#[test]
+fn a_bad_profile_window_is_an_error() {
+    let l = recipe::parse(
+        Path::new("p.toml"),
+        "[model]\narch = \"mlp\"\n[data]\nformat = \"synthetic\"\n[profile]\nsteps = \"30..20\"\n"
+            .into(),
+    )
+    .unwrap();
+    let r = plan::validate(&l, &Machine::cpu_only())
+        .unwrap_err()
+        .to_string();
+    assert!(
+        r.contains("p.toml:6:9: profile.steps: \"30..20\" is not a window of steps"),
+        "{r}"
+    );
+    assert_eq!(plan::parse_steps("20..30"), Some(20..=29));
+    assert_eq!(plan::parse_steps("20..=30"), Some(20..=30));
+    assert_eq!(plan::parse_steps("0..3"), None);
+}
+
+#[test]
+fn tensorboard_events_and_csv_carry_the_metrics() {
+    let dir = tempdir("tb");
+    let recipe = tiny_recipe(&dir, "tb", "");
+    expect_exit(&runner_cmd().arg(&recipe).arg("-q").output().unwrap(), 0);
+    let run = only_run(&dir.join("runs/tb"));
+    let recs = records(&run);
+    let want: Vec<(u64, f32)> = recs.iter().map(|r| (r.step, r.loss as f32)).collect();
+    assert_eq!(tb_losses(&run), want);
+    let events: Vec<TbEvent> = walk_files(&run)
+        .into_iter()
+        .filter(|p| {
+            p.file_name()
+                .unwrap()
+                .to_string_lossy()
+                .starts_with("events.out")
+        })
+        .flat_map(|p| read_events(&p))
+        .collect();
+    let tags: std::collections::BTreeSet<String> = events
+        .iter()
+        .flat_map(|e| e.scalars.iter().map(|(t, _)| t.clone()))
+        .collect();
+    for t in [
+        "train/lr",
+        "time/iter_ms",
+        "time/data_wait_pct",
+        "eval/accuracy",
+    ] {
+        assert!(tags.contains(t), "no {t} in {tags:?}");
+    }
+    // metrics.csv: the header and one row per metrics line, the same fields.
+    let csv = std::fs::read_to_string(run.join("metrics.csv")).unwrap();
+    let mut lines = csv.lines();
+    assert_eq!(lines.next().unwrap(), StepRecord::csv_header());
+    let rows: Vec<&str> = lines.collect();
+    assert_eq!(rows.len(), recs.len());
+    assert_eq!(rows[0], recs[0].csv_row());
+    // Both can be turned off.
+    let out = runner_cmd()
+        .arg(&recipe)
+        .args([
+            "-q",
+            "--set",
+            "log.csv=false",
+            "--set",
+            "log.tensorboard=false",
+        ])
+        .output()
+        .unwrap();
+    expect_exit(&out, 0);
+    let newest = walk_files(&dir.join("runs/tb"))
+        .into_iter()
+        .filter(|p| !p.starts_with(&run))
+        .map(|p| p.file_name().unwrap().to_string_lossy().into_owned())
+        .collect::<Vec<_>>();
+    assert!(
+        !newest
+            .iter()
+            .any(|n| n == "metrics.csv" || n.starts_with("events.out")),
+        "{newest:?}"
+    );
+}

@@ -1,0 +1,346 @@
+//! `runner report`: the table recomputed from the runs it finds, and the plot.
+
+use std::path::PathBuf;
+use std::process::Command;
+
+use crate::common::{
+    as_other, expect, expect_exit, is_root, json, only_run, root, runner_cmd, summary, tempdir,
+    tiny_recipe, whole_lines, writable_by_other,
+};
+
+// ---------------------------------------------------------------- measurement and report
+
+#[test]
+fn report_recomputes_the_table_from_metrics_files() {
+    use runner::report::{self, Format};
+    let dirs = report::find_runs(&[root().join("tests/fixtures/report")]).unwrap();
+    assert_eq!(dirs.len(), 4);
+    let runs: Vec<_> = dirs.iter().map(|d| report::load_run(d).unwrap()).collect();
+    let rows = report::rows(&runs, Some("default")).unwrap();
+    let names: Vec<&str> = rows.iter().map(|r| r.recipe.as_str()).collect();
+    assert_eq!(names, ["default", "gc_every_step", "tuned"]);
+    // default: medians of the timed steps (after 2 warm-up steps) 58.0 and 58.5.
+    assert_eq!(rows[0].runs, 2);
+    assert!((rows[0].ms_median - 58.25).abs() < 1e-12);
+    assert!((rows[1].ms_median - 112.5).abs() < 1e-12);
+    assert!((rows[1].ratio - 112.5 / 58.25).abs() < 1e-12 && !rows[1].within_noise);
+    assert!(rows[2].within_noise, "58.45 vs 58.25 is noise");
+    // Cleanup share: 50 ms of each ~112.7 ms timed step.
+    let cleanup = 100.0 * 50.0 * 6.0 / (112.0 + 113.0 + 112.0 + 114.0 + 112.0 + 113.0);
+    assert!((rows[1].cleanup_pct - cleanup).abs() < 1e-9);
+    assert_eq!(rows[0].gpu_util_pct, Some(92.5));
+    // Start-up (CUDA runs record their kernel counts): a cold and a warm run of default,
+    // a warm one of tuned; gc_every_step's summary predates start-up records.
+    assert_eq!(rows[0].startup_s, Some((8.5, 181.5)));
+    assert_eq!(
+        (rows[1].startup_s, rows[2].startup_s),
+        (None, Some((9.25, 9.25)))
+    );
+    let dir = root().join("tests/fixtures/report");
+    expect(
+        &dir.join("expected.txt"),
+        &report::render(&rows, Format::Table),
+    );
+    expect(&dir.join("expected.md"), &report::render(&rows, Format::Md));
+    expect(
+        &dir.join("expected.csv"),
+        &report::render(&rows, Format::Csv),
+    );
+}
+
+#[test]
+fn report_command_prints_markdown_and_draws_a_plot() {
+    let out_dir = tempdir("report-cli");
+    let svg = out_dir.join("cmp.svg");
+    let out = runner_cmd()
+        .args([
+            "report",
+            "tests/fixtures/report",
+            "--baseline",
+            "default",
+            "--format",
+            "md",
+            "--plot",
+        ])
+        .arg(&svg)
+        .output()
+        .unwrap();
+    expect_exit(&out, 0);
+    let want = std::fs::read_to_string(root().join("tests/fixtures/report/expected.md")).unwrap();
+    assert_eq!(String::from_utf8_lossy(&out.stdout), want);
+    let picture = std::fs::read_to_string(&svg).unwrap();
+    assert!(
+        picture.starts_with("<svg")
+            && picture.contains("gc_every_step")
+            && picture.contains("optimizer step")
+    );
+    // Drawn again over its own earlier plot; never over another file, nor to a name
+    // that is not .svg (a run's metrics.jsonl was replaced by a picture).
+    let again = runner_cmd()
+        .args(["report", "tests/fixtures/report", "--plot"])
+        .arg(&svg)
+        .output()
+        .unwrap();
+    expect_exit(&again, 0);
+    let records = out_dir.join("metrics.jsonl");
+    std::fs::write(&records, "{\"step\": 1}\n").unwrap();
+    let kept = out_dir.join("notes.svg");
+    std::fs::write(&kept, "my notes\n").unwrap();
+    // A folder that is not there is found before the table is printed, not after it.
+    let nowhere = out_dir.join("no-such-folder/plot.svg");
+    for (target, want) in [
+        (&records, "give a name ending in .svg".to_string()),
+        (&kept, "exists and is not an SVG file".to_string()),
+        (
+            &nowhere,
+            format!(
+                "its folder {} does not exist",
+                out_dir.join("no-such-folder").display()
+            ),
+        ),
+    ] {
+        let refused = runner_cmd()
+            .args(["report", "tests/fixtures/report", "--plot"])
+            .arg(target)
+            .output()
+            .unwrap();
+        expect_exit(&refused, 2);
+        assert!(String::from_utf8_lossy(&refused.stderr).contains(&want));
+        assert!(
+            refused.stdout.is_empty(),
+            "{target:?}: the table was printed"
+        );
+    }
+    assert_eq!(
+        std::fs::read_to_string(&records).unwrap(),
+        "{\"step\": 1}\n"
+    );
+    assert_eq!(std::fs::read_to_string(&kept).unwrap(), "my notes\n");
+    let bad = runner_cmd()
+        .args(["report", "tests/fixtures/report", "--baseline", "nope"])
+        .output()
+        .unwrap();
+    assert_eq!(bad.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&bad.stderr)
+        .contains("the recipes here are: default, gc_every_step, tuned"));
+    let none = runner_cmd()
+        .args(["report", "tests/fixtures/invalid"])
+        .output()
+        .unwrap();
+    assert_eq!(none.status.code(), Some(2));
+}
+
+#[test]
+fn a_diverged_run_fails_at_that_step_and_report_keeps_it_apart() {
+    let dir = tempdir("diverge");
+    let recipe = tiny_recipe(&dir, "div", "[optim]\nlr = 1e6\n");
+    let out = runner_cmd().arg(&recipe).arg("-q").output().unwrap();
+    expect_exit(&out, 1);
+    let run = only_run(&dir.join("runs/div"));
+    let s = summary(&run);
+    assert_eq!(s.status, "failed");
+    let err = s.error.clone().unwrap_or_default();
+    assert!(
+        err.starts_with("diverged at step ") && err.contains("run.max_loss"),
+        "{err}"
+    );
+    let recs = whole_lines(&run);
+    let last = recs.last().unwrap();
+    assert!(err.starts_with(&format!("diverged at step {}:", last.step)));
+    assert!(!(last.loss.is_finite() && last.loss <= 1e4), "{last:?}");
+    assert!(
+        recs.len() < 4,
+        "the run went on after diverging: {}",
+        recs.len()
+    );
+
+    // Allowed to go on: completed, with the step recorded, and a NaN loss reads back.
+    let out = runner_cmd()
+        .arg(&recipe)
+        .args([
+            "-q",
+            "--set",
+            "run.stop_on_divergence=false",
+            "--set",
+            "optim.lr=1e30",
+        ])
+        .output()
+        .unwrap();
+    expect_exit(&out, 0);
+    // report: only the completed one is in the table; the failed one is listed apart.
+    let out = runner_cmd()
+        .args(["report", "--format", "csv"])
+        .arg(dir.join("runs"))
+        .output()
+        .unwrap();
+    expect_exit(&out, 0);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(stdout.lines().count(), 2, "header and one row: {stdout}");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("not in the table (1 run(s) did not complete or cannot be read)")
+            && stderr.contains(&format!("{}: failed: diverged at step", run.display())),
+        "{stderr}"
+    );
+    // Only failed runs: nothing to compare is exit 1, not "bad input".
+    let out = runner_cmd().arg("report").arg(&run).output().unwrap();
+    expect_exit(&out, 1);
+    // A run whose summary cannot be read is listed, and the others still compared.
+    let broken = dir.join("runs/broken/20260101T000000");
+    std::fs::create_dir_all(&broken).unwrap();
+    std::fs::write(broken.join("summary.json"), "{ not json").unwrap();
+    std::fs::write(broken.join("metrics.jsonl"), "").unwrap();
+    let out = runner_cmd()
+        .args(["report", "--format", "csv"])
+        .arg(dir.join("runs"))
+        .output()
+        .unwrap();
+    expect_exit(&out, 0);
+    assert_eq!(String::from_utf8_lossy(&out.stdout).lines().count(), 2);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("(2 run(s) did not complete or cannot be read)")
+            && stderr.contains(&format!("{}: unreadable: ", broken.display()))
+            && stderr.contains("not a summary"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn report_tells_a_killed_run_from_a_running_one() {
+    let dir = tempdir("killed-report");
+    let recipe = tiny_recipe(&dir, "k", "");
+    expect_exit(&runner_cmd().arg(&recipe).arg("-q").output().unwrap(), 0);
+    let run = only_run(&dir.join("runs/k"));
+    let mut s = json(&run.join("summary.json"));
+    // As kill -9 leaves it: still "running", its process gone.
+    s["status"] = "running".into();
+    s["pid"] = 4_000_000u32.into();
+    std::fs::write(run.join("summary.json"), s.to_string()).unwrap();
+    let out = runner_cmd().arg("report").arg(&run).output().unwrap();
+    expect_exit(&out, 1);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("killed: its process (pid 4000000) is gone"),
+        "{stderr}"
+    );
+}
+
+/// A run whose name puts it inside another run's directory (`a/<a run id of a>`) is in the
+/// report: the walk stopped at the outer run, and the inner one was never listed.
+#[test]
+fn report_finds_a_run_inside_another_runs_directory() {
+    let dir = tempdir("report-nested");
+    let recipe = tiny_recipe(&dir, "n", "");
+    expect_exit(&runner_cmd().arg(&recipe).arg("-q").output().unwrap(), 0);
+    let outer = only_run(&dir.join("runs/n"));
+    let id = outer.file_name().unwrap().to_string_lossy().into_owned();
+    let out = runner_cmd()
+        .arg(&recipe)
+        .args(["-q", "--set", &format!("name=\"n/{id}\"")])
+        .output()
+        .unwrap();
+    expect_exit(&out, 0);
+    let out = runner_cmd()
+        .args(["report", "--format", "csv"])
+        .arg(dir.join("runs"))
+        .output()
+        .unwrap();
+    expect_exit(&out, 0);
+    let csv = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        csv.lines().any(|l| l.starts_with("n,1,"))
+            && csv.lines().any(|l| l.starts_with(&format!("n/{id},1,"))),
+        "{csv}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `runner report` counts each run once, however it is reached: a `runs/latest` link
+/// to a run counted it twice (and halved its spread), and a link up the tree without
+/// end; and a run it cannot enter (another user's, `drwx------`) is listed as unreadable
+/// instead of vanishing from an exit-0 report.
+#[test]
+fn report_counts_linked_runs_once_and_names_unreadable_ones() {
+    let dir = tempdir("report-links");
+    let recipe = tiny_recipe(&dir, "rl", "");
+    for _ in 0..2 {
+        expect_exit(&runner_cmd().arg(&recipe).arg("-q").output().unwrap(), 0);
+    }
+    let runs = dir.join("runs");
+    let mut both: Vec<PathBuf> = std::fs::read_dir(runs.join("rl"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    both.sort();
+    assert_eq!(both.len(), 2);
+    std::os::unix::fs::symlink(&both[0], runs.join("latest")).unwrap();
+    std::os::unix::fs::symlink("..", runs.join("rl").join("up")).unwrap();
+    let csv = |out: &std::process::Output| {
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        let line = text
+            .lines()
+            .find(|l| l.starts_with("rl,"))
+            .unwrap_or("")
+            .to_string();
+        (text, line)
+    };
+    let out = runner_cmd()
+        .args(["report", "--format", "csv"])
+        .arg(&runs)
+        .output()
+        .unwrap();
+    expect_exit(&out, 0);
+    let (text, line) = csv(&out);
+    assert!(line.starts_with("rl,2,"), "{text}");
+
+    // The second run, closed to the user who reports.
+    writable_by_other(&runs, true, true);
+    let hidden = &both[1];
+    let mode = if is_root() { "700" } else { "000" };
+    assert!(Command::new("chmod")
+        .args([mode])
+        .arg(hidden)
+        .status()
+        .unwrap()
+        .success());
+    if is_root() {
+        std::os::unix::fs::chown(hidden, Some(0), Some(0)).unwrap();
+    }
+    let out = as_other(&dir)
+        .args(["report", "--format", "csv"])
+        .arg(&runs)
+        .output()
+        .unwrap();
+    let _ = Command::new("chmod").arg("755").arg(hidden).status();
+    let (text, line) = csv(&out);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(line.starts_with("rl,1,"), "{text}");
+    assert!(
+        stderr.contains(&hidden.display().to_string()) && stderr.contains("Permission denied"),
+        "{stderr}"
+    );
+
+    // A run whose summary.json is a named pipe is listed as not readable; the report
+    // neither blocks on it nor leaves it out in silence.
+    let piped = hidden.join("summary.json");
+    std::fs::remove_file(&piped).unwrap();
+    assert!(Command::new("mkfifo")
+        .arg(&piped)
+        .status()
+        .unwrap()
+        .success());
+    let out = runner_cmd()
+        .args(["report", "--format", "csv"])
+        .arg(&runs)
+        .output()
+        .unwrap();
+    let (text, line) = csv(&out);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(line.starts_with("rl,1,"), "{text}");
+    assert!(
+        stderr.contains(&format!("{}: not a regular file", piped.display())),
+        "{stderr}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -1,0 +1,669 @@
+//! Long runs: checkpoints, `runner resume` and `runner eval`.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use crate::common::{
+    expect_exit, json, long_recipe, losses, only_run, root, runner_cmd, summary, tb_losses,
+    tempdir, tiny_recipe, walk_files,
+};
+
+/// Starts `runner args`, waits until a metrics file under `runs` has `lines` lines, sends
+/// `signal`, and returns the output.
+fn kill_after(
+    args: &[&std::ffi::OsStr],
+    runs: &Path,
+    lines: usize,
+    signal: &str,
+) -> std::process::Output {
+    let child = runner_cmd()
+        .args(args)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+    loop {
+        let n = walk_files(runs)
+            .iter()
+            .filter(|p| p.ends_with("metrics.jsonl"))
+            .map(|p| {
+                std::fs::read_to_string(p)
+                    .unwrap_or_default()
+                    .lines()
+                    .count()
+            })
+            .max()
+            .unwrap_or(0);
+        if n >= lines {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the run never got to {lines} steps"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    Command::new("kill")
+        .args([signal, &child.id().to_string()])
+        .status()
+        .unwrap();
+    child.wait_with_output().unwrap()
+}
+
+/// A safetensors file's tensors by name, as raw bytes (the header's order may differ).
+fn tensors(path: &Path) -> std::collections::BTreeMap<String, Vec<u8>> {
+    let bytes = std::fs::read(path).unwrap();
+    let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let header: serde_json::Value = serde_json::from_slice(&bytes[8..8 + n]).unwrap();
+    let data = &bytes[8 + n..];
+    header
+        .as_object()
+        .unwrap()
+        .iter()
+        .filter(|(k, _)| *k != "__metadata__")
+        .map(|(k, v)| {
+            let o = &v["data_offsets"];
+            let (a, b) = (
+                o[0].as_u64().unwrap() as usize,
+                o[1].as_u64().unwrap() as usize,
+            );
+            (k.clone(), data[a..b].to_vec())
+        })
+        .collect()
+}
+
+/// Names of the tensors whose bytes differ between two weight files.
+fn differing(a: &Path, b: &Path) -> Vec<String> {
+    let (a, b) = (tensors(a), tensors(b));
+    assert_eq!(
+        a.keys().collect::<Vec<_>>(),
+        b.keys().collect::<Vec<_>>(),
+        "different tensors"
+    );
+    a.iter()
+        .filter(|(k, v)| b.get(*k) != Some(v))
+        .map(|(k, _)| k.clone())
+        .collect()
+}
+
+#[test]
+fn a_resumed_run_ends_bitwise_where_the_uninterrupted_one_does() {
+    for workers in [0, 4] {
+        let dir = tempdir(&format!("resume-w{workers}"));
+        let recipe = long_recipe(&dir, "r", "[checkpoint]\nevery = 5\n");
+        let set = format!("loader.workers={workers}");
+        // The reference: uninterrupted.
+        let out = runner_cmd()
+            .arg(&recipe)
+            .args(["-q", "--set", &set, "--set"])
+            .arg(format!("log.dir=\"{}\"", dir.join("ref").display()))
+            .output()
+            .unwrap();
+        expect_exit(&out, 0);
+        let reference = only_run(&dir.join("ref/r"));
+        // SIGTERM mid-run: a checkpoint at the next step boundary, status interrupted.
+        let out = kill_after(
+            &[
+                recipe.as_os_str(),
+                "-q".as_ref(),
+                "--set".as_ref(),
+                set.as_ref(),
+            ],
+            &dir.join("runs"),
+            13,
+            "-TERM",
+        );
+        expect_exit(&out, 143);
+        let run = only_run(&dir.join("runs/r"));
+        assert_eq!(summary(&run).status, "interrupted");
+        let (_, state) = runner::checkpoint::latest(&run).expect("a checkpoint on SIGTERM");
+        assert!(state.reason.contains("SIGTERM"), "{state:?}");
+        let out = runner_cmd()
+            .arg("resume")
+            .arg(&run)
+            .arg("-q")
+            .output()
+            .unwrap();
+        expect_exit(&out, 0);
+        let s = summary(&run);
+        assert_eq!((s.status.as_str(), s.resumes), ("completed", 1));
+        assert_eq!(s.steps, summary(&reference).steps);
+        // Every step once, in order, with the reference's loss to the bit.
+        assert_eq!(losses(&run), losses(&reference), "workers = {workers}");
+        let diff = differing(
+            &run.join("model.safetensors"),
+            &reference.join("model.safetensors"),
+        );
+        assert!(
+            diff.is_empty(),
+            "final weights differ (workers = {workers}): {diff:?}"
+        );
+        assert_eq!(s.test_accuracy, summary(&reference).test_accuracy);
+        // TensorBoard sees each step once (the redone ones replace the first process's),
+        // and metrics.csv continues like metrics.jsonl.
+        let want: Vec<(u64, f32)> = losses(&reference)
+            .iter()
+            .map(|(st, l)| (*st, f64::from_bits(*l) as f32))
+            .collect();
+        assert_eq!(tb_losses(&run), want);
+        let csv = std::fs::read_to_string(run.join("metrics.csv")).unwrap();
+        assert_eq!(csv.lines().count(), want.len() + 1);
+
+        // kill -9 (no chance to write anything): resumed from the periodic checkpoint.
+        let killed_dir = dir.join("killed");
+        let out = kill_after(
+            &[
+                recipe.as_os_str(),
+                "-q".as_ref(),
+                "--set".as_ref(),
+                set.as_ref(),
+                "--set".as_ref(),
+                format!("log.dir=\"{}\"", killed_dir.display()).as_ref(),
+            ],
+            &killed_dir,
+            23,
+            "-KILL",
+        );
+        assert_eq!(out.status.code(), None, "killed by a signal");
+        let run = only_run(&killed_dir.join("r"));
+        assert_eq!(summary(&run).status, "running");
+        // As if an older runner had started the run: its metrics.csv lacks a column.
+        let csv_path = run.join("metrics.csv");
+        let old = std::fs::read_to_string(&csv_path).unwrap();
+        let header = old.lines().next().unwrap().to_string();
+        std::fs::write(&csv_path, old.replacen(",mem_query_ms", "", 1)).unwrap();
+        let out = runner_cmd()
+            .arg("resume")
+            .arg(&run)
+            .arg("-q")
+            .output()
+            .unwrap();
+        expect_exit(&out, 0);
+        assert_eq!(
+            losses(&run),
+            losses(&reference),
+            "after kill -9, workers = {workers}"
+        );
+        let diff = differing(
+            &run.join("model.safetensors"),
+            &reference.join("model.safetensors"),
+        );
+        assert!(diff.is_empty(), "after kill -9: {diff:?}");
+        // That metrics.csv is written again whole, in this version's columns.
+        let csv = std::fs::read_to_string(&csv_path).unwrap();
+        let lines: Vec<&str> = csv.lines().collect();
+        assert_eq!(lines[0], header);
+        assert_eq!(lines.len(), want.len() + 1);
+        let columns = header.split(',').count();
+        assert!(lines.iter().all(|l| l.split(',').count() == columns));
+    }
+}
+
+/// A checkpoint damaged on disk (cut short, or changed in place) is found by the sizes
+/// and hashes its state.json keeps, and resume takes the one before it, ending where the
+/// uninterrupted run ends; with none left it refuses and changes nothing. One process at
+/// a time continues a run.
+#[test]
+fn resume_skips_a_damaged_checkpoint_and_runs_once() {
+    let dir = tempdir("resume-damaged");
+    let recipe = long_recipe(&dir, "r", "[checkpoint]\nevery = 5\n");
+    let out = runner_cmd()
+        .arg(&recipe)
+        .arg("-q")
+        .arg("--set")
+        .arg(format!("log.dir=\"{}\"", dir.join("ref").display()))
+        .output()
+        .unwrap();
+    expect_exit(&out, 0);
+    let reference = only_run(&dir.join("ref/r"));
+    let out = kill_after(
+        &[recipe.as_os_str(), "-q".as_ref()],
+        &dir.join("runs"),
+        23,
+        "-KILL",
+    );
+    assert_eq!(out.status.code(), None, "killed by a signal");
+    let run = only_run(&dir.join("runs/r"));
+    let kept: Vec<u64> = runner::checkpoint::list(&run)
+        .iter()
+        .map(|(_, s)| s.step)
+        .collect();
+    assert_eq!(kept, [15, 20]);
+    let copy = |to: &str| {
+        let to = dir.join(to);
+        let ok = Command::new("cp")
+            .arg("-a")
+            .arg(&run)
+            .arg(&to)
+            .status()
+            .unwrap();
+        assert!(ok.success());
+        to
+    };
+    let (flipped, none_left, twice, torn) = (
+        copy("flipped"),
+        copy("none-left"),
+        copy("twice"),
+        copy("torn"),
+    );
+    let latest_model = |run: &Path| run.join("checkpoints/step-000000020/model.bin");
+
+    // Cut short: the one before it, and the run ends bitwise where the reference does.
+    let m = latest_model(&run);
+    let len = std::fs::metadata(&m).unwrap().len();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&m)
+        .unwrap()
+        .set_len(len / 2)
+        .unwrap();
+    let out = runner_cmd()
+        .arg("resume")
+        .arg(&run)
+        .arg("-q")
+        .output()
+        .unwrap();
+    expect_exit(&out, 0);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("step-000000020: model.bin has")
+            && stderr.contains("resuming from the one before it (step 15)"),
+        "{stderr}"
+    );
+    assert_eq!(losses(&run), losses(&reference));
+    assert!(differing(
+        &run.join("model.safetensors"),
+        &reference.join("model.safetensors")
+    )
+    .is_empty());
+
+    // Changed in place, same size: the hash tells.
+    let m = latest_model(&flipped);
+    let mut bytes = std::fs::read(&m).unwrap();
+    let mid = bytes.len() / 2;
+    for b in &mut bytes[mid..mid + 64] {
+        *b = !*b;
+    }
+    std::fs::write(&m, bytes).unwrap();
+    let out = runner_cmd()
+        .arg("resume")
+        .arg(&flipped)
+        .arg("-q")
+        .output()
+        .unwrap();
+    expect_exit(&out, 0);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("its CRC-32 differs"));
+    assert_eq!(losses(&flipped), losses(&reference));
+
+    // The latest checkpoint's own metrics line cut short (a crash, or a copy cut off, in
+    // the middle of writing it): the one before it, as for a line missing altogether.
+    let metrics = torn.join("metrics.jsonl");
+    let text = std::fs::read_to_string(&metrics).unwrap();
+    let line_20: usize = text.split_inclusive('\n').take(20).map(str::len).sum();
+    std::fs::write(&metrics, &text[..line_20 - 30]).unwrap();
+    let out = runner_cmd()
+        .arg("resume")
+        .arg(&torn)
+        .arg("-q")
+        .output()
+        .unwrap();
+    expect_exit(&out, 0);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("metrics.jsonl has 19 whole lines, it follows line 20")
+            && stderr.contains("resuming from the one before it (step 15)"),
+        "{stderr}"
+    );
+    assert_eq!(losses(&torn), losses(&reference));
+
+    // Nothing usable: exit 2, each checkpoint's trouble named, the run left as it was.
+    std::fs::write(
+        none_left.join("checkpoints/step-000000015/state.json"),
+        "{ garbage",
+    )
+    .unwrap();
+    std::fs::remove_file(latest_model(&none_left)).unwrap();
+    let before = std::fs::read(none_left.join("summary.json")).unwrap();
+    let out = runner_cmd().arg("resume").arg(&none_left).output().unwrap();
+    expect_exit(&out, 2);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("has no checkpoint to resume from")
+            && stderr.contains("step-000000015: state.json:1:")
+            && stderr.contains("step-000000020: model.bin is missing"),
+        "{stderr}"
+    );
+    assert_eq!(
+        std::fs::read(none_left.join("summary.json")).unwrap(),
+        before
+    );
+
+    // A live process resuming it, or still running it on this host: refused, untouched.
+    let me = format!(
+        "{} {}\n",
+        runner::clock::hostname().unwrap_or_default(),
+        std::process::id()
+    );
+    std::fs::write(twice.join("resume.lock"), &me).unwrap();
+    let out = runner_cmd().arg("resume").arg(&twice).output().unwrap();
+    expect_exit(&out, 2);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("is resuming it already"));
+    std::fs::remove_file(twice.join("resume.lock")).unwrap();
+    let mut s = json(&twice.join("summary.json"));
+    s["pid"] = std::process::id().into();
+    std::fs::write(twice.join("summary.json"), s.to_string()).unwrap();
+    let out = runner_cmd().arg("resume").arg(&twice).output().unwrap();
+    expect_exit(&out, 2);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("the run is still going"));
+    assert_eq!(json(&twice.join("summary.json")), s);
+}
+
+/// A resume continues only on the data the run started on: a training file changed in
+/// between (regenerated, cut short) is refused, naming it; put back, the run resumes.
+/// (Before, the checkpoint's epoch and batch were applied to the other data in silence.)
+#[test]
+fn resume_refuses_data_that_changed_since_the_run_started() {
+    let dir = tempdir("resume-data");
+    let data = std::fs::read(root().join("datasets/fashion_mnist/data_batch.bin")).unwrap();
+    let train = dir.join("train.bin");
+    std::fs::write(&train, &data[..3073 * 200]).unwrap();
+    let recipe = dir.join("d.toml");
+    std::fs::write(
+        &recipe,
+        format!(
+            "name = \"d\"\n[model]\narch = \"mlp\"\n[data]\nformat = \"cifar10-bin\"\ntrain = \"train.bin\"\n[loader]\nbatch_size = 50\n[run]\nepochs = 2\nwarmup_steps = 1\neval = \"never\"\n[checkpoint]\nevery = 2\n[log]\ndir = \"{}\"\n",
+            dir.join("runs").display()
+        ),
+    )
+    .unwrap();
+    // Started by a relative path (the data's path in the run's recipe.toml is absolute).
+    let out = runner_cmd()
+        .current_dir(&dir)
+        .args(["d.toml", "-q"])
+        .output()
+        .unwrap();
+    expect_exit(&out, 0);
+    let run = only_run(&dir.join("runs/d"));
+    let mut s = json(&run.join("summary.json"));
+    s["status"] = "interrupted".into();
+    std::fs::write(run.join("summary.json"), s.to_string()).unwrap();
+    let metrics = std::fs::read(run.join("metrics.jsonl")).unwrap();
+    std::fs::write(&train, &data[..3073 * 60]).unwrap();
+    let out = runner_cmd().arg("resume").arg(&run).output().unwrap();
+    expect_exit(&out, 2);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains(&format!(
+            "error: {}: changed since the run started (614600 bytes",
+            train.display()
+        )) && stderr.contains("184380 bytes"),
+        "{stderr}"
+    );
+    assert_eq!(json(&run.join("summary.json")), s, "the run was changed");
+    assert_eq!(std::fs::read(run.join("metrics.jsonl")).unwrap(), metrics);
+    std::fs::write(&train, &data[..3073 * 200]).unwrap();
+    let out = runner_cmd()
+        .arg("resume")
+        .arg(&run)
+        .arg("-q")
+        .output()
+        .unwrap();
+    expect_exit(&out, 0);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A checkpoint that would not load into the recipe's model (another layout under the
+/// same recipe hash, as another version of the runner could write) is refused before the
+/// run is touched: before, its metrics were cut back to the checkpoint and it was marked
+/// failed, and only then did loading fail.
+#[test]
+fn resume_refuses_a_checkpoint_of_another_model_before_changing_the_run() {
+    let dir = tempdir("resume-fit");
+    let recipe = tiny_recipe(&dir, "f", "[checkpoint]\nevery = 1\n");
+    expect_exit(&runner_cmd().arg(&recipe).arg("-q").output().unwrap(), 0);
+    let run = only_run(&dir.join("runs/f"));
+    let other = tiny_recipe(&dir, "o", "[checkpoint]\nevery = 1\n");
+    let out = runner_cmd()
+        .arg(&other)
+        .args(["-q", "--set", "model.hidden=[16]"])
+        .output()
+        .unwrap();
+    expect_exit(&out, 0);
+    let (ours, _) = runner::checkpoint::list(&run).pop().unwrap();
+    let (theirs, _) = runner::checkpoint::list(&only_run(&dir.join("runs/o")))
+        .pop()
+        .unwrap();
+    let state = json(&ours.join("state.json"));
+    for f in ["model.bin", "optimizer.bin", "state.json"] {
+        std::fs::copy(theirs.join(f), ours.join(f)).unwrap();
+    }
+    let mut forged = json(&ours.join("state.json"));
+    forged["recipe_sha256"] = state["recipe_sha256"].clone();
+    std::fs::write(ours.join("state.json"), forged.to_string()).unwrap();
+    let mut s = json(&run.join("summary.json"));
+    s["status"] = "interrupted".into();
+    std::fs::write(run.join("summary.json"), s.to_string()).unwrap();
+    let metrics = std::fs::read(run.join("metrics.jsonl")).unwrap();
+    let out = runner_cmd().arg("resume").arg(&run).output().unwrap();
+    expect_exit(&out, 2);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains(&format!(
+            "error: checkpoint {}: does not fit",
+            ours.display()
+        )),
+        "{stderr}"
+    );
+    assert_eq!(json(&run.join("summary.json")), s, "the summary changed");
+    assert_eq!(std::fs::read(run.join("metrics.jsonl")).unwrap(), metrics);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn resume_refuses_what_it_cannot_continue() {
+    let dir = tempdir("resume-refuse");
+    let recipe = tiny_recipe(&dir, "t", "");
+    expect_exit(&runner_cmd().arg(&recipe).arg("-q").output().unwrap(), 0);
+    let run = only_run(&dir.join("runs/t"));
+    let out = runner_cmd().arg("resume").arg(&run).output().unwrap();
+    expect_exit(&out, 2);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("already completed"));
+    let out = runner_cmd().arg("resume").arg(&dir).output().unwrap();
+    expect_exit(&out, 2);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("is not a run directory"));
+    // A run without any checkpoint.
+    let mut s = json(&run.join("summary.json"));
+    s["status"] = "failed".into();
+    std::fs::write(run.join("summary.json"), s.to_string()).unwrap();
+    let out = runner_cmd().arg("resume").arg(&run).output().unwrap();
+    expect_exit(&out, 2);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("has no checkpoint to resume from"));
+
+    // A file the run goes on writing is not a file (here metrics.csv is a directory, and
+    // metrics.jsonl a named pipe, which blocked the resume for good): refused before the
+    // run is marked running again, and put back, the resume goes on.
+    let recipe = tiny_recipe(&dir, "w", "[checkpoint]\nevery = 1\n");
+    expect_exit(&runner_cmd().arg(&recipe).arg("-q").output().unwrap(), 0);
+    let run = only_run(&dir.join("runs/w"));
+    let mut s = json(&run.join("summary.json"));
+    s["status"] = "interrupted".into();
+    std::fs::write(run.join("summary.json"), s.to_string()).unwrap();
+    for (file, what) in [
+        ("metrics.csv", "is a folder, not a file"),
+        ("metrics.jsonl", "is a named pipe, not a file"),
+    ] {
+        let path = run.join(file);
+        let kept = dir.join(format!("{file}.kept"));
+        std::fs::rename(&path, &kept).unwrap();
+        if file == "metrics.csv" {
+            std::fs::create_dir(&path).unwrap();
+        } else {
+            assert!(Command::new("mkfifo")
+                .arg(&path)
+                .status()
+                .unwrap()
+                .success());
+        }
+        let out = runner_cmd()
+            .arg("resume")
+            .arg(&run)
+            .stdin(std::process::Stdio::null())
+            .output()
+            .unwrap();
+        expect_exit(&out, 2);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            stderr.contains(&format!("error: {}: {what}", path.display())),
+            "{stderr}"
+        );
+        let after = json(&run.join("summary.json"));
+        assert_eq!(after["status"], "interrupted");
+        assert_eq!(after["resumes"], s["resumes"]);
+        let _ = std::fs::remove_dir(&path);
+        let _ = std::fs::remove_file(&path);
+        std::fs::rename(&kept, &path).unwrap();
+    }
+    let out = runner_cmd()
+        .arg("resume")
+        .arg(&run)
+        .arg("-q")
+        .output()
+        .unwrap();
+    expect_exit(&out, 0);
+    assert_eq!(json(&run.join("summary.json"))["status"], "completed");
+}
+
+#[test]
+fn eval_scores_saved_weights_like_the_run_did_and_on_another_file() {
+    let dir = tempdir("eval");
+    let recipe = long_recipe(&dir, "e", "");
+    let out = runner_cmd()
+        .arg(&recipe)
+        .args(["-q", "--set", "run.epochs=2"])
+        .output()
+        .unwrap();
+    expect_exit(&out, 0);
+    let run = only_run(&dir.join("runs/e"));
+    let s = summary(&run);
+    let out = runner_cmd().arg("eval").arg(&run).output().unwrap();
+    expect_exit(&out, 0);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout.starts_with(&format!(
+            "accuracy {:.2}% on 500 samples",
+            100.0 * s.test_accuracy.unwrap()
+        )),
+        "{stdout} vs {:?}",
+        s.test_accuracy
+    );
+    let written: Vec<PathBuf> = walk_files(&run)
+        .into_iter()
+        .filter(|p| {
+            p.file_name()
+                .unwrap()
+                .to_string_lossy()
+                .starts_with("eval-")
+        })
+        .collect();
+    assert_eq!(written.len(), 1);
+    // Another file: the 20 real CIFAR-10 images.
+    let other = root().join("datasets/cifar10_sample/test_batch.bin");
+    let out = runner_cmd()
+        .arg("eval")
+        .arg(&run)
+        .arg("--data")
+        .arg(&other)
+        .output()
+        .unwrap();
+    expect_exit(&out, 0);
+    assert!(String::from_utf8_lossy(&out.stdout).contains(" on 20 samples"));
+    // A bad --data file is said of --data, with the format it must have, not of the
+    // `--set data.test` the runner checks it through.
+    let text = root().join("datasets/rotten_tomatoes/test.jsonl");
+    let out = runner_cmd()
+        .arg("eval")
+        .arg(&run)
+        .arg("--data")
+        .arg(&text)
+        .output()
+        .unwrap();
+    expect_exit(&out, 2);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.starts_with(&format!("error: --data: {} is truncated", text.display()))
+            && stderr.contains("data.format is \"cifar10-bin\"")
+            && !stderr.contains("--set"),
+        "{stderr}"
+    );
+    // Damaged weights: bad input (exit 2, as a folder in their place is), said so, no panic.
+    let damaged = dir.join("damaged");
+    std::fs::create_dir_all(&damaged).unwrap();
+    for f in ["recipe.toml", "summary.json", "env.json"] {
+        std::fs::copy(run.join(f), damaged.join(f)).unwrap();
+    }
+    let weights = std::fs::read(run.join("model.safetensors")).unwrap();
+    std::fs::write(damaged.join("model.safetensors"), &weights[..1000]).unwrap();
+    let out = runner_cmd().arg("eval").arg(&damaged).output().unwrap();
+    expect_exit(&out, 2);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.starts_with("error: cannot evaluate")
+            && stderr.contains("= help: a damaged or replaced weights file")
+            && !stderr.contains("panicked"),
+        "{stderr}"
+    );
+    // A short last batch is filled up to the batch size and scored by its own rows alone:
+    // batches of 32 leave 20 of the 500 (filled with 12 copies), 7 leave 3, 500 none. The
+    // same weights score the same hits whatever the batch size, and the same loss up to
+    // the order of float sums.
+    let scores = |batch: usize| {
+        let copy = dir.join(format!("batch{batch}"));
+        std::fs::create_dir_all(&copy).unwrap();
+        for f in [
+            "recipe.toml",
+            "model.safetensors",
+            "summary.json",
+            "env.json",
+        ] {
+            std::fs::copy(run.join(f), copy.join(f)).unwrap();
+        }
+        let r = std::fs::read_to_string(copy.join("recipe.toml")).unwrap();
+        assert!(r.contains("batch_size = 32\n"));
+        let r = r.replace("batch_size = 32\n", &format!("batch_size = {batch}\n"));
+        std::fs::write(copy.join("recipe.toml"), r).unwrap();
+        let out = runner_cmd().arg("eval").arg(&copy).output().unwrap();
+        expect_exit(&out, 0);
+        let written = walk_files(&copy)
+            .into_iter()
+            .find(|p| {
+                p.file_name()
+                    .unwrap()
+                    .to_string_lossy()
+                    .starts_with("eval-")
+            })
+            .expect("eval-*.json");
+        let e = json(&written);
+        (e["accuracy"].as_f64().unwrap(), e["loss"].as_f64().unwrap())
+    };
+    let (acc, loss) = scores(500);
+    assert_eq!(acc, s.test_accuracy.unwrap());
+    for batch in [7, 32] {
+        let (a, l) = scores(batch);
+        assert_eq!(a, acc, "batch {batch}");
+        assert!(
+            (l - loss).abs() <= 1e-5 * loss.abs(),
+            "batch {batch}: {l} vs {loss}"
+        );
+    }
+    // A bad file is checked as data.test would be.
+    let out = runner_cmd()
+        .arg("eval")
+        .arg(&run)
+        .arg("--data")
+        .arg(root().join("tests/fixtures/data/truncated.bin"))
+        .output()
+        .unwrap();
+    expect_exit(&out, 2);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("is truncated"));
+}

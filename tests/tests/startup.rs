@@ -1,0 +1,197 @@
+//! Start-up: the kernel cache, `startup_s`, and `runner warmup`.
+
+use std::path::{Path, PathBuf};
+
+use crate::common::{
+    expect_exit, json, only_run, records, root, runner_cmd, summary, tempdir, tiny_recipe,
+};
+
+#[test]
+fn a_run_records_its_startup_and_where_kernels_are_cached() {
+    let dir = tempdir("startup");
+    let recipe = tiny_recipe(&dir, "startup", "");
+    let out = runner_cmd()
+        .arg(&recipe)
+        .env("RUNNER_CACHE_DIR", dir.join("kc"))
+        .output()
+        .unwrap();
+    expect_exit(&out, 0);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("startup: first step done ") && err.contains(" s after start"),
+        "{err}"
+    );
+    let run = only_run(&dir.join("runs/startup"));
+    let s = summary(&run);
+    let startup = s.startup_s.expect("startup_s is written");
+    assert!(startup > 0.0 && startup < 60.0, "{startup}");
+    assert!(s.first_step_ms.is_some_and(|ms| ms > 0.0), "{s:?}");
+    // The CPU compiles nothing: no kernel counts, and the cache is recorded as unused.
+    assert!(s.kernels.is_none());
+    let env = json(&run.join("env.json"));
+    assert_eq!(env["kernels"]["dir"], dir.join("kc").display().to_string());
+    assert_eq!(env["kernels"]["chosen_by"], "$RUNNER_CACHE_DIR");
+    assert_eq!(env["kernels"]["used"], false);
+    assert_eq!(env["kernels"]["autotune"], "balanced");
+    assert_eq!(env["kernels"]["conv"], "autotune");
+
+    // The recipe key wins over the variable, relative to the directory it was given in;
+    // -q silences the start-up line.
+    let out = runner_cmd()
+        .arg(&recipe)
+        .args(["-q", "--set", "backend.cache_dir=\"from-key\""])
+        .args(["--set", "backend.autotune=\"minimal\""])
+        .args(["--set", "backend.conv=\"implicit_gemm\""])
+        .args(["--set", "profile.memory=false"])
+        .env("RUNNER_CACHE_DIR", dir.join("kc"))
+        .output()
+        .unwrap();
+    expect_exit(&out, 0);
+    assert!(!String::from_utf8_lossy(&out.stderr).contains("first step done"));
+    let runs: Vec<PathBuf> = std::fs::read_dir(dir.join("runs/startup"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p != &run)
+        .collect();
+    let env = json(&runs[0].join("env.json"));
+    assert_eq!(env["kernels"]["chosen_by"], "backend.cache_dir");
+    assert_eq!(env["kernels"]["autotune"], "minimal");
+    assert_eq!(env["kernels"]["conv"], "implicit_gemm");
+    // profile.memory = false: the pool is never asked, so no step spends time asking it.
+    let asked = |run: &Path| records(run).iter().map(|r| r.mem_query_ms).sum::<f64>();
+    assert_eq!(asked(&runs[0]), 0.0);
+    assert_eq!(
+        env["kernels"]["dir"],
+        root().join("from-key").display().to_string()
+    );
+    assert!(
+        std::fs::read_to_string(runs[0].join("recipe.toml"))
+            .unwrap()
+            .contains(&format!(
+                "cache_dir = \"{}\"",
+                root().join("from-key").display()
+            )),
+        "the resolved recipe keeps the cache directory, absolute"
+    );
+    assert!(
+        !root().join("from-key").exists(),
+        "a CPU run creates no cache"
+    );
+}
+
+#[test]
+fn warmup_runs_every_shape_once_and_creates_no_run() {
+    let dir = tempdir("warmup");
+    let recipe = tiny_recipe(&dir, "warm", "[optim]\naccumulation_steps = 2\n");
+    let out = runner_cmd().arg("warmup").arg(&recipe).output().unwrap();
+    expect_exit(&out, 0);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    // 100 samples in batches of 32: 32 and a last 4 (two shapes), each a step of 2
+    // micro-batches; 50 test samples: 32 and 18, filled up to 32 (one shape).
+    assert!(
+        stdout.starts_with("warm: warmed up on flex (cpu)")
+            && stdout.contains("2 training and 1 evaluation batch shape(s), 4 micro-batches"),
+        "{stdout}"
+    );
+    assert!(!dir.join("runs").exists(), "warmup created a run directory");
+
+    // A grid warms up once per distinct set of kernels: the learning rate changes none,
+    // the batch size does.
+    let grid = tiny_recipe(
+        &dir,
+        "grid",
+        "[sweep]\n\"optim.lr\" = [0.1, 0.2]\n\"loader.batch_size\" = [16, 32]\n",
+    );
+    let out = runner_cmd().arg("warmup").arg(&grid).output().unwrap();
+    expect_exit(&out, 0);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(stdout.lines().count(), 2, "{stdout}");
+    assert!(
+        !dir.join("runs").exists(),
+        "warmup of a grid wrote sweep state"
+    );
+    // Label smoothing on or off, clipping on or off run different kernels; the clipping
+    // norm itself does not.
+    for (sweep, lines) in [
+        ("\"optim.label_smoothing\" = [0.0, 0.1]", 2),
+        ("\"optim.clip_grad_norm\" = [1.0, 2.0]", 1),
+        // On CUDA the two convolution strategies compile different kernels.
+        ("\"backend.conv\" = [\"autotune\", \"implicit_gemm\"]", 2),
+    ] {
+        let grid = tiny_recipe(&dir, "grid2", &format!("[sweep]\n{sweep}\n"));
+        let out = runner_cmd().arg("warmup").arg(&grid).output().unwrap();
+        expect_exit(&out, 0);
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert_eq!(stdout.lines().count(), lines, "{sweep}: {stdout}");
+    }
+
+    // Bad input: exit 2, as for a run.
+    let out = runner_cmd()
+        .args(["warmup", "tests/fixtures/invalid/unknown_key.toml"])
+        .output()
+        .unwrap();
+    expect_exit(&out, 2);
+    // A validation set's shapes are warmed up too: 20 held-out samples, one batch filled
+    // up to 32, the test set's shape (run once). In batches of 16: 80 training samples
+    // make one shape, and the validation set's 16 + 4 and the test set's 3 × 16 + 2, short
+    // batches filled up, one more.
+    let warm = |sets: &[&str]| {
+        let mut cmd = runner_cmd();
+        cmd.arg("warmup").arg(&recipe);
+        for s in sets {
+            cmd.args(["--set", s]);
+        }
+        let out = cmd.output().unwrap();
+        expect_exit(&out, 0);
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let stdout = warm(&["data.validation=0.2"]);
+    assert!(
+        stdout.contains("2 training and 1 evaluation batch shape(s)"),
+        "{stdout}"
+    );
+    let stdout = warm(&["data.validation=0.2", "loader.batch_size=16"]);
+    assert!(
+        stdout.contains("1 training and 1 evaluation batch shape(s)"),
+        "{stdout}"
+    );
+}
+
+#[test]
+fn warmup_covers_the_shapes_of_every_epoch_a_text_run_reaches() {
+    // Batches padded to their longest review take new lengths as the shuffle changes
+    // from epoch to epoch: warm-up must run each shape the whole run will see, which the
+    // run's own metrics give (rows, padded tokens / rows) step by step.
+    let dir = tempdir("warmup-text");
+    let sets = ["data.limit=400", "run.epochs=3", "run.eval=\"never\""];
+    let mut run = runner_cmd();
+    run.arg("recipes/text/rotten_tomatoes.toml").arg("-q");
+    run.args(["--set", &format!("log.dir=\"{}\"", dir.display())]);
+    let mut warm = runner_cmd();
+    warm.args(["warmup", "recipes/text/rotten_tomatoes.toml"]);
+    for s in sets {
+        run.args(["--set", s]);
+        warm.args(["--set", s]);
+    }
+    expect_exit(&run.output().unwrap(), 0);
+    let recs = records(&only_run(&dir.join("rotten_tomatoes")));
+    let shapes = |epochs: usize| {
+        recs.iter()
+            .filter(|r| r.epoch < epochs)
+            .map(|r| (r.samples, r.padded_tokens.unwrap() / r.samples as u64))
+            .collect::<std::collections::HashSet<_>>()
+            .len()
+    };
+    assert!(shapes(3) > shapes(1), "later epochs bring new shapes");
+    let out = warm.output().unwrap();
+    expect_exit(&out, 0);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout.contains(&format!(
+            "{} training and 0 evaluation batch shape(s)",
+            shapes(3)
+        )),
+        "{stdout} (the run had {} shapes)",
+        shapes(3)
+    );
+}

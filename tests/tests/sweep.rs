@@ -1,0 +1,626 @@
+//! Grids, shards, resumable sweeps, cell locks and Slurm arrays.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use runner::plan::Machine;
+use runner::recipe;
+
+use crate::common::{
+    as_other, expect_exit, only_run, records, root, runner_cmd, runner_logged, statuses, tempdir,
+    tiny_recipe, walk_files, writable_by_other,
+};
+
+// ---------------------------------------------------------------- sweeps and sharing
+
+fn grid_cells(src: &str) -> Vec<runner::sweep::Cell> {
+    let dir = root().join("tests/fixtures/sweep");
+    let l =
+        recipe::parse(&dir.join("inline_grid.toml"), src.into()).unwrap_or_else(|r| panic!("{r}"));
+    runner::sweep::cells(&l, 256).unwrap_or_else(|r| panic!("{r}"))
+}
+
+#[test]
+fn a_three_key_grid_expands_in_the_documented_order() {
+    let cells = grid_cells(
+        "extends = \"base.toml\"\nname = \"g\"\n[sweep]\n\"loader.workers\" = [0, 2]\n\"cleanup.every\" = [\"never\", \"step\"]\noptim.lr = [0.1, 0.01]\n",
+    );
+    let names: Vec<&str> = cells.iter().map(|c| c.name.as_str()).collect();
+    assert_eq!(
+        names,
+        [
+            "g/workers=0,cleanup.every=never,optim.lr=0.1",
+            "g/workers=0,cleanup.every=never,optim.lr=0.01",
+            "g/workers=0,cleanup.every=step,optim.lr=0.1",
+            "g/workers=0,cleanup.every=step,optim.lr=0.01",
+            "g/workers=2,cleanup.every=never,optim.lr=0.1",
+            "g/workers=2,cleanup.every=never,optim.lr=0.01",
+            "g/workers=2,cleanup.every=step,optim.lr=0.1",
+            "g/workers=2,cleanup.every=step,optim.lr=0.01",
+        ]
+    );
+    assert_eq!(
+        cells.iter().map(|c| c.index).collect::<Vec<_>>(),
+        (0..8).collect::<Vec<_>>()
+    );
+    let c = &cells[6];
+    assert_eq!(c.loaded.recipe.loader.workers, 2);
+    assert_eq!(c.loaded.recipe.cleanup.every, runner::recipe::Every::Step);
+    assert_eq!(c.loaded.recipe.optim.lr, 0.1);
+    assert_eq!(
+        c.loaded.recipe.model.hidden,
+        Some(vec![32]),
+        "the rest comes from base.toml"
+    );
+}
+
+/// Values a directory name cannot tell apart (`x/y` and `x_y`) do not give two cells one
+/// name, which would share a runs directory and a report row.
+#[test]
+fn cells_whose_values_name_alike_are_told_apart() {
+    let cells = grid_cells(
+        "extends = \"base.toml\"\nname = \"g\"\n[sweep]\n\"backend.cache_dir\" = [\"x/y\", \"x_y\", \"z\"]\n",
+    );
+    let names: Vec<&str> = cells.iter().map(|c| c.name.as_str()).collect();
+    assert_eq!(
+        names,
+        [
+            "g/cache_dir=x_y,cell=0",
+            "g/cache_dir=x_y,cell=1",
+            "g/cache_dir=z"
+        ]
+    );
+    assert_eq!(
+        cells[1].loaded.recipe.name.as_deref(),
+        Some("g/cache_dir=x_y,cell=1")
+    );
+}
+
+#[test]
+fn cell_ids_are_stable_and_follow_the_resolved_recipe() {
+    let a =
+        grid_cells("extends = \"base.toml\"\nname = \"g\"\n[sweep]\n\"loader.workers\" = [0, 2]\n");
+    let b =
+        grid_cells("extends = \"base.toml\"\nname = \"g\"\n[sweep]\n\"loader.workers\" = [0, 2]\n");
+    assert_eq!(
+        a.iter().map(|c| &c.id).collect::<Vec<_>>(),
+        b.iter().map(|c| &c.id).collect::<Vec<_>>()
+    );
+    assert_ne!(a[0].id, a[1].id);
+    assert_eq!(a[0].id.len(), 12);
+    // The same cell written out by hand, without extends or a grid, has the same id...
+    let inline = std::fs::read_to_string(root().join("tests/fixtures/sweep/base.toml"))
+        .unwrap()
+        .replace("name = \"tiny\"", "name = \"g/workers=2\"")
+        .replace("batch_size = 32", "batch_size = 32\nworkers = 2");
+    let l = recipe::parse(&root().join("tests/fixtures/sweep/x.toml"), inline).unwrap();
+    assert_eq!(runner::sweep::cell_id(&l.recipe), a[1].id);
+    // ...and where the logs go does not change what runs.
+    let logged = grid_cells("extends = \"base.toml\"\nname = \"g\"\n[log]\ndir = \"elsewhere\"\n[sweep]\n\"loader.workers\" = [0, 2]\n");
+    assert_eq!(logged[1].id, a[1].id);
+}
+
+#[test]
+fn bad_grids_point_into_the_file() {
+    let dir = root().join("tests/fixtures/sweep");
+    let err = |src: &str| {
+        let l = recipe::parse(&dir.join("bad.toml"), src.into()).unwrap();
+        runner::sweep::cells(&l, 4)
+            .map(|_| ())
+            .unwrap_err()
+            .to_string()
+    };
+    let e = err("extends = \"base.toml\"\n[sweep]\n\"loader.wokers\" = [0, 2]\n");
+    assert!(
+        e.contains("bad.toml:3:19: sweep.loader.wokers: `loader.wokers` is not a recipe key")
+            && e.contains("did you mean `loader.workers`?"),
+        "{e}"
+    );
+    let e = err("extends = \"base.toml\"\n[sweep]\n\"loader.workers\" = [0, \"two\"]\n");
+    assert!(
+        e.contains("bad.toml:3:24: loader.workers: invalid type: string \"two\""),
+        "{e}"
+    );
+    let e = err("extends = \"base.toml\"\n[sweep]\n\"loader.workers\" = 2\n");
+    assert!(e.contains("a sweep value must be a list"), "{e}");
+    let e =
+        err("extends = \"base.toml\"\n[sweep]\n\"loader.workers\" = [0]\nloader.workers = [1]\n");
+    assert!(e.contains("the same key is swept twice"), "{e}");
+    let e = err("extends = \"base.toml\"\n[sweep]\n\"loader.workers\" = [0, 1, 2]\n\"optim.lr\" = [0.1, 0.2]\n");
+    assert!(
+        e.contains("bad.toml:2:1: sweep: the grid has 6 cells (3 × 2), over the cap of 4"),
+        "{e}"
+    );
+}
+
+fn sweep_dir(logs: &Path) -> PathBuf {
+    let sweeps = logs.join("tiny_grid/sweeps");
+    only_run(&sweeps)
+}
+
+#[test]
+fn shards_split_a_grid_and_their_union_is_the_whole() {
+    let logs = tempdir("shards");
+    let run = |extra: &[&str]| {
+        let out = runner_logged(
+            &logs,
+            &["tests/fixtures/sweep/tiny_grid.toml", "--quiet"],
+            extra,
+        );
+        expect_exit(&out, 0);
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let first = run(&["--shard", "1/2"]);
+    assert!(first.contains("2 of 4 cells done"), "{first}");
+    let ran1: Vec<&str> = first
+        .lines()
+        .filter(|l| l.contains(" steps, median "))
+        .collect();
+    assert_eq!(ran1.len(), 2);
+    assert!(
+        ran1[0].starts_with("tiny_grid/workers=0,optim.lr=0.1:")
+            && ran1[1].starts_with("tiny_grid/workers=1,optim.lr=0.1:"),
+        "{ran1:?}"
+    );
+    let second = run(&["--shard", "2/2"]);
+    assert!(second.contains("4 of 4 cells done"), "{second}");
+    let dir = sweep_dir(&logs);
+    assert!(statuses(&dir).iter().all(|(_, s)| s == "done"));
+    // The report over the union has every cell, once.
+    let rep = runner_cmd()
+        .args(["report", "--format", "csv"])
+        .arg(&logs)
+        .output()
+        .unwrap();
+    let csv = String::from_utf8_lossy(&rep.stdout);
+    assert_eq!(csv.lines().count(), 1 + 4, "{csv}");
+    // And the Slurm script runs one array task per cell, resuming.
+    let out = runner_logged(
+        &logs,
+        &["sweep", "--slurm", "tests/fixtures/sweep/tiny_grid.toml"],
+        &[],
+    );
+    expect_exit(&out, 0);
+    let script = std::fs::read_to_string(dir.join("slurm.sbatch")).unwrap();
+    assert!(
+        script.contains("#SBATCH --array=0-3")
+            && script.contains("--cell $SLURM_ARRAY_TASK_ID")
+            && script.contains("--resume")
+            && !script.contains("--max-cells"),
+        "{script}"
+    );
+    // A cap given here is the tasks' cap too (a grid over the default one failed in every
+    // task), and the warm-up job's.
+    let out = runner_logged(
+        &logs,
+        &[
+            "sweep",
+            "--slurm",
+            "tests/fixtures/sweep/tiny_grid.toml",
+            "--max-cells",
+            "4",
+            "--set",
+            "slurm.warmup=true",
+        ],
+        &[],
+    );
+    expect_exit(&out, 0);
+    // `<recipe>: 4 array task(s) in <sweep dir>/slurm.sbatch`
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let array = stdout
+        .lines()
+        .find_map(|l| l.split_once(" array task(s) in "))
+        .map(|(_, p)| PathBuf::from(p))
+        .unwrap_or_else(|| panic!("{stdout}"));
+    for script in [array.clone(), array.with_file_name("warmup.sbatch")] {
+        let text = std::fs::read_to_string(&script).unwrap();
+        assert!(
+            text.contains(" --max-cells 4"),
+            "{}:\n{text}",
+            script.display()
+        );
+    }
+}
+
+#[test]
+fn a_gpu_grid_gets_a_warmup_job_and_its_array_starts_after_it() {
+    // A stand-in sbatch on PATH: it logs its arguments and answers as sbatch does.
+    let logs = tempdir("slurm-warmup");
+    let bin = logs.join("bin");
+    std::fs::create_dir_all(&bin).unwrap();
+    let calls = logs.join("calls.txt");
+    let fake = bin.join("sbatch");
+    std::fs::write(
+        &fake,
+        format!(
+            "#!/bin/sh\necho \"$*\" >> '{}'\ncase \"$1\" in --parsable) echo '4242;cluster' ;; *) echo 'Submitted batch job 4243' ;; esac\n",
+            calls.display()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&fake, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let path = format!(
+        "{}:{}",
+        bin.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let submit = |sets: &[&str]| {
+        let _ = std::fs::remove_file(&calls);
+        let mut cmd = runner_cmd();
+        cmd.args([
+            "sweep",
+            "--slurm",
+            "--submit",
+            "tests/fixtures/sweep/tiny_grid.toml",
+        ]);
+        cmd.args(["--set", &format!("log.dir=\"{}\"", logs.display())]);
+        for s in sets {
+            cmd.args(["--set", s]);
+        }
+        let out = cmd.env("PATH", &path).output().unwrap();
+        expect_exit(&out, 0);
+        let calls = std::fs::read_to_string(&calls).unwrap();
+        (String::from_utf8_lossy(&out.stdout).into_owned(), calls)
+    };
+    let dir = |calls: &str| {
+        let first = calls.lines().next().unwrap();
+        PathBuf::from(first.rsplit(' ').next().unwrap())
+            .parent()
+            .unwrap()
+            .to_path_buf()
+    };
+
+    // Tasks with a GPU: the warm-up job first, then the array depending on it.
+    let (stdout, calls) = submit(&["slurm.gpus_per_task=1"]);
+    let lines: Vec<&str> = calls.lines().collect();
+    let sweep = dir(&calls);
+    assert_eq!(
+        lines,
+        [
+            format!("--parsable {}", sweep.join("warmup.sbatch").display()),
+            format!(
+                "--dependency=afterany:4242 {}",
+                sweep.join("slurm.sbatch").display()
+            ),
+        ],
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("warm-up job 4242: the array starts when it ends"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("Submitted batch job 4243"), "{stdout}");
+    // Slurm 23.11 refuses --gpus-per-task without a task count.
+    let array = std::fs::read_to_string(sweep.join("slurm.sbatch")).unwrap();
+    assert!(array.contains("#SBATCH --ntasks=1\n"), "{array}");
+    let warmup = std::fs::read_to_string(sweep.join("warmup.sbatch")).unwrap();
+    assert!(
+        warmup.contains("#SBATCH --gpus-per-task=1")
+            && warmup.contains("#SBATCH --ntasks=1")
+            && !warmup.contains("--array")
+            && warmup.contains(" warmup ")
+            && warmup.contains("tiny_grid.toml --set ")
+            && warmup.contains(" --set slurm.gpus_per_task=1"),
+        "{warmup}"
+    );
+
+    // On the CPU (no GPU asked for) there is nothing to compile: the array alone, unless
+    // slurm.warmup asks for it.
+    let (_, calls) = submit(&[]);
+    assert_eq!(calls.lines().count(), 1, "{calls}");
+    assert!(!calls.contains("--dependency"), "{calls}");
+    let (_, calls) = submit(&["slurm.gpus_per_task=1", "slurm.warmup=false"]);
+    assert_eq!(calls.lines().count(), 1, "{calls}");
+    let (_, calls) = submit(&["slurm.warmup=true"]);
+    assert_eq!(calls.lines().count(), 2, "{calls}");
+}
+
+#[test]
+fn resume_reruns_only_what_was_not_done() {
+    let logs = tempdir("resume");
+    let run = |extra: &[&str]| {
+        runner_logged(
+            &logs,
+            &["tests/fixtures/sweep/tiny_grid.toml", "--quiet"],
+            extra,
+        )
+    };
+    assert_eq!(run(&[]).status.code(), Some(0));
+    let dir = sweep_dir(&logs);
+    let files: Vec<String> = statuses(&dir).into_iter().map(|(f, _)| f).collect();
+    // Simulate a kill during cell 2: its status says running; cell 3 never started.
+    let p2 = dir.join("cells").join(&files[2]);
+    let text = std::fs::read_to_string(&p2)
+        .unwrap()
+        .replace("\"done\"", "\"running\"");
+    std::fs::write(&p2, text).unwrap();
+    std::fs::remove_file(dir.join("cells").join(&files[3])).unwrap();
+    let out = run(&["--resume"]);
+    assert_eq!(out.status.code(), Some(0));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let ran: Vec<&str> = stdout
+        .lines()
+        .filter(|l| l.contains(" steps, median "))
+        .collect();
+    assert_eq!(
+        ran.len(),
+        2,
+        "only the interrupted and the missing cell run again: {stdout}"
+    );
+    assert!(
+        ran[0].starts_with("tiny_grid/workers=1,optim.lr=0.1:")
+            && ran[1].starts_with("tiny_grid/workers=1,optim.lr=0.01:"),
+        "{ran:?}"
+    );
+    assert!(String::from_utf8_lossy(&out.stderr).contains("2 cell(s) already done were skipped"));
+    assert!(statuses(&dir).iter().all(|(_, s)| s == "done"));
+}
+
+#[test]
+fn a_cell_is_never_marked_done_before_its_run_completes() {
+    let l = recipe::load(&root().join("tests/fixtures/sweep/tiny_grid.toml")).unwrap();
+    let cells = runner::sweep::cells(&l, 256).unwrap();
+    let logs = tempdir("killed");
+    let dir =
+        runner::sweep::SweepDir::open(&logs, "tiny_grid", Path::new("tiny_grid.toml"), &cells)
+            .unwrap();
+    let killed = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        runner::sweep::execute(&dir, &cells, Default::default(), |c, _| {
+            if c.index == 1 {
+                panic!("killed while running cell 1");
+            }
+            Err(runner::sweep::CellEnd {
+                dir: None,
+                message: "failed on purpose".into(),
+                state: runner::sweep::State::Failed,
+                stop_sweep: false,
+            })
+        })
+    }));
+    assert!(killed.is_err());
+    let s: Vec<String> = statuses(&dir.dir).into_iter().map(|(_, s)| s).collect();
+    assert_eq!(
+        s,
+        ["failed", "running"],
+        "cell 0 failed, cell 1 was running when killed, 2 and 3 never started"
+    );
+    assert!(!dir.is_done(&cells[1]));
+}
+
+#[test]
+fn a_cells_run_directory_reruns_on_its_own() {
+    let logs = tempdir("rerun");
+    let out = runner_logged(
+        &logs,
+        &[
+            "tests/fixtures/sweep/tiny_grid.toml",
+            "--quiet",
+            "--cell",
+            "3",
+        ],
+        &[],
+    );
+    expect_exit(&out, 0);
+    let run_dir = only_run(&logs.join("tiny_grid/workers=1,optim.lr=0.01"));
+    let env: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(run_dir.join("env.json")).unwrap()).unwrap();
+    let sources = env["sources"].as_array().unwrap();
+    assert_eq!(
+        sources.len(),
+        2,
+        "tiny_grid.toml and the base.toml it extends: {env}"
+    );
+    assert!(sources[0]["sha256"].as_str().unwrap().len() == 64);
+    assert_eq!(
+        env["overrides"][0].as_str().unwrap(),
+        format!("log.dir=\"{}\"", logs.display())
+    );
+    let again = runner_cmd()
+        .arg(run_dir.join("recipe.toml"))
+        .arg("--quiet")
+        .output()
+        .unwrap();
+    expect_exit(&again, 0);
+    let a = records(&run_dir);
+    let newest = std::fs::read_dir(logs.join("tiny_grid/workers=1,optim.lr=0.01"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .max()
+        .unwrap();
+    assert_ne!(newest, run_dir);
+    assert_eq!(
+        records(&newest).iter().map(|r| r.loss).collect::<Vec<_>>(),
+        a.iter().map(|r| r.loss).collect::<Vec<_>>(),
+        "the same run again"
+    );
+}
+
+#[test]
+fn an_interrupted_grid_cell_is_rerun_by_resume() {
+    let dir = tempdir("sigint-grid");
+    let grid = tiny_recipe(&dir, "g", "[sweep]\n\"optim.lr\" = [0.1, 0.2]\n");
+    // Long enough to interrupt, short enough to finish on resume (a few seconds a cell).
+    let long = [
+        "-q",
+        "--set",
+        "run.epochs=20",
+        "--set",
+        "data.synthetic.samples=4000",
+    ];
+    let child = runner_cmd()
+        .arg(&grid)
+        .args(long)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while !walk_files(&dir.join("runs"))
+        .iter()
+        .any(|p| p.ends_with("metrics.jsonl") && std::fs::metadata(p).is_ok_and(|m| m.len() > 0))
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the grid never started"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status()
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    expect_exit(&out, 130);
+    let sweep = only_run(&dir.join("runs/g/sweeps"));
+    let states: Vec<String> = statuses(&sweep).into_iter().map(|(_, s)| s).collect();
+    assert_eq!(
+        states,
+        ["interrupted"],
+        "cell 0 interrupted, cell 1 never started"
+    );
+    assert!(
+        !walk_files(&sweep)
+            .iter()
+            .any(|p| p.extension().is_some_and(|e| e == "lock")),
+        "a lock outlived its process"
+    );
+    // --resume runs the interrupted cell again, and the one never started.
+    let out = runner_cmd()
+        .arg(&grid)
+        .args(long)
+        .arg("--resume")
+        .output()
+        .unwrap();
+    expect_exit(&out, 0);
+    let states: Vec<String> = statuses(&sweep).into_iter().map(|(_, s)| s).collect();
+    assert_eq!(states, ["done", "done"]);
+}
+
+#[test]
+fn a_locked_cell_is_left_to_its_owner_and_a_stale_lock_is_taken_over() {
+    let dir = tempdir("locks");
+    let grid = tiny_recipe(&dir, "g", "[sweep]\n\"optim.lr\" = [0.1, 0.2]\n");
+    // Validate once to learn the cells' ids, then lock cell 0 as a live process would.
+    let cells = runner::sweep::check(&grid, &[], &Machine::cpu_only(), 256)
+        .unwrap()
+        .cells;
+    let sweep = runner::sweep::SweepDir::open(&dir.join("runs"), "g", &grid, &cells).unwrap();
+    let host = std::fs::read_to_string("/etc/hostname").unwrap_or_default();
+    let lock = sweep.dir.join(format!("locks/0000-{}.lock", cells[0].id));
+    // This test process is alive: the lock is live.
+    std::fs::write(&lock, format!("{} {}\n", host.trim(), std::process::id())).unwrap();
+    let out = runner_cmd().arg(&grid).arg("-q").output().unwrap();
+    expect_exit(&out, 0);
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("cell 0: left to process"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let states: Vec<(String, String)> = statuses(&sweep.dir);
+    assert_eq!(states.len(), 1, "only cell 1 ran: {states:?}");
+    assert!(states[0].0.starts_with("0001-"));
+    // A lock whose process is gone is stale: --resume takes it over and runs cell 0.
+    std::fs::write(&lock, format!("{} 4000000\n", host.trim())).unwrap();
+    let out = runner_cmd()
+        .arg(&grid)
+        .args(["-q", "--resume"])
+        .output()
+        .unwrap();
+    expect_exit(&out, 0);
+    let states: Vec<String> = statuses(&sweep.dir).into_iter().map(|(_, s)| s).collect();
+    assert_eq!(states, ["done", "done"]);
+    assert!(!lock.exists());
+}
+
+/// A stale lock this user may not remove (another user's, in a `locks/` it cannot write)
+/// is an error naming it: before, each try read it as held, and `--cell N --resume` (a
+/// Slurm task) exited 0 having run nothing, every time.
+#[test]
+fn a_stale_lock_that_cannot_be_removed_is_named_not_taken_for_a_live_one() {
+    let dir = tempdir("stale-lock");
+    let grid = tiny_recipe(&dir, "g", "[sweep]\n\"optim.lr\" = [0.1, 0.2]\n");
+    let cells = runner::sweep::check(&grid, &[], &Machine::cpu_only(), 256)
+        .unwrap()
+        .cells;
+    let sweep = runner::sweep::SweepDir::open(&dir.join("runs"), "g", &grid, &cells).unwrap();
+    let host = std::fs::read_to_string("/etc/hostname").unwrap_or_default();
+    let lock = sweep.dir.join(format!("locks/0000-{}.lock", cells[0].id));
+    std::fs::write(&lock, format!("{} 4000000\n", host.trim())).unwrap();
+    writable_by_other(&dir, true, true);
+    writable_by_other(&sweep.dir.join("locks"), false, false);
+    let out = as_other(&dir)
+        .arg(&grid)
+        .args(["-q", "--resume", "--cell", "0"])
+        .output()
+        .unwrap();
+    writable_by_other(&sweep.dir.join("locks"), true, false);
+    expect_exit(&out, 1);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains(&format!("the lock {} is stale", lock.display()))
+            && stderr.contains("pid 4000000")
+            && stderr.contains("cannot be removed"),
+        "{stderr}"
+    );
+    assert!(lock.exists());
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn slurm_refuses_a_plain_recipe_and_zero_shards_before_writing() {
+    let dir = tempdir("slurm-refuse");
+    let plain = tiny_recipe(&dir, "plain", "");
+    let out = runner_cmd()
+        .args(["sweep", "--slurm"])
+        .arg(&plain)
+        .output()
+        .unwrap();
+    expect_exit(&out, 2);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("has no [sweep] table"));
+    let grid = tiny_recipe(&dir, "g", "[sweep]\n\"optim.lr\" = [0.1, 0.2]\n");
+    let out = runner_cmd()
+        .args(["sweep", "--slurm", "--shards", "0"])
+        .arg(&grid)
+        .output()
+        .unwrap();
+    expect_exit(&out, 2);
+    // More shards than cells: array tasks with nothing to do.
+    let out = runner_cmd()
+        .args(["sweep", "--slurm", "--shards", "3"])
+        .arg(&grid)
+        .output()
+        .unwrap();
+    expect_exit(&out, 2);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--shards 3: "));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("has 2 cells, so at most 2 shards"));
+    // --cell and --shard choose cells two ways: refused, not an empty selection.
+    let out = runner_cmd()
+        .arg(&grid)
+        .args(["--cell", "1", "--shard", "1/2"])
+        .output()
+        .unwrap();
+    expect_exit(&out, 2);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("cannot be used with"));
+    assert!(!dir.join("runs").exists(), "state written before the error");
+}
+
+#[test]
+fn huge_sweep_values_make_short_cell_names() {
+    let dir = tempdir("long-names");
+    let grid = tiny_recipe(&dir, "g", "[sweep]\n\"optim.lr\" = [0.01, 1e300]\n");
+    let out = runner_cmd().arg("validate").arg(&grid).output().unwrap();
+    expect_exit(&out, 0);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains("g/optim.lr=1e300"), "{stdout}");
+    let long = format!(
+        "[sweep]\n\"data.text_field\" = [\"{}\"]\n\"optim.lr\" = [0.1]\n",
+        "t".repeat(300)
+    );
+    let l = recipe::parse(
+        &dir.join("g.toml"),
+        format!("[model]\narch = \"mlp\"\n[data]\nformat = \"synthetic\"\n{long}"),
+    )
+    .unwrap();
+    let cells = runner::sweep::expand(&l, 4).unwrap();
+    assert_eq!(cells[0].name, "g/cell-0000");
+}

@@ -1,0 +1,232 @@
+//! Variable-length text: padding strategies and the text models.
+
+use burn::tensor::Tensor;
+
+use runner::metrics::Summary;
+use runner::model::{Input, Net, Shape};
+use runner::plan::{self, Machine};
+use runner::recipe;
+
+use crate::common::{
+    expect_exit, only_run, records, root, runner_cmd, runner_logged, summary, tempdir,
+};
+
+// ---------------------------------------------------------------- variable-length text
+
+/// Logits of each text model for two sequences (the first ending in token `last`), with
+/// the batch padded to `len` positions.
+fn text_logits(arch: &str, extra: &str, len: usize, pad_id: i32, last: i32) -> Vec<f32> {
+    use burn::tensor::{Bool, Int, TensorData};
+    type B = burn::backend::Flex;
+    let src = format!("[model]\narch = \"{arch}\"\n{extra}\n[data]\nformat = \"jsonl\"\ntrain = \"../datasets/rotten_tomatoes/train.jsonl\"\n[padding]\nmax_length = 64\npad_id = {}\n", pad_id.max(0));
+    let l = recipe::parse(&root().join("recipes/m.toml"), src).unwrap();
+    let p = plan::validate(&l, &Machine::cpu_only()).unwrap_or_else(|r| panic!("{r}"));
+    let d = runner::backend::cpu_device();
+    let net: Net<B> = Net::new(
+        &p.model,
+        Shape::Text {
+            vocab: 50,
+            max_len: 64,
+        },
+        5,
+        &d,
+    );
+    let seqs: [&[i32]; 2] = [&[5, 9, 2, last], &[3, 3, 8, 1, 4, 6, 2]];
+    let mut ids = vec![];
+    let mut pad = vec![];
+    for s in seqs {
+        for j in 0..len {
+            ids.push(if j < s.len() { s[j] } else { pad_id });
+            pad.push(j >= s.len());
+        }
+    }
+    let input = Input::Tokens {
+        ids: Tensor::<B, 2, Int>::from_data(TensorData::new(ids, [2, len]), &d),
+        pad: Tensor::<B, 2, Bool>::from_data(TensorData::new(pad, [2, len]), &d),
+        lengths: Tensor::<B, 1, Int>::from_data(TensorData::new(vec![4i32, 7], [2]), &d),
+    };
+    net.forward(input)
+        .into_data()
+        .convert::<f32>()
+        .to_vec::<f32>()
+        .unwrap()
+}
+
+#[test]
+fn padding_never_changes_a_sequences_logits() {
+    for (arch, extra) in [
+        ("bag", "embed_dim = 16\nhidden = [8]"),
+        ("lstm", "embed_dim = 16\nhidden_size = 12\nlayers = 2"),
+        (
+            "transformer",
+            "embed_dim = 16\nheads = 2\nlayers = 2\nff_dim = 32\ndropout = 0.0",
+        ),
+    ] {
+        let tight = text_logits(arch, extra, 7, 0, 7);
+        for (len, pad_id) in [(16, 0), (40, 0), (16, 11)] {
+            let loose = text_logits(arch, extra, len, pad_id, 7);
+            for (a, b) in tight.iter().zip(&loose) {
+                assert!((a - b).abs() < 1e-5, "{arch}: padding to {len} with id {pad_id} changed the logits: {tight:?} vs {loose:?}");
+            }
+        }
+        // And the comparison can fail: a different last real token changes them.
+        let other = text_logits(arch, extra, 7, 0, 8);
+        let moved = tight
+            .iter()
+            .zip(&other)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0.0f32, f32::max);
+        assert!(
+            moved > 1e-4,
+            "{arch}: changing a real token left the logits alone"
+        );
+    }
+}
+
+#[test]
+fn a_short_run_on_rotten_tomatoes_beats_chance_and_counts_padding() {
+    let body =
+        std::fs::read_to_string(root().join("recipes/text/rotten_tomatoes_bucket.toml")).unwrap();
+    assert!(body.contains("extends"));
+    let logs = tempdir("rt");
+    let out = runner_logged(
+        &logs,
+        &[
+            "recipes/text/rotten_tomatoes.toml",
+            "--quiet",
+            "--set",
+            "run.epochs=4",
+        ],
+        &[],
+    );
+    expect_exit(&out, 0);
+    let dir = only_run(&logs.join("rotten_tomatoes"));
+    let s = summary(&dir);
+    let acc = s.test_accuracy.unwrap();
+    // The test split is 61% positive: beat always-positive, not just a coin.
+    assert!(acc > 0.65, "test accuracy {acc}");
+    let recs = records(&dir);
+    for r in &recs {
+        let (real, padded) = (r.real_tokens.unwrap(), r.padded_tokens.unwrap());
+        assert!(real <= padded && real > 0);
+        let waste = 100.0 * (padded - real) as f64 / padded as f64;
+        assert!((r.pad_waste_pct.unwrap() - waste).abs() < 1e-9);
+    }
+    let total: u64 = recs.iter().map(|r| r.padded_tokens.unwrap()).sum();
+    assert_eq!(s.padded_tokens, Some(total));
+    let tok: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("tokenizer.json")).unwrap())
+            .unwrap();
+    assert_eq!(tok["vocab"][0], "<pad>");
+    assert_eq!(tok["vocab"][1], "<unk>");
+    // What the run wrote is what `runner eval` reads back.
+    let out = runner_cmd().arg("eval").arg(&dir).output().unwrap();
+    expect_exit(&out, 0);
+    assert!(
+        String::from_utf8_lossy(&out.stdout).starts_with(&format!("accuracy {:.2}%", 100.0 * acc)),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+}
+
+#[test]
+fn bucketed_batches_pad_less_than_dynamic_on_the_same_data() {
+    let logs = tempdir("buckets");
+    let run = |recipe: &str| {
+        let out = runner_cmd()
+            .args([
+                recipe,
+                "--quiet",
+                "--set",
+                "run.epochs=1",
+                "--set",
+                "run.eval=\"never\"",
+                "--set",
+            ])
+            .arg(format!("log.dir=\"{}\"", logs.display()))
+            .output()
+            .unwrap();
+        expect_exit(&out, 0);
+        let name = std::path::Path::new(recipe)
+            .file_stem()
+            .unwrap()
+            .to_string_lossy()
+            .into_owned();
+        let dir = only_run(&logs.join(name));
+        summary(&dir)
+    };
+    let dynamic = run("recipes/text/spamassassin.toml");
+    let bucket = run("recipes/text/spamassassin_bucket.toml");
+    let fixed = run("recipes/text/spamassassin_max_length.toml");
+    assert_eq!(
+        dynamic.real_tokens, bucket.real_tokens,
+        "the same tokens, batched differently"
+    );
+    let pads = |s: &Summary| s.padded_tokens.unwrap() - s.real_tokens.unwrap();
+    assert!(
+        pads(&bucket) * 10 < pads(&dynamic) * 6,
+        "bucket pads {} tokens, dynamic {}",
+        pads(&bucket),
+        pads(&dynamic)
+    );
+    assert!(pads(&dynamic) <= pads(&fixed));
+    assert_eq!(
+        fixed.padded_tokens.unwrap() % 1024,
+        0,
+        "max_length pads every row to 1024"
+    );
+}
+
+#[test]
+fn text_recipes_are_checked_like_any_other() {
+    let bad = |src: &str| {
+        let l = recipe::parse(&root().join("recipes/text/x.toml"), src.into()).unwrap();
+        plan::validate(&l, &Machine::cpu_only())
+            .unwrap_err()
+            .to_string()
+    };
+    let e = bad("[model]\narch = \"small_cnn\"\n[data]\nformat = \"synthetic\"\n[padding]\nstrategy = \"bucket\"\n");
+    assert!(
+        e.contains("x.toml:5:1: padding: applies to text data (format = \"jsonl\")"),
+        "{e}"
+    );
+    let e = bad("[model]\narch = \"lstm\"\n[data]\nformat = \"synthetic\"\n");
+    assert!(
+        e.contains("model.arch: lstm reads token sequences, but the data are images"),
+        "{e}"
+    );
+    let e = bad("[model]\narch = \"transformer\"\nembed_dim = 30\nheads = 4\n[data]\nformat = \"jsonl\"\ntrain = \"../../datasets/rotten_tomatoes/train.jsonl\"\n");
+    assert!(
+        e.contains("model.heads: 4 heads do not divide embed_dim = 30"),
+        "{e}"
+    );
+    let e = bad("[model]\narch = \"bag\"\n[data]\nformat = \"jsonl\"\ntrain = \"../../datasets/rotten_tomatoes/train.jsonl\"\n[padding]\nstrategy = \"dynamic\"\nbuckets = 4\nmultiple_of = 0\n");
+    assert!(
+        e.contains("padding.buckets: only applies to strategy = \"bucket\"")
+            && e.contains("padding.multiple_of: 0 cannot be a multiple"),
+        "{e}"
+    );
+    // A bad line in the data is found when the recipe is checked, with its file and line.
+    let dir = tempdir("badjsonl");
+    std::fs::write(
+        dir.join("t.jsonl"),
+        "{\"label\": 0, \"text\": \"fine\"}\n{\"label\": 1, \"txt\": \"typo\"}\n",
+    )
+    .unwrap();
+    std::fs::write(
+        dir.join("r.toml"),
+        "[model]\narch = \"bag\"\n[data]\nformat = \"jsonl\"\ntrain = \"t.jsonl\"\n",
+    )
+    .unwrap();
+    let out = runner_cmd()
+        .arg("validate")
+        .arg(dir.join("r.toml"))
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("t.jsonl line 2: no field \"text\" (the line has \"label\", \"txt\")"),
+        "{err}"
+    );
+}
