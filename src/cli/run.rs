@@ -456,6 +456,20 @@ pub(crate) fn slurm(args: &SweepArgs) -> ExitCode {
         );
         return ExitCode::from(2);
     }
+    // sbatch reads a `\` in `--output` as "expand no `%A`/`%a`" and drops it: the tasks'
+    // logs went to a path that does not exist, so no task had a log.
+    if let Some((c, logs)) = all
+        .iter()
+        .map(|c| (c, c.plans[0].log.dir.join(&c.base)))
+        .find(|(_, logs)| logs.to_string_lossy().contains('\\'))
+    {
+        runner::errln!(
+            "error: {}: the array's logs would go under {}, and sbatch cannot write a log to a path with a backslash\n  = help: set `log.dir` (and the recipe's `name`) to a path without `\\`",
+            c.path.display(),
+            logs.display()
+        );
+        return ExitCode::from(2);
+    }
     for c in &all {
         let scripts = match slurm::write(
             c,

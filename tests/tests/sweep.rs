@@ -602,6 +602,22 @@ fn slurm_refuses_a_plain_recipe_and_zero_shards_before_writing() {
     expect_exit(&out, 2);
     assert!(String::from_utf8_lossy(&out.stderr).contains("cannot be used with"));
     assert!(!dir.join("runs").exists(), "state written before the error");
+    // sbatch writes no log to a path with a backslash: refused before anything is written.
+    let odd = dir.join("a\\b");
+    let grid = tiny_recipe(&dir, "g2", "[sweep]\n\"optim.lr\" = [0.1, 0.2]\n");
+    let out = runner_cmd()
+        .args(["sweep", "--slurm", "--set"])
+        .arg(format!("log.dir='{}'", odd.display()))
+        .arg(&grid)
+        .output()
+        .unwrap();
+    expect_exit(&out, 2);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("a path with a backslash") && err.contains("`log.dir`"),
+        "{err}"
+    );
+    assert!(!odd.exists(), "state written before the error");
 }
 
 #[test]
