@@ -273,18 +273,20 @@ fn batch_maker<B: TrainBackend>(
 /// read waits for the device; it and the writing of the earlier lines are the last
 /// record's `log_ms` (and part of its `iter_ms`). Every pending record is handed on; a
 /// loss that diverged (`run.max_loss`) is then an error when the plan stops on it, and a
-/// failed read-back always is.
+/// failed read-back always is. With `hold_last` the last record is returned instead of
+/// written (its line waits for the checkpoint at the epoch's end, to carry its time).
 fn flush<B: Backend>(
     pending: &mut Vec<(StepRecord, Tensor<B, 1>)>,
     sink: &mut dyn Sink,
     plan: &Plan,
     diverged: &mut Option<(u64, f64)>,
-) -> Result<(), Stop> {
+    hold_last: bool,
+) -> Result<Option<StepRecord>, Stop> {
     if pending.is_empty() {
-        return Ok(());
+        return Ok(None);
     }
     let t = Instant::now();
-    let (mut recs, losses): (Vec<StepRecord>, Vec<Tensor<B, 1>>) = pending.drain(..).unzip();
+    let (recs, losses): (Vec<StepRecord>, Vec<Tensor<B, 1>>) = pending.drain(..).unzip();
     let values: Vec<f32> = Tensor::cat(losses, 0)
         .into_data()
         .convert::<f32>()
@@ -302,7 +304,8 @@ fn flush<B: Backend>(
         )));
     }
     let n = recs.len();
-    for (i, (r, v)) in recs.iter_mut().zip(values).enumerate() {
+    let mut held = None;
+    for (i, (mut r, v)) in recs.into_iter().zip(values).enumerate() {
         r.loss = v as f64;
         if i + 1 == n {
             r.log_ms = ms(t);
@@ -322,18 +325,28 @@ fn flush<B: Backend>(
             r.real_tokens_per_s = Some(per_s(real as f64));
             r.padded_tokens_per_s = Some(per_s(padded as f64));
         }
-        sink.step(r);
         if diverged.is_none() && !(r.loss.is_finite() && r.loss <= plan.run.max_loss) {
             *diverged = Some((r.step, r.loss));
         }
+        if hold_last && i + 1 == n {
+            held = Some(r);
+        } else {
+            sink.step(&r);
+        }
     }
     match *diverged {
-        Some((step, loss)) if plan.run.stop_on_divergence => Err(Stop::Diverged {
-            step,
-            loss,
-            max_loss: plan.run.max_loss,
-        }),
-        _ => Ok(()),
+        Some((step, loss)) if plan.run.stop_on_divergence => {
+            // The run stops here: no line is held for a checkpoint that will not come.
+            if let Some(r) = held {
+                sink.step(&r);
+            }
+            Err(Stop::Diverged {
+                step,
+                loss,
+                max_loss: plan.run.max_loss,
+            })
+        }
+        _ => Ok(held),
     }
 }
 

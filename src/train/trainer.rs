@@ -51,6 +51,9 @@ pub(crate) struct Trainer<'a, B: TrainBackend> {
     epochs_completed: usize,
     /// Records whose loss is still on the device, read back every `log.every` steps.
     pending: Vec<(StepRecord, Tensor<B::InnerBackend, 1>)>,
+    /// The epoch's last step, its loss read back, whose line waits for the checkpoint due
+    /// at the epoch's end (after its evaluations) to record what writing it took.
+    held: Option<StepRecord>,
     diverged: Option<(u64, f64)>,
     watching: Watching,
     /// This process's first step (a resumed run's is not step 1).
@@ -127,6 +130,7 @@ impl<'a, B: TrainBackend> Trainer<'a, B> {
             step,
             epochs_completed,
             pending: vec![],
+            held: None,
             diverged: None,
             watching,
             first_step: step + 1,
@@ -135,8 +139,35 @@ impl<'a, B: TrainBackend> Trainer<'a, B> {
         Ok((trainer, start))
     }
 
+    /// Writes every line not yet written (a held one first, without a checkpoint time).
     fn flush(&mut self, sink: &mut dyn Sink) -> Result<(), Stop> {
-        flush(&mut self.pending, sink, self.io.plan, &mut self.diverged)
+        self.release(sink, 0.0);
+        flush(
+            &mut self.pending,
+            sink,
+            self.io.plan,
+            &mut self.diverged,
+            false,
+        )
+        .map(|_| ())
+    }
+
+    /// Writes the held line of the epoch's last step, with its checkpoint's time.
+    fn release(&mut self, sink: &mut dyn Sink, checkpoint_ms: f64) {
+        if let Some(mut r) = self.held.take() {
+            r.checkpoint_ms = checkpoint_ms;
+            sink.step(&r);
+        }
+    }
+
+    /// Whether a checkpoint is due at the end of the epoch that ends with step `step`
+    /// (every N steps landing on it, or every epoch); none after the run's last step.
+    fn checkpoint_due_at_epoch_end(&self, step: u64) -> bool {
+        let every = self.io.plan.checkpoint.every;
+        self.io.persist.is_some()
+            && step < self.io.plan.run.total_steps
+            && (policy::due(every, Point::AfterStep { step })
+                || policy::due(every, Point::EpochEnd))
     }
 
     /// Writes a checkpoint at `epoch`, `batch` (the step is the trainer's), covering
@@ -262,7 +293,11 @@ impl<'a, B: TrainBackend> Trainer<'a, B> {
         rec.iter_ms = ms(started);
         rec.t_ms = self.io.t0.elapsed().as_secs_f64() * 1e3;
         self.pending.push((rec, loss_sum / group as f32));
-        if self.pending.len() as u64 >= plan.log.every || epoch_done || checkpoint_now {
+        if pos.left == 0 && self.checkpoint_due_at_epoch_end(step) {
+            // Read back now (a diverged loss stops the run before its evaluations), written
+            // once the checkpoint at the epoch's end says what it took.
+            self.held = flush(&mut self.pending, sink, plan, &mut self.diverged, true)?;
+        } else if self.pending.len() as u64 >= plan.log.every || epoch_done || checkpoint_now {
             self.flush(sink)?;
         }
         // Validation every N steps (inside the epoch; at its end it follows the epoch).
@@ -399,7 +434,15 @@ impl<'a, B: TrainBackend> Trainer<'a, B> {
             self.epochs_completed = epoch + 1;
             sink.epoch_end(epoch);
         }
-        if !cut_short && !self.early && policy::due(plan.run.validate, Point::EpochEnd) {
+        // Validation every epoch, or every N steps where the N-th is the epoch's last (the
+        // step itself leaves that one to the epoch's end, which comes next).
+        let at_step =
+            |every| self.step > 0 && policy::due(every, Point::AfterStep { step: self.step });
+        let validate = plan.run.validate;
+        if !cut_short
+            && !self.early
+            && (policy::due(validate, Point::EpochEnd) || at_step(validate))
+        {
             self.validate(epoch, sink)?;
         }
         if self.early {
@@ -431,16 +474,14 @@ impl<'a, B: TrainBackend> Trainer<'a, B> {
             });
         }
         if self.step >= total || self.early {
+            self.flush(sink)?;
             return Ok(Next::EarlyStop);
         }
-        let every = plan.checkpoint.every;
-        let step_due = self.step > 0 && policy::due(every, Point::AfterStep { step: self.step });
-        if !cut_short
-            && (step_due || policy::due(every, Point::EpochEnd))
-            && self.io.persist.is_some()
-        {
-            let lines = sink.lines_written();
-            self.checkpoint(sink, (epoch + 1, 0), lines, "epoch end".into())?;
+        if !cut_short && self.checkpoint_due_at_epoch_end(self.step) {
+            // The held line is the checkpoint's last, written right after it.
+            let lines = sink.lines_written() + self.held.is_some() as u64;
+            let took = self.checkpoint(sink, (epoch + 1, 0), lines, "epoch end".into())?;
+            self.release(sink, took);
         }
         Ok(Next::Continue)
     }

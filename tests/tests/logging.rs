@@ -163,3 +163,56 @@ fn tensorboard_events_and_csv_carry_the_metrics() {
         "{newest:?}"
     );
 }
+
+/// What is due at a step that ends an epoch happens and is recorded like anywhere else:
+/// `run.validate = N` validates at every N-th step (the epoch's last included; those were
+/// skipped, so N equal to the steps per epoch never validated), and a checkpoint written
+/// at the epoch's end puts its time on that step's line (it read 0).
+#[test]
+fn what_is_due_at_an_epochs_last_step_is_done_and_timed() {
+    let dir = tempdir("epoch-end");
+    let recipe = tiny_recipe(&dir, "e", "");
+    let out = runner_cmd()
+        .arg(&recipe)
+        .args([
+            "-q",
+            "--set",
+            "data.validation=0.25",
+            "--set",
+            "run.epochs=3",
+        ])
+        .args([
+            "--set",
+            "run.validate=3",
+            "--set",
+            "checkpoint.every=\"epoch\"",
+        ])
+        .output()
+        .unwrap();
+    expect_exit(&out, 0);
+    let run = only_run(&dir.join("runs/e"));
+    let recs = records(&run);
+    let per_epoch = recs.iter().filter(|r| r.epoch == 0).count() as u64;
+    assert_eq!(per_epoch, 3, "75 samples in batches of 32");
+    let s = summary(&run);
+    let validated: Vec<u64> = s.validations.iter().map(|v| v.step).collect();
+    assert_eq!(validated, [3, 6, 9]);
+    // Checkpoints after epochs 1 and 2 (none after the run's last step), each timed on
+    // its step's line, and the line counts the summary's total.
+    let timed: Vec<u64> = recs
+        .iter()
+        .filter(|r| r.checkpoint_ms > 0.0)
+        .map(|r| r.step)
+        .collect();
+    assert_eq!(timed, [3, 6]);
+    let sum: f64 = recs.iter().map(|r| r.checkpoint_ms).sum();
+    assert_eq!(s.checkpoints, 2);
+    assert!(
+        (sum - s.checkpoint_ms_total).abs() < 1e-6,
+        "{sum} vs {}",
+        s.checkpoint_ms_total
+    );
+    // Every line once, in order.
+    let steps: Vec<u64> = recs.iter().map(|r| r.step).collect();
+    assert_eq!(steps, (1..=9).collect::<Vec<_>>());
+}
