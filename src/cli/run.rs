@@ -1,6 +1,7 @@
 //! The commands that train: `run` (recipes and grids, with --resume, --shard, --cell),
 //! `resume`, `eval`, `warmup`, and `sweep --slurm`. Each renders its outcome and exit code.
 
+use runner::metrics::Summary;
 use runner::plan::Plan;
 use runner::report;
 use runner::run::{self, RunError, RunOptions};
@@ -118,25 +119,7 @@ pub(crate) fn run_one(p: &Plan, opts: &RunOptions) -> Result<PathBuf, RunError> 
         });
     match result {
         Ok(f) => {
-            let s = &f.summary;
-            let acc = s.test_accuracy.map_or("no test set".into(), |a| {
-                format!("test accuracy {:.2}%", 100.0 * a)
-            });
-            // No timed step (run.warmup_steps took them all): no speed to report.
-            let speed = if s.iter_ms.count == 0 {
-                "none timed (all within run.warmup_steps)".to_string()
-            } else {
-                format!(
-                    "median {:.2} ms/iter (p95 {:.2}), {:.0} samples/s",
-                    s.iter_ms.median, s.iter_ms.p95, s.samples_per_s
-                )
-            };
-            runner::outln!(
-                "{}: {} steps, {speed}, {acc}, {}",
-                s.name,
-                s.steps,
-                f.dir.display()
-            );
+            runner::outln!("{}", summary_line(&f.summary, &f.dir));
             Ok(f.dir)
         }
         Err(RunError::Failed { dir, message }) => {
@@ -160,6 +143,28 @@ pub(crate) fn run_one(p: &Plan, opts: &RunOptions) -> Result<PathBuf, RunError> 
     }
 }
 
+/// The line a completed run prints on stdout: steps, speed, test accuracy, directory.
+fn summary_line(s: &Summary, dir: &Path) -> String {
+    let acc = s.test_accuracy.map_or("no test set".into(), |a| {
+        format!("test accuracy {:.2}%", 100.0 * a)
+    });
+    // No timed step (run.warmup_steps took them all): no speed to report.
+    let speed = if s.iter_ms.count == 0 {
+        "none timed (all within run.warmup_steps)".to_string()
+    } else {
+        format!(
+            "median {:.2} ms/iter (p95 {:.2}), {:.0} samples/s",
+            s.iter_ms.median, s.iter_ms.p95, s.samples_per_s
+        )
+    };
+    format!(
+        "{}: {} steps, {speed}, {acc}, {}",
+        s.name,
+        s.steps,
+        dir.display()
+    )
+}
+
 pub(crate) fn run_grid(c: &Checked, sel: Selection, opts: &RunOptions) -> Result<(), RunError> {
     let root = &c.plans[0].log.dir;
     let dir = SweepDir::open(root, &c.base, &c.path, &c.cells).map_err(|e| {
@@ -181,16 +186,27 @@ pub(crate) fn run_grid(c: &Checked, sel: Selection, opts: &RunOptions) -> Result
         // holds its lock now) continues from its checkpoint rather than starting over.
         let stopped_run = previous
             .filter(|s| resuming && matches!(s.state, State::Interrupted | State::Running))
-            .and_then(|s| s.run_dir)
-            .filter(|d| runner::checkpoint::latest(d).is_some());
-        let result = match stopped_run {
-            Some(run_dir) => {
+            .and_then(|s| s.run_dir);
+        // `runner resume` may have finished that run since: the cell is done.
+        let completed = stopped_run.as_deref().and_then(completed_summary);
+        let result = match (stopped_run, completed) {
+            (Some(run_dir), Some(s)) => {
+                if !opts.quiet {
+                    runner::errln!("{}: {} completed since", cell.name, run_dir.display());
+                }
+                runner::outln!("{}", summary_line(&s, &run_dir));
+                Ok(run_dir)
+            }
+            (Some(run_dir), None) if runner::checkpoint::latest(&run_dir).is_some() => {
                 if !opts.quiet {
                     runner::errln!("{}: resuming {}", cell.name, run_dir.display());
                 }
-                run::resume(&run_dir, opts, &runner::backend::probe()).map(|f| f.dir)
+                run::resume(&run_dir, opts, &runner::backend::probe()).map(|f| {
+                    runner::outln!("{}", summary_line(&f.summary, &f.dir));
+                    f.dir
+                })
             }
-            None => run_one(&c.plans[cell.index], opts),
+            _ => run_one(&c.plans[cell.index], opts),
         };
         cell_end(result, &mut stop)
     })
@@ -223,6 +239,13 @@ pub(crate) fn run_grid(c: &Checked, sel: Selection, opts: &RunOptions) -> Result
         }),
         None => Ok(()),
     }
+}
+
+/// A run directory's summary, where it says the run completed.
+fn completed_summary(run_dir: &Path) -> Option<Summary> {
+    let text = std::fs::read_to_string(run_dir.join("summary.json")).ok()?;
+    let s: Summary = serde_json::from_str(&text).ok()?;
+    (s.status == "completed").then_some(s)
 }
 
 /// How a cell's run ended, for the sweep state; a stop of the whole sweep (a signal, or

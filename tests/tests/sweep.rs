@@ -7,8 +7,8 @@ use runner::plan::Machine;
 use runner::recipe;
 
 use crate::common::{
-    as_other, expect_exit, only_run, records, root, runner_cmd, runner_logged, statuses, tempdir,
-    tiny_recipe, walk_files, writable_by_other,
+    as_other, expect_exit, only_run, records, root, runner_cmd, runner_logged, statuses, summary,
+    tempdir, tiny_recipe, walk_files, writable_by_other,
 };
 
 // ---------------------------------------------------------------- sweeps and sharing
@@ -437,7 +437,16 @@ fn a_cells_run_directory_reruns_on_its_own() {
 
 #[test]
 fn an_interrupted_grid_cell_is_rerun_by_resume() {
-    let dir = tempdir("sigint-grid");
+    // By the grid's --resume; and after `runner resume` finished the cell's run by hand,
+    // when --resume must take the cell as done (it stopped the grid, marked the cell
+    // failed, and the next --resume trained it again from step 1).
+    for by_hand in [false, true] {
+        interrupted_cell_resumed(by_hand);
+    }
+}
+
+fn interrupted_cell_resumed(by_hand: bool) {
+    let dir = tempdir(&format!("sigint-grid-{by_hand}"));
     let grid = tiny_recipe(&dir, "g", "[sweep]\n\"optim.lr\" = [0.1, 0.2]\n");
     // Long enough to interrupt, short enough to finish on resume (a few seconds a cell).
     let long = [
@@ -484,7 +493,19 @@ fn an_interrupted_grid_cell_is_rerun_by_resume() {
             .any(|p| p.extension().is_some_and(|e| e == "lock")),
         "a lock outlived its process"
     );
-    // --resume runs the interrupted cell again, and the one never started.
+    let cell0 = dir.join("runs/g/optim.lr=0.1");
+    let run0 = only_run(&cell0);
+    if by_hand {
+        let out = runner_cmd()
+            .arg("resume")
+            .arg(&run0)
+            .arg("-q")
+            .output()
+            .unwrap();
+        expect_exit(&out, 0);
+    }
+    // --resume continues the interrupted cell (or finds it done), and runs the one never
+    // started; each cell's line is printed.
     let out = runner_cmd()
         .arg(&grid)
         .args(long)
@@ -494,6 +515,11 @@ fn an_interrupted_grid_cell_is_rerun_by_resume() {
     expect_exit(&out, 0);
     let states: Vec<String> = statuses(&sweep).into_iter().map(|(_, s)| s).collect();
     assert_eq!(states, ["done", "done"]);
+    assert_eq!(only_run(&cell0), run0, "cell 0 trained again");
+    assert_eq!(summary(&run0).resumes, 1);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains(&format!("{}", run0.display())), "{stdout}");
+    assert_eq!(stdout.matches(" steps, ").count(), 2, "{stdout}");
 }
 
 #[test]
