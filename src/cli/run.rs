@@ -493,6 +493,17 @@ pub(crate) fn slurm(args: &SweepArgs) -> ExitCode {
         );
         return ExitCode::from(2);
     }
+    // The script names the binary, the working directory and the recipe as text.
+    let exe = std::env::current_exe().ok();
+    let cwd = std::env::current_dir().ok();
+    let named = all.iter().map(|c| Some(c.path.clone())).chain([exe, cwd]);
+    if let Some(p) = named.flatten().find(|p| p.to_str().is_none()) {
+        runner::errln!(
+            "error: {}: the path is not valid UTF-8, so the sbatch script cannot name it\n  = help: rename it (or run from a folder whose path is UTF-8)",
+            p.display()
+        );
+        return ExitCode::from(2);
+    }
     for c in &all {
         let scripts = match slurm::write(
             c,

@@ -138,7 +138,9 @@ pub(crate) fn environment(plan: &Plan, p: &Prepared) -> Environment {
         os: std::env::consts::OS.into(),
         arch: std::env::consts::ARCH.into(),
         hostname: crate::clock::hostname(),
-        command: std::env::args().collect(),
+        command: std::env::args_os()
+            .map(|a| a.to_string_lossy().into_owned())
+            .collect(),
         recipe: plan.recipe_path.display().to_string(),
         sources: plan
             .sources

@@ -1,7 +1,7 @@
 //! The binary as a user meets it: exit codes, messages, what is written and what is not.
 
 use crate::common::{
-    expect_exit, json, only_run, root, runner_cmd, statuses, tempdir, tiny_recipe,
+    expect_exit, json, only_run, root, runner_cmd, statuses, summary, tempdir, tiny_recipe,
 };
 
 #[test]
@@ -247,4 +247,53 @@ fn small_input_mistakes_get_plain_answers() {
     );
     let m = json(&sweep.join("manifest.json"));
     assert_eq!(m["cells"].as_array().map(Vec::len), Some(2));
+}
+
+/// A recipe whose path is not UTF-8 (a Latin-1 folder name) runs: `env.json` records the
+/// command line with the bytes replaced (it panicked, leaving a run with no summary);
+/// a Slurm script, which names the recipe as text, is refused before anything is written.
+#[test]
+fn a_recipe_path_that_is_not_utf8_runs_and_slurm_says_why_not() {
+    use std::os::unix::ffi::OsStrExt;
+    let dir = tempdir("latin1");
+    let odd = dir.join(std::ffi::OsStr::from_bytes(b"caf\xe9"));
+    std::fs::create_dir_all(&odd).unwrap();
+    // Runs under the working directory (`tiny_recipe` names its log folder as text).
+    let at = |name: &str, extra: &str| {
+        let r = tiny_recipe(&odd, name, extra);
+        let text = std::fs::read_to_string(&r).unwrap();
+        let log = text
+            .lines()
+            .find(|l| l.starts_with("dir = "))
+            .unwrap()
+            .to_string();
+        std::fs::write(&r, text.replace(&log, "dir = \"runs\"")).unwrap();
+        r
+    };
+    let recipe = at("l", "");
+    let out = runner_cmd()
+        .current_dir(&dir)
+        .arg(&recipe)
+        .arg("-q")
+        .output()
+        .unwrap();
+    expect_exit(&out, 0);
+    let run = only_run(&dir.join("runs/l"));
+    assert_eq!(summary(&run).status, "completed");
+    let env = json(&run.join("env.json"));
+    let command = env["command"].as_array().unwrap();
+    assert!(command
+        .iter()
+        .any(|a| a.as_str().unwrap().contains("caf\u{fffd}")));
+    let grid = at("g", "[sweep]\n\"optim.lr\" = [0.1, 0.2]\n");
+    let out = runner_cmd()
+        .current_dir(&dir)
+        .args(["sweep", "--slurm"])
+        .arg(&grid)
+        .output()
+        .unwrap();
+    expect_exit(&out, 2);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("is not valid UTF-8"), "{err}");
+    assert!(!dir.join("runs/g").exists(), "written before the error");
 }
