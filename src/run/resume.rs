@@ -149,7 +149,7 @@ pub fn resume(
                 metrics_path.display()
             ))
         })?;
-    let evals = rewind(&mut summary, &state);
+    let evals = rewind(&mut summary, &state, &records);
     write_json_atomic(&summary_path, &summary).map_err(|e| fail(format!("summary.json: {e}")))?;
     if !opts.quiet {
         crate::errln!(
@@ -274,8 +274,27 @@ fn latest_checkpoint(
 }
 
 /// The summary as it was at the checkpoint, marked running again in this process;
-/// returns the test evaluations up to the checkpoint.
-fn rewind(summary: &mut Summary, state: &crate::checkpoint::State) -> Vec<EvalRecord> {
+/// returns the test evaluations up to the checkpoint. `records` are the metrics lines
+/// kept (up to the checkpoint).
+fn rewind(
+    summary: &mut Summary,
+    state: &crate::checkpoint::State,
+    records: &[StepRecord],
+) -> Vec<EvalRecord> {
+    if summary.status == "running" {
+        // The process died (kill -9, a lost node) before its last summary, which still
+        // reads as at its start: what it did is in the lines kept, each checkpoint's time
+        // on the line of its step (a signal's checkpoint, on no line, comes with a summary).
+        let written: Vec<f64> = records
+            .iter()
+            .map(|r| r.checkpoint_ms)
+            .filter(|&ms| ms > 0.0)
+            .collect();
+        summary.checkpoints = written.len();
+        summary.checkpoint_ms_total = written.iter().sum();
+        let trained_s = records.last().map_or(0.0, |r| r.t_ms / 1e3);
+        summary.wall_s = summary.wall_s.max(trained_s);
+    }
     let evals = summary
         .evals
         .iter()

@@ -4,8 +4,8 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use crate::common::{
-    expect_exit, json, long_recipe, losses, only_run, root, runner_cmd, summary, tb_losses,
-    tempdir, tiny_recipe, walk_files,
+    expect_exit, json, long_recipe, losses, only_run, records, root, runner_cmd, summary,
+    tb_losses, tempdir, tiny_recipe, walk_files,
 };
 
 /// Starts `runner args`, waits until a metrics file under `runs` has `lines` lines, sends
@@ -190,6 +190,17 @@ fn a_resumed_run_ends_bitwise_where_the_uninterrupted_one_does() {
             &reference.join("model.safetensors"),
         );
         assert!(diff.is_empty(), "after kill -9: {diff:?}");
+        // The summary covers the whole run, the part before the kill too (it covered
+        // only the resumed part: the dead process never wrote its own).
+        let (s, r) = (summary(&run), summary(&reference));
+        assert_eq!(s.checkpoints, r.checkpoints, "after kill -9");
+        let timed = records(&run)
+            .iter()
+            .filter(|r| r.checkpoint_ms > 0.0)
+            .count();
+        assert_eq!(s.checkpoints, timed);
+        let trained_s = records(&run).last().unwrap().t_ms / 1e3;
+        assert!(s.wall_s >= trained_s, "{} < {trained_s}", s.wall_s);
         // That metrics.csv is written again whole, in this version's columns.
         let csv = std::fs::read_to_string(&csv_path).unwrap();
         let lines: Vec<&str> = csv.lines().collect();
