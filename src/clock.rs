@@ -26,6 +26,27 @@ pub fn hostname() -> Option<String> {
         .filter(|s| !s.is_empty())
 }
 
+/// When process `pid` started, in clock ticks after boot (`/proc/<pid>/stat`'s 22nd
+/// field); `None` where it is not running (or there is no `/proc`). With the pid it names
+/// one process: pids are reused (and a runner that was pid 1 in a container is, seen from
+/// the host, init).
+pub fn process_started(pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name (field 2) is in parentheses and may hold spaces and ')'.
+    let rest = &stat[stat.rfind(')')? + 1..];
+    rest.split_whitespace().nth(19)?.parse().ok()
+}
+
+/// Whether the process recorded as `pid` (started at `started`, where that was recorded:
+/// summaries of older versions have only the pid) is still running on this machine.
+pub fn still_running(pid: u32, started: Option<u64>) -> bool {
+    let now = process_started(pid);
+    match started {
+        Some(when) => now == Some(when),
+        None => now.is_some(),
+    }
+}
+
 /// Runs `f`, catching a panic without the default hook's report on stderr: for a library
 /// call whose panic the caller turns into an error of its own. The error is the text of
 /// every panic meanwhile, in order, the caught one last: a library may panic on a worker
@@ -92,6 +113,19 @@ pub fn utc_now() -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_process_is_its_pid_and_its_start() {
+        let me = std::process::id();
+        let started = process_started(me).expect("this process is running");
+        assert!(still_running(me, Some(started)) && still_running(me, None));
+        assert!(!still_running(me, Some(started + 1)), "a reused pid");
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let pid = child.id();
+        child.wait().unwrap();
+        assert_eq!(process_started(pid), None, "reaped");
+        assert!(!still_running(pid, None));
+    }
 
     #[test]
     fn quietly_returns_the_panics_of_other_threads_before_its_own() {

@@ -277,6 +277,10 @@ pub struct Summary {
     /// and `host` say which process to look for).
     pub status: String,
     pub pid: Option<u32>,
+    /// When that process started (clock ticks after boot): a pid alone may be another
+    /// process's by now.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pid_started: Option<u64>,
     pub host: Option<String>,
     /// With `run.stop_on_divergence = false`: the first step whose loss diverged.
     #[serde(skip_serializing_if = "Option::is_none")]

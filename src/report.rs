@@ -42,7 +42,7 @@ pub fn split_completed(runs: Vec<Run>) -> (Vec<Run>, Vec<Excluded>) {
             }
             "running" => match (s.pid, &s.host) {
                 (Some(pid), Some(h)) if Some(h) == this_host.as_ref() => {
-                    if Path::new(&format!("/proc/{pid}")).exists() {
+                    if crate::clock::still_running(pid, s.pid_started) {
                         format!("still running (pid {pid})")
                     } else {
                         format!("killed: its process (pid {pid}) is gone, and it never finished")

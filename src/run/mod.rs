@@ -235,6 +235,7 @@ pub fn execute(plan: &Plan, opts: &RunOptions) -> Result<Finished, RunError> {
         run_id: run_id.clone(),
         status: "running".into(),
         pid: Some(std::process::id()),
+        pid_started: crate::clock::process_started(std::process::id()),
         host: crate::clock::hostname(),
         backend: prepared.backend_name.clone(),
         device: prepared.device_name.clone(),

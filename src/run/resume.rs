@@ -53,10 +53,9 @@ pub fn resume(
     }
     // One process at a time continues a run: two would write the same metrics lines.
     if let (Some(pid), Some(host)) = (summary.pid, &summary.host) {
-        let alive = Path::new(&format!("/proc/{pid}")).exists();
         if summary.status == "running"
             && Some(host) == crate::clock::hostname().as_ref()
-            && alive
+            && crate::clock::still_running(pid, summary.pid_started)
             && pid != std::process::id()
         {
             return Err(input(format!(
@@ -307,6 +306,7 @@ fn rewind(
     summary.status = "running".into();
     summary.error = None;
     summary.pid = Some(std::process::id());
+    summary.pid_started = crate::clock::process_started(std::process::id());
     summary.host = crate::clock::hostname();
     summary.resumes += 1;
     evals

@@ -362,12 +362,34 @@ fn resume_skips_a_damaged_checkpoint_and_runs_once() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("is resuming it already"));
     std::fs::remove_file(twice.join("resume.lock")).unwrap();
     let mut s = json(&twice.join("summary.json"));
-    s["pid"] = std::process::id().into();
+    let me = std::process::id();
+    s["pid"] = me.into();
+    s["pid_started"] = runner::clock::process_started(me).unwrap().into();
     std::fs::write(twice.join("summary.json"), s.to_string()).unwrap();
     let out = runner_cmd().arg("resume").arg(&twice).output().unwrap();
     expect_exit(&out, 2);
     assert!(String::from_utf8_lossy(&out.stderr).contains("the run is still going"));
     assert_eq!(json(&twice.join("summary.json")), s);
+    // The same pid, another process's now (pids are reused; a runner that ran as pid 1
+    // in a container is init seen from the host): gone, and resumed.
+    let reused = runner::clock::process_started(me).unwrap() + 1;
+    s["pid_started"] = reused.into();
+    std::fs::write(twice.join("summary.json"), s.to_string()).unwrap();
+    let out = runner_cmd().arg("report").arg(&twice).output().unwrap();
+    let said =
+        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    assert!(
+        said.contains(&format!("killed: its process (pid {me}) is gone")),
+        "{said}"
+    );
+    let out = runner_cmd()
+        .arg("resume")
+        .arg(&twice)
+        .arg("-q")
+        .output()
+        .unwrap();
+    expect_exit(&out, 0);
+    assert_eq!(losses(&twice), losses(&reference));
 }
 
 /// A resume continues only on the data the run started on: a training file changed in
