@@ -128,6 +128,16 @@ pub fn read_jsonl(
         let at = |msg: String| DataError::new(path, format!("line {}: {msg}", i + 1));
         out.push(parse_line(line, fields, classes, at)?);
     }
+    if out.is_empty() && limit > 0 {
+        // A test file like this turned evaluation off in silence, the run exiting 0.
+        return Err(
+            DataError::new(path, "holds no records: it is empty, or only blank lines").help(
+                format!(
+                    "point at a JSON Lines file of one {{\"{text_field}\": ..., \"{label_field}\": ...}} object per line"
+                ),
+            ),
+        );
+    }
     Ok(out)
 }
 

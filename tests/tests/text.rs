@@ -229,4 +229,21 @@ fn text_recipes_are_checked_like_any_other() {
         err.contains("t.jsonl line 2: no field \"text\" (the line has \"label\", \"txt\")"),
         "{err}"
     );
+    // A test file with no records (empty, or blank lines) is an error, as an empty CIFAR
+    // file is: the run turned its evaluation off and exited 0.
+    std::fs::write(dir.join("empty.jsonl"), "\n \n").unwrap();
+    let rotten = root().join("datasets/rotten_tomatoes/train.jsonl");
+    std::fs::write(
+        dir.join("e.toml"),
+        format!("[model]\narch = \"bag\"\n[data]\nformat = \"jsonl\"\ntrain = \"{}\"\ntest = \"empty.jsonl\"\n", rotten.display()),
+    )
+    .unwrap();
+    let out = runner_cmd().arg(dir.join("e.toml")).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("data.test: ")
+            && err.contains("empty.jsonl holds no records: it is empty, or only blank lines"),
+        "{err}"
+    );
 }
