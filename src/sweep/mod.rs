@@ -36,7 +36,8 @@ pub struct Cell {
     pub index: usize,
     /// `base/key=value,...` (just `base` for a recipe without a grid).
     pub name: String,
-    /// Stable id: derived from the cell's resolved recipe.
+    /// Stable id ([`cell_id`]), from the cell's resolved recipe: set by [`check`], once the
+    /// cell is validated (empty before).
     pub id: String,
     pub assignments: Vec<(String, toml::Value)>,
     pub loaded: Loaded,
@@ -309,7 +310,7 @@ pub fn expand(loaded: &Loaded, max_cells: usize) -> Result<Vec<Cell>, Diagnostic
         // validation, which adds every other finding: the user sees them all at once.
         out.push(Cell {
             index,
-            id: cell_id(&checked.recipe),
+            id: String::new(),
             name,
             assignments,
             loaded: checked,
@@ -420,11 +421,21 @@ pub fn check(
     max_cells: usize,
 ) -> Result<Checked, Diagnostics> {
     let loaded = recipe::load_with(path, sets)?;
-    let cells = match expand(&loaded, max_cells) {
+    check_loaded(path, &loaded, machine, max_cells)
+}
+
+/// [`check`] of a recipe already loaded from `path`.
+pub fn check_loaded(
+    path: &Path,
+    loaded: &Loaded,
+    machine: &Machine,
+    max_cells: usize,
+) -> Result<Checked, Diagnostics> {
+    let mut cells = match expand(loaded, max_cells) {
         Ok(cells) => cells,
         Err(mut report) => {
             // The grid cannot be expanded; the recipe under it is still checked.
-            if let Err(base) = plan::validate(&loaded, machine) {
+            if let Err(base) = plan::validate(loaded, machine) {
                 report.0.extend(base.0);
             }
             return Err(dedup(report));
@@ -440,6 +451,9 @@ pub fn check(
     }
     if report.has_errors() {
         return Err(dedup(report));
+    }
+    for (c, p) in cells.iter_mut().zip(&plans) {
+        c.id = cell_id(&p.resolved, &c.loaded.recipe);
     }
     let base = loaded.recipe.name.clone().unwrap_or_else(|| {
         path.file_stem()
@@ -478,10 +492,18 @@ fn sha256_hex(bytes: &[u8]) -> String {
         .collect()
 }
 
-/// The id of a cell: the first 12 hex digits of the SHA-256 of its recipe (defaults filled
-/// in, paths as written, `[log]` left out since it does not change what runs).
-pub fn cell_id(recipe: &Recipe) -> String {
-    let mut r = recipe.clone();
+/// The id of a cell: the first 12 hex digits of the SHA-256 of its resolved recipe (every
+/// default filled in, so writing one out changes nothing), with the paths as `written`
+/// (the same on every machine; resolved ones are absolute) and `[log]` left out, since
+/// neither changes what runs.
+pub fn cell_id(resolved: &Recipe, written: &Recipe) -> String {
+    let mut r = resolved.clone();
+    r.data.train.clone_from(&written.data.train);
+    r.data.test.clone_from(&written.data.test);
+    r.data
+        .validation_file
+        .clone_from(&written.data.validation_file);
+    r.backend.cache_dir.clone_from(&written.backend.cache_dir);
     r.log = Default::default();
     let text = toml::to_string(&r).unwrap_or_default();
     sha256_hex(text.as_bytes())[..12].to_string()

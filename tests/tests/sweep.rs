@@ -78,26 +78,45 @@ fn cells_whose_values_name_alike_are_told_apart() {
 
 #[test]
 fn cell_ids_are_stable_and_follow_the_resolved_recipe() {
-    let a =
-        grid_cells("extends = \"base.toml\"\nname = \"g\"\n[sweep]\n\"loader.workers\" = [0, 2]\n");
-    let b =
-        grid_cells("extends = \"base.toml\"\nname = \"g\"\n[sweep]\n\"loader.workers\" = [0, 2]\n");
-    assert_eq!(
-        a.iter().map(|c| &c.id).collect::<Vec<_>>(),
-        b.iter().map(|c| &c.id).collect::<Vec<_>>()
-    );
-    assert_ne!(a[0].id, a[1].id);
-    assert_eq!(a[0].id.len(), 12);
+    let dir = root().join("tests/fixtures/sweep");
+    let ids = |src: &str| -> Vec<String> {
+        let path = dir.join("inline_grid.toml");
+        let l = recipe::parse(&path, src.into()).unwrap_or_else(|r| panic!("{r}"));
+        runner::sweep::check_loaded(&path, &l, &Machine::cpu_only(), 256)
+            .unwrap_or_else(|r| panic!("{r}"))
+            .cells
+            .into_iter()
+            .map(|c| c.id)
+            .collect()
+    };
+    let grid = "extends = \"base.toml\"\nname = \"g\"\n[sweep]\n\"loader.workers\" = [0, 2]\n";
+    let a = ids(grid);
+    assert_eq!(a, ids(grid));
+    assert_ne!(a[0], a[1]);
+    assert_eq!(a[0].len(), 12);
     // The same cell written out by hand, without extends or a grid, has the same id...
-    let inline = std::fs::read_to_string(root().join("tests/fixtures/sweep/base.toml"))
+    let inline = std::fs::read_to_string(dir.join("base.toml"))
         .unwrap()
         .replace("name = \"tiny\"", "name = \"g/workers=2\"")
         .replace("batch_size = 32", "batch_size = 32\nworkers = 2");
-    let l = recipe::parse(&root().join("tests/fixtures/sweep/x.toml"), inline).unwrap();
-    assert_eq!(runner::sweep::cell_id(&l.recipe), a[1].id);
-    // ...and where the logs go does not change what runs.
-    let logged = grid_cells("extends = \"base.toml\"\nname = \"g\"\n[log]\ndir = \"elsewhere\"\n[sweep]\n\"loader.workers\" = [0, 2]\n");
-    assert_eq!(logged[1].id, a[1].id);
+    assert_eq!(ids(&inline), [a[1].clone()]);
+    // ...where the logs go does not change what runs...
+    let logged = ids(&grid.replace("[sweep]", "[log]\ndir = \"elsewhere\"\n[sweep]"));
+    assert_eq!(logged, a);
+    // ...and neither does a default written out (the grid was another, its cells run
+    // again): SGD's momentum 0, no Nesterov, no flip.
+    for default in [
+        "[optim]\nmomentum = 0.0\nnesterov = false",
+        "[data.augment]\nhflip = false",
+    ] {
+        let explicit = ids(&grid.replace("[sweep]", &format!("{default}\n[sweep]")));
+        assert_eq!(explicit, a, "{default}");
+    }
+    // A value that is not the default does.
+    assert_ne!(
+        ids(&grid.replace("[sweep]", "[optim]\nmomentum = 0.5\n[sweep]")),
+        a
+    );
 }
 
 #[test]
