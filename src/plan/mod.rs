@@ -372,9 +372,22 @@ impl<'a> Validator<'a> {
         );
     }
 
-    /// `key` is set in the file although it has no effect for `why`.
+    /// `key` is set in the file although it has no effect for `why`. In a grid cell, where
+    /// a swept key decides it (the base recipe's `padding.buckets` in the cells of a sweep
+    /// over `padding.strategy`), it is a warning: the other cells use it. Sweeping the
+    /// key itself where it has no effect stays an error.
     fn only_for(&mut self, key: &str, why: &str) {
-        if self.l.is_set(key) {
+        if !self.l.is_set(key) {
+            return;
+        }
+        let swept = self.l.sweep.as_ref().map(crate::sweep::swept_keys);
+        if swept.is_some_and(|axes| !axes.iter().any(|a| a == key)) {
+            self.warn(
+                key,
+                format!("ignored in the cells it does not apply to (it only applies {why})"),
+                "nothing to do if other cells use it",
+            );
+        } else {
             self.err(key, format!("only applies {why}"), "remove the key");
         }
     }

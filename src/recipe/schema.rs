@@ -297,8 +297,10 @@ pub struct DataSection {
     pub tokenizer: Option<TokenizerSection>,
 }
 
+// Written out (a resolved recipe) with `max_vocab` and `min_freq` only for `word`, the
+// only kind they apply to, so a byte cell of a grid over `kind` runs on its own.
 /// `[data.tokenizer]`: built from the training split and saved in the run directory.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[derive(Debug, Clone, PartialEq, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct TokenizerSection {
     /// `word` (a vocabulary of the training split's words; letters and digits form words,
@@ -311,6 +313,21 @@ pub struct TokenizerSection {
     pub min_freq: usize,
     /// Lower-case the text first. Default true.
     pub lowercase: bool,
+}
+
+impl Serialize for TokenizerSection {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeStruct;
+        let word = self.kind == TokenizerKind::Word;
+        let mut t = s.serialize_struct("TokenizerSection", if word { 4 } else { 2 })?;
+        t.serialize_field("kind", &self.kind)?;
+        if word {
+            t.serialize_field("max_vocab", &self.max_vocab)?;
+            t.serialize_field("min_freq", &self.min_freq)?;
+        }
+        t.serialize_field("lowercase", &self.lowercase)?;
+        t.end()
+    }
 }
 
 impl Default for TokenizerSection {

@@ -162,6 +162,13 @@ fn axes(loaded: &Loaded, report: &mut Diagnostics) -> Vec<Axis> {
 }
 
 /// The `[sweep]` table's leaves: (dotted recipe key, its place in the file, values).
+/// The dotted keys a `[sweep]` table sweeps, however written (quoted, or as tables).
+pub(crate) fn swept_keys(sweep: &toml::Table) -> Vec<String> {
+    let mut leaves = vec![];
+    walk(sweep, "", "sweep", &mut leaves);
+    leaves.into_iter().map(|(key, _, _)| key).collect()
+}
+
 fn walk(
     t: &toml::Table,
     prefix: &str,

@@ -247,3 +247,64 @@ fn text_recipes_are_checked_like_any_other() {
         "{err}"
     );
 }
+
+/// A grid over a key that decides whether another applies (`padding.strategy` over the
+/// bucket recipe, `data.tokenizer.kind` over a word tokenizer's settings) validates, with
+/// a warning for the cells the key does not apply to (it was an error pointing at the base
+/// file, with advice that broke the other cells); each cell's resolved recipe runs on its
+/// own. Sweeping such a key itself where it has no effect is still an error.
+#[test]
+fn a_grid_may_sweep_a_key_that_others_depend_on() {
+    let text = root().join("recipes/text");
+    for (recipe, axis, cells) in [
+        (
+            "spamassassin_bucket.toml",
+            "sweep.\"padding.strategy\"=[\"dynamic\", \"max_length\", \"bucket\"]",
+            3,
+        ),
+        (
+            "rotten_tomatoes.toml",
+            "sweep.\"data.tokenizer.kind\"=[\"word\", \"byte\"]",
+            2,
+        ),
+    ] {
+        let recipe = text.join(recipe);
+        let out = runner_cmd()
+            .args(["validate", "--set", axis])
+            .arg(&recipe)
+            .output()
+            .unwrap();
+        expect_exit(&out, 0);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains("warning: ") && err.contains("ignored in the cells it does not apply to"),
+            "{err}"
+        );
+        let dir = tempdir(&format!("dependent-{cells}"));
+        for cell in 0..cells {
+            let out = runner_cmd()
+                .args(["show", "--set", axis, "--cell", &cell.to_string()])
+                .arg(&recipe)
+                .output()
+                .unwrap();
+            expect_exit(&out, 0);
+            let alone = dir.join(format!("cell{cell}.toml"));
+            std::fs::write(&alone, &out.stdout).unwrap();
+            let out = runner_cmd().arg("validate").arg(&alone).output().unwrap();
+            expect_exit(&out, 0);
+            assert!(
+                out.stderr.is_empty(),
+                "{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+    }
+    let out = runner_cmd()
+        .args(["validate", "--set", "sweep.\"padding.buckets\"=[4, 8]"])
+        .arg(text.join("rotten_tomatoes.toml"))
+        .output()
+        .unwrap();
+    expect_exit(&out, 2);
+    assert!(String::from_utf8_lossy(&out.stderr)
+        .contains("padding.buckets: only applies to strategy = \"bucket\""));
+}
