@@ -492,7 +492,9 @@ impl<'a> Validator<'a> {
             self.err(key, format!("{} {what}", shown.display()), help);
         } else {
             let why = crate::recipe::why_missing(path);
-            let help = if why == "does not exist" {
+            let help = if why == "does not exist" && self.l.set_on_command_line(key) {
+                "--set paths are relative to the working directory; the shipped data is under datasets/"
+            } else if why == "does not exist" {
                 "paths are relative to the recipe file; the shipped data is under datasets/"
             } else {
                 "check the path, its links and the permissions of the folders on the way"

@@ -74,6 +74,15 @@ impl Loaded {
 
     /// The directory a relative path in `key` is resolved against: that of the file that
     /// wrote it (a parent recipe's paths stay relative to the parent).
+    /// Whether the key's value came from `--set` (its paths are then relative to the
+    /// working directory, not to a recipe file).
+    pub fn set_on_command_line(&self, key: &str) -> bool {
+        self.doc
+            .origins
+            .get(key)
+            .is_some_and(|o| self.doc.source(o).name == Path::new("--set"))
+    }
+
     pub fn dir_of(&self, key: &str) -> PathBuf {
         match self.doc.origins.get(key) {
             Some(o) => self.doc.source(o).dir.clone(),

@@ -200,7 +200,7 @@ fn data_flag_error(text: &str, recipe_path: &Path) -> String {
             out.push(format!(
                 "  = note: the run's data.format is \"{format}\": --data must be a file of that format"
             ));
-        } else if line.contains("= help: paths are relative to the recipe file") {
+        } else if line.contains("= help: --set paths are relative to the working directory") {
             out.push("  = help: --data is a path from the working directory".into());
         } else {
             out.push(line.to_string());

@@ -766,3 +766,22 @@ fn ls_lists_every_model_and_data_format_the_format_allows() {
         }
     }
 }
+
+/// A missing data file's help says what its path is relative to: the recipe file, or the
+/// working directory where the path came from `--set` (it said the recipe file for both).
+#[test]
+fn a_missing_data_path_says_what_it_is_relative_to() {
+    let recipe = root().join("recipes/quickstart.toml");
+    let out = runner_cmd()
+        .args(["validate", "--set", "data.test=\"nowhere.bin\""])
+        .arg(&recipe)
+        .output()
+        .unwrap();
+    expect_exit(&out, 2);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("--set:1:11: data.test: nowhere.bin does not exist")
+            && err.contains("help: --set paths are relative to the working directory"),
+        "{err}"
+    );
+}
