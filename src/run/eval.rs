@@ -99,6 +99,8 @@ pub fn eval(
             "data.test={}",
             toml::Value::String(abs.display().to_string())
         ));
+        // The whole file: the run's `data.test_limit` was about its own test set.
+        sets.push(format!("data.test_limit={}", i64::MAX));
     }
     let plan = run_plan(&recipe_path, &sets, machine).map_err(|e| match (e, data_file) {
         (RunError::Input(text), Some(_)) => input(data_flag_error(&text, &recipe_path)),

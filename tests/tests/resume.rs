@@ -700,3 +700,43 @@ fn eval_scores_saved_weights_like_the_run_did_and_on_another_file() {
     expect_exit(&out, 2);
     assert!(String::from_utf8_lossy(&out.stderr).contains("is truncated"));
 }
+
+/// `runner eval --data FILE` scores all of FILE: the run's `data.test_limit` was about the
+/// run's own test set (37 of another file's 500 records were scored, nothing said).
+#[test]
+fn eval_on_another_file_scores_all_of_it() {
+    let dir = tempdir("eval-limit");
+    let recipe = root().join("recipes/quickstart.toml");
+    let out = runner_cmd()
+        .arg(&recipe)
+        .args([
+            "-q",
+            "--set",
+            "run.max_steps=2",
+            "--set",
+            "run.warmup_steps=0",
+        ])
+        .args(["--set", "data.test_limit=37", "--set"])
+        .arg(format!("log.dir=\"{}\"", dir.join("runs").display()))
+        .output()
+        .unwrap();
+    expect_exit(&out, 0);
+    let run = only_run(&dir.join("runs/quickstart"));
+    let score = |extra: &[&str]| {
+        let out = runner_cmd()
+            .arg("eval")
+            .arg(&run)
+            .args(extra)
+            .output()
+            .unwrap();
+        expect_exit(&out, 0);
+        String::from_utf8_lossy(&out.stdout).to_string()
+    };
+    assert!(
+        score(&[]).contains(" on 37 samples"),
+        "the run's own test set, limited"
+    );
+    let other = root().join("datasets/fashion_mnist/test_batch.bin");
+    let other = other.to_str().unwrap();
+    assert!(score(&["--data", other]).contains(" on 500 samples"));
+}
