@@ -35,8 +35,18 @@ fn new_shapes(
 /// longest sequence take new shapes in later epochs.
 fn run_batches<'a>(plan: &Plan, train: &'a Dataset) -> impl Iterator<Item = Vec<Vec<usize>>> + 'a {
     let cfg = loader_config(plan, train);
-    (0..epochs_reached(plan))
-        .map(move |epoch| crate::loader::epoch_batches(train.len(), &cfg, epoch))
+    let accum = plan.optim.accumulation_steps.max(1);
+    let mut steps_left = plan.run.total_steps;
+    (0..epochs_reached(plan)).map(move |epoch| {
+        // Only the micro-batches the run takes: `run.max_steps` may end it inside an epoch.
+        let mut batches = crate::loader::epoch_batches(train.len(), &cfg, epoch);
+        let taken = usize::try_from(steps_left)
+            .unwrap_or(usize::MAX)
+            .saturating_mul(accum);
+        batches.truncate(taken);
+        steps_left = steps_left.saturating_sub(batches.len().div_ceil(accum) as u64);
+        batches
+    })
 }
 
 /// The epochs a run of `plan` reaches: `run.epochs`, or fewer where `run.max_steps` ends
@@ -65,18 +75,17 @@ pub fn warm_up<B: TrainBackend>(
     let mut optim = Optim::<B>::new(&plan.optim);
     let loss_fn: CrossEntropyLoss<B> = loss_config(plan).init(device);
     let mut seen = HashSet::new();
-    let mut per_epoch = 0;
+    let accum = plan.optim.accumulation_steps.max(1);
+    // An epoch's last group is shorter when the batches do not divide; a group of one
+    // takes another path (no accumulator).
+    let mut group_of_one = false;
     let mut shapes = Vec::new();
     for batches in run_batches(plan, train) {
-        per_epoch = batches.len();
+        group_of_one |= batches.len() % accum == 1;
         shapes.extend(new_shapes(batcher, train, &batches, &mut seen));
     }
-    let accum = plan.optim.accumulation_steps.max(1);
     let mut groups: Vec<(usize, &Vec<usize>)> = shapes.iter().map(|b| (accum, b)).collect();
-    // The epoch's last group is shorter when the batches do not divide; a group of one
-    // takes another path (no accumulator).
-    let rest = per_epoch % accum;
-    if accum > 1 && rest == 1 {
+    if accum > 1 && group_of_one {
         if let Some(first) = shapes.first() {
             groups.push((1, first));
         }

@@ -194,4 +194,22 @@ fn warmup_covers_the_shapes_of_every_epoch_a_text_run_reaches() {
         "{stdout} (the run had {} shapes)",
         shapes(3)
     );
+    // A run that `run.max_steps` ends inside its second epoch: the shapes of the steps it
+    // takes, not of both epochs (each shape more is a compile and a tuning on a GPU).
+    let steps = recs.iter().filter(|r| r.epoch == 0).count() + 2;
+    let taken = recs[..steps]
+        .iter()
+        .map(|r| (r.samples, r.padded_tokens.unwrap() / r.samples as u64))
+        .collect::<std::collections::HashSet<_>>()
+        .len();
+    let out = warm
+        .args(["--set", &format!("run.max_steps={steps}")])
+        .output()
+        .unwrap();
+    expect_exit(&out, 0);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout.contains(&format!("{taken} training and 0 evaluation batch shape(s)")),
+        "{stdout} (the first {steps} steps had {taken} shapes)"
+    );
 }
