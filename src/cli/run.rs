@@ -454,6 +454,19 @@ pub(crate) fn slurm(args: &SweepArgs) -> ExitCode {
         return ExitCode::from(2);
     };
     // Refused before anything is written.
+    if let Some(flag) = [
+        args.run.cell.map(|_| "--cell"),
+        args.run.shard.as_ref().map(|_| "--shard"),
+    ]
+    .into_iter()
+    .flatten()
+    .next()
+    {
+        runner::errln!(
+            "error: {flag} chooses the cells this process runs; with --slurm every cell is an array task\n  = help: leave {flag} out (--shards K makes K tasks of several cells each); to run one cell, run the grid without --slurm"
+        );
+        return ExitCode::from(2);
+    }
     if args.shards == Some(0) {
         runner::errln!("error: --shards must be at least 1");
         return ExitCode::from(2);

@@ -638,6 +638,21 @@ fn slurm_refuses_a_plain_recipe_and_zero_shards_before_writing() {
     expect_exit(&out, 2);
     assert!(String::from_utf8_lossy(&out.stderr).contains("--shards 3: "));
     assert!(String::from_utf8_lossy(&out.stderr).contains("has 2 cells, so at most 2 shards"));
+    // --cell and --shard choose what this process runs, not what an array runs.
+    for flag in [["--cell", "1"], ["--shard", "1/2"]] {
+        let out = runner_cmd()
+            .args(["sweep", "--slurm"])
+            .args(flag)
+            .arg(&grid)
+            .output()
+            .unwrap();
+        expect_exit(&out, 2);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains("with --slurm every cell is an array task"),
+            "{err}"
+        );
+    }
     // --cell and --shard choose cells two ways: refused, not an empty selection.
     let out = runner_cmd()
         .arg(&grid)
