@@ -334,7 +334,13 @@ pub fn save_weights<B: crate::ops::ModelBackend>(
 ) -> Result<(), String> {
     use burn_store::{ModuleSnapshot, SafetensorsStore};
     let tmp = path.with_extension("safetensors.tmp");
-    let mut store = SafetensorsStore::from_file(&tmp).overwrite(true);
+    // One metadata entry: Burn's three are kept in a HashMap, written in a random order, so
+    // two identical models made files that differed (and no checksum could say "the same").
+    let producer = format!("runner {} (burn 0.21.0)", env!("CARGO_PKG_VERSION"));
+    let mut store = SafetensorsStore::from_file(&tmp)
+        .overwrite(true)
+        .clear_metadata()
+        .metadata("producer", producer);
     let saved = model
         .save_into(&mut store)
         .map_err(|e| format!("{}: {e}", path.display()))

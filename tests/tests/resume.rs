@@ -139,6 +139,13 @@ fn a_resumed_run_ends_bitwise_where_the_uninterrupted_one_does() {
             diff.is_empty(),
             "final weights differ (workers = {workers}): {diff:?}"
         );
+        // The files too, byte for byte (a checksum says so): their metadata was written
+        // in a random order.
+        assert!(
+            std::fs::read(run.join("model.safetensors")).unwrap()
+                == std::fs::read(reference.join("model.safetensors")).unwrap(),
+            "model.safetensors differs in its bytes"
+        );
         assert_eq!(s.test_accuracy, summary(&reference).test_accuracy);
         // TensorBoard sees each step once (the redone ones replace the first process's),
         // and metrics.csv continues like metrics.jsonl.
