@@ -160,6 +160,7 @@ pub fn load_run(dir: &Path) -> Result<Run, Error> {
         status: stored.status.clone(),
         error: stored.error.clone(),
         pid: stored.pid,
+        pid_started: stored.pid_started,
         host: stored.host.clone(),
         backend: stored.backend.clone(),
         device: stored.device.clone(),
