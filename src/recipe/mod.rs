@@ -72,8 +72,6 @@ impl Loaded {
         }
     }
 
-    /// The directory a relative path in `key` is resolved against: that of the file that
-    /// wrote it (a parent recipe's paths stay relative to the parent).
     /// Whether the key's value came from `--set` (its paths are then relative to the
     /// working directory, not to a recipe file).
     pub fn set_on_command_line(&self, key: &str) -> bool {
@@ -83,6 +81,8 @@ impl Loaded {
             .is_some_and(|o| self.doc.source(o).name == Path::new("--set"))
     }
 
+    /// The directory a relative path in `key` is resolved against: that of the file that
+    /// wrote it (a parent recipe's paths stay relative to the parent).
     pub fn dir_of(&self, key: &str) -> PathBuf {
         match self.doc.origins.get(key) {
             Some(o) => self.doc.source(o).dir.clone(),

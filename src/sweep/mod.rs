@@ -161,7 +161,6 @@ fn axes(loaded: &Loaded, report: &mut Diagnostics) -> Vec<Axis> {
     out
 }
 
-/// The `[sweep]` table's leaves: (dotted recipe key, its place in the file, values).
 /// The dotted keys a `[sweep]` table sweeps, however written (quoted, or as tables).
 pub(crate) fn swept_keys(sweep: &toml::Table) -> Vec<String> {
     let mut leaves = vec![];
@@ -169,6 +168,7 @@ pub(crate) fn swept_keys(sweep: &toml::Table) -> Vec<String> {
     leaves.into_iter().map(|(key, _, _)| key).collect()
 }
 
+/// The `[sweep]` table's leaves: (dotted recipe key, its place in the file, values).
 fn walk(
     t: &toml::Table,
     prefix: &str,
