@@ -59,6 +59,7 @@ enum Command {
     Resume {
         /// The run directory (runs/<name>/<run-id>).
         run_dir: PathBuf,
+        /// No progress bar or per-epoch lines (the summary line is still printed).
         #[arg(short, long)]
         quiet: bool,
     },
@@ -66,6 +67,7 @@ enum Command {
     /// (a file of the recipe's data format); prints accuracy and loss and writes
     /// eval-<time>.json in the run directory. No training.
     Eval {
+        /// The run directory (runs/<name>/<run-id>).
         run_dir: PathBuf,
         /// Evaluate on this file instead of the recipe's test set.
         #[arg(long)]
@@ -91,12 +93,15 @@ enum Command {
         #[arg(long, short)]
         output: Option<PathBuf>,
     },
-    /// Compare runs: one row per recipe (repeats aggregated), recomputed from metrics.jsonl.
+    /// Compare runs: one row per recipe (repeats aggregated; runs of one name that ran
+    /// different recipes are rows of their own), recomputed from metrics.jsonl, in the
+    /// order of the paths given.
     Report {
         /// Run directories, or folders holding them at any depth.
         #[arg(default_value = "runs")]
         paths: Vec<PathBuf>,
-        /// The recipe the others are compared with (default: the first row).
+        /// The row the others are compared with, by its label as printed (default: the
+        /// first row with a timed run).
         #[arg(long)]
         baseline: Option<String>,
         #[arg(long, value_enum, default_value = "table")]

@@ -14,6 +14,13 @@ use crate::metrics::{Stats, StepRecord, Summary};
 pub struct Run {
     pub dir: PathBuf,
     pub name: String,
+    /// What the run ran, as `(key, value)` pairs: its resolved `recipe.toml` flattened to
+    /// dotted keys, without what changes nothing that runs (`[log]`, `description`,
+    /// `backend.cache_dir`) and with the data files by content (their size and CRC-32 from
+    /// `env.json`) instead of by path, so the same recipe run from two clones is the same.
+    /// Runs of one name are repeats only where these are equal. Empty when the run has no
+    /// `recipe.toml`.
+    pub recipe: Vec<(String, String)>,
     pub records: Vec<StepRecord>,
     /// Recomputed from `records` (and `summary.json` for what metrics lines lack).
     pub summary: Summary,
@@ -61,9 +68,14 @@ pub fn split_completed(runs: Vec<Run>) -> (Vec<Run>, Vec<Excluded>) {
     (done, left)
 }
 
+/// The run directories under `paths`, in the order the paths are given; under each, a
+/// grid's cells in the grid's order (from its `manifest.json`), then the other runs by
+/// path (a run's directory name is its start time, so repeats come in the order they ran).
 pub fn find_runs(paths: &[PathBuf]) -> Result<Vec<PathBuf>, Error> {
     let mut out = vec![];
     for p in paths {
+        let mut found = vec![];
+        let mut cells: Vec<(usize, PathBuf)> = vec![];
         if !p.exists() {
             return Err(Error::Input(format!("error: {} does not exist\n  = help: give run directories or folders holding them, e.g. runs/", p.display())));
         }
@@ -74,7 +86,10 @@ pub fn find_runs(paths: &[PathBuf]) -> Result<Vec<PathBuf>, Error> {
             let there = |f: &str| d.join(f).symlink_metadata().is_ok();
             let run = there("summary.json") && there("metrics.jsonl");
             if run {
-                out.push(d.clone());
+                found.push(d.clone());
+            }
+            if d.file_name().is_some_and(|n| n == "sweeps") {
+                cells.extend(grid_order(&d));
             }
             match std::fs::read_dir(&d) {
                 // Symbolic links to directories are not followed below a path given: a
@@ -88,15 +103,26 @@ pub fn find_runs(paths: &[PathBuf]) -> Result<Vec<PathBuf>, Error> {
                 })),
                 // One that cannot be listed (another user's run) is reported as such by
                 // `load_run`, not left out in silence.
-                Err(e) if e.kind() != std::io::ErrorKind::NotFound && d != *p => out.push(d),
-                Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => out.push(d),
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound && d != *p => found.push(d),
+                Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => found.push(d),
                 Err(_) => {}
             }
         }
+        // A cell's runs lie in `<log.dir>/<cell name>/`, its sweep directory in
+        // `<log.dir>/<grid name>/sweeps/`.
+        let index = |d: &PathBuf| {
+            cells
+                .iter()
+                .filter(|(_, cell)| d.parent().is_some_and(|p| p.ends_with(cell)))
+                .map(|(i, _)| *i)
+                .min()
+                .unwrap_or(usize::MAX)
+        };
+        found.sort_by_cached_key(|d| (index(d), d.clone()));
+        out.extend(found);
     }
-    out.sort();
-    out.dedup();
-    // The same run named twice over (a path given and a link to it): once, as first named.
+    // The same run named twice over (a path given twice, or once and a link to it): once,
+    // as first named.
     let mut seen = std::collections::HashSet::new();
     out.retain(|d| seen.insert(std::fs::canonicalize(d).unwrap_or_else(|_| d.clone())));
     if out.is_empty() {
@@ -106,6 +132,25 @@ pub fn find_runs(paths: &[PathBuf]) -> Result<Vec<PathBuf>, Error> {
         )));
     }
     Ok(out)
+}
+
+/// The cells of the grids whose sweep directories are in `sweeps`, each index with its
+/// name as a path.
+fn grid_order(sweeps: &Path) -> Vec<(usize, PathBuf)> {
+    let Ok(grids) = std::fs::read_dir(sweeps) else {
+        return vec![];
+    };
+    grids
+        .filter_map(|g| {
+            let text = std::fs::read_to_string(g.ok()?.path().join("manifest.json")).ok()?;
+            serde_json::from_str::<crate::sweep::Manifest>(&text).ok()
+        })
+        .flat_map(|m| {
+            m.cells
+                .into_iter()
+                .map(|c| (c.index, PathBuf::from(c.name)))
+        })
+        .collect()
 }
 
 /// Reads a run directory and recomputes its statistics from the metrics lines.
@@ -178,9 +223,99 @@ pub fn load_run(dir: &Path) -> Result<Run, Error> {
     Ok(Run {
         dir: dir.to_path_buf(),
         name: stored.name,
+        recipe: what_ran(dir),
         records,
         summary,
     })
+}
+
+/// [`Run::recipe`] of the run in `dir`.
+fn what_ran(dir: &Path) -> Vec<(String, String)> {
+    let Some(mut recipe) = std::fs::read_to_string(dir.join("recipe.toml"))
+        .ok()
+        .and_then(|t| t.parse::<toml::Table>().ok())
+    else {
+        return vec![];
+    };
+    recipe.remove("log");
+    recipe.remove("description");
+    if let Some(toml::Value::Table(b)) = recipe.get_mut("backend") {
+        b.remove("cache_dir");
+    }
+    let mut files = None;
+    if let Some(toml::Value::Table(d)) = recipe.get_mut("data") {
+        for key in ["train", "test", "validation_file"] {
+            d.remove(key);
+        }
+        // The files read, by content; the order is the runner's (training, test,
+        // validation), the same for the same recipe.
+        let env: Option<serde_json::Value> = std::fs::read_to_string(dir.join("env.json"))
+            .ok()
+            .and_then(|t| serde_json::from_str(&t).ok());
+        files = env.as_ref().and_then(|e| e["data"].as_array()).map(|all| {
+            all.iter()
+                .map(|f| format!("{}:{}", f["bytes"], f["crc32"].as_str().unwrap_or("?")))
+                .collect::<Vec<_>>()
+                .join(" ")
+        });
+    }
+    let mut out = vec![];
+    flatten("", &recipe, &mut out);
+    if let Some(f) = files {
+        out.push(("data files".into(), f));
+    }
+    out.sort();
+    out
+}
+
+/// `table`'s values under dotted keys (arrays and inline values as TOML writes them,
+/// strings without their quotes).
+fn flatten(prefix: &str, table: &toml::Table, out: &mut Vec<(String, String)>) {
+    for (k, v) in table {
+        let key = if prefix.is_empty() {
+            k.clone()
+        } else {
+            format!("{prefix}.{k}")
+        };
+        match v {
+            toml::Value::Table(t) => flatten(&key, t, out),
+            toml::Value::String(s) => out.push((key, s.clone())),
+            other => out.push((key, other.to_string())),
+        }
+    }
+}
+
+/// The row label of each run: its recipe's name, and where runs of one name ran different
+/// recipes, the keys they differ in with this run's values (`quickstart [cleanup.every=step]`),
+/// so that an A/B of `--set` runs gives two rows instead of one row of "repeats".
+fn labels(runs: &[Run]) -> Vec<String> {
+    let value = |run: &Run, key: &str| -> Option<String> {
+        run.recipe
+            .iter()
+            .find(|(k, _)| k == key)
+            .map(|(_, v)| v.clone())
+    };
+    runs.iter()
+        .map(|r| {
+            let mut keys: Vec<&str> = vec![];
+            for o in runs.iter().filter(|o| o.name == r.name) {
+                for (k, _) in r.recipe.iter().chain(&o.recipe) {
+                    if value(r, k) != value(o, k) && !keys.contains(&k.as_str()) {
+                        keys.push(k);
+                    }
+                }
+            }
+            if keys.is_empty() {
+                return r.name.clone();
+            }
+            keys.sort();
+            let parts: Vec<String> = keys
+                .iter()
+                .map(|k| format!("{k}={}", value(r, k).as_deref().unwrap_or("-")))
+                .collect();
+            format!("{} [{}]", r.name, parts.join(", "))
+        })
+        .collect()
 }
 
 /// One line of the comparison: a recipe, over its repeats.
@@ -234,19 +369,26 @@ fn mean_opt(v: impl Iterator<Item = Option<f64>>) -> Option<f64> {
     (!v.is_empty()).then(|| mean(&v))
 }
 
-/// Groups runs by recipe name (in order of first appearance) and compares each group with
-/// the baseline: `baseline` names a recipe, or the first row is the baseline.
+/// Groups runs by recipe (its name, and what it ran: [`Run::recipe`]), in order of first
+/// appearance, and compares each group with the baseline: `baseline` names a row, or the
+/// first timed row is the baseline.
 pub fn rows(runs: &[Run], baseline: Option<&str>) -> Result<Vec<Row>, Error> {
+    let label = labels(runs);
     let mut order: Vec<&str> = vec![];
-    for r in runs {
-        if !order.contains(&r.name.as_str()) {
-            order.push(&r.name);
+    for l in &label {
+        if !order.contains(&l.as_str()) {
+            order.push(l);
         }
     }
     let mut out: Vec<Row> = order
         .iter()
         .map(|name| {
-            let group: Vec<&Run> = runs.iter().filter(|r| r.name == *name).collect();
+            let group: Vec<&Run> = runs
+                .iter()
+                .zip(&label)
+                .filter(|(_, l)| l == name)
+                .map(|(r, _)| r)
+                .collect();
             let s: Vec<&Summary> = group.iter().map(|r| &r.summary).collect();
             // The time columns come from the runs with timed steps alone.
             let t: Vec<&Summary> = s.iter().copied().filter(|s| s.iter_ms.count > 0).collect();
@@ -597,9 +739,46 @@ mod tests {
         Run {
             dir: PathBuf::new(),
             name: name.into(),
+            recipe: vec![],
             records,
             summary,
         }
+    }
+
+    #[test]
+    fn runs_of_one_name_that_ran_different_recipes_are_rows_of_their_own() {
+        let with = |name: &str, recipe: &[(&str, &str)], ms: f64| Run {
+            recipe: recipe
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+            ..run(name, &[ms, ms, ms])
+        };
+        let runs = vec![
+            with("q", &[("cleanup.every", "never"), ("seed", "1")], 10.0),
+            with("q", &[("cleanup.every", "step"), ("seed", "1")], 20.0),
+            with("q", &[("cleanup.every", "never"), ("seed", "1")], 12.0),
+            with(
+                "q",
+                &[("cleanup.every", "step"), ("seed", "1"), ("x", "1")],
+                30.0,
+            ),
+            with("other", &[("seed", "2")], 5.0),
+        ];
+        let r = rows(&runs, None).unwrap();
+        let names: Vec<&str> = r.iter().map(|r| r.recipe.as_str()).collect();
+        assert_eq!(
+            names,
+            [
+                "q [cleanup.every=never, x=-]",
+                "q [cleanup.every=step, x=-]",
+                "q [cleanup.every=step, x=1]",
+                "other"
+            ]
+        );
+        assert_eq!((r[0].runs, r[0].ms_median), (2, 11.0));
+        assert_eq!((r[1].runs, r[1].ms_median), (1, 20.0));
+        assert!(rows(&runs, Some("q [cleanup.every=step, x=1]")).unwrap()[2].is_baseline);
     }
 
     #[test]

@@ -344,3 +344,48 @@ fn report_counts_linked_runs_once_and_names_unreadable_ones() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Runs of one name that ran different recipes (an A/B by `--set`) are two rows, each
+/// labelled with the keys they differ in, not one row of "repeats" with their mean; runs
+/// that differ only in `[log]` are repeats. Rows come in the order the paths are given, so
+/// the first path given is the baseline.
+#[test]
+fn report_keeps_different_recipes_of_one_name_apart_in_the_order_given() {
+    let dir = tempdir("report-ab");
+    let recipe = tiny_recipe(&dir, "ab", "");
+    for sets in [&[][..], &["log.csv=false"], &["optim.lr=0.5"]] {
+        let mut cmd = runner_cmd();
+        cmd.arg(&recipe).arg("-q");
+        for s in sets {
+            cmd.args(["--set", s]);
+        }
+        expect_exit(&cmd.output().unwrap(), 0);
+    }
+    let other = tiny_recipe(&dir, "zz", "");
+    expect_exit(&runner_cmd().arg(&other).arg("-q").output().unwrap(), 0);
+    let csv = |paths: &[&str]| {
+        let out = runner_cmd()
+            .args(["report", "--format", "csv"])
+            .args(paths.iter().map(|p| dir.join("runs").join(p)))
+            .output()
+            .unwrap();
+        expect_exit(&out, 0);
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let table = csv(&["ab"]);
+    let rows: Vec<&str> = table.lines().skip(1).collect();
+    assert_eq!(rows.len(), 2, "{table}");
+    assert!(
+        rows[0].starts_with("ab [optim.lr=") && rows[0].contains("],2,"),
+        "the first recipe, run twice (a [log] change is a repeat): {table}"
+    );
+    assert!(
+        rows[1].starts_with("ab [optim.lr=0.5],1,"),
+        "the A/B's other side: {table}"
+    );
+    // The order given, not the paths' alphabetical order: `zz` first is the baseline.
+    let table = csv(&["zz", "ab"]);
+    let first = table.lines().nth(1).unwrap();
+    assert!(first.starts_with("zz,1,"), "{table}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
