@@ -428,50 +428,42 @@ impl<'a> Validator<'a> {
 
     /// `data.normalize`: one value per channel (a single value is used for all).
     fn normalize(&mut self, channels: usize) -> Normalize {
-        let d = &self.recipe().data;
-        match &d.normalize {
-            None => Normalize {
-                mean: vec![0.0; channels],
-                std: vec![1.0; channels],
-                on: NormalizeOn::Host,
-            },
-            Some(n) => {
-                let mut widen = |key: &str, v: &[f32]| -> Vec<f32> {
-                    if v.len() == 1 {
-                        vec![v[0]; channels]
-                    } else if v.len() == channels {
-                        v.to_vec()
-                    } else {
-                        self.err(
-                            key,
-                            format!("{} values for {channels} channels", v.len()),
-                            format!("give one value, or one per channel ({channels})"),
-                        );
-                        vec![1.0; channels]
-                    }
-                };
-                let mean = widen("data.normalize.mean", &n.mean);
-                let std = widen("data.normalize.std", &n.std);
-                if std.iter().any(|s| !(s.is_finite() && *s > 0.0)) {
-                    self.err(
-                        "data.normalize.std",
-                        "every std must be a positive number",
-                        "pixels are divided by it",
-                    );
-                }
-                if mean.iter().any(|m| !m.is_finite()) {
-                    self.err(
-                        "data.normalize.mean",
-                        "every mean must be a finite number",
-                        "means are of pixels in 0..1",
-                    );
-                }
-                Normalize {
-                    mean,
-                    std,
-                    on: n.on,
-                }
+        // No table is the table's defaults: pixels scaled to 0..1, on the host.
+        let n = self.recipe().data.normalize.clone().unwrap_or_default();
+        let mut widen = |key: &str, v: &[f32]| -> Vec<f32> {
+            if v.len() == 1 {
+                vec![v[0]; channels]
+            } else if v.len() == channels {
+                v.to_vec()
+            } else {
+                self.err(
+                    key,
+                    format!("{} values for {channels} channels", v.len()),
+                    format!("give one value, or one per channel ({channels})"),
+                );
+                vec![1.0; channels]
             }
+        };
+        let mean = widen("data.normalize.mean", &n.mean);
+        let std = widen("data.normalize.std", &n.std);
+        if std.iter().any(|s| !(s.is_finite() && *s > 0.0)) {
+            self.err(
+                "data.normalize.std",
+                "every std must be a positive number",
+                "pixels are divided by it",
+            );
+        }
+        if mean.iter().any(|m| !m.is_finite()) {
+            self.err(
+                "data.normalize.mean",
+                "every mean must be a finite number",
+                "means are of pixels in 0..1",
+            );
+        }
+        Normalize {
+            mean,
+            std,
+            on: n.on,
         }
     }
 

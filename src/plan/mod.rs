@@ -20,7 +20,7 @@ use crate::data::cifar;
 use crate::policy::CleanupPolicy;
 use crate::recipe::{
     Arch, AutotuneLevel, BackendKind, CleanupAction, ConvAlgo, DataFormat, Diagnostic, Diagnostics,
-    EvalWhen, Every, Loaded, NormalizeOn, OptimizerKind, Recipe, Schedule, Stem,
+    EvalWhen, Every, Loaded, OptimizerKind, Recipe, Schedule, Stem,
 };
 
 /// Most CPU threads a recipe may ask for (rayon cannot start many more).

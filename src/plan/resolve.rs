@@ -31,6 +31,7 @@ impl<'a> Validator<'a> {
                 (t.padding.strategy == crate::recipe::PaddingStrategy::Bucket).then_some(t.buckets);
         } else {
             resolved.data.augment.get_or_insert_with(Default::default);
+            resolved.data.normalize.get_or_insert_with(Default::default);
         }
         // Every default that applies is written out; keys that do not apply stay out.
         let ro = &mut resolved.optim;
@@ -54,6 +55,13 @@ impl<'a> Validator<'a> {
             Schedule::Constant => {}
         }
         resolved.run.eval = run.eval;
+        if let (Some(e), Some(w)) = (&mut resolved.run.early_stop, &run.watch) {
+            e.mode = Some(if w.maximize {
+                crate::recipe::EarlyStopMode::Max
+            } else {
+                crate::recipe::EarlyStopMode::Min
+            });
+        }
         if let Some(dir) = &kernels.cache_dir {
             resolved.backend.cache_dir = Some(dir.display().to_string());
         }

@@ -428,9 +428,10 @@ impl DataFormat {
 #[serde(deny_unknown_fields, default)]
 pub struct NormalizeSection {
     /// Per-channel mean of pixels scaled to 0..1 (one value, or one per channel).
-    /// Default `[0.5]`.
+    /// Default `[0.0]`: with the default `std`, pixels stay scaled to 0..1, as without the
+    /// table, so a table that names only `on` changes where, not what.
     pub mean: Vec<f32>,
-    /// Per-channel standard deviation, same shape as `mean`. Default `[0.5]`.
+    /// Per-channel standard deviation, same shape as `mean`. Default `[1.0]`.
     pub std: Vec<f32>,
     /// `host`: loader workers convert to normalised f32 before the copy; `device`: bytes
     /// (u8, a quarter of the f32 size) are copied and normalised on the device. Default `host`.
@@ -440,8 +441,8 @@ pub struct NormalizeSection {
 impl Default for NormalizeSection {
     fn default() -> Self {
         Self {
-            mean: vec![0.5],
-            std: vec![0.5],
+            mean: vec![0.0],
+            std: vec![1.0],
             on: NormalizeOn::Host,
         }
     }
@@ -622,7 +623,8 @@ pub enum Schedule {
 #[serde(deny_unknown_fields, default)]
 pub struct CleanupSection {
     /// When to clean up: `"never"`, `"step"` (after every optimizer step), `"epoch"` (after
-    /// every epoch) or an integer N (after every N optimizer steps). Default `"never"`.
+    /// every epoch, and after the last step of a run that `run.max_steps` ends inside one)
+    /// or an integer N (after every N optimizer steps). Default `"never"`.
     pub every: Every,
     /// What a cleanup does, in order: `sync` (wait for the device queue to drain),
     /// `empty_cache` (release the device memory pool's free blocks, Burn's
@@ -884,7 +886,7 @@ pub struct ProfileSection {
     /// unsynced and phase times are host times. Default: none.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub steps: Option<String>,
-    /// Interval of the utilisation sampler (NVML on CUDA, /proc on the CPU), milliseconds;
+    /// Interval of the utilisation sampler (NVML on CUDA, the process's CPU clock on the CPU), milliseconds;
     /// 0 turns sampling off. Default 100.
     pub sample_ms: u64,
     /// Read the device memory pool's figures after every step (`mem_in_use_bytes`,

@@ -301,6 +301,37 @@ fn device_normalisation_equals_host_normalisation() {
     }
 }
 
+/// A `[data.normalize]` table that names only `on` (the README's host/device A/B) keeps the
+/// pixels as they are without the table, scaled to 0..1: its defaults are the absent
+/// table's, so the A/B changes where the arithmetic runs, not its result.
+#[test]
+fn naming_only_where_to_normalise_changes_nothing_else() {
+    let dir = tempdir("norm-defaults");
+    let recipe = tiny_recipe(&dir, "n", "");
+    let losses = |set: Option<&str>| -> Vec<f64> {
+        let mut cmd = runner_cmd();
+        cmd.arg(&recipe).arg("-q");
+        if let Some(s) = set {
+            cmd.args(["--set", s]);
+        }
+        let out = cmd.output().unwrap();
+        expect_exit(&out, 0);
+        let dir = String::from_utf8_lossy(&out.stdout);
+        let run = dir.trim().rsplit(", ").next().unwrap().to_string();
+        records(Path::new(&run)).iter().map(|r| r.loss).collect()
+    };
+    let plain = losses(None);
+    assert_eq!(plain, losses(Some("data.normalize.on=host")));
+    assert_eq!(plain, losses(Some("data.normalize.on=device")));
+    let out = runner_cmd().args(["show"]).arg(&recipe).output().unwrap();
+    let shown = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        shown.contains("[data.normalize]\nmean = [0.0]\nstd = [1.0]\non = \"host\""),
+        "the resolved recipe writes the defaults out: {shown}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[test]
 fn label_smoothing_is_pytorchs() {
     let p = plan_from(
