@@ -18,8 +18,8 @@
 #                 recipes start warm. A recipe named again is a further repeat.
 #   runner:RECIPE the runner alone, as compare does it (e.g. with profile.sample_ms=0:
 #                 the NVML sampler off, against compare's runs with it on).
-#   gc            torch_ref on article/cleanup_every_step with --gc-collect: the article's
-#                 own per-step gc.collect().
+#   gc            torch_ref on article/cleanup_every_step with --gc-collect: gc.collect()
+#                 alone per step, without the empty_cache.
 #   kernels:RECIPE  where a step's device time goes: the runner alone for KERNEL_STEPS
 #                 steps with CubeCL's profiler on (a cubecl.toml in its working directory:
 #                 every kernel launch waits for the device and is timed), into

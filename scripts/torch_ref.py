@@ -41,9 +41,9 @@ What it matches
     - Cleanup ([cleanup] every = "never" | "step" | "epoch" | N, in recipe order):
       sync -> torch.cuda.synchronize(), empty_cache -> torch.cuda.empty_cache(),
       trim_host -> gc.collect(); on the CPU sync and empty_cache do nothing. The runner's
-      article/cleanup_every_step mirrors the article's per-step gc.collect() with
-      ["sync", "empty_cache"]; `--gc-collect` runs the article's own call instead:
-      gc.collect() in place of the recipe's actions whenever a cleanup is due.
+      article/cleanup_every_step asks for ["trim_host", "empty_cache"]: here gc.collect()
+      and torch.cuda.empty_cache(), the article's cleanup; `--gc-collect` runs gc.collect()
+      alone in place of the recipe's actions whenever a cleanup is due.
     - Timing, as src/train/trainer.rs: a step runs from asking for its first batch to the end of
       its logging; no device sync per step except inside `[profile] steps` (each phase then
       ends with one) and in `sync` cleanups; the losses are read back every `log.every`
