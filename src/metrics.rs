@@ -360,13 +360,17 @@ pub struct Summary {
 }
 
 impl Summary {
-    /// Fills the statistics from the step records (timed ones are those after warm-up).
+    /// Fills the statistics from the step records. Timed ones are those after warm-up and
+    /// outside the profile window (whose device syncs slow them down), unless the window
+    /// holds every step after warm-up.
     pub fn absorb(&mut self, records: &[StepRecord], warmup_steps: u64) {
         self.warmup_steps = warmup_steps;
         self.steps = records.len() as u64;
         self.samples = records.iter().map(|r| r.samples as u64).sum();
         self.final_loss = records.last().map(|r| r.loss);
-        let timed: Vec<&StepRecord> = records.iter().filter(|r| r.step > warmup_steps).collect();
+        let after: Vec<&StepRecord> = records.iter().filter(|r| r.step > warmup_steps).collect();
+        let unsynced: Vec<&StepRecord> = after.iter().copied().filter(|r| !r.synced).collect();
+        let timed = if unsynced.is_empty() { after } else { unsynced };
         let iters: Vec<f64> = timed.iter().map(|r| r.iter_ms).collect();
         self.iter_ms = Stats::of(&iters);
         let total_ms: f64 = iters.iter().sum();

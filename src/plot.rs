@@ -157,7 +157,7 @@ fn step_times(top: &Area, runs: &[Run], rows: &[Row], err: Err) -> Result<(), St
 fn bars(bottom: &Area, rows: &[Row], err: Err) -> Result<(), String> {
     let util: Vec<f64> = rows
         .iter()
-        .map(|r| r.gpu_util_pct.or(r.cpu_util_pct).unwrap_or(0.0))
+        .map(|r| r.gpu_util_pct.or(r.cpu_util_pct).unwrap_or(f64::NAN))
         .collect();
     let util_title = if rows.iter().any(|r| r.gpu_util_pct.is_some()) {
         "GPU utilisation (%)"
@@ -166,7 +166,11 @@ fn bars(bottom: &Area, rows: &[Row], err: Err) -> Result<(), String> {
     };
     let mem: Vec<f64> = rows
         .iter()
-        .map(|r| r.peak_in_use_bytes.or(r.peak_rss_bytes).unwrap_or(0) as f64 / (1u64 << 30) as f64)
+        .map(|r| {
+            r.peak_in_use_bytes
+                .or(r.peak_rss_bytes)
+                .map_or(f64::NAN, |b| b as f64 / (1u64 << 30) as f64)
+        })
         .collect();
     let mem_title = if rows.iter().any(|r| r.peak_in_use_bytes.is_some()) {
         "peak device memory in use (GiB)"
@@ -201,7 +205,7 @@ fn bars(bottom: &Area, rows: &[Row], err: Err) -> Result<(), String> {
             .light_line_style(WHITE.mix(0.0))
             .draw()
             .map_err(|e| err(&e))?;
-        // A recipe with no timed step has no bar, and `-` for its value.
+        // A recipe with no timed step (or no reading) has no bar, and `-` for its value.
         c.draw_series(
             values
                 .iter()

@@ -145,7 +145,8 @@ pub(crate) fn run_one(p: &Plan, opts: &RunOptions) -> Result<PathBuf, RunError> 
 
 /// The line a completed run prints on stdout: steps, speed, test accuracy, directory.
 fn summary_line(s: &Summary, dir: &Path) -> String {
-    let acc = s.test_accuracy.map_or("no test set".into(), |a| {
+    // No test set, or `run.eval = "never"`.
+    let acc = s.test_accuracy.map_or("no test accuracy".into(), |a| {
         format!("test accuracy {:.2}%", 100.0 * a)
     });
     // No timed step (run.warmup_steps took them all): no speed to report.

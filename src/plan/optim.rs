@@ -265,7 +265,11 @@ impl<'a> Validator<'a> {
             if !noop.is_empty() {
                 self.warn(
                     "cleanup.actions",
-                    format!("{} cost next to nothing on the CPU backend (it runs each op to completion and keeps no memory pool)", noop.join(" and ")),
+                    format!(
+                        "{} {} next to nothing on the CPU backend (it runs each op to completion and keeps no memory pool)",
+                        noop.join(" and "),
+                        if noop.len() == 1 { "costs" } else { "cost" }
+                    ),
                     "\"trim_host\" has a real cost on the CPU; the device actions are for CUDA runs",
                 );
             }

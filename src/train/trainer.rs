@@ -290,7 +290,9 @@ impl<'a, B: TrainBackend> Trainer<'a, B> {
             let reason = format!("every {}", every_words(plan.checkpoint.every));
             rec.checkpoint_ms = self.checkpoint(sink, (pos.epoch, pos.consumed), lines, reason)?;
         }
-        rec.iter_ms = ms(started);
+        // The step without the checkpoint: one due at an epoch's end is written after the
+        // step's time is taken, so this keeps ms/iter the same whatever the cadence.
+        rec.iter_ms = ms(started) - rec.checkpoint_ms;
         rec.t_ms = self.io.t0.elapsed().as_secs_f64() * 1e3;
         self.pending.push((rec, loss_sum / group as f32));
         if pos.left == 0 && self.checkpoint_due_at_epoch_end(step) {

@@ -68,13 +68,15 @@ fn a_cpu_run_records_every_phase_and_its_profile_window() {
     }
     assert!(recs.windows(2).all(|w| w[0].t_ms < w[1].t_ms));
     let s = summary(&out.dir);
-    assert_eq!(s.util_source, "proc");
+    assert_eq!(s.util_source, "cpu_clock");
     assert!(
         s.cpu_util_pct.unwrap() > 5.0,
         "a training process uses the CPU"
     );
     assert_eq!(s.synced_phases.as_ref().unwrap().steps, 5);
     assert_eq!(s.phases.as_ref().unwrap().steps, 24 - 2 - 5);
+    // The window's steps (slower: they sync) are left out of ms/iter, as the warm-up is.
+    assert_eq!(s.iter_ms.count, 24 - 2 - 5);
     assert!(s.cleanup_freed_bytes.is_some());
     let samples = std::fs::read_to_string(out.dir.join("samples.jsonl")).unwrap();
     assert!(samples.lines().count() >= 3);
@@ -215,4 +217,49 @@ fn what_is_due_at_an_epochs_last_step_is_done_and_timed() {
     // Every line once, in order.
     let steps: Vec<u64> = recs.iter().map(|r| r.step).collect();
     assert_eq!(steps, (1..=9).collect::<Vec<_>>());
+}
+
+/// A checkpoint written inside an epoch is not part of its step's `iter_ms` (it is that
+/// line's `checkpoint_ms`), as one at an epoch's end is not: ms/iter does not depend on
+/// where checkpoints land. An in-epoch line's `t_ms` is taken after both, so the time
+/// since the line before holds the step and its checkpoint.
+#[test]
+fn a_checkpoint_is_not_part_of_its_steps_time() {
+    let dir = tempdir("ckpt-time");
+    let recipe = tiny_recipe(&dir, "c", "");
+    let out = runner_cmd()
+        .arg(&recipe)
+        .args([
+            "-q",
+            "--set",
+            "model.hidden=[1024, 1024]",
+            "--set",
+            "run.epochs=2",
+        ])
+        .args(["--set", "checkpoint.every=2"])
+        .output()
+        .unwrap();
+    expect_exit(&out, 0);
+    let recs = records(&only_run(&dir.join("runs/c")));
+    let inside: Vec<u64> = recs
+        .iter()
+        .filter(|r| r.checkpoint_ms > 0.0 && r.step % 4 != 0)
+        .map(|r| r.step)
+        .collect();
+    assert_eq!(inside, [2, 6], "4 steps an epoch, a checkpoint every 2");
+    for w in recs.windows(2) {
+        let (before, r) = (&w[0], &w[1]);
+        // (One at an epoch's end is written after the line's `t_ms`, past its evaluations.)
+        if inside.contains(&r.step) {
+            let between = r.t_ms - before.t_ms;
+            assert!(
+                between >= r.iter_ms + r.checkpoint_ms - 0.01,
+                "step {}: {between} ms between the lines, {} ms step + {} ms checkpoint",
+                r.step,
+                r.iter_ms,
+                r.checkpoint_ms
+            );
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
 }
