@@ -2,7 +2,8 @@
 //! output and both gradients, on random inputs of many shapes: odd sizes, strides 1–3, 1×1,
 //! 5×3 and 7×7 kernels, padding 0 and more than the kernel's half, dilation, batches of one
 //! and of 33 small images, and thread pools of 1, 2 and 3, so every path runs (per image in
-//! bands, grouped images, parallel gemm, im2col and im2row, the contiguous-run fast path).
+//! bands, grouped images, parallel gemm, im2col and im2row, the contiguous-run fast path,
+//! and Winograd's for the 3×3 stride-1 ones with channels and tiles enough).
 //!
 //! Tolerance: |ours − Burn's| ≤ 1e-5 · max(1, max |Burn's|) per tensor. Both sum the same
 //! products in float32 in different orders; the largest error seen over these cases is
@@ -56,6 +57,14 @@ const CASES: &[Case] = &[
     ([1, 1, 3, 600], 2, [5, 5], [1, 1], [2, 2], [1, 1]),
     ([1, 1, 3, 1], 2, [1, 5], [2, 1], [0, 2], [1, 1]),
     ([1, 1, 1, 1], 2, [1, 6], [1, 1], [0, 3], [1, 1]),
+    // Winograd's (3×3, stride 1, 16 channels or more, 16 tiles or more): odd sizes (a
+    // last row and column of tiles half outside), padding 0, 1 and 2 and a different one
+    // per axis, and a batch in bands of several images.
+    ([2, 16, 9, 7], 17, [3, 3], [1, 1], [1, 1], [1, 1]),
+    ([3, 16, 10, 10], 16, [3, 3], [1, 1], [0, 0], [1, 1]),
+    ([1, 20, 11, 13], 18, [3, 3], [1, 1], [2, 2], [1, 1]),
+    ([2, 16, 12, 9], 24, [3, 3], [1, 1], [0, 2], [1, 1]),
+    ([33, 16, 8, 8], 16, [3, 3], [1, 1], [1, 1], [1, 1]),
 ];
 
 /// Largest |a − b| over max(1, max |b|).
@@ -132,6 +141,20 @@ fn uniform(dims: [usize; 4], seed: u64) -> Tensor<Flex, 4> {
 
 #[test]
 fn matches_burn_in_output_and_both_gradients() {
+    let winograd = CASES
+        .iter()
+        .filter(|(x, co, k, stride, padding, dilation)| {
+            let g = super::conv_cpu::Geometry::new(
+                *x,
+                [*co, x[1], k[0], k[1]],
+                *stride,
+                *padding,
+                *dilation,
+            );
+            g.is_some_and(|g| super::winograd::suits(&g))
+        })
+        .count();
+    assert_eq!(winograd, 5, "the cases that take Winograd's path");
     for threads in [1, 2, 3] {
         let pool = rayon::ThreadPoolBuilder::new()
             .num_threads(threads)

@@ -22,6 +22,7 @@ pub mod norm;
 pub mod optim;
 mod patches;
 pub mod pool;
+mod winograd;
 
 #[cfg(test)]
 mod conv_tests;
