@@ -176,23 +176,9 @@ fn main() {
     println!("| layer | cin→cout | k | s | side | forward | dx | dw |");
     println!("| --- | --- | --- | --- | --- | --- | --- | --- |");
     let mut total = [0.0; 3];
-    for (i, &(cin, cout, k, s, side)) in layers.iter().enumerate() {
-        let pad = k / 2;
-        let g = Geometry::new(
-            [batch, cin, side, side],
-            [cout, cin, k, k],
-            [s, s],
-            [pad, pad],
-            [1, 1],
-        )
-        .expect("valid layer");
-        let x: Vec<f32> = (0..batch * cin * side * side)
-            .map(|i| (i % 97) as f32 / 97.0)
-            .collect();
-        let w: Vec<f32> = (0..cout * cin * k * k)
-            .map(|i| (i % 89) as f32 / 89.0)
-            .collect();
-        let dy: Vec<f32> = (0..g.out_len()).map(|i| (i % 83) as f32 / 83.0).collect();
+    for (i, &layer) in layers.iter().enumerate() {
+        let (cin, cout, k, s, side) = layer;
+        let (g, x, w, dy) = inputs(batch, layer);
         let t = [
             median_ms(|| {
                 drop(if im2col {
