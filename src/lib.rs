@@ -83,6 +83,7 @@ pub mod recipe;
 pub mod report;
 pub mod rng;
 pub mod run;
+pub mod rundir;
 pub mod sampler;
 pub mod schedule;
 pub mod signals;

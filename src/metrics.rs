@@ -360,6 +360,25 @@ pub struct Summary {
 }
 
 impl Summary {
+    /// Its figures in one line: steps, speed, test accuracy (what a completed run prints,
+    /// and what a run whose summary cannot be written says on stderr instead).
+    pub fn headline(&self) -> String {
+        // No test set, or `run.eval = "never"`.
+        let acc = self.test_accuracy.map_or("no test accuracy".into(), |a| {
+            format!("test accuracy {:.2}%", 100.0 * a)
+        });
+        // No timed step (run.warmup_steps took them all): no speed to report.
+        let speed = if self.iter_ms.count == 0 {
+            "none timed (all within run.warmup_steps)".to_string()
+        } else {
+            format!(
+                "median {:.2} ms/iter (p95 {:.2}), {:.0} samples/s",
+                self.iter_ms.median, self.iter_ms.p95, self.samples_per_s
+            )
+        };
+        format!("{} steps, {speed}, {acc}", self.steps)
+    }
+
     /// Fills the statistics from the step records. Timed ones are those after warm-up and
     /// outside the profile window (whose device syncs slow them down), unless the window
     /// holds every step after warm-up.
@@ -546,16 +565,88 @@ impl JsonLines {
 }
 
 /// Writes a JSON file whole: to a temporary name first, then renamed over the target, so
-/// a reader never sees half a file.
+/// a reader never sees half a file. Where no new file can be written (a full disk, a
+/// quota, `ulimit -f`), the old file is rewritten in place if the new text fits in the
+/// space it already holds: a run's last summary is not lost to the disk filling up.
 pub fn write_json_atomic<T: Serialize>(path: &Path, value: &T) -> std::io::Result<()> {
+    write_json(path, value, 0)
+}
+
+/// Room kept for a file the run rewrites at its end (`summary.json`, `env.json`).
+pub const KEPT_ROOM: u64 = 16 << 10;
+
+/// `write_json_atomic`, then `room` more bytes kept on disk for the file beyond its end
+/// (its size unchanged), so that its rewrite later fits in place on a full disk.
+pub fn write_json_keeping_room<T: Serialize>(
+    path: &Path,
+    value: &T,
+    room: u64,
+) -> std::io::Result<()> {
+    write_json(path, value, room)
+}
+
+fn write_json<T: Serialize>(path: &Path, value: &T, room: u64) -> std::io::Result<()> {
     let tmp = path.with_extension("json.tmp");
-    let text = serde_json::to_string_pretty(value).map_err(std::io::Error::other)?;
-    let written = std::fs::write(&tmp, text + "\n").and_then(|()| std::fs::rename(&tmp, path));
-    if written.is_err() {
-        // A full disk leaves no partial temporary file beside the last good one.
-        let _ = std::fs::remove_file(&tmp);
+    let text = serde_json::to_string_pretty(value).map_err(std::io::Error::other)? + "\n";
+    match std::fs::write(&tmp, &text).and_then(|()| std::fs::rename(&tmp, path)) {
+        Ok(()) => {
+            if room > 0 {
+                keep_room(path, text.len() as u64 + room);
+            }
+            Ok(())
+        }
+        Err(e) => {
+            // A full disk leaves no partial temporary file beside the last good one.
+            let _ = std::fs::remove_file(&tmp);
+            match rewrite_in_place(path, text.as_bytes()) {
+                Ok(true) => Ok(()),
+                _ => Err(e),
+            }
+        }
     }
-    written
+}
+
+/// Rewrites the regular file at `path` with `text` without asking the file system for
+/// space: only where `text` fits in the blocks the file holds already (its size, rounded
+/// up to its blocks, or the room `keep_room` kept). A shorter text is padded with spaces
+/// to the old length (valid JSON still), so the room stays for a next rewrite. `false`:
+/// it does not fit, and the file is untouched.
+fn rewrite_in_place(path: &Path, text: &[u8]) -> std::io::Result<bool> {
+    use std::os::unix::fs::{FileExt, MetadataExt};
+    let file = std::fs::OpenOptions::new().write(true).open(path)?;
+    let meta = file.metadata()?;
+    if !meta.is_file() || text.len() as u64 > meta.blocks().saturating_mul(512) {
+        return Ok(false);
+    }
+    let mut bytes = text.to_vec();
+    if (bytes.len() as u64) < meta.len() {
+        let newline = bytes.pop();
+        bytes.resize(meta.len() as usize - 1, b' ');
+        bytes.extend(newline);
+    }
+    file.write_all_at(&bytes, 0)?;
+    Ok(true)
+}
+
+/// Asks the file system to hold `bytes` on disk for `path` (blocks past its end, its size
+/// unchanged): best effort, as not every file system can (then nothing is kept).
+fn keep_room(path: &Path, bytes: u64) {
+    #[cfg(target_os = "linux")]
+    if let Ok(file) = std::fs::OpenOptions::new().write(true).open(path) {
+        use std::os::fd::AsRawFd;
+        // SAFETY: `fallocate` on an open descriptor this function owns; it only allocates
+        // blocks past the file's end (FALLOC_FL_KEEP_SIZE), changing no byte of it.
+        unsafe {
+            libc::fallocate(
+                file.as_raw_fd(),
+                libc::FALLOC_FL_KEEP_SIZE,
+                0,
+                bytes as libc::off_t,
+            );
+        }
+    }
+    #[cfg(not(target_os = "linux"))]
+    let _ = (path, bytes);
 }
 
 /// Whether this process can create files in `dir`: by creating one (and removing it), as

@@ -35,7 +35,8 @@ pub struct Excluded {
 
 /// Completed runs (the table's), and the others with what became of them: failed and
 /// interrupted runs with their error, runs still going, and runs whose process is gone
-/// while their summary still says running (killed outright: kill -9, a node lost).
+/// while their summary still says running (killed outright: kill -9, a node lost; or a
+/// summary that could not be written at the end, which the run said on its stderr).
 pub fn split_completed(runs: Vec<Run>) -> (Vec<Run>, Vec<Excluded>) {
     let this_host = crate::clock::hostname();
     let mut done = vec![];
@@ -52,7 +53,7 @@ pub fn split_completed(runs: Vec<Run>) -> (Vec<Run>, Vec<Excluded>) {
                     if crate::clock::still_running(pid, s.pid_started) {
                         format!("still running (pid {pid})")
                     } else {
-                        format!("killed: its process (pid {pid}) is gone, and it never finished")
+                        format!("killed (kill -9, out of memory, a node lost), or unable to write its summary at its end (its stderr says): its process (pid {pid}) is gone, and summary.json still says running")
                     }
                 }
                 (Some(pid), Some(h)) => format!("running, or killed, on {h} (pid {pid})"),

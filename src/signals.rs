@@ -67,6 +67,14 @@ pub fn install() {
     if BASE.set(Instant::now()).is_err() {
         return;
     }
+    // A file grown past `ulimit -f` raises SIGXFSZ, whose default ends the process where
+    // it stands (exit 153, a metrics line cut, the summary left `running`). Ignored, the
+    // write fails with EFBIG ("File too large") instead and the run stops as on a full
+    // disk: whole lines, `status: "failed"`, the file named.
+    // SAFETY: setting a signal's disposition to "ignore" runs no code in the handler.
+    unsafe {
+        libc::signal(libc::SIGXFSZ, libc::SIG_IGN);
+    }
     // SIGHUP too: by default it killed the run where it stood, with no checkpoint and its
     // summary left `running`, when the terminal that started it closed. Unless it was
     // ignored when the runner started: `nohup runner ...` keeps running without its

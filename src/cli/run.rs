@@ -123,10 +123,15 @@ pub(crate) fn run_one(p: &Plan, opts: &RunOptions) -> Result<PathBuf, RunError> 
             Ok(f.dir)
         }
         Err(RunError::Failed { dir, message }) => {
+            // A run directory removed while the run ran holds nothing to point at.
+            let note = match dir.exists() {
+                true => format!("\n  = note: what was recorded is in {}", dir.display()),
+                false => String::new(),
+            };
             runner::errln!(
-                "error: run {} failed: {message}\n  = note: what was recorded is in {}",
+                "error: run {} failed: {message}{note}{}",
                 p.name,
-                dir.display()
+                space_help(&message).map_or(String::new(), |h| format!("\n  = help: {h}"))
             );
             Err(RunError::Failed { dir, message })
         }
@@ -143,27 +148,21 @@ pub(crate) fn run_one(p: &Plan, opts: &RunOptions) -> Result<PathBuf, RunError> 
     }
 }
 
+/// What to do about a write that failed for want of space, by the error's words.
+fn space_help(message: &str) -> Option<&'static str> {
+    if message.contains("File too large") {
+        Some("a file reached this shell's file-size limit (`ulimit -f`): raise it (`ulimit -f unlimited`) and run again (or `runner resume` the run, if it wrote a checkpoint)")
+    } else if message.contains("No space left on device") || message.contains("Disk quota exceeded")
+    {
+        Some("free space on the disk of log.dir (or point log.dir elsewhere) and run again (or `runner resume` the run, if it wrote a checkpoint)")
+    } else {
+        None
+    }
+}
+
 /// The line a completed run prints on stdout: steps, speed, test accuracy, directory.
 fn summary_line(s: &Summary, dir: &Path) -> String {
-    // No test set, or `run.eval = "never"`.
-    let acc = s.test_accuracy.map_or("no test accuracy".into(), |a| {
-        format!("test accuracy {:.2}%", 100.0 * a)
-    });
-    // No timed step (run.warmup_steps took them all): no speed to report.
-    let speed = if s.iter_ms.count == 0 {
-        "none timed (all within run.warmup_steps)".to_string()
-    } else {
-        format!(
-            "median {:.2} ms/iter (p95 {:.2}), {:.0} samples/s",
-            s.iter_ms.median, s.iter_ms.p95, s.samples_per_s
-        )
-    };
-    format!(
-        "{}: {} steps, {speed}, {acc}, {}",
-        s.name,
-        s.steps,
-        dir.display()
-    )
+    format!("{}: {}, {}", s.name, s.headline(), dir.display())
 }
 
 pub(crate) fn run_grid(c: &Checked, sel: Selection, opts: &RunOptions) -> Result<(), RunError> {

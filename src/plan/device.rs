@@ -213,7 +213,10 @@ impl<'a> Validator<'a> {
             (f.data_bytes, "the data"),
             (f.loader_bytes, "the batches loaded ahead"),
         );
-        let host = cap(machine.host_memory, "this machine's memory");
+        let host = match machine.host_memory {
+            Some(h) => cap(Some(h.bytes), h.what),
+            None => cap(None, ""),
+        };
         let checks = match device {
             Device::Cpu => vec![(
                 f.host_bytes(),

@@ -37,9 +37,9 @@ pub struct Machine {
     pub cuda_compiled: bool,
     /// CUDA devices found, or why none could be looked for.
     pub cuda_devices: Result<usize, String>,
-    /// Total host memory, bytes; `None`: not checked (`runner validate` checks recipes
-    /// against the format, not a machine).
-    pub host_memory: Option<u64>,
+    /// The host memory this process may use; `None`: not checked (`runner validate`
+    /// checks recipes against the format, not a machine).
+    pub host_memory: Option<HostMemory>,
     /// Total memory of each CUDA device, bytes, where known.
     pub gpu_memory: Vec<u64>,
     /// The binary was built with `--features wgpu`.
@@ -49,6 +49,24 @@ pub struct Machine {
     /// not looked for (a binary without `wgpu`, or `runner validate`, which checks
     /// against no machine).
     pub wgpu_adapters: Option<fn() -> Vec<WgpuAdapter>>,
+}
+
+/// The most host memory a run may count on, and what sets it (`resources::host_memory`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct HostMemory {
+    pub bytes: u64,
+    /// In words, for the error: "this machine's memory", "its cgroup's memory limit"...
+    pub what: &'static str,
+}
+
+impl HostMemory {
+    /// The machine's memory, where nothing less is set.
+    pub fn machine(bytes: u64) -> Self {
+        HostMemory {
+            bytes,
+            what: "this machine's memory",
+        }
+    }
 }
 
 /// A WebGPU adapter as the runner lists it: discrete GPUs first, then integrated, virtual,

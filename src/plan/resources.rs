@@ -11,8 +11,9 @@
 //! 4.7 GB at batch 64 on 3×32×32 images, is about 5,600 floats per input element; the rate
 //! here is 2,500). A run over the estimate cannot fit; one under it may still not.
 
-use super::{DataPlan, DataSource, LoaderPlan, ModelPlan, NetPlan, OptimPlan};
+use super::{DataPlan, DataSource, HostMemory, LoaderPlan, ModelPlan, NetPlan, OptimPlan};
 use crate::recipe::{OptimizerKind, Stem, TokenizerKind};
+use std::path::{Path, PathBuf};
 
 /// Bytes, in parts.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
@@ -207,10 +208,132 @@ pub fn estimate(
 /// which knows no machine): 4 TiB.
 pub const ABSOLUTE_CAP: u64 = 4 << 40;
 
-/// Total memory of this machine, from `/proc/meminfo` (Linux).
-pub fn host_memory() -> Option<u64> {
-    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+/// The most host memory a run may count on (Linux): the least of the machine's memory
+/// (`/proc/meminfo`), what is left of this process's address space under `ulimit -v`
+/// (its limit less what is mapped already), and its cgroup's memory limit (a container's,
+/// a Slurm job's). A recipe that fits the machine but not the limit was refused by
+/// nothing, and the process was killed or aborted once it grew past it.
+pub fn host_memory() -> Option<HostMemory> {
+    let machine = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|t| meminfo_total(&t))
+        .map(HostMemory::machine);
+    let address_space = address_space_left().map(|bytes| HostMemory {
+        bytes,
+        what: "the address space left under `ulimit -v`",
+    });
+    let cgroup = std::fs::read_to_string("/proc/self/cgroup")
+        .ok()
+        .and_then(|t| cgroup_limit(&t, Path::new("/sys/fs/cgroup")))
+        .map(|bytes| HostMemory {
+            bytes,
+            what: "its cgroup's memory limit (a container's or a job's)",
+        });
+    [machine, address_space, cgroup]
+        .into_iter()
+        .flatten()
+        .min_by_key(|h| h.bytes)
+}
+
+/// `MemTotal` of `/proc/meminfo`, in bytes.
+fn meminfo_total(text: &str) -> Option<u64> {
     let line = text.lines().find(|l| l.starts_with("MemTotal:"))?;
     let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
     Some(kib * 1024)
+}
+
+/// `RLIMIT_AS` less this process's virtual size now; `None` when unlimited.
+fn address_space_left() -> Option<u64> {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: `getrlimit` writes the limit into the struct it is given.
+    if unsafe { libc::getrlimit(libc::RLIMIT_AS, &mut limit) } != 0
+        || limit.rlim_cur == libc::RLIM_INFINITY
+    {
+        return None;
+    }
+    let statm = std::fs::read_to_string("/proc/self/statm").ok();
+    let pages: u64 = statm
+        .as_deref()
+        .and_then(|s| s.split_whitespace().next()?.parse().ok())
+        .unwrap_or(0);
+    Some(limit.rlim_cur.saturating_sub(pages * 4096))
+}
+
+/// The least memory limit of this process's cgroup and those above it, from
+/// `/proc/self/cgroup` (`text`) and the cgroup file system mounted at `root`: `memory.max`
+/// (v2) or `memory.limit_in_bytes` (v1); `None` where none is set.
+fn cgroup_limit(text: &str, root: &Path) -> Option<u64> {
+    let read = |p: PathBuf| -> Option<u64> {
+        // "max" (v2), or v1's "unlimited" (a page-rounded i64::MAX).
+        let v: u64 = std::fs::read_to_string(p).ok()?.trim().parse().ok()?;
+        (v < 1 << 60).then_some(v)
+    };
+    let mut least: Option<u64> = None;
+    for line in text.lines() {
+        let mut parts = line.splitn(3, ':');
+        let (Some(_), Some(controllers), Some(path)) = (parts.next(), parts.next(), parts.next())
+        else {
+            continue;
+        };
+        let (base, file) = match controllers {
+            "" => (root.to_path_buf(), "memory.max"),
+            c if c.split(',').any(|c| c == "memory") => {
+                (root.join("memory"), "memory.limit_in_bytes")
+            }
+            _ => continue,
+        };
+        let mut dir = base.join(path.trim_start_matches('/'));
+        loop {
+            if let Some(v) = read(dir.join(file)) {
+                least = Some(least.map_or(v, |l| l.min(v)));
+            }
+            if dir == base || !dir.pop() {
+                break;
+            }
+        }
+    }
+    least
+}
+
+#[cfg(test)]
+mod host_tests {
+    use super::*;
+
+    #[test]
+    fn the_least_cgroup_limit_above_this_process_counts() {
+        let root = std::env::temp_dir().join(format!("runner-cgroup-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        let job = root.join("slurm/uid_0/job_7");
+        std::fs::create_dir_all(&job).unwrap();
+        std::fs::write(root.join("slurm/memory.max"), "4294967296\n").unwrap();
+        std::fs::write(job.join("memory.max"), "max\n").unwrap();
+        assert_eq!(
+            cgroup_limit("0::/slurm/uid_0/job_7\n", &root),
+            Some(4 << 30)
+        );
+        std::fs::write(job.join("memory.max"), "1073741824\n").unwrap();
+        assert_eq!(
+            cgroup_limit("0::/slurm/uid_0/job_7\n", &root),
+            Some(1 << 30)
+        );
+        // cgroup v1: the memory controller's hierarchy.
+        let v1 = root.join("memory/docker/abc");
+        std::fs::create_dir_all(&v1).unwrap();
+        std::fs::write(v1.join("memory.limit_in_bytes"), "536870912\n").unwrap();
+        std::fs::write(
+            root.join("memory/memory.limit_in_bytes"),
+            "9223372036854771712\n",
+        )
+        .unwrap();
+        assert_eq!(
+            cgroup_limit("5:cpu,cpuacct:/docker/abc\n4:memory:/docker/abc\n", &root),
+            Some(512 << 20)
+        );
+        assert_eq!(cgroup_limit("0::/\n", &root.join("none")), None);
+        assert_eq!(meminfo_total("MemTotal:  1024 kB\n"), Some(1 << 20));
+        let _ = std::fs::remove_dir_all(&root);
+    }
 }

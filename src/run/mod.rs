@@ -29,7 +29,10 @@ use crate::backend;
 use crate::clock::utc_now;
 use crate::data::{self, Dataset};
 use crate::kernels::{self, KernelCounts, KernelSettings};
-use crate::metrics::{write_json_atomic, EvalRecord, JsonLines, StepRecord, Summary};
+use crate::metrics::{
+    write_json_atomic, write_json_keeping_room, EvalRecord, JsonLines, StepRecord, Summary,
+    KEPT_ROOM,
+};
 use crate::plan::{Device, Plan};
 use crate::progress::Progress;
 use crate::sampler::{Sampler, UtilSource};
@@ -229,7 +232,9 @@ pub fn execute(plan: &Plan, opts: &RunOptions) -> Result<Finished, RunError> {
             .map_err(|e| fail(format!("warnings.txt: {e}")))?;
     }
     let env = environment(plan, &prepared);
-    write_json_atomic(&dir.join("env.json"), &env).map_err(|e| fail(format!("env.json: {e}")))?;
+    // Both are rewritten at the end: room is kept for that on a disk that fills up.
+    write_json_keeping_room(&dir.join("env.json"), &env, KEPT_ROOM)
+        .map_err(|e| fail(format!("env.json: {e}")))?;
     let summary = Summary {
         name: plan.name.clone(),
         run_id: run_id.clone(),
@@ -241,7 +246,7 @@ pub fn execute(plan: &Plan, opts: &RunOptions) -> Result<Finished, RunError> {
         device: prepared.device_name.clone(),
         ..Default::default()
     };
-    write_json_atomic(&dir.join("summary.json"), &summary)
+    write_json_keeping_room(&dir.join("summary.json"), &summary, KEPT_ROOM)
         .map_err(|e| fail(format!("summary.json: {e}")))?;
     let metrics = JsonLines::create(&dir.join("metrics.jsonl"))
         .map_err(|e| fail(format!("metrics.jsonl: {e}")))?;
@@ -314,11 +319,9 @@ fn drive(
     let batcher = train::Batcher::new(plan, vocab);
     let (train_set, test_set) = (Arc::new(sets.train), Arc::new(sets.test));
     let validation = sets.validation.map(Arc::new);
-    let persist = train::Persist {
-        run_dir: dir.clone(),
-        recipe_sha256: sha256_file(&dir.join("recipe.toml")),
-        resume,
-    };
+    let held = crate::rundir::RunDir::open(&dir)
+        .map_err(|e| fail(format!("cannot open {}: {e}", dir.display())))?;
+    let persist = train::Persist::new(held, sha256_file(&dir.join("recipe.toml")), resume);
     let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         let job = Train {
             plan,
@@ -333,6 +336,19 @@ fn drive(
         backend::dispatch(plan.device, &plan.kernels, job)
     }));
     sink.progress.finish();
+    // The rest goes where the run directory is now; removed, it has nowhere to go, and
+    // nothing is written (a new directory at its path would hold a skeleton of the run).
+    let dir = match persist.dir(&mut sink) {
+        Ok(now) => now,
+        Err(gone) => {
+            let _ = sink.sampler.take().map(|s| s.finish());
+            return Err(fail(gone.to_string()));
+        }
+    };
+    let fail = |message: String| RunError::Failed {
+        dir: dir.clone(),
+        message,
+    };
     summary.util_source = finish_sampler(&mut sink, &dir);
     summary.wall_s += wall.elapsed().as_secs_f64();
     record(&mut summary, &sink, plan);
@@ -340,7 +356,13 @@ fn drive(
     let stop = ending(outcome, &mut summary, &sink);
     let summary_path = dir.join("summary.json");
     if let Err(e) = write_json_atomic(&summary_path, &summary) {
-        let message = format!("{}: {e}", summary_path.display());
+        // What it would have said is not lost with it: the figures go into the error.
+        let message = format!(
+            "{}: {e}; the run {}: {}",
+            summary_path.display(),
+            summary.status,
+            summary.headline(),
+        );
         return Err(fail(match &summary.error {
             Some(first) => format!("{first}; then cannot write {message}"),
             None => format!("cannot write {message}"),

@@ -149,7 +149,8 @@ pub fn resume(
             ))
         })?;
     let evals = rewind(&mut summary, &state, &records);
-    write_json_atomic(&summary_path, &summary).map_err(|e| fail(format!("summary.json: {e}")))?;
+    write_json_keeping_room(&summary_path, &summary, KEPT_ROOM)
+        .map_err(|e| fail(format!("summary.json: {e}")))?;
     if !opts.quiet {
         crate::errln!(
             "{}: resuming from {} (step {}, epoch {}, batch {})",

@@ -8,7 +8,7 @@ use super::*;
 pub(super) struct FileSink {
     metrics: JsonLines,
     /// Taken (and stopped) when the loop ends.
-    sampler: Option<Sampler>,
+    pub(super) sampler: Option<Sampler>,
     records: Vec<StepRecord>,
     evals: Vec<EvalRecord>,
     parameters: usize,
@@ -105,6 +105,8 @@ impl Sink for FileSink {
             Err(e) => {
                 self.io_error
                     .get_or_insert(format!("{}: {e}", self.metrics.path().display()));
+                // Not in the summary either: its steps are the lines metrics.jsonl holds.
+                return;
             }
         }
         if let Some(csv) = &mut self.csv {
@@ -160,6 +162,18 @@ impl Sink for FileSink {
         if !self.quiet {
             self.progress
                 .note(format!("checkpoint {} ({ms:.0} ms)", dir.display()));
+        }
+    }
+    fn moved(&mut self, to: &Path) {
+        // Said under -q too: the run's files are no longer where its start said.
+        let s = format!(
+            "note: the run directory was moved to {} while the run ran; the run goes on there",
+            to.display()
+        );
+        if self.quiet {
+            crate::errln!("{s}");
+        } else {
+            self.progress.note(s);
         }
     }
     fn should_stop(&mut self) -> Option<train::Stop> {

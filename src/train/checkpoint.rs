@@ -21,7 +21,7 @@ use std::path::{Path, PathBuf};
 use crate::ops::TrainBackend;
 use burn::module::Module;
 use burn::optim::Optimizer;
-use burn::record::{BinBytesRecorder, BinFileRecorder, FullPrecisionSettings, Recorder};
+use burn::record::{BinFileRecorder, FullPrecisionSettings, Recorder, RecorderError};
 use serde::{Deserialize, Serialize};
 
 use super::Optim;
@@ -64,13 +64,6 @@ pub struct FileSum {
 
 /// The files a checkpoint's state vouches for.
 const FILES: [&str; 2] = ["model.bin", "optimizer.bin"];
-
-fn bytes_sum(bytes: &[u8]) -> FileSum {
-    FileSum {
-        bytes: bytes.len() as u64,
-        crc32: format!("{:08x}", crc32fast::hash(bytes)),
-    }
-}
 
 /// A file's size and CRC-32, read through once.
 pub fn file_sum(path: &Path) -> std::io::Result<FileSum> {
@@ -117,6 +110,93 @@ pub fn verify(dir: &Path, state: &State) -> Result<(), String> {
 
 type Rec = BinFileRecorder<FullPrecisionSettings>;
 
+/// Writes what `Rec` reads (Burn's record with its metadata, bincode's standard
+/// configuration) straight to the file, summing the bytes on the way: an I/O error is
+/// said as one ("No space left on device"), not as Burn's
+/// `Unknown("Io { inner: Os { code: 28, .. } }")`.
+#[derive(Debug, Default, Clone)]
+struct Stream;
+
+impl<B: burn::tensor::backend::Backend> Recorder<B> for Stream {
+    type Settings = FullPrecisionSettings;
+    type RecordArgs = PathBuf;
+    type RecordOutput = FileSum;
+    type LoadArgs = PathBuf;
+
+    fn save_item<I: serde::Serialize>(
+        &self,
+        item: I,
+        path: PathBuf,
+    ) -> Result<FileSum, RecorderError> {
+        let unknown = |e: std::io::Error| RecorderError::Unknown(e.to_string());
+        let file = std::fs::File::create(&path).map_err(unknown)?;
+        let mut out = Summed {
+            inner: std::io::BufWriter::with_capacity(1 << 20, file),
+            hash: crc32fast::Hasher::new(),
+            bytes: 0,
+            error: None,
+        };
+        if let Err(e) =
+            bincode::serde::encode_into_std_write(&item, &mut out, bincode::config::standard())
+        {
+            return Err(match out.error.take() {
+                Some(io) => unknown(io),
+                None => RecorderError::Unknown(e.to_string()),
+            });
+        }
+        use std::io::Write as _;
+        out.inner.flush().map_err(unknown)?;
+        Ok(FileSum {
+            bytes: out.bytes,
+            crc32: format!("{:08x}", out.hash.finalize()),
+        })
+    }
+
+    fn load_item<I: serde::de::DeserializeOwned>(
+        &self,
+        path: &mut PathBuf,
+    ) -> Result<I, RecorderError> {
+        Recorder::<B>::load_item(&Rec::new(), path)
+    }
+}
+
+/// A writer that sums what passes through it and keeps the first I/O error whole.
+struct Summed<W> {
+    inner: W,
+    hash: crc32fast::Hasher,
+    bytes: u64,
+    error: Option<std::io::Error>,
+}
+
+impl<W: std::io::Write> std::io::Write for Summed<W> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        match self.inner.write(buf) {
+            Ok(n) => {
+                self.hash.update(&buf[..n]);
+                self.bytes += n as u64;
+                Ok(n)
+            }
+            Err(e) => {
+                let kept = std::io::Error::new(e.kind(), e.to_string());
+                self.error.get_or_insert(e);
+                Err(kept)
+            }
+        }
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.inner.flush()
+    }
+}
+
+/// A recorder's error in its own words.
+fn words(e: RecorderError) -> String {
+    match e {
+        RecorderError::FileNotFound(s)
+        | RecorderError::DeserializeError(s)
+        | RecorderError::Unknown(s) => s,
+    }
+}
+
 fn checkpoints(run_dir: &Path) -> PathBuf {
     run_dir.join("checkpoints")
 }
@@ -154,23 +234,28 @@ fn save_in<B: TrainBackend>(
         format!("checkpoint {}: {what}: {e}", tmp.display())
     };
     let _ = std::fs::remove_dir_all(tmp);
-    std::fs::create_dir_all(tmp).map_err(|e| io("cannot create", &e))?;
-    // Encoded in memory and written here (the same bytes `BinFileRecorder` writes and
-    // loads): an I/O error is then said as one ("No space left on device"), not as Burn's
-    // `Unknown("Io { inner: Os { code: 28, .. } }")`.
-    let rec = BinBytesRecorder::<FullPrecisionSettings>::default();
-    let model_bytes = Recorder::<B>::record(&rec, model.clone().into_record(), ())
-        .map_err(|e| io("model", &e))?;
-    let optim_bytes = match optim {
-        Optim::Sgd(o) => Recorder::<B>::record(&rec, o.to_record(), ()),
-        Optim::AdamW(o) => Recorder::<B>::record(&rec, o.to_record(), ()),
+    // Never `create_dir_all`: a run directory removed while the run ran must not come back
+    // as a skeleton holding only checkpoints.
+    match std::fs::create_dir(checkpoints(run_dir)) {
+        Err(e) if e.kind() != std::io::ErrorKind::AlreadyExists => {
+            return Err(io("cannot create", &e));
+        }
+        _ => {}
     }
-    .map_err(|e| io("optimizer", &e))?;
+    std::fs::create_dir(tmp).map_err(|e| io("cannot create", &e))?;
+    // One record at a time, streamed to its file: the encoded bytes are never held (they
+    // were, both records' together, and a run that trained within `ulimit -v` aborted at
+    // its first checkpoint).
     let mut state = state.clone();
-    for (name, bytes) in FILES.into_iter().zip([model_bytes, optim_bytes]) {
-        std::fs::write(tmp.join(name), &bytes).map_err(|e| io(name, &e))?;
-        state.files.insert(name.to_string(), bytes_sum(&bytes));
+    let model_sum = Recorder::<B>::record(&Stream, model.clone().into_record(), tmp.join(FILES[0]))
+        .map_err(|e| io(FILES[0], &words(e)))?;
+    state.files.insert(FILES[0].to_string(), model_sum);
+    let optim_sum = match optim {
+        Optim::Sgd(o) => Recorder::<B>::record(&Stream, o.to_record(), tmp.join(FILES[1])),
+        Optim::AdamW(o) => Recorder::<B>::record(&Stream, o.to_record(), tmp.join(FILES[1])),
     }
+    .map_err(|e| io(FILES[1], &words(e)))?;
+    state.files.insert(FILES[1].to_string(), optim_sum);
     let text = serde_json::to_string_pretty(&state).map_err(|e| io("state", &e))?;
     std::fs::write(tmp.join("state.json"), text + "\n").map_err(|e| io("state.json", &e))?;
     let dir = checkpoints(run_dir).join(name);

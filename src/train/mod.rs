@@ -66,6 +66,8 @@ pub trait Sink {
     }
     /// A checkpoint was written, taking `ms`.
     fn checkpointed(&mut self, _dir: &std::path::Path, _ms: f64) {}
+    /// The run directory was found moved to `to` (by a person, `mv`): the run goes on there.
+    fn moved(&mut self, _to: &std::path::Path) {}
 }
 
 /// The trained weights, in the run directory.
@@ -164,11 +166,42 @@ pub fn loader_config(plan: &Plan, train: &Dataset) -> LoaderConfig {
 
 /// What a run keeps on disk, and where it restarts from.
 pub struct Persist {
-    pub run_dir: std::path::PathBuf,
+    /// Held open: checkpoints and weights go where it is now (see `RunDir`).
+    run_dir: crate::rundir::RunDir,
+    /// Where it was last seen, to say once that it moved.
+    seen_at: std::sync::Mutex<std::path::PathBuf>,
     /// The resolved recipe's SHA-256, recorded in each checkpoint.
     pub recipe_sha256: String,
     /// The checkpoint to continue from, if this run is resumed.
     pub resume: Option<(std::path::PathBuf, checkpoint::State)>,
+}
+
+impl Persist {
+    pub fn new(
+        run_dir: crate::rundir::RunDir,
+        recipe_sha256: String,
+        resume: Option<(std::path::PathBuf, checkpoint::State)>,
+    ) -> Self {
+        let seen_at = std::sync::Mutex::new(run_dir.opened_at().to_path_buf());
+        Persist {
+            run_dir,
+            seen_at,
+            recipe_sha256,
+            resume,
+        }
+    }
+
+    /// Where the run directory is now, for a write into it; a move is said to `sink` once.
+    /// Removed: the run stops (nothing would have anywhere to go).
+    pub fn dir(&self, sink: &mut dyn Sink) -> Result<std::path::PathBuf, Stop> {
+        let now = self.run_dir.now().map_err(Stop::Failed)?;
+        let mut seen = self.seen_at.lock().unwrap_or_else(|e| e.into_inner());
+        if *seen != now {
+            sink.moved(&now);
+            seen.clone_from(&now);
+        }
+        Ok(now)
+    }
 }
 
 /// Trains the plan's model on `train` and evaluates on `test`, reporting to `sink`.
@@ -381,7 +414,7 @@ fn validate<B: TrainBackend>(
         watching.best = Some((step, value));
         watching.since_best = 0;
         if let Some(p) = persist {
-            checkpoint::save_weights(&valid, &p.run_dir.join(BEST_WEIGHTS))
+            checkpoint::save_weights(&valid, &p.dir(sink)?.join(BEST_WEIGHTS))
                 .map_err(Stop::Failed)?;
         }
         sink.best(step, value);

@@ -197,7 +197,7 @@ impl<'a, B: TrainBackend> Trainer<'a, B> {
         };
         let t = Instant::now();
         let dir = checkpoint::save::<B>(
-            &p.run_dir,
+            &p.dir(sink)?,
             &self.model,
             &self.optim,
             &state,
@@ -505,9 +505,12 @@ impl<'a, B: TrainBackend> Trainer<'a, B> {
             self.io.plan.checkpoint.save_final,
         ) {
             sink.phase("saving the weights");
-            if let Err(e) = checkpoint::save_weights(&self.model.valid(), &p.run_dir.join(WEIGHTS))
-            {
-                stopped = Some(Stop::Failed(e));
+            let saved = p.dir(sink).and_then(|dir| {
+                checkpoint::save_weights(&self.model.valid(), &dir.join(WEIGHTS))
+                    .map_err(Stop::Failed)
+            });
+            if let Err(stop) = saved {
+                stopped = Some(stop);
             }
         }
         TrainOutcome {

@@ -84,7 +84,7 @@ fn webgpu_adapter_is_the_one_backend_device_names_or_a_clear_error() {
     // against it, as on the CPU; a GPU adapter's are not (its memory is its own).
     // (Room for the data and the batches the loader holds ahead, 77 MB here, not more.)
     let small_host = |adapters: fn() -> Vec<WgpuAdapter>| Machine {
-        host_memory: Some(256 << 20),
+        host_memory: Some(runner::plan::HostMemory::machine(256 << 20)),
         ..machine(adapters)
     };
     let batch = ["loader.batch_size=8192", "data.limit=256"];

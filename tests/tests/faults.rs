@@ -49,26 +49,7 @@ fn signalled(
     for set in sets {
         cmd.args(["--set", set]);
     }
-    let child = cmd
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let runs = dir.join("runs");
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
-    loop {
-        let started = walk_files(&runs).iter().any(|p| {
-            p.ends_with("metrics.jsonl") && std::fs::metadata(p).is_ok_and(|m| m.len() > 0)
-        });
-        if started {
-            break;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the run never started"
-        );
-        std::thread::sleep(std::time::Duration::from_millis(50));
-    }
+    let (child, _) = started(cmd, &dir.join("runs"));
     for i in 0..times {
         if i > 0 {
             std::thread::sleep(std::time::Duration::from_millis(20));
@@ -81,6 +62,51 @@ fn signalled(
     }
     let out = child.wait_with_output().unwrap();
     (out, dir)
+}
+
+/// Starts `cmd` (a run whose runs go under `runs`) with its output piped, and waits for
+/// its first metrics line; returns it and its run directory.
+fn started(mut cmd: Command, runs: &Path) -> (std::process::Child, PathBuf) {
+    let mut child = cmd
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        let metrics = walk_files(runs).into_iter().find(|p| {
+            p.ends_with("metrics.jsonl") && std::fs::metadata(p).is_ok_and(|m| m.len() > 0)
+        });
+        if let Some(m) = metrics {
+            return (child, m.parent().unwrap().to_path_buf());
+        }
+        if std::time::Instant::now() > deadline || child.try_wait().is_ok_and(|s| s.is_some()) {
+            let _ = child.kill();
+            let out = child.wait_with_output().unwrap();
+            panic!(
+                "the run never started: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
+/// The runner, its recipe a long synthetic run in `dir` (`extra` appended), `sets` after.
+fn long_synthetic(dir: &Path, name: &str, extra: &str, sets: &[&str]) -> Command {
+    let recipe = tiny_recipe(dir, name, extra);
+    let mut cmd = runner_cmd();
+    cmd.arg(&recipe).args([
+        "-q",
+        "--set",
+        "run.epochs=30",
+        "--set",
+        "data.synthetic.samples=4000",
+    ]);
+    for set in sets {
+        cmd.args(["--set", set]);
+    }
+    cmd
 }
 
 /// SIGTERM (Slurm, `kill`) and SIGHUP (the terminal or ssh session that started the run
@@ -404,8 +430,187 @@ fn a_full_disk_stops_the_run_without_cutting_a_line() {
     }
     // Fewer lines than 200 epochs of 4 steps: the run stopped instead of going on.
     assert!(text.lines().count() < 800);
-    // The summary is either the last whole one written, or says failed.
-    if let Ok(s) = serde_json::from_str::<Summary>(&summary_text) {
-        assert_ne!(s.status, "completed");
+    // The summary says so (rewritten in place where no new file fits).
+    let s: Summary = serde_json::from_str(&summary_text).unwrap();
+    assert_eq!(s.status, "failed", "{s:?}");
+}
+
+/// A disk that fills up during a run: the run stops, and its summary still says so (it
+/// said `running`, steps 0, read by `report` as killed: a new `summary.json.tmp` did not
+/// fit, and nothing else was tried; the summary is now rewritten in the room kept for it).
+#[test]
+fn a_disk_that_fills_during_a_run_still_gets_its_summary() {
+    let dir = tempdir("fills-up");
+    let Some(mnt) = small_fs(&dir, "2m") else {
+        return;
+    };
+    let cmd = long_synthetic(
+        &dir,
+        "fills",
+        "",
+        &[&format!("log.dir=\"{}\"", mnt.display())],
+    );
+    let (child, run) = started(cmd, &mnt);
+    {
+        use std::io::Write as _;
+        let mut filler = std::fs::File::create(mnt.join("filler")).unwrap();
+        let block = vec![0u8; 1 << 16];
+        while filler.write_all(&block).is_ok() {}
+        let small = [0u8; 512];
+        while filler.write_all(&small).is_ok() {}
     }
+    let out = child.wait_with_output().unwrap();
+    let s = std::fs::read_to_string(run.join("summary.json")).unwrap_or_default();
+    let lines = whole_lines(&run).len();
+    let _ = Command::new("umount").arg(&mnt).status();
+    expect_exit(&out, 1);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("No space left on device") && stderr.contains("= help: free space"),
+        "{stderr}"
+    );
+    let s: Summary = serde_json::from_str(&s).unwrap_or_else(|e| panic!("{e}: {s}"));
+    assert_eq!(s.status, "failed", "{s:?}");
+    assert!(s
+        .error
+        .unwrap_or_default()
+        .contains("No space left on device"));
+    assert_eq!(
+        s.steps as usize, lines,
+        "the summary covers the lines written"
+    );
+    assert!(s.steps > 0);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `ulimit -f`: the run stops with the file named and the limit said (SIGXFSZ killed it
+/// where it stood: exit 153, a line cut, its summary left `running`).
+#[test]
+fn a_file_size_limit_stops_the_run_as_a_full_disk_does() {
+    let dir = tempdir("fsize");
+    let mut cmd = long_synthetic(&dir, "fsize", "", &[]);
+    // SAFETY: `setrlimit` is async-signal-safe, as `pre_exec` requires.
+    unsafe {
+        std::os::unix::process::CommandExt::pre_exec(&mut cmd, || {
+            let limit = libc::rlimit {
+                rlim_cur: 40 << 10,
+                rlim_max: 40 << 10,
+            };
+            libc::setrlimit(libc::RLIMIT_FSIZE, &limit);
+            Ok(())
+        });
+    }
+    let out = cmd.output().unwrap();
+    expect_exit(&out, 1);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("metrics.jsonl: File too large") && stderr.contains("`ulimit -f`"),
+        "{stderr}"
+    );
+    let run = only_run(&dir.join("runs/fsize"));
+    let s = summary(&run);
+    assert_eq!(s.status, "failed");
+    assert_eq!(s.steps as usize, whole_lines(&run).len());
+    let text = std::fs::read_to_string(run.join("metrics.jsonl")).unwrap();
+    assert!(text.ends_with('\n'), "a cut metrics line");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A summary that cannot be written at all (here `summary.json` became a directory): the
+/// error still gives what it would have said, test accuracy included.
+#[test]
+fn a_summary_that_cannot_be_written_is_said_on_stderr() {
+    let dir = tempdir("no-summary");
+    let cmd = long_synthetic(&dir, "nosum", "", &["run.epochs=6"]);
+    let (child, run) = started(cmd, &dir.join("runs"));
+    std::fs::remove_file(run.join("summary.json")).unwrap();
+    std::fs::create_dir(run.join("summary.json")).unwrap();
+    let out = child.wait_with_output().unwrap();
+    expect_exit(&out, 1);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("summary.json: Is a directory")
+            && stderr.contains("the run completed: 750 steps, median")
+            && stderr.contains("test accuracy"),
+        "{stderr}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A run directory moved while its run runs: the run goes on where it now is, says so,
+/// and nothing reappears at the old path. Removed: the run stops and says so (a
+/// checkpoint rebuilt the directory as a skeleton, and the run said `completed`).
+#[test]
+fn a_run_directory_moved_mid_run_is_followed_and_one_removed_stops_the_run() {
+    let dir = tempdir("moved");
+    let ckpt = "[checkpoint]\nevery = 100\n";
+    let cmd = long_synthetic(&dir, "mv", ckpt, &["run.epochs=8"]);
+    let (child, run) = started(cmd, &dir.join("runs"));
+    let to = dir.join("elsewhere");
+    std::fs::rename(&run, &to).unwrap();
+    let out = child.wait_with_output().unwrap();
+    expect_exit(&out, 0);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stderr.contains(&format!("moved to {}", to.display())),
+        "{stderr}"
+    );
+    assert!(stdout.contains(&to.display().to_string()), "{stdout}");
+    assert!(!run.exists(), "the old path came back");
+    let s = summary(&to);
+    assert_eq!((s.status.as_str(), s.steps), ("completed", 1000));
+    assert_eq!(whole_lines(&to).len(), 1000);
+    assert!(to.join("model.safetensors").is_file());
+    assert_eq!(
+        runner::checkpoint::list(&to).last().map(|(_, st)| st.step),
+        Some(900)
+    );
+
+    let cmd = long_synthetic(&dir, "rm", ckpt, &["run.epochs=8"]);
+    let (child, run) = started(cmd, &dir.join("runs"));
+    // Retried: the run may create a file in it while it is being emptied.
+    for _ in 0..50 {
+        if std::fs::remove_dir_all(&run).is_ok() {
+            break;
+        }
+    }
+    let out = child.wait_with_output().unwrap();
+    expect_exit(&out, 1);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains(&format!("the run directory {} was removed", run.display())),
+        "{stderr}"
+    );
+    assert!(!run.exists(), "the removed run directory came back");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `ulimit -v` below what a recipe needs: refused before anything is written, with the
+/// limit named (it was checked against the machine's memory only, and the run aborted).
+#[test]
+fn a_recipe_beyond_the_address_space_limit_is_refused_before_it_starts() {
+    let dir = tempdir("ulimit-v");
+    let mut cmd = long_synthetic(&dir, "big", "", &["data.synthetic.samples=2000000"]);
+    // SAFETY: `setrlimit` is async-signal-safe, as `pre_exec` requires.
+    unsafe {
+        std::os::unix::process::CommandExt::pre_exec(&mut cmd, || {
+            let limit = libc::rlimit {
+                rlim_cur: 3 << 30,
+                rlim_max: 3 << 30,
+            };
+            libc::setrlimit(libc::RLIMIT_AS, &limit);
+            Ok(())
+        });
+    }
+    let out = cmd.output().unwrap();
+    expect_exit(&out, 2);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("data.synthetic.samples")
+            && stderr.contains("more than the address space left under `ulimit -v`"),
+        "{stderr}"
+    );
+    assert!(!dir.join("runs").exists(), "a run directory was created");
+    let _ = std::fs::remove_dir_all(&dir);
 }
