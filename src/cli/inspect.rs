@@ -83,12 +83,9 @@ pub(crate) fn show(args: &CheckArgs, cell: Option<usize>) -> ExitCode {
 }
 
 pub(crate) fn ls() -> ExitCode {
-    let dir = [
-        PathBuf::from("recipes"),
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("recipes"),
-    ]
-    .into_iter()
-    .find(|d| d.is_dir());
+    // The current directory's only: the checkout the binary was built from listed its
+    // own recipes anywhere, paths that do not resolve from where the user stands.
+    let dir = Some(PathBuf::from("recipes")).filter(|d| d.is_dir());
     runner::outln!("recipes:");
     match dir {
         Some(d) => {
@@ -109,14 +106,18 @@ pub(crate) fn ls() -> ExitCode {
                 }
             }
             files.sort();
+            let width = files.iter().map(|f| f.display().to_string().chars().count());
+            let width = width.max().unwrap_or(0);
             for f in files {
                 let about = recipe::load(&f)
                     .map(|l| l.recipe.description)
                     .unwrap_or_else(|_| "(does not validate)".into());
-                runner::outln!("  {:<45} {about}", f.display());
+                runner::outln!("  {:<width$}  {about}", f.display());
             }
         }
-        None => runner::outln!("  (no recipes/ directory here)"),
+        None => runner::outln!(
+            "  (no recipes/ directory here: run `runner ls` in a checkout of runner, whose recipes/ holds the shipped ones)"
+        ),
     }
     runner::outln!("models (model.arch):");
     for a in runner::recipe::Arch::ALL {

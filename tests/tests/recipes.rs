@@ -718,6 +718,44 @@ fn ls_lists_every_model_and_data_format_the_format_allows() {
     let out = runner_cmd().arg("ls").output().unwrap();
     expect_exit(&out, 0);
     let stdout = String::from_utf8_lossy(&out.stdout);
+    // Every shipped recipe, as a path from here, its description in one column.
+    let listed: Vec<&str> = stdout
+        .lines()
+        .skip(1)
+        .take_while(|l| l.starts_with("  "))
+        .collect();
+    assert_eq!(
+        listed.len(),
+        toml_files(&root().join("recipes")).len(),
+        "{stdout}"
+    );
+    assert!(
+        listed
+            .iter()
+            .all(|l| l.trim_start().starts_with("recipes/")),
+        "{stdout}"
+    );
+    let at = |l: &&str| {
+        let path_end = 2 + l.trim_start().find(' ').unwrap();
+        path_end + l[path_end..].find(|c: char| c != ' ').unwrap()
+    };
+    assert!(
+        listed.windows(2).all(|w| at(&w[0]) == at(&w[1])),
+        "descriptions out of line:\n{stdout}"
+    );
+    // Elsewhere: none, and where to run it (it listed the build's checkout).
+    let elsewhere = std::env::temp_dir();
+    let out = runner_cmd()
+        .arg("ls")
+        .current_dir(&elsewhere)
+        .output()
+        .unwrap();
+    expect_exit(&out, 0);
+    let there = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        there.starts_with("recipes:\n  (no recipes/ directory here: run `runner ls` in a checkout"),
+        "{there}"
+    );
     // And the devices each backend.kind would use here, or why there are none.
     let devices = stdout
         .split_once("devices (backend.kind, backend.device):\n")
