@@ -6,7 +6,7 @@
 //!
 //! `im2col` as the last argument sends the 3×3 stride-1 layers through im2col + gemm too
 //! (what they took before the Winograd path); `compare` times both paths of the forward
-//! pass and input gradient alternately, the fastest of 9 calls each (on a noisy machine
+//! pass and both gradients alternately, the fastest of 9 calls each (on a noisy machine
 //! the minimum is the steadiest figure), with their ratio.
 //!
 //!   cargo bench --bench conv [-- resnet18|resnet50 [BATCH [THREADS]]] [im2col|compare]
@@ -105,18 +105,35 @@ fn compare_paths(model: &str, layers: &[Layer], batch: usize, threads: usize) {
         t.elapsed().as_secs_f64() * 1e3
     };
     println!("# {model}, batch {batch}, {threads} threads: ms per call, fastest of 9, the two paths alternating");
-    println!("| layer | cin→cout | k | s | side | forward im2col | forward runner | ratio | dx im2col | dx runner | ratio |");
-    println!("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |");
-    let mut total = [0.0; 4];
+    println!("| layer | cin→cout | k | s | side | forward im2col | forward runner | ratio | dx im2col | dx runner | ratio | dw im2col | dw runner | ratio |");
+    println!(
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"
+    );
+    let row = |best: &[f64; 6], prec: usize| {
+        (0..3)
+            .map(|p| {
+                format!(
+                    "{:.prec$} | {:.prec$} | {:.2}",
+                    best[2 * p],
+                    best[2 * p + 1],
+                    best[2 * p] / best[2 * p + 1]
+                )
+            })
+            .collect::<Vec<_>>()
+            .join(" | ")
+    };
+    let mut total = [0.0; 6];
     for (i, &layer) in layers.iter().enumerate() {
         let (g, x, w, dy) = inputs(batch, layer);
-        let mut best = [f64::MAX; 4];
+        let mut best = [f64::MAX; 6];
         for _ in 0..9 {
             let t = [
                 time(&mut || drop(cpu::forward_im2col(&g, &x, &w))),
                 time(&mut || drop(cpu::forward(&g, &x, &w))),
                 time(&mut || drop(cpu::backward_x_im2col(&g, &w, &dy))),
                 time(&mut || drop(cpu::backward_x(&g, &w, &dy))),
+                time(&mut || drop(cpu::backward_weight_im2col(&g, &x, &dy))),
+                time(&mut || drop(cpu::backward_weight(&g, &x, &dy))),
             ];
             for (b, t) in best.iter_mut().zip(t) {
                 *b = b.min(t);
@@ -124,22 +141,14 @@ fn compare_paths(model: &str, layers: &[Layer], batch: usize, threads: usize) {
         }
         let (cin, cout, k, s, side) = layer;
         println!(
-            "| {i} | {cin}→{cout} | {k} | {s} | {side} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} |",
-            best[0], best[1], best[0] / best[1], best[2], best[3], best[2] / best[3]
+            "| {i} | {cin}→{cout} | {k} | {s} | {side} | {} |",
+            row(&best, 2)
         );
         for (sum, b) in total.iter_mut().zip(best) {
             *sum += b;
         }
     }
-    println!(
-        "| all | | | | | {:.1} | {:.1} | {:.2} | {:.1} | {:.1} | {:.2} |",
-        total[0],
-        total[1],
-        total[0] / total[1],
-        total[2],
-        total[3],
-        total[2] / total[3]
-    );
+    println!("| all | | | | | {} |", row(&total, 1));
 }
 
 fn main() {
@@ -194,7 +203,13 @@ fn main() {
                     cpu::backward_x(&g, &w, &dy)
                 })
             }),
-            median_ms(|| drop(cpu::backward_weight(&g, &x, &dy))),
+            median_ms(|| {
+                drop(if im2col {
+                    cpu::backward_weight_im2col(&g, &x, &dy)
+                } else {
+                    cpu::backward_weight(&g, &x, &dy)
+                })
+            }),
         ];
         println!(
             "| {i} | {cin}→{cout} | {k} | {s} | {side} | {:.2} | {:.2} | {:.2} |",

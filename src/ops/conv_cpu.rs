@@ -11,9 +11,9 @@
 //! grouped so a gemm is at least [`MIN_COLUMNS`] wide. With fewer groups than threads (a
 //! batch of one) the gemm itself is parallel instead. Every sum is taken in an order fixed
 //! by the shapes and the thread count, so results are the same from run to run. The column
-//! matrices themselves are built in [`super::patches`]. The forward pass and input gradient
-//! of 3×3 stride-1 convolutions with channels and tiles enough (most of a ResNet's) take
-//! [`super::winograd`] instead: 2.25× fewer multiplications.
+//! matrices themselves are built in [`super::patches`]. 3×3 stride-1 convolutions with
+//! channels and tiles enough (most of a ResNet's) take [`super::winograd`] instead, all
+//! three passes: 2.25× fewer multiplications.
 
 use std::cell::RefCell;
 use std::ops::Range;
@@ -287,8 +287,18 @@ pub fn backward_x_im2col(g: &Geometry, weight: &[f32], dy: &[f32]) -> Vec<f32> {
     dx
 }
 
-/// The gradient of the loss with respect to the weight (`[co, c, kh, kw]`).
+/// The gradient of the loss with respect to the weight (`[co, c, kh, kw]`); through
+/// [`super::winograd`] where [`forward`] is.
 pub fn backward_weight(g: &Geometry, x: &[f32], dy: &[f32]) -> Vec<f32> {
+    if winograd::suits(g) {
+        winograd::backward_weight(g, x, dy)
+    } else {
+        backward_weight_im2col(g, x, dy)
+    }
+}
+
+/// [`backward_weight`] through im2col (or im2row) + gemm whatever the layer.
+pub fn backward_weight_im2col(g: &Geometry, x: &[f32], dy: &[f32]) -> Vec<f32> {
     let (k, p, co) = (g.k(), g.p(), g.co);
     let threads = rayon::current_num_threads();
     let size = g.group(threads);

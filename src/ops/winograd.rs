@@ -1,5 +1,6 @@
-//! Winograd's minimal filtering F(2×2, 3×3) for the CPU convolution's 3×3 stride-1 layers,
-//! forward and input gradient (most of a ResNet's convolution time). Each 2×2 block of
+//! Winograd's minimal filtering F(2×2, 3×3) for the CPU convolution's 3×3 stride-1 layers:
+//! the forward pass, the input gradient and the weight gradient (most of a ResNet's
+//! convolution time). Each 2×2 block of
 //! output ("tile") is computed from the 4×4 input patch under it with 16 products per input
 //! channel instead of 36: input patches and filters are taken into a 16-point transformed
 //! space (`Bᵀ d B`, `G g Gᵀ`), where the convolution is one elementwise product per point
@@ -93,6 +94,194 @@ pub fn backward_x(g: &Geometry, weight: &[f32], dy: &[f32]) -> Vec<f32> {
         wo: g.w,
     };
     convolve(&shape, dy, &transform_filters(&turned, g.c, g.co))
+}
+
+/// The weight gradient (`[co, c, 3, 3]`) of a convolution that [`suits`] this path, from
+/// its input `x` and the output's gradient `dy`. With `Y = Aᵀ [U ⊙ V] A` for each tile,
+/// `U = G g Gᵀ` and `V = Bᵀ d B`, the gradient of the 16 transformed products is
+/// `A dY Aᵀ`, that of `U` their product with `V` summed over the tiles (16 gemms
+/// `dU[k] (co × c) += dM[k] (co × tiles) · V[k]ᵀ (tiles × c)`, the tiles the long side),
+/// and that of `g` is `Gᵀ dU G`. Tiles past the output's edge have a zero gradient, so
+/// they add nothing.
+pub fn backward_weight(g: &Geometry, x: &[f32], dy: &[f32]) -> Vec<f32> {
+    let s = Shape {
+        n: g.n,
+        c: g.c,
+        h: g.h,
+        w: g.w,
+        co: g.co,
+        pad: g.padding,
+        ho: g.ho,
+        wo: g.wo,
+    };
+    let (image_in, image_out) = (s.c * s.h * s.w, s.co * s.ho * s.wo);
+    let per_image = s.tiles_per_image();
+    let threads = rayon::current_num_threads();
+    let size = s.group(threads);
+    let groups = s.n.div_ceil(size);
+    // Each worker sums its own run of groups into its own partial; the partials are then
+    // added in worker order. Both orders are fixed, so the sum is the same on every run.
+    let workers = threads.min(groups).max(1);
+    let per_worker = groups.div_ceil(workers);
+    let partial = |w: usize, par: ::gemm::Parallelism| -> Vec<f32> {
+        let mut du = vec![0.0; POINTS * s.co * s.c];
+        let first = w * per_worker;
+        for group in first..(first + per_worker).min(groups) {
+            let n0 = group * size;
+            let gn = size.min(s.n - n0);
+            let band = s.band().min(gn);
+            let t_max = band * per_image;
+            with_scratch(|scratch| {
+                let [v, m, quarters, line, combo] = scratch.split([
+                    POINTS * s.c * t_max,
+                    POINTS * s.co * t_max,
+                    4 * s.quarter(),
+                    2 * s.span(),
+                    12 * (per_image + 1),
+                ]);
+                let mut work = Work {
+                    quarters,
+                    line,
+                    combo,
+                };
+                for j0 in (0..gn).step_by(band) {
+                    let bn = band.min(gn - j0);
+                    let t = bn * per_image;
+                    let v = &mut v[..POINTS * s.c * t];
+                    let images = &x[(n0 + j0) * image_in..][..bn * image_in];
+                    transform_input(&s, images, v, &mut work);
+                    let m = &mut m[..POINTS * s.co * t];
+                    let grads = &dy[(n0 + j0) * image_out..][..bn * image_out];
+                    transform_gradient(&s, grads, m, &mut work);
+                    for k in 0..POINTS {
+                        gemm(
+                            &mut du[k * s.co * s.c..],
+                            s.c,
+                            true,
+                            (s.co, s.c, t),
+                            &m[k * s.co * t..],
+                            (t, 1),
+                            &v[k * s.c * t..],
+                            (1, t),
+                            par,
+                        );
+                    }
+                }
+            });
+        }
+        du
+    };
+    let mut partials: Vec<Vec<f32>> = if workers > 1 {
+        use rayon::prelude::*;
+        (0..workers)
+            .into_par_iter()
+            .map(|w| partial(w, ::gemm::Parallelism::None))
+            .collect()
+    } else {
+        let par = match threads {
+            1 => ::gemm::Parallelism::None,
+            t => ::gemm::Parallelism::Rayon(t),
+        };
+        vec![partial(0, par)]
+    };
+    let mut total = partials.remove(0);
+    for other in partials {
+        total.iter_mut().zip(other).for_each(|(a, b)| *a += b);
+    }
+    filter_gradient(&total, s.co, s.c)
+}
+
+/// `Gᵀ dU G` for each filter: `dU` is `[16][co][c]`, the result `[co, c, 3, 3]`.
+fn filter_gradient(du: &[f32], co: usize, c: usize) -> Vec<f32> {
+    let plane = co * c;
+    let mut dw = vec![0.0; plane * 9];
+    for (f, out) in dw.chunks_exact_mut(9).enumerate() {
+        let x = |r: usize, j: usize| du[(r * 4 + j) * plane + f];
+        // Gᵀ X: three rows of four.
+        let rows: [[f32; 4]; 3] = std::array::from_fn(|i| {
+            std::array::from_fn(|j| match i {
+                0 => x(0, j) + 0.5 * (x(1, j) + x(2, j)),
+                1 => 0.5 * (x(1, j) - x(2, j)),
+                _ => 0.5 * (x(1, j) + x(2, j)) + x(3, j),
+            })
+        });
+        // · G: three columns.
+        for (i, [a, b, c, d]) in rows.into_iter().enumerate() {
+            out[i * 3] = a + 0.5 * (b + c);
+            out[i * 3 + 1] = 0.5 * (b - c);
+            out[i * 3 + 2] = 0.5 * (b + c) + d;
+        }
+    }
+    dw
+}
+
+/// `dM[k][o][t] = (A dY Aᵀ)[k]` for the 2×2 output-gradient block `dY` of each tile `t`
+/// of the band's images (`dy` is `[bn, co, ho, wo]`) and each output channel `o`; blocks
+/// cut by the bottom or right edge, and the tile past it, are zero there.
+#[inline(always)]
+fn transform_gradient_body(s: &Shape, dy: &[f32], m: &mut [f32], work: &mut Work) {
+    let (across, span) = (s.across(), s.span());
+    let n = s.tiles_per_image();
+    let bn = dy.len() / (s.co * s.ho * s.wo);
+    let t_len = bn * n;
+    let plane = s.co * t_len;
+    const NEG: fn(f32, f32) -> f32 = |a, _| -a;
+    for (j, image) in dy.chunks_exact(s.co * s.ho * s.wo).enumerate() {
+        for (o, src) in image.chunks_exact(s.ho * s.wo).enumerate() {
+            // Each tile's block as four runs over the tiles: top row's even and odd
+            // columns, bottom row's.
+            let [te, to, be, bo] = split4(work.combo, n);
+            for q in [&mut *te, &mut *to, &mut *be, &mut *bo] {
+                q.fill(0.0);
+            }
+            let line = &mut *work.line;
+            for ty in 0..s.down() {
+                for (r, (e, od)) in [(&mut *te, &mut *to), (&mut *be, &mut *bo)]
+                    .into_iter()
+                    .enumerate()
+                {
+                    let y = 2 * ty + r;
+                    if y >= s.ho {
+                        break;
+                    }
+                    line[..s.wo].copy_from_slice(&src[y * s.wo..][..s.wo]);
+                    line[s.wo..2 * across].fill(0.0);
+                    let (e, od) = (
+                        &mut e[ty * span..][..across],
+                        &mut od[ty * span..][..across],
+                    );
+                    for (pair, (a, b)) in line.chunks_exact(2).zip(e.iter_mut().zip(od)) {
+                        *a = pair[0];
+                        *b = pair[1];
+                    }
+                }
+            }
+            // A along the rows (top, top + bottom, top − bottom, −bottom), then Aᵀ along
+            // each, (a, a + b, a − b, −b) for its even and odd columns a and b.
+            let base = o * t_len + j * n;
+            let [p0, p1, p2, p3, p4, p5, p6, p7, p8, p9, p10, p11, p12, p13, p14, p15] =
+                points(m, plane, base, n);
+            let (te, to, be, bo) = (&*te, &*to, &*be, &*bo);
+            p0.copy_from_slice(te);
+            map2(p1, te, to, ADD);
+            map2(p2, te, to, SUB);
+            map2(p3, to, to, NEG);
+            map2(p4, te, be, ADD);
+            map2(p7, to, bo, ADD);
+            map2(p5, p4, p7, ADD);
+            map2(p6, p4, p7, SUB);
+            p7.iter_mut().for_each(|b| *b = -*b);
+            map2(p8, te, be, SUB);
+            map2(p11, to, bo, SUB);
+            map2(p9, p8, p11, ADD);
+            map2(p10, p8, p11, SUB);
+            p11.iter_mut().for_each(|b| *b = -*b);
+            map2(p12, be, be, NEG);
+            map2(p13, p12, bo, SUB);
+            map2(p14, bo, be, SUB);
+            p15.copy_from_slice(bo);
+        }
+    }
 }
 
 /// A stride-1 3×3 convolution: input `[n, c, h, w]` padded by `pad`, output `[n, co, ho,
@@ -449,3 +638,4 @@ macro_rules! widest {
 
 widest!(transform_input => transform_input_body(s: &Shape, images: &[f32], v: &mut [f32], work: &mut Work));
 widest!(transform_output => transform_output_body(s: &Shape, m: &[f32], out: &mut [f32], work: &mut Work));
+widest!(transform_gradient => transform_gradient_body(s: &Shape, dy: &[f32], m: &mut [f32], work: &mut Work));
