@@ -101,7 +101,14 @@ fn bare(p: &Plan) -> Vec<f64> {
 
 /// The runner's own loop on the same plan: its step records.
 fn runner(p: &Plan) -> Vec<StepRecord> {
-    let out = run::execute(p, &RunOptions { quiet: true }).expect("run");
+    let out = run::execute(
+        p,
+        &RunOptions {
+            quiet: true,
+            ..Default::default()
+        },
+    )
+    .expect("run");
     std::fs::read_to_string(out.dir.join("metrics.jsonl"))
         .unwrap()
         .lines()

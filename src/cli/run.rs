@@ -65,7 +65,10 @@ pub(crate) fn run_all(args: &RunArgs) -> ExitCode {
             return ExitCode::from(2);
         }
     }
-    let opts = RunOptions { quiet: args.quiet };
+    let opts = RunOptions {
+        quiet: args.quiet,
+        ..Default::default()
+    };
     runner::signals::install();
     let mut code = ExitCode::SUCCESS;
     for c in &all {
@@ -182,6 +185,17 @@ pub(crate) fn run_grid(c: &Checked, sel: Selection, opts: &RunOptions) -> Result
     let mut stop: Option<RunError> = None;
     let resuming = sel.resume;
     let outcome = sweep::execute(&dir, &c.cells, sel, |cell, previous| {
+        // The cell's status names its run directory from the start.
+        let (sweep_dir, this) = (dir.dir.clone(), cell.clone());
+        let opts = &RunOptions {
+            quiet: opts.quiet,
+            started: Some(std::sync::Arc::new(move |run_dir: &Path| {
+                let sweep = SweepDir {
+                    dir: sweep_dir.clone(),
+                };
+                let _ = sweep.mark(&this, State::Running, Some(run_dir), None);
+            })),
+        };
         // With --resume, a cell whose run stopped (a signal, a killed process: this process
         // holds its lock now) continues from its checkpoint rather than starting over.
         let stopped_run = previous
@@ -308,7 +322,10 @@ fn print_comparison(c: &Checked, dir: &SweepDir) {
 
 pub(crate) fn resume(run_dir: &Path, quiet: bool) -> ExitCode {
     runner::signals::install();
-    let opts = RunOptions { quiet };
+    let opts = RunOptions {
+        quiet,
+        ..Default::default()
+    };
     match run::resume(run_dir, &opts, &runner::backend::probe()) {
         Ok(f) => {
             let s = &f.summary;

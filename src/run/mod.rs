@@ -41,11 +41,17 @@ use crate::train::{self, Sink};
 /// The Burn version this binary is built against (pinned in Cargo.toml; a test checks).
 pub const BURN_VERSION: &str = "0.21.0";
 
-#[derive(Debug, Clone, Default)]
+#[derive(Clone, Default)]
 pub struct RunOptions {
     /// No progress bar or per-epoch lines.
     pub quiet: bool,
+    /// Told the run directory as soon as it exists (a grid records it in the cell's
+    /// status, so that a cell killed outright is resumed, not started over).
+    pub started: Option<RunDirHook>,
 }
+
+/// See [`RunOptions::started`].
+pub type RunDirHook = std::sync::Arc<dyn Fn(&Path) + Send + Sync>;
 
 pub struct Finished {
     pub dir: PathBuf,
@@ -212,6 +218,9 @@ pub fn execute(plan: &Plan, opts: &RunOptions) -> Result<Finished, RunError> {
             plan.log.dir.display()
         ))
     })?;
+    if let Some(started) = &opts.started {
+        started(&dir);
+    }
     let fail = |message: String| RunError::Failed {
         dir: dir.clone(),
         message,

@@ -41,7 +41,7 @@ pub fn resume(
         .and_then(|t| serde_json::from_str(&t).ok())
         .ok_or_else(|| {
             input(format!(
-                "error: {}: missing or unreadable",
+                "error: {}: missing or unreadable\n  = help: the runner writes it when a run starts; restore it from a copy, or start the run again",
                 summary_path.display()
             ))
         })?;
@@ -85,9 +85,10 @@ pub fn resume(
     let (ckpt_dir, state) = latest_checkpoint(run_dir, &metrics_path)?;
     if state.recipe_sha256 != sha {
         return Err(input(format!(
-            "error: {} was changed after {} was written; a checkpoint resumes only the recipe that wrote it",
+            "error: {} was changed after {} was written; a checkpoint resumes only the recipe that wrote it\n  = help: put recipe.toml back as the run wrote it, or run the changed recipe as a new run: runner {}",
             recipe_path.display(),
-            ckpt_dir.display()
+            ckpt_dir.display(),
+            recipe_path.display()
         )));
     }
     // Every file the run goes on writing, before anything is changed: a resume that could
@@ -212,9 +213,20 @@ fn latest_checkpoint(
 ) -> Result<(PathBuf, crate::checkpoint::State), RunError> {
     // Whole lines only: a last line cut short (a crash mid-write, a copy cut off) is not
     // one, so a checkpoint that needs it gives way to the one before it.
-    let lines = std::fs::read(metrics_path)
-        .map(|t| t.iter().filter(|&&b| b == b'\n').count() as u64)
-        .unwrap_or(0);
+    let text = std::fs::read(metrics_path).unwrap_or_default();
+    let whole: Vec<&[u8]> = match text.iter().rposition(|&b| b == b'\n') {
+        Some(end) => text[..end].split(|&b| b == b'\n').collect(),
+        None => vec![],
+    };
+    let lines = whole.len() as u64;
+    // The step of line `i` (0-based), if it is a metrics line.
+    let step_at = |i: u64| -> Option<u64> {
+        let line = whole.get(usize::try_from(i).ok()?)?;
+        serde_json::from_slice::<serde_json::Value>(line)
+            .ok()?
+            .get("step")?
+            .as_u64()
+    };
     let (good, bad) = crate::checkpoint::scan(run_dir);
     // (step from the directory name, directory, why it cannot be used)
     let step_of = |p: &Path| {
@@ -235,6 +247,31 @@ fn latest_checkpoint(
                 "metrics.jsonl has {lines} whole lines, it follows line {}",
                 state.metrics_lines
             );
+            unusable.push((state.step, dir, why));
+            continue;
+        }
+        // Its last line is of its step or before it, the next one after it: otherwise a
+        // line went missing before it, or its state was changed (it resumed with steps
+        // duplicated or skipped).
+        let n = state.metrics_lines;
+        let last = n.checked_sub(1).map(step_at);
+        let next = (n < lines).then(|| step_at(n));
+        let out_of_line = match (last, next) {
+            (Some(None), _) => Some(format!("line {n} of metrics.jsonl is not a metrics line")),
+            (Some(Some(s)), _) if s > state.step => Some(format!(
+                "line {n} of metrics.jsonl, its last, is step {s}, after its step {}",
+                state.step
+            )),
+            (_, Some(Some(s))) if s <= state.step => Some(format!(
+                "line {} of metrics.jsonl, after its last, is step {s}, not after its step {}",
+                n + 1,
+                state.step
+            )),
+            _ => None,
+        };
+        if let Some(why) = out_of_line {
+            let why =
+                format!("{why} (metrics.jsonl lost or gained a line, or state.json was changed)");
             unusable.push((state.step, dir, why));
             continue;
         }
@@ -267,7 +304,7 @@ fn latest_checkpoint(
             for u in &unusable {
                 text += &format!("\n  = note: {}", said(u));
             }
-            text += "\n  = help: checkpoints are written by [checkpoint] every = N (or \"epoch\"), and when SIGINT/SIGTERM stops a run; one that is damaged cannot be used";
+            text += "\n  = help: checkpoints are written by [checkpoint] every = N (or \"epoch\"), and when SIGINT/SIGTERM stops a run; the notes say why each one here cannot be used (restore what they name, or start the run again)";
             Err(RunError::Input(text))
         }
     }
@@ -282,26 +319,45 @@ fn rewind(
     records: &[StepRecord],
 ) -> Vec<EvalRecord> {
     if summary.status == "running" {
-        // The process died (kill -9, a lost node) before its last summary, which still
-        // reads as at its start: what it did is in the lines kept, each checkpoint's time
-        // on the line of its step (a signal's checkpoint, on no line, comes with a summary).
-        let written: Vec<f64> = records
+        // The process died (kill -9, out of memory, a lost node) before its last summary,
+        // which still reads as at its start: what it did is in the checkpoint's state and
+        // the lines kept, the checkpoint's own time on the line of its step (a signal's
+        // checkpoint has none).
+        let own = records
             .iter()
-            .map(|r| r.checkpoint_ms)
-            .filter(|&ms| ms > 0.0)
-            .collect();
-        summary.checkpoints = written.len();
-        summary.checkpoint_ms_total = written.iter().sum();
+            .rev()
+            .find(|r| r.step == state.step)
+            .map_or(0.0, |r| r.checkpoint_ms);
+        match &state.recorded {
+            Some(r) => {
+                summary.checkpoints = r.checkpoints_before + 1;
+                summary.checkpoint_ms_total = r.checkpoint_ms_before + own;
+            }
+            // Checkpoints of earlier versions: the lines' checkpoint times.
+            None => {
+                let written: Vec<f64> = records
+                    .iter()
+                    .map(|r| r.checkpoint_ms)
+                    .filter(|&ms| ms > 0.0)
+                    .collect();
+                summary.checkpoints = written.len();
+                summary.checkpoint_ms_total = written.iter().sum();
+            }
+        }
         let trained_s = records.last().map_or(0.0, |r| r.t_ms / 1e3);
         summary.wall_s = summary.wall_s.max(trained_s);
     }
-    let evals = summary
-        .evals
-        .iter()
+    // The evaluations up to the checkpoint, from the checkpoint itself where it has them:
+    // a summary not written since the last start (kill -9) lost those of that segment.
+    let (evals, validations) = match &state.recorded {
+        Some(r) => (r.evals.clone(), r.validations.clone()),
+        None => (summary.evals.clone(), summary.validations.clone()),
+    };
+    let evals = evals.into_iter().filter(|e| e.step <= state.step).collect();
+    summary.validations = validations
+        .into_iter()
         .filter(|e| e.step <= state.step)
-        .cloned()
         .collect();
-    summary.validations.retain(|e| e.step <= state.step);
     summary.best_step = state.best.map(|b| b.0);
     summary.best_value = state.best.map(|b| b.1);
     summary.status = "running".into();

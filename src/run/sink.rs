@@ -164,6 +164,14 @@ impl Sink for FileSink {
                 .note(format!("checkpoint {} ({ms:.0} ms)", dir.display()));
         }
     }
+    fn recorded(&self) -> crate::checkpoint::Recorded {
+        crate::checkpoint::Recorded {
+            evals: self.evals.clone(),
+            validations: self.validations.clone(),
+            checkpoints_before: self.checkpoints,
+            checkpoint_ms_before: self.checkpoint_ms,
+        }
+    }
     fn moved(&mut self, to: &Path) {
         // Said under -q too: the run's files are no longer where its start said.
         let s = format!(

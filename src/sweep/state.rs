@@ -198,7 +198,12 @@ pub fn execute(
         }
         // What the cell was before this process took it (an interrupted run to resume).
         let previous = sweep.status(c);
-        sweep.mark(c, State::Running, None, None)?;
+        // Its run directory kept: one being resumed, killed again, is resumed again.
+        let stopped = previous
+            .as_ref()
+            .filter(|s| matches!(s.state, State::Interrupted | State::Running))
+            .and_then(|s| s.run_dir.clone());
+        sweep.mark(c, State::Running, stopped.as_deref(), None)?;
         match run(c, previous) {
             Ok(dir) => {
                 sweep.mark(c, State::Done, Some(&dir), None)?;

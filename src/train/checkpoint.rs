@@ -52,6 +52,22 @@ pub struct State {
     /// which are loaded unchecked). Filled in by `save`.
     #[serde(default)]
     pub files: BTreeMap<String, FileSum>,
+    /// What the summary held when the checkpoint was written, for a resume after a process
+    /// that died without writing its summary (kill -9, out of memory, a lost node): the
+    /// test evaluations and validations so far (they are on no metrics line), and the
+    /// checkpoints written before this one and their time. `None` in checkpoints of
+    /// earlier versions.
+    #[serde(default)]
+    pub recorded: Option<Recorded>,
+}
+
+/// See [`State::recorded`].
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Recorded {
+    pub evals: Vec<crate::metrics::EvalRecord>,
+    pub validations: Vec<crate::metrics::EvalRecord>,
+    pub checkpoints_before: usize,
+    pub checkpoint_ms_before: f64,
 }
 
 /// A checkpoint file's size and CRC-32 when it was written: enough to find a file cut
@@ -201,24 +217,68 @@ fn checkpoints(run_dir: &Path) -> PathBuf {
     run_dir.join("checkpoints")
 }
 
-/// Writes a checkpoint (atomically: temporary directory, then rename) and removes all but
-/// the latest `keep`. Returns its directory.
+/// Writes a checkpoint (atomically: temporary directory, then rename), then [`prune`]s.
+/// `written` is how many metrics lines are on disk now. Returns its directory.
 pub fn save<B: TrainBackend>(
     run_dir: &Path,
     model: &Net<B>,
     optim: &Optim<B>,
     state: &State,
-    keep: usize,
+    (keep, written): (usize, u64),
 ) -> Result<PathBuf, String> {
     let root = checkpoints(run_dir);
     let name = format!("step-{:09}", state.step);
     let tmp = root.join(format!(".tmp-{name}-{}", std::process::id()));
-    let saved = save_in(run_dir, &tmp, &name, model, optim, state, keep);
+    let saved = save_in(run_dir, &tmp, &name, model, optim, state);
     if saved.is_err() {
         // A half-written checkpoint (a full disk) is no use, and its space is needed.
         let _ = std::fs::remove_dir_all(&tmp);
     }
+    if saved.is_ok() {
+        prune(run_dir, keep, written);
+    }
     saved
+}
+
+/// Removes all checkpoints but the latest `keep`, and keeps also the latest one whose
+/// metrics lines are all on disk (`written` lines now): a checkpoint inside a step is
+/// written before its step's line, and with `keep = 1` a kill between the two left none
+/// that a resume could use. So `keep + 1` are on disk until the next line is written, and
+/// `keep` once the run ends. Also removes what no resume can use: temporary directories
+/// of checkpoints cut short (a killed process's), and broken `step-*` directories older
+/// than the latest whole one. A run's directory has one writer at a time (a run, or the
+/// resume holding its `resume.lock`), so none of these is being written.
+pub fn prune(run_dir: &Path, keep: usize, written: u64) {
+    let (all, broken) = scan(run_dir);
+    let covered = all.iter().rposition(|(_, s)| s.metrics_lines <= written);
+    for (i, (old, _)) in all.iter().enumerate() {
+        if i + keep < all.len() && Some(i) != covered {
+            let _ = std::fs::remove_dir_all(old);
+        }
+    }
+    // `step-` and nine digits: names sort as their steps.
+    let newest = all
+        .last()
+        .and_then(|(p, _)| p.file_name().map(|n| n.to_owned()));
+    for (old, _) in broken {
+        if let (Some(n), Some(o)) = (&newest, old.file_name()) {
+            if o < n.as_os_str() {
+                let _ = std::fs::remove_dir_all(&old);
+            }
+        }
+    }
+    let temporaries = std::fs::read_dir(checkpoints(run_dir))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter(|e| {
+            e.file_name()
+                .to_str()
+                .is_some_and(|n| n.starts_with(".tmp-step-"))
+        });
+    for t in temporaries {
+        let _ = std::fs::remove_dir_all(t.path());
+    }
 }
 
 fn save_in<B: TrainBackend>(
@@ -228,7 +288,6 @@ fn save_in<B: TrainBackend>(
     model: &Net<B>,
     optim: &Optim<B>,
     state: &State,
-    keep: usize,
 ) -> Result<PathBuf, String> {
     let io = |what: &str, e: &dyn std::fmt::Display| {
         format!("checkpoint {}: {what}: {e}", tmp.display())
@@ -261,10 +320,6 @@ fn save_in<B: TrainBackend>(
     let dir = checkpoints(run_dir).join(name);
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::rename(tmp, &dir).map_err(|e| io("cannot rename", &e))?;
-    let all = list(run_dir);
-    for (old, _) in all.iter().take(all.len().saturating_sub(keep)) {
-        let _ = std::fs::remove_dir_all(old);
-    }
     Ok(dir)
 }
 

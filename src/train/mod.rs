@@ -68,6 +68,10 @@ pub trait Sink {
     fn checkpointed(&mut self, _dir: &std::path::Path, _ms: f64) {}
     /// The run directory was found moved to `to` (by a person, `mv`): the run goes on there.
     fn moved(&mut self, _to: &std::path::Path) {}
+    /// What a checkpoint keeps of the summary so far (see `checkpoint::State::recorded`).
+    fn recorded(&self) -> checkpoint::Recorded {
+        checkpoint::Recorded::default()
+    }
 }
 
 /// The trained weights, in the run directory.

@@ -54,6 +54,8 @@ pub(crate) struct Trainer<'a, B: TrainBackend> {
     /// The epoch's last step, its loss read back, whose line waits for the checkpoint due
     /// at the epoch's end (after its evaluations) to record what writing it took.
     held: Option<StepRecord>,
+    /// The step of the last checkpoint this process wrote.
+    checkpointed_at: Option<u64>,
     diverged: Option<(u64, f64)>,
     watching: Watching,
     /// This process's first step (a resumed run's is not step 1).
@@ -131,6 +133,7 @@ impl<'a, B: TrainBackend> Trainer<'a, B> {
             epochs_completed,
             pending: vec![],
             held: None,
+            checkpointed_at: None,
             diverged: None,
             watching,
             first_step: step + 1,
@@ -173,7 +176,7 @@ impl<'a, B: TrainBackend> Trainer<'a, B> {
     /// Writes a checkpoint at `epoch`, `batch` (the step is the trainer's), covering
     /// `metrics_lines` lines; returns how long it took.
     fn checkpoint(
-        &self,
+        &mut self,
         sink: &mut dyn Sink,
         (epoch, batch): (usize, usize),
         metrics_lines: u64,
@@ -194,6 +197,7 @@ impl<'a, B: TrainBackend> Trainer<'a, B> {
             best: self.watching.best,
             since_best: self.watching.since_best,
             files: Default::default(),
+            recorded: Some(sink.recorded()),
         };
         let t = Instant::now();
         let dir = checkpoint::save::<B>(
@@ -201,10 +205,11 @@ impl<'a, B: TrainBackend> Trainer<'a, B> {
             &self.model,
             &self.optim,
             &state,
-            self.io.plan.checkpoint.keep,
+            (self.io.plan.checkpoint.keep, sink.lines_written()),
         )
         .map_err(Stop::Failed)?;
         let took = ms(t);
+        self.checkpointed_at = Some(self.step);
         sink.checkpointed(&dir, took);
         Ok(took)
     }
@@ -213,7 +218,12 @@ impl<'a, B: TrainBackend> Trainer<'a, B> {
     /// limit, a preempted node) in a checkpoint first. Returns why the run stops.
     pub fn stop_at(&mut self, stop: Stop, pos: &Position, sink: &mut dyn Sink) -> Stop {
         if matches!(stop, Stop::Signal(_)) && self.io.persist.is_some() {
+            // One written at this step already (the step's own, every N steps) is the one
+            // to resume from: writing it again cost its time twice, in Slurm's grace period.
             let saved = self.flush(sink).and_then(|_| {
+                if self.checkpointed_at == Some(self.step) {
+                    return Ok(0.0);
+                }
                 let lines = sink.lines_written();
                 self.checkpoint(sink, (pos.epoch, pos.consumed), lines, format!("{stop}"))
             });
@@ -498,6 +508,12 @@ impl<'a, B: TrainBackend> Trainer<'a, B> {
     ) -> TrainOutcome {
         if let Err(stop) = self.flush(sink) {
             stopped.get_or_insert(stop);
+        }
+        // Every line is written now: the checkpoint kept for want of its line goes.
+        if let Some(p) = self.io.persist {
+            if let Ok(dir) = p.dir(sink) {
+                checkpoint::prune(&dir, self.io.plan.checkpoint.keep, sink.lines_written());
+            }
         }
         if let (None, Some(p), true) = (
             &stopped,

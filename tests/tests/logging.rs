@@ -18,7 +18,14 @@ fn a_cpu_run_records_every_phase_and_its_profile_window() {
         "phases",
         &format!("{FASHION}\n[loader]\nbatch_size = 32\nworkers = 1\n[cleanup]\nevery = 4\nactions = [\"trim_host\"]\n[run]\nmax_steps = 24\nwarmup_steps = 2\neval = \"never\"\n[log]\nevery = 3\n[profile]\nsteps = \"10..15\"\nsample_ms = 10\n"),
     );
-    let out = run::execute(&p, &RunOptions { quiet: true }).unwrap();
+    let out = run::execute(
+        &p,
+        &RunOptions {
+            quiet: true,
+            ..Default::default()
+        },
+    )
+    .unwrap();
     let text = std::fs::read_to_string(out.dir.join("metrics.jsonl")).unwrap();
     let recs = records(&out.dir);
     assert_eq!(recs.len(), 24);

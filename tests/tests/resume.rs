@@ -201,6 +201,15 @@ fn a_resumed_run_ends_bitwise_where_the_uninterrupted_one_does() {
         // only the resumed part: the dead process never wrote its own).
         let (s, r) = (summary(&run), summary(&reference));
         assert_eq!(s.checkpoints, r.checkpoints, "after kill -9");
+        // The test evaluations of the killed process too: they are on no metrics line,
+        // and its summary was never written (they were lost).
+        let evals = |s: &runner::metrics::Summary| -> Vec<(u64, u64)> {
+            s.evals
+                .iter()
+                .map(|e| (e.step, e.accuracy.to_bits()))
+                .collect()
+        };
+        assert_eq!(evals(&s), evals(&r), "after kill -9");
         let timed = records(&run)
             .iter()
             .filter(|r| r.checkpoint_ms > 0.0)
@@ -746,4 +755,120 @@ fn eval_on_another_file_scores_all_of_it() {
     let other = root().join("datasets/fashion_mnist/test_batch.bin");
     let other = other.to_str().unwrap();
     assert!(score(&["--data", other]).contains(" on 500 samples"));
+}
+
+/// With `checkpoint.keep = 1`, a process killed between a checkpoint and its step's
+/// metrics line can still be resumed: the checkpoint before it is kept until that line is
+/// written (it was removed first, and the run could not be resumed at all). What a killed
+/// process left (a checkpoint's temporary directory) is removed, and `keep` holds at the
+/// end.
+#[test]
+fn keep_one_survives_a_kill_between_a_checkpoint_and_its_line() {
+    let dir = tempdir("keep-one");
+    let recipe = long_recipe(&dir, "k", "[checkpoint]\nevery = 5\nkeep = 1\n");
+    let out = runner_cmd()
+        .arg(&recipe)
+        .args(["-q", "--set"])
+        .arg(format!("log.dir=\"{}\"", dir.join("ref").display()))
+        .output()
+        .unwrap();
+    expect_exit(&out, 0);
+    let reference = only_run(&dir.join("ref/k"));
+    let out = kill_after(
+        &[recipe.as_os_str(), "-q".as_ref()],
+        &dir.join("runs"),
+        23,
+        "-KILL",
+    );
+    assert_eq!(out.status.code(), None, "killed by a signal");
+    let run = only_run(&dir.join("runs/k"));
+    let (latest, state) = runner::checkpoint::latest(&run).unwrap();
+    // As if killed right after that checkpoint, before its line: the line cut off.
+    let metrics = run.join("metrics.jsonl");
+    let text = std::fs::read_to_string(&metrics).unwrap();
+    let kept: Vec<&str> = text
+        .lines()
+        .take(state.metrics_lines as usize - 1)
+        .collect();
+    std::fs::write(&metrics, kept.join("\n") + "\n").unwrap();
+    let before: Vec<u64> = runner::checkpoint::list(&run)
+        .iter()
+        .map(|(_, s)| s.step)
+        .collect();
+    assert_eq!(
+        before,
+        [state.step - 5, state.step],
+        "the one before it is kept"
+    );
+    let leftover = run.join("checkpoints/.tmp-step-000000099-4000000");
+    std::fs::create_dir_all(&leftover).unwrap();
+    std::fs::write(leftover.join("model.bin"), b"half").unwrap();
+    let out = runner_cmd()
+        .arg("resume")
+        .arg(&run)
+        .arg("-q")
+        .output()
+        .unwrap();
+    expect_exit(&out, 0);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains(&format!("checkpoint {}", latest.display()))
+            && stderr.contains(&format!(
+                "resuming from the one before it (step {})",
+                state.step - 5
+            )),
+        "{stderr}"
+    );
+    assert_eq!(losses(&run), losses(&reference));
+    let left: Vec<String> = std::fs::read_dir(run.join("checkpoints"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(left.len(), 1, "keep = 1 at the end: {left:?}");
+    assert!(left[0].starts_with("step-"), "{left:?}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A checkpoint whose state does not match metrics.jsonl (a line lost before it, or its
+/// `metrics_lines` edited) is not resumed from: steps came out duplicated or skipped.
+#[test]
+fn a_checkpoint_out_of_line_with_the_metrics_is_not_resumed_from() {
+    let dir = tempdir("out-of-line");
+    let recipe = long_recipe(&dir, "o", "[checkpoint]\nevery = 5\n");
+    let out = kill_after(
+        &[recipe.as_os_str(), "-q".as_ref()],
+        &dir.join("runs"),
+        23,
+        "-TERM",
+    );
+    expect_exit(&out, 143);
+    let run = only_run(&dir.join("runs/o"));
+    let (latest, state) = runner::checkpoint::latest(&run).unwrap();
+    let path = latest.join("state.json");
+    let text = std::fs::read_to_string(&path).unwrap();
+    let edited = text.replace(
+        &format!("\"metrics_lines\": {}", state.metrics_lines),
+        &format!("\"metrics_lines\": {}", state.metrics_lines - 3),
+    );
+    assert_ne!(edited, text);
+    std::fs::write(&path, edited).unwrap();
+    let out = runner_cmd()
+        .arg("resume")
+        .arg(&run)
+        .arg("-q")
+        .output()
+        .unwrap();
+    expect_exit(&out, 0);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("metrics.jsonl lost or gained a line, or state.json was changed"),
+        "{stderr}"
+    );
+    let steps: Vec<u64> = records(&run).iter().map(|r| r.step).collect();
+    assert_eq!(
+        steps,
+        (1..=80).collect::<Vec<u64>>(),
+        "no step twice or missing"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
 }

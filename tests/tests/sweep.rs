@@ -7,8 +7,8 @@ use runner::plan::Machine;
 use runner::recipe;
 
 use crate::common::{
-    as_other, expect_exit, only_run, records, root, runner_cmd, runner_logged, statuses, summary,
-    tempdir, tiny_recipe, walk_files, writable_by_other,
+    as_other, expect_exit, json, only_run, records, root, runner_cmd, runner_logged, statuses,
+    summary, tempdir, tiny_recipe, walk_files, writable_by_other,
 };
 
 // ---------------------------------------------------------------- sweeps and sharing
@@ -460,13 +460,22 @@ fn an_interrupted_grid_cell_is_rerun_by_resume() {
     // when --resume must take the cell as done (it stopped the grid, marked the cell
     // failed, and the next --resume trained it again from step 1).
     for by_hand in [false, true] {
-        interrupted_cell_resumed(by_hand);
+        interrupted_cell_resumed(by_hand, "-INT");
     }
+    // kill -9 (out of memory, a lost node): the cell's status already names its run
+    // directory, so --resume continues it from its checkpoint (it had no run directory
+    // until the run ended, and the cell was trained again from step 1 in a new one).
+    interrupted_cell_resumed(false, "-KILL");
 }
 
-fn interrupted_cell_resumed(by_hand: bool) {
-    let dir = tempdir(&format!("sigint-grid-{by_hand}"));
-    let grid = tiny_recipe(&dir, "g", "[sweep]\n\"optim.lr\" = [0.1, 0.2]\n");
+fn interrupted_cell_resumed(by_hand: bool, signal: &str) {
+    let dir = tempdir(&format!("sigint-grid-{by_hand}{signal}"));
+    let grid = tiny_recipe(
+        &dir,
+        "g",
+        "[sweep]\n\"optim.lr\" = [0.1, 0.2]\n[checkpoint]\nevery = 50\n",
+    );
+    let killed = signal == "-KILL";
     // Long enough to interrupt, short enough to finish on resume (a few seconds a cell).
     let long = [
         "-q",
@@ -483,10 +492,12 @@ fn interrupted_cell_resumed(by_hand: bool) {
         .spawn()
         .unwrap();
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
-    while !walk_files(&dir.join("runs"))
-        .iter()
-        .any(|p| p.ends_with("metrics.jsonl") && std::fs::metadata(p).is_ok_and(|m| m.len() > 0))
-    {
+    // Started; killed outright, once it has a checkpoint.
+    let ready = |p: &PathBuf| match killed {
+        true => p.ends_with("state.json"),
+        false => p.ends_with("metrics.jsonl") && std::fs::metadata(p).is_ok_and(|m| m.len() > 0),
+    };
+    while !walk_files(&dir.join("runs")).iter().any(ready) {
         assert!(
             std::time::Instant::now() < deadline,
             "the grid never started"
@@ -494,26 +505,38 @@ fn interrupted_cell_resumed(by_hand: bool) {
         std::thread::sleep(std::time::Duration::from_millis(50));
     }
     Command::new("kill")
-        .args(["-INT", &child.id().to_string()])
+        .args([signal, &child.id().to_string()])
         .status()
         .unwrap();
     let out = child.wait_with_output().unwrap();
-    expect_exit(&out, 130);
     let sweep = only_run(&dir.join("runs/g/sweeps"));
     let states: Vec<String> = statuses(&sweep).into_iter().map(|(_, s)| s).collect();
-    assert_eq!(
-        states,
-        ["interrupted"],
-        "cell 0 interrupted, cell 1 never started"
-    );
-    assert!(
-        !walk_files(&sweep)
-            .iter()
-            .any(|p| p.extension().is_some_and(|e| e == "lock")),
-        "a lock outlived its process"
-    );
     let cell0 = dir.join("runs/g/optim.lr=0.1");
     let run0 = only_run(&cell0);
+    if killed {
+        assert_eq!(out.status.code(), None, "killed");
+        assert_eq!(states, ["running"], "cell 0 running, cell 1 never started");
+        let status = walk_files(&sweep.join("cells"));
+        let status = json(&status[0]);
+        assert_eq!(
+            status["run_dir"].as_str(),
+            Some(run0.to_str().unwrap()),
+            "{status}"
+        );
+    } else {
+        expect_exit(&out, 130);
+        assert_eq!(
+            states,
+            ["interrupted"],
+            "cell 0 interrupted, cell 1 never started"
+        );
+        assert!(
+            !walk_files(&sweep)
+                .iter()
+                .any(|p| p.extension().is_some_and(|e| e == "lock")),
+            "a lock outlived its process"
+        );
+    }
     if by_hand {
         let out = runner_cmd()
             .arg("resume")

@@ -170,7 +170,14 @@ fn a_short_real_run_learns_and_writes_its_files() {
         "learn",
         &format!("{FASHION}\n[loader]\nbatch_size = 32\nworkers = 2\n[optim]\nlr = 0.05\nmomentum = 0.9\n[run]\nepochs = 2\nwarmup_steps = 3\neval = \"epoch\"\n"),
     );
-    let out = run::execute(&p, &RunOptions { quiet: true }).unwrap_or_else(|e| panic!("{e:?}"));
+    let out = run::execute(
+        &p,
+        &RunOptions {
+            quiet: true,
+            ..Default::default()
+        },
+    )
+    .unwrap_or_else(|e| panic!("{e:?}"));
     let recs = records(&out.dir);
     assert_eq!(
         recs.len() as u64,
@@ -235,7 +242,14 @@ fn cleanup_every_step_is_timed_and_only_when_due() {
         "cleanup",
         "seed = 1\n[model]\narch = \"mlp\"\n[data]\nformat = \"synthetic\"\nsynthetic = { samples = 256, test_samples = 0 }\n[loader]\nbatch_size = 16\n[cleanup]\nevery = 3\nactions = [\"trim_host\"]\n[run]\nepochs = 1\n",
     );
-    let out = run::execute(&p, &RunOptions { quiet: true }).unwrap();
+    let out = run::execute(
+        &p,
+        &RunOptions {
+            quiet: true,
+            ..Default::default()
+        },
+    )
+    .unwrap();
     let recs = records(&out.dir);
     assert_eq!(recs.len(), 16);
     for r in &recs {
@@ -269,7 +283,14 @@ fn same_seed_same_losses_for_any_worker_count() {
         let body = FASHION.replace("seed = 3", &format!("seed = {seed}")).replace("normalize =", "limit = 1024\nnormalize =")
             + &format!("{loader}\n[data.augment]\ncrop_padding = 2\nhflip = true\n[optim]\nlr = 0.05\nmomentum = 0.9\n[run]\nepochs = 2\nmax_steps = 70\neval = \"never\"\n");
         let p = plan_from(tag, &body);
-        let out = run::execute(&p, &RunOptions { quiet: true }).unwrap();
+        let out = run::execute(
+            &p,
+            &RunOptions {
+                quiet: true,
+                ..Default::default()
+            },
+        )
+        .unwrap();
         records(&out.dir).iter().map(|r| r.loss).collect()
     };
     let a = losses("det-w0a", 0, false, 3);
@@ -290,7 +311,14 @@ fn device_normalisation_equals_host_normalisation() {
         let body = FASHION.replace("std = [0.3330] }", &format!("std = [0.3330], on = \"{on}\" }}"))
             + "\n[data.augment]\nhflip = true\n[loader]\nbatch_size = 16\n[run]\nmax_steps = 8\neval = \"never\"\n";
         let p = plan_from(tag, &body);
-        let out = run::execute(&p, &RunOptions { quiet: true }).unwrap();
+        let out = run::execute(
+            &p,
+            &RunOptions {
+                quiet: true,
+                ..Default::default()
+            },
+        )
+        .unwrap();
         records(&out.dir).iter().map(|r| r.loss).collect()
     };
     let host = run_with("norm-host", "host");
