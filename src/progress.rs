@@ -373,8 +373,14 @@ impl Progress {
         }
     }
 
-    pub fn epoch_end(&mut self, epoch: usize, records: &[StepRecord]) {
-        let this: Vec<&StepRecord> = records.iter().filter(|r| r.epoch == epoch).collect();
+    /// The epoch's line, from its records and its last step's if that one's line is still
+    /// `held` (for the checkpoint at the epoch's end).
+    pub fn epoch_end(&mut self, epoch: usize, records: &[StepRecord], held: Option<&StepRecord>) {
+        let this: Vec<&StepRecord> = records
+            .iter()
+            .chain(held)
+            .filter(|r| r.epoch == epoch)
+            .collect();
         if this.is_empty() {
             return;
         }

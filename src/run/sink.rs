@@ -127,8 +127,8 @@ impl Sink for FileSink {
             &[("eval/accuracy", e.accuracy), ("eval/loss", e.loss)],
         );
     }
-    fn epoch_end(&mut self, epoch: usize) {
-        self.progress.epoch_end(epoch, &self.records);
+    fn epoch_end(&mut self, epoch: usize, held: Option<&StepRecord>) {
+        self.progress.epoch_end(epoch, &self.records, held);
     }
     fn phase(&mut self, what: &str) {
         self.progress.phase(what);

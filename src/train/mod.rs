@@ -44,7 +44,8 @@ pub trait Sink {
     /// Each optimizer step's record, in order (written when its loss has been read back).
     fn step(&mut self, record: &StepRecord);
     fn eval(&mut self, eval: &EvalRecord);
-    fn epoch_end(&mut self, epoch: usize);
+    /// `held`: the epoch's last step, if its line waits for the checkpoint at its end.
+    fn epoch_end(&mut self, epoch: usize, held: Option<&StepRecord>);
     /// What the start-up phase is doing (before the first step is done).
     fn phase(&mut self, _what: &str) {}
     /// The first step is done on the device (its kernels compiled and tuned); `step_ms`
@@ -263,6 +264,14 @@ pub fn train<B: TrainBackend>(
                     stopped = Some(stop);
                     break;
                 }
+            }
+        }
+        // A signal during the run's last step stops it here too, before the final
+        // evaluation (it ran, and the run said `completed` after the signal had said it
+        // would stop); its checkpoint resumes to that evaluation.
+        if stopped.is_none() && t.step >= plan.run.total_steps {
+            if let Some(stop) = sink.should_stop() {
+                stopped = Some(t.stop_at(stop, &pos, sink));
             }
         }
         drop(batches);

@@ -872,3 +872,36 @@ fn a_checkpoint_out_of_line_with_the_metrics_is_not_resumed_from() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// The line each epoch prints counts all its steps where a checkpoint falls on its last
+/// step (that step's metrics line waits for the checkpoint, and was left out: every epoch
+/// one short with `checkpoint.every = "epoch"`).
+#[test]
+fn an_epoch_line_counts_the_step_its_checkpoint_waits_on() {
+    let dir = tempdir("epoch-line");
+    let recipe = long_recipe(&dir, "e", "[checkpoint]\nevery = \"epoch\"\n");
+    let out = runner_cmd()
+        .arg(&recipe)
+        .args(["--set", "run.epochs=3"])
+        .output()
+        .unwrap();
+    expect_exit(&out, 0);
+    let run = only_run(&dir.join("runs/e"));
+    let recs = records(&run);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    for epoch in 0..3 {
+        let this: Vec<f64> = recs
+            .iter()
+            .filter(|r| r.epoch == epoch)
+            .map(|r| r.loss)
+            .collect();
+        let mean = this.iter().sum::<f64>() / this.len() as f64;
+        let want = format!(
+            "epoch {}/3: {} steps, mean loss {mean:.4},",
+            epoch + 1,
+            this.len()
+        );
+        assert!(stderr.contains(&want), "{want}\n{stderr}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
