@@ -237,8 +237,14 @@ pub(crate) fn run_grid(c: &Checked, sel: Selection, opts: &RunOptions) -> Result
         runner::errln!("cell {i}: left to {owner}, which holds its lock");
     }
     if !outcome.skipped.is_empty() {
+        let elsewhere = match outcome.adopted {
+            0 => String::new(),
+            n => format!(
+                " ({n} of them done in an earlier sweep of this grid, whose axes had other values)"
+            ),
+        };
         runner::errln!(
-            "resumed: {} cell(s) already done were skipped",
+            "resumed: {} cell(s) already done were skipped{elsewhere}",
             outcome.skipped.len()
         );
     }

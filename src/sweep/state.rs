@@ -117,17 +117,49 @@ impl SweepDir {
         write_json_atomic(&self.status_path(c), &s)
     }
 
+    /// Whether the cell is done in another sweep directory of this grid (one made when
+    /// its axes had other values: the grid's id changed, its cells' ids did not); if so it
+    /// is marked done here too, with that run. (`--resume` ran every done cell again when
+    /// an axis gained a value.)
+    pub fn adopt_done_elsewhere(&self, c: &Cell) -> std::io::Result<bool> {
+        let Some(sweeps) = self.dir.parent() else {
+            return Ok(false);
+        };
+        let suffix = format!("-{}.json", c.id);
+        let others = std::fs::read_dir(sweeps)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .map(|e| e.path())
+            .filter(|d| *d != self.dir);
+        for other in others {
+            let statuses = std::fs::read_dir(other.join("cells"))
+                .into_iter()
+                .flatten()
+                .flatten();
+            for f in statuses {
+                if !f.file_name().to_string_lossy().ends_with(&suffix) {
+                    continue;
+                }
+                let done = std::fs::read_to_string(f.path())
+                    .ok()
+                    .and_then(|t| serde_json::from_str::<CellStatus>(&t).ok())
+                    .filter(|s| s.state == State::Done)
+                    .and_then(|s| s.run_dir)
+                    .filter(|d| completed(d));
+                if let Some(run_dir) = done {
+                    self.mark(c, State::Done, Some(&run_dir), None)?;
+                    return Ok(true);
+                }
+            }
+        }
+        Ok(false)
+    }
+
     /// Done means: marked done, and the run directory's summary says completed.
     pub fn is_done(&self, c: &Cell) -> bool {
-        self.status(c).is_some_and(|s| {
-            s.state == State::Done
-                && s.run_dir.as_ref().is_some_and(|d| {
-                    std::fs::read_to_string(d.join("summary.json"))
-                        .ok()
-                        .and_then(|t| serde_json::from_str::<crate::metrics::Summary>(&t).ok())
-                        .is_some_and(|s| s.status == "completed")
-                })
-        })
+        self.status(c)
+            .is_some_and(|s| s.state == State::Done && s.run_dir.as_deref().is_some_and(completed))
     }
 }
 
@@ -146,6 +178,8 @@ pub struct SweepOutcome {
     /// Cells another live process holds the lock of (it is running them).
     pub busy: Vec<(usize, String)>,
     pub failed: Vec<(usize, String)>,
+    /// Of the skipped, those found done in another sweep directory of the grid.
+    pub adopted: usize,
 }
 
 /// How a cell's run ended when it did not complete.
@@ -184,6 +218,11 @@ pub fn execute(
             out.skipped.push(c.index);
             continue;
         }
+        if sel.resume && sweep.adopt_done_elsewhere(c)? {
+            out.skipped.push(c.index);
+            out.adopted += 1;
+            continue;
+        }
         let _lock = match CellLock::acquire(&sweep.lock_path(c))? {
             Ok(lock) => lock,
             Err(owner) => {
@@ -219,6 +258,14 @@ pub fn execute(
         }
     }
     Ok(out)
+}
+
+/// Whether a run directory's summary says the run completed.
+fn completed(run_dir: &Path) -> bool {
+    std::fs::read_to_string(run_dir.join("summary.json"))
+        .ok()
+        .and_then(|t| serde_json::from_str::<crate::metrics::Summary>(&t).ok())
+        .is_some_and(|s| s.status == "completed")
 }
 
 /// How long a lock may go without its owner's heartbeat before another process takes it

@@ -723,3 +723,39 @@ fn huge_sweep_values_make_short_cell_names() {
     let cells = runner::sweep::expand(&l, 4).unwrap();
     assert_eq!(cells[0].name, "g/cell-0000");
 }
+
+/// A value added to an axis changes the grid's id (a new sweep directory) but not the
+/// ids of the cells it had: `--resume` finds those done in the earlier sweep directory
+/// and runs only the new ones (it ran them all again, without a word).
+#[test]
+fn resume_after_an_axis_gained_a_value_runs_only_the_new_cells() {
+    let dir = tempdir("axis-gained");
+    let two = tiny_recipe(&dir, "g", "[sweep]\n\"optim.lr\" = [0.1, 0.2]\n");
+    let out = runner_cmd().arg(&two).arg("-q").output().unwrap();
+    expect_exit(&out, 0);
+    let three = dir.join("g3.toml");
+    std::fs::write(
+        &three,
+        std::fs::read_to_string(&two)
+            .unwrap()
+            .replace("[0.1, 0.2]", "[0.1, 0.2, 0.3]"),
+    )
+    .unwrap();
+    let out = runner_cmd()
+        .arg(&three)
+        .args(["-q", "--resume"])
+        .output()
+        .unwrap();
+    expect_exit(&out, 0);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains(
+            "resumed: 2 cell(s) already done were skipped (2 of them done in an earlier sweep"
+        ),
+        "{stderr}"
+    );
+    for lr in ["0.1", "0.2", "0.3"] {
+        only_run(&dir.join(format!("runs/g/optim.lr={lr}")));
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
