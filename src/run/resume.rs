@@ -152,6 +152,17 @@ pub fn resume(
     let evals = rewind(&mut summary, &state, &records);
     write_json_keeping_room(&summary_path, &summary, KEPT_ROOM)
         .map_err(|e| fail(format!("summary.json: {e}")))?;
+    // Without it the data could not be checked, and the finished run would have no
+    // versions, host or data checksums: written again, as things are now.
+    let env_path = run_dir.join("env.json");
+    if !env_path.exists() {
+        crate::errln!(
+            "warning: {}: missing, so the data could not be checked against the run's start; written again from this machine and the data as they are now",
+            env_path.display()
+        );
+        write_json_keeping_room(&env_path, &env, KEPT_ROOM)
+            .map_err(|e| fail(format!("env.json: {e}")))?;
+    }
     if !opts.quiet {
         crate::errln!(
             "{}: resuming from {} (step {}, epoch {}, batch {})",

@@ -59,6 +59,23 @@ pub struct State {
     /// earlier versions.
     #[serde(default)]
     pub recorded: Option<Recorded>,
+    /// The CRC-32 of this state as JSON without this field: a state edited by hand (its
+    /// batch, its line count) resumed into other training without a word. `None` in
+    /// checkpoints of earlier versions.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub state_crc32: Option<String>,
+}
+
+impl State {
+    /// The checksum `state_crc32` holds.
+    fn checksum(&self) -> String {
+        let bare = State {
+            state_crc32: None,
+            ..self.clone()
+        };
+        let text = serde_json::to_string(&bare).unwrap_or_default();
+        format!("{:08x}", crc32fast::hash(text.as_bytes()))
+    }
 }
 
 /// See [`State::recorded`].
@@ -100,9 +117,16 @@ pub fn file_sum(path: &Path) -> std::io::Result<FileSum> {
     Ok(FileSum { bytes, crc32 })
 }
 
-/// Whether a checkpoint's files are those its `state.json` was written with: `Err` says
-/// which differs and how.
+/// Whether a checkpoint's files are those its `state.json` was written with, and the
+/// state itself as written: `Err` says which differs and how.
 pub fn verify(dir: &Path, state: &State) -> Result<(), String> {
+    if state
+        .state_crc32
+        .as_ref()
+        .is_some_and(|c| *c != state.checksum())
+    {
+        return Err("state.json was changed after it was written (its checksum differs)".into());
+    }
     for (name, want) in &state.files {
         let path = dir.join(name);
         let bytes = std::fs::metadata(&path)
@@ -315,6 +339,8 @@ fn save_in<B: TrainBackend>(
     }
     .map_err(|e| io(FILES[1], &words(e)))?;
     state.files.insert(FILES[1].to_string(), optim_sum);
+    state.state_crc32 = None;
+    state.state_crc32 = Some(state.checksum());
     let text = serde_json::to_string_pretty(&state).map_err(|e| io("state", &e))?;
     std::fs::write(tmp.join("state.json"), text + "\n").map_err(|e| io("state.json", &e))?;
     let dir = checkpoints(run_dir).join(name);

@@ -198,6 +198,7 @@ impl<'a, B: TrainBackend> Trainer<'a, B> {
             since_best: self.watching.since_best,
             files: Default::default(),
             recorded: Some(sink.recorded()),
+            state_crc32: None,
         };
         let t = Instant::now();
         let dir = checkpoint::save::<B>(

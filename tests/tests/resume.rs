@@ -489,6 +489,9 @@ fn resume_refuses_a_checkpoint_of_another_model_before_changing_the_run() {
     }
     let mut forged = json(&ours.join("state.json"));
     forged["recipe_sha256"] = state["recipe_sha256"].clone();
+    // As an earlier version wrote it: without the state's own checksum (which the edit
+    // above would fail).
+    forged.as_object_mut().unwrap().remove("state_crc32");
     std::fs::write(ours.join("state.json"), forged.to_string()).unwrap();
     let mut s = json(&run.join("summary.json"));
     s["status"] = "interrupted".into();
@@ -903,5 +906,56 @@ fn an_epoch_line_counts_the_step_its_checkpoint_waits_on() {
         );
         assert!(stderr.contains(&want), "{want}\n{stderr}");
     }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A `state.json` edited by hand (here the micro-batch to start from) is found by its
+/// checksum and the checkpoint before it is used (it resumed into other training without
+/// a word); a missing `env.json` is said and written again (the run ended without one).
+#[test]
+fn an_edited_state_is_not_resumed_from_and_a_missing_env_is_written_again() {
+    let dir = tempdir("edited-state");
+    let recipe = long_recipe(&dir, "s", "[checkpoint]\nevery = 5\n");
+    let out = runner_cmd()
+        .arg(&recipe)
+        .args(["-q", "--set"])
+        .arg(format!("log.dir=\"{}\"", dir.join("ref").display()))
+        .output()
+        .unwrap();
+    expect_exit(&out, 0);
+    let reference = only_run(&dir.join("ref/s"));
+    let out = kill_after(
+        &[recipe.as_os_str(), "-q".as_ref()],
+        &dir.join("runs"),
+        23,
+        "-TERM",
+    );
+    expect_exit(&out, 143);
+    let run = only_run(&dir.join("runs/s"));
+    let (latest, state) = runner::checkpoint::latest(&run).unwrap();
+    let path = latest.join("state.json");
+    let text = std::fs::read_to_string(&path).unwrap();
+    let edited = text.replace(
+        &format!("\"batch\": {}", state.batch),
+        &format!("\"batch\": {}", state.batch + 1),
+    );
+    assert_ne!(edited, text);
+    std::fs::write(&path, edited).unwrap();
+    std::fs::remove_file(run.join("env.json")).unwrap();
+    let out = runner_cmd()
+        .arg("resume")
+        .arg(&run)
+        .arg("-q")
+        .output()
+        .unwrap();
+    expect_exit(&out, 0);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("state.json was changed after it was written")
+            && stderr.contains("env.json: missing"),
+        "{stderr}"
+    );
+    assert_eq!(losses(&run), losses(&reference));
+    assert!(json(&run.join("env.json"))["data"].is_array());
     let _ = std::fs::remove_dir_all(&dir);
 }
