@@ -115,15 +115,17 @@ pub fn git_info(file: &Path) -> Option<GitInfo> {
 }
 
 pub(crate) fn sha256_file(path: &Path) -> String {
-    use sha2::{Digest, Sha256};
     std::fs::read(path)
-        .map(|b| {
-            Sha256::digest(&b)
-                .iter()
-                .map(|x| format!("{x:02x}"))
-                .collect()
-        })
+        .map(|b| sha256_bytes(&b))
         .unwrap_or_default()
+}
+
+pub(crate) fn sha256_bytes(bytes: &[u8]) -> String {
+    use sha2::{Digest, Sha256};
+    Sha256::digest(bytes)
+        .iter()
+        .map(|x| format!("{x:02x}"))
+        .collect()
 }
 
 pub(crate) fn environment(plan: &Plan, p: &Prepared) -> Environment {

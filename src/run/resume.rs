@@ -79,18 +79,36 @@ pub fn resume(
             )))
         }
     };
-    let plan = run_plan(&recipe_path, &[], machine)?;
+    let plan = run_plan(&recipe_path, &[], machine).map_err(|e| match e {
+        RunError::Input(text) if text.contains("does not exist") => RunError::Input(format!(
+            "{text}\n  = note: a run's recipe.toml names its data by absolute path: put the file back there, or, if the data moved, edit the path in {}; resume takes the same files (by size and CRC-32) at a new path",
+            recipe_path.display()
+        )),
+        e => e,
+    })?;
     let sha = sha256_file(&recipe_path);
     let metrics_path = run_dir.join("metrics.jsonl");
     let (ckpt_dir, state) = latest_checkpoint(run_dir, &metrics_path)?;
-    if state.recipe_sha256 != sha {
+    // Data files moved (scratch restored elsewhere, another mount point), their paths
+    // edited in recipe.toml: the same recipe, when the files are the same by content and
+    // the paths are all that changed.
+    let moved = match state.recipe_sha256 != sha {
+        true => data_moved(run_dir, &recipe_path, &plan, &state.recipe_sha256),
+        false => Some(vec![]),
+    };
+    if let Some(moved) = moved.as_ref().filter(|m| !m.is_empty()) {
+        for (old, new) in moved {
+            crate::errln!("note: {old} is now {new} (the same size and CRC-32): resuming on it");
+        }
+    }
+    let Some(moved) = moved else {
         return Err(input(format!(
             "error: {} was changed after {} was written; a checkpoint resumes only the recipe that wrote it\n  = help: put recipe.toml back as the run wrote it, or run the changed recipe as a new run: runner {}",
             recipe_path.display(),
             ckpt_dir.display(),
             recipe_path.display()
         )));
-    }
+    };
     // Every file the run goes on writing, before anything is changed: a resume that could
     // not write one would otherwise fail after marking the run as running again.
     // (Seen before: a `samples.jsonl` or a `checkpoints/` of another user's let a resume
@@ -123,7 +141,7 @@ pub fn resume(
     // The data the run started on (env.json's `data`; runs of earlier versions have none):
     // the checkpoint's epoch and batch mean nothing on other data.
     let env = environment(&plan, &prepared);
-    if let Some(changed) = data_changed(run_dir, &env.data) {
+    if let Some(changed) = data_changed(run_dir, &env.data, &moved) {
         return Err(input(format!(
             "error: {changed}\n  = help: resume continues a run on the data it started on; put that file back, or start a new run on this data"
         )));
@@ -162,6 +180,15 @@ pub fn resume(
         );
         write_json_keeping_room(&env_path, &env, KEPT_ROOM)
             .map_err(|e| fail(format!("env.json: {e}")))?;
+    } else if !moved.is_empty() {
+        // The data at its new paths from now on (a later resume compares with these).
+        let mut start: serde_json::Value = std::fs::read_to_string(&env_path)
+            .ok()
+            .and_then(|t| serde_json::from_str(&t).ok())
+            .unwrap_or_default();
+        start["data"] = serde_json::to_value(&env.data).unwrap_or_default();
+        write_json_keeping_room(&env_path, &start, KEPT_ROOM)
+            .map_err(|e| fail(format!("env.json: {e}")))?;
     }
     if !opts.quiet {
         crate::errln!(
@@ -185,16 +212,56 @@ pub fn resume(
     drive(&plan, opts, prepared, files)
 }
 
-/// How the data files differ from those the run started on (env.json's `data`), if they
-/// do; `None` where env.json does not say.
-fn data_changed(run_dir: &Path, now: &[super::env::DataFile]) -> Option<String> {
+/// The data files env.json says the run started on.
+fn data_then(run_dir: &Path) -> Option<Vec<super::env::DataFile>> {
     let text = std::fs::read_to_string(run_dir.join("env.json")).ok()?;
     let env: serde_json::Value = serde_json::from_str(&text).ok()?;
-    let then: Vec<super::env::DataFile> = serde_json::from_value(env.get("data")?.clone()).ok()?;
+    serde_json::from_value(env.get("data")?.clone()).ok()
+}
+
+/// Where the recipe differs from the one the checkpoint was written with (`want`, its
+/// SHA-256) only in data paths, and the files at the new paths are those the run started
+/// on (by size and CRC-32): each (old, new) path. `None` otherwise.
+fn data_moved(
+    run_dir: &Path,
+    recipe_path: &Path,
+    plan: &Plan,
+    want: &str,
+) -> Option<Vec<(String, String)>> {
+    let then = data_then(run_dir)?;
+    let now = super::env::data_files(plan);
+    let mut pairs = vec![];
+    for old in &then {
+        let new = now
+            .iter()
+            .find(|f| f.bytes == old.bytes && f.crc32 == old.crc32)?;
+        if new.path != old.path {
+            pairs.push((old.path.clone(), new.path.clone()));
+        }
+    }
+    let mut text = std::fs::read_to_string(recipe_path).ok()?;
+    for (old, new) in &pairs {
+        text = text.replace(new.as_str(), old.as_str());
+    }
+    (!pairs.is_empty() && super::env::sha256_bytes(text.as_bytes()) == want).then_some(pairs)
+}
+
+/// How the data files differ from those the run started on (env.json's `data`, each at
+/// its new path where it `moved`), if they do; `None` where env.json does not say.
+fn data_changed(
+    run_dir: &Path,
+    now: &[super::env::DataFile],
+    moved: &[(String, String)],
+) -> Option<String> {
+    let then = data_then(run_dir)?;
     let show = |f: &super::env::DataFile| format!("{} bytes, CRC-32 {}", f.bytes, f.crc32);
     for old in &then {
-        match now.iter().find(|f| f.path == old.path) {
-            Some(new) if new == old => {}
+        let at = moved
+            .iter()
+            .find(|(o, _)| *o == old.path)
+            .map_or(&old.path, |(_, n)| n);
+        match now.iter().find(|f| f.path == *at) {
+            Some(new) if (new.bytes, &new.crc32) == (old.bytes, &old.crc32) => {}
             Some(new) => {
                 return Some(format!(
                     "{}: changed since the run started ({} then, {} now)",

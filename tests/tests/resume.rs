@@ -959,3 +959,79 @@ fn an_edited_state_is_not_resumed_from_and_a_missing_env_is_written_again() {
     assert!(json(&run.join("env.json"))["data"].is_array());
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Data that moved (its paths edited in the run's recipe.toml) is the same recipe when
+/// the files are the same by content: the run resumes on them, bit for bit (it could
+/// never be resumed again: the edit was refused as a changed recipe).
+#[test]
+fn a_run_whose_data_moved_resumes_on_the_same_files_at_their_new_path() {
+    let dir = tempdir("data-moved");
+    let data = dir.join("data");
+    std::fs::create_dir_all(&data).unwrap();
+    for f in std::fs::read_dir(root().join("datasets/fashion_mnist")).unwrap() {
+        let f = f.unwrap();
+        std::fs::copy(f.path(), data.join(f.file_name())).unwrap();
+    }
+    let recipe = long_recipe(&dir, "m", "[checkpoint]\nevery = 5\n");
+    let shipped = root().join("datasets/fashion_mnist");
+    let text = std::fs::read_to_string(&recipe).unwrap();
+    let text = text.replace(shipped.to_str().unwrap(), data.to_str().unwrap());
+    std::fs::write(&recipe, text).unwrap();
+    let out = runner_cmd()
+        .arg(&recipe)
+        .args(["-q", "--set"])
+        .arg(format!("log.dir=\"{}\"", dir.join("ref").display()))
+        .output()
+        .unwrap();
+    expect_exit(&out, 0);
+    let reference = only_run(&dir.join("ref/m"));
+    let out = kill_after(
+        &[recipe.as_os_str(), "-q".as_ref()],
+        &dir.join("runs"),
+        23,
+        "-TERM",
+    );
+    expect_exit(&out, 143);
+    let run = only_run(&dir.join("runs/m"));
+    let moved = dir.join("moved");
+    std::fs::rename(&data, &moved).unwrap();
+    let resume = || {
+        runner_cmd()
+            .arg("resume")
+            .arg(&run)
+            .arg("-q")
+            .output()
+            .unwrap()
+    };
+    let out = resume();
+    expect_exit(&out, 2);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("if the data moved, edit the path in"),
+        "{stderr}"
+    );
+    let recipe_toml = run.join("recipe.toml");
+    let text = std::fs::read_to_string(&recipe_toml).unwrap();
+    std::fs::write(
+        &recipe_toml,
+        text.replace(data.to_str().unwrap(), moved.to_str().unwrap()),
+    )
+    .unwrap();
+    let out = resume();
+    expect_exit(&out, 0);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains(&format!(
+            "note: {} is now {} (the same size and CRC-32)",
+            data.join("data_batch.bin").display(),
+            moved.join("data_batch.bin").display()
+        )),
+        "{stderr}"
+    );
+    assert_eq!(losses(&run), losses(&reference));
+    // Resumed to its end.
+    let out = runner_cmd().arg("resume").arg(&run).output().unwrap();
+    expect_exit(&out, 2);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("already completed"));
+    let _ = std::fs::remove_dir_all(&dir);
+}
