@@ -132,18 +132,7 @@ pub fn backward_weight(g: &Geometry, x: &[f32], dy: &[f32]) -> Vec<f32> {
             let band = s.band().min(gn);
             let t_max = band * per_image;
             with_scratch(|scratch| {
-                let [v, m, quarters, line, combo] = scratch.split([
-                    POINTS * s.c * t_max,
-                    POINTS * s.co * t_max,
-                    4 * s.quarter(),
-                    2 * s.span(),
-                    12 * (per_image + 1),
-                ]);
-                let mut work = Work {
-                    quarters,
-                    line,
-                    combo,
-                };
+                let (v, m, mut work) = buffers(&s, scratch, t_max);
                 for j0 in (0..gn).step_by(band) {
                     let bn = band.min(gn - j0);
                     let t = bn * per_image;
@@ -382,18 +371,7 @@ fn convolve(s: &Shape, x: &[f32], u: &[f32]) -> Vec<f32> {
         let band = s.band().min(gn);
         let t_max = band * per_image;
         with_scratch(|scratch| {
-            let [v, m, quarters, line, combo] = scratch.split([
-                POINTS * s.c * t_max,
-                POINTS * s.co * t_max,
-                4 * s.quarter(),
-                2 * s.span(),
-                12 * (per_image + 1),
-            ]);
-            let mut work = Work {
-                quarters,
-                line,
-                combo,
-            };
+            let (v, m, mut work) = buffers(s, scratch, t_max);
             for j0 in (0..gn).step_by(band) {
                 let bn = band.min(gn - j0);
                 let t = bn * per_image;
@@ -421,6 +399,28 @@ fn convolve(s: &Shape, x: &[f32], u: &[f32]) -> Vec<f32> {
     };
     run_tasks(&mut out, size * image_out, threads, task);
     out
+}
+
+/// A band's buffers, from the thread's scratch: the transformed input (`[16][c][t]`) and
+/// products (`[16][co][t]`) of up to `t_max` tiles, and the transforms' rows.
+fn buffers<'a>(
+    s: &Shape,
+    scratch: &'a mut super::conv_cpu::Scratch,
+    t_max: usize,
+) -> (&'a mut [f32], &'a mut [f32], Work<'a>) {
+    let [v, m, quarters, line, combo] = scratch.split([
+        POINTS * s.c * t_max,
+        POINTS * s.co * t_max,
+        4 * s.quarter(),
+        2 * s.span(),
+        12 * (s.tiles_per_image() + 1),
+    ]);
+    let work = Work {
+        quarters,
+        line,
+        combo,
+    };
+    (v, m, work)
 }
 
 /// Scratch rows: a padded input plane split into its even and odd columns

@@ -51,6 +51,19 @@ fn kill_after(
     child.wait_with_output().unwrap()
 }
 
+/// Runs `recipe` (named `name`) uninterrupted, its runs under `dir/ref`; returns its run
+/// directory.
+fn reference_run(recipe: &Path, dir: &Path, name: &str) -> PathBuf {
+    let out = runner_cmd()
+        .arg(recipe)
+        .args(["-q", "--set"])
+        .arg(format!("log.dir=\"{}\"", dir.join("ref").display()))
+        .output()
+        .unwrap();
+    expect_exit(&out, 0);
+    only_run(&dir.join("ref").join(name))
+}
+
 /// A safetensors file's tensors by name, as raw bytes (the header's order may differ).
 fn tensors(path: &Path) -> std::collections::BTreeMap<String, Vec<u8>> {
     let bytes = std::fs::read(path).unwrap();
@@ -769,14 +782,7 @@ fn eval_on_another_file_scores_all_of_it() {
 fn keep_one_survives_a_kill_between_a_checkpoint_and_its_line() {
     let dir = tempdir("keep-one");
     let recipe = long_recipe(&dir, "k", "[checkpoint]\nevery = 5\nkeep = 1\n");
-    let out = runner_cmd()
-        .arg(&recipe)
-        .args(["-q", "--set"])
-        .arg(format!("log.dir=\"{}\"", dir.join("ref").display()))
-        .output()
-        .unwrap();
-    expect_exit(&out, 0);
-    let reference = only_run(&dir.join("ref/k"));
+    let reference = reference_run(&recipe, &dir, "k");
     let out = kill_after(
         &[recipe.as_os_str(), "-q".as_ref()],
         &dir.join("runs"),
@@ -916,14 +922,7 @@ fn an_epoch_line_counts_the_step_its_checkpoint_waits_on() {
 fn an_edited_state_is_not_resumed_from_and_a_missing_env_is_written_again() {
     let dir = tempdir("edited-state");
     let recipe = long_recipe(&dir, "s", "[checkpoint]\nevery = 5\n");
-    let out = runner_cmd()
-        .arg(&recipe)
-        .args(["-q", "--set"])
-        .arg(format!("log.dir=\"{}\"", dir.join("ref").display()))
-        .output()
-        .unwrap();
-    expect_exit(&out, 0);
-    let reference = only_run(&dir.join("ref/s"));
+    let reference = reference_run(&recipe, &dir, "s");
     let out = kill_after(
         &[recipe.as_os_str(), "-q".as_ref()],
         &dir.join("runs"),
@@ -977,14 +976,7 @@ fn a_run_whose_data_moved_resumes_on_the_same_files_at_their_new_path() {
     let text = std::fs::read_to_string(&recipe).unwrap();
     let text = text.replace(shipped.to_str().unwrap(), data.to_str().unwrap());
     std::fs::write(&recipe, text).unwrap();
-    let out = runner_cmd()
-        .arg(&recipe)
-        .args(["-q", "--set"])
-        .arg(format!("log.dir=\"{}\"", dir.join("ref").display()))
-        .output()
-        .unwrap();
-    expect_exit(&out, 0);
-    let reference = only_run(&dir.join("ref/m"));
+    let reference = reference_run(&recipe, &dir, "m");
     let out = kill_after(
         &[recipe.as_os_str(), "-q".as_ref()],
         &dir.join("runs"),
