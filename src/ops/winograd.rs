@@ -56,16 +56,7 @@ const MIN_CHANNELS: usize = 16;
 
 /// `conv2d(x, weight)` for a convolution that [`suits`] this path.
 pub fn forward(g: &Geometry, x: &[f32], weight: &[f32]) -> Vec<f32> {
-    let shape = Shape {
-        n: g.n,
-        c: g.c,
-        h: g.h,
-        w: g.w,
-        co: g.co,
-        pad: g.padding,
-        ho: g.ho,
-        wo: g.wo,
-    };
+    let shape = Shape::of(g);
     convolve(&shape, x, &transform_filters(weight, g.co, g.c))
 }
 
@@ -104,16 +95,7 @@ pub fn backward_x(g: &Geometry, weight: &[f32], dy: &[f32]) -> Vec<f32> {
 /// and that of `g` is `Gᵀ dU G`. Tiles past the output's edge have a zero gradient, so
 /// they add nothing.
 pub fn backward_weight(g: &Geometry, x: &[f32], dy: &[f32]) -> Vec<f32> {
-    let s = Shape {
-        n: g.n,
-        c: g.c,
-        h: g.h,
-        w: g.w,
-        co: g.co,
-        pad: g.padding,
-        ho: g.ho,
-        wo: g.wo,
-    };
+    let s = Shape::of(g);
     let (image_in, image_out) = (s.c * s.h * s.w, s.co * s.ho * s.wo);
     let per_image = s.tiles_per_image();
     let threads = rayon::current_num_threads();
@@ -287,6 +269,20 @@ struct Shape {
 }
 
 impl Shape {
+    /// The convolution `g` itself (its input gradient is another).
+    fn of(g: &Geometry) -> Self {
+        Shape {
+            n: g.n,
+            c: g.c,
+            h: g.h,
+            w: g.w,
+            co: g.co,
+            pad: g.padding,
+            ho: g.ho,
+            wo: g.wo,
+        }
+    }
+
     /// Tiles in a row of tiles.
     fn across(&self) -> usize {
         self.wo.div_ceil(2)

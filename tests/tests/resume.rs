@@ -64,6 +64,33 @@ fn reference_run(recipe: &Path, dir: &Path, name: &str) -> PathBuf {
     only_run(&dir.join("ref").join(name))
 }
 
+/// Runs `recipe` (named `name`) to a SIGTERM after 23 steps, then changes one number of
+/// its latest checkpoint's `state.json`: `edit` gives the key, its value and the new one.
+/// Returns the run directory.
+fn stopped_and_edited(
+    recipe: &Path,
+    dir: &Path,
+    name: &str,
+    edit: impl Fn(&runner::checkpoint::State) -> (&'static str, u64, u64),
+) -> PathBuf {
+    let out = kill_after(
+        &[recipe.as_os_str(), "-q".as_ref()],
+        &dir.join("runs"),
+        23,
+        "-TERM",
+    );
+    expect_exit(&out, 143);
+    let run = only_run(&dir.join("runs").join(name));
+    let (latest, state) = runner::checkpoint::latest(&run).unwrap();
+    let path = latest.join("state.json");
+    let text = std::fs::read_to_string(&path).unwrap();
+    let (key, from, to) = edit(&state);
+    let edited = text.replace(&format!("\"{key}\": {from}"), &format!("\"{key}\": {to}"));
+    assert_ne!(edited, text);
+    std::fs::write(&path, edited).unwrap();
+    run
+}
+
 /// A safetensors file's tensors by name, as raw bytes (the header's order may differ).
 fn tensors(path: &Path) -> std::collections::BTreeMap<String, Vec<u8>> {
     let bytes = std::fs::read(path).unwrap();
@@ -844,23 +871,9 @@ fn keep_one_survives_a_kill_between_a_checkpoint_and_its_line() {
 fn a_checkpoint_out_of_line_with_the_metrics_is_not_resumed_from() {
     let dir = tempdir("out-of-line");
     let recipe = long_recipe(&dir, "o", "[checkpoint]\nevery = 5\n");
-    let out = kill_after(
-        &[recipe.as_os_str(), "-q".as_ref()],
-        &dir.join("runs"),
-        23,
-        "-TERM",
-    );
-    expect_exit(&out, 143);
-    let run = only_run(&dir.join("runs/o"));
-    let (latest, state) = runner::checkpoint::latest(&run).unwrap();
-    let path = latest.join("state.json");
-    let text = std::fs::read_to_string(&path).unwrap();
-    let edited = text.replace(
-        &format!("\"metrics_lines\": {}", state.metrics_lines),
-        &format!("\"metrics_lines\": {}", state.metrics_lines - 3),
-    );
-    assert_ne!(edited, text);
-    std::fs::write(&path, edited).unwrap();
+    let run = stopped_and_edited(&recipe, &dir, "o", |s| {
+        ("metrics_lines", s.metrics_lines, s.metrics_lines - 3)
+    });
     let out = runner_cmd()
         .arg("resume")
         .arg(&run)
@@ -923,23 +936,9 @@ fn an_edited_state_is_not_resumed_from_and_a_missing_env_is_written_again() {
     let dir = tempdir("edited-state");
     let recipe = long_recipe(&dir, "s", "[checkpoint]\nevery = 5\n");
     let reference = reference_run(&recipe, &dir, "s");
-    let out = kill_after(
-        &[recipe.as_os_str(), "-q".as_ref()],
-        &dir.join("runs"),
-        23,
-        "-TERM",
-    );
-    expect_exit(&out, 143);
-    let run = only_run(&dir.join("runs/s"));
-    let (latest, state) = runner::checkpoint::latest(&run).unwrap();
-    let path = latest.join("state.json");
-    let text = std::fs::read_to_string(&path).unwrap();
-    let edited = text.replace(
-        &format!("\"batch\": {}", state.batch),
-        &format!("\"batch\": {}", state.batch + 1),
-    );
-    assert_ne!(edited, text);
-    std::fs::write(&path, edited).unwrap();
+    let run = stopped_and_edited(&recipe, &dir, "s", |s| {
+        ("batch", s.batch as u64, s.batch as u64 + 1)
+    });
     std::fs::remove_file(run.join("env.json")).unwrap();
     let out = runner_cmd()
         .arg("resume")
