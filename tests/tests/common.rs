@@ -142,6 +142,16 @@ pub fn only_run(dir: &Path) -> PathBuf {
     runs.into_iter().next().unwrap()
 }
 
+/// `runner resume RUN -q`, its output.
+pub fn resume_quietly(run: &Path) -> std::process::Output {
+    runner_cmd()
+        .arg("resume")
+        .arg(run)
+        .arg("-q")
+        .output()
+        .unwrap()
+}
+
 pub fn runner_cmd() -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_runner"));
     c.current_dir(root());

@@ -6,8 +6,8 @@ use std::process::Command;
 use runner::metrics::{StepRecord, Summary};
 
 use crate::common::{
-    as_other, expect_exit, only_run, root, runner_cmd, summary, tempdir, tiny_recipe, walk_files,
-    whole_lines, writable_by_other,
+    as_other, expect_exit, only_run, resume_quietly, root, runner_cmd, summary, tempdir,
+    tiny_recipe, walk_files, whole_lines, writable_by_other,
 };
 
 /// Starts `runner` on a long synthetic run, waits for its first metrics line, sends
@@ -355,12 +355,7 @@ fn a_resume_on_a_full_disk_leaves_no_lock_behind() {
         let block = vec![0u8; 1 << 16];
         while filler.write_all(&block).is_ok() {}
     }
-    let out = runner_cmd()
-        .arg("resume")
-        .arg(&run)
-        .arg("-q")
-        .output()
-        .unwrap();
+    let out = resume_quietly(&run);
     let lock_left = run.join("resume.lock").exists();
     let _ = Command::new("umount").arg(&mnt).status();
     assert!(copied.success());

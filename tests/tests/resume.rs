@@ -4,8 +4,8 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use crate::common::{
-    expect_exit, json, long_recipe, losses, only_run, records, root, runner_cmd, summary,
-    tb_losses, tempdir, tiny_recipe, walk_files,
+    expect_exit, json, long_recipe, losses, only_run, records, resume_quietly, root, runner_cmd,
+    summary, tb_losses, tempdir, tiny_recipe, walk_files,
 };
 
 /// Starts `runner args`, waits until a metrics file under `runs` has `lines` lines, sends
@@ -159,12 +159,7 @@ fn a_resumed_run_ends_bitwise_where_the_uninterrupted_one_does() {
         assert_eq!(summary(&run).status, "interrupted");
         let (_, state) = runner::checkpoint::latest(&run).expect("a checkpoint on SIGTERM");
         assert!(state.reason.contains("SIGTERM"), "{state:?}");
-        let out = runner_cmd()
-            .arg("resume")
-            .arg(&run)
-            .arg("-q")
-            .output()
-            .unwrap();
+        let out = resume_quietly(&run);
         expect_exit(&out, 0);
         let s = summary(&run);
         assert_eq!((s.status.as_str(), s.resumes), ("completed", 1));
@@ -220,12 +215,7 @@ fn a_resumed_run_ends_bitwise_where_the_uninterrupted_one_does() {
         let old = std::fs::read_to_string(&csv_path).unwrap();
         let header = old.lines().next().unwrap().to_string();
         std::fs::write(&csv_path, old.replacen(",mem_query_ms", "", 1)).unwrap();
-        let out = runner_cmd()
-            .arg("resume")
-            .arg(&run)
-            .arg("-q")
-            .output()
-            .unwrap();
+        let out = resume_quietly(&run);
         expect_exit(&out, 0);
         assert_eq!(
             losses(&run),
@@ -325,12 +315,7 @@ fn resume_skips_a_damaged_checkpoint_and_runs_once() {
         .unwrap()
         .set_len(len / 2)
         .unwrap();
-    let out = runner_cmd()
-        .arg("resume")
-        .arg(&run)
-        .arg("-q")
-        .output()
-        .unwrap();
+    let out = resume_quietly(&run);
     expect_exit(&out, 0);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
@@ -353,12 +338,7 @@ fn resume_skips_a_damaged_checkpoint_and_runs_once() {
         *b = !*b;
     }
     std::fs::write(&m, bytes).unwrap();
-    let out = runner_cmd()
-        .arg("resume")
-        .arg(&flipped)
-        .arg("-q")
-        .output()
-        .unwrap();
+    let out = resume_quietly(&flipped);
     expect_exit(&out, 0);
     assert!(String::from_utf8_lossy(&out.stderr).contains("its CRC-32 differs"));
     assert_eq!(losses(&flipped), losses(&reference));
@@ -369,12 +349,7 @@ fn resume_skips_a_damaged_checkpoint_and_runs_once() {
     let text = std::fs::read_to_string(&metrics).unwrap();
     let line_20: usize = text.split_inclusive('\n').take(20).map(str::len).sum();
     std::fs::write(&metrics, &text[..line_20 - 30]).unwrap();
-    let out = runner_cmd()
-        .arg("resume")
-        .arg(&torn)
-        .arg("-q")
-        .output()
-        .unwrap();
+    let out = resume_quietly(&torn);
     expect_exit(&out, 0);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
@@ -438,12 +413,7 @@ fn resume_skips_a_damaged_checkpoint_and_runs_once() {
         said.contains(&format!("its process (pid {me}) is gone")),
         "{said}"
     );
-    let out = runner_cmd()
-        .arg("resume")
-        .arg(&twice)
-        .arg("-q")
-        .output()
-        .unwrap();
+    let out = resume_quietly(&twice);
     expect_exit(&out, 0);
     assert_eq!(losses(&twice), losses(&reference));
 }
@@ -492,12 +462,7 @@ fn resume_refuses_data_that_changed_since_the_run_started() {
     assert_eq!(json(&run.join("summary.json")), s, "the run was changed");
     assert_eq!(std::fs::read(run.join("metrics.jsonl")).unwrap(), metrics);
     std::fs::write(&train, &data[..3073 * 200]).unwrap();
-    let out = runner_cmd()
-        .arg("resume")
-        .arg(&run)
-        .arg("-q")
-        .output()
-        .unwrap();
+    let out = resume_quietly(&run);
     expect_exit(&out, 0);
     let _ = std::fs::remove_dir_all(&dir);
 }
@@ -616,12 +581,7 @@ fn resume_refuses_what_it_cannot_continue() {
         let _ = std::fs::remove_file(&path);
         std::fs::rename(&kept, &path).unwrap();
     }
-    let out = runner_cmd()
-        .arg("resume")
-        .arg(&run)
-        .arg("-q")
-        .output()
-        .unwrap();
+    let out = resume_quietly(&run);
     expect_exit(&out, 0);
     assert_eq!(json(&run.join("summary.json"))["status"], "completed");
 }
@@ -839,12 +799,7 @@ fn keep_one_survives_a_kill_between_a_checkpoint_and_its_line() {
     let leftover = run.join("checkpoints/.tmp-step-000000099-4000000");
     std::fs::create_dir_all(&leftover).unwrap();
     std::fs::write(leftover.join("model.bin"), b"half").unwrap();
-    let out = runner_cmd()
-        .arg("resume")
-        .arg(&run)
-        .arg("-q")
-        .output()
-        .unwrap();
+    let out = resume_quietly(&run);
     expect_exit(&out, 0);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
@@ -874,12 +829,7 @@ fn a_checkpoint_out_of_line_with_the_metrics_is_not_resumed_from() {
     let run = stopped_and_edited(&recipe, &dir, "o", |s| {
         ("metrics_lines", s.metrics_lines, s.metrics_lines - 3)
     });
-    let out = runner_cmd()
-        .arg("resume")
-        .arg(&run)
-        .arg("-q")
-        .output()
-        .unwrap();
+    let out = resume_quietly(&run);
     expect_exit(&out, 0);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
@@ -940,12 +890,7 @@ fn an_edited_state_is_not_resumed_from_and_a_missing_env_is_written_again() {
         ("batch", s.batch as u64, s.batch as u64 + 1)
     });
     std::fs::remove_file(run.join("env.json")).unwrap();
-    let out = runner_cmd()
-        .arg("resume")
-        .arg(&run)
-        .arg("-q")
-        .output()
-        .unwrap();
+    let out = resume_quietly(&run);
     expect_exit(&out, 0);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
@@ -986,14 +931,7 @@ fn a_run_whose_data_moved_resumes_on_the_same_files_at_their_new_path() {
     let run = only_run(&dir.join("runs/m"));
     let moved = dir.join("moved");
     std::fs::rename(&data, &moved).unwrap();
-    let resume = || {
-        runner_cmd()
-            .arg("resume")
-            .arg(&run)
-            .arg("-q")
-            .output()
-            .unwrap()
-    };
+    let resume = || resume_quietly(&run);
     let out = resume();
     expect_exit(&out, 2);
     let stderr = String::from_utf8_lossy(&out.stderr);

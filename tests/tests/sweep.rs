@@ -7,8 +7,8 @@ use runner::plan::Machine;
 use runner::recipe;
 
 use crate::common::{
-    as_other, expect_exit, json, only_run, records, root, runner_cmd, runner_logged, statuses,
-    summary, tempdir, tiny_recipe, walk_files, writable_by_other,
+    as_other, expect_exit, json, only_run, records, resume_quietly, root, runner_cmd,
+    runner_logged, statuses, summary, tempdir, tiny_recipe, walk_files, writable_by_other,
 };
 
 // ---------------------------------------------------------------- sweeps and sharing
@@ -538,12 +538,7 @@ fn interrupted_cell_resumed(by_hand: bool, signal: &str) {
         );
     }
     if by_hand {
-        let out = runner_cmd()
-            .arg("resume")
-            .arg(&run0)
-            .arg("-q")
-            .output()
-            .unwrap();
+        let out = resume_quietly(&run0);
         expect_exit(&out, 0);
     }
     // --resume continues the interrupted cell (or finds it done), and runs the one never
