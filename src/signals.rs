@@ -2,11 +2,14 @@
 //! terminal or ssh session closed; left ignored under `nohup`): the first one asks the run to stop at its next step
 //! boundary (its metrics flushed, a checkpoint written, `status: "interrupted"`, exit 130,
 //! 143 or 129); a second one, half a second or more later, ends the process at once
-//! with the same code (one sooner is the first delivered twice). Owns the
-//! handlers and the flag the training loop polls; it decides nothing about runs.
+//! with the same code (one sooner is the first delivered twice). Until a run's first
+//! step is done there is no step boundary near (on CUDA the first step compiles and tunes
+//! its kernels, minutes on a cold cache) and nothing to keep: a first signal then ends
+//! the process at once, through what the run armed with [`exit_before_first_step`].
+//! Owns the handlers and the flag the training loop polls; it decides nothing about runs.
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::OnceLock;
+use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 /// A second signal this soon after the first is the same one delivered twice, not a person
@@ -23,6 +26,15 @@ static BASE: OnceLock<Instant> = OnceLock::new();
 static FIRST_AT: AtomicU64 = AtomicU64::new(0);
 /// The first signal's number, 0 until one arrives.
 static RECEIVED: AtomicUsize = AtomicUsize::new(0);
+
+/// What ends the process at a signal while a run waits for its first step (see
+/// [`exit_before_first_step`]): it records the stop and says how, on the signals thread.
+type AtOnce = Box<dyn FnOnce(i32) -> String + Send>;
+
+/// The run's [`AtOnce`], from its arming until its first step is done. The signals thread
+/// holds this lock from taking it until the process ends, so the run, which takes the lock
+/// to disarm, can write nothing more meanwhile.
+static BEFORE_FIRST_STEP: Mutex<Option<AtOnce>> = Mutex::new(None);
 
 /// What a signal arriving at `now` does, the first having come at `first` (both in
 /// microseconds on one clock; `first` 0: none yet).
@@ -91,21 +103,71 @@ pub fn install() {
         // SAFETY: `on_signal` does only what a signal handler may (see there).
         let _ = unsafe { signal_hook::low_level::register(sig, move || on_signal(sig)) };
     }
-    // Say at once that the signal was seen: the loop may be inside a long step (or
-    // compiling kernels) before it can act on it.
+    // Say at once that the signal was seen: the loop may be inside a long step before it
+    // can act on it. Before a run's first step, end the process from here.
     let _ = std::thread::Builder::new()
         .name("runner-signals".into())
-        .spawn(move || loop {
-            let s = RECEIVED.load(Ordering::Relaxed);
-            if s != 0 {
-                crate::errln!(
-                    "\n{}: stopping at the next step boundary (metrics are kept); send it again to exit at once",
-                    name(s as i32)
-                );
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        });
+        .spawn(watch);
+}
+
+/// The signals thread: waits for the first signal, then says what it does, or, while a
+/// run waits for its first step (armed now or later, as a run that was starting when the
+/// signal came arms once its files are written), ends the process.
+fn watch() {
+    let sig = loop {
+        match RECEIVED.load(Ordering::Relaxed) {
+            0 => std::thread::sleep(Duration::from_millis(100)),
+            s => break s as i32,
+        }
+    };
+    let mut said = false;
+    loop {
+        let mut armed = BEFORE_FIRST_STEP.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(at_once) = armed.take() {
+            // Held to the end: the run cannot disarm and go on writing meanwhile.
+            let how = at_once(sig);
+            crate::errln!("\n{}: {how}", name(sig));
+            signal_hook::low_level::exit(128 + sig);
+        }
+        drop(armed);
+        if !said {
+            crate::errln!(
+                "\n{}: stopping at the next step boundary (metrics are kept); send it again to exit at once",
+                name(sig)
+            );
+            said = true;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Arms `at_once` until the guard is dropped or [`first_step_done`] is called: a signal
+/// meanwhile (or one that came before, not yet acted on) runs it on the signals thread,
+/// which then ends the process with 128 + the signal. `at_once` records the stop (the
+/// run's summary) and returns the line that says it. The run must write nothing that
+/// `at_once` also writes while armed.
+pub fn exit_before_first_step(at_once: impl FnOnce(i32) -> String + Send + 'static) -> Armed {
+    *BEFORE_FIRST_STEP.lock().unwrap_or_else(|e| e.into_inner()) = Some(Box::new(at_once));
+    Armed
+}
+
+/// Disarms what [`exit_before_first_step`] armed: from here a signal stops the run at a
+/// step boundary. Waits for a signal being acted on, which ends the process.
+pub fn first_step_done() {
+    BEFORE_FIRST_STEP
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .take();
+}
+
+/// Disarms on drop (the run ended before its first step, by an error).
+#[must_use = "dropping it disarms at once"]
+pub struct Armed;
+
+impl Drop for Armed {
+    fn drop(&mut self) {
+        first_step_done();
+    }
 }
 
 /// Whether `sig` is ignored in this process (as its parent left it).

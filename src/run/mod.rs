@@ -331,6 +331,8 @@ fn drive(
     let held = crate::rundir::RunDir::open(&dir)
         .map_err(|e| fail(format!("cannot open {}: {e}", dir.display())))?;
     let persist = train::Persist::new(held, sha256_file(&dir.join("recipe.toml")), resume);
+    let armed = stop_before_first_step(&summary, &dir, wall, counts_at_start, resumed_at)
+        .map_err(|e| fail(format!("cannot open {}: {e}", dir.display())))?;
     let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         let job = Train {
             plan,
@@ -344,6 +346,7 @@ fn drive(
         };
         backend::dispatch(plan.device, &plan.kernels, job)
     }));
+    drop(armed);
     sink.progress.finish();
     // The rest goes where the run directory is now; removed, it has nowhere to go, and
     // nothing is written (a new directory at its path would hold a skeleton of the run).
@@ -382,6 +385,71 @@ fn drive(
         Some(train::Stop::Signal(signal)) => Err(RunError::Interrupted { dir, signal }),
         Some(_) => Err(fail(summary.error.clone().unwrap_or_default())),
     }
+}
+
+/// Arms what a signal does until the run's first step is done (see `signals`): there is
+/// no step boundary near (on CUDA the first step compiles and tunes the run's kernels,
+/// minutes on a cold cache) and nothing to keep, so the process ends at once, the summary
+/// marked `interrupted`. A resumed run is left as its checkpoint had it, to resume again.
+fn stop_before_first_step(
+    summary: &Summary,
+    dir: &Path,
+    wall: Instant,
+    counts_at_start: KernelCounts,
+    resumed_at: Option<u64>,
+) -> std::io::Result<crate::signals::Armed> {
+    // Its own handle: the summary goes where the directory is by then.
+    let held = crate::rundir::RunDir::open(dir)?;
+    let mut summary = summary.clone();
+    Ok(crate::signals::exit_before_first_step(move |sig| {
+        let signal = crate::signals::name(sig);
+        summary.status = "interrupted".into();
+        summary.wall_s += wall.elapsed().as_secs_f64();
+        let counts = kernels::counts().since(counts_at_start);
+        if counts != KernelCounts::default() {
+            summary.kernels = Some(counts);
+        }
+        let (error, next) = match resumed_at {
+            None => (
+                format!("interrupted by {signal} before its first step was done"),
+                "nothing to keep: run the recipe again to start over".to_string(),
+            ),
+            Some(step) => (
+                format!("interrupted by {signal} after step {step}, again before the first step of its resume was done"),
+                format!("its checkpoint of step {step} is kept: resume it again with: runner resume"),
+            ),
+        };
+        summary.error = Some(error);
+        let compiled = if counts.compiled > 0 {
+            format!(
+                " ({} kernel(s) compiled so far are cached for the next run)",
+                counts.compiled
+            )
+        } else {
+            String::new()
+        };
+        let written = held.now().and_then(|d| {
+            let path = d.join("summary.json");
+            match write_json_atomic(&path, &summary) {
+                Ok(()) => Ok(d),
+                Err(e) => Err(format!("cannot write {}: {e}", path.display())),
+            }
+        });
+        match written {
+            Ok(d) => {
+                let next = if resumed_at.is_some() {
+                    format!("{next} {}", d.display())
+                } else {
+                    next
+                };
+                format!(
+                    "exiting now, before the first step was done{compiled}; {} is marked interrupted, {next}",
+                    d.display()
+                )
+            }
+            Err(e) => format!("exiting now, before the first step was done{compiled}; {e}"),
+        }
+    }))
 }
 
 /// How the loop ended (a stop, an error, a panic, or a write that failed at the very

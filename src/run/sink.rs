@@ -191,6 +191,8 @@ impl Sink for FileSink {
         crate::signals::received().map(train::Stop::Signal)
     }
     fn first_step(&mut self, step_ms: f64) {
+        // From here a signal stops the run at a step boundary, with a checkpoint.
+        crate::signals::first_step_done();
         let startup = crate::clock::process_start().elapsed().as_secs_f64();
         self.startup_s = Some(startup);
         self.first_step_ms = Some(step_ms);
