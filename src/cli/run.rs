@@ -211,14 +211,39 @@ pub(crate) fn run_grid(c: &Checked, sel: Selection, opts: &RunOptions) -> Result
                 runner::outln!("{}", summary_line(&s, &run_dir));
                 Ok(run_dir)
             }
-            (Some(run_dir), None) if runner::checkpoint::latest(&run_dir).is_some() => {
+            (Some(run_dir), None) if run::resumable(&run_dir) => {
                 if !opts.quiet {
                     runner::errln!("{}: resuming {}", cell.name, run_dir.display());
                 }
-                run::resume(&run_dir, opts, &runner::backend::probe()).map(|f| {
-                    runner::outln!("{}", summary_line(&f.summary, &f.dir));
-                    f.dir
-                })
+                run::resume(&run_dir, opts, &runner::backend::probe())
+                    .map(|f| {
+                        runner::outln!("{}", summary_line(&f.summary, &f.dir));
+                        f.dir
+                    })
+                    // What keeps this cell's run from going on (its data changed, another
+                    // process resuming it) is the cell's, not every cell's: it fails,
+                    // and the sweep goes on.
+                    .map_err(|e| match e {
+                        RunError::Input(message) => RunError::Failed {
+                            dir: run_dir.clone(),
+                            message,
+                        },
+                        e => e,
+                    })
+            }
+            (Some(run_dir), None) => {
+                // Stopped before any checkpoint it can continue from (killed before its
+                // first one, or before that one's metrics line): trained again, in a new
+                // run directory.
+                if !runner::checkpoint::list(&run_dir).is_empty() || !opts.quiet {
+                    runner::errln!(
+                        "{}: {} has no checkpoint to resume from (`runner resume {}` says why); the cell starts over",
+                        cell.name,
+                        run_dir.display(),
+                        run_dir.display()
+                    );
+                }
+                run_one(&c.plans[cell.index], opts)
             }
             _ => run_one(&c.plans[cell.index], opts),
         };

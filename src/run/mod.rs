@@ -16,7 +16,7 @@ pub use crate::error::Error as RunError;
 use env::{environment, sha256_file};
 pub use env::{git_info, Environment, GitInfo, SourceInfo};
 pub use eval::{eval, EvalReport};
-pub use resume::resume;
+pub use resume::{resumable, resume};
 pub use warmup::{warmup, Warmup};
 
 use std::path::{Path, PathBuf};

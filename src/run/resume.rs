@@ -281,6 +281,18 @@ fn data_changed(
     None
 }
 
+/// Whether `run_dir` holds a checkpoint `resume` would continue from (see
+/// `latest_checkpoint`): a grid's `--resume` continues such a cell, and starts one without
+/// over (a checkpoint killed before its metrics line, or damaged).
+pub fn resumable(run_dir: &Path) -> bool {
+    pick_checkpoint(run_dir, &run_dir.join("metrics.jsonl"))
+        .0
+        .is_some()
+}
+
+/// A checkpoint that cannot be resumed from: (its step, its directory, why).
+type Unusable = (u64, PathBuf, String);
+
 /// The latest checkpoint that is whole (its files as its `state.json` says they were
 /// written) and whose metrics lines are all there (a crash between writing a checkpoint
 /// and its step's line leaves one line short). A later one that is not is said, with why,
@@ -289,6 +301,39 @@ fn latest_checkpoint(
     run_dir: &Path,
     metrics_path: &Path,
 ) -> Result<(PathBuf, crate::checkpoint::State), RunError> {
+    let (chosen, unusable) = pick_checkpoint(run_dir, metrics_path);
+    let said = |u: &Unusable| format!("{}: {}", u.1.display(), u.2);
+    match chosen {
+        Some((dir, state)) => {
+            for u in unusable.iter().filter(|u| u.0 > state.step) {
+                crate::errln!(
+                    "warning: checkpoint {}; resuming from the one before it (step {})",
+                    said(u),
+                    state.step
+                );
+            }
+            Ok((dir, state))
+        }
+        None => {
+            let mut text = format!(
+                "error: {} has no checkpoint to resume from",
+                run_dir.display()
+            );
+            for u in &unusable {
+                text += &format!("\n  = note: {}", said(u));
+            }
+            text += "\n  = help: checkpoints are written by [checkpoint] every = N (or \"epoch\"), and when SIGINT/SIGTERM stops a run; the notes say why each one here cannot be used (restore what they name, or start the run again)";
+            Err(RunError::Input(text))
+        }
+    }
+}
+
+/// `latest_checkpoint`'s choice, and every checkpoint it passed over or could not use, by
+/// step.
+fn pick_checkpoint(
+    run_dir: &Path,
+    metrics_path: &Path,
+) -> (Option<(PathBuf, crate::checkpoint::State)>, Vec<Unusable>) {
     // Whole lines only: a last line cut short (a crash mid-write, a copy cut off) is not
     // one, so a checkpoint that needs it gives way to the one before it.
     let text = std::fs::read(metrics_path).unwrap_or_default();
@@ -314,7 +359,7 @@ fn latest_checkpoint(
             .and_then(|n| n.parse::<u64>().ok())
             .unwrap_or(0)
     };
-    let mut unusable: Vec<(u64, PathBuf, String)> = bad
+    let mut unusable: Vec<Unusable> = bad
         .into_iter()
         .map(|(p, why)| (step_of(&p), p, why))
         .collect();
@@ -362,30 +407,7 @@ fn latest_checkpoint(
         }
     }
     unusable.sort_by_key(|u| u.0);
-    let said = |u: &(u64, PathBuf, String)| format!("{}: {}", u.1.display(), u.2);
-    match chosen {
-        Some((dir, state)) => {
-            for u in unusable.iter().filter(|u| u.0 > state.step) {
-                crate::errln!(
-                    "warning: checkpoint {}; resuming from the one before it (step {})",
-                    said(u),
-                    state.step
-                );
-            }
-            Ok((dir, state))
-        }
-        None => {
-            let mut text = format!(
-                "error: {} has no checkpoint to resume from",
-                run_dir.display()
-            );
-            for u in &unusable {
-                text += &format!("\n  = note: {}", said(u));
-            }
-            text += "\n  = help: checkpoints are written by [checkpoint] every = N (or \"epoch\"), and when SIGINT/SIGTERM stops a run; the notes say why each one here cannot be used (restore what they name, or start the run again)";
-            Err(RunError::Input(text))
-        }
-    }
+    (chosen, unusable)
 }
 
 /// The summary as it was at the checkpoint, marked running again in this process;

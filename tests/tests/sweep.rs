@@ -559,6 +559,72 @@ fn interrupted_cell_resumed(by_hand: bool, signal: &str) {
     assert_eq!(stdout.matches(" steps, ").count(), 2, "{stdout}");
 }
 
+/// A cell stopped with no checkpoint its run can continue from (here every checkpoint is
+/// ahead of `metrics.jsonl`, as after a kill between a checkpoint and its metrics line) is
+/// started over by `--resume`, and the grid goes on. Before, the grid chose to resume it
+/// (a checkpoint was there), `runner resume` refused it as bad input, and that stopped
+/// the whole grid with exit 2, every later `--resume` the same.
+#[test]
+fn a_cell_without_a_usable_checkpoint_starts_over_on_resume() {
+    let dir = tempdir("grid-unusable-ckpt");
+    let grid = tiny_recipe(&dir, "g", "[sweep]\n\"optim.lr\" = [0.1, 0.2]\n");
+    let long = [
+        "-q",
+        "--set",
+        "run.epochs=20",
+        "--set",
+        "data.synthetic.samples=4000",
+    ];
+    let child = runner_cmd()
+        .arg(&grid)
+        .args(long)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let started = |p: &PathBuf| {
+        p.ends_with("metrics.jsonl") && std::fs::metadata(p).is_ok_and(|m| m.len() > 0)
+    };
+    while !walk_files(&dir.join("runs")).iter().any(started) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the grid never started"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status()
+        .unwrap();
+    expect_exit(&child.wait_with_output().unwrap(), 130);
+    let cell0 = dir.join("runs/g/optim.lr=0.1");
+    let run0 = only_run(&cell0);
+    assert!(!runner::checkpoint::list(&run0).is_empty(), "no checkpoint");
+    std::fs::write(run0.join("metrics.jsonl"), "").unwrap();
+    let out = runner_cmd()
+        .arg(&grid)
+        .args(long)
+        .arg("--resume")
+        .output()
+        .unwrap();
+    expect_exit(&out, 0);
+    let sweep = only_run(&dir.join("runs/g/sweeps"));
+    let states: Vec<String> = statuses(&sweep).into_iter().map(|(_, s)| s).collect();
+    assert_eq!(states, ["done", "done"]);
+    let runs: Vec<PathBuf> = std::fs::read_dir(&cell0)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    assert_eq!(runs.len(), 2, "cell 0 trained again in a new run directory");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("has no checkpoint to resume from")
+            && stderr.contains("the cell starts over"),
+        "{stderr}"
+    );
+}
+
 #[test]
 fn a_locked_cell_is_left_to_its_owner_and_a_stale_lock_is_taken_over() {
     let dir = tempdir("locks");
