@@ -32,16 +32,19 @@
 #   its own kernel cache (other settings compile other kernels), so its first run is cold
 #   too. This is how the backend.autotune / backend.fusion / backend.conv defaults are to
 #   be chosen.
-# The default PLAN: the mlp (the pipeline works, in about a minute); ResNet-50's cold start
-# and the headline ratio (article/default) with backend.conv=implicit_gemm (convolutions
-# untuned: about 70 convolution kernels to compile instead of up to 477), so a ratio is
-# measured even if autotune's cold start takes the rest of the budget; then the same two
-# with autotune (the default); the other start-ups; every article row and resnet50_accum;
-# article/default without the NVML sampler, then without the per-step pool reading
-# (profile.memory=false): each one's cost per step, against the runs with both on; a second
-# implicit_gemm ratio; the kernels of article/default; tuned_loader without pinned memory;
-# article/default with losses read every 10 steps; a second round of the article rows and
-# of the two A/Bs. `nvidia-smi` samples memory and utilisation beside the first
+# The default PLAN: the mlp (the pipeline works, in about a minute; cold, then warm: the
+# cache's second start); then with backend.conv=implicit_gemm (convolutions untuned: about
+# 70 convolution kernels to compile instead of up to 477), so that the targets are
+# measured even if autotune's cold start takes the rest of the budget: ResNet-50's cold
+# start, the headline ratio (article/default), tuned_loader, article/default without the
+# NVML sampler and then without the per-step pool reading (profile.memory=false: each
+# one's cost per step, against the runs with both on), its kernels; then ResNet-50's cold
+# start and ratio with autotune (the default); the other article rows and resnet50_accum
+# (with @conv: see LATER); the other start-ups; gc; the kernels with @conv; tuned_loader
+# without pinned memory; article/default with losses read every 10 steps; a second round
+# of both ratios, the rows and the two A/Bs. A step whose runner run fails outright (not a
+# timeout) ends the plan when it is the plan's first runner run: the binary does not work
+# there, and the device time left is better spent on a rerun with a fixed one. `nvidia-smi` samples memory and utilisation beside the first
 # runner run of article/default (the cross-check of the runner's figures). Each runner row
 # has the time its steps spent asking Burn's pool for memory figures (summary.phases).
 #
@@ -66,7 +69,8 @@
 #     bash scripts/gpu-check.sh target/release/runner
 #
 # Settings (environment): OUT (default ./gpu-check-out); BUDGET (540): seconds after which
-# the remaining runs are skipped (each run's timeout is also cut to what is left); PLAN (as
+# the remaining runs are skipped (each run's timeout is also cut to what is left; with less
+# than 600 s of device time left, give the tool's limit_s minus 60); PLAN (as
 # above); STARTUP_STEPS (60) / STARTUP_WARMUP (20) for start-ups; MAX_STEPS (80) / WARMUP
 # (20) for compares, which also set run.eval=never; KERNEL_STEPS (10) for kernels; timeouts in seconds: T_COLD (150; 330
 # for resnet50: T_COLD_BIG), T_WARM (60), T_RUN (120); DEVICE (cuda; wgpu: a dry run
@@ -77,8 +81,9 @@
 # first); EXTRA_SETS (more KEY=VALUE overrides for every run, space-separated, e.g.
 # "loader.batch_size=8").
 #
-# $OUT: log.txt (everything), env.txt (nvidia-smi, versions), kernels-*.md and
-# kernels-*.log.gz (each kernels step),
+# $OUT (the device tool brings back 8 files at most; this makes 7 with one kernels step
+# that ran, 8 with two): log.txt (everything, nvidia-smi and versions first),
+# kernels-*.md (each kernels step that ran; its raw log is in runs.tar.gz),
 # results.tsv (a row per run, appended as each ends), gpu-table.md (both tables, rewritten
 # after each run, printed at the end), nvidia-smi.csv (memory and utilisation every 500 ms
 # beside the first runner run of article/default), runs.tar.gz (every run directory without
@@ -103,7 +108,14 @@ UNPINNED=compare:article/tuned_loader,loader.pin_memory=false
 # Losses read back every 10 steps instead of every step (both frameworks): one host sync
 # in ten, so the host queues the next steps while the device runs; what a sync costs.
 FEWER_SYNCS=compare:article/default,log.every=10
-PLAN=${PLAN-startup:mlp cold:resnet50,$IGEMM compare:article/default,$IGEMM cold:resnet50 compare:article/default startup:small_cnn startup:resnet18 $(compares) gc $NVML_OFF $POOL_OFF compare:article/default,$IGEMM kernels:article/default $UNPINNED $FEWER_SYNCS $(compares) $NVML_OFF $POOL_OFF}
+# resnet50_accum stops early on its validation set (patience 3): both sides train the
+# same steps with it left out of the comparison.
+ACCUM=compare:resnet50_accum,run.early_stop.patience=1000
+# The steps whose conv is not named run with @conv: empty (autotune) once ResNet-50's cold
+# start with autotune has completed, else backend.conv=implicit_gemm, whose cache is
+# warm by then (a cold autotune that timed out would make every later run cold too).
+LATER="compare:article/cleanup_every_step,@conv compare:article/empty_cache_every_step,@conv $ACCUM,@conv compare:article/tuned_loader,@conv"
+PLAN=${PLAN-startup:mlp cold:resnet50,$IGEMM compare:article/default,$IGEMM compare:article/tuned_loader,$IGEMM $NVML_OFF,$IGEMM $POOL_OFF,$IGEMM kernels:article/default,$IGEMM cold:resnet50 compare:article/default $LATER startup:small_cnn startup:resnet18 gc kernels:article/default,@conv $UNPINNED,@conv $FEWER_SYNCS,@conv compare:article/default,$IGEMM compare:article/default $LATER $NVML_OFF,@conv $POOL_OFF,@conv}
 KERNEL_STEPS=${KERNEL_STEPS:-10}
 MAX_STEPS=${MAX_STEPS:-80}
 WARMUP=${WARMUP:-20}
@@ -342,8 +354,15 @@ print("python", sys.version.split()[0], "torch", torch.__version__, "torchvision
     "MAX_STEPS=$MAX_STEPS WARMUP=$WARMUP STARTUP_STEPS=$STARTUP_STEPS" \
     "STARTUP_WARMUP=$STARTUP_WARMUP T_COLD=$T_COLD T_COLD_BIG=$T_COLD_BIG T_WARM=$T_WARM" \
     "T_RUN=$T_RUN DEVICE=$DEVICE EXTRA_SETS='${EXTRA_SETS:-}'"
-} > "$OUT/env.txt" 2>&1
-cat "$OUT/env.txt"
+} 2>&1
+
+# --- CUDA answers? (seconds; without it every runner run would fail and torch's take the
+# budget) ---
+if [[ $DEVICE == cuda ]]; then
+  if ! timeout 60 "$BIN" validate "$REPO/recipes/article/default.toml" --set backend.kind=cuda; then
+    ABORT_AT_START="the runner cannot use CUDA here (its validation above says why): nothing was run"
+  fi
+fi
 
 # --- running things ---
 # Seconds a run may take: its own timeout, cut to what is left of the budget; 0 = skip.
@@ -352,6 +371,10 @@ allow() {
   if ((left < 10)); then echo 0; elif (($1 < left)); then echo "$1"; else echo "$left"; fi
 }
 skipped=()
+LAST_STATUS= # of the latest runner_run: ok, timeout, failed(N), skipped
+RUNNER_RUNS=0
+ABORT=${ABORT_AT_START:-} # set when CUDA does not answer or the first runner run fails outright
+BEST_CONV=$IGEMM # what @conv stands for (see LATER)
 record() { # phase recipe which framework status wall_s cache-files result-file kind
   local tail
   tail=$(py row "$9" "$8")
@@ -389,6 +412,7 @@ runner_run() {
   t=$(allow "$limit")
   if ((t == 0)); then
     skipped+=("runner $recipe $which")
+    LAST_STATUS=skipped
     record "$phase" "$recipe" "$which" runner skipped 0 "$files" /nonexistent runner
     return
   fi
@@ -401,6 +425,11 @@ runner_run() {
   local st
   st=$(status_of $rc)
   [[ $st == ok ]] || status=1
+  LAST_STATUS=$st
+  RUNNER_RUNS=$((RUNNER_RUNS + 1))
+  if ((RUNNER_RUNS == 1)) && [[ $st == failed* ]]; then
+    ABORT="the first runner run ($recipe $which) ended $st: the binary does not work here (its stderr is above); the rest of the plan is skipped so that a fixed binary can be rerun in the device time left"
+  fi
   local summary
   summary=$(find "$RUNS/$tag" -name summary.json 2> /dev/null | head -n 1)
   record "$phase" "$recipe" "$which" runner "$st" "$(since "$start")" "$files" \
@@ -461,6 +490,10 @@ startup() {
     [[ $which == warm ]] && limit=$T_WARM
     runner_run startup "$label" "$which$( ((n > 1)) && echo " #$n")" "$limit" \
       "p1-$name-$n-$which" "$SCRATCH/resolved/p1-$name.toml" "$cache"
+    if [[ $arch == resnet50 && -z $variant && $which == cold ]]; then
+      if [[ $LAST_STATUS == ok ]]; then BEST_CONV=; else BEST_CONV=$IGEMM; fi
+      say "@conv is now '${BEST_CONV:-autotune}' (ResNet-50's cold start with autotune: $LAST_STATUS)"
+    fi
   done
 }
 
@@ -517,14 +550,19 @@ kernels() {
     return
   fi
   local file=$SCRATCH/resolved/$tag.toml dir=$SCRATCH/$tag
-  local log=$dir/kernels.log name=kernels-${r//\//_}$(variant_tag "$variant")
+  local log=$dir/kernels.log name
+  # $OUT's names may hold letters, digits, '.', '_' and '-' alone (the device tool).
+  name=$(printf 'kernels-%s%s' "${r//\//_}" "$(variant_tag "$variant")" | tr -c 'A-Za-z0-9._-' '_')
   mkdir -p "$dir"
   printf '[profiling]\nlogger = { level = "basic", file = "%s", append = false }\n' "$log" \
     > "$dir/cubecl.toml"
   RUN_CWD=$dir runner_run kernels "$label" profiled "$T_RUN" "$tag" "$file" \
     "$(arch_of "$file")$(cache_tag "$variant")"
+  # The table only for a run that ran (a skipped one would take one of $OUT's 8 files);
+  # the raw log into runs.tar.gz.
+  [[ $LAST_STATUS == skipped ]] && return
   py kernels "$log" "$OUT/$name.md" "$label" "$KERNEL_STEPS"
-  [[ -f $log ]] && gzip -c "$log" > "$OUT/$name.log.gz"
+  [[ -f $log ]] && mkdir -p "$RUNS/$tag" && gzip -c "$log" > "$RUNS/$tag/kernels.log.gz"
   say "kernels $label: $OUT/$name.md"
   head -n 20 "$OUT/$name.md"
 }
@@ -532,6 +570,14 @@ kernels() {
 # --- the plan ---
 say "plan: $PLAN"
 for step in $PLAN; do
+  if [[ -n $ABORT ]]; then
+    skipped+=("$step")
+    continue
+  fi
+  # @conv: see LATER; an empty one leaves no stray comma behind.
+  step=${step//@conv/$BEST_CONV}
+  step=${step//,,/,}
+  step=${step%,}
   case $step in
     startup:*) startup "${step#startup:}" ;;
     cold:*) startup "${step#cold:}" cold ;;
@@ -547,8 +593,9 @@ for step in $PLAN; do
 done
 
 # --- pack ---
+[[ -n $ABORT ]] && say "$ABORT"
 if ((${#skipped[@]})); then
-  say "skipped for the budget (${BUDGET}s): ${skipped[*]}"
+  say "skipped (for the budget of ${BUDGET}s${ABORT:+, or after the abort above}): ${skipped[*]}"
   status=1
 fi
 py render "$RESULTS" "$TABLE"

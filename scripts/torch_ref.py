@@ -26,7 +26,9 @@ What it matches
       Linear(->classes); `mlp` is Linear layers over the flattened image with ReLU between.
     - Data: `cifar10-bin` files (1 label byte + 3x32x32 planar bytes a record; a directory
       means its data_batch*.bin / test_batch*.bin in name order), `data.limit` and
-      `data.test_limit`; augmentation as torchvision's RandomCrop(side, padding) and
+      `data.test_limit`; `data.validation` (the same number held out of each class as the
+      runner's stratified split, picked by numpy's generator, evaluated every
+      `run.validate`, with `run.early_stop` applied to it); augmentation as torchvision's RandomCrop(side, padding) and
       RandomHorizontalFlip per sample; normalisation (x/255 - mean)/std, `on = "host"` as
       float32 in the loader workers, `on = "device"` as uint8 copied then normalised on the
       device. No [data.normalize] table: pixels scaled to 0..1.
@@ -37,7 +39,8 @@ What it matches
       or AdamW (betas, eps, decoupled weight_decay); `accumulation_steps` k: each micro-batch
       loss scaled by 1/k (an epoch's last, shorter step by its own count), one optimizer step
       per k micro-batches; every schedule of src/schedule.rs (constant, cosine, step, each
-      after the linear lr_warmup_steps), set per optimizer step.
+      after the linear lr_warmup_steps), set per optimizer step; `label_smoothing` as
+      F.cross_entropy's, `clip_grad_norm` as torch.nn.utils.clip_grad_norm_ before the step.
     - Cleanup ([cleanup] every = "never" | "step" | "epoch" | N, in recipe order):
       sync -> torch.cuda.synchronize(), empty_cache -> torch.cuda.empty_cache(),
       trim_host -> gc.collect(); on the CPU sync and empty_cache do nothing. The runner's
@@ -59,7 +62,8 @@ What it does not match
       output) against Burn's CubeCL kernels with autotune. Both train in float32.
     - `synthetic` data is generated the same way (a 4x4-grid class pattern plus noise) but
       from numpy's generator, so its pixels differ.
-    - Refused (exit 2): text data (`jsonl`) and the text models (bag, lstm, transformer).
+    - Refused (exit 2): text data (`jsonl`) and the text models (bag, lstm, transformer), and
+      `data.validation_file`.
       Ignored: [backend] autotune / fusion / cache_dir (Burn's), [profile] sample_ms (no
       utilisation sampler here), [log] dir / progress, [slurm], [sweep].
 
@@ -178,6 +182,12 @@ class Recipe:
                        "whose paths are absolute")
         self.limit = d.get("limit")
         self.test_limit = d.get("test_limit")
+        if d.get("validation_file"):
+            refuse("data.validation_file", d["validation_file"],
+                   "not supported; data.validation (a fraction held out) is")
+        self.validation = d.get("validation")
+        if self.validation is not None and not 0.0 < float(self.validation) < 1.0:
+            refuse("data.validation", self.validation, "must be a fraction between 0 and 1")
         n = d.get("normalize")
         if n is None:
             self.mean, self.std, self.norm_on = [0.0], [1.0], "host"
@@ -224,6 +234,9 @@ class Recipe:
         self.min_lr = float(o.get("min_lr", 0.0))
         self.step_size = int(o.get("step_size", 1000))
         self.gamma = float(o.get("gamma", 0.1))
+        self.label_smoothing = float(o.get("label_smoothing", 0.0))
+        clip = o.get("clip_grad_norm")
+        self.clip_grad_norm = None if clip is None else float(clip)
 
         c = r.get("cleanup", {})
         every = c.get("every", "never")
@@ -248,6 +261,20 @@ class Recipe:
         self.eval = ru.get("eval", "end")
         if self.eval not in ("epoch", "end", "never"):
             refuse("run.eval", self.eval, "must be epoch, end or never")
+        self.validate = ru.get("validate", "epoch")
+        if isinstance(self.validate, bool) or not (
+            self.validate == "epoch" or (isinstance(self.validate, int) and self.validate >= 1)
+        ):
+            refuse("run.validate", self.validate, 'must be "epoch" or a positive integer')
+        es = ru.get("early_stop", {})
+        self.es_metric = es.get("metric", "val_loss")
+        if self.es_metric not in ("val_loss", "val_accuracy"):
+            refuse("run.early_stop.metric", self.es_metric, "must be val_loss or val_accuracy")
+        self.es_patience = int(es.get("patience", 3))
+        self.es_min_delta = float(es.get("min_delta", 0.0))
+        self.es_mode = es.get("mode", "min" if self.es_metric == "val_loss" else "max")
+        if self.es_mode not in ("min", "max"):
+            refuse("run.early_stop.mode", self.es_mode, "must be min or max")
 
         self.profile_window = None
         steps = r.get("profile", {}).get("steps")
@@ -328,6 +355,30 @@ def read_cifar(path, stem, limit):
     pixels = np.ascontiguousarray(recs[:, 1:]).reshape(-1, 3, 32, 32)
     labels = recs[:, 0].astype(np.int64)
     return pixels, labels
+
+
+def stratified_split(labels, held, seed):
+    """(kept, held) index arrays: `held` samples, each class giving its share by largest
+    remainder, as the runner's data::stratified_split (the samples themselves are numpy's
+    picks, not the runner's: the same counts, so the same batches and steps)."""
+    import numpy as np
+    n = len(labels)
+    classes = sorted(set(int(l) for l in labels))
+    members = {c: np.flatnonzero(labels == c) for c in classes}
+    exact = {c: held * len(members[c]) / max(n, 1) for c in classes}
+    quota = {c: math.floor(exact[c]) for c in classes}
+    left = held - sum(quota.values())
+    for c in sorted(classes, key=lambda c: (-(exact[c] - quota[c]), classes.index(c))):
+        if left == 0:
+            break
+        if quota[c] < len(members[c]):
+            quota[c] += 1
+            left -= 1
+    rng = np.random.default_rng(seed)
+    is_held = np.zeros(n, dtype=bool)
+    for c in classes:
+        is_held[rng.permutation(members[c])[: quota[c]]] = True
+    return np.flatnonzero(~is_held), np.flatnonzero(is_held)
 
 
 def class_count(path):
@@ -523,6 +574,13 @@ def main(argv=None):
         if rc.test_limit is not None:
             test_px, test_y = test_px[: rc.test_limit], test_y[: rc.test_limit]
         classes = rc.num_classes or rc.syn["classes"]
+    val_px = val_y = None
+    if rc.validation is not None:
+        # As plan/data.rs: round(fraction x training samples), at least one left to train on.
+        held = min(round(float(rc.validation) * len(train_y)), max(len(train_y) - 1, 0))
+        kept, held_idx = stratified_split(train_y, held, rc.seed)
+        val_px, val_y = train_px[held_idx], train_y[held_idx]
+        train_px, train_y = train_px[kept], train_y[kept]
     channels, side = train_px.shape[1], train_px.shape[2]
     if test_px is not None and len(test_y) == 0:
         test_px = test_y = None
@@ -595,24 +653,52 @@ def main(argv=None):
             return rc.every == "step" or (isinstance(rc.every, int) and step % rc.every == 0)
         return rc.every == "epoch"
 
-    def evaluate():
+    def evaluate(pixels=None, labels=None):
+        if pixels is None:
+            pixels, labels = test_px, test_y
         t = time.perf_counter()
         model.eval()
         tf = make_transform(rc, side, channels, False)
         correct = torch.zeros((), dtype=torch.int64, device=device)
         loss_total = torch.zeros((), device=device)
         with torch.no_grad():
-            for i in range(0, len(test_y), rc.batch_size):
-                xs = torch.from_numpy(test_px[i:i + rc.batch_size])
+            for i in range(0, len(labels), rc.batch_size):
+                xs = torch.from_numpy(pixels[i:i + rc.batch_size])
                 x = tf(xs) if tf is not None else xs
-                x, y = to_device(x, torch.from_numpy(test_y[i:i + rc.batch_size]))
+                x, y = to_device(x, torch.from_numpy(labels[i:i + rc.batch_size]))
                 out = model(x)
                 loss_total += F.cross_entropy(out, y, reduction="sum")
                 correct += (out.argmax(1) == y).sum()
         model.train()
-        n = len(test_y)
+        n = len(labels)
         return dict(accuracy=correct.item() / n, loss=loss_total.item() / n,
                     ms=(time.perf_counter() - t) * 1e3)
+
+    validations = []
+    watch = dict(best=None, since=0, stopped_at=None)
+
+    def validate(epoch):
+        """Evaluates the held-out set (outside the step times); True when early stopping
+        says the run ends here (no better metric for `patience` validations)."""
+        v = evaluate(val_px, val_y)
+        v.update(epoch=epoch, step=step)
+        validations.append(v)
+        value = v["loss"] if rc.es_metric == "val_loss" else v["accuracy"]
+        best = watch["best"]
+        better = best is None or (value < best - rc.es_min_delta if rc.es_mode == "min"
+                                  else value > best + rc.es_min_delta)
+        if better:
+            watch["best"], watch["since"] = value, 0
+        else:
+            watch["since"] += 1
+        log(f"validation after step {step}: accuracy {100 * v['accuracy']:.2f}%, "
+            f"loss {v['loss']:.4f}")
+        if watch["since"] >= rc.es_patience:
+            watch["stopped_at"] = step
+            log(f"early stop after step {step}: no better {rc.es_metric} for "
+                f"{rc.es_patience} validations")
+            return True
+        return False
 
     records = []  # per step: iter_ms, samples, data_wait_ms, cleanup_ms, loss
     pending = []  # (record, loss tensor) whose loss is still on the device
@@ -659,11 +745,13 @@ def main(argv=None):
                     x, y = to_device(x, y)
                     if synced:
                         sync()
-                    loss = F.cross_entropy(model(x), y)
+                    loss = F.cross_entropy(model(x), y, label_smoothing=rc.label_smoothing)
                     (loss / group if group > 1 else loss).backward()
                     loss_sum = loss.detach() if loss_sum is None else loss_sum + loss.detach()
                     if synced:
                         sync()
+                if rc.clip_grad_norm is not None:
+                    torch.nn.utils.clip_grad_norm_(model.parameters(), rc.clip_grad_norm)
                 opt.step()
                 opt.zero_grad(set_to_none=True)
                 if synced:
@@ -689,16 +777,22 @@ def main(argv=None):
                     flush()
                 if startup_s is None:
                     startup_s = since_start()
+                if (val_y is not None and isinstance(rc.validate, int)
+                        and step % rc.validate == 0 and validate(epoch)):
+                    break
             del batches  # non-persistent workers stop here, as the runner's do per epoch
-            cut_short = left > 0
-            last = epoch + 1 == rc.epochs or step >= total
+            if (val_y is not None and rc.validate == "epoch" and watch["stopped_at"] is None
+                    and left == 0):
+                validate(epoch)
+            cut_short = left > 0 and watch["stopped_at"] is None
+            last = epoch + 1 == rc.epochs or step >= total or watch["stopped_at"] is not None
             if (eval_mode == "epoch" and (not cut_short or last)) or (eval_mode == "end" and last):
                 e = evaluate()
                 e.update(epoch=epoch, step=step)
                 evals.append(e)
                 log(f"eval after step {step}: accuracy {100 * e['accuracy']:.2f}%, "
                     f"loss {e['loss']:.4f}")
-            if step >= total:
+            if step >= total or watch["stopped_at"] is not None:
                 break
         flush()
     except Exception as e:  # a failed run still says what it is, on stderr, and exits 1
@@ -755,6 +849,9 @@ def main(argv=None):
         first_losses=[rnd(r.get("loss"), 4) for r in records[:5]],
         final_loss=rnd(records[-1].get("loss"), 5) if records else None,
         test_accuracy=rnd(evals[-1]["accuracy"], 4) if evals else None,
+        validation_samples=len(val_y) if val_y is not None else None,
+        validations=len(validations),
+        early_stopped_at_step=watch["stopped_at"],
         schedule=rc.schedule,
         normalize_on=rc.norm_on,
         cudnn_benchmark=torch.backends.cudnn.benchmark,
