@@ -43,6 +43,10 @@ pub(crate) fn run_all(args: &RunArgs) -> ExitCode {
             return ExitCode::from(2);
         }
     }
+    if let Some(e) = autotune_conflict(&all, args.cell, shard) {
+        runner::errln!("{e}");
+        return ExitCode::from(2);
+    }
     // Where every run will be written, before the first one trains: with several recipes,
     // a later one's log.dir that cannot be written was found only after the earlier ones
     // had run.
@@ -447,15 +451,84 @@ pub(crate) fn kernel_key(p: &Plan) -> String {
     )
 }
 
+/// CubeCL takes its autotune level once per process (`Plan::cubecl_once`): runs of one
+/// process that differ in it would all run with the first one's, each recorded with its
+/// own (a grid over `backend.autotune` measured one level under several names). The
+/// runs this process would run (`cell`, `shard`) that differ, said as an error.
+fn autotune_conflict(
+    all: &[Checked],
+    cell: Option<usize>,
+    shard: Option<(usize, usize)>,
+) -> Option<String> {
+    let mut first = None;
+    for c in all {
+        for (i, p) in c.plans.iter().enumerate() {
+            let left_out =
+                cell.is_some_and(|k| k != i) || shard.is_some_and(|s| !sweep::in_shard(i, s));
+            if c.grid && left_out {
+                continue;
+            }
+            let Some((level, _)) = p.cubecl_once() else {
+                continue;
+            };
+            let which = |c: &Checked, i: usize| match c.grid {
+                true => format!("{} cell {i}", c.path.display()),
+                false => c.path.display().to_string(),
+            };
+            match first {
+                None => first = Some((which(c, i), level)),
+                Some((ref at, had)) if had != level => {
+                    return Some(format!(
+                        "error: {at} asks for backend.autotune = \"{}\" and {} for \"{}\": CubeCL takes its autotune level once per process, so both would run with \"{}\"\n  = help: run each level in a process of its own: a grid's cells one at a time (--cell N), or as a Slurm array (runner sweep GRID --slurm); runner warmup warms them all",
+                        had.name(),
+                        which(c, i),
+                        level.name(),
+                        had.name()
+                    ));
+                }
+                Some(_) => {}
+            }
+        }
+    }
+    None
+}
+
+/// Set in the processes `warmup` starts, one for each of the recipes' CubeCL settings:
+/// the index of the one that process warms.
+const WARMUP_GROUP: &str = "RUNNER_WARMUP_GROUP";
+
 pub(crate) fn warmup(args: &CheckArgs, quiet: bool) -> ExitCode {
     let machine = runner::backend::probe();
     let Some(checked) = check_all(args, &machine) else {
         return ExitCode::from(2);
     };
+    // What CubeCL takes once per process: one process for each setting the plans ask for
+    // (cells warmed under another cell's level or into its cache directory would compile
+    // again when they run).
+    let mut groups = vec![];
+    for p in checked.iter().flat_map(|c| &c.plans) {
+        if let Some(g) = p.cubecl_once() {
+            if !groups.contains(&g) {
+                groups.push(g);
+            }
+        }
+    }
+    let only = std::env::var(WARMUP_GROUP)
+        .ok()
+        .and_then(|g| g.parse::<usize>().ok());
+    if groups.len() > 1 && only.is_none() {
+        return warmup_each_group(groups.len(), quiet);
+    }
     let mut seen = std::collections::HashSet::new();
     let mut code = ExitCode::SUCCESS;
     for p in checked.iter().flat_map(|c| &c.plans) {
-        if !seen.insert(kernel_key(p)) {
+        // In a process warming one group, that group's plans (and the CPU ones in the first).
+        let mine = match (only, p.cubecl_once()) {
+            (Some(k), Some(g)) => groups.get(k) == Some(&g),
+            (Some(k), None) => k == 0,
+            (None, _) => true,
+        };
+        if !mine || !seen.insert(kernel_key(p)) {
             continue;
         }
         let (backend, _) = runner::backend::describe(p.device, &p.kernels);
@@ -495,6 +568,39 @@ pub(crate) fn warmup(args: &CheckArgs, quiet: bool) -> ExitCode {
         }
     }
     code
+}
+
+/// `runner warmup` again, once for each of `n` CubeCL settings in turn (see `warmup`); the
+/// worst exit code.
+fn warmup_each_group(n: usize, quiet: bool) -> ExitCode {
+    if !quiet {
+        runner::errln!(
+            "note: the recipes ask for {n} different CubeCL settings (backend.autotune, backend.cache_dir), which CubeCL takes once per process: each is warmed in a process of its own"
+        );
+    }
+    let exe = match std::env::current_exe() {
+        Ok(exe) => exe,
+        Err(e) => {
+            runner::errln!("error: cannot find this runner's own binary to start it again: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let mut worst = 0u8;
+    for k in 0..n {
+        let status = std::process::Command::new(&exe)
+            .args(std::env::args_os().skip(1))
+            .env(WARMUP_GROUP, k.to_string())
+            .status();
+        let code = match status {
+            Ok(s) => s.code().map_or(1, |c| c.clamp(0, 255) as u8),
+            Err(e) => {
+                runner::errln!("error: cannot start {}: {e}", exe.display());
+                1
+            }
+        };
+        worst = worst.max(code);
+    }
+    ExitCode::from(worst)
 }
 
 pub(crate) fn slurm(args: &SweepArgs) -> ExitCode {

@@ -191,6 +191,16 @@ pub struct KernelPlan {
     pub cache_dir: Option<PathBuf>,
 }
 
+impl Plan {
+    /// What CubeCL takes once per process, when its first device starts (the autotune level
+    /// and the cache directory); `None` on the CPU backend, which has no CubeCL. Plans of
+    /// one process that differ in it run with the first one's (see `kernels`).
+    pub fn cubecl_once(&self) -> Option<(AutotuneLevel, Option<&Path>)> {
+        (!matches!(self.device, Device::Cpu))
+            .then_some((self.kernels.autotune, self.kernels.cache_dir.as_deref()))
+    }
+}
+
 /// The network: its class count and its architecture with the knobs that architecture
 /// has (and no others). Serialised, it is the resolved recipe's `[model]` table: `arch`
 /// from the variant, then its knobs (see `plan/resolve.rs`).

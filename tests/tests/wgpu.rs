@@ -310,3 +310,57 @@ fn wgpu_cache_another_user_owns_is_read_through_a_private_copy() {
     assert_eq!(files(&kc), shared, "the shared cache changed");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// CubeCL takes its autotune level once per process: a grid over `backend.autotune` run in
+/// one process is refused before anything runs (every cell ran with the first cell's level
+/// and was recorded with its own), and `runner warmup` warms each level in a process of
+/// its own.
+#[test]
+fn wgpu_a_grid_over_autotune_levels_is_one_process_per_level() {
+    let dir = tempdir("wgpu-autotune-grid");
+    let grid = crate::common::tiny_recipe(
+        &dir,
+        "levels",
+        "[sweep]\n\"backend.autotune\" = [\"minimal\", \"balanced\"]\n",
+    );
+    let cmd = |args: &[&str]| {
+        let mut c = runner_cmd();
+        c.arg(&grid)
+            .args(args)
+            .args(["--set", "backend.kind=\"wgpu\"", "--set", "run.max_steps=2"])
+            .env("RUNNER_CACHE_DIR", dir.join("kc"));
+        c.output().unwrap()
+    };
+    let out = cmd(&["-q"]);
+    expect_exit(&out, 2);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("cell 0 asks for backend.autotune = \"minimal\" and")
+            && stderr.contains(
+                "cell 1 for \"balanced\": CubeCL takes its autotune level once per process"
+            ),
+        "{stderr}"
+    );
+    assert!(!dir.join("runs").exists(), "a run started");
+
+    let out = runner_cmd()
+        .arg("warmup")
+        .arg(&grid)
+        .args(["--set", "backend.kind=\"wgpu\"", "--set", "run.max_steps=2"])
+        .env("RUNNER_CACHE_DIR", dir.join("kc"))
+        .output()
+        .unwrap();
+    expect_exit(&out, 0);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(
+        stdout.matches(": warmed up on ").count(),
+        2,
+        "{stdout}{stderr}"
+    );
+    assert!(stderr.contains("2 different CubeCL settings"), "{stderr}");
+    assert!(
+        !stderr.contains("CubeCL was already configured"),
+        "{stderr}"
+    );
+}
