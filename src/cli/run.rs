@@ -422,35 +422,6 @@ pub(crate) fn eval(run_dir: &Path, data: Option<&Path>, best: bool) -> ExitCode 
     }
 }
 
-/// What decides the kernels a plan compiles and tunes: plans equal in this warm up once.
-/// Text batches take their lengths from the order and the epochs the run reaches.
-pub(crate) fn kernel_key(p: &Plan) -> String {
-    let o = &p.optim;
-    let text_order = p
-        .data
-        .text()
-        .map(|_| (p.seed, p.loader.shuffle, runner::train::epochs_reached(p)));
-    format!(
-        "{:?}|{:?}|{:?}|{:?}|{}|{}|{:?}|{}|{}|{}|{}|{:?}|{:?}|{:?}|{}|{}",
-        p.device,
-        p.kernels,
-        p.model,
-        p.data,
-        p.loader.batch_size,
-        p.loader.drop_last,
-        text_order,
-        o.momentum > 0.0,
-        o.nesterov,
-        o.weight_decay > 0.0,
-        o.accumulation_steps,
-        o.optimizer,
-        p.cleanup.actions,
-        p.run.eval,
-        o.clip_grad_norm.is_some(),
-        o.label_smoothing > 0.0,
-    )
-}
-
 /// CubeCL takes its autotune level once per process (`Plan::cubecl_once`): runs of one
 /// process that differ in it would all run with the first one's, each recorded with its
 /// own (a grid over `backend.autotune` measured one level under several names). The
@@ -528,7 +499,7 @@ pub(crate) fn warmup(args: &CheckArgs, quiet: bool) -> ExitCode {
             (Some(k), None) => k == 0,
             (None, _) => true,
         };
-        if !mine || !seen.insert(kernel_key(p)) {
+        if !mine || !seen.insert(runner::train::kernel_signature(p)) {
             continue;
         }
         let (backend, _) = runner::backend::describe(p.device, &p.kernels);

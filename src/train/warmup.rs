@@ -49,6 +49,37 @@ fn run_batches<'a>(plan: &Plan, train: &'a Dataset) -> impl Iterator<Item = Vec<
     })
 }
 
+/// What decides the kernels a plan compiles and tunes: plans equal in this warm up once.
+/// Text batches take their lengths from the order and the epochs the run reaches. It
+/// names what `warm_up` (below) reads from the plan: a setting that comes to change the
+/// kernels a step compiles belongs in both.
+pub fn kernel_signature(p: &Plan) -> String {
+    let o = &p.optim;
+    let text_order = p
+        .data
+        .text()
+        .map(|_| (p.seed, p.loader.shuffle, epochs_reached(p)));
+    format!(
+        "{:?}|{:?}|{:?}|{:?}|{}|{}|{:?}|{}|{}|{}|{}|{:?}|{:?}|{:?}|{}|{}",
+        p.device,
+        p.kernels,
+        p.model,
+        p.data,
+        p.loader.batch_size,
+        p.loader.drop_last,
+        text_order,
+        o.momentum > 0.0,
+        o.nesterov,
+        o.weight_decay > 0.0,
+        o.accumulation_steps,
+        o.optimizer,
+        p.cleanup.actions,
+        p.run.eval,
+        o.clip_grad_norm.is_some(),
+        o.label_smoothing > 0.0,
+    )
+}
+
 /// The epochs a run of `plan` reaches: `run.epochs`, or fewer where `run.max_steps` ends
 /// it sooner (at least one).
 pub fn epochs_reached(plan: &Plan) -> usize {
