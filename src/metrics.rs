@@ -266,16 +266,59 @@ impl Phases {
     }
 }
 
+/// How a run stands, as `summary.json` says it (in lower case).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RunStatus {
+    /// Under way, or its process was killed outright (`Summary::process` tells which).
+    #[default]
+    Running,
+    Completed,
+    /// Stopped by an error (`Summary::error`).
+    Failed,
+    /// Stopped by SIGINT, SIGTERM or SIGHUP (`Summary::error` says which, and when).
+    Interrupted,
+}
+
+impl RunStatus {
+    pub fn name(self) -> &'static str {
+        match self {
+            RunStatus::Running => "running",
+            RunStatus::Completed => "completed",
+            RunStatus::Failed => "failed",
+            RunStatus::Interrupted => "interrupted",
+        }
+    }
+}
+
+impl std::fmt::Display for RunStatus {
+    fn fmt(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// What became of the process a `running` summary names.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Process {
+    /// On this host, still going.
+    Alive(u32),
+    /// On this host, gone: killed outright (kill -9, out of memory), or it could not write
+    /// its summary at the end.
+    Gone(u32),
+    /// On another host: this one cannot tell.
+    Elsewhere { host: String, pid: u32 },
+    /// The summary names no process.
+    Unknown,
+}
+
 /// `summary.json`. Missing fields read as their defaults, so older summaries still load.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default)]
 pub struct Summary {
     pub name: String,
     pub run_id: String,
-    /// `completed`, `failed` (see `error`), `interrupted` (SIGINT/SIGTERM; see `error`) or
-    /// `running` while the run is under way (or if its process was killed outright: `pid`
-    /// and `host` say which process to look for).
-    pub status: String,
+    /// `pid` and `host` say which process to look for while it is `running`.
+    pub status: RunStatus,
     pub pid: Option<u32>,
     /// When that process started (clock ticks after boot): a pid alone may be another
     /// process's by now.
@@ -360,6 +403,31 @@ pub struct Summary {
 }
 
 impl Summary {
+    /// The summary of the run in `run_dir`, where it says the run completed.
+    pub fn completed_in(run_dir: &Path) -> Option<Summary> {
+        let text = std::fs::read_to_string(run_dir.join("summary.json")).ok()?;
+        let s: Summary = serde_json::from_str(&text).ok()?;
+        (s.status == RunStatus::Completed).then_some(s)
+    }
+
+    /// What became of the process this summary names (meaningful while `running`).
+    pub fn process(&self) -> Process {
+        match (self.pid, &self.host) {
+            (Some(pid), Some(h)) if Some(h) == crate::clock::hostname().as_ref() => {
+                if crate::clock::still_running(pid, self.pid_started) {
+                    Process::Alive(pid)
+                } else {
+                    Process::Gone(pid)
+                }
+            }
+            (Some(pid), Some(h)) => Process::Elsewhere {
+                host: h.clone(),
+                pid,
+            },
+            _ => Process::Unknown,
+        }
+    }
+
     /// Its figures in one line: steps, speed, test accuracy (what a completed run prints,
     /// and what a run whose summary cannot be written says on stderr instead).
     pub fn headline(&self) -> String {

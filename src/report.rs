@@ -7,7 +7,7 @@ use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
 use crate::error::Error;
-use crate::metrics::{Stats, StepRecord, Summary};
+use crate::metrics::{Process, RunStatus, Stats, StepRecord, Summary};
 
 /// One run directory, read back.
 #[derive(Debug, Clone)]
@@ -38,26 +38,22 @@ pub struct Excluded {
 /// while their summary still says running (killed outright: kill -9, a node lost; or a
 /// summary that could not be written at the end, which the run said on its stderr).
 pub fn split_completed(runs: Vec<Run>) -> (Vec<Run>, Vec<Excluded>) {
-    let this_host = crate::clock::hostname();
     let mut done = vec![];
     let mut left = vec![];
     for r in runs {
         let s = &r.summary;
-        let why = match s.status.as_str() {
-            "completed" => {
+        let why = match s.status {
+            RunStatus::Completed => {
                 done.push(r);
                 continue;
             }
-            "running" => match (s.pid, &s.host) {
-                (Some(pid), Some(h)) if Some(h) == this_host.as_ref() => {
-                    if crate::clock::still_running(pid, s.pid_started) {
-                        format!("still running (pid {pid})")
-                    } else {
-                        format!("killed (kill -9, out of memory, a node lost), or unable to write its summary at its end (its stderr says): its process (pid {pid}) is gone, and summary.json still says running")
-                    }
+            RunStatus::Running => match s.process() {
+                Process::Alive(pid) => format!("still running (pid {pid})"),
+                Process::Gone(pid) => format!("killed (kill -9, out of memory, a node lost), or unable to write its summary at its end (its stderr says): its process (pid {pid}) is gone, and summary.json still says running"),
+                Process::Elsewhere { host, pid } => {
+                    format!("running, or killed, on {host} (pid {pid})")
                 }
-                (Some(pid), Some(h)) => format!("running, or killed, on {h} (pid {pid})"),
-                _ => "running, or killed (no process recorded)".into(),
+                Process::Unknown => "running, or killed (no process recorded)".into(),
             },
             other => match &s.error {
                 Some(e) => format!("{other}: {e}"),
@@ -203,7 +199,7 @@ pub fn load_run(dir: &Path) -> Result<Run, Error> {
     let mut summary = Summary {
         name: stored.name.clone(),
         run_id: stored.run_id.clone(),
-        status: stored.status.clone(),
+        status: stored.status,
         error: stored.error.clone(),
         pid: stored.pid,
         pid_started: stored.pid_started,

@@ -206,7 +206,7 @@ pub(crate) fn run_grid(c: &Checked, sel: Selection, opts: &RunOptions) -> Result
             .filter(|s| resuming && matches!(s.state, State::Interrupted | State::Running))
             .and_then(|s| s.run_dir);
         // `runner resume` may have finished that run since: the cell is done.
-        let completed = stopped_run.as_deref().and_then(completed_summary);
+        let completed = stopped_run.as_deref().and_then(Summary::completed_in);
         let result = match (stopped_run, completed) {
             (Some(run_dir), Some(s)) => {
                 if !opts.quiet {
@@ -288,13 +288,6 @@ pub(crate) fn run_grid(c: &Checked, sel: Selection, opts: &RunOptions) -> Result
         }),
         None => Ok(()),
     }
-}
-
-/// A run directory's summary, where it says the run completed.
-fn completed_summary(run_dir: &Path) -> Option<Summary> {
-    let text = std::fs::read_to_string(run_dir.join("summary.json")).ok()?;
-    let s: Summary = serde_json::from_str(&text).ok()?;
-    (s.status == "completed").then_some(s)
 }
 
 /// How a cell's run ended, for the sweep state; a stop of the whole sweep (a signal, or

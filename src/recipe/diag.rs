@@ -25,6 +25,8 @@ pub struct Diagnostic {
     /// The dotted key, as the user wrote it (`loader.workers`).
     pub key: Option<String>,
     pub message: String,
+    /// What else the reader needs to know, said before the help.
+    pub note: Option<String>,
     /// What to do about it.
     pub help: Option<String>,
 }
@@ -39,6 +41,7 @@ impl Diagnostic {
             snippet: None,
             key: None,
             message: message.into(),
+            note: None,
             help: None,
         }
     }
@@ -104,6 +107,9 @@ impl fmt::Display for Diagnostic {
             let gutter = l.to_string().len();
             write!(f, "\n{:gutter$} |\n{l} | {text}\n{:gutter$} | ", "", "")?;
             write!(f, "{}{}", " ".repeat(cols.start), "^".repeat(cols.len()))?;
+        }
+        if let Some(n) = &self.note {
+            write!(f, "\n  = note: {n}")?;
         }
         if let Some(h) = &self.help {
             write!(f, "\n  = help: {h}")?;

@@ -102,13 +102,13 @@ pub fn eval(
         // The whole file: the run's `data.test_limit` was about its own test set.
         sets.push(format!("data.test_limit={}", i64::MAX));
     }
-    let plan = run_plan(&recipe_path, &sets, machine).map_err(|e| match (e, data_file) {
-        (RunError::Input(text), Some(_)) => input(data_flag_error(&text, &recipe_path)),
-        (RunError::Input(text), None) if text.contains("data.test: ") => input(format!(
-            "{text}\n  = help: if the test data moved, give it with runner eval {} --data FILE",
+    let plan = run_plan(&recipe_path, &sets, machine).map_err(|d| match data_file {
+        Some(_) => input(as_data_flag(d, &recipe_path).to_string()),
+        None if d.errors().any(|e| e.key.as_deref() == Some("data.test")) => input(format!(
+            "{d}\n  = help: if the test data moved, give it with runner eval {} --data FILE",
             run_dir.display()
         )),
-        (e, _) => e,
+        None => input(d.to_string()),
     })?;
     if plan.data.test_len == 0 {
         return Err(input(format!(
@@ -176,39 +176,35 @@ pub fn eval(
     Ok(report)
 }
 
-/// An error in the `--data` file, said of `--data` (the runner checks the file as the
-/// run's `data.test` by overriding it, which the user did not write): without the `--set`
-/// snippet, with the format the file must have.
-fn data_flag_error(text: &str, recipe_path: &Path) -> String {
+/// The findings about the `--data` file, said of `--data` (the runner checks the file as
+/// the run's `data.test` by overriding it, which the user did not write): without the
+/// override's place and snippet, with the format the file must have.
+fn as_data_flag(
+    mut d: crate::recipe::Diagnostics,
+    recipe_path: &Path,
+) -> crate::recipe::Diagnostics {
     let format = std::fs::read_to_string(recipe_path)
         .ok()
         .and_then(|t| t.parse::<toml::Table>().ok())
         .and_then(|t| t.get("data")?.get("format")?.as_str().map(String::from))
         .unwrap_or_default();
-    let mut out = vec![];
-    for line in text.lines() {
-        let snippet = line.trim_start().starts_with('|')
-            || line
-                .split_once(" |")
-                .is_some_and(|(n, _)| n.trim().parse::<u32>().is_ok());
-        if snippet || (line.ends_with(" in --set") && line.contains(" error")) {
+    for e in &mut d.0 {
+        if e.file != Path::new("--set") || e.key.as_deref() != Some("data.test") {
             continue;
         }
-        if let Some((_, msg)) = line
-            .strip_prefix("error: --set:")
-            .and_then(|rest| rest.split_once(": data.test: "))
+        e.file = "--data".into();
+        (e.line, e.col, e.snippet, e.key) = (None, None, None, None);
+        e.note = Some(format!(
+            "the run's data.format is \"{format}\": --data must be a file of that format"
+        ));
+        if e.help
+            .as_deref()
+            .is_some_and(|h| h.starts_with("--set paths are relative to the working directory"))
         {
-            out.push(format!("error: --data: {msg}"));
-            out.push(format!(
-                "  = note: the run's data.format is \"{format}\": --data must be a file of that format"
-            ));
-        } else if line.contains("= help: --set paths are relative to the working directory") {
-            out.push("  = help: --data is a path from the working directory".into());
-        } else {
-            out.push(line.to_string());
+            e.help = Some("--data is a path from the working directory".into());
         }
     }
-    out.join("\n")
+    d
 }
 
 /// `eval-<stamp>.json`, or `eval-<stamp>-2.json`, ... when an evaluation in the same second

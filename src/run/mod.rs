@@ -30,8 +30,8 @@ use crate::clock::utc_now;
 use crate::data::{self, Dataset};
 use crate::kernels::{self, KernelCounts, KernelSettings};
 use crate::metrics::{
-    write_json_atomic, write_json_keeping_room, EvalRecord, JsonLines, StepRecord, Summary,
-    KEPT_ROOM,
+    write_json_atomic, write_json_keeping_room, EvalRecord, JsonLines, Process, RunStatus,
+    StepRecord, Summary, KEPT_ROOM,
 };
 use crate::plan::{Device, Plan};
 use crate::progress::Progress;
@@ -183,14 +183,14 @@ fn run_recipe(run_dir: &Path) -> Result<PathBuf, RunError> {
     )))
 }
 
-/// A run directory's recipe validated again, on this machine, with `sets` on top.
+/// A run directory's recipe validated again, on this machine, with `sets` on top; its
+/// findings as they are, for the caller to say in its own terms.
 fn run_plan(
     recipe_path: &Path,
     sets: &[String],
     machine: &crate::plan::Machine,
-) -> Result<Plan, RunError> {
-    let checked = crate::sweep::check(recipe_path, sets, machine, 1)
-        .map_err(|r| RunError::Input(r.to_string()))?;
+) -> Result<Plan, crate::recipe::Diagnostics> {
+    let checked = crate::sweep::check(recipe_path, sets, machine, 1)?;
     Ok(checked
         .plans
         .into_iter()
@@ -247,7 +247,7 @@ pub fn execute(plan: &Plan, opts: &RunOptions) -> Result<Finished, RunError> {
     let summary = Summary {
         name: plan.name.clone(),
         run_id: run_id.clone(),
-        status: "running".into(),
+        status: RunStatus::Running,
         pid: Some(std::process::id()),
         pid_started: crate::clock::process_started(std::process::id()),
         host: crate::clock::hostname(),
@@ -318,7 +318,7 @@ fn drive(
         sink.progress.finish();
         summary.util_source = finish_sampler(&mut sink, &dir);
         summary.wall_s += wall.elapsed().as_secs_f64();
-        summary.status = "failed".into();
+        summary.status = RunStatus::Failed;
         summary.error = Some(format!("cannot write {e}"));
         // Already failing: a summary that cannot be written either changes nothing said.
         let _ = write_json_atomic(&dir.join("summary.json"), &summary);
@@ -403,7 +403,7 @@ fn stop_before_first_step(
     let mut summary = summary.clone();
     Ok(crate::signals::exit_before_first_step(move |sig| {
         let signal = crate::signals::name(sig);
-        summary.status = "interrupted".into();
+        summary.status = RunStatus::Interrupted;
         summary.wall_s += wall.elapsed().as_secs_f64();
         let counts = kernels::counts().since(counts_at_start);
         if counts != KernelCounts::default() {
@@ -478,11 +478,10 @@ fn ending(
         ))),
     };
     summary.status = match &stop {
-        None => "completed",
-        Some(train::Stop::Signal(_)) => "interrupted",
-        Some(_) => "failed",
-    }
-    .into();
+        None => RunStatus::Completed,
+        Some(train::Stop::Signal(_)) => RunStatus::Interrupted,
+        Some(_) => RunStatus::Failed,
+    };
     summary.error = stop.as_ref().map(|s| match s {
         train::Stop::Signal(_) => format!("{s} after step {}", summary.steps),
         _ => s.to_string(),

@@ -45,19 +45,15 @@ pub fn resume(
                 summary_path.display()
             ))
         })?;
-    if summary.status == "completed" {
+    if summary.status == RunStatus::Completed {
         return Err(input(format!(
             "error: {}: the run already completed; nothing to resume",
             run_dir.display()
         )));
     }
     // One process at a time continues a run: two would write the same metrics lines.
-    if let (Some(pid), Some(host)) = (summary.pid, &summary.host) {
-        if summary.status == "running"
-            && Some(host) == crate::clock::hostname().as_ref()
-            && crate::clock::still_running(pid, summary.pid_started)
-            && pid != std::process::id()
-        {
+    if let (RunStatus::Running, Process::Alive(pid)) = (summary.status, summary.process()) {
+        if pid != std::process::id() {
             return Err(input(format!(
                 "error: {}: the run is still going (pid {pid})\n  = help: stop it first (SIGINT or SIGTERM writes a checkpoint), then resume",
                 run_dir.display()
@@ -79,12 +75,23 @@ pub fn resume(
             )))
         }
     };
-    let plan = run_plan(&recipe_path, &[], machine).map_err(|e| match e {
-        RunError::Input(text) if text.contains("does not exist") => RunError::Input(format!(
-            "{text}\n  = note: a run's recipe.toml names its data by absolute path: put the file back there, or, if the data moved, edit the path in {}; resume takes the same files (by size and CRC-32) at a new path",
-            recipe_path.display()
-        )),
-        e => e,
+    let plan = run_plan(&recipe_path, &[], machine).map_err(|mut d| {
+        // A data file that is not where the run's recipe names it (the data moved).
+        let data_missing = d.0.iter_mut().find(|e| {
+            e.is_error()
+                && matches!(
+                    e.key.as_deref(),
+                    Some("data.train" | "data.test" | "data.validation_file")
+                )
+                && e.message.contains("does not exist")
+        });
+        if let Some(e) = data_missing {
+            e.note = Some(format!(
+                "a run's recipe.toml names its data by absolute path: put the file back there, or, if the data moved, edit the path in {}; resume takes the same files (by size and CRC-32) at a new path",
+                recipe_path.display()
+            ));
+        }
+        input(d.to_string())
     })?;
     let sha = sha256_file(&recipe_path);
     let metrics_path = run_dir.join("metrics.jsonl");
@@ -418,7 +425,7 @@ fn rewind(
     state: &crate::checkpoint::State,
     records: &[StepRecord],
 ) -> Vec<EvalRecord> {
-    if summary.status == "running" {
+    if summary.status == RunStatus::Running {
         // The process died (kill -9, out of memory, a lost node) before its last summary,
         // which still reads as at its start: what it did is in the checkpoint's state and
         // the lines kept, the checkpoint's own time on the line of its step (a signal's
@@ -460,7 +467,7 @@ fn rewind(
         .collect();
     summary.best_step = state.best.map(|b| b.0);
     summary.best_value = state.best.map(|b| b.1);
-    summary.status = "running".into();
+    summary.status = RunStatus::Running;
     summary.error = None;
     summary.pid = Some(std::process::id());
     summary.pid_started = crate::clock::process_started(std::process::id());

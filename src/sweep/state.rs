@@ -262,10 +262,7 @@ pub fn execute(
 
 /// Whether a run directory's summary says the run completed.
 fn completed(run_dir: &Path) -> bool {
-    std::fs::read_to_string(run_dir.join("summary.json"))
-        .ok()
-        .and_then(|t| serde_json::from_str::<crate::metrics::Summary>(&t).ok())
-        .is_some_and(|s| s.status == "completed")
+    crate::metrics::Summary::completed_in(run_dir).is_some()
 }
 
 /// How long a lock may go without its owner's heartbeat before another process takes it

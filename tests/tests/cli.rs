@@ -1,5 +1,7 @@
 //! The binary as a user meets it: exit codes, messages, what is written and what is not.
 
+use runner::metrics::RunStatus;
+
 use crate::common::{
     expect_exit, json, only_run, root, runner_cmd, statuses, summary, tempdir, tiny_recipe,
 };
@@ -279,7 +281,7 @@ fn a_recipe_path_that_is_not_utf8_runs_and_slurm_says_why_not() {
         .unwrap();
     expect_exit(&out, 0);
     let run = only_run(&dir.join("runs/l"));
-    assert_eq!(summary(&run).status, "completed");
+    assert_eq!(summary(&run).status, RunStatus::Completed);
     let env = json(&run.join("env.json"));
     let command = env["command"].as_array().unwrap();
     assert!(command

@@ -3,7 +3,7 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use runner::metrics::{StepRecord, Summary};
+use runner::metrics::{RunStatus, StepRecord, Summary};
 
 use crate::common::{
     as_other, expect_exit, only_run, resume_quietly, root, runner_cmd, summary, tempdir,
@@ -120,7 +120,7 @@ fn sigterm_and_sighup_stop_at_a_step_boundary_and_say_interrupted() {
         expect_exit(&out, code);
         let run = only_run(&dir.join(format!("runs/{tag}")));
         let s = summary(&run);
-        assert_eq!(s.status, "interrupted");
+        assert_eq!(s.status, RunStatus::Interrupted);
         let recs = whole_lines(&run);
         assert_eq!(
             s.steps as usize,
@@ -160,7 +160,7 @@ fn under_nohup_a_sighup_is_left_ignored() {
     expect_exit(&out, 0);
     assert_eq!(
         summary(&only_run(&dir.join("runs/nohup"))).status,
-        "completed"
+        RunStatus::Completed
     );
 }
 
@@ -176,7 +176,7 @@ fn a_signal_delivered_twice_still_stops_at_a_step_boundary() {
     expect_exit(&out, 130);
     let run = only_run(&dir.join("runs/sigint-twice"));
     let s = summary(&run);
-    assert_eq!(s.status, "interrupted");
+    assert_eq!(s.status, RunStatus::Interrupted);
     assert_eq!(s.steps as usize, whole_lines(&run).len());
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
@@ -240,7 +240,7 @@ fn a_signal_before_the_first_step_is_done_exits_at_once() {
     let out = child.wait_with_output().unwrap();
     expect_exit(&out, 130);
     let s = summary(&run);
-    assert_eq!(s.status, "interrupted");
+    assert_eq!(s.status, RunStatus::Interrupted);
     assert_eq!(s.steps, 0, "it went on to a step boundary: {s:?}");
     assert_eq!(
         s.error.as_deref(),
@@ -498,7 +498,7 @@ fn a_full_disk_stops_the_run_without_cutting_a_line() {
     assert!(text.lines().count() < 800);
     // The summary says so (rewritten in place where no new file fits).
     let s: Summary = serde_json::from_str(&summary_text).unwrap();
-    assert_eq!(s.status, "failed", "{s:?}");
+    assert_eq!(s.status, RunStatus::Failed, "{s:?}");
 }
 
 /// A disk that fills up during a run: the run stops, and its summary still says so (it
@@ -536,7 +536,7 @@ fn a_disk_that_fills_during_a_run_still_gets_its_summary() {
         "{stderr}"
     );
     let s: Summary = serde_json::from_str(&s).unwrap_or_else(|e| panic!("{e}: {s}"));
-    assert_eq!(s.status, "failed", "{s:?}");
+    assert_eq!(s.status, RunStatus::Failed, "{s:?}");
     assert!(s
         .error
         .unwrap_or_default()
@@ -575,7 +575,7 @@ fn a_file_size_limit_stops_the_run_as_a_full_disk_does() {
     );
     let run = only_run(&dir.join("runs/fsize"));
     let s = summary(&run);
-    assert_eq!(s.status, "failed");
+    assert_eq!(s.status, RunStatus::Failed);
     assert_eq!(s.steps as usize, whole_lines(&run).len());
     let text = std::fs::read_to_string(run.join("metrics.jsonl")).unwrap();
     assert!(text.ends_with('\n'), "a cut metrics line");
@@ -625,7 +625,7 @@ fn a_run_directory_moved_mid_run_is_followed_and_one_removed_stops_the_run() {
     assert!(stdout.contains(&to.display().to_string()), "{stdout}");
     assert!(!run.exists(), "the old path came back");
     let s = summary(&to);
-    assert_eq!((s.status.as_str(), s.steps), ("completed", 1000));
+    assert_eq!((s.status, s.steps), (RunStatus::Completed, 1000));
     assert_eq!(whole_lines(&to).len(), 1000);
     assert!(to.join("model.safetensors").is_file());
     assert_eq!(

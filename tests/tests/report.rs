@@ -3,6 +3,8 @@
 use std::path::PathBuf;
 use std::process::Command;
 
+use runner::metrics::RunStatus;
+
 use crate::common::{
     as_other, expect, expect_exit, is_root, json, only_run, root, runner_cmd, summary, tempdir,
     tiny_recipe, whole_lines, writable_by_other,
@@ -138,7 +140,7 @@ fn a_diverged_run_fails_at_that_step_and_report_keeps_it_apart() {
     expect_exit(&out, 1);
     let run = only_run(&dir.join("runs/div"));
     let s = summary(&run);
-    assert_eq!(s.status, "failed");
+    assert_eq!(s.status, RunStatus::Failed);
     let err = s.error.clone().unwrap_or_default();
     assert!(
         err.starts_with("diverged at step ") && err.contains("run.max_loss"),

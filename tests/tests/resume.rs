@@ -3,6 +3,8 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use runner::metrics::RunStatus;
+
 use crate::common::{
     expect_exit, json, long_recipe, losses, only_run, records, resume_quietly, root, runner_cmd,
     summary, tb_losses, tempdir, tiny_recipe, walk_files,
@@ -156,13 +158,13 @@ fn a_resumed_run_ends_bitwise_where_the_uninterrupted_one_does() {
         );
         expect_exit(&out, 143);
         let run = only_run(&dir.join("runs/r"));
-        assert_eq!(summary(&run).status, "interrupted");
+        assert_eq!(summary(&run).status, RunStatus::Interrupted);
         let (_, state) = runner::checkpoint::latest(&run).expect("a checkpoint on SIGTERM");
         assert!(state.reason.contains("SIGTERM"), "{state:?}");
         let out = resume_quietly(&run);
         expect_exit(&out, 0);
         let s = summary(&run);
-        assert_eq!((s.status.as_str(), s.resumes), ("completed", 1));
+        assert_eq!((s.status, s.resumes), (RunStatus::Completed, 1));
         assert_eq!(s.steps, summary(&reference).steps);
         // Every step once, in order, with the reference's loss to the bit.
         assert_eq!(losses(&run), losses(&reference), "workers = {workers}");
@@ -209,7 +211,7 @@ fn a_resumed_run_ends_bitwise_where_the_uninterrupted_one_does() {
         );
         assert_eq!(out.status.code(), None, "killed by a signal");
         let run = only_run(&killed_dir.join("r"));
-        assert_eq!(summary(&run).status, "running");
+        assert_eq!(summary(&run).status, RunStatus::Running);
         // As if an older runner had started the run: its metrics.csv lacks a column.
         let csv_path = run.join("metrics.csv");
         let old = std::fs::read_to_string(&csv_path).unwrap();
@@ -963,4 +965,50 @@ fn a_run_whose_data_moved_resumes_on_the_same_files_at_their_new_path() {
     expect_exit(&out, 2);
     assert!(String::from_utf8_lossy(&out.stderr).contains("already completed"));
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Data that moved after the run: `resume` and `eval` name the missing file and say what to
+/// do (found from the findings' keys, not from their rendered text).
+#[test]
+fn moved_data_is_named_by_resume_and_eval_with_what_to_do() {
+    let dir = tempdir("moved-data");
+    let data = dir.join("data");
+    std::fs::create_dir_all(&data).unwrap();
+    let sample = root().join("datasets/cifar10_sample/test_batch.bin");
+    std::fs::copy(&sample, data.join("train.bin")).unwrap();
+    std::fs::copy(&sample, data.join("test.bin")).unwrap();
+    let recipe = dir.join("moved.toml");
+    std::fs::write(
+        &recipe,
+        format!(
+            "[model]\narch = \"mlp\"\n[data]\nformat = \"cifar10-bin\"\ntrain = \"data/train.bin\"\ntest = \"data/test.bin\"\n[loader]\nbatch_size = 8\n[checkpoint]\nevery = 1\n[log]\ndir = \"{}\"\n",
+            dir.join("runs").display()
+        ),
+    )
+    .unwrap();
+    expect_exit(&runner_cmd().arg(&recipe).arg("-q").output().unwrap(), 0);
+    let run = only_run(&dir.join("runs/moved"));
+    // As an interrupted run would be.
+    let path = run.join("summary.json");
+    let text = std::fs::read_to_string(&path).unwrap();
+    std::fs::write(&path, text.replace("\"completed\"", "\"interrupted\"")).unwrap();
+    std::fs::rename(&data, dir.join("elsewhere")).unwrap();
+
+    let out = resume_quietly(&run);
+    expect_exit(&out, 2);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("train.bin")
+            && stderr.contains("does not exist")
+            && stderr.contains("= note: a run's recipe.toml names its data by absolute path"),
+        "{stderr}"
+    );
+    let out = runner_cmd().arg("eval").arg(&run).output().unwrap();
+    expect_exit(&out, 2);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("test.bin")
+            && stderr.contains("= help: if the test data moved, give it with runner eval"),
+        "{stderr}"
+    );
 }

@@ -14,6 +14,8 @@ use runner::recipe;
 use runner::run::{self, RunOptions};
 use runner::train::Accumulation;
 
+use runner::metrics::RunStatus;
+
 use crate::common::{
     check, expect_exit, long_recipe, only_run, plan_from, records, root, runner_cmd, summary,
     tempdir, tiny_recipe, FASHION,
@@ -204,7 +206,7 @@ fn a_short_real_run_learns_and_writes_its_files() {
         "loss did not fall: {first:.3} → {last:.3}"
     );
     let s = summary(&out.dir);
-    assert_eq!(s.status, "completed");
+    assert_eq!(s.status, RunStatus::Completed);
     assert_eq!(s.steps, recs.len() as u64);
     assert_eq!(
         s.evals.len(),
@@ -482,7 +484,7 @@ fn early_stopping_watches_a_held_out_split_and_keeps_the_best_weights() {
     let run = only_run(&dir.join("runs/es"));
     let s = summary(&run);
     // 100 samples: 20 held out, 80 trained on in batches of 32 → 3 steps an epoch.
-    assert_eq!(s.status, "completed");
+    assert_eq!(s.status, RunStatus::Completed);
     assert_eq!(s.validations.len(), 3, "{:?}", s.validations);
     assert!(s.validations.iter().all(|v| v.samples == 20));
     assert_eq!(s.early_stopped_at_step, Some(9));
