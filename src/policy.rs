@@ -1,8 +1,9 @@
-//! The cleanup policy: decides, from plain numbers, whether a cleanup is due and which
-//! actions it runs. It performs nothing; the training loop carries the actions out and
-//! times them (burn-train's checkpoint strategies work the same way).
+//! The loop's policies: from plain numbers, whether a cleanup is due and which actions it
+//! runs, and when checkpoints, validations and test evaluations are due (`Cadence`). They
+//! perform nothing; the training loop carries out what they decide and times it
+//! (burn-train's checkpoint strategies work the same way).
 
-use crate::recipe::{CleanupAction, Every};
+use crate::recipe::{CleanupAction, EvalWhen, Every};
 
 /// The point in the loop being asked about.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -37,6 +38,73 @@ pub fn due(every: Every, at: Point) -> bool {
         (Every::Steps(n), Point::AfterStep { step }) => step % n == 0,
         (Every::Epoch, Point::EpochEnd) => true,
         _ => false,
+    }
+}
+
+/// When a run checkpoints, validates and scores its test set: the rules the training loop
+/// asks at each step and at each epoch's end, in one place. A checkpoint or validation
+/// due at an epoch's last step is made at the epoch's end (after its evaluation, so a
+/// resume starts the next epoch), never twice; nothing is checkpointed after the run's
+/// last step (the run's end saves the weights).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Cadence {
+    /// `checkpoint.every`; `None` where the run keeps nothing (no run directory).
+    pub checkpoint: Option<Every>,
+    /// `run.validate` (asked only where there is a validation set).
+    pub validate: Every,
+    pub eval: EvalWhen,
+    /// The run's optimizer steps, and its epochs.
+    pub total_steps: u64,
+    pub epochs: usize,
+}
+
+impl Cadence {
+    /// A checkpoint right after step `step`, with `left` micro-batches of its epoch to go.
+    pub fn checkpoint_in_epoch(&self, step: u64, left: usize) -> bool {
+        left > 0
+            && step < self.total_steps
+            && self
+                .checkpoint
+                .is_some_and(|e| due(e, Point::AfterStep { step }))
+    }
+
+    /// A checkpoint at the end of the epoch whose last step is `step`: every N steps landing
+    /// on it, or every epoch.
+    pub fn checkpoint_at_epoch_end(&self, step: u64) -> bool {
+        step < self.total_steps
+            && self
+                .checkpoint
+                .is_some_and(|e| due(e, Point::AfterStep { step }) || due(e, Point::EpochEnd))
+    }
+
+    /// A validation right after step `step` inside its epoch (`left` > 0).
+    pub fn validate_in_epoch(&self, step: u64, left: usize) -> bool {
+        left > 0 && due(self.validate, Point::AfterStep { step })
+    }
+
+    /// A validation at the end of a whole epoch whose last step is `step`: every epoch, or
+    /// every N steps where the N-th is that last step.
+    pub fn validate_at_epoch_end(&self, step: u64) -> bool {
+        due(self.validate, Point::EpochEnd)
+            || (step > 0 && due(self.validate, Point::AfterStep { step }))
+    }
+
+    /// The test set scored at the end of epoch `epoch` (0-based), whose last step is
+    /// `step`; `cut_short`: the epoch ended early (`run.max_steps`), `early`: early
+    /// stopping ends the run here.
+    pub fn evaluate_at_epoch_end(
+        &self,
+        epoch: usize,
+        step: u64,
+        cut_short: bool,
+        early: bool,
+    ) -> bool {
+        let last = epoch + 1 == self.epochs || step >= self.total_steps || early;
+        match self.eval {
+            EvalWhen::Epoch => !cut_short || last,
+            EvalWhen::End => last,
+            EvalWhen::Never => false,
+        }
     }
 }
 
@@ -99,5 +167,92 @@ mod tests {
             actions: vec![TrimHost, Sync],
         };
         assert_eq!(p.decide(Point::AfterStep { step: 1 }), &[TrimHost, Sync]);
+    }
+
+    /// A run of 3 epochs of 4 steps (12 in all), walked as the training loop asks: what is
+    /// due inside an epoch and at its end.
+    fn walk(c: Cadence) -> (Vec<u64>, Vec<u64>, Vec<u64>, Vec<u64>) {
+        let (mut ckpt_in, mut ckpt_end, mut val, mut val_end) = (vec![], vec![], vec![], vec![]);
+        for step in 1..=12u64 {
+            let left = (4 - (step - 1) % 4 - 1) as usize;
+            if c.checkpoint_in_epoch(step, left) {
+                ckpt_in.push(step);
+            }
+            if c.validate_in_epoch(step, left) {
+                val.push(step);
+            }
+            if left == 0 {
+                if c.validate_at_epoch_end(step) {
+                    val_end.push(step);
+                }
+                if c.checkpoint_at_epoch_end(step) {
+                    ckpt_end.push(step);
+                }
+            }
+        }
+        (ckpt_in, ckpt_end, val, val_end)
+    }
+
+    fn cadence(checkpoint: Option<Every>, validate: Every, eval: EvalWhen) -> Cadence {
+        Cadence {
+            checkpoint,
+            validate,
+            eval,
+            total_steps: 12,
+            epochs: 3,
+        }
+    }
+
+    #[test]
+    fn a_checkpoint_or_validation_due_at_an_epochs_last_step_comes_at_its_end_once() {
+        // Every 2 steps: steps 2, 6, 10 inside; 4 and 8 at the epochs' ends; none after
+        // the last step (12), whose weights the run's end saves.
+        let c = cadence(Some(Every::Steps(2)), Every::Steps(2), EvalWhen::End);
+        let (ckpt_in, ckpt_end, val, val_end) = walk(c);
+        assert_eq!(ckpt_in, [2, 6, 10]);
+        assert_eq!(ckpt_end, [4, 8]);
+        assert_eq!(val, [2, 6, 10]);
+        assert_eq!(
+            val_end,
+            [4, 8, 12],
+            "validation is due after the last step too"
+        );
+        // Every epoch: at the ends alone.
+        let (ckpt_in, ckpt_end, val, val_end) =
+            walk(cadence(Some(Every::Epoch), Every::Epoch, EvalWhen::End));
+        assert!(ckpt_in.is_empty() && val.is_empty());
+        assert_eq!((ckpt_end, val_end), (vec![4, 8], vec![4, 8, 12]));
+        // A run that keeps nothing checkpoints nothing.
+        let (ckpt_in, ckpt_end, ..) = walk(cadence(None, Every::Never, EvalWhen::End));
+        assert!(ckpt_in.is_empty() && ckpt_end.is_empty());
+    }
+
+    #[test]
+    fn the_test_set_is_scored_as_run_eval_says() {
+        let epoch = cadence(None, Every::Never, EvalWhen::Epoch);
+        let end = cadence(None, Every::Never, EvalWhen::End);
+        let never = cadence(None, Every::Never, EvalWhen::Never);
+        // (epoch, its last step, cut short, early stop)
+        let ends = [
+            (0, 4, false, false),
+            (1, 8, false, false),
+            (2, 12, false, false),
+        ];
+        let scored = |c: Cadence| -> Vec<usize> {
+            ends.iter()
+                .filter(|&&(e, s, cut, early)| c.evaluate_at_epoch_end(e, s, cut, early))
+                .map(|e| e.0)
+                .collect()
+        };
+        assert_eq!(scored(epoch), [0, 1, 2]);
+        assert_eq!(scored(end), [2]);
+        assert!(scored(never).is_empty());
+        // An epoch cut short by run.max_steps is the run's last: scored under both.
+        assert!(end.evaluate_at_epoch_end(0, 12, true, false));
+        assert!(epoch.evaluate_at_epoch_end(0, 12, true, false));
+        // An epoch cut short that is not the last (a resume's partial epoch) is not.
+        assert!(!epoch.evaluate_at_epoch_end(0, 3, true, false));
+        // Early stopping ends the run: its epoch is the last one scored.
+        assert!(end.evaluate_at_epoch_end(0, 4, false, true));
     }
 }

@@ -163,14 +163,16 @@ impl<'a, B: TrainBackend> Trainer<'a, B> {
         }
     }
 
-    /// Whether a checkpoint is due at the end of the epoch that ends with step `step`
-    /// (every N steps landing on it, or every epoch); none after the run's last step.
-    fn checkpoint_due_at_epoch_end(&self, step: u64) -> bool {
-        let every = self.io.plan.checkpoint.every;
-        self.io.persist.is_some()
-            && step < self.io.plan.run.total_steps
-            && (policy::due(every, Point::AfterStep { step })
-                || policy::due(every, Point::EpochEnd))
+    /// When checkpoints, validations and evaluations are due.
+    fn cadence(&self) -> policy::Cadence {
+        let plan = self.io.plan;
+        policy::Cadence {
+            checkpoint: self.io.persist.map(|_| plan.checkpoint.every),
+            validate: plan.run.validate,
+            eval: plan.run.eval,
+            total_steps: plan.run.total_steps,
+            epochs: plan.run.epochs,
+        }
     }
 
     /// Writes a checkpoint at `epoch`, `batch` (the step is the trainer's), covering
@@ -289,10 +291,8 @@ impl<'a, B: TrainBackend> Trainer<'a, B> {
         }
         // A checkpoint inside the epoch; one due at its last step is written at its end,
         // after the evaluation (resuming then starts the next epoch).
-        let checkpoint_now = self.io.persist.is_some()
-            && pos.left > 0
-            && step < plan.run.total_steps
-            && policy::due(plan.checkpoint.every, Point::AfterStep { step });
+        let cadence = self.cadence();
+        let checkpoint_now = cadence.checkpoint_in_epoch(step, pos.left);
         if checkpoint_now {
             // The lines before this step are written first; this step's line is the
             // checkpoint's last (written right after it).
@@ -306,7 +306,7 @@ impl<'a, B: TrainBackend> Trainer<'a, B> {
         rec.iter_ms = ms(started) - rec.checkpoint_ms;
         rec.t_ms = self.io.t0.elapsed().as_secs_f64() * 1e3;
         self.pending.push((rec, loss_sum / group as f32));
-        if pos.left == 0 && self.checkpoint_due_at_epoch_end(step) {
+        if pos.left == 0 && cadence.checkpoint_at_epoch_end(step) {
             // Read back now (a diverged loss stops the run before its evaluations), written
             // once the checkpoint at the epoch's end says what it took.
             self.held = flush(&mut self.pending, sink, plan, &mut self.diverged, true)?;
@@ -314,7 +314,7 @@ impl<'a, B: TrainBackend> Trainer<'a, B> {
             self.flush(sink)?;
         }
         // Validation every N steps (inside the epoch; at its end it follows the epoch).
-        if pos.left > 0 && policy::due(plan.run.validate, Point::AfterStep { step }) {
+        if cadence.validate_in_epoch(step, pos.left) {
             return self.validate(pos.epoch, sink);
         }
         Ok(Next::Continue)
@@ -449,13 +449,8 @@ impl<'a, B: TrainBackend> Trainer<'a, B> {
         }
         // Validation every epoch, or every N steps where the N-th is the epoch's last (the
         // step itself leaves that one to the epoch's end, which comes next).
-        let at_step =
-            |every| self.step > 0 && policy::due(every, Point::AfterStep { step: self.step });
-        let validate = plan.run.validate;
-        if !cut_short
-            && !self.early
-            && (policy::due(validate, Point::EpochEnd) || at_step(validate))
-        {
+        let cadence = self.cadence();
+        if !cut_short && !self.early && cadence.validate_at_epoch_end(self.step) {
             self.validate(epoch, sink)?;
         }
         if self.early {
@@ -463,14 +458,7 @@ impl<'a, B: TrainBackend> Trainer<'a, B> {
             self.flush(sink)?;
             sink.early_stopped(self.step);
         }
-        let total = plan.run.total_steps;
-        let last = epoch + 1 == plan.run.epochs || self.step >= total || self.early;
-        let due = match plan.run.eval {
-            EvalWhen::Epoch => !cut_short || last,
-            EvalWhen::End => last,
-            EvalWhen::Never => false,
-        };
-        if due {
+        if cadence.evaluate_at_epoch_end(epoch, self.step, cut_short, self.early) {
             let all: Vec<usize> = (0..test.len()).collect();
             let e = evaluate(
                 &self.model.valid(),
@@ -486,11 +474,11 @@ impl<'a, B: TrainBackend> Trainer<'a, B> {
                 ..e
             });
         }
-        if self.step >= total || self.early {
+        if self.step >= plan.run.total_steps || self.early {
             self.flush(sink)?;
             return Ok(Next::EarlyStop);
         }
-        if !cut_short && self.checkpoint_due_at_epoch_end(self.step) {
+        if !cut_short && cadence.checkpoint_at_epoch_end(self.step) {
             // The held line is the checkpoint's last, written right after it.
             let lines = sink.lines_written() + self.held.is_some() as u64;
             let took = self.checkpoint(sink, (epoch + 1, 0), lines, "epoch end".into())?;
