@@ -98,14 +98,8 @@ fn kernel_settings(plan: &Plan) -> Result<KernelSettings, RunError> {
 
 /// The training loop as a backend-generic job.
 struct Train<'a> {
-    plan: &'a Plan,
-    batcher: train::Batcher,
-    train_set: Arc<Dataset>,
-    test_set: Arc<Dataset>,
-    validation: Option<Arc<Dataset>>,
-    t0: Instant,
+    inputs: train::Inputs<'a>,
     sink: &'a mut dyn Sink,
-    persist: &'a train::Persist,
 }
 
 impl backend::Job for Train<'_> {
@@ -115,18 +109,7 @@ impl backend::Job for Train<'_> {
         device: B::Device,
         mem: backend::MemFn<B::Device>,
     ) -> train::TrainOutcome {
-        train::train::<B>(
-            self.plan,
-            self.batcher,
-            self.train_set,
-            self.test_set,
-            self.validation,
-            device,
-            mem,
-            self.t0,
-            self.sink,
-            Some(self.persist),
-        )
+        train::train::<B>(self.inputs, device, mem, self.sink)
     }
 }
 
@@ -326,8 +309,6 @@ fn drive(
     }
     let vocab = sets.tokenizer.as_ref().map_or(0, |t| t.vocab_size());
     let batcher = train::Batcher::new(plan, vocab);
-    let (train_set, test_set) = (Arc::new(sets.train), Arc::new(sets.test));
-    let validation = sets.validation.map(Arc::new);
     let held = crate::rundir::RunDir::open(&dir)
         .map_err(|e| fail(format!("cannot open {}: {e}", dir.display())))?;
     let persist = train::Persist::new(held, sha256_file(&dir.join("recipe.toml")), resume);
@@ -335,14 +316,16 @@ fn drive(
         .map_err(|e| fail(format!("cannot open {}: {e}", dir.display())))?;
     let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         let job = Train {
-            plan,
-            batcher,
-            train_set: Arc::clone(&train_set),
-            test_set: Arc::clone(&test_set),
-            validation: validation.clone(),
-            t0,
+            inputs: train::Inputs {
+                plan,
+                batcher,
+                train: Arc::new(sets.train),
+                test: Arc::new(sets.test),
+                validation: sets.validation.map(Arc::new),
+                t0,
+                persist: Some(&persist),
+            },
             sink: &mut sink,
-            persist: &persist,
         };
         backend::dispatch(plan.device, &plan.kernels, job)
     }));

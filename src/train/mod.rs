@@ -209,6 +209,18 @@ impl Persist {
     }
 }
 
+/// What a run trains on, from the run layer: the plan, its data and batcher, the clock its
+/// records count from, and where it keeps what it writes (none: nothing is kept).
+pub struct Inputs<'a> {
+    pub plan: &'a Plan,
+    pub batcher: Batcher,
+    pub train: Arc<Dataset>,
+    pub test: Arc<Dataset>,
+    pub validation: Option<Arc<Dataset>>,
+    pub t0: Instant,
+    pub persist: Option<&'a Persist>,
+}
+
 /// Trains the plan's model on `train` and evaluates on `test`, reporting to `sink`.
 /// With `persist`, writes the checkpoints the plan asks for (and one when a signal stops
 /// the run), starts from a checkpoint when resuming, and saves the final weights.
@@ -216,19 +228,21 @@ impl Persist {
 /// burn-train's shape: this epoch loop hands each optimizer step, each epoch's end and the
 /// run's end to a `Trainer` (`trainer.rs`), which owns the model, the optimizer and the
 /// bookkeeping.
-#[allow(clippy::too_many_arguments)]
 pub fn train<B: TrainBackend>(
-    plan: &Plan,
-    batcher: Batcher,
-    train: Arc<Dataset>,
-    test: Arc<Dataset>,
-    validation: Option<Arc<Dataset>>,
+    inputs: Inputs<'_>,
     device: B::Device,
     mem: MemFn<B::Device>,
-    t0: Instant,
     sink: &mut dyn Sink,
-    persist: Option<&Persist>,
 ) -> TrainOutcome {
+    let Inputs {
+        plan,
+        batcher,
+        train,
+        test,
+        validation,
+        t0,
+        persist,
+    } = inputs;
     let io = trainer::Io {
         plan,
         batcher: &batcher,
