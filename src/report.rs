@@ -72,7 +72,7 @@ pub fn find_runs(paths: &[PathBuf]) -> Result<Vec<PathBuf>, Error> {
     let mut out = vec![];
     for p in paths {
         let mut found = vec![];
-        let mut cells: Vec<(usize, PathBuf)> = vec![];
+        let mut cells: Vec<(PathBuf, usize, PathBuf)> = vec![];
         if !p.exists() {
             return Err(Error::Input(format!("error: {} does not exist\n  = help: give run directories or folders holding them, e.g. runs/", p.display())));
         }
@@ -106,16 +106,21 @@ pub fn find_runs(paths: &[PathBuf]) -> Result<Vec<PathBuf>, Error> {
             }
         }
         // A cell's runs lie in `<log.dir>/<cell name>/`, its sweep directory in
-        // `<log.dir>/<grid name>/sweeps/`.
-        let index = |d: &PathBuf| {
+        // `<log.dir>/<grid name>/sweeps/`. Each grid's cells together, in its order (a
+        // key of the cell index alone interleaved the grids under `runs/`), the grids by
+        // the path of their sweep directory, then the runs of no grid.
+        let mut grids: Vec<&PathBuf> = cells.iter().map(|(g, ..)| g).collect();
+        grids.sort();
+        grids.dedup();
+        let place = |d: &PathBuf| {
             cells
                 .iter()
-                .filter(|(_, cell)| d.parent().is_some_and(|p| p.ends_with(cell)))
-                .map(|(i, _)| *i)
+                .filter(|(_, _, cell)| d.parent().is_some_and(|p| p.ends_with(cell)))
+                .map(|(g, i, _)| (grids.binary_search(&g).unwrap_or(usize::MAX), *i))
                 .min()
-                .unwrap_or(usize::MAX)
+                .unwrap_or((usize::MAX, usize::MAX))
         };
-        found.sort_by_cached_key(|d| (index(d), d.clone()));
+        found.sort_by_cached_key(|d| (place(d), d.clone()));
         out.extend(found);
     }
     // The same run named twice over (a path given twice, or once and a link to it): once,
@@ -131,21 +136,23 @@ pub fn find_runs(paths: &[PathBuf]) -> Result<Vec<PathBuf>, Error> {
     Ok(out)
 }
 
-/// The cells of the grids whose sweep directories are in `sweeps`, each index with its
-/// name as a path.
-fn grid_order(sweeps: &Path) -> Vec<(usize, PathBuf)> {
+/// The cells of the grids whose sweep directories are in `sweeps`: each one's sweep
+/// directory, index and name as a path.
+fn grid_order(sweeps: &Path) -> Vec<(PathBuf, usize, PathBuf)> {
     let Ok(grids) = std::fs::read_dir(sweeps) else {
         return vec![];
     };
     grids
         .filter_map(|g| {
-            let text = std::fs::read_to_string(g.ok()?.path().join("manifest.json")).ok()?;
-            serde_json::from_str::<crate::sweep::Manifest>(&text).ok()
+            let dir = g.ok()?.path();
+            let text = std::fs::read_to_string(dir.join("manifest.json")).ok()?;
+            let m = serde_json::from_str::<crate::sweep::Manifest>(&text).ok()?;
+            Some((dir, m))
         })
-        .flat_map(|m| {
+        .flat_map(|(dir, m)| {
             m.cells
                 .into_iter()
-                .map(|c| (c.index, PathBuf::from(c.name)))
+                .map(move |c| (dir.clone(), c.index, PathBuf::from(c.name)))
         })
         .collect()
 }

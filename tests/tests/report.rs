@@ -393,3 +393,37 @@ fn report_keeps_different_recipes_of_one_name_apart_in_the_order_given() {
     assert!(first.starts_with("zz,1,"), "{table}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `runner report runs/` over two grids lists each grid's cells together, in its order
+/// (the rows were sorted by cell index alone: cell 0 of every grid, then cell 1 of every
+/// grid, with the baseline's ratios across grids).
+#[test]
+fn report_keeps_each_grids_cells_together() {
+    let dir = tempdir("report-two-grids");
+    for g in ["ga", "gb"] {
+        let grid = tiny_recipe(&dir, g, "[sweep]\n\"optim.lr\" = [0.1, 0.2]\n");
+        expect_exit(&runner_cmd().arg(&grid).arg("-q").output().unwrap(), 0);
+    }
+    let out = runner_cmd()
+        .args(["report", "--format", "csv"])
+        .arg(dir.join("runs"))
+        .output()
+        .unwrap();
+    expect_exit(&out, 0);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let rows: Vec<&str> = stdout
+        .lines()
+        .skip(1)
+        .map(|l| l.split(',').next().unwrap())
+        .collect();
+    assert_eq!(
+        rows,
+        [
+            "ga/optim.lr=0.1",
+            "ga/optim.lr=0.2",
+            "gb/optim.lr=0.1",
+            "gb/optim.lr=0.2"
+        ],
+        "{stdout}"
+    );
+}
