@@ -392,7 +392,8 @@ pub struct Summary {
     pub loader_workers_started: usize,
     pub wall_s: f64,
     /// Process start → the first step done on the device (data loading, model building,
-    /// and on a GPU compiling and tuning its kernels), seconds.
+    /// and on a GPU compiling and tuning its kernels), seconds; for a grid's later cells,
+    /// run in the same process, from the cell's own start.
     pub startup_s: Option<f64>,
     /// The first step's own time, compilation and tuning included, ms.
     pub first_step_ms: Option<f64>,

@@ -117,6 +117,9 @@ impl backend::Job for Train<'_> {
 /// data (whose errors come back before anything is written).
 struct Prepared {
     wall: Instant,
+    /// What start-up is counted from: the process's start for its first run, a later
+    /// run's (a grid's next cell) own start.
+    origin: Instant,
     settings: KernelSettings,
     counts_at_start: KernelCounts,
     progress: Progress,
@@ -126,8 +129,15 @@ struct Prepared {
     device_name: String,
 }
 
+/// Whether a run has started in this process (a grid runs its cells one after another).
+static RAN_BEFORE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
 fn prepare(plan: &Plan, opts: &RunOptions) -> Result<Prepared, RunError> {
     let wall = Instant::now();
+    let origin = match RAN_BEFORE.swap(true, std::sync::atomic::Ordering::SeqCst) {
+        false => crate::clock::process_start(),
+        true => wall,
+    };
     let settings = kernel_settings(plan)?;
     for note in &settings.notes {
         crate::errln!("warning: {note}");
@@ -144,6 +154,7 @@ fn prepare(plan: &Plan, opts: &RunOptions) -> Result<Prepared, RunError> {
     let (backend_name, device_name) = backend::describe(plan.device, &plan.kernels);
     Ok(Prepared {
         wall,
+        origin,
         settings,
         counts_at_start,
         progress,
@@ -267,6 +278,7 @@ fn drive(
 ) -> Result<Finished, RunError> {
     let Prepared {
         wall,
+        origin,
         counts_at_start,
         progress,
         sets,
@@ -290,7 +302,7 @@ fn drive(
     let mut sink = FileSink::new(
         (metrics, records, evals),
         progress,
-        counts_at_start,
+        (counts_at_start, origin),
         &summary,
         opts.quiet,
         sampler,

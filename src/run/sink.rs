@@ -14,8 +14,10 @@ pub(super) struct FileSink {
     parameters: usize,
     pub(super) progress: Progress,
     pub(super) io_error: Option<String>,
-    /// Process start → first step done on the device, and that step's own time.
+    /// Start (the process's, or a grid's later cell's own) → first step done on the
+    /// device, and that step's own time.
     startup_s: Option<f64>,
+    origin: Instant,
     first_step_ms: Option<f64>,
     /// CubeCL's counters when the run started (a process may run several).
     counts_at_start: KernelCounts,
@@ -193,7 +195,7 @@ impl Sink for FileSink {
     fn first_step(&mut self, step_ms: f64) {
         // From here a signal stops the run at a step boundary, with a checkpoint.
         crate::signals::first_step_done();
-        let startup = crate::clock::process_start().elapsed().as_secs_f64();
+        let startup = self.origin.elapsed().as_secs_f64();
         self.startup_s = Some(startup);
         self.first_step_ms = Some(step_ms);
         let counts = kernels::counts().since(self.counts_at_start);
@@ -207,7 +209,7 @@ impl FileSink {
     pub(super) fn new(
         (metrics, records, evals): (JsonLines, Vec<StepRecord>, Vec<EvalRecord>),
         progress: Progress,
-        counts_at_start: KernelCounts,
+        (counts_at_start, origin): (KernelCounts, Instant),
         summary: &Summary,
         quiet: bool,
         sampler: Sampler,
@@ -224,6 +226,7 @@ impl FileSink {
             io_error: None,
             startup_s: None,
             first_step_ms: None,
+            origin,
             counts_at_start,
             checkpoints: summary.checkpoints,
             checkpoint_ms: summary.checkpoint_ms_total,

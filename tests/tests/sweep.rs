@@ -820,3 +820,28 @@ fn resume_after_an_axis_gained_a_value_runs_only_the_new_cells() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A grid's later cells count their start-up from their own start: `startup_s` counted from
+/// the process's start gave the third cell of a grid the two before it as its start-up,
+/// more than its whole run, where the report shows a cold kernel cache.
+#[test]
+fn a_later_cells_start_up_is_its_own() {
+    let dir = tempdir("grid-startup");
+    let grid = tiny_recipe(&dir, "su", "[sweep]\n\"optim.lr\" = [0.1, 0.2, 0.3]\n");
+    let out = runner_cmd()
+        .arg(&grid)
+        .args(["-q", "--set", "data.synthetic.samples=2000"])
+        .output()
+        .unwrap();
+    expect_exit(&out, 0);
+    for lr in ["0.2", "0.3"] {
+        let run = only_run(&dir.join(format!("runs/su/optim.lr={lr}")));
+        let s = summary(&run);
+        let startup = s.startup_s.unwrap();
+        assert!(
+            startup < s.wall_s,
+            "cell lr={lr}: start-up {startup} s, its whole run {} s",
+            s.wall_s
+        );
+    }
+}
