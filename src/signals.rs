@@ -148,7 +148,23 @@ fn watch() {
 /// `at_once` also writes while armed.
 pub fn exit_before_first_step(at_once: impl FnOnce(i32) -> String + Send + 'static) -> Armed {
     *BEFORE_FIRST_STEP.lock().unwrap_or_else(|e| e.into_inner()) = Some(Box::new(at_once));
+    // One that came before (while the data loaded) is acted on now, on this thread: the
+    // loop would otherwise meet it at its first step boundary first and checkpoint step 0.
+    exit_if_armed();
     Armed
+}
+
+/// Where a signal has come and something is armed: runs it here and ends the process.
+/// The loop calls this at a step boundary before it would stop there, so that a signal
+/// before the first step never becomes a checkpoint of step 0.
+pub fn exit_if_armed() {
+    let Some(sig) = received() else { return };
+    let mut armed = BEFORE_FIRST_STEP.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(at_once) = armed.take() {
+        let how = at_once(sig);
+        crate::errln!("\n{}: {how}", name(sig));
+        signal_hook::low_level::exit(128 + sig);
+    }
 }
 
 /// Disarms what [`exit_before_first_step`] armed: from here a signal stops the run at a

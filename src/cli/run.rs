@@ -143,8 +143,12 @@ pub(crate) fn run_one(p: &Plan, opts: &RunOptions) -> Result<PathBuf, RunError> 
             Err(RunError::Failed { dir, message })
         }
         Err(RunError::Interrupted { dir, signal }) => {
+            let again = match &opts.again {
+                Some(cmd) => format!("continue the grid with: {cmd}"),
+                None => format!("continue it with: runner resume {}", dir.display()),
+            };
             runner::errln!(
-                "{}: interrupted by {}; what was recorded is in {} (status \"interrupted\")",
+                "{}: interrupted by {}; what was recorded is in {} (status \"interrupted\"); {again}",
                 p.name,
                 runner::signals::name(signal),
                 dir.display()
@@ -190,15 +194,26 @@ pub(crate) fn run_grid(c: &Checked, sel: Selection, opts: &RunOptions) -> Result
     let resuming = sel.resume;
     let outcome = sweep::execute(&dir, &c.cells, sel, |cell, previous| {
         // The cell's status names its run directory from the start.
-        let (sweep_dir, this) = (dir.dir.clone(), cell.clone());
-        let opts = &RunOptions {
-            quiet: opts.quiet,
-            started: Some(std::sync::Arc::new(move |run_dir: &Path| {
+        let mark = |state: State, message: Option<&'static str>| {
+            let (sweep_dir, this) = (dir.dir.clone(), cell.clone());
+            let hook: run::RunDirHook = std::sync::Arc::new(move |run_dir: &Path| {
                 let sweep = SweepDir {
                     dir: sweep_dir.clone(),
                 };
-                let _ = sweep.mark(&this, State::Running, Some(run_dir), None);
-            })),
+                let _ = sweep.mark(&this, state, Some(run_dir), message.map(String::from));
+            });
+            Some(hook)
+        };
+        let opts = &RunOptions {
+            quiet: opts.quiet,
+            started: mark(State::Running, None),
+            // Ended by a signal before its first step: no checkpoint, so --resume starts
+            // the cell over (in a new run directory).
+            interrupted: mark(
+                State::Interrupted,
+                Some("interrupted before its first step was done"),
+            ),
+            again: Some(format!("runner {} --resume", c.path.display())),
         };
         // With --resume, a cell whose run stopped (a signal, a killed process: this process
         // holds its lock now) continues from its checkpoint rather than starting over.

@@ -48,6 +48,12 @@ pub struct RunOptions {
     /// Told the run directory as soon as it exists (a grid records it in the cell's
     /// status, so that a cell killed outright is resumed, not started over).
     pub started: Option<RunDirHook>,
+    /// Told the run directory when a signal ends the process before the run's first step
+    /// (a grid marks the cell interrupted).
+    pub interrupted: Option<RunDirHook>,
+    /// The command that continues this run's work after an interruption, when it is not
+    /// `runner resume RUN_DIR` (a grid's cell: the grid with `--resume`).
+    pub again: Option<String>,
 }
 
 /// See [`RunOptions::started`].
@@ -205,7 +211,12 @@ struct Files {
 
 /// Runs a validated plan. Data errors come back before anything is written.
 pub fn execute(plan: &Plan, opts: &RunOptions) -> Result<Finished, RunError> {
+    // Nothing is written while the data loads: a signal then ends the process at once.
+    let loading = crate::signals::exit_before_first_step(|_| {
+        "exiting now, before the run started: nothing was written".into()
+    });
     let prepared = prepare(plan, opts)?;
+    drop(loading);
     let (dir, run_id) = create_run_dir(&plan.log.dir, &plan.name).map_err(|e| {
         RunError::Input(format!(
             "error: cannot create a run directory under {}: {e}\n  = help: check log.dir",
@@ -324,7 +335,7 @@ fn drive(
     let held = crate::rundir::RunDir::open(&dir)
         .map_err(|e| fail(format!("cannot open {}: {e}", dir.display())))?;
     let persist = train::Persist::new(held, sha256_file(&dir.join("recipe.toml")), resume);
-    let armed = stop_before_first_step(&summary, &dir, wall, counts_at_start, resumed_at)
+    let armed = stop_before_first_step((&summary, &dir), wall, counts_at_start, resumed_at, opts)
         .map_err(|e| fail(format!("cannot open {}: {e}", dir.display())))?;
     let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         let job = Train {
@@ -387,15 +398,16 @@ fn drive(
 /// minutes on a cold cache) and nothing to keep, so the process ends at once, the summary
 /// marked `interrupted`. A resumed run is left as its checkpoint had it, to resume again.
 fn stop_before_first_step(
-    summary: &Summary,
-    dir: &Path,
+    (summary, dir): (&Summary, &Path),
     wall: Instant,
     counts_at_start: KernelCounts,
     resumed_at: Option<u64>,
+    opts: &RunOptions,
 ) -> std::io::Result<crate::signals::Armed> {
     // Its own handle: the summary goes where the directory is by then.
     let held = crate::rundir::RunDir::open(dir)?;
     let mut summary = summary.clone();
+    let (hook, again) = (opts.interrupted.clone(), opts.again.clone());
     Ok(crate::signals::exit_before_first_step(move |sig| {
         let signal = crate::signals::name(sig);
         summary.status = RunStatus::Interrupted;
@@ -407,7 +419,10 @@ fn stop_before_first_step(
         let (error, next) = match resumed_at {
             None => (
                 format!("interrupted by {signal} before its first step was done"),
-                "nothing to keep: run the recipe again to start over".to_string(),
+                match &again {
+                    Some(cmd) => format!("nothing to keep: it starts over with: {cmd}"),
+                    None => "nothing to keep: run the recipe again to start over".to_string(),
+                },
             ),
             Some(step) => (
                 format!("interrupted by {signal} after step {step}, again before the first step of its resume was done"),
@@ -430,6 +445,9 @@ fn stop_before_first_step(
                 Err(e) => Err(format!("cannot write {}: {e}", path.display())),
             }
         });
+        if let (Some(hook), Ok(d)) = (&hook, &written) {
+            hook(d);
+        }
         match written {
             Ok(d) => {
                 let next = if resumed_at.is_some() {

@@ -190,7 +190,10 @@ impl Sink for FileSink {
         if let Some(e) = &self.io_error {
             return Some(train::Stop::Failed(format!("cannot write {e}")));
         }
-        crate::signals::received().map(train::Stop::Signal)
+        let signal = crate::signals::received()?;
+        // Before the first step is done a signal ends the process (see `signals`).
+        crate::signals::exit_if_armed();
+        Some(train::Stop::Signal(signal))
     }
     fn first_step(&mut self, step_ms: f64) {
         // From here a signal stops the run at a step boundary, with a checkpoint.

@@ -845,3 +845,61 @@ fn a_later_cells_start_up_is_its_own() {
         );
     }
 }
+
+/// A grid stopped by a signal before its cell's first step is done marks the cell
+/// interrupted (it stayed `running`) and says how to go on: the grid with `--resume`, not
+/// "run the recipe again".
+#[test]
+fn a_grid_stopped_before_its_first_step_marks_the_cell_and_says_resume() {
+    let dir = tempdir("grid-sigint-start");
+    let grid = tiny_recipe(&dir, "gs", "[sweep]\n\"optim.lr\" = [0.1, 0.2]\n");
+    // A first step of seconds on the CPU (ResNet-50, batch 32, 64-pixel images).
+    let child = runner_cmd()
+        .arg(&grid)
+        .args(["-q", "--set", "model.arch=\"resnet50\""])
+        .args([
+            "--set",
+            "data.synthetic.image_size=64",
+            "--set",
+            "loader.batch_size=32",
+        ])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let running = |p: &PathBuf| {
+        p.ends_with("summary.json")
+            && std::fs::read_to_string(p).is_ok_and(|t| t.contains("\"running\""))
+    };
+    while !walk_files(&dir.join("runs")).iter().any(running) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the grid never started"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status()
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    expect_exit(&out, 130);
+    let sweep = only_run(&dir.join("runs/gs/sweeps"));
+    let states: Vec<String> = statuses(&sweep).into_iter().map(|(_, s)| s).collect();
+    assert_eq!(
+        states,
+        ["interrupted"],
+        "cell 0 interrupted, cell 1 never started"
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("before the first step was done")
+            && stderr.contains(&format!(
+                "it starts over with: runner {} --resume",
+                grid.display()
+            )),
+        "{stderr}"
+    );
+}
