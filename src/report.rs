@@ -49,7 +49,7 @@ pub fn split_completed(runs: Vec<Run>) -> (Vec<Run>, Vec<Excluded>) {
             }
             RunStatus::Running => match s.process() {
                 Process::Alive(pid) => format!("still running (pid {pid})"),
-                Process::Gone(pid) => format!("killed (kill -9, out of memory, a node lost), or unable to write its summary at its end (its stderr says): its process (pid {pid}) is gone, and summary.json still says running"),
+                Process::Gone(pid) => format!("killed (kill -9, out of memory, a node lost, or a second Ctrl-C, which exits at once), or unable to write its summary at its end (its stderr says): its process (pid {pid}) is gone, and summary.json still says running"),
                 Process::Elsewhere { host, pid } => {
                     format!("running, or killed, on {host} (pid {pid})")
                 }
@@ -715,7 +715,9 @@ pub fn render(rows: &[Row], format: Format) -> String {
     out.push_str(
         "\nms/iter: mean over the timed runs of each run's median step time after warm-up; ± %: spread of that \
          median (coefficient of variation over repeats, or one run's standard error); ≈: the \
-         difference to the baseline is within twice the combined spread.\n",
+         difference to the baseline is within twice the combined spread. vs baseline: the \
+         row's ms/iter over the baseline's (above 1x: slower per iteration); rows of other \
+         batch sizes are compared by samples/s.\n",
     );
     out
 }

@@ -371,11 +371,12 @@ pub(crate) fn resume(run_dir: &Path, quiet: bool) -> ExitCode {
     };
     match run::resume(run_dir, &opts, &runner::backend::probe()) {
         Ok(f) => {
+            // The line a run prints (its figures over all its segments), and the resumes.
             let s = &f.summary;
             runner::outln!(
-                "{}: completed, {} steps in all ({} resume(s)), final loss {:.4}, {}",
+                "{}: {} ({} resume(s), final loss {:.4}), {}",
                 s.name,
-                s.steps,
+                s.headline(),
                 s.resumes,
                 s.final_loss.unwrap_or(f64::NAN),
                 f.dir.display()

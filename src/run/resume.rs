@@ -329,7 +329,11 @@ fn latest_checkpoint(
             for u in &unusable {
                 text += &format!("\n  = note: {}", said(u));
             }
-            text += "\n  = help: checkpoints are written by [checkpoint] every = N (or \"epoch\"), and when SIGINT/SIGTERM stops a run; the notes say why each one here cannot be used (restore what they name, or start the run again)";
+            text += match unusable.is_empty() {
+                // None was written: killed outright, or a second signal, before the first.
+                true => "\n  = help: none was written: checkpoints are written by [checkpoint] every = N (or \"epoch\"), and when a first SIGINT/SIGTERM stops a run (not kill -9, nor a second signal, which exits at once); start the run again",
+                false => "\n  = help: checkpoints are written by [checkpoint] every = N (or \"epoch\"), and when SIGINT/SIGTERM stops a run; the notes say why each one here cannot be used (restore what they name, or start the run again)",
+            };
             Err(RunError::Input(text))
         }
     }
