@@ -140,13 +140,17 @@ impl<'a> Validator<'a> {
             .as_ref()
             .and_then(|t| self.count_records("data.test", t));
         let (train, test, train_n, test_n) = (train?, test?, train_n?, test_n?);
-        let classes = match cifar::class_names(&train[0]) {
-            Ok(names) => names.map_or(10, |n| n.len()),
+        let names = match cifar::class_names(&train[0]) {
+            Ok(names) => names,
             Err(e) => {
                 self.data_err("data.train", &e);
                 return None;
             }
         };
+        if let Some(first) = test.first() {
+            self.same_classes(names.as_deref(), first, cifar::class_names);
+        }
+        let classes = names.as_ref().map_or(10, |n| n.len());
         // Labels are read now, so a bad byte is an error before anything runs.
         let allowed = self.recipe().model.num_classes.unwrap_or(0).max(classes);
         for (key, files) in [("data.train", &train), ("data.test", &test)] {
@@ -178,6 +182,37 @@ impl<'a> Validator<'a> {
         })
     }
 
+    /// A warning where the class names beside the test file are not the training data's:
+    /// its labels then mean other classes (a Fashion-MNIST model scored on CIFAR-10's
+    /// test set), and its accuracy means nothing. Silent where either has no names file,
+    /// or the test's cannot be read (training's own is checked where it is read).
+    fn same_classes(
+        &mut self,
+        train: Option<&[String]>,
+        test: &Path,
+        read: fn(&Path) -> Result<Option<Vec<String>>, crate::data::DataError>,
+    ) {
+        let (Some(train), Ok(Some(theirs))) = (train, read(test)) else {
+            return;
+        };
+        let n = train.len().max(theirs.len());
+        let Some(k) = (0..n).find(|&k| train.get(k) != theirs.get(k)) else {
+            return;
+        };
+        let name = |v: Option<&String>| v.map_or("no class".into(), |s| format!("{s:?}"));
+        self.warn(
+            "data.test",
+            format!(
+                "its classes are not the training data's: label {k} is {} beside the test file and {} beside the training file ({} against {} classes)",
+                name(theirs.get(k)),
+                name(train.get(k)),
+                theirs.len(),
+                train.len()
+            ),
+            "score a test set of the classes the model was trained on (the names files beside both files say which)",
+        );
+    }
+
     /// `jsonl`: the files, every line parsed for its text and label, the classes.
     fn jsonl_data(&mut self) -> Option<Found> {
         let d = &self.recipe().data;
@@ -201,13 +236,17 @@ impl<'a> Validator<'a> {
             (Some(train), Some(Some(test))) => (train, Some(test)),
             _ => return None,
         };
-        let named = match crate::data::text::class_names(&train) {
-            Ok(names) => names.map(|n| n.len()),
+        let names = match crate::data::text::class_names(&train) {
+            Ok(names) => names,
             Err(e) => {
                 self.data_err("data.train", &e);
                 return None;
             }
         };
+        if let Some(test) = &test {
+            self.same_classes(names.as_deref(), test, crate::data::text::class_names);
+        }
+        let named = names.as_ref().map(|n| n.len());
         let limit = self.recipe().model.num_classes.or(named);
         let mut max_label = 0;
         let mut train_max = 0;

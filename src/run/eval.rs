@@ -110,6 +110,21 @@ pub fn eval(
         )),
         None => input(d.to_string()),
     })?;
+    // What the check found about the test data (other classes than the model's) is said:
+    // the score alone would not tell.
+    for w in plan
+        .warnings
+        .iter()
+        .filter(|w| w.key.as_deref() == Some("data.test"))
+    {
+        let w = match data_file {
+            Some(_) => {
+                as_data_flag(crate::recipe::Diagnostics(vec![w.clone()]), &recipe_path).0[0].clone()
+            }
+            None => w.clone(),
+        };
+        crate::errln!("{w}");
+    }
     if plan.data.test_len == 0 {
         return Err(input(format!(
             "error: {} has no test set\n  = help: give one with --data FILE",
@@ -194,9 +209,11 @@ fn as_data_flag(
         }
         e.file = "--data".into();
         (e.line, e.col, e.snippet, e.key) = (None, None, None, None);
-        e.note = Some(format!(
-            "the run's data.format is \"{format}\": --data must be a file of that format"
-        ));
+        if e.is_error() {
+            e.note = Some(format!(
+                "the run's data.format is \"{format}\": --data must be a file of that format"
+            ));
+        }
         if e.help
             .as_deref()
             .is_some_and(|h| h.starts_with("--set paths are relative to the working directory"))

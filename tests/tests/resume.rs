@@ -632,6 +632,12 @@ fn eval_scores_saved_weights_like_the_run_did_and_on_another_file() {
         .unwrap();
     expect_exit(&out, 0);
     assert!(String::from_utf8_lossy(&out.stdout).contains(" on 20 samples"));
+    // They are CIFAR-10's classes, not the Fashion-MNIST ones the model learnt: said.
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("warning: --data: its classes are not the training data's: label 0 is \"airplane\" beside the test file"),
+        "{stderr}"
+    );
     // A bad --data file is said of --data, with the format it must have, not of the
     // `--set data.test` the runner checks it through.
     let text = root().join("datasets/rotten_tomatoes/test.jsonl");
