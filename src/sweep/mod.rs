@@ -267,6 +267,17 @@ pub fn cells(loaded: &Loaded, max_cells: usize) -> Result<Vec<Cell>, Diagnostics
 /// for validation to report with every other finding; only a grid that cannot be
 /// expanded is an error here.
 pub fn expand(loaded: &Loaded, max_cells: usize) -> Result<Vec<Cell>, Diagnostics> {
+    let (cells, report) = expand_all(loaded, max_cells);
+    if report.has_errors() {
+        return Err(dedup(report));
+    }
+    Ok(cells)
+}
+
+/// The cells the grid's good axes make, and what is wrong with the others (a key that is
+/// not a recipe key, a value listed twice): a bad axis does not keep the cells of the
+/// others from being checked, so that their findings are said with it.
+fn expand_all(loaded: &Loaded, max_cells: usize) -> (Vec<Cell>, Diagnostics) {
     let mut report = Diagnostics::default();
     let axes = axes(loaded, &mut report);
     let base = loaded.recipe.name.clone().unwrap_or_else(|| {
@@ -276,13 +287,10 @@ pub fn expand(loaded: &Loaded, max_cells: usize) -> Result<Vec<Cell>, Diagnostic
             .map(|s| s.to_string_lossy().into_owned())
             .unwrap_or_else(|| "recipe".into())
     });
-    if report.has_errors() {
-        return Err(report.sorted());
-    }
     let sizes: Vec<usize> = axes.iter().map(|a| a.values.len()).collect();
     if let Some(d) = over_cap(loaded, &sizes, max_cells) {
         report.push(d);
-        return Err(report);
+        return (vec![], report);
     }
     let picks = product(&sizes);
     let names = cell_names(&base, &axes, &picks);
@@ -323,10 +331,7 @@ pub fn expand(loaded: &Loaded, max_cells: usize) -> Result<Vec<Cell>, Diagnostic
             loaded: checked,
         });
     }
-    if report.has_errors() {
-        return Err(dedup(report));
-    }
-    Ok(out)
+    (out, report)
 }
 
 /// Each cell's name (`cell_name`). Values that differ only in characters a directory name
@@ -438,17 +443,23 @@ pub fn check_loaded(
     machine: &Machine,
     max_cells: usize,
 ) -> Result<Checked, Diagnostics> {
-    let mut cells = match expand(loaded, max_cells) {
-        Ok(cells) => cells,
-        Err(mut report) => {
-            // The grid cannot be expanded; the recipe under it is still checked.
+    let (mut cells, mut report) = expand_all(loaded, max_cells);
+    if report.has_errors() {
+        // The grid cannot be expanded as written; the cells of its good axes are still
+        // checked (a bad value on one axis is said with a misspelt key on another), or,
+        // with none, the recipe under it.
+        if cells.is_empty() {
             if let Err(base) = plan::validate(loaded, machine) {
                 report.0.extend(base.0);
             }
-            return Err(dedup(report));
         }
-    };
-    let mut report = Diagnostics::default();
+        for c in &cells {
+            if let Err(r) = plan::validate(&c.loaded, machine) {
+                report.0.extend(r.0.into_iter().filter(|d| d.is_error()));
+            }
+        }
+        return Err(dedup(report));
+    }
     let mut plans = vec![];
     for c in &cells {
         match plan::validate(&c.loaded, machine) {

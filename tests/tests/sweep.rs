@@ -903,3 +903,28 @@ fn a_grid_stopped_before_its_first_step_marks_the_cell_and_says_resume() {
         "{stderr}"
     );
 }
+
+/// Every finding of a grid at once: a misspelt sweep key does not hide a bad value on
+/// another axis (it did: fixing the key brought the next error, a run later).
+#[test]
+fn a_bad_axis_does_not_hide_the_other_axes_findings() {
+    let dir = tempdir("grid-all-findings");
+    let grid = dir.join("g.toml");
+    std::fs::write(
+        &grid,
+        format!(
+            "extends = \"{}\"\n[sweep]\n\"loader.batch_size\" = [0, 16]\n\"optim.lrr\" = [0.1]\n",
+            root().join("recipes/quickstart.toml").display()
+        ),
+    )
+    .unwrap();
+    let out = runner_cmd().arg("validate").arg(&grid).output().unwrap();
+    expect_exit(&out, 2);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("g.toml:3:24: loader.batch_size: 0 samples per batch")
+            && stderr.contains("sweep.optim.lrr: `optim.lrr` is not a recipe key")
+            && stderr.contains("2 errors in"),
+        "{stderr}"
+    );
+}
