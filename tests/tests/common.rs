@@ -438,3 +438,63 @@ train = "../../datasets/fashion_mnist/data_batch.bin"
 test = "../../datasets/fashion_mnist/test_batch.bin"
 normalize = { mean = [0.2193], std = [0.3330] }
 "#;
+
+/// Spawns `cmd` with its output piped and waits (60 s at most) until a file under `dir` is
+/// `ready`; returns the process and that file.
+pub fn spawn_until(
+    mut cmd: Command,
+    dir: &Path,
+    ready: impl Fn(&Path) -> bool,
+) -> (std::process::Child, PathBuf) {
+    let mut child = cmd
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        if let Some(p) = walk_files(dir).into_iter().find(|p| ready(p)) {
+            return (child, p);
+        }
+        if std::time::Instant::now() > deadline || child.try_wait().is_ok_and(|s| s.is_some()) {
+            let _ = child.kill();
+            let out = child.wait_with_output().unwrap();
+            panic!(
+                "nothing ready under {}: {}",
+                dir.display(),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
+/// A `summary.json` that says its run is under way.
+pub fn says_running(p: &Path) -> bool {
+    p.ends_with("summary.json")
+        && std::fs::read_to_string(p).is_ok_and(|t| t.contains("\"running\""))
+}
+
+/// A `metrics.jsonl` with a line in it.
+pub fn has_a_line(p: &Path) -> bool {
+    p.ends_with("metrics.jsonl") && std::fs::metadata(p).is_ok_and(|m| m.len() > 0)
+}
+
+/// Overrides that give a first step of seconds on the CPU (ResNet-50 at batch 32 on
+/// 64-pixel images), for a signal to land inside it.
+pub const SLOW_FIRST_STEP: [&str; 6] = [
+    "--set",
+    "model.arch=\"resnet50\"",
+    "--set",
+    "data.synthetic.image_size=64",
+    "--set",
+    "loader.batch_size=32",
+];
+
+/// Sends `signal` (`-INT`, `-TERM`, ...) to `child`.
+pub fn send(signal: &str, child: &std::process::Child) {
+    let sent = Command::new("kill")
+        .args([signal, &child.id().to_string()])
+        .status();
+    assert!(sent.unwrap().success());
+}

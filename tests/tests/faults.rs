@@ -6,8 +6,9 @@ use std::process::Command;
 use runner::metrics::{RunStatus, StepRecord, Summary};
 
 use crate::common::{
-    as_other, expect_exit, only_run, resume_quietly, root, runner_cmd, summary, tempdir,
-    tiny_recipe, walk_files, whole_lines, writable_by_other,
+    as_other, expect_exit, has_a_line, only_run, resume_quietly, root, runner_cmd, says_running,
+    send, spawn_until, summary, tempdir, tiny_recipe, whole_lines, writable_by_other,
+    SLOW_FIRST_STEP,
 };
 
 /// Starts `runner` on a long synthetic run, waits for its first metrics line, sends
@@ -66,30 +67,9 @@ fn signalled(
 
 /// Starts `cmd` (a run whose runs go under `runs`) with its output piped, and waits for
 /// its first metrics line; returns it and its run directory.
-fn started(mut cmd: Command, runs: &Path) -> (std::process::Child, PathBuf) {
-    let mut child = cmd
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
-    loop {
-        let metrics = walk_files(runs).into_iter().find(|p| {
-            p.ends_with("metrics.jsonl") && std::fs::metadata(p).is_ok_and(|m| m.len() > 0)
-        });
-        if let Some(m) = metrics {
-            return (child, m.parent().unwrap().to_path_buf());
-        }
-        if std::time::Instant::now() > deadline || child.try_wait().is_ok_and(|s| s.is_some()) {
-            let _ = child.kill();
-            let out = child.wait_with_output().unwrap();
-            panic!(
-                "the run never started: {}",
-                String::from_utf8_lossy(&out.stderr)
-            );
-        }
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    }
+fn started(cmd: Command, runs: &Path) -> (std::process::Child, PathBuf) {
+    let (child, metrics) = spawn_until(cmd, runs, has_a_line);
+    (child, metrics.parent().unwrap().to_path_buf())
 }
 
 /// The runner, its recipe a long synthetic run in `dir` (`extra` appended), `sets` after.
@@ -195,48 +175,14 @@ fn a_signal_delivered_twice_still_stops_at_a_step_boundary() {
 fn a_signal_before_the_first_step_is_done_exits_at_once() {
     let dir = tempdir("sigint-start");
     let recipe = tiny_recipe(&dir, "sigint-start", "");
-    let child = runner_cmd()
-        .arg(&recipe)
-        .args([
-            "-q",
-            "--set",
-            "model.arch=\"resnet50\"",
-            "--set",
-            "data.synthetic.image_size=64",
-            "--set",
-            "loader.batch_size=32",
-        ])
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let runs = dir.join("runs/sigint-start");
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
-    let run = loop {
-        let running = std::fs::read_dir(&runs)
-            .into_iter()
-            .flatten()
-            .flatten()
-            .find(|e| {
-                std::fs::read_to_string(e.path().join("summary.json"))
-                    .is_ok_and(|t| t.contains("\"running\""))
-            });
-        if let Some(e) = running {
-            break e.path();
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the run never started"
-        );
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    };
+    let mut cmd = runner_cmd();
+    cmd.arg(&recipe).arg("-q").args(SLOW_FIRST_STEP);
+    let (child, summary_path) = spawn_until(cmd, &dir.join("runs"), says_running);
+    let run = summary_path.parent().unwrap().to_path_buf();
     // Past the model's initialisation (a signal there stopped the run before its loop
     // began, which the runner has always done), well inside a first step of seconds.
     std::thread::sleep(std::time::Duration::from_millis(1500));
-    let kill = Command::new("kill")
-        .args(["-INT", &child.id().to_string()])
-        .status();
-    assert!(kill.unwrap().success());
+    send("-INT", &child);
     let out = child.wait_with_output().unwrap();
     expect_exit(&out, 130);
     let s = summary(&run);

@@ -7,8 +7,9 @@ use runner::plan::Machine;
 use runner::recipe;
 
 use crate::common::{
-    as_other, expect_exit, json, only_run, records, resume_quietly, root, runner_cmd,
-    runner_logged, statuses, summary, tempdir, tiny_recipe, walk_files, writable_by_other,
+    as_other, expect_exit, has_a_line, json, only_run, records, resume_quietly, root, runner_cmd,
+    runner_logged, says_running, send, spawn_until, statuses, summary, tempdir, tiny_recipe,
+    walk_files, writable_by_other, SLOW_FIRST_STEP,
 };
 
 // ---------------------------------------------------------------- sweeps and sharing
@@ -575,28 +576,10 @@ fn a_cell_without_a_usable_checkpoint_starts_over_on_resume() {
         "--set",
         "data.synthetic.samples=4000",
     ];
-    let child = runner_cmd()
-        .arg(&grid)
-        .args(long)
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
-    let started = |p: &PathBuf| {
-        p.ends_with("metrics.jsonl") && std::fs::metadata(p).is_ok_and(|m| m.len() > 0)
-    };
-    while !walk_files(&dir.join("runs")).iter().any(started) {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the grid never started"
-        );
-        std::thread::sleep(std::time::Duration::from_millis(50));
-    }
-    Command::new("kill")
-        .args(["-INT", &child.id().to_string()])
-        .status()
-        .unwrap();
+    let mut cmd = runner_cmd();
+    cmd.arg(&grid).args(long);
+    let (child, _) = spawn_until(cmd, &dir.join("runs"), has_a_line);
+    send("-INT", &child);
     expect_exit(&child.wait_with_output().unwrap(), 130);
     let cell0 = dir.join("runs/g/optim.lr=0.1");
     let run0 = only_run(&cell0);
@@ -853,37 +836,11 @@ fn a_later_cells_start_up_is_its_own() {
 fn a_grid_stopped_before_its_first_step_marks_the_cell_and_says_resume() {
     let dir = tempdir("grid-sigint-start");
     let grid = tiny_recipe(&dir, "gs", "[sweep]\n\"optim.lr\" = [0.1, 0.2]\n");
-    // A first step of seconds on the CPU (ResNet-50, batch 32, 64-pixel images).
-    let child = runner_cmd()
-        .arg(&grid)
-        .args(["-q", "--set", "model.arch=\"resnet50\""])
-        .args([
-            "--set",
-            "data.synthetic.image_size=64",
-            "--set",
-            "loader.batch_size=32",
-        ])
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
-    let running = |p: &PathBuf| {
-        p.ends_with("summary.json")
-            && std::fs::read_to_string(p).is_ok_and(|t| t.contains("\"running\""))
-    };
-    while !walk_files(&dir.join("runs")).iter().any(running) {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the grid never started"
-        );
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    }
+    let mut cmd = runner_cmd();
+    cmd.arg(&grid).arg("-q").args(SLOW_FIRST_STEP);
+    let (child, _) = spawn_until(cmd, &dir.join("runs"), says_running);
     std::thread::sleep(std::time::Duration::from_millis(1500));
-    Command::new("kill")
-        .args(["-INT", &child.id().to_string()])
-        .status()
-        .unwrap();
+    send("-INT", &child);
     let out = child.wait_with_output().unwrap();
     expect_exit(&out, 130);
     let sweep = only_run(&dir.join("runs/gs/sweeps"));
