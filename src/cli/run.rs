@@ -43,7 +43,12 @@ pub(crate) fn run_all(args: &RunArgs) -> ExitCode {
             return ExitCode::from(2);
         }
     }
-    if let Some(e) = autotune_conflict(&all, args.cell, shard) {
+    let sel = Selection {
+        shard,
+        only: args.cell,
+        resume: args.resume,
+    };
+    if let Some(e) = autotune_conflict(&all, sel) {
         runner::errln!("{e}");
         return ExitCode::from(2);
     }
@@ -77,15 +82,7 @@ pub(crate) fn run_all(args: &RunArgs) -> ExitCode {
     let mut code = ExitCode::SUCCESS;
     for c in &all {
         let outcome = if c.grid {
-            run_grid(
-                c,
-                Selection {
-                    shard,
-                    only: args.cell,
-                    resume: args.resume,
-                },
-                &opts,
-            )
+            run_grid(c, sel, &opts)
         } else {
             run_one(&c.plans[0], &opts).map(|_| ())
         };
@@ -435,17 +432,11 @@ pub(crate) fn eval(run_dir: &Path, data: Option<&Path>, best: bool) -> ExitCode 
 /// process that differ in it would all run with the first one's, each recorded with its
 /// own (a grid over `backend.autotune` measured one level under several names). The
 /// runs this process would run (`cell`, `shard`) that differ, said as an error.
-fn autotune_conflict(
-    all: &[Checked],
-    cell: Option<usize>,
-    shard: Option<(usize, usize)>,
-) -> Option<String> {
+fn autotune_conflict(all: &[Checked], sel: Selection) -> Option<String> {
     let mut first = None;
     for c in all {
         for (i, p) in c.plans.iter().enumerate() {
-            let left_out =
-                cell.is_some_and(|k| k != i) || shard.is_some_and(|s| !sweep::in_shard(i, s));
-            if c.grid && left_out {
+            if c.grid && !sel.takes(i) {
                 continue;
             }
             let Some((level, _)) = p.cubecl_once() else {

@@ -112,17 +112,15 @@ pub fn eval(
     })?;
     // What the check found about the test data (other classes than the model's) is said:
     // the score alone would not tell.
-    for w in plan
+    let about_test = plan
         .warnings
         .iter()
-        .filter(|w| w.key.as_deref() == Some("data.test"))
-    {
-        let w = match data_file {
-            Some(_) => {
-                as_data_flag(crate::recipe::Diagnostics(vec![w.clone()]), &recipe_path).0[0].clone()
-            }
-            None => w.clone(),
-        };
+        .filter(|w| w.key.as_deref() == Some("data.test"));
+    let mut said = crate::recipe::Diagnostics(about_test.cloned().collect());
+    if data_file.is_some() {
+        said = as_data_flag(said, &recipe_path);
+    }
+    for w in &said.0 {
         crate::errln!("{w}");
     }
     if plan.data.test_len == 0 {

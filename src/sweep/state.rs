@@ -171,6 +171,13 @@ pub struct Selection {
     pub resume: bool,
 }
 
+impl Selection {
+    /// Whether the cell of `index` is this process's (`--cell`, `--shard`).
+    pub fn takes(&self, index: usize) -> bool {
+        self.only.is_none_or(|i| i == index) && self.shard.is_none_or(|s| in_shard(index, s))
+    }
+}
+
 #[derive(Debug, Default)]
 pub struct SweepOutcome {
     pub ran: Vec<usize>,
@@ -209,9 +216,7 @@ pub fn execute(
 ) -> std::io::Result<SweepOutcome> {
     let mut out = SweepOutcome::default();
     for c in cells {
-        if sel.only.is_some_and(|i| i != c.index)
-            || sel.shard.is_some_and(|s| !in_shard(c.index, s))
-        {
+        if !sel.takes(c.index) {
             continue;
         }
         if sel.resume && sweep.is_done(c) {
