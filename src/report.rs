@@ -49,7 +49,7 @@ pub fn split_completed(runs: Vec<Run>) -> (Vec<Run>, Vec<Excluded>) {
             }
             RunStatus::Running => match s.process() {
                 Process::Alive(pid) => format!("still running (pid {pid})"),
-                Process::Gone(pid) => format!("killed (kill -9, out of memory, a node lost, or a second Ctrl-C, which exits at once), or unable to write its summary at its end (its stderr says): its process (pid {pid}) is gone, and summary.json still says running"),
+                Process::Gone(pid) => format!("killed (kill -9, out of memory, a node lost, or a third Ctrl-C), or unable to write its summary at its end (its stderr says): its process (pid {pid}) is gone, and summary.json still says running"),
                 Process::Elsewhere { host, pid } => {
                     format!("running, or killed, on {host} (pid {pid})")
                 }

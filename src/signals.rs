@@ -1,14 +1,16 @@
 //! Ctrl-C, SIGTERM (what Slurm sends before a time limit, and `kill`) and SIGHUP (the
 //! terminal or ssh session closed; left ignored under `nohup`): the first one asks the run to stop at its next step
 //! boundary (its metrics flushed, a checkpoint written, `status: "interrupted"`, exit 130,
-//! 143 or 129); a second one, half a second or more later, ends the process at once
-//! with the same code (one sooner is the first delivered twice). Until a run's first
+//! 143 or 129), or, where the run has taken its last step, lets it finish its final
+//! evaluation; a second one, half a second or more later, ends the process at once
+//! with the same code (one sooner is the first delivered twice), after what the run
+//! armed with [`exit_at_second_signal`] has marked its summary. Until a run's first
 //! step is done there is no step boundary near (on CUDA the first step compiles and tunes
 //! its kernels, minutes on a cold cache) and nothing to keep: a first signal then ends
 //! the process at once, through what the run armed with [`exit_before_first_step`].
 //! Owns the handlers and the flag the training loop polls; it decides nothing about runs.
 
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -26,6 +28,11 @@ static BASE: OnceLock<Instant> = OnceLock::new();
 static FIRST_AT: AtomicU64 = AtomicU64::new(0);
 /// The first signal's number, 0 until one arrives.
 static RECEIVED: AtomicUsize = AtomicUsize::new(0);
+/// The second signal's number, once the signals thread is to act on it (a run armed
+/// [`exit_at_second_signal`]); 0 until then.
+static SECOND: AtomicUsize = AtomicUsize::new(0);
+/// Whether something is armed for a second signal: without, the handler exits itself.
+static AT_SECOND_ARMED: AtomicBool = AtomicBool::new(false);
 
 /// What ends the process at a signal while a run waits for its first step (see
 /// [`exit_before_first_step`]): it records the stop and says how, on the signals thread.
@@ -35,6 +42,15 @@ type AtOnce = Box<dyn FnOnce(i32) -> String + Send>;
 /// holds this lock from taking it until the process ends, so the run, which takes the lock
 /// to disarm, can write nothing more meanwhile.
 static BEFORE_FIRST_STEP: Mutex<Option<AtOnce>> = Mutex::new(None);
+
+/// What a second signal does before the process ends, from the run's start to its
+/// summary written (see [`exit_at_second_signal`]); the same locking as above.
+static AT_SECOND: Mutex<Option<AtOnce>> = Mutex::new(None);
+
+/// Whether the run has taken its last step (it finishes its final evaluation and writes
+/// its results, with no step boundary left to stop at). Set under the lock by
+/// [`last_step_taken`], read under it by the signals thread to say what a signal does.
+static FINISHING: Mutex<bool> = Mutex::new(false);
 
 /// What a signal arriving at `now` does, the first having come at `first` (both in
 /// microseconds on one clock; `first` 0: none yet).
@@ -70,6 +86,13 @@ fn on_signal(sig: i32) {
     match action(first, now) {
         Action::Stop => RECEIVED.store(sig as usize, Ordering::SeqCst),
         Action::Ignore => {}
+        // The signals thread marks the run's summary and exits; a third signal (or a
+        // second with nothing armed) exits from here, whatever that thread is doing.
+        Action::Exit
+            if AT_SECOND_ARMED.load(Ordering::SeqCst)
+                && SECOND
+                    .compare_exchange(0, sig as usize, Ordering::SeqCst, Ordering::SeqCst)
+                    .is_ok() => {}
         Action::Exit => signal_hook::low_level::exit(128 + sig),
     }
 }
@@ -131,11 +154,30 @@ fn watch() {
         }
         drop(armed);
         if !said {
-            crate::errln!(
-                "\n{}: stopping at the next step boundary (metrics are kept); send it again to exit at once",
-                name(sig)
-            );
+            let finishing = FINISHING.lock().unwrap_or_else(|e| e.into_inner());
+            if *finishing {
+                crate::errln!(
+                    "\n{}: the last step is done: the run finishes its final evaluation and writes its results; send it again to exit at once (the run is then marked interrupted, to resume from its last checkpoint)",
+                    name(sig)
+                );
+            } else {
+                crate::errln!(
+                    "\n{}: stopping at the next step boundary (metrics are kept, a checkpoint is written); send it again to exit at once",
+                    name(sig)
+                );
+            }
             said = true;
+        }
+        let second = SECOND.load(Ordering::SeqCst);
+        if second != 0 {
+            let sig = second as i32;
+            // Held to the end, as above: the run writes no summary meanwhile.
+            let mut armed = AT_SECOND.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some(at_once) = armed.take() {
+                let how = at_once(sig);
+                crate::errln!("\n{} again: {how}", name(sig));
+            }
+            signal_hook::low_level::exit(128 + sig);
         }
         std::thread::sleep(Duration::from_millis(50));
     }
@@ -147,6 +189,7 @@ fn watch() {
 /// run's summary) and returns the line that says it. The run must write nothing that
 /// `at_once` also writes while armed.
 pub fn exit_before_first_step(at_once: impl FnOnce(i32) -> String + Send + 'static) -> Armed {
+    *FINISHING.lock().unwrap_or_else(|e| e.into_inner()) = false;
     *BEFORE_FIRST_STEP.lock().unwrap_or_else(|e| e.into_inner()) = Some(Box::new(at_once));
     // One that came before (while the data loaded) is acted on now, on this thread: the
     // loop would otherwise meet it at its first step boundary first and checkpoint step 0.
@@ -184,6 +227,52 @@ impl Drop for Armed {
     fn drop(&mut self) {
         first_step_done();
     }
+}
+
+/// Arms `at_once` for a second signal, until the guard writes the run's own summary
+/// ([`AtSecond::disarm_while`]) or is dropped: the signals thread runs it (it marks the
+/// summary interrupted and returns the line that says so) and ends the process with
+/// 128 + the signal. Before, a second Ctrl-C left the summary `running`, as `kill -9` does.
+pub fn exit_at_second_signal(at_once: impl FnOnce(i32) -> String + Send + 'static) -> AtSecond {
+    *AT_SECOND.lock().unwrap_or_else(|e| e.into_inner()) = Some(Box::new(at_once));
+    AT_SECOND_ARMED.store(true, Ordering::SeqCst);
+    AtSecond(())
+}
+
+/// What [`exit_at_second_signal`] armed; disarms on drop.
+#[must_use = "dropping it disarms at once"]
+pub struct AtSecond(());
+
+impl AtSecond {
+    /// Disarms and runs `write` (the run writing its own summary) with nothing else
+    /// writing it meanwhile: a second signal being acted on ends the process first; one
+    /// that comes during `write` ends it right after.
+    pub fn disarm_while<T>(self, write: impl FnOnce() -> T) -> T {
+        let mut armed = AT_SECOND.lock().unwrap_or_else(|e| e.into_inner());
+        armed.take();
+        let written = write();
+        AT_SECOND_ARMED.store(false, Ordering::SeqCst);
+        written
+    }
+}
+
+impl Drop for AtSecond {
+    fn drop(&mut self) {
+        AT_SECOND.lock().unwrap_or_else(|e| e.into_inner()).take();
+        AT_SECOND_ARMED.store(false, Ordering::SeqCst);
+    }
+}
+
+/// The run has taken its last step: a signal from here lets it finish (its final
+/// evaluation, its weights) and says so. Returns the signal that came before, which
+/// stops the run at this, its last, step boundary.
+pub fn last_step_taken() -> Option<i32> {
+    let mut finishing = FINISHING.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(sig) = received() {
+        return Some(sig);
+    }
+    *finishing = true;
+    None
 }
 
 /// Whether `sig` is ignored in this process (as its parent left it).

@@ -337,6 +337,8 @@ fn drive(
     let persist = train::Persist::new(held, sha256_file(&dir.join("recipe.toml")), resume);
     let armed = stop_before_first_step((&summary, &dir), wall, counts_at_start, resumed_at, opts)
         .map_err(|e| fail(format!("cannot open {}: {e}", dir.display())))?;
+    let at_second = stop_at_second_signal((&summary, &dir), wall, counts_at_start, plan, opts)
+        .map_err(|e| fail(format!("cannot open {}: {e}", dir.display())))?;
     let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         let job = Train {
             inputs: train::Inputs {
@@ -373,7 +375,7 @@ fn drive(
     record_kernels(env, &mut summary, &mut sink, &dir);
     let stop = ending(outcome, &mut summary, &sink);
     let summary_path = dir.join("summary.json");
-    if let Err(e) = write_json_atomic(&summary_path, &summary) {
+    if let Err(e) = at_second.disarm_while(|| write_json_atomic(&summary_path, &summary)) {
         // What it would have said is not lost with it: the figures go into the error.
         let message = format!(
             "{}: {e}; the run {}: {}",
@@ -462,6 +464,67 @@ fn stop_before_first_step(
             }
             Err(e) => format!("exiting now, before the first step was done{compiled}; {e}"),
         }
+    }))
+}
+
+/// Arms what a second signal does (see `signals`): the process ends at once, where the
+/// loop is, and the summary says `interrupted` with the steps `metrics.jsonl` holds and
+/// the checkpoint a resume continues from. Before, it was left `running`, as after
+/// `kill -9`, and the report could only guess.
+fn stop_at_second_signal(
+    (summary, dir): (&Summary, &Path),
+    wall: Instant,
+    counts_at_start: KernelCounts,
+    plan: &Plan,
+    opts: &RunOptions,
+) -> std::io::Result<crate::signals::AtSecond> {
+    let held = crate::rundir::RunDir::open(dir)?;
+    let mut summary = summary.clone();
+    let warmup = plan.run.warmup_steps;
+    let hook = opts.interrupted.clone();
+    Ok(crate::signals::exit_at_second_signal(move |sig| {
+        let Ok(d) = held.now() else {
+            return "exiting now; the run directory is gone".into();
+        };
+        // The lines written so far (one being written is not yet a line).
+        let records: Vec<StepRecord> = std::fs::read_to_string(d.join("metrics.jsonl"))
+            .unwrap_or_default()
+            .split_inclusive('\n')
+            .filter(|l| l.ends_with('\n'))
+            .filter_map(|l| serde_json::from_str(l).ok())
+            .collect();
+        summary.absorb(&records, warmup);
+        summary.status = RunStatus::Interrupted;
+        summary.wall_s += wall.elapsed().as_secs_f64();
+        let counts = kernels::counts().since(counts_at_start);
+        if counts != KernelCounts::default() {
+            summary.kernels = Some(counts);
+        }
+        let name = crate::signals::name(crate::signals::received().unwrap_or(sig));
+        summary.error = Some(format!(
+            "interrupted by {name} after step {}, then at once by a second signal",
+            summary.steps
+        ));
+        let path = d.join("summary.json");
+        if let Err(e) = write_json_atomic(&path, &summary) {
+            return format!("exiting now; cannot write {}: {e}", path.display());
+        }
+        if let Some(hook) = &hook {
+            hook(&d);
+        }
+        let next = match crate::checkpoint::list(&d).pop() {
+            Some((_, state)) => format!(
+                "resume it from its checkpoint of step {} with: runner resume {}",
+                state.step,
+                d.display()
+            ),
+            None => "it has no checkpoint: run the recipe again to start over".into(),
+        };
+        format!(
+            "exiting now, after step {}; {} is marked interrupted, {next}",
+            summary.steps,
+            d.display()
+        )
     }))
 }
 

@@ -195,6 +195,20 @@ impl Sink for FileSink {
         crate::signals::exit_if_armed();
         Some(train::Stop::Signal(signal))
     }
+    fn note(&mut self, line: &str) {
+        // Said under -q too: it answers what the person did.
+        if self.quiet {
+            crate::errln!("{line}");
+        } else {
+            self.progress.note(line.to_string());
+        }
+    }
+    fn last_step_taken(&mut self) -> Option<train::Stop> {
+        if let Some(e) = &self.io_error {
+            return Some(train::Stop::Failed(format!("cannot write {e}")));
+        }
+        crate::signals::last_step_taken().map(train::Stop::Signal)
+    }
     fn first_step(&mut self, step_ms: f64) {
         // From here a signal stops the run at a step boundary, with a checkpoint.
         crate::signals::first_step_done();

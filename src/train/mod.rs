@@ -55,6 +55,14 @@ pub trait Sink {
     fn should_stop(&mut self) -> Option<Stop> {
         None
     }
+    /// Asked once the run has taken its last step (by `max_steps`, its last epoch or early
+    /// stopping): a reason to stop there, before the final evaluation. From here on the
+    /// run finishes whatever comes.
+    fn last_step_taken(&mut self) -> Option<Stop> {
+        self.should_stop()
+    }
+    /// A line for the person watching (the progress display's, or stderr's).
+    fn note(&mut self, _line: &str) {}
     /// An evaluation on the validation set (`data.validation`).
     fn validation(&mut self, _eval: &EvalRecord) {}
     /// A new best validation metric (its weights are in `model-best.safetensors`).
@@ -284,7 +292,7 @@ pub fn train<B: TrainBackend>(
         // evaluation (it ran, and the run said `completed` after the signal had said it
         // would stop); its checkpoint resumes to that evaluation.
         if stopped.is_none() && t.step >= plan.run.total_steps {
-            if let Some(stop) = sink.should_stop() {
+            if let Some(stop) = sink.last_step_taken() {
                 stopped = Some(t.stop_at(stop, &pos, sink));
             }
         }

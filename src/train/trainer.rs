@@ -457,8 +457,21 @@ impl<'a, B: TrainBackend> Trainer<'a, B> {
             // Flush what is pending before the run's last evaluation.
             self.flush(sink)?;
             sink.early_stopped(self.step);
+            // Its last step was taken: a signal that came during the validation that
+            // stopped it finds no step boundary left, and the run finishes.
+            if let Some(Stop::Signal(s)) = sink.last_step_taken() {
+                sink.note(&format!(
+                    "{}: the run stopped early at this step boundary: it finishes its final evaluation and writes its results",
+                    crate::signals::name(s)
+                ));
+            }
         }
         if cadence.evaluate_at_epoch_end(epoch, self.step, cut_short, self.early) {
+            if self.step >= plan.run.total_steps {
+                // The last step's lines are written before its evaluation, which can take
+                // long: they are not lost with it.
+                self.flush(sink)?;
+            }
             let all: Vec<usize> = (0..test.len()).collect();
             let e = evaluate(
                 &self.model.valid(),

@@ -202,6 +202,78 @@ fn a_signal_before_the_first_step_is_done_exits_at_once() {
     );
 }
 
+/// A run whose last step is done and which is evaluating, for a signal to land in its
+/// final evaluation (about 3 s here: 30,000 test samples through a 2048-wide MLP), its
+/// last step's line already written. Returns the child and its run directory.
+fn in_final_evaluation(tag: &str) -> (std::process::Child, PathBuf) {
+    let dir = tempdir(tag);
+    let recipe = tiny_recipe(&dir, tag, "");
+    let mut cmd = runner_cmd();
+    cmd.arg(&recipe).arg("-q");
+    for set in [
+        "model.hidden=[2048, 2048]",
+        "data.synthetic={ samples = 512, test_samples = 30000, image_size = 8 }",
+        "loader.batch_size=512",
+        "run.max_steps=1",
+    ] {
+        cmd.args(["--set", set]);
+    }
+    let (child, metrics) = spawn_until(cmd, &dir.join("runs"), has_a_line);
+    (child, metrics.parent().unwrap().to_path_buf())
+}
+
+/// A signal after the last step, during the final evaluation, finds no step boundary
+/// left: the run finishes, `completed` with its test accuracy, and the message says so.
+/// Before, it said "stopping at the next step boundary" and then completed anyway.
+#[test]
+fn a_signal_during_the_final_evaluation_lets_the_run_finish_and_says_so() {
+    let (child, run) = in_final_evaluation("sigint-final");
+    send("-INT", &child);
+    let out = child.wait_with_output().unwrap();
+    expect_exit(&out, 0);
+    let s = summary(&run);
+    assert_eq!(s.status, RunStatus::Completed);
+    assert!(s.test_accuracy.is_some(), "{s:?}");
+    assert!(run.join("model.safetensors").is_file());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("SIGINT: the last step is done: the run finishes its final evaluation"),
+        "{stderr}"
+    );
+}
+
+/// A second signal ends the process at once and still leaves a true summary:
+/// `interrupted`, with the steps `metrics.jsonl` holds, and the message says what a
+/// resume has to go on from. Before, the summary was left `running`, as after kill -9.
+#[test]
+fn a_second_signal_exits_at_once_with_the_summary_marked_interrupted() {
+    let (child, run) = in_final_evaluation("sigint-second");
+    send("-INT", &child);
+    // Later than the half second within which a second one is the first delivered twice.
+    std::thread::sleep(std::time::Duration::from_millis(700));
+    send("-INT", &child);
+    let out = child.wait_with_output().unwrap();
+    expect_exit(&out, 130);
+    let s = summary(&run);
+    assert_eq!(s.status, RunStatus::Interrupted, "{s:?}");
+    assert_eq!(s.steps, 1);
+    assert_eq!(whole_lines(&run).len(), 1);
+    assert_eq!(s.samples, 512, "the steps' figures are in it: {s:?}");
+    assert_eq!(
+        s.error.as_deref(),
+        Some("interrupted by SIGINT after step 1, then at once by a second signal")
+    );
+    assert!(!run.join("model.safetensors").exists());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains(&format!(
+            "SIGINT again: exiting now, after step 1; {} is marked interrupted, it has no checkpoint: run the recipe again",
+            run.display()
+        )),
+        "{stderr}"
+    );
+}
+
 /// `runner resume` checks every file and folder it will write before it trains: a
 /// `checkpoints/` or `samples.jsonl` it cannot write is refused at once (exit 2, the path
 /// named, the run untouched). Before, the resume trained to its end and then failed,

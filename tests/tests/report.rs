@@ -224,7 +224,7 @@ fn report_tells_a_killed_run_from_a_running_one() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
         stderr.contains(
-            "killed (kill -9, out of memory, a node lost, or a second Ctrl-C, which exits at once), or unable to write its summary"
+            "killed (kill -9, out of memory, a node lost, or a third Ctrl-C), or unable to write its summary"
         ) && stderr.contains("its process (pid 4000000) is gone"),
         "{stderr}"
     );
