@@ -555,6 +555,27 @@ impl JsonLines {
         })
     }
 
+    /// The records of a JSON-lines file's text, blank lines skipped, and a partial last
+    /// line too (a process killed mid-write leaves at most that). The first line that is
+    /// not a record comes back as its number (from 1) and why.
+    pub fn records<T: serde::de::DeserializeOwned>(
+        text: &str,
+    ) -> Result<Vec<T>, (usize, serde_json::Error)> {
+        let mut records = vec![];
+        for (i, line) in text.split_inclusive('\n').enumerate() {
+            if line.trim().is_empty() {
+                continue;
+            }
+            match serde_json::from_str::<T>(line) {
+                Ok(r) => records.push(r),
+                // Only the last piece can lack its newline.
+                Err(_) if !line.ends_with('\n') => {}
+                Err(e) => return Err((i + 1, e)),
+            }
+        }
+        Ok(records)
+    }
+
     /// Keeps the first `keep` lines of `path` (a resumed run continues after them), reads
     /// them back, and opens the file to append. Fewer lines than `keep` is an error.
     pub fn reopen<T: serde::de::DeserializeOwned>(
@@ -742,6 +763,15 @@ pub fn rss_bytes() -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn records_skip_blank_lines_and_a_cut_last_one_but_name_a_bad_one() {
+        let read = |t: &str| JsonLines::records::<u32>(t).map_err(|(line, _)| line);
+        assert_eq!(read("1\n\n2\n"), Ok(vec![1, 2]));
+        assert_eq!(read("1\n2\n{\"st"), Ok(vec![1, 2]));
+        assert_eq!(read("1\n3"), Ok(vec![1, 3]));
+        assert_eq!(read("1\nx\n2\n"), Err(2));
+    }
 
     #[test]
     fn quantiles_match_numpy() {

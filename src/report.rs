@@ -7,7 +7,7 @@ use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
 use crate::error::Error;
-use crate::metrics::{Process, RunStatus, Stats, StepRecord, Summary};
+use crate::metrics::{JsonLines, Process, RunStatus, Stats, StepRecord, Summary};
 
 /// One run directory, read back.
 #[derive(Debug, Clone)]
@@ -183,26 +183,13 @@ pub fn load_run(dir: &Path) -> Result<Run, Error> {
     })?;
     let text = std::fs::read_to_string(&mp)
         .map_err(|e| Error::Input(format!("error: {}: {e}", mp.display())))?;
-    let mut records = vec![];
-    let lines: Vec<&str> = text.lines().collect();
-    for (i, line) in lines.iter().enumerate() {
-        if line.trim().is_empty() {
-            continue;
-        }
-        match serde_json::from_str::<StepRecord>(line) {
-            Ok(r) => records.push(r),
-            // A run killed mid-write leaves at most a partial last line: skip it.
-            Err(_) if i + 1 == lines.len() && !text.ends_with('\n') => {}
-            Err(e) => {
-                return Err(Error::Input(format!(
-                    "error: {}:{}:{}: not a metrics record: {e}\n  = help: metrics.jsonl is written by runner; was it edited?",
-                    mp.display(),
-                    i + 1,
-                    e.column()
-                )))
-            }
-        }
-    }
+    let records: Vec<StepRecord> = JsonLines::records(&text).map_err(|(line, e)| {
+        Error::Input(format!(
+            "error: {}:{line}:{}: not a metrics record: {e}\n  = help: metrics.jsonl is written by runner; was it edited?",
+            mp.display(),
+            e.column()
+        ))
+    })?;
     let mut summary = Summary {
         name: stored.name.clone(),
         run_id: stored.run_id.clone(),

@@ -487,12 +487,8 @@ fn stop_at_second_signal(
             return "exiting now; the run directory is gone".into();
         };
         // The lines written so far (one being written is not yet a line).
-        let records: Vec<StepRecord> = std::fs::read_to_string(d.join("metrics.jsonl"))
-            .unwrap_or_default()
-            .split_inclusive('\n')
-            .filter(|l| l.ends_with('\n'))
-            .filter_map(|l| serde_json::from_str(l).ok())
-            .collect();
+        let text = std::fs::read_to_string(d.join("metrics.jsonl")).unwrap_or_default();
+        let records: Vec<StepRecord> = JsonLines::records(&text).unwrap_or_default();
         summary.absorb(&records, warmup);
         summary.status = RunStatus::Interrupted;
         summary.wall_s += wall.elapsed().as_secs_f64();
