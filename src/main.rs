@@ -169,7 +169,7 @@ fn main() -> ExitCode {
         Some(Command::Run(args)) => run_all(&args),
         Some(Command::Sweep(args)) if args.slurm => slurm(&args),
         Some(Command::Sweep(args)) => run_all(&args.run),
-        Some(Command::Validate(args)) => validate(&args),
+        Some(Command::Validate(args)) => printed(validate(&args)),
         Some(Command::Warmup { check, quiet }) => warmup(&check, quiet),
         Some(Command::Resume { run_dir, quiet }) => resume(&run_dir, quiet),
         Some(Command::Eval {

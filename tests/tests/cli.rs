@@ -192,17 +192,26 @@ fn a_closed_stdout_or_stderr_stops_nothing() {
     }
     // Output that is the command's result and could not be written (a full disk) is a
     // failure, said once.
-    if let Ok(full) = std::fs::OpenOptions::new().write(true).open("/dev/full") {
-        let out = runner_cmd().arg("schema").stdout(full).output().unwrap();
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        assert_eq!(out.status.code(), Some(1), "{stderr}");
-        assert_eq!(
-            stderr
-                .matches("error: cannot write to standard output: No space left on device")
-                .count(),
-            1,
-            "{stderr}"
-        );
+    // `validate`'s "ok" lines are its result too: a check whose answer was lost is not
+    // passed.
+    let full = || std::fs::OpenOptions::new().write(true).open("/dev/full");
+    if full().is_ok() {
+        for args in [&["schema"][..], &["validate", "recipes/quickstart.toml"]] {
+            let out = runner_cmd()
+                .args(args)
+                .stdout(full().unwrap())
+                .output()
+                .unwrap();
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            assert_eq!(out.status.code(), Some(1), "{args:?}: {stderr}");
+            assert_eq!(
+                stderr
+                    .matches("error: cannot write to standard output: No space left on device")
+                    .count(),
+                1,
+                "{args:?}: {stderr}"
+            );
+        }
     }
 }
 
