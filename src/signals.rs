@@ -52,6 +52,10 @@ static AT_SECOND: Mutex<Option<AtOnce>> = Mutex::new(None);
 /// [`last_step_taken`], read under it by the signals thread to say what a signal does.
 static FINISHING: Mutex<bool> = Mutex::new(false);
 
+/// The run's trained weights are saved (after its last step, before its final evaluation):
+/// a second signal then exits keeping them, and says so.
+static FINAL_WEIGHTS: AtomicBool = AtomicBool::new(false);
+
 /// What a signal arriving at `now` does, the first having come at `first` (both in
 /// microseconds on one clock; `first` 0: none yet).
 #[derive(Debug, PartialEq)]
@@ -157,7 +161,7 @@ fn watch() {
             let finishing = FINISHING.lock().unwrap_or_else(|e| e.into_inner());
             if *finishing {
                 crate::errln!(
-                    "\n{}: the last step is done: the run finishes its final evaluation and writes its results; send it again to exit at once (the run is then marked interrupted, to resume from its last checkpoint)",
+                    "\n{}: the last step is done: the run finishes its final evaluation and writes its results; send it again to exit at once (the run is then marked interrupted, keeping its weights once they are saved and its checkpoints)",
                     name(sig)
                 );
             } else {
@@ -190,6 +194,7 @@ fn watch() {
 /// `at_once` also writes while armed.
 pub fn exit_before_first_step(at_once: impl FnOnce(i32) -> String + Send + 'static) -> Armed {
     *FINISHING.lock().unwrap_or_else(|e| e.into_inner()) = false;
+    FINAL_WEIGHTS.store(false, Ordering::SeqCst);
     *BEFORE_FIRST_STEP.lock().unwrap_or_else(|e| e.into_inner()) = Some(Box::new(at_once));
     // One that came before (while the data loaded) is acted on now, on this thread: the
     // loop would otherwise meet it at its first step boundary first and checkpoint step 0.
@@ -273,6 +278,17 @@ pub fn last_step_taken() -> Option<i32> {
     }
     *finishing = true;
     None
+}
+
+/// The run's trained weights are saved: see [`final_weights`].
+pub fn final_weights_saved() {
+    FINAL_WEIGHTS.store(true, Ordering::SeqCst);
+}
+
+/// Whether this run's trained weights are saved (a file of the same name from an earlier
+/// process of it is not counted).
+pub fn final_weights() -> bool {
+    FINAL_WEIGHTS.load(Ordering::SeqCst)
 }
 
 /// Whether `sig` is ignored in this process (as its parent left it).

@@ -831,7 +831,8 @@ pub struct CheckpointSection {
     pub every: Every,
     /// Checkpoints kept, the latest. Default 2.
     pub keep: usize,
-    /// Save the trained weights as `model.safetensors` when the run completes. Default true.
+    /// Save the trained weights as `model.safetensors` after the last step (before the final
+    /// evaluation). Default true.
     pub save_final: bool,
 }
 

@@ -508,13 +508,26 @@ fn stop_at_second_signal(
         if let Some(hook) = &hook {
             hook(&d);
         }
-        let next = match crate::checkpoint::list(&d).pop() {
-            Some((_, state)) => format!(
+        let resume = crate::checkpoint::list(&d).pop().map(|(_, state)| {
+            format!(
                 "resume it from its checkpoint of step {} with: runner resume {}",
                 state.step,
                 d.display()
-            ),
-            None => "it has no checkpoint: run the recipe again to start over".into(),
+            )
+        });
+        // Saved after the last step, before the final evaluation this signal cut short.
+        let weights = crate::signals::final_weights().then(|| {
+            format!(
+                "its trained weights are in {}: score them with: runner eval {}",
+                d.join(crate::train::WEIGHTS).display(),
+                d.display()
+            )
+        });
+        let next = match (weights, resume) {
+            (Some(w), Some(r)) => format!("{w}, or {r}"),
+            (Some(w), None) => w,
+            (None, Some(r)) => r,
+            (None, None) => "it has no checkpoint: run the recipe again to start over".into(),
         };
         format!(
             "exiting now, after step {}; {} is marked interrupted, {next}",

@@ -209,6 +209,9 @@ impl Sink for FileSink {
         }
         crate::signals::last_step_taken().map(train::Stop::Signal)
     }
+    fn weights_saved(&mut self) {
+        crate::signals::final_weights_saved();
+    }
     fn first_step(&mut self, step_ms: f64) {
         // From here a signal stops the run at a step boundary, with a checkpoint.
         crate::signals::first_step_done();

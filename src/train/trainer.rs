@@ -64,6 +64,9 @@ pub(crate) struct Trainer<'a, B: TrainBackend> {
     /// resumed run draws what the uninterrupted one would have.
     reseed: bool,
     early: bool,
+    /// The trained weights, saved after the last step (before the final evaluation, so
+    /// that a second signal during it keeps them): not tried yet, saved, or why not.
+    final_weights: Option<Result<(), Stop>>,
 }
 
 /// Times `f` as a phase: in the profile window the phase ends with a device sync, so its
@@ -138,6 +141,7 @@ impl<'a, B: TrainBackend> Trainer<'a, B> {
             watching,
             first_step: step + 1,
             early: false,
+            final_weights: None,
         };
         Ok((trainer, start))
     }
@@ -466,12 +470,14 @@ impl<'a, B: TrainBackend> Trainer<'a, B> {
                 ));
             }
         }
+        if self.step >= plan.run.total_steps || self.early {
+            // The last step's lines and the weights are written before the final
+            // evaluation, which can take long: they are not lost with it (a second signal
+            // during it exits at once).
+            self.flush(sink)?;
+            self.save_final_weights(sink);
+        }
         if cadence.evaluate_at_epoch_end(epoch, self.step, cut_short, self.early) {
-            if self.step >= plan.run.total_steps {
-                // The last step's lines are written before its evaluation, which can take
-                // long: they are not lost with it.
-                self.flush(sink)?;
-            }
             let all: Vec<usize> = (0..test.len()).collect();
             let e = evaluate(
                 &self.model.valid(),
@@ -500,6 +506,23 @@ impl<'a, B: TrainBackend> Trainer<'a, B> {
         Ok(Next::Continue)
     }
 
+    /// Saves the trained weights once (`checkpoint.save_final`), keeping why it failed for
+    /// the run's end: the final evaluation still runs and is recorded.
+    fn save_final_weights(&mut self, sink: &mut dyn Sink) {
+        let Some(p) = self.io.persist else { return };
+        if !self.io.plan.checkpoint.save_final || self.final_weights.is_some() {
+            return;
+        }
+        sink.phase("saving the weights");
+        let saved = p.dir(sink).and_then(|dir| {
+            checkpoint::save_weights(&self.model.valid(), &dir.join(WEIGHTS)).map_err(Stop::Failed)
+        });
+        if saved.is_ok() {
+            sink.weights_saved();
+        }
+        self.final_weights = Some(saved);
+    }
+
     /// The run's end: what is pending is written whatever stopped the loop, and a
     /// completed run saves its weights.
     pub fn finish(
@@ -517,17 +540,9 @@ impl<'a, B: TrainBackend> Trainer<'a, B> {
                 checkpoint::prune(&dir, self.io.plan.checkpoint.keep, sink.lines_written());
             }
         }
-        if let (None, Some(p), true) = (
-            &stopped,
-            self.io.persist,
-            self.io.plan.checkpoint.save_final,
-        ) {
-            sink.phase("saving the weights");
-            let saved = p.dir(sink).and_then(|dir| {
-                checkpoint::save_weights(&self.model.valid(), &dir.join(WEIGHTS))
-                    .map_err(Stop::Failed)
-            });
-            if let Err(stop) = saved {
+        if stopped.is_none() {
+            self.save_final_weights(sink);
+            if let Some(Err(stop)) = self.final_weights.take() {
                 stopped = Some(stop);
             }
         }

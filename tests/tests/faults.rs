@@ -243,11 +243,20 @@ fn a_signal_during_the_final_evaluation_lets_the_run_finish_and_says_so() {
 }
 
 /// A second signal ends the process at once and still leaves a true summary:
-/// `interrupted`, with the steps `metrics.jsonl` holds, and the message says what a
-/// resume has to go on from. Before, the summary was left `running`, as after kill -9.
+/// `interrupted`, with the steps `metrics.jsonl` holds, and the message says what is kept
+/// to go on from (here the trained weights, saved before the final evaluation; with
+/// `checkpoint.every = "never"` there is no checkpoint). Before, the weights were saved
+/// after it, and a second signal during it lost every trained step; earlier still, the
+/// summary was left `running`, as after kill -9.
 #[test]
 fn a_second_signal_exits_at_once_with_the_summary_marked_interrupted() {
     let (child, run) = in_final_evaluation("sigint-second");
+    // The weights are saved before the final evaluation: the second signal keeps them.
+    let weights = run.join("model.safetensors");
+    let since = std::time::Instant::now();
+    while !weights.is_file() && since.elapsed().as_secs() < 60 {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
     send("-INT", &child);
     // Later than the half second within which a second one is the first delivered twice.
     std::thread::sleep(std::time::Duration::from_millis(700));
@@ -263,14 +272,23 @@ fn a_second_signal_exits_at_once_with_the_summary_marked_interrupted() {
         s.error.as_deref(),
         Some("interrupted by SIGINT after step 1, then at once by a second signal")
     );
-    assert!(!run.join("model.safetensors").exists());
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
         stderr.contains(&format!(
-            "SIGINT again: exiting now, after step 1; {} is marked interrupted, it has no checkpoint: run the recipe again",
+            "SIGINT again: exiting now, after step 1; {} is marked interrupted, its trained weights are in {}: score them with: runner eval {}",
+            run.display(),
+            weights.display(),
             run.display()
         )),
         "{stderr}"
+    );
+    // What it says works: the weights are whole and score on the test set.
+    let out = runner_cmd().arg("eval").arg(&run).output().unwrap();
+    expect_exit(&out, 0);
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("on 30000 samples"),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
     );
 }
 
