@@ -140,7 +140,12 @@ pub fn resume(
     if checkpoints.is_dir() {
         crate::metrics::takes_new_file(&checkpoints).map_err(|e| cannot(&checkpoints, e))?;
     }
+    // Nothing is changed while the data loads: a signal then ends the process at once.
+    let loading = crate::signals::exit_before_first_step(|_| {
+        "exiting now, before the resume started: the run is as it was, to resume again".into()
+    });
     let prepared = prepare(&plan, opts)?;
+    drop(loading);
     let fail = |message: String| RunError::Failed {
         dir: run_dir.to_path_buf(),
         message,

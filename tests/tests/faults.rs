@@ -292,6 +292,59 @@ fn a_second_signal_exits_at_once_with_the_summary_marked_interrupted() {
     );
 }
 
+/// `runner resume` changes nothing while it loads the data (seconds here, for a test set of
+/// 500,000 images; minutes for a large one): a signal then ends the process at once, the
+/// run left as it was, to resume again. Before, it said "stopping at the next step
+/// boundary", loaded on to the end, rewrote the summary and only then exited.
+#[test]
+fn a_signal_while_a_resume_loads_its_data_exits_at_once_leaving_the_run_as_it_was() {
+    let sets = [
+        "data.synthetic.test_samples=500000",
+        "data.synthetic.image_size=32",
+    ];
+    let (out, dir) = interrupt_n("resume-loading", "", &sets, "-INT", 1);
+    expect_exit(&out, 130);
+    let run = only_run(&dir.join("runs/resume-loading"));
+    let before = std::fs::read(run.join("summary.json")).unwrap();
+    let checkpoints = runner::checkpoint::list(&run).len();
+    let child = runner_cmd()
+        .arg("resume")
+        .arg(&run)
+        .arg("-q")
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Its memory grows past 300 MB only while the test set (1.5 GB) is being made.
+    let rss_mb = || {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", child.id()));
+        status.ok().and_then(|t| {
+            let line = t.lines().find(|l| l.starts_with("VmRSS:"))?.to_string();
+            let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+            Some(kb / 1024)
+        })
+    };
+    let since = std::time::Instant::now();
+    while rss_mb().unwrap_or(0) < 300 && since.elapsed().as_secs() < 120 {
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    send("-INT", &child);
+    let out = child.wait_with_output().unwrap();
+    expect_exit(&out, 130);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains(
+            "SIGINT: exiting now, before the resume started: the run is as it was, to resume again"
+        ),
+        "{stderr}"
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&std::fs::read(run.join("summary.json")).unwrap()),
+        String::from_utf8_lossy(&before),
+        "the summary was rewritten"
+    );
+    assert_eq!(runner::checkpoint::list(&run).len(), checkpoints);
+}
+
 /// `runner resume` checks every file and folder it will write before it trains: a
 /// `checkpoints/` or `samples.jsonl` it cannot write is refused at once (exit 2, the path
 /// named, the run untouched). Before, the resume trained to its end and then failed,
