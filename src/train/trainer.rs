@@ -524,7 +524,7 @@ impl<'a, B: TrainBackend> Trainer<'a, B> {
     }
 
     /// The run's end: what is pending is written whatever stopped the loop, and a
-    /// completed run saves its weights.
+    /// completed run has its weights saved (at its last step's end, or here).
     pub fn finish(
         mut self,
         mut stopped: Option<Stop>,
