@@ -205,7 +205,7 @@ fn a_signal_before_the_first_step_is_done_exits_at_once() {
 /// A run whose last step is done and which is evaluating, for a signal to land in its
 /// final evaluation (about 3 s here: 30,000 test samples through a 2048-wide MLP), its
 /// last step's line already written. Returns the child and its run directory.
-fn in_final_evaluation(tag: &str) -> (std::process::Child, PathBuf) {
+fn in_final_evaluation(tag: &str, sets: &[&str]) -> (std::process::Child, PathBuf) {
     let dir = tempdir(tag);
     let recipe = tiny_recipe(&dir, tag, "");
     let mut cmd = runner_cmd();
@@ -215,7 +215,10 @@ fn in_final_evaluation(tag: &str) -> (std::process::Child, PathBuf) {
         "data.synthetic={ samples = 512, test_samples = 30000, image_size = 8 }",
         "loader.batch_size=512",
         "run.max_steps=1",
-    ] {
+    ]
+    .iter()
+    .chain(sets)
+    {
         cmd.args(["--set", set]);
     }
     let (child, metrics) = spawn_until(cmd, &dir.join("runs"), has_a_line);
@@ -227,7 +230,7 @@ fn in_final_evaluation(tag: &str) -> (std::process::Child, PathBuf) {
 /// Before, it said "stopping at the next step boundary" and then completed anyway.
 #[test]
 fn a_signal_during_the_final_evaluation_lets_the_run_finish_and_says_so() {
-    let (child, run) = in_final_evaluation("sigint-final");
+    let (child, run) = in_final_evaluation("sigint-final", &[]);
     send("-INT", &child);
     let out = child.wait_with_output().unwrap();
     expect_exit(&out, 0);
@@ -250,7 +253,7 @@ fn a_signal_during_the_final_evaluation_lets_the_run_finish_and_says_so() {
 /// summary was left `running`, as after kill -9.
 #[test]
 fn a_second_signal_exits_at_once_with_the_summary_marked_interrupted() {
-    let (child, run) = in_final_evaluation("sigint-second");
+    let (child, run) = in_final_evaluation("sigint-second", &[]);
     // The weights are saved before the final evaluation: the second signal keeps them.
     let weights = run.join("model.safetensors");
     let since = std::time::Instant::now();
@@ -289,6 +292,28 @@ fn a_second_signal_exits_at_once_with_the_summary_marked_interrupted() {
         String::from_utf8_lossy(&out.stdout).contains("on 30000 samples"),
         "{}",
         String::from_utf8_lossy(&out.stdout)
+    );
+}
+
+/// Without saved weights (`checkpoint.save_final = false`) and without a checkpoint, a
+/// second signal during the final evaluation keeps nothing to go on from, and says so.
+#[test]
+fn a_second_signal_with_nothing_kept_says_to_run_the_recipe_again() {
+    let (child, run) = in_final_evaluation("sigint-nothing", &["checkpoint.save_final=false"]);
+    send("-INT", &child);
+    std::thread::sleep(std::time::Duration::from_millis(700));
+    send("-INT", &child);
+    let out = child.wait_with_output().unwrap();
+    expect_exit(&out, 130);
+    assert_eq!(summary(&run).status, RunStatus::Interrupted);
+    assert!(!run.join("model.safetensors").exists());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains(&format!(
+            "SIGINT again: exiting now, after step 1; {} is marked interrupted, it has no checkpoint: run the recipe again",
+            run.display()
+        )),
+        "{stderr}"
     );
 }
 
