@@ -66,17 +66,22 @@ fn bad_label(path: &Path, i: usize, label: u8, classes: usize) -> DataError {
 }
 
 /// Checks every record's label byte against `classes` without keeping the pixels (what
-/// validation can afford: one pass over the file, a record at a time).
+/// validation can afford: one pass over the file, a record at a time), and keeps the
+/// file's sum (`sums`).
 pub fn check_labels(path: &Path, classes: usize) -> Result<(), DataError> {
     use std::io::Read;
-    let file = std::fs::File::open(path).map_err(|e| DataError::io(path, e))?;
+    let file = super::sums::Summing::open(path).map_err(|e| DataError::io(path, e))?;
     let mut reader = std::io::BufReader::with_capacity(1 << 20, file);
     let mut rec = vec![0u8; RECORD];
     let mut i = 0usize;
     loop {
         match reader.read_exact(&mut rec) {
             Ok(()) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
+                // Read to its end: env.json's sum of the file needs no pass of its own.
+                reader.into_inner().finish();
+                return Ok(());
+            }
             Err(e) => return Err(DataError::io(path, e)),
         }
         if rec[0] as usize >= classes {
@@ -99,7 +104,7 @@ pub fn read(files: &[PathBuf], limit: usize, classes: usize) -> Result<Images, D
         if labels.len() >= limit {
             break;
         }
-        let bytes = std::fs::read(path).map_err(|e| DataError::io(path, e))?;
+        let bytes = super::sums::read(path).map_err(|e| DataError::io(path, e))?;
         check_whole(path, bytes.len())?;
         for (i, rec) in bytes.chunks_exact(RECORD).enumerate() {
             if labels.len() >= limit {

@@ -5,6 +5,7 @@
 pub mod cifar;
 pub mod pad;
 pub mod spec;
+pub mod sums;
 pub mod synthetic;
 pub mod text;
 

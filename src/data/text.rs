@@ -96,7 +96,7 @@ pub fn read_jsonl(
     classes: Option<usize>,
     limit: usize,
 ) -> Result<Vec<(String, u32)>, DataError> {
-    let bytes = std::fs::read(path).map_err(|e| DataError::io(path, e))?;
+    let bytes = super::sums::read(path).map_err(|e| DataError::io(path, e))?;
     let text = String::from_utf8(bytes).map_err(|e| {
         let at = e.utf8_error().valid_up_to();
         let line = 1 + e.as_bytes()[..at].iter().filter(|&&b| b == b'\n').count();

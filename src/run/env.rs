@@ -43,13 +43,21 @@ pub struct DataFile {
 }
 
 /// Each data file of the plan with its size and CRC-32 (one that cannot be read has
-/// none: it was read moments ago, and the run says so if it is gone).
+/// none: it was read moments ago, and the run says so if it is gone). The sum is the one
+/// taken as the checks or the load read the file, if it is still that file; only a file
+/// they did not read whole (past `data.limit`) or that changed since is read again.
 pub(crate) fn data_files(plan: &Plan) -> Vec<DataFile> {
     plan.data
         .files()
         .iter()
         .filter_map(|p| {
-            let sum = crate::checkpoint::file_sum(p).ok()?;
+            let sum = match crate::data::sums::recorded(p) {
+                Some(s) => crate::checkpoint::FileSum {
+                    bytes: s.bytes,
+                    crc32: s.crc32,
+                },
+                None => crate::checkpoint::file_sum(p).ok()?,
+            };
             // The same file however the recipe was named (`recipes/../x.bin` from the
             // command line, an absolute path in the run's own recipe.toml).
             let path = std::fs::canonicalize(p).unwrap_or_else(|_| p.clone());

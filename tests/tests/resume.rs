@@ -469,6 +469,93 @@ fn resume_refuses_data_that_changed_since_the_run_started() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// env.json's `data` holds each file as it is: the size and CRC-32 a reader of the file
+/// gets, for files the run read whole (a test file, the first training file), one it
+/// stopped short of (`data.limit` reached in the first) and a JSONL file. The sums are
+/// taken as the checks and the load read the files, not by a pass of their own (a file
+/// changed since is summed again: `data::sums`' tests).
+#[test]
+fn env_json_sums_each_data_file_as_it_is() {
+    let dir = tempdir("env-sums");
+    let data = std::fs::read(root().join("datasets/fashion_mnist/data_batch.bin")).unwrap();
+    let train = dir.join("train");
+    std::fs::create_dir_all(&train).unwrap();
+    std::fs::write(train.join("data_batch_1.bin"), &data[..3073 * 100]).unwrap();
+    std::fs::write(
+        train.join("data_batch_2.bin"),
+        &data[3073 * 100..3073 * 150],
+    )
+    .unwrap();
+    std::fs::write(dir.join("test.bin"), &data[3073 * 150..3073 * 190]).unwrap();
+    let sum = |p: &Path| {
+        let b = std::fs::read(p).unwrap();
+        (b.len() as u64, format!("{:08x}", crc32fast::hash(&b)))
+    };
+    let recorded = |run: &Path| -> Vec<(String, u64, String)> {
+        json(&run.join("env.json"))["data"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|f| {
+                (
+                    f["path"].as_str().unwrap().to_string(),
+                    f["bytes"].as_u64().unwrap(),
+                    f["crc32"].as_str().unwrap().to_string(),
+                )
+            })
+            .collect()
+    };
+    let expected = |files: &[PathBuf]| -> Vec<(String, u64, String)> {
+        files
+            .iter()
+            .map(|p| {
+                let (bytes, crc) = sum(p);
+                let path = std::fs::canonicalize(p).unwrap().display().to_string();
+                (path, bytes, crc)
+            })
+            .collect()
+    };
+    let files = [
+        train.join("data_batch_1.bin"),
+        train.join("data_batch_2.bin"),
+        dir.join("test.bin"),
+    ];
+    // `data.limit = 60`: the load stops in the first file and never reads the second.
+    let recipe = dir.join("d.toml");
+    std::fs::write(
+        &recipe,
+        format!(
+            "name = \"d\"\n[model]\narch = \"mlp\"\n[data]\nformat = \"cifar10-bin\"\ntrain = \"train\"\ntest = \"test.bin\"\nlimit = 60\n[loader]\nbatch_size = 30\n[run]\nepochs = 1\nwarmup_steps = 1\neval = \"end\"\n[log]\ndir = \"{}\"\n",
+            dir.join("runs").display()
+        ),
+    )
+    .unwrap();
+    let out = runner_cmd().arg(&recipe).arg("-q").output().unwrap();
+    expect_exit(&out, 0);
+    let run = only_run(&dir.join("runs/d"));
+    assert_eq!(recorded(&run), expected(&files));
+
+    // JSONL: the check's scan and the load read it.
+    let text = root().join("datasets/rotten_tomatoes/train.jsonl");
+    let jsonl = dir.join("t.jsonl");
+    std::fs::copy(&text, &jsonl).unwrap();
+    let recipe = dir.join("t.toml");
+    std::fs::write(
+        &recipe,
+        format!(
+            "name = \"t\"\n[model]\narch = \"bag\"\n[data]\nformat = \"jsonl\"\ntrain = \"t.jsonl\"\nlimit = 64\n[loader]\nbatch_size = 32\n[run]\nmax_steps = 1\nwarmup_steps = 0\neval = \"never\"\n[log]\ndir = \"{}\"\n",
+            dir.join("runs").display()
+        ),
+    )
+    .unwrap();
+    let out = runner_cmd().arg(&recipe).arg("-q").output().unwrap();
+    expect_exit(&out, 0);
+    let run = only_run(&dir.join("runs/t"));
+    assert_eq!(recorded(&run), expected(std::slice::from_ref(&jsonl)));
+
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// A checkpoint that would not load into the recipe's model (another layout under the
 /// same recipe hash, as another version of the runner could write) is refused before the
 /// run is touched: before, its metrics were cut back to the checkpoint and it was marked

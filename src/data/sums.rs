@@ -1,0 +1,164 @@
+//! The size and CRC-32 of each data file as this process read it, so that `env.json`
+//! (and `runner resume`'s check that the data is the same) needs no pass of its own over
+//! files the checks and the load have just read. A sum counts only while the file is the
+//! one that was read: same path, size, modification time and inode; otherwise it is read
+//! again.
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::time::SystemTime;
+
+/// A file's size in bytes and CRC-32 (8 hex digits).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Sum {
+    pub bytes: u64,
+    pub crc32: String,
+}
+
+/// What tells one version of a file from another without reading it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Identity {
+    len: u64,
+    modified: Option<SystemTime>,
+    inode: u64,
+}
+
+impl Identity {
+    fn of(meta: &std::fs::Metadata) -> Self {
+        #[cfg(unix)]
+        let inode = std::os::unix::fs::MetadataExt::ino(meta);
+        #[cfg(not(unix))]
+        let inode = 0;
+        Self {
+            len: meta.len(),
+            modified: meta.modified().ok(),
+            inode,
+        }
+    }
+}
+
+type Entry = (PathBuf, Identity, Sum);
+
+static READ: Mutex<Vec<Entry>> = Mutex::new(Vec::new());
+
+fn key(path: &Path) -> PathBuf {
+    std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf())
+}
+
+/// Keeps the sum of `path` as read from the open `file` (its metadata taken before the
+/// read: a file changed while it was read then no longer matches, and is read again).
+fn keep(path: &Path, identity: Identity, bytes: u64, crc: u32) {
+    if identity.len != bytes {
+        return; // it grew or shrank while it was read
+    }
+    let path = key(path);
+    let sum = Sum {
+        bytes,
+        crc32: format!("{crc:08x}"),
+    };
+    let mut read = READ.lock().unwrap_or_else(|p| p.into_inner());
+    read.retain(|(p, _, _)| *p != path);
+    read.push((path, identity, sum));
+}
+
+/// The whole of `path` (as `std::fs::read`), its sum kept.
+pub fn read(path: &Path) -> std::io::Result<Vec<u8>> {
+    let mut file = std::fs::File::open(path)?;
+    let identity = Identity::of(&file.metadata()?);
+    let mut bytes = Vec::with_capacity(identity.len as usize);
+    file.read_to_end(&mut bytes)?;
+    keep(path, identity, bytes.len() as u64, crc32fast::hash(&bytes));
+    Ok(bytes)
+}
+
+/// A reader of `path` that sums what passes through it; [`Summing::finish`] keeps the
+/// sum once the file has been read to its end.
+pub struct Summing {
+    path: PathBuf,
+    file: std::fs::File,
+    identity: Identity,
+    hash: crc32fast::Hasher,
+    bytes: u64,
+}
+
+impl Summing {
+    pub fn open(path: &Path) -> std::io::Result<Self> {
+        let file = std::fs::File::open(path)?;
+        let identity = Identity::of(&file.metadata()?);
+        Ok(Self {
+            path: path.to_path_buf(),
+            file,
+            identity,
+            hash: crc32fast::Hasher::new(),
+            bytes: 0,
+        })
+    }
+
+    /// Keeps the sum: call only when the reads reached the end of the file.
+    pub fn finish(self) {
+        keep(&self.path, self.identity, self.bytes, self.hash.finalize());
+    }
+}
+
+impl Read for Summing {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.file.read(buf)?;
+        self.hash.update(&buf[..n]);
+        self.bytes += n as u64;
+        Ok(n)
+    }
+}
+
+/// The sum of `path` as this process read it, if the file there is still the one read.
+pub fn recorded(path: &Path) -> Option<Sum> {
+    let identity = Identity::of(&std::fs::metadata(path).ok()?);
+    let path = key(path);
+    let read = READ.lock().unwrap_or_else(|p| p.into_inner());
+    read.iter()
+        .find(|(p, id, _)| *p == path && *id == identity)
+        .map(|(_, _, sum)| sum.clone())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn dir() -> PathBuf {
+        let d = std::env::temp_dir().join(format!("runner-sums-{}", std::process::id()));
+        std::fs::create_dir_all(&d).unwrap();
+        d
+    }
+
+    #[test]
+    fn a_read_file_is_summed_until_it_changes() {
+        let p = dir().join("a.bin");
+        std::fs::write(&p, b"123456789").unwrap();
+        assert_eq!(recorded(&p), None, "nothing read yet");
+        assert_eq!(read(&p).unwrap(), b"123456789");
+        let sum = recorded(&p).unwrap();
+        assert_eq!(sum.bytes, 9);
+        assert_eq!(sum.crc32, "cbf43926"); // CRC-32's standard check value
+                                           // Another file put in its place (a new inode, though the size is the same).
+        let q = dir().join("a.bin.new");
+        std::fs::write(&q, b"987654321").unwrap();
+        std::fs::rename(&q, &p).unwrap();
+        assert_eq!(recorded(&p), None, "the file was replaced");
+    }
+
+    #[test]
+    fn a_streamed_file_is_summed_only_when_read_to_its_end() {
+        let p = dir().join("b.bin");
+        std::fs::write(&p, vec![7u8; 10_000]).unwrap();
+        let mut r = Summing::open(&p).unwrap();
+        let mut half = vec![0u8; 5_000];
+        r.read_exact(&mut half).unwrap();
+        r.finish();
+        assert_eq!(recorded(&p), None, "half a file is no sum of it");
+        let mut r = Summing::open(&p).unwrap();
+        std::io::copy(&mut r, &mut std::io::sink()).unwrap();
+        r.finish();
+        let want = format!("{:08x}", crc32fast::hash(&[7u8; 10_000]));
+        assert_eq!(recorded(&p).map(|s| s.crc32), Some(want));
+    }
+}
