@@ -147,7 +147,6 @@ fn watch() {
             s => break s as i32,
         }
     };
-    let mut said = false;
     loop {
         let mut armed = BEFORE_FIRST_STEP.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(at_once) = armed.take() {
@@ -157,21 +156,7 @@ fn watch() {
             signal_hook::low_level::exit(128 + sig);
         }
         drop(armed);
-        if !said {
-            let finishing = FINISHING.lock().unwrap_or_else(|e| e.into_inner());
-            if *finishing {
-                crate::errln!(
-                    "\n{}: the last step is done: the run finishes its final evaluation and writes its results; send it again to exit at once (the run is then marked interrupted, keeping its weights once they are saved and its checkpoints)",
-                    name(sig)
-                );
-            } else {
-                crate::errln!(
-                    "\n{}: stopping at the next step boundary (metrics are kept, a checkpoint is written); send it again to exit at once",
-                    name(sig)
-                );
-            }
-            said = true;
-        }
+        say_received();
         let second = SECOND.load(Ordering::SeqCst);
         if second != 0 {
             let sig = second as i32;
@@ -184,6 +169,36 @@ fn watch() {
             signal_hook::low_level::exit(128 + sig);
         }
         std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Whether the first signal's notice has been said; held while it is said.
+static NOTICE_SAID: Mutex<bool> = Mutex::new(false);
+
+/// Says, once, what the first signal does: on the signals thread as soon as it sees the
+/// signal (the loop may be inside a long step), and on the run's thread when the loop acts
+/// on it first (a short step), so that the notice comes before what the stop prints. The
+/// loop's thread used to leave it to the signals thread, which wakes every 100 ms: the run
+/// then printed its "interrupted" line first, or exited before the notice (2 times in 5
+/// with steps of a few ms).
+pub fn say_received() {
+    let Some(sig) = received() else { return };
+    let mut said = NOTICE_SAID.lock().unwrap_or_else(|e| e.into_inner());
+    if *said {
+        return;
+    }
+    *said = true;
+    let finishing = *FINISHING.lock().unwrap_or_else(|e| e.into_inner());
+    if finishing {
+        crate::errln!(
+            "\n{}: the last step is done: the run finishes its final evaluation and writes its results; send it again to exit at once (the run is then marked interrupted, keeping its weights once they are saved and its checkpoints)",
+            name(sig)
+        );
+    } else {
+        crate::errln!(
+            "\n{}: stopping at the next step boundary (metrics are kept, a checkpoint is written); send it again to exit at once",
+            name(sig)
+        );
     }
 }
 

@@ -121,6 +121,8 @@ pub(crate) fn run_one(p: &Plan, opts: &RunOptions) -> Result<PathBuf, RunError> 
                 ),
             })
         });
+    // A signal that came as the run ended is said before the run's own last line.
+    runner::signals::say_received();
     match result {
         Ok(f) => {
             runner::outln!("{}", summary_line(&f.summary, &f.dir));
@@ -366,7 +368,9 @@ pub(crate) fn resume(run_dir: &Path, quiet: bool) -> ExitCode {
         quiet,
         ..Default::default()
     };
-    match run::resume(run_dir, &opts, &runner::backend::probe()) {
+    let result = run::resume(run_dir, &opts, &runner::backend::probe());
+    runner::signals::say_received();
+    match result {
         Ok(f) => {
             // The line a run prints (its figures over all its segments), and the resumes.
             let s = &f.summary;

@@ -193,6 +193,7 @@ impl Sink for FileSink {
         let signal = crate::signals::received()?;
         // Before the first step is done a signal ends the process (see `signals`).
         crate::signals::exit_if_armed();
+        crate::signals::say_received();
         Some(train::Stop::Signal(signal))
     }
     fn note(&mut self, line: &str) {
@@ -207,7 +208,9 @@ impl Sink for FileSink {
         if let Some(e) = &self.io_error {
             return Some(train::Stop::Failed(format!("cannot write {e}")));
         }
-        crate::signals::last_step_taken().map(train::Stop::Signal)
+        let stop = crate::signals::last_step_taken()?;
+        crate::signals::say_received();
+        Some(train::Stop::Signal(stop))
     }
     fn weights_saved(&mut self) {
         crate::signals::final_weights_saved();
