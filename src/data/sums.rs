@@ -46,8 +46,8 @@ fn key(path: &Path) -> PathBuf {
     std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf())
 }
 
-/// Keeps the sum of `path` as read from the open `file` (its metadata taken before the
-/// read: a file changed while it was read then no longer matches, and is read again).
+/// Keeps the sum of `path`, read as `identity` (the open file's metadata, taken before
+/// the read: a file changed while it was read then no longer matches, and is read again).
 fn keep(path: &Path, identity: Identity, bytes: u64, crc: u32) {
     if identity.len != bytes {
         return; // it grew or shrank while it was read
@@ -138,8 +138,9 @@ mod tests {
         assert_eq!(read(&p).unwrap(), b"123456789");
         let sum = recorded(&p).unwrap();
         assert_eq!(sum.bytes, 9);
-        assert_eq!(sum.crc32, "cbf43926"); // CRC-32's standard check value
-                                           // Another file put in its place (a new inode, though the size is the same).
+        // CRC-32's standard check value.
+        assert_eq!(sum.crc32, "cbf43926");
+        // Another file put in its place: a new inode, though the size is the same.
         let q = dir().join("a.bin.new");
         std::fs::write(&q, b"987654321").unwrap();
         std::fs::rename(&q, &p).unwrap();
