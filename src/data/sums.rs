@@ -9,11 +9,31 @@ use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::time::SystemTime;
 
-/// A file's size in bytes and CRC-32 (8 hex digits).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Sum {
+/// A file's size in bytes and CRC-32 (8 hex digits): what env.json keeps of each data
+/// file, and a checkpoint's `state.json` of each of its files (enough to find a file cut
+/// short or changed by accident, not to tell a forged one).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct FileSum {
     pub bytes: u64,
     pub crc32: String,
+}
+
+/// A file's size and CRC-32, read through once (nothing kept).
+pub fn file_sum(path: &Path) -> std::io::Result<FileSum> {
+    let mut f = std::fs::File::open(path)?;
+    let mut hash = crc32fast::Hasher::new();
+    let mut buf = vec![0u8; 1 << 20];
+    let mut bytes = 0u64;
+    loop {
+        let n = f.read(&mut buf)?;
+        if n == 0 {
+            break;
+        }
+        hash.update(&buf[..n]);
+        bytes += n as u64;
+    }
+    let crc32 = format!("{:08x}", hash.finalize());
+    Ok(FileSum { bytes, crc32 })
 }
 
 /// What tells one version of a file from another without reading it.
@@ -38,7 +58,7 @@ impl Identity {
     }
 }
 
-type Entry = (PathBuf, Identity, Sum);
+type Entry = (PathBuf, Identity, FileSum);
 
 static READ: Mutex<Vec<Entry>> = Mutex::new(Vec::new());
 
@@ -53,7 +73,7 @@ fn keep(path: &Path, identity: Identity, bytes: u64, crc: u32) {
         return; // it grew or shrank while it was read
     }
     let path = key(path);
-    let sum = Sum {
+    let sum = FileSum {
         bytes,
         crc32: format!("{crc:08x}"),
     };
@@ -111,7 +131,7 @@ impl Read for Summing {
 }
 
 /// The sum of `path` as this process read it, if the file there is still the one read.
-pub fn recorded(path: &Path) -> Option<Sum> {
+pub fn recorded(path: &Path) -> Option<FileSum> {
     let identity = Identity::of(&std::fs::metadata(path).ok()?);
     let path = key(path);
     let read = READ.lock().unwrap_or_else(|p| p.into_inner());

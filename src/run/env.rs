@@ -51,13 +51,8 @@ pub(crate) fn data_files(plan: &Plan) -> Vec<DataFile> {
         .files()
         .iter()
         .filter_map(|p| {
-            let sum = match crate::data::sums::recorded(p) {
-                Some(s) => crate::checkpoint::FileSum {
-                    bytes: s.bytes,
-                    crc32: s.crc32,
-                },
-                None => crate::checkpoint::file_sum(p).ok()?,
-            };
+            let sum =
+                crate::data::sums::recorded(p).or_else(|| crate::data::sums::file_sum(p).ok())?;
             // The same file however the recipe was named (`recipes/../x.bin` from the
             // command line, an absolute path in the run's own recipe.toml).
             let path = std::fs::canonicalize(p).unwrap_or_else(|_| p.clone());

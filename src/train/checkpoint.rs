@@ -87,35 +87,13 @@ pub struct Recorded {
     pub checkpoint_ms_before: f64,
 }
 
-/// A checkpoint file's size and CRC-32 when it was written: enough to find a file cut
-/// short or changed by accident (not to tell a forged one).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct FileSum {
-    pub bytes: u64,
-    pub crc32: String,
-}
+// A checkpoint file's size and CRC-32 when it was written: enough to find a file cut
+// short or changed by accident (not to tell a forged one). The same sum env.json keeps
+// of the data files.
+pub use crate::data::sums::{file_sum, FileSum};
 
 /// The files a checkpoint's state vouches for.
 const FILES: [&str; 2] = ["model.bin", "optimizer.bin"];
-
-/// A file's size and CRC-32, read through once.
-pub fn file_sum(path: &Path) -> std::io::Result<FileSum> {
-    use std::io::Read;
-    let mut f = std::fs::File::open(path)?;
-    let mut hash = crc32fast::Hasher::new();
-    let mut buf = vec![0u8; 1 << 20];
-    let mut bytes = 0u64;
-    loop {
-        let n = f.read(&mut buf)?;
-        if n == 0 {
-            break;
-        }
-        hash.update(&buf[..n]);
-        bytes += n as u64;
-    }
-    let crc32 = format!("{:08x}", hash.finalize());
-    Ok(FileSum { bytes, crc32 })
-}
 
 /// Whether a checkpoint's files are those its `state.json` was written with, and the
 /// state itself as written: `Err` says which differs and how.
