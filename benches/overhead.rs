@@ -87,7 +87,8 @@ fn bare(p: &Plan) -> Vec<f64> {
             let Some(b) = it.next() else { break };
             let (x, y) = batcher.to_device::<B>(b.value, &device);
             let mut acc = Accumulation::<B>::new(1);
-            let loss = acc.add(&model, loss_fn.forward(model.forward(x), y));
+            acc.micro_batch(&model, &loss_fn, x, y);
+            let loss = acc.mean_loss();
             model = optim.update(&p.optim, p.optim.lr, model, acc);
             let _: f32 = loss.into_scalar();
             times.push(t.elapsed().as_secs_f64() * 1e3);

@@ -119,13 +119,16 @@ pub fn loss_config(plan: &Plan) -> CrossEntropyLossConfig {
     CrossEntropyLossConfig::new().with_smoothing((e > 0.0).then_some(e as f32))
 }
 
-/// The gradients of one optimizer step, summed over its micro-batches. Burn's
+/// One optimizer step's micro-batches: their gradients, summed, and their losses. Burn's
 /// `GradientsAccumulator` sums, so each micro-batch's loss is scaled by 1/k first: the step
-/// then sees the mean gradient, as one batch k times larger would give.
+/// then sees the mean gradient, as one batch k times larger would give. The training loop
+/// and `runner warmup` both run a step through this, so warm-up compiles what a run runs.
 pub struct Accumulation<B: TrainBackend> {
     group: usize,
     acc: GradientsAccumulator<Net<B>>,
     single: Option<GradientsParams>,
+    /// The sum of the micro-batches' losses so far, detached, on the device.
+    loss_sum: Option<Tensor<B::InnerBackend, 1>>,
 }
 
 impl<B: TrainBackend> Accumulation<B> {
@@ -135,11 +138,20 @@ impl<B: TrainBackend> Accumulation<B> {
             group,
             acc: GradientsAccumulator::new(),
             single: None,
+            loss_sum: None,
         }
     }
 
-    /// Back-propagates one micro-batch's mean loss; returns it, unscaled and detached.
-    pub fn add(&mut self, model: &Net<B>, loss: Tensor<B, 1>) -> Tensor<B::InnerBackend, 1> {
+    /// One micro-batch: the forward pass, the training loss, and its backward pass into
+    /// the step's gradients.
+    pub fn micro_batch(
+        &mut self,
+        model: &Net<B>,
+        loss_fn: &CrossEntropyLoss<B>,
+        x: Input<B>,
+        y: Tensor<B, 1, Int>,
+    ) {
+        let loss = loss_fn.forward(model.forward(x), y);
         let value = loss.clone().inner();
         if self.group == 1 {
             self.single = Some(GradientsParams::from_grads(loss.backward(), model));
@@ -148,7 +160,17 @@ impl<B: TrainBackend> Accumulation<B> {
             self.acc
                 .accumulate(model, GradientsParams::from_grads(scaled.backward(), model));
         }
-        value
+        self.loss_sum = Some(match self.loss_sum.take() {
+            Some(s) => s + value,
+            None => value,
+        });
+    }
+
+    /// The step's loss: the mean of its micro-batches' losses, unscaled, on the device
+    /// (read back with other steps' later, so the step does not wait on it).
+    pub fn mean_loss(&self) -> Tensor<B::InnerBackend, 1> {
+        let sum = self.loss_sum.clone().expect("a step has micro-batches");
+        sum / self.group as f32
     }
 
     pub fn grads(mut self) -> GradientsParams {

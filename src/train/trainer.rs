@@ -280,7 +280,8 @@ impl<'a, B: TrainBackend> Trainer<'a, B> {
             synced,
             ..Default::default()
         };
-        let (loss_sum, acc) = self.micro_batches(batches, group, &mut rec);
+        let acc = self.micro_batches(batches, group, &mut rec);
+        let loss = acc.mean_loss();
         self.update(&mut rec, acc);
         self.step += 1;
         let step = self.step;
@@ -309,7 +310,7 @@ impl<'a, B: TrainBackend> Trainer<'a, B> {
         // step's time is taken, so this keeps ms/iter the same whatever the cadence.
         rec.iter_ms = ms(started) - rec.checkpoint_ms;
         rec.t_ms = self.io.t0.elapsed().as_secs_f64() * 1e3;
-        self.pending.push((rec, loss_sum / group as f32));
+        self.pending.push((rec, loss));
         if pos.left == 0 && cadence.checkpoint_at_epoch_end(step) {
             // Read back now (a diverged loss stops the run before its evaluations), written
             // once the checkpoint at the epoch's end says what it took.
@@ -325,17 +326,16 @@ impl<'a, B: TrainBackend> Trainer<'a, B> {
     }
 
     /// A step's micro-batches: each one's forward, loss and backward into the accumulated
-    /// gradients. Returns (the sum of their losses, the accumulation).
+    /// gradients, timed, with what each brought (samples, tokens, the wait for it).
     fn micro_batches(
         &mut self,
         batches: &mut crate::loader::EpochIter<'_, HostBatch>,
         group: usize,
         rec: &mut StepRecord,
-    ) -> (Tensor<B::InnerBackend, 1>, Accumulation<B>) {
+    ) -> Accumulation<B> {
         let device = self.io.device.clone();
         let synced = rec.synced;
         let mut acc = Accumulation::<B>::new(group);
-        let mut loss_sum: Option<Tensor<B::InnerBackend, 1>> = None;
         for _ in 0..group {
             let b = batches.next().expect("the epoch has this many batches");
             rec.data_wait_ms += b.wait.as_secs_f64() * 1e3;
@@ -348,17 +348,12 @@ impl<'a, B: TrainBackend> Trainer<'a, B> {
             let ((x, y), h2d) =
                 phase::<B, _>(synced, &device, || batcher.to_device::<B>(b.value, &device));
             rec.h2d_ms += h2d;
-            let (l, fb) = phase::<B, _>(synced, &device, || {
-                let loss = self.loss_fn.forward(self.model.forward(x), y);
-                acc.add(&self.model, loss)
+            let ((), fb) = phase::<B, _>(synced, &device, || {
+                acc.micro_batch(&self.model, &self.loss_fn, x, y)
             });
             rec.forward_backward_ms += fb;
-            loss_sum = Some(match loss_sum {
-                Some(s) => s + l,
-                None => l,
-            });
         }
-        (loss_sum.expect("a step has micro-batches"), acc)
+        acc
     }
 
     /// Clipping and the optimizer update. The optimizer takes the model by value (so Burn

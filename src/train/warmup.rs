@@ -130,17 +130,12 @@ pub fn warm_up<B: TrainBackend>(
     let mut losses = Vec::new();
     for (group, idx) in groups {
         let mut acc = Accumulation::<B>::new(group);
-        let mut sum: Option<Tensor<B::InnerBackend, 1>> = None;
         for _ in 0..group {
             let (x, y) = batcher.to_device::<B>(batcher.host(train, idx, 0, true), device);
-            let l = acc.add(&model, loss_fn.forward(model.forward(x), y));
-            sum = Some(match sum {
-                Some(s) => s + l,
-                None => l,
-            });
+            acc.micro_batch(&model, &loss_fn, x, y);
             warmed.micro_batches += 1;
         }
-        losses.extend(sum.map(|s| s / group as f32));
+        losses.push(acc.mean_loss());
         model = optim.update(&plan.optim, plan.optim.lr, model, acc);
         let _ = B::sync(device);
     }

@@ -118,23 +118,15 @@ fn accumulation_of_4_micro_batches_of_2_equals_one_batch_of_8() {
     };
     let mut one = Accumulation::<B>::new(1);
     let (xs, ys) = batch(0, 8);
-    let loss8 = one.add(
-        &model,
-        loss_fn.forward(model.forward(Input::Images(xs)), ys),
-    );
+    one.micro_batch(&model, &loss_fn, Input::Images(xs), ys);
+    let loss8 = one.mean_loss().into_scalar();
     let g1 = one.grads();
     let mut four = Accumulation::<B>::new(4);
-    let mut loss2 = 0.0;
     for k in 0..4 {
         let (xs, ys) = batch(2 * k, 2);
-        loss2 += four
-            .add(
-                &model,
-                loss_fn.forward(model.forward(Input::Images(xs)), ys),
-            )
-            .into_scalar()
-            / 4.0;
+        four.micro_batch(&model, &loss_fn, Input::Images(xs), ys);
     }
+    let loss4 = four.mean_loss().into_scalar();
     let g4 = four.grads();
     let mut v = GradDiff::<B> {
         a: &g1,
@@ -146,15 +138,13 @@ fn accumulation_of_4_micro_batches_of_2_equals_one_batch_of_8() {
     model.visit(&mut v);
     assert_eq!(v.params, 6, "3 linear layers, weight and bias each");
     assert!(v.max < 1e-5, "gradients differ by {}", v.max);
-    assert!((loss8.into_scalar() - loss2).abs() < 1e-5);
-    // And the comparison can fail: without the 1/4 scaling the sum is 4 times the mean.
-    let mut unscaled = Accumulation::<B>::new(1);
-    let (xs, ys) = batch(0, 8);
-    unscaled.add(
-        &model,
-        loss_fn.forward(model.forward(Input::Images(xs)), ys) * 4.0,
-    );
-    let g = unscaled.grads();
+    assert!((loss8 - loss4).abs() < 1e-5, "{loss8} vs {loss4}");
+    // And the comparison can fail: the first micro-batch's gradient alone is not the mean.
+    let mut first = Accumulation::<B>::new(1);
+    let (xs, ys) = batch(0, 2);
+    first.micro_batch(&model, &loss_fn, Input::Images(xs), ys);
+    assert!((first.mean_loss().into_scalar() - loss4).abs() > 1e-4);
+    let g = first.grads();
     let mut v = GradDiff::<B> {
         a: &g,
         b: &g4,
