@@ -198,6 +198,10 @@ fn run_plan(
         .expect("a recipe has a plan"))
 }
 
+/// In a run directory while a process writes it (a run, or its resume): the process's
+/// host, pid and pid namespace, touched every 10 s (`sweep::CellLock`).
+pub const RUN_LOCK: &str = "run.lock";
+
 /// A run directory as the loop continues it: what earlier processes recorded.
 struct Files {
     dir: PathBuf,
@@ -229,6 +233,13 @@ pub fn execute(plan: &Plan, opts: &RunOptions) -> Result<Finished, RunError> {
     let fail = |message: String| RunError::Failed {
         dir: dir.clone(),
         message,
+    };
+    // Held while this process writes the run: a `runner resume` of it from another node
+    // or container (whose pid check cannot see this process) is refused.
+    let _lock = match crate::sweep::CellLock::acquire(&dir.join(RUN_LOCK)) {
+        Ok(Ok(lock)) => lock,
+        Ok(Err(owner)) => return Err(fail(format!("{RUN_LOCK}: {owner} holds it already"))),
+        Err(e) => return Err(fail(format!("{RUN_LOCK}: {e}"))),
     };
     let header = format!(
         "# Resolved recipe of run {}/{run_id}: every default filled in, paths absolute.\n# Re-run with: runner {}\n# Continue it after an interruption with: runner resume {}\n",

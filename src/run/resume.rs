@@ -60,17 +60,28 @@ pub fn resume(
             )));
         }
     }
-    let _lock = match crate::sweep::CellLock::acquire(&run_dir.join("resume.lock")) {
+    // And one process writes it: a run or a resume on another node or in a container
+    // (which the pid above cannot tell) holds `run.lock` while it goes.
+    let lock_path = run_dir.join(RUN_LOCK);
+    let _lock = match crate::sweep::CellLock::acquire(&lock_path) {
         Ok(Ok(lock)) => lock,
         Ok(Err(owner)) => {
+            let touched = std::fs::metadata(&lock_path)
+                .and_then(|m| m.modified())
+                .ok()
+                .and_then(|t| t.elapsed().ok())
+                .map_or(String::new(), |a| {
+                    format!(", its heartbeat {} s ago", a.as_secs())
+                });
             return Err(input(format!(
-                "error: {}: {owner} is resuming it already",
-                run_dir.display()
-            )))
+                "error: {}: {owner} is running or resuming it ({RUN_LOCK}{touched})\n  = help: stop it first (SIGINT or SIGTERM writes a checkpoint), then resume; if that process is gone (its node died), its lock goes stale {} s after the last heartbeat: resume then",
+                run_dir.display(),
+                crate::sweep::LOCK_STALE_AFTER.as_secs()
+            )));
         }
         Err(e) => {
             return Err(input(format!(
-                "error: {}: cannot take resume.lock: {e}",
+                "error: {}: cannot take {RUN_LOCK}: {e}",
                 run_dir.display()
             )))
         }

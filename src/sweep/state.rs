@@ -274,10 +274,12 @@ fn completed(run_dir: &Path) -> bool {
 /// over (the owner was killed, or its node died). The owner touches it every 10 s.
 pub const LOCK_STALE_AFTER: std::time::Duration = std::time::Duration::from_secs(60);
 
-/// `locks/<index>-<id>.lock`: created exclusively (`O_EXCL`) by the process that runs the
-/// cell, holding its host and pid, touched every 10 s by a heartbeat thread, removed when
-/// the cell ends. A lock is stale, and taken over, when its owner is a dead process on this
-/// host or its heartbeat is older than `LOCK_STALE_AFTER`.
+/// `locks/<index>-<id>.lock` (and a run directory's `run.lock`): created exclusively
+/// (`O_EXCL`) by the process that runs the cell, holding its host, pid and pid namespace,
+/// touched every 10 s by a heartbeat thread, removed when the cell ends. A lock is stale,
+/// and taken over, when its owner is a dead process on this host in this pid namespace, or
+/// its heartbeat is older than `LOCK_STALE_AFTER`. (A pid of another namespace, a
+/// container's, means nothing here: its owner is judged by the heartbeat alone.)
 pub struct CellLock {
     path: PathBuf,
     stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
@@ -288,8 +290,13 @@ impl CellLock {
     /// `Ok(Err(owner))` when a live process holds it.
     pub fn acquire(path: &Path) -> std::io::Result<Result<CellLock, String>> {
         use std::io::Write;
-        let host = crate::clock::hostname().unwrap_or_default();
-        let me = format!("{host} {}\n", std::process::id());
+        // A host without a name still writes a word there, so the pid stays second.
+        let host = crate::clock::hostname().unwrap_or_else(|| "unnamed-host".into());
+        let me = format!(
+            "{host} {} {}\n",
+            std::process::id(),
+            pid_namespace().unwrap_or_default()
+        );
         for _ in 0..3 {
             match std::fs::OpenOptions::new()
                 .write(true)
@@ -307,8 +314,8 @@ impl CellLock {
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
                     let text = std::fs::read_to_string(path).unwrap_or_default();
-                    // `host pid` as said: `host pid 123`; empty while its owner starts.
-                    let owner = text.trim().replacen(' ', " pid ", 1);
+                    // `host pid ns` as said: `host pid 123`; empty while its owner starts.
+                    let owner = Self::owner(&text);
                     if !Self::stale(path, &text, &host) {
                         return Ok(Err(if owner.is_empty() {
                             "a process that is starting".into()
@@ -347,14 +354,28 @@ impl CellLock {
         ))
     }
 
+    /// A lock's owner in words, `host pid 123`, or "" (an owner that is starting).
+    fn owner(text: &str) -> String {
+        let mut parts = text.split_whitespace();
+        match (parts.next(), parts.next()) {
+            (Some(host), Some(pid)) => format!("{host} pid {pid}"),
+            (Some(host), None) => host.to_string(),
+            _ => String::new(),
+        }
+    }
+
     fn stale(path: &Path, owner: &str, host: &str) -> bool {
         let mut parts = owner.split_whitespace();
-        let (owner_host, pid) = (
+        let (owner_host, pid, ns) = (
             parts.next(),
             parts.next().and_then(|p| p.parse::<u32>().ok()),
+            parts.next(),
         );
+        // Locks of earlier versions name no namespace: as before, this one's.
+        let here = pid_namespace();
+        let same_namespace = ns.is_none() || ns == here.as_deref();
         if let (Some(h), Some(pid)) = (owner_host, pid) {
-            if h == host && !Path::new(&format!("/proc/{pid}")).exists() {
+            if h == host && same_namespace && !Path::new(&format!("/proc/{pid}")).exists() {
                 return true;
             }
         }
@@ -389,6 +410,15 @@ impl CellLock {
             heartbeat,
         }
     }
+}
+
+/// This process's pid namespace (`4026531836` of `/proc/self/ns/pid`'s `pid:[4026531836]`):
+/// pids of two namespaces (a container's and the host's) are different processes.
+fn pid_namespace() -> Option<String> {
+    let link = std::fs::read_link("/proc/self/ns/pid").ok()?;
+    let text = link.to_string_lossy();
+    let id = text.strip_prefix("pid:[")?.strip_suffix(']')?;
+    Some(id.to_string())
 }
 
 impl Drop for CellLock {

@@ -249,7 +249,7 @@ pub fn save<B: TrainBackend>(
 /// `keep` once the run ends. Also removes what no resume can use: temporary directories
 /// of checkpoints cut short (a killed process's), and broken `step-*` directories older
 /// than the latest whole one. A run's directory has one writer at a time (a run, or the
-/// resume holding its `resume.lock`), so none of these is being written.
+/// resume holding its `run.lock`), so none of these is being written.
 pub fn prune(run_dir: &Path, keep: usize, written: u64) {
     let (all, broken) = scan(run_dir);
     let covered = all.iter().rposition(|(_, s)| s.metrics_lines <= written);

@@ -524,7 +524,7 @@ fn run_epochs_in(recipe: &Path, epochs: u32, log_dir: &Path) -> std::process::Ou
         .unwrap()
 }
 
-/// A resume on a full disk says so, and leaves no empty `resume.lock` behind: one read as
+/// A resume on a full disk says so, and leaves no empty `run.lock` behind: one read as
 /// "a process that is starting is resuming it" for a minute, refusing every retry.
 #[test]
 fn a_resume_on_a_full_disk_leaves_no_lock_behind() {
@@ -548,16 +548,16 @@ fn a_resume_on_a_full_disk_leaves_no_lock_behind() {
         while filler.write_all(&block).is_ok() {}
     }
     let out = resume_quietly(&run);
-    let lock_left = run.join("resume.lock").exists();
+    let lock_left = run.join("run.lock").exists();
     let _ = Command::new("umount").arg(&mnt).status();
     assert!(copied.success());
     expect_exit(&out, 2);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
-        stderr.contains("cannot take resume.lock") && stderr.contains("No space left on device"),
+        stderr.contains("cannot take run.lock") && stderr.contains("No space left on device"),
         "{stderr}"
     );
-    assert!(!lock_left, "an empty resume.lock was left behind");
+    assert!(!lock_left, "an empty run.lock was left behind");
     let _ = std::fs::remove_dir_all(&dir);
 }
 

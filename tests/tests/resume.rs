@@ -7,7 +7,7 @@ use runner::metrics::RunStatus;
 
 use crate::common::{
     expect_exit, json, long_recipe, losses, only_run, records, resume_quietly, root, runner_cmd,
-    summary, tb_losses, tempdir, tiny_recipe, walk_files,
+    spawn_until, summary, tb_losses, tempdir, tiny_recipe, walk_files,
 };
 
 /// Starts `runner args`, waits until a metrics file under `runs` has `lines` lines, sends
@@ -384,16 +384,42 @@ fn resume_skips_a_damaged_checkpoint_and_runs_once() {
     );
 
     // A live process resuming it, or still running it on this host: refused, untouched.
-    let me = format!(
-        "{} {}\n",
-        runner::clock::hostname().unwrap_or_default(),
-        std::process::id()
-    );
-    std::fs::write(twice.join("resume.lock"), &me).unwrap();
+    let host = runner::clock::hostname().unwrap_or_default();
+    let lock = twice.join("run.lock");
+    std::fs::write(&lock, format!("{host} {}\n", std::process::id())).unwrap();
     let out = runner_cmd().arg("resume").arg(&twice).output().unwrap();
     expect_exit(&out, 2);
-    assert!(String::from_utf8_lossy(&out.stderr).contains("is resuming it already"));
-    std::fs::remove_file(twice.join("resume.lock")).unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains(&format!(
+            "{host} pid {} is running or resuming it (run.lock",
+            std::process::id()
+        )),
+        "{stderr}"
+    );
+    // One on another node, or in a container (another pid namespace, where this host's
+    // pids mean nothing; pid 4194304 is past Linux's largest): judged by its heartbeat,
+    // fresh, so refused. Before, a pid not alive here was taken as a dead owner.
+    for owner in ["node17 4194304 4026531836", &format!("{host} 4194304 1")] {
+        std::fs::write(&lock, format!("{owner}\n")).unwrap();
+        let out = runner_cmd().arg("resume").arg(&twice).output().unwrap();
+        expect_exit(&out, 2);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            stderr.contains(
+                "pid 4194304 is running or resuming it (run.lock, its heartbeat 0 s ago)"
+            ) && stderr.contains("its lock goes stale 60 s after the last heartbeat"),
+            "{owner}: {stderr}"
+        );
+    }
+    // Its heartbeat two minutes old: its owner is gone, and the run is resumed below.
+    let two_minutes_ago = std::time::SystemTime::now() - std::time::Duration::from_secs(120);
+    std::fs::File::options()
+        .append(true)
+        .open(&lock)
+        .unwrap()
+        .set_modified(two_minutes_ago)
+        .unwrap();
     let mut s = json(&twice.join("summary.json"));
     let me = std::process::id();
     s["pid"] = me.into();
@@ -418,6 +444,43 @@ fn resume_skips_a_damaged_checkpoint_and_runs_once() {
     let out = resume_quietly(&twice);
     expect_exit(&out, 0);
     assert_eq!(losses(&twice), losses(&reference));
+    assert!(!lock.exists(), "the resume leaves its run.lock behind");
+}
+
+/// A run being written by a process that resume's pid check cannot see (one on another
+/// node of a shared file system, or in a container, whose summary names another host or
+/// a pid of its own namespace) is not resumed: the running process holds `run.lock`.
+/// Before, both processes wrote the run's files, and `metrics.jsonl` got lines of NUL
+/// bytes and half records.
+#[test]
+fn resume_refuses_a_run_that_a_process_elsewhere_is_writing() {
+    let dir = tempdir("resume-elsewhere");
+    let recipe = long_recipe(&dir, "r", "[checkpoint]\nevery = 5\n");
+    let mut cmd = runner_cmd();
+    // Seconds of steps left after its first checkpoint, which a resume would take.
+    cmd.arg(&recipe).args(["-q", "--set", "run.epochs=100"]);
+    let (mut child, state) = spawn_until(cmd, &dir.join("runs"), |p| {
+        p.ends_with("state.json") && p.to_string_lossy().contains("/checkpoints/step-")
+    });
+    let run = state.ancestors().nth(3).unwrap().to_path_buf();
+    let summary_path = run.join("summary.json");
+    let mut s = json(&summary_path);
+    s["host"] = "node17".into();
+    std::fs::write(&summary_path, s.to_string()).unwrap();
+    let out = runner_cmd().arg("resume").arg(&run).output().unwrap();
+    let still_running = child.try_wait().unwrap().is_none();
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(still_running, "the run ended before the resume was tried");
+    expect_exit(&out, 2);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains(&format!(
+            "pid {} is running or resuming it (run.lock",
+            child.id()
+        )),
+        "{stderr}"
+    );
 }
 
 /// A resume continues only on the data the run started on: a training file changed in
