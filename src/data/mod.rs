@@ -263,6 +263,54 @@ pub fn load(plan: &DataPlan, classes: usize, seed: u64) -> Result<Sets, DataErro
     Ok(sets)
 }
 
+/// The test set alone, for `runner eval`: the training data is not read. Text is encoded
+/// with `tokenizer`, the run's own (its `tokenizer.json`): one built again from a training
+/// file changed since would give other ids.
+pub fn load_test(
+    plan: &DataPlan,
+    classes: usize,
+    seed: u64,
+    tokenizer: Option<&text::Tokenizer>,
+) -> Result<Dataset, DataError> {
+    match &plan.source {
+        DataSource::Cifar { test, .. } => {
+            Ok(Dataset::Images(cifar::read(test, plan.test_len, classes)?))
+        }
+        DataSource::Synthetic { image, .. } => Ok(Dataset::Images(synthetic::generate(
+            image,
+            plan.classes,
+            plan.test_len,
+            seed,
+            1,
+        ))),
+        DataSource::Jsonl { test, text: t, .. } => {
+            let Some(test) = test else {
+                return Ok(Dataset::Text(text::TextSet::default()));
+            };
+            let tok = tokenizer.expect("text is evaluated with the run's tokenizer");
+            let rows = text::read_jsonl(
+                test,
+                &t.text_field,
+                &t.label_field,
+                Some(classes),
+                plan.test_len,
+            )?;
+            Ok(Dataset::Text(encode(tok, rows, t.padding.max_length)))
+        }
+    }
+}
+
+/// Text rows as token ids (cut to `max_length`) and their labels.
+fn encode(tok: &text::Tokenizer, rows: Vec<(String, u32)>, max_length: usize) -> text::TextSet {
+    text::TextSet {
+        seqs: rows
+            .iter()
+            .map(|(s, _)| tok.encode(s, max_length))
+            .collect(),
+        labels: rows.iter().map(|(_, l)| *l).collect(),
+    }
+}
+
 /// The training (validation samples included) and test sets.
 fn read_sets(plan: &DataPlan, classes: usize, seed: u64) -> Result<Sets, DataError> {
     let own_validation = !plan.validation_files.is_empty();
@@ -379,13 +427,7 @@ fn read_text(
         }
         crate::recipe::TokenizerKind::Byte => text::Tokenizer::byte(k.lowercase, pad_id),
     };
-    let encode = |v: Vec<(String, u32)>| text::TextSet {
-        seqs: v
-            .iter()
-            .map(|(s, _)| tok.encode(s, t.padding.max_length))
-            .collect(),
-        labels: v.iter().map(|(_, l)| *l).collect(),
-    };
+    let encode = |v: Vec<(String, u32)>| encode(&tok, v, t.padding.max_length);
     let validation = match plan.validation_files.first() {
         Some(p) => Some(Dataset::Text(encode(read(p, plan.validation_len)?))),
         None => None,

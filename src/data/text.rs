@@ -13,7 +13,7 @@ use super::DataError;
 use crate::recipe::TokenizerKind;
 
 /// Token ids (each sequence already cut to the maximum length, never empty) and labels.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Default)]
 pub struct TextSet {
     pub seqs: Vec<Vec<u32>>,
     pub labels: Vec<u32>,
@@ -423,6 +423,35 @@ impl Tokenizer {
 
     pub fn save(&self, path: &Path) -> std::io::Result<()> {
         crate::metrics::write_json_atomic(path, self)
+    }
+
+    /// A tokenizer `save` wrote (a run's `tokenizer.json`), checked: its reserved ids in
+    /// range, a word vocabulary without repeats, 256 byte ids.
+    pub fn load(path: &Path) -> Result<Self, String> {
+        let text = std::fs::read_to_string(path).map_err(|e| match path.exists() {
+            true => e.to_string(),
+            false => crate::recipe::why_missing(path),
+        })?;
+        let mut t: Self = serde_json::from_str(&text).map_err(|e| e.to_string())?;
+        let ids = match t.kind {
+            TokenizerKind::Word => t.vocab.len(),
+            TokenizerKind::Byte => t.vocab_size(),
+        };
+        if t.pad_id as usize >= ids.max(1) || t.unk_id as usize >= ids.max(1) {
+            return Err(format!(
+                "its pad_id {} or unk_id {} is not among its {ids} ids",
+                t.pad_id, t.unk_id
+            ));
+        }
+        if t.kind == TokenizerKind::Byte && t.byte_ids.len() != 256 {
+            return Err(format!("it has {} byte ids, not 256", t.byte_ids.len()));
+        }
+        t.reindex();
+        let words = t.vocab.iter().filter(|w| !w.is_empty()).count();
+        if t.index.len() != words {
+            return Err("a word appears twice in its vocabulary".into());
+        }
+        Ok(t)
     }
 }
 

@@ -102,14 +102,33 @@ pub fn eval(
         // The whole file: the run's `data.test_limit` was about its own test set.
         sets.push(format!("data.test_limit={}", i64::MAX));
     }
-    let plan = run_plan(&recipe_path, &sets, machine).map_err(|d| match data_file {
+    let said = |d: crate::recipe::Diagnostics| match data_file {
         Some(_) => input(as_data_flag(d, &recipe_path).to_string()),
         None if d.errors().any(|e| e.key.as_deref() == Some("data.test")) => input(format!(
             "{d}\n  = help: if the test data moved, give it with runner eval {} --data FILE",
             run_dir.display()
         )),
         None => input(d.to_string()),
-    })?;
+    };
+    let plan = match run_plan(&recipe_path, &sets, machine) {
+        Ok(plan) => plan,
+        // The training data gone (a scratch disk cleaned, the run copied to another
+        // machine): evaluation needs none of it, so the recipe is checked with the test
+        // file in its place.
+        Err(d) => match training_gone(&d).zip(test_file(&recipe_path, data_file)) {
+            Some((gone, test)) => {
+                crate::errln!(
+                    "note: {gone} (data.train) is not there; evaluation does not need the training data: scoring without it"
+                );
+                sets.push(format!(
+                    "data.train={}",
+                    toml::Value::String(test.display().to_string())
+                ));
+                run_plan(&recipe_path, &sets, machine).map_err(said)?
+            }
+            None => return Err(said(d)),
+        },
+    };
     // What the check found about the test data (other classes than the model's) is said:
     // the score alone would not tell.
     let about_test = plan
@@ -130,11 +149,21 @@ pub fn eval(
         )));
     }
     let data = plan.data.test_files();
-    let loaded = data::load(&plan.data, plan.model.num_classes, plan.seed)
-        .map_err(|e| input(format!("error: {e}\n  = help: {}", e.help_text())))?;
-    // Text is tokenized as in training: the tokenizer is built again, the same way, from
-    // the recipe's training data (what the run saved as tokenizer.json).
-    let vocab = loaded.tokenizer.as_ref().map_or(0, |t| t.vocab_size());
+    // Text is tokenized as the run tokenized it, with its tokenizer.json: one built again
+    // from a training file changed since (reordered, a line added) would give the words
+    // other ids, and the score would mean nothing.
+    let tokenizer = match plan.data.text() {
+        Some(_) => Some(saved_tokenizer(run_dir)?),
+        None => None,
+    };
+    let test = data::load_test(
+        &plan.data,
+        plan.model.num_classes,
+        plan.seed,
+        tokenizer.as_ref(),
+    )
+    .map_err(|e| input(format!("error: {e}\n  = help: {}", e.help_text())))?;
+    let vocab = tokenizer.as_ref().map_or(0, |t| t.vocab_size());
     let batcher = train::Batcher::new(&plan, vocab);
     backend::set_cpu_threads(plan.threads);
     // On CUDA, CubeCL takes the run's kernel caches, as training did: evaluation then
@@ -144,7 +173,7 @@ pub fn eval(
     let job = Job {
         plan: &plan,
         batcher: &batcher,
-        test: &loaded.test,
+        test: &test,
         weights: &weights,
     };
     let failed = |message: String| RunError::Failed {
@@ -187,6 +216,47 @@ pub fn eval(
         Ok(path)
     });
     Ok(report)
+}
+
+/// The training data path a check found missing, when that is all it found wrong.
+fn training_gone(d: &crate::recipe::Diagnostics) -> Option<String> {
+    let mut errors = d.errors();
+    let first = errors.next()?;
+    let only_train = std::iter::once(first)
+        .chain(errors)
+        .all(|e| e.key.as_deref() == Some("data.train") && e.message.ends_with(" does not exist"));
+    only_train.then(|| {
+        first
+            .message
+            .trim_end_matches(" does not exist")
+            .to_string()
+    })
+}
+
+/// The file evaluation scores: `--data`, or the run's `data.test` (a file, not a directory
+/// of batches), as an absolute path.
+fn test_file(recipe_path: &Path, data_file: Option<&Path>) -> Option<PathBuf> {
+    let path = match data_file {
+        Some(d) => d.to_path_buf(),
+        None => {
+            let text = std::fs::read_to_string(recipe_path).ok()?;
+            let table = text.parse::<toml::Table>().ok()?;
+            PathBuf::from(table.get("data")?.get("test")?.as_str()?)
+        }
+    };
+    let path = std::path::absolute(&path).unwrap_or(path);
+    path.is_file().then_some(path)
+}
+
+/// The run's `tokenizer.json`, which text runs write when they start.
+fn saved_tokenizer(run_dir: &Path) -> Result<crate::data::text::Tokenizer, RunError> {
+    let path = run_dir.join("tokenizer.json");
+    crate::data::text::Tokenizer::load(&path).map_err(|e| {
+        RunError::Input(format!(
+            "error: {}: {e}\n  = help: the run wrote its vocabulary there when it started, and evaluation encodes the text with it; restore it from a copy of the run (built again from the training file, the word ids would differ if the file changed)",
+            path.display()
+        ))
+    })
 }
 
 /// The findings about the `--data` file, said of `--data` (the runner checks the file as
