@@ -238,6 +238,21 @@ impl Doc {
                 );
                 continue;
             }
+            // A grid axis the recipe writes quoted (`"loader.workers" = [0, 2]` under
+            // [sweep], as the shipped grids do) is replaced where it stands: set as nested
+            // tables it would be a second axis of the same key (refused as swept twice).
+            if let Some(axis) = key.strip_prefix("sweep.") {
+                if let Some(slot) = self
+                    .table
+                    .get_mut("sweep")
+                    .and_then(|s| s.as_table_mut())
+                    .and_then(|s| s.get_mut(axis))
+                {
+                    *slot = value;
+                    self.origins.insert(key.to_string(), origin);
+                    continue;
+                }
+            }
             if let Err(e) = self.set_merged(key, value, origin) {
                 report.push(Diagnostic::error(&name, e).key(key).at(&text, 0..at));
             }

@@ -885,3 +885,42 @@ fn a_bad_axis_does_not_hide_the_other_axes_findings() {
         "{stderr}"
     );
 }
+
+/// `--set` narrows a grid's axis whichever way the recipe writes it: the shipped grids
+/// write their axes quoted (`"loader.workers" = [0, 2]`), and `--set
+/// 'sweep."loader.workers"=[0]'` (or `sweep.loader.workers`) was refused as "the same key
+/// is swept twice". The axis keeps its place, so the cells keep their order.
+#[test]
+fn set_narrows_a_grid_axis_written_quoted() {
+    let grid = root().join("recipes/article_grid.toml");
+    let show = |sets: &[&str]| {
+        let mut cmd = runner_cmd();
+        cmd.arg("show").arg(&grid);
+        for s in sets {
+            cmd.args(["--set", s]);
+        }
+        let out = cmd.output().unwrap();
+        expect_exit(&out, 0);
+        String::from_utf8_lossy(&out.stdout).to_string()
+    };
+    let cells = |text: &str| -> Vec<String> {
+        text.lines()
+            .filter(|l| l.contains("article_grid/"))
+            .map(|l| l.split("article_grid/").nth(1).unwrap().to_string())
+            .collect()
+    };
+    let all = cells(&show(&[]));
+    assert_eq!(all.len(), 8, "{all:?}");
+    for set in ["sweep.\"loader.workers\"=[0]", "sweep.loader.workers=[0]"] {
+        let narrowed = cells(&show(&[set]));
+        let expected: Vec<String> = all
+            .iter()
+            .filter(|c| c.contains(",workers=0,"))
+            .cloned()
+            .collect();
+        assert_eq!(narrowed, expected, "{set}");
+    }
+    // An axis the recipe does not sweep is added, as before.
+    let added = cells(&show(&["sweep.optim.lr=[0.1, 0.2]"]));
+    assert_eq!(added.len(), 16, "{added:?}");
+}
