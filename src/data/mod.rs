@@ -147,6 +147,8 @@ pub fn names_beside(path: &Path, file: &str) -> Result<Option<Vec<String>>, Data
         DataError::new(&names_path, format!("line {line} is not UTF-8 text"))
             .help(format!("{help}, in UTF-8"))
     })?;
+    // A byte-order mark (Windows editors write one) is not part of the first name.
+    let text = text.strip_prefix('\u{feff}').unwrap_or(&text);
     let lines: Vec<&str> = text.lines().map(str::trim).collect();
     let used = lines.len() - lines.iter().rev().take_while(|l| l.is_empty()).count();
     let names = &lines[..used];

@@ -823,3 +823,35 @@ fn a_missing_data_path_says_what_it_is_relative_to() {
         "{err}"
     );
 }
+
+/// A names file saved with a byte-order mark (as Windows editors save) names the same
+/// classes as one without: before, the mark was part of the first name, and a test set
+/// beside such a file was warned of as having other classes than the training data.
+#[test]
+fn a_byte_order_mark_in_a_names_file_is_not_part_of_a_name() {
+    let dir = tempdir("names-bom");
+    let data = root().join("datasets/fashion_mnist");
+    std::fs::copy(data.join("test_batch.bin"), dir.join("test_batch.bin")).unwrap();
+    let names = std::fs::read_to_string(data.join("batches.meta.txt")).unwrap();
+    let validate = |names_file: String| {
+        std::fs::write(dir.join("batches.meta.txt"), names_file).unwrap();
+        let out = runner_cmd()
+            .args(["validate", "recipes/quickstart.toml", "--set"])
+            .arg(format!(
+                "data.test=\"{}\"",
+                dir.join("test_batch.bin").display()
+            ))
+            .output()
+            .unwrap();
+        expect_exit(&out, 0);
+        String::from_utf8_lossy(&out.stderr).to_string()
+    };
+    let stderr = validate(format!("\u{feff}{names}"));
+    assert!(!stderr.contains("its classes are not"), "{stderr}");
+    // And the check is there: another first name is warned of.
+    let stderr = validate(names.replacen("T-shirt/top", "Tee", 1));
+    assert!(
+        stderr.contains("its classes are not the training data's: label 0 is \"Tee\""),
+        "{stderr}"
+    );
+}
