@@ -219,6 +219,18 @@ impl Doc {
                 );
                 continue;
             }
+            // Likewise a float past f64's range (TOML reads `1e400` as an overflow).
+            if parsed.is_err()
+                && digits.starts_with(|c: char| c.is_ascii_digit())
+                && raw.parse::<f64>().is_ok_and(f64::is_infinite)
+            {
+                report.push(
+                    Diagnostic::error(&name, format!("{key}: {raw} is too large for a float"))
+                        .at(&text, at..text.len())
+                        .help("TOML floats are 64-bit: at most 1.7976931348623157e308"),
+                );
+                continue;
+            }
             // TOML if it parses as TOML, else the text as a string (as `parse_value`).
             let value = parsed
                 .ok()

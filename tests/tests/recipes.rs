@@ -453,6 +453,11 @@ fn a_non_utf8_recipe_and_a_multi_key_set_are_refused_with_where() {
         &["--set", "seed=18446744073709551615"],
         "seed: 18446744073709551615 is not a TOML integer",
     );
+    refused(
+        &recipe,
+        &["--set", "optim.lr=1e400"],
+        "error: --set:1:10: optim.lr: 1e400 is too large for a float",
+    );
 }
 
 #[test]
