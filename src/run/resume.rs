@@ -36,28 +36,27 @@ pub fn resume(
             odd.display(),
         )));
     }
-    let mut summary: Summary = std::fs::read_to_string(&summary_path)
-        .ok()
-        .and_then(|t| serde_json::from_str(&t).ok())
-        .ok_or_else(|| {
-            input(format!(
-                "error: {}: missing or unreadable\n  = help: the runner writes it when a run starts; restore it from a copy, or start the run again",
-                summary_path.display()
-            ))
-        })?;
-    if summary.status == RunStatus::Completed {
-        return Err(input(format!(
-            "error: {}: the run already completed; nothing to resume",
-            run_dir.display()
-        )));
-    }
-    // One process at a time continues a run: two would write the same metrics lines.
-    if let (RunStatus::Running, Process::Alive(pid)) = (summary.status, summary.process()) {
-        if pid != std::process::id() {
+    // A summary cut short (a crash during its rewrite in place on a full disk) or gone is
+    // written again below from the checkpoint and the metrics lines, as after kill -9.
+    let read_summary: Result<Summary, String> = match std::fs::read_to_string(&summary_path) {
+        Ok(text) => serde_json::from_str(&text).map_err(|e| format!("unreadable ({e})")),
+        Err(_) => Err(crate::recipe::why_missing(&summary_path)),
+    };
+    if let Ok(summary) = &read_summary {
+        if summary.status == RunStatus::Completed {
             return Err(input(format!(
-                "error: {}: the run is still going (pid {pid})\n  = help: stop it first (SIGINT or SIGTERM writes a checkpoint), then resume",
+                "error: {}: the run already completed; nothing to resume",
                 run_dir.display()
             )));
+        }
+        // One process at a time continues a run: two would write the same metrics lines.
+        if let (RunStatus::Running, Process::Alive(pid)) = (summary.status, summary.process()) {
+            if pid != std::process::id() {
+                return Err(input(format!(
+                    "error: {}: the run is still going (pid {pid})\n  = help: stop it first (SIGINT or SIGTERM writes a checkpoint), then resume",
+                    run_dir.display()
+                )));
+            }
         }
     }
     // And one process writes it: a run or a resume on another node or in a container
@@ -190,6 +189,23 @@ pub fn resume(
                 metrics_path.display()
             ))
         })?;
+    let mut summary = match read_summary {
+        Ok(summary) => summary,
+        Err(why) => {
+            crate::errln!(
+                "warning: {}: {why}; written again from the checkpoint and metrics.jsonl (a run cut short at its last checkpoint: the steps after it are trained again)",
+                summary_path.display()
+            );
+            Summary {
+                name: plan.name.clone(),
+                run_id: run_dir
+                    .file_name()
+                    .map_or(String::new(), |n| n.to_string_lossy().into_owned()),
+                status: RunStatus::Running,
+                ..Default::default()
+            }
+        }
+    };
     let evals = rewind(&mut summary, &state, &records);
     write_json_keeping_room(&summary_path, &summary, KEPT_ROOM)
         .map_err(|e| fail(format!("summary.json: {e}")))?;

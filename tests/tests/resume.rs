@@ -1286,3 +1286,54 @@ fn eval_of_a_text_run_uses_its_tokenizer_and_needs_no_training_data() {
 fn score_of(line: &str) -> String {
     line.split(" (").next().unwrap().to_string()
 }
+
+/// A `summary.json` cut short (a crash while it was rewritten in place on a full disk) or
+/// gone does not block a resume: it is said, written again from the checkpoint and the
+/// metrics lines (as after kill -9), and the run ends where the uninterrupted one does.
+/// Before, the resume refused ("missing or unreadable") though the checkpoint holds what
+/// it needs.
+#[test]
+fn a_damaged_or_missing_summary_is_written_again_by_resume() {
+    let dir = tempdir("resume-summary");
+    let recipe = long_recipe(&dir, "s", "[checkpoint]\nevery = 5\n");
+    let reference = reference_run(&recipe, &dir, "s");
+    let out = kill_after(
+        &[recipe.as_os_str(), "-q".as_ref()],
+        &dir.join("runs"),
+        23,
+        "-TERM",
+    );
+    expect_exit(&out, 143);
+    let run = only_run(&dir.join("runs/s"));
+    let gone = dir.join("gone");
+    assert!(Command::new("cp")
+        .arg("-a")
+        .arg(&run)
+        .arg(&gone)
+        .status()
+        .unwrap()
+        .success());
+    let text = std::fs::read(run.join("summary.json")).unwrap();
+    std::fs::write(run.join("summary.json"), &text[..text.len() / 2]).unwrap();
+    std::fs::remove_file(gone.join("summary.json")).unwrap();
+    for (copy, why) in [
+        (&run, "unreadable (EOF while parsing"),
+        (&gone, "does not exist"),
+    ] {
+        let out = resume_quietly(copy);
+        expect_exit(&out, 0);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            stderr.contains(&format!(
+                "warning: {}: {why}",
+                copy.join("summary.json").display()
+            )) && stderr.contains("written again from the checkpoint and metrics.jsonl"),
+            "{stderr}"
+        );
+        assert_eq!(losses(copy), losses(&reference));
+        let s = summary(copy);
+        assert_eq!(s.status, RunStatus::Completed);
+        assert_eq!(s.steps, summary(&reference).steps);
+        assert_eq!(s.name, "s");
+    }
+}
