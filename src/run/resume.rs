@@ -6,6 +6,7 @@ use super::*;
 /// Continues an interrupted run in its own directory from its latest checkpoint: the
 /// remaining batches are those the uninterrupted run would have seen, `metrics.jsonl`
 /// goes on after the checkpoint's last line, and the summary covers the whole run.
+/// Everything that could refuse it is checked before anything in the directory changes.
 pub fn resume(
     run_dir: &Path,
     opts: &RunOptions,
@@ -13,143 +14,14 @@ pub fn resume(
 ) -> Result<Finished, RunError> {
     let input = |m: String| RunError::Input(m);
     let recipe_path = run_recipe(run_dir)?;
-    let summary_path = run_dir.join("summary.json");
-    // The run's own files are read, or opened to go on writing, below: one that is there
-    // but is not a file (a pipe would block the resume for good) is refused first.
-    let own = [
-        "summary.json",
-        "metrics.jsonl",
-        "metrics.csv",
-        "samples.jsonl",
-    ];
-    if let Some(odd) = own
-        .iter()
-        .map(|f| run_dir.join(f))
-        .find(|p| p.symlink_metadata().is_ok() && !p.is_file())
-    {
-        let what = match crate::recipe::odd_kind(&odd) {
-            Some(kind) => format!("is {kind}, not a file"),
-            None => crate::recipe::why_missing(&odd),
-        };
-        return Err(input(format!(
-            "error: {}: {what}\n  = help: the runner writes it as a regular file; move it away, then resume",
-            odd.display(),
-        )));
-    }
-    // A summary cut short (a crash during its rewrite in place on a full disk) or gone is
-    // written again below from the checkpoint and the metrics lines, as after kill -9.
-    let read_summary: Result<Summary, String> = match std::fs::read_to_string(&summary_path) {
-        Ok(text) => serde_json::from_str(&text).map_err(|e| format!("unreadable ({e})")),
-        Err(_) => Err(crate::recipe::why_missing(&summary_path)),
-    };
-    if let Ok(summary) = &read_summary {
-        if summary.status == RunStatus::Completed {
-            return Err(input(format!(
-                "error: {}: the run already completed; nothing to resume",
-                run_dir.display()
-            )));
-        }
-        // One process at a time continues a run: two would write the same metrics lines.
-        if let (RunStatus::Running, Process::Alive(pid)) = (summary.status, summary.process()) {
-            if pid != std::process::id() {
-                return Err(input(format!(
-                    "error: {}: the run is still going (pid {pid})\n  = help: stop it first (SIGINT or SIGTERM writes a checkpoint), then resume",
-                    run_dir.display()
-                )));
-            }
-        }
-    }
-    // And one process writes it: a run or a resume on another node or in a container
-    // (which the pid above cannot tell) holds `run.lock` while it goes.
-    let lock_path = run_dir.join(RUN_LOCK);
-    let _lock = match crate::sweep::CellLock::acquire(&lock_path) {
-        Ok(Ok(lock)) => lock,
-        Ok(Err(owner)) => {
-            let touched = std::fs::metadata(&lock_path)
-                .and_then(|m| m.modified())
-                .ok()
-                .and_then(|t| t.elapsed().ok())
-                .map_or(String::new(), |a| {
-                    format!(", its heartbeat {} s ago", a.as_secs())
-                });
-            return Err(input(format!(
-                "error: {}: {owner} is running or resuming it ({RUN_LOCK}{touched})\n  = help: stop it first (SIGINT or SIGTERM writes a checkpoint), then resume; if that process is gone (its node died), its lock goes stale {} s after the last heartbeat: resume then",
-                run_dir.display(),
-                crate::sweep::LOCK_STALE_AFTER.as_secs()
-            )));
-        }
-        Err(e) => {
-            return Err(input(format!(
-                "error: {}: cannot take {RUN_LOCK}: {e}",
-                run_dir.display()
-            )))
-        }
-    };
-    let plan = run_plan(&recipe_path, &[], machine).map_err(|mut d| {
-        // A data file that is not where the run's recipe names it (the data moved).
-        let data_missing = d.0.iter_mut().find(|e| {
-            e.is_error()
-                && matches!(
-                    e.key.as_deref(),
-                    Some("data.train" | "data.test" | "data.validation_file")
-                )
-                && e.message.contains("does not exist")
-        });
-        if let Some(e) = data_missing {
-            e.note = Some(format!(
-                "a run's recipe.toml names its data by absolute path: put the file back there, or, if the data moved, edit the path in {}; resume takes the same files (by size and CRC-32) at a new path",
-                recipe_path.display()
-            ));
-        }
-        input(d.to_string())
-    })?;
-    let sha = sha256_file(&recipe_path);
+    refuse_odd_files(run_dir)?;
+    let read_summary = read_summary(run_dir)?;
+    let _lock = take_run_lock(run_dir)?;
+    let plan = resume_plan(&recipe_path, machine)?;
     let metrics_path = run_dir.join("metrics.jsonl");
     let (ckpt_dir, state) = latest_checkpoint(run_dir, &metrics_path)?;
-    // Data files moved (scratch restored elsewhere, another mount point), their paths
-    // edited in recipe.toml: the same recipe, when the files are the same by content and
-    // the paths are all that changed.
-    let moved = match state.recipe_sha256 != sha {
-        true => data_moved(run_dir, &recipe_path, &plan, &state.recipe_sha256),
-        false => Some(vec![]),
-    };
-    if let Some(moved) = moved.as_ref().filter(|m| !m.is_empty()) {
-        for (old, new) in moved {
-            crate::errln!("note: {old} is now {new} (the same size and CRC-32): resuming on it");
-        }
-    }
-    let Some(moved) = moved else {
-        return Err(input(format!(
-            "error: {} was changed after {} was written; a checkpoint resumes only the recipe that wrote it\n  = help: put recipe.toml back as the run wrote it, or run the changed recipe as a new run: runner {}",
-            recipe_path.display(),
-            ckpt_dir.display(),
-            recipe_path.display()
-        )));
-    };
-    // Every file the run goes on writing, before anything is changed: a resume that could
-    // not write one would otherwise fail after marking the run as running again.
-    // (Seen before: a `samples.jsonl` or a `checkpoints/` of another user's let a resume
-    // train to its end, then fail.)
-    let mut outputs = vec![metrics_path.clone(), run_dir.join("samples.jsonl")];
-    if plan.log.csv {
-        outputs.push(run_dir.join("metrics.csv"));
-    }
-    let cannot = |path: &Path, e: std::io::Error| {
-        input(format!(
-            "error: cannot write {}: {e}
-  = help: resume goes on writing in the run's directory: check the owner and permissions of its files",
-            path.display()
-        ))
-    };
-    for path in outputs.iter().filter(|p| p.exists()) {
-        if let Err(e) = std::fs::OpenOptions::new().append(true).open(path) {
-            return Err(cannot(path, e));
-        }
-    }
-    let checkpoints = run_dir.join("checkpoints");
-    if checkpoints.is_dir() {
-        crate::metrics::takes_new_file(&checkpoints).map_err(|e| cannot(&checkpoints, e))?;
-    }
+    let moved = same_recipe(run_dir, &recipe_path, &plan, (&ckpt_dir, &state))?;
+    refuse_unwritable(run_dir, &plan)?;
     // Nothing is changed while the data loads: a signal then ends the process at once.
     let loading = crate::signals::exit_before_first_step(|_| {
         "exiting now, before the resume started: the run is as it was, to resume again".into()
@@ -189,46 +61,11 @@ pub fn resume(
                 metrics_path.display()
             ))
         })?;
-    let mut summary = match read_summary {
-        Ok(summary) => summary,
-        Err(why) => {
-            crate::errln!(
-                "warning: {}: {why}; written again from the checkpoint and metrics.jsonl (a run cut short at its last checkpoint: the steps after it are trained again)",
-                summary_path.display()
-            );
-            Summary {
-                name: plan.name.clone(),
-                run_id: run_dir
-                    .file_name()
-                    .map_or(String::new(), |n| n.to_string_lossy().into_owned()),
-                status: RunStatus::Running,
-                ..Default::default()
-            }
-        }
-    };
+    let mut summary = read_summary.unwrap_or_else(|why| rebuilt_summary(run_dir, &plan, &why));
     let evals = rewind(&mut summary, &state, &records);
-    write_json_keeping_room(&summary_path, &summary, KEPT_ROOM)
+    write_json_keeping_room(&run_dir.join("summary.json"), &summary, KEPT_ROOM)
         .map_err(|e| fail(format!("summary.json: {e}")))?;
-    // Without it the data could not be checked, and the finished run would have no
-    // versions, host or data checksums: written again, as things are now.
-    let env_path = run_dir.join("env.json");
-    if !env_path.exists() {
-        crate::errln!(
-            "warning: {}: missing, so the data could not be checked against the run's start; written again from this machine and the data as they are now",
-            env_path.display()
-        );
-        write_json_keeping_room(&env_path, &env, KEPT_ROOM)
-            .map_err(|e| fail(format!("env.json: {e}")))?;
-    } else if !moved.is_empty() {
-        // The data at its new paths from now on (a later resume compares with these).
-        let mut start: serde_json::Value = std::fs::read_to_string(&env_path)
-            .ok()
-            .and_then(|t| serde_json::from_str(&t).ok())
-            .unwrap_or_default();
-        start["data"] = serde_json::to_value(&env.data).unwrap_or_default();
-        write_json_keeping_room(&env_path, &start, KEPT_ROOM)
-            .map_err(|e| fail(format!("env.json: {e}")))?;
-    }
+    update_env(run_dir, &env, &moved).map_err(fail)?;
     if !opts.quiet {
         crate::errln!(
             "{}: resuming from {} (step {}, epoch {}, batch {})",
@@ -249,6 +86,218 @@ pub fn resume(
         resume: Some((ckpt_dir, state)),
     };
     drive(&plan, opts, prepared, files)
+}
+
+/// The run's own files are read, or opened to go on writing: one that is there but is not
+/// a file (a pipe would block the resume for good) is refused first.
+fn refuse_odd_files(run_dir: &Path) -> Result<(), RunError> {
+    let own = [
+        "summary.json",
+        "metrics.jsonl",
+        "metrics.csv",
+        "samples.jsonl",
+    ];
+    if let Some(odd) = own
+        .iter()
+        .map(|f| run_dir.join(f))
+        .find(|p| p.symlink_metadata().is_ok() && !p.is_file())
+    {
+        let what = match crate::recipe::odd_kind(&odd) {
+            Some(kind) => format!("is {kind}, not a file"),
+            None => crate::recipe::why_missing(&odd),
+        };
+        return Err(RunError::Input(format!(
+            "error: {}: {what}\n  = help: the runner writes it as a regular file; move it away, then resume",
+            odd.display(),
+        )));
+    }
+    Ok(())
+}
+
+/// The run's summary, or why it cannot be read (written again later, from the checkpoint);
+/// a run that completed, or whose process still runs on this host, is refused.
+fn read_summary(run_dir: &Path) -> Result<Result<Summary, String>, RunError> {
+    let input = |m: String| RunError::Input(m);
+    let summary_path = run_dir.join("summary.json");
+    // A summary cut short (a crash during its rewrite in place on a full disk) or gone is
+    // written again (`rebuilt_summary`) from the checkpoint and the metrics lines.
+    let read_summary: Result<Summary, String> = match std::fs::read_to_string(&summary_path) {
+        Ok(text) => serde_json::from_str(&text).map_err(|e| format!("unreadable ({e})")),
+        Err(_) => Err(crate::recipe::why_missing(&summary_path)),
+    };
+    if let Ok(summary) = &read_summary {
+        if summary.status == RunStatus::Completed {
+            return Err(input(format!(
+                "error: {}: the run already completed; nothing to resume",
+                run_dir.display()
+            )));
+        }
+        // One process at a time continues a run: two would write the same metrics lines.
+        if let (RunStatus::Running, Process::Alive(pid)) = (summary.status, summary.process()) {
+            if pid != std::process::id() {
+                return Err(input(format!(
+                    "error: {}: the run is still going (pid {pid})\n  = help: stop it first (SIGINT or SIGTERM writes a checkpoint), then resume",
+                    run_dir.display()
+                )));
+            }
+        }
+    }
+    Ok(read_summary)
+}
+
+/// `run.lock`, held while this process writes the run.
+fn take_run_lock(run_dir: &Path) -> Result<crate::sweep::CellLock, RunError> {
+    let input = |m: String| RunError::Input(m);
+    // One process writes a run: a run or a resume on another node or in a container
+    // (which the summary's pid cannot tell) holds `run.lock` while it goes.
+    let lock_path = run_dir.join(RUN_LOCK);
+    match crate::sweep::CellLock::acquire(&lock_path) {
+        Ok(Ok(lock)) => Ok(lock),
+        Ok(Err(owner)) => {
+            let touched = std::fs::metadata(&lock_path)
+                .and_then(|m| m.modified())
+                .ok()
+                .and_then(|t| t.elapsed().ok())
+                .map_or(String::new(), |a| {
+                    format!(", its heartbeat {} s ago", a.as_secs())
+                });
+            Err(input(format!(
+                "error: {}: {owner} is running or resuming it ({RUN_LOCK}{touched})\n  = help: stop it first (SIGINT or SIGTERM writes a checkpoint), then resume; if that process is gone (its node died), its lock goes stale {} s after the last heartbeat: resume then",
+                run_dir.display(),
+                crate::sweep::LOCK_STALE_AFTER.as_secs()
+            )))
+        }
+        Err(e) => Err(input(format!(
+            "error: {}: cannot take {RUN_LOCK}: {e}",
+            run_dir.display()
+        ))),
+    }
+}
+
+/// The plan of the run's own recipe; a data file not where it names it is said with what
+/// to do.
+fn resume_plan(recipe_path: &Path, machine: &crate::plan::Machine) -> Result<Plan, RunError> {
+    run_plan(recipe_path, &[], machine).map_err(|mut d| {
+        // A data file that is not where the run's recipe names it (the data moved).
+        let data_missing = d.0.iter_mut().find(|e| {
+            e.is_error()
+                && matches!(
+                    e.key.as_deref(),
+                    Some("data.train" | "data.test" | "data.validation_file")
+                )
+                && e.message.contains("does not exist")
+        });
+        if let Some(e) = data_missing {
+            e.note = Some(format!(
+                "a run's recipe.toml names its data by absolute path: put the file back there, or, if the data moved, edit the path in {}; resume takes the same files (by size and CRC-32) at a new path",
+                recipe_path.display()
+            ));
+        }
+        RunError::Input(d.to_string())
+    })
+}
+
+/// The recipe is the one that wrote the checkpoint, or differs from it only in the paths
+/// of data files that moved (the same by content): those, old and new, said in notes.
+fn same_recipe(
+    run_dir: &Path,
+    recipe_path: &Path,
+    plan: &Plan,
+    (ckpt_dir, state): (&Path, &crate::checkpoint::State),
+) -> Result<Vec<(String, String)>, RunError> {
+    let sha = sha256_file(recipe_path);
+    // Data files moved (scratch restored elsewhere, another mount point), their paths
+    // edited in recipe.toml: the same recipe, when the files are the same by content and
+    // the paths are all that changed.
+    let moved = match state.recipe_sha256 != sha {
+        true => data_moved(run_dir, recipe_path, plan, &state.recipe_sha256),
+        false => Some(vec![]),
+    };
+    if let Some(moved) = moved.as_ref().filter(|m| !m.is_empty()) {
+        for (old, new) in moved {
+            crate::errln!("note: {old} is now {new} (the same size and CRC-32): resuming on it");
+        }
+    }
+    let Some(moved) = moved else {
+        return Err(RunError::Input(format!(
+            "error: {} was changed after {} was written; a checkpoint resumes only the recipe that wrote it\n  = help: put recipe.toml back as the run wrote it, or run the changed recipe as a new run: runner {}",
+            recipe_path.display(),
+            ckpt_dir.display(),
+            recipe_path.display()
+        )));
+    };
+    Ok(moved)
+}
+
+/// Every file the run goes on writing is writable, before anything is changed: a resume
+/// that could not write one would otherwise fail after marking the run as running again.
+/// (Seen before: a `samples.jsonl` or a `checkpoints/` of another user's let a resume train
+/// to its end, then fail.)
+fn refuse_unwritable(run_dir: &Path, plan: &Plan) -> Result<(), RunError> {
+    let input = |m: String| RunError::Input(m);
+    let metrics_path = run_dir.join("metrics.jsonl");
+    let mut outputs = vec![metrics_path.clone(), run_dir.join("samples.jsonl")];
+    if plan.log.csv {
+        outputs.push(run_dir.join("metrics.csv"));
+    }
+    let cannot = |path: &Path, e: std::io::Error| {
+        input(format!(
+            "error: cannot write {}: {e}
+  = help: resume goes on writing in the run's directory: check the owner and permissions of its files",
+            path.display()
+        ))
+    };
+    for path in outputs.iter().filter(|p| p.exists()) {
+        if let Err(e) = std::fs::OpenOptions::new().append(true).open(path) {
+            return Err(cannot(path, e));
+        }
+    }
+    let checkpoints = run_dir.join("checkpoints");
+    if checkpoints.is_dir() {
+        crate::metrics::takes_new_file(&checkpoints).map_err(|e| cannot(&checkpoints, e))?;
+    }
+    Ok(())
+}
+
+/// A summary for a run whose own is cut short or gone (`why`): the run's name and id, as
+/// if its process had been killed, for `rewind` to fill in from the checkpoint.
+fn rebuilt_summary(run_dir: &Path, plan: &Plan, why: &str) -> Summary {
+    let summary_path = run_dir.join("summary.json");
+    crate::errln!(
+        "warning: {}: {why}; written again from the checkpoint and metrics.jsonl (a run cut short at its last checkpoint: the steps after it are trained again)",
+        summary_path.display()
+    );
+    Summary {
+        name: plan.name.clone(),
+        run_id: run_dir
+            .file_name()
+            .map_or(String::new(), |n| n.to_string_lossy().into_owned()),
+        status: RunStatus::Running,
+        ..Default::default()
+    }
+}
+
+/// `env.json` written again where it is missing (without it the data could not be
+/// checked, and the finished run would have no versions, host or data checksums), or with
+/// the data at its new paths where files moved (a later resume compares with these).
+fn update_env(run_dir: &Path, env: &Environment, moved: &[(String, String)]) -> Result<(), String> {
+    let env_path = run_dir.join("env.json");
+    if !env_path.exists() {
+        crate::errln!(
+            "warning: {}: missing, so the data could not be checked against the run's start; written again from this machine and the data as they are now",
+            env_path.display()
+        );
+        write_json_keeping_room(&env_path, env, KEPT_ROOM).map_err(|e| format!("env.json: {e}"))?;
+    } else if !moved.is_empty() {
+        let mut start: serde_json::Value = std::fs::read_to_string(&env_path)
+            .ok()
+            .and_then(|t| serde_json::from_str(&t).ok())
+            .unwrap_or_default();
+        start["data"] = serde_json::to_value(&env.data).unwrap_or_default();
+        write_json_keeping_room(&env_path, &start, KEPT_ROOM)
+            .map_err(|e| format!("env.json: {e}"))?;
+    }
+    Ok(())
 }
 
 /// The data files env.json says the run started on.
