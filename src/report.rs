@@ -37,15 +37,34 @@ pub struct Excluded {
 /// interrupted runs with their error, runs still going, and runs whose process is gone
 /// while their summary still says running (killed outright: kill -9, a node lost; or a
 /// summary that could not be written at the end, which the run said on its stderr).
+///
+/// A copy of a run (a backup, `cp -a` of its directory) is the same run: the same name,
+/// run id and process (host, pid and its start time). It is counted once, as first
+/// found, and the copy listed as such; before, it was a second repeat and halved the
+/// spread.
 pub fn split_completed(runs: Vec<Run>) -> (Vec<Run>, Vec<Excluded>) {
-    let mut done = vec![];
+    let mut done: Vec<Run> = vec![];
     let mut left = vec![];
     for r in runs {
         let s = &r.summary;
         let why = match s.status {
             RunStatus::Completed => {
-                done.push(r);
-                continue;
+                let same = |o: &Run| {
+                    let t = &o.summary;
+                    (&t.name, &t.run_id, &t.host, t.pid, t.pid_started)
+                        == (&s.name, &s.run_id, &s.host, s.pid, s.pid_started)
+                };
+                match done.iter().find(|o| same(o)) {
+                    Some(first) => format!(
+                        "a copy of {} (the same run id {}, host and process): counted once",
+                        first.dir.display(),
+                        s.run_id
+                    ),
+                    None => {
+                        done.push(r);
+                        continue;
+                    }
+                }
             }
             RunStatus::Running => match s.process() {
                 Process::Alive(pid) => format!("still running (pid {pid})"),

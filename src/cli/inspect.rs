@@ -233,7 +233,7 @@ pub(crate) fn report_cmd(
         excluded.extend(unreadable);
         if !excluded.is_empty() {
             runner::errln!(
-                "not in the table ({} run(s) did not complete or cannot be read):",
+                "not in the table ({} run(s); each with why):",
                 excluded.len()
             );
             for x in &excluded {

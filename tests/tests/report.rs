@@ -180,7 +180,7 @@ fn a_diverged_run_fails_at_that_step_and_report_keeps_it_apart() {
     assert_eq!(stdout.lines().count(), 2, "header and one row: {stdout}");
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
-        stderr.contains("not in the table (1 run(s) did not complete or cannot be read)")
+        stderr.contains("not in the table (1 run(s); each with why)")
             && stderr.contains(&format!("{}: failed: diverged at step", run.display())),
         "{stderr}"
     );
@@ -201,7 +201,7 @@ fn a_diverged_run_fails_at_that_step_and_report_keeps_it_apart() {
     assert_eq!(String::from_utf8_lossy(&out.stdout).lines().count(), 2);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
-        stderr.contains("(2 run(s) did not complete or cannot be read)")
+        stderr.contains("(2 run(s); each with why)")
             && stderr.contains(&format!("{}: unreadable: ", broken.display()))
             && stderr.contains("not a summary"),
         "{stderr}"
@@ -297,6 +297,36 @@ fn report_counts_linked_runs_once_and_names_unreadable_ones() {
     expect_exit(&out, 0);
     let (text, line) = csv(&out);
     assert!(line.starts_with("rl,2,"), "{text}");
+    // A copy of a run (a backup beside the runs) is that run, once, and said to be a copy.
+    let backup = dir.join("backup");
+    std::fs::create_dir_all(&backup).unwrap();
+    assert!(Command::new("cp")
+        .arg("-a")
+        .arg(&both[0])
+        .arg(&backup)
+        .status()
+        .unwrap()
+        .success());
+    let out = runner_cmd()
+        .args(["report", "--format", "csv"])
+        .arg(&runs)
+        .arg(&backup)
+        .output()
+        .unwrap();
+    expect_exit(&out, 0);
+    let (text, line) = csv(&out);
+    assert!(line.starts_with("rl,2,"), "{text}");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let copy = backup.join(both[0].file_name().unwrap());
+    assert!(
+        stderr.contains(&format!(
+            "{}: a copy of {}",
+            copy.display(),
+            both[0].display()
+        )) && stderr.contains("counted once"),
+        "{stderr}"
+    );
+    std::fs::remove_dir_all(&backup).unwrap();
 
     // The second run, closed to the user who reports.
     writable_by_other(&runs, true, true);
