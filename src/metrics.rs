@@ -305,11 +305,15 @@ pub enum Process {
     /// On this host, gone: killed outright (kill -9, out of memory), or it could not write
     /// its summary at the end.
     Gone(u32),
-    /// On another host: this one cannot tell.
+    /// On another host: the pid cannot tell (`run.lock`'s heartbeat can).
     Elsewhere { host: String, pid: u32 },
     /// The summary names no process.
     Unknown,
 }
+
+/// In a run directory while a process writes it (a run, or its resume): the process's
+/// host, pid and pid namespace, touched every 10 s (`sweep::CellLock`).
+pub const RUN_LOCK: &str = "run.lock";
 
 /// `summary.json`. Missing fields read as their defaults, so older summaries still load.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]

@@ -69,9 +69,19 @@ pub fn split_completed(runs: Vec<Run>) -> (Vec<Run>, Vec<Excluded>) {
             RunStatus::Running => match s.process() {
                 Process::Alive(pid) => format!("still running (pid {pid})"),
                 Process::Gone(pid) => format!("killed (kill -9, out of memory, a node lost, or a third Ctrl-C), or unable to write its summary at its end (its stderr says): its process (pid {pid}) is gone, and summary.json still says running"),
-                Process::Elsewhere { host, pid } => {
-                    format!("running, or killed, on {host} (pid {pid})")
-                }
+                // Its process's heartbeat in `run.lock` tells (runs of earlier versions
+                // have none).
+                Process::Elsewhere { host, pid } => match heartbeat_age(&r.dir) {
+                    Some(age) if age < crate::sweep::LOCK_STALE_AFTER => format!(
+                        "still running on {host} (pid {pid}; its run.lock was touched {} s ago)",
+                        age.as_secs()
+                    ),
+                    Some(age) => format!(
+                        "killed on {host} (pid {pid}; a node lost, kill -9, out of memory): its run.lock has had no heartbeat for {} s, and summary.json still says running",
+                        age.as_secs()
+                    ),
+                    None => format!("running, or killed, on {host} (pid {pid})"),
+                },
                 Process::Unknown => "running, or killed (no process recorded)".into(),
             },
             other => match &s.error {
@@ -82,6 +92,14 @@ pub fn split_completed(runs: Vec<Run>) -> (Vec<Run>, Vec<Excluded>) {
         left.push(Excluded { dir: r.dir, why });
     }
     (done, left)
+}
+
+/// How long ago the process writing the run in `dir` last touched its `run.lock`.
+fn heartbeat_age(dir: &Path) -> Option<std::time::Duration> {
+    let touched = std::fs::metadata(dir.join(crate::metrics::RUN_LOCK))
+        .and_then(|m| m.modified())
+        .ok()?;
+    Some(touched.elapsed().unwrap_or_default())
 }
 
 /// The run directories under `paths`, in the order the paths are given; under each, a

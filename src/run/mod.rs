@@ -198,9 +198,7 @@ fn run_plan(
         .expect("a recipe has a plan"))
 }
 
-/// In a run directory while a process writes it (a run, or its resume): the process's
-/// host, pid and pid namespace, touched every 10 s (`sweep::CellLock`).
-pub const RUN_LOCK: &str = "run.lock";
+pub use crate::metrics::RUN_LOCK;
 
 /// A run directory as the loop continues it: what earlier processes recorded.
 struct Files {

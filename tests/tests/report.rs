@@ -228,6 +228,39 @@ fn report_tells_a_killed_run_from_a_running_one() {
         ) && stderr.contains("its process (pid 4000000) is gone"),
         "{stderr}"
     );
+    // On another node: its run.lock's heartbeat tells a running run from a killed one
+    // (before, both were "running, or killed"); without a lock (earlier versions) it
+    // cannot be told.
+    s["host"] = "node17".into();
+    std::fs::write(run.join("summary.json"), s.to_string()).unwrap();
+    let said = || {
+        let out = runner_cmd().arg("report").arg(&run).output().unwrap();
+        expect_exit(&out, 1);
+        String::from_utf8_lossy(&out.stderr).to_string()
+    };
+    let stderr = said();
+    assert!(
+        stderr.contains("running, or killed, on node17 (pid 4000000)"),
+        "{stderr}"
+    );
+    let lock = run.join("run.lock");
+    std::fs::write(&lock, "node17 4000000 4026531836\n").unwrap();
+    let stderr = said();
+    assert!(
+        stderr.contains("still running on node17 (pid 4000000; its run.lock was touched 0 s ago)"),
+        "{stderr}"
+    );
+    std::fs::File::options()
+        .append(true)
+        .open(&lock)
+        .unwrap()
+        .set_modified(std::time::SystemTime::now() - std::time::Duration::from_secs(300))
+        .unwrap();
+    let stderr = said();
+    assert!(
+        stderr.contains("killed on node17 (pid 4000000; a node lost, kill -9, out of memory): its run.lock has had no heartbeat for 300 s"),
+        "{stderr}"
+    );
 }
 
 /// A run whose name puts it inside another run's directory (`a/<a run id of a>`) is in the
