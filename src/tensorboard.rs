@@ -129,11 +129,14 @@ impl EventWriter {
         }))
     }
 
-    /// `SessionLog START` at `step`: TensorBoard drops events of earlier files past it (the
-    /// steps a resumed run does again).
+    /// A resume after the checkpoint of `step`: `SessionLog START` (Event field 7, status
+    /// 1) at `step + 1`, the first step the resumed run does again. TensorBoard drops what
+    /// earlier files said at that step and past it (it keeps the events of steps before a
+    /// START's), so the steps redone after a kill -9 show once. (Field 6 is the deprecated
+    /// `log_message`, which TensorBoard reads and ignores: every redone step showed twice.)
     pub fn restart_at(&mut self, step: u64) -> std::io::Result<()> {
-        self.record(&event(now(), Some(step as i64), |e| {
-            field_bytes(6, &[0x08, 0x01], e)
+        self.record(&event(now(), Some(step as i64 + 1), |e| {
+            field_bytes(7, &[0x08, 0x01], e)
         }))
     }
 }

@@ -389,7 +389,8 @@ pub fn read_events(path: &Path) -> Vec<TbEvent> {
                         e.scalars.push((tag, v));
                     }
                 }
-                6 => e.restart = true,
+                // `session_log` (status START, the only one the runner writes).
+                7 => e.restart = true,
                 _ => {}
             }
         }
@@ -399,7 +400,7 @@ pub fn read_events(path: &Path) -> Vec<TbEvent> {
 }
 
 /// `train/loss` by step across a run's event files, as TensorBoard reads them: a
-/// `SessionLog START` at step s drops what earlier files said past s.
+/// `SessionLog START` at step s drops what earlier files said at s and past it.
 pub fn tb_losses(run: &Path) -> Vec<(u64, f32)> {
     let mut files: Vec<PathBuf> = walk_files(run)
         .into_iter()
@@ -415,7 +416,7 @@ pub fn tb_losses(run: &Path) -> Vec<(u64, f32)> {
     for f in files {
         for e in read_events(&f) {
             if e.restart {
-                out.retain(|(s, _)| *s <= e.step);
+                out.retain(|(s, _)| *s < e.step);
             }
             for (tag, v) in e.scalars {
                 if tag == "train/loss" {
