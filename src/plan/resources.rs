@@ -191,10 +191,24 @@ pub fn estimate(
         .saturating_mul(loader.batch_size as u64)
         .saturating_mul(per_input)
         .saturating_mul(element_bytes);
+    // A Transformer's attention keeps, per layer, its score matrices (batch × heads × L ×
+    // L, before and after the softmax) for the backward pass: quadratic in the row length
+    // L, which the per-token count misses. (At 8,192 tokens, batch 32 and 4 heads, one
+    // matrix is 32 GiB: such a run passed the check and aborted at its first allocation.)
+    let attention_bytes = match &model.net {
+        NetPlan::Transformer(t) => (loader.batch_size as u64)
+            .saturating_mul(t.heads as u64)
+            .saturating_mul(per_input)
+            .saturating_mul(per_input)
+            .saturating_mul(4 * 2)
+            .saturating_mul(t.layers as u64),
+        _ => 0,
+    };
     let activation_bytes = (loader.batch_size as u64)
         .saturating_mul(per_input)
         .saturating_mul(activations_per_input(model))
-        .saturating_mul(4);
+        .saturating_mul(4)
+        .saturating_add(attention_bytes);
     Footprint {
         parameters: params,
         model_bytes,

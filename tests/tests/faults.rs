@@ -801,3 +801,61 @@ fn a_recipe_beyond_the_address_space_limit_is_refused_before_it_starts() {
     assert!(!dir.join("runs").exists(), "a run directory was created");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A Transformer's attention scores (batch × heads × L² per layer) count in the memory
+/// check: rows of 8,192 tokens need 32 GiB a score matrix, and such a run passed the check
+/// and aborted at its first allocation (exit 134, a backtrace, its summary left
+/// `running`). Now it is refused before anything is written; at 65,536 tokens even
+/// `runner validate`, which knows no machine, refuses it.
+#[test]
+fn a_transformer_whose_attention_cannot_fit_is_refused_before_it_starts() {
+    let dir = tempdir("attention");
+    let sets = |len: usize| {
+        [
+            "padding.strategy=\"max_length\"".to_string(),
+            format!("padding.max_length={len}"),
+            "run.max_steps=1".into(),
+            "run.eval=\"never\"".into(),
+            format!("log.dir=\"{}\"", dir.join("runs").display()),
+        ]
+    };
+    let mut cmd = runner_cmd();
+    cmd.arg("recipes/text/rotten_tomatoes_transformer.toml")
+        .arg("-q");
+    for s in sets(8192) {
+        cmd.args(["--set", &s]);
+    }
+    // SAFETY: `setrlimit` is async-signal-safe, as `pre_exec` requires.
+    unsafe {
+        std::os::unix::process::CommandExt::pre_exec(&mut cmd, || {
+            let limit = libc::rlimit {
+                rlim_cur: 16 << 30,
+                rlim_max: 16 << 30,
+            };
+            libc::setrlimit(libc::RLIMIT_AS, &limit);
+            Ok(())
+        });
+    }
+    let out = cmd.output().unwrap();
+    expect_exit(&out, 2);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("the run needs at least 129.5 GiB")
+            && stderr.contains("more than the address space left under `ulimit -v`"),
+        "{stderr}"
+    );
+    assert!(!dir.join("runs").exists(), "a run directory was created");
+    let mut cmd = runner_cmd();
+    cmd.args(["validate", "recipes/text/rotten_tomatoes_transformer.toml"]);
+    for s in sets(65536) {
+        cmd.args(["--set", &s]);
+    }
+    let out = cmd.output().unwrap();
+    expect_exit(&out, 2);
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("more than the cap of any machine"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -454,6 +454,11 @@ fn a_non_utf8_recipe_and_a_multi_key_set_are_refused_with_where() {
         "seed: 18446744073709551615 is not a TOML integer",
     );
     refused(
+        &root().join("recipes/text/rotten_tomatoes.toml"),
+        &["--set", "padding.multiple_of=100000"],
+        "padding.multiple_of: 100000 is more than padding.max_length (64): every row would be padded to 100000 tokens",
+    );
+    refused(
         &recipe,
         &["--set", "optim.lr=1e400"],
         "error: --set:1:10: optim.lr: 1e400 is too large for a float",
