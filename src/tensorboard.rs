@@ -129,8 +129,8 @@ impl EventWriter {
         }))
     }
 
-    /// A resume after the checkpoint of `step`: `SessionLog START` (Event field 7, status
-    /// 1) at `step + 1`, the first step the resumed run does again. TensorBoard drops what
+    /// A resume after the checkpoint of `step`: `SessionLog START` (Event field 7, its
+    /// status 1) at `step + 1`, the first step the resumed run does again. TensorBoard drops what
     /// earlier files said at that step and past it (it keeps the events of steps before a
     /// START's), so the steps redone after a kill -9 show once. (Field 6 is the deprecated
     /// `log_message`, which TensorBoard reads and ignores: every redone step showed twice.)
