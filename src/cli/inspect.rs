@@ -186,6 +186,22 @@ pub(crate) fn schema(output: Option<&Path>) -> ExitCode {
             runner::out!("{text}");
             ExitCode::SUCCESS
         }
+        // A file there that is not a JSON Schema (a recipe, a dataset, a typo'd name) is
+        // not overwritten: it was, with exit 0.
+        Some(p) if p.is_dir() => {
+            runner::errln!(
+                "error: {}: is a directory\n  = help: give a file name, e.g. -o recipe.schema.json",
+                p.display()
+            );
+            ExitCode::from(2)
+        }
+        Some(p) if p.exists() && !is_json_schema(p) => {
+            runner::errln!(
+                "error: {}: exists and is not a JSON Schema: not overwritten\n  = help: remove it, or choose another name",
+                p.display()
+            );
+            ExitCode::from(2)
+        }
         Some(p) => match std::fs::write(p, text) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
@@ -194,6 +210,18 @@ pub(crate) fn schema(output: Option<&Path>) -> ExitCode {
             }
         },
     }
+}
+
+/// Whether the file at `p` starts as a JSON Schema does (an earlier `runner schema -o`):
+/// its first bytes only, so a large dataset there is not read.
+fn is_json_schema(p: &Path) -> bool {
+    use std::io::Read;
+    let mut head = vec![0u8; 4096];
+    let n = std::fs::File::open(p)
+        .and_then(|mut f| f.read(&mut head))
+        .unwrap_or(0);
+    let text = String::from_utf8_lossy(&head[..n]);
+    n == 0 || (text.trim_start().starts_with('{') && text.contains("\"$schema\""))
 }
 
 pub(crate) fn report_cmd(

@@ -308,3 +308,47 @@ fn a_recipe_path_that_is_not_utf8_runs_and_slurm_says_why_not() {
     assert!(err.contains("is not valid UTF-8"), "{err}");
     assert!(!dir.join("runs/g").exists(), "written before the error");
 }
+
+/// `runner schema -o FILE` writes a new file, or replaces an earlier schema; a file there
+/// that is not a JSON Schema (a recipe, a dataset: a slip of the name) is kept, exit 2.
+/// Before, `schema -o recipes/quickstart.toml` replaced the recipe with exit 0.
+#[test]
+fn schema_output_keeps_a_file_that_is_not_a_schema() {
+    let dir = tempdir("schema-o");
+    let schema = |to: &std::path::Path| {
+        runner_cmd()
+            .arg("schema")
+            .arg("-o")
+            .arg(to)
+            .output()
+            .unwrap()
+    };
+    let fresh = dir.join("recipe.schema.json");
+    expect_exit(&schema(&fresh), 0);
+    let written = std::fs::read(&fresh).unwrap();
+    assert_eq!(
+        written,
+        std::fs::read(root().join("recipe.schema.json")).unwrap()
+    );
+    // Again over it: an earlier schema is replaced.
+    std::fs::write(&fresh, b"{\n  \"$schema\": \"old\"\n}\n").unwrap();
+    expect_exit(&schema(&fresh), 0);
+    assert_eq!(std::fs::read(&fresh).unwrap(), written);
+    let recipe = dir.join("r.toml");
+    std::fs::copy(root().join("recipes/quickstart.toml"), &recipe).unwrap();
+    let before = std::fs::read(&recipe).unwrap();
+    let out = schema(&recipe);
+    expect_exit(&out, 2);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains(&format!(
+            "error: {}: exists and is not a JSON Schema: not overwritten",
+            recipe.display()
+        )),
+        "{stderr}"
+    );
+    assert_eq!(std::fs::read(&recipe).unwrap(), before);
+    let out = schema(&dir);
+    expect_exit(&out, 2);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("is a directory"));
+}
