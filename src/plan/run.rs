@@ -69,6 +69,24 @@ impl<'a> Validator<'a> {
             );
         }
         let (steps_per_epoch, micro, total) = self.steps(data?, loader, optim?)?;
+        // A cadence the run never reaches holds samples out of training for nothing, and
+        // early stopping, which watches them, never acts.
+        if let (true, crate::recipe::Every::Steps(n)) = (has_validation, r.validate) {
+            if n > total && total > 0 {
+                self.warn(
+                    "run.validate",
+                    format!(
+                        "every {n} steps, but the run has {total}: the validation set is never evaluated{}",
+                        if watch.as_ref().is_some_and(|w| w.patience.is_some()) {
+                            ", so early stopping never acts"
+                        } else {
+                            ""
+                        }
+                    ),
+                    format!("use at most {total}, or \"epoch\""),
+                );
+            }
+        }
         if r.warmup_steps >= total && total > 0 {
             self.warn(
                 "run.warmup_steps",

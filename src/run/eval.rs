@@ -51,7 +51,7 @@ fn saved_weights(run_dir: &Path, best: bool) -> Result<PathBuf, RunError> {
         )
     } else if best {
         format!(
-            "error: {} does not exist: the run has no validation set (data.validation)",
+            "error: {} does not exist: the run saved none (it has no validation set, data.validation, or never evaluated it: run.validate)",
             weights.display()
         )
     } else {

@@ -865,3 +865,29 @@ fn a_byte_order_mark_in_a_names_file_is_not_part_of_a_name() {
         "{stderr}"
     );
 }
+
+/// A validation cadence the run never reaches is warned of: the held-out samples are
+/// never evaluated and early stopping never acts (before: nothing said, and `eval --best`
+/// then claimed the run had no validation set).
+#[test]
+fn a_validation_cadence_past_the_run_is_warned_of() {
+    let validate = |every: &str| {
+        let out = runner_cmd()
+            .args(["validate", "recipes/quickstart.toml"])
+            .args(["--set", "data.validation=0.1", "--set", "run.max_steps=20"])
+            .args(["--set", "run.early_stop={patience=1}", "--set"])
+            .arg(format!("run.validate={every}"))
+            .output()
+            .unwrap();
+        expect_exit(&out, 0);
+        String::from_utf8_lossy(&out.stderr).to_string()
+    };
+    let stderr = validate("100");
+    assert!(
+        stderr.contains("run.validate: every 100 steps, but the run has 20: the validation set is never evaluated, so early stopping never acts")
+            && stderr.contains("use at most 20, or \"epoch\""),
+        "{stderr}"
+    );
+    let stderr = validate("20");
+    assert!(!stderr.contains("never evaluated"), "{stderr}");
+}
