@@ -39,6 +39,10 @@ pub struct Cell {
     /// Stable id ([`cell_id`]), from the cell's resolved recipe: set by [`check`], once the
     /// cell is validated (empty before).
     pub id: String,
+    /// Its id as runners before 2026-12-03 made it (with `description`, `[slurm]` and
+    /// `backend.cache_dir`): `--resume` finds cells done by those in their sweep
+    /// directories, so a grid in progress at the upgrade runs none again.
+    pub legacy_id: String,
     pub assignments: Vec<(String, toml::Value)>,
     pub loaded: Loaded,
 }
@@ -326,6 +330,7 @@ fn expand_all(loaded: &Loaded, max_cells: usize) -> (Vec<Cell>, Diagnostics) {
         out.push(Cell {
             index,
             id: String::new(),
+            legacy_id: String::new(),
             name,
             assignments,
             loaded: checked,
@@ -472,6 +477,7 @@ pub fn check_loaded(
     }
     for (c, p) in cells.iter_mut().zip(&plans) {
         c.id = cell_id(&p.resolved, &c.loaded.recipe);
+        c.legacy_id = legacy_cell_id(&p.resolved, &c.loaded.recipe);
     }
     let base = loaded.recipe.name.clone().unwrap_or_else(|| {
         path.file_stem()
@@ -512,9 +518,27 @@ fn sha256_hex(bytes: &[u8]) -> String {
 
 /// The id of a cell: the first 12 hex digits of the SHA-256 of its resolved recipe (every
 /// default filled in, so writing one out changes nothing), with the paths as `written`
-/// (the same on every machine; resolved ones are absolute) and `[log]` left out, since
-/// neither changes what runs.
+/// (the same on every machine; resolved ones are absolute), and without what changes
+/// nothing that runs: `[log]`, `description`, `[slurm]` (a job given more time resumes
+/// the grid it was: its done cells are not trained again) and `backend.cache_dir`, as
+/// `runner report` compares runs.
 pub fn cell_id(resolved: &Recipe, written: &Recipe) -> String {
+    let mut r = id_recipe(resolved, written);
+    r.description = String::new();
+    r.slurm = Default::default();
+    r.backend.cache_dir = None;
+    let text = toml::to_string(&r).unwrap_or_default();
+    sha256_hex(text.as_bytes())[..12].to_string()
+}
+
+/// [`Cell::legacy_id`]: the id with `description`, `[slurm]` and `backend.cache_dir`.
+pub fn legacy_cell_id(resolved: &Recipe, written: &Recipe) -> String {
+    let text = toml::to_string(&id_recipe(resolved, written)).unwrap_or_default();
+    sha256_hex(text.as_bytes())[..12].to_string()
+}
+
+/// The resolved recipe with its paths as written and without `[log]`.
+fn id_recipe(resolved: &Recipe, written: &Recipe) -> Recipe {
     let mut r = resolved.clone();
     r.data.train.clone_from(&written.data.train);
     r.data.test.clone_from(&written.data.test);
@@ -523,8 +547,7 @@ pub fn cell_id(resolved: &Recipe, written: &Recipe) -> String {
         .clone_from(&written.data.validation_file);
     r.backend.cache_dir.clone_from(&written.backend.cache_dir);
     r.log = Default::default();
-    let text = toml::to_string(&r).unwrap_or_default();
-    sha256_hex(text.as_bytes())[..12].to_string()
+    r
 }
 
 /// The id of a grid: from its cells' ids in order.

@@ -125,7 +125,8 @@ impl SweepDir {
         let Some(sweeps) = self.dir.parent() else {
             return Ok(false);
         };
-        let suffix = format!("-{}.json", c.id);
+        // By its id, or by the id earlier versions gave it.
+        let suffixes = [format!("-{}.json", c.id), format!("-{}.json", c.legacy_id)];
         let others = std::fs::read_dir(sweeps)
             .into_iter()
             .flatten()
@@ -138,7 +139,11 @@ impl SweepDir {
                 .flatten()
                 .flatten();
             for f in statuses {
-                if !f.file_name().to_string_lossy().ends_with(&suffix) {
+                let name = f.file_name().to_string_lossy().into_owned();
+                if !suffixes
+                    .iter()
+                    .any(|s| !s.starts_with("-.") && name.ends_with(s))
+                {
                     continue;
                 }
                 let done = std::fs::read_to_string(f.path())

@@ -924,3 +924,70 @@ fn set_narrows_a_grid_axis_written_quoted() {
     let added = cells(&show(&["sweep.optim.lr=[0.1, 0.2]"]));
     assert_eq!(added.len(), 16, "{added:?}");
 }
+
+/// What changes nothing that runs (`[slurm]`, `description`, `backend.cache_dir`) is not
+/// part of a cell's id: a grid resubmitted with more time (`slurm.time`) finds its cells
+/// done. Before, each such change was a new grid, and `--resume` trained every cell
+/// again. Cells recorded under the ids of earlier versions are found done too.
+#[test]
+fn resume_with_other_job_resources_trains_no_done_cell_again() {
+    let dir = tempdir("slurm-resume");
+    let grid = tiny_recipe(
+        &dir,
+        "g",
+        "[slurm]\ntime = \"04:00:00\"\n[sweep]\n\"optim.lr\" = [0.1, 0.2]\n",
+    );
+    let out = runner_cmd().arg(&grid).arg("-q").output().unwrap();
+    expect_exit(&out, 0);
+    for set in [
+        "slurm.time=\"02:00:00\"",
+        "description=\"longer jobs\"",
+        "backend.cache_dir=\"kernels\"",
+    ] {
+        let out = runner_cmd()
+            .arg(&grid)
+            .args(["-q", "--resume", "--set", set])
+            .output()
+            .unwrap();
+        expect_exit(&out, 0);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            stderr.contains("resumed: 2 cell(s) already done were skipped"),
+            "{set}: {stderr}"
+        );
+    }
+    // A sweep directory of an earlier version: its cells' statuses under their old ids
+    // (which held `[slurm]`; a recipe without it, description or cache_dir keeps its ids).
+    let cells = runner::sweep::check(&grid, &[], &Machine::cpu_only(), 256)
+        .unwrap()
+        .cells;
+    let sweeps = dir.join("runs/g/sweeps");
+    let current = only_run(&sweeps);
+    let old = sweeps.join("from-an-earlier-version");
+    std::fs::rename(&current, &old).unwrap();
+    for c in &cells {
+        assert_ne!(c.id, c.legacy_id);
+        std::fs::rename(
+            old.join(format!("cells/{:04}-{}.json", c.index, c.id)),
+            old.join(format!("cells/{:04}-{}.json", c.index, c.legacy_id)),
+        )
+        .unwrap();
+    }
+    let out = runner_cmd()
+        .arg(&grid)
+        .args(["-q", "--resume"])
+        .output()
+        .unwrap();
+    expect_exit(&out, 0);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains(
+            "resumed: 2 cell(s) already done were skipped (2 of them done in an earlier sweep"
+        ),
+        "{stderr}"
+    );
+    for lr in ["0.1", "0.2"] {
+        only_run(&dir.join(format!("runs/g/optim.lr={lr}")));
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
