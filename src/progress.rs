@@ -30,6 +30,49 @@ pub struct Progress {
     ticker: Option<Ticker>,
     /// Kernels are compiled at run time (CUDA): watch for them after start-up too.
     watch: bool,
+    total_steps: u64,
+    /// Without a terminal (a Slurm log, `nohup`): a step line every `STEP_LINE_EVERY`.
+    step_lines: Option<StepLines>,
+}
+
+/// Without a terminal there is no bar: a line every this long says where training is
+/// (only the epoch lines did, and a long epoch looked hung in a Slurm log).
+const STEP_LINE_EVERY: Duration = Duration::from_secs(30);
+
+/// When the last step line was written, and the first step seen (for the rate).
+struct StepLines {
+    last: std::time::Instant,
+    from: Option<(std::time::Instant, u64)>,
+}
+
+/// `name: step 120/500 (epoch 2/5), loss 0.4213, 13.2 ms/iter, 1m20s left`: the time
+/// left from the rate since `steps` steps took `elapsed`.
+fn step_line(
+    name: &str,
+    r: &StepRecord,
+    (total, epochs): (u64, usize),
+    (elapsed, steps): (Duration, u64),
+) -> String {
+    let left = match steps {
+        0 => String::new(),
+        n => {
+            let per_step = elapsed.as_secs_f64() / n as f64;
+            let s = (per_step * total.saturating_sub(r.step) as f64).round() as u64;
+            let t = match s {
+                s if s >= 3600 => format!("{}h{:02}m", s / 3600, s % 3600 / 60),
+                s if s >= 60 => format!("{}m{:02}s", s / 60, s % 60),
+                s => format!("{s}s"),
+            };
+            format!(", {t} left")
+        }
+    };
+    format!(
+        "{name}: step {}/{total} (epoch {}/{epochs}), loss {:.4}, {:.1} ms/iter{left}",
+        r.step,
+        r.epoch + 1,
+        r.loss,
+        r.iter_ms
+    )
 }
 
 /// The ticker: during the start-up phase it updates the bar's message (terminal) or prints
@@ -306,6 +349,10 @@ impl Progress {
             let out = bar.clone().map_or(Out::Stderr, Out::Bar);
             Ticker::start(plan.name.clone(), out, cache, PACE)
         });
+        let step_lines = (bar.is_none() && !quiet && plan.log.progress).then(|| StepLines {
+            last: std::time::Instant::now(),
+            from: None,
+        });
         Self {
             bar,
             quiet,
@@ -314,6 +361,8 @@ impl Progress {
             ticker,
             watch,
             started: false,
+            total_steps: plan.run.total_steps,
+            step_lines,
         }
     }
 
@@ -347,6 +396,20 @@ impl Progress {
     }
 
     pub fn step(&mut self, r: &StepRecord) {
+        if let Some(l) = &mut self.step_lines {
+            let now = std::time::Instant::now();
+            let (t0, s0) = *l.from.get_or_insert((now, r.step));
+            if now.duration_since(l.last) >= STEP_LINE_EVERY {
+                l.last = now;
+                let line = step_line(
+                    &self.name,
+                    r,
+                    (self.total_steps, self.epochs),
+                    (now.duration_since(t0), r.step - s0),
+                );
+                self.line(line);
+            }
+        }
         if let Some(b) = &self.bar {
             b.set_position(r.step);
             b.set_message(format!(
@@ -428,6 +491,27 @@ impl Progress {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_step_line_says_where_training_is_and_the_time_left() {
+        let r = StepRecord {
+            step: 120,
+            epoch: 1,
+            loss: 0.42131,
+            iter_ms: 13.24,
+            ..Default::default()
+        };
+        // 100 steps in 20 s: 380 left take 76 s.
+        let line = step_line("q", &r, (500, 5), (Duration::from_secs(20), 100));
+        assert_eq!(
+            line,
+            "q: step 120/500 (epoch 2/5), loss 0.4213, 13.2 ms/iter, 1m16s left"
+        );
+        let hours = step_line("q", &r, (100_120, 5), (Duration::from_secs(1), 1));
+        assert!(hours.ends_with(", 27h46m left"), "{hours}");
+        let none = step_line("q", &r, (500, 5), (Duration::ZERO, 0));
+        assert!(none.ends_with("13.2 ms/iter"), "{none}");
+    }
 
     /// A ticker whose lines are kept, past its start-up: a line at most every 300 ms, a
     /// burst over after 1.5 s without a kernel.
