@@ -779,17 +779,7 @@ fn a_run_directory_moved_mid_run_is_followed_and_one_removed_stops_the_run() {
 fn a_recipe_beyond_the_address_space_limit_is_refused_before_it_starts() {
     let dir = tempdir("ulimit-v");
     let mut cmd = long_synthetic(&dir, "big", "", &["data.synthetic.samples=2000000"]);
-    // SAFETY: `setrlimit` is async-signal-safe, as `pre_exec` requires.
-    unsafe {
-        std::os::unix::process::CommandExt::pre_exec(&mut cmd, || {
-            let limit = libc::rlimit {
-                rlim_cur: 3 << 30,
-                rlim_max: 3 << 30,
-            };
-            libc::setrlimit(libc::RLIMIT_AS, &limit);
-            Ok(())
-        });
-    }
+    limit_address_space(&mut cmd, 3 << 30);
     let out = cmd.output().unwrap();
     expect_exit(&out, 2);
     let stderr = String::from_utf8_lossy(&out.stderr);
@@ -825,17 +815,7 @@ fn a_transformer_whose_attention_cannot_fit_is_refused_before_it_starts() {
     for s in sets(8192) {
         cmd.args(["--set", &s]);
     }
-    // SAFETY: `setrlimit` is async-signal-safe, as `pre_exec` requires.
-    unsafe {
-        std::os::unix::process::CommandExt::pre_exec(&mut cmd, || {
-            let limit = libc::rlimit {
-                rlim_cur: 16 << 30,
-                rlim_max: 16 << 30,
-            };
-            libc::setrlimit(libc::RLIMIT_AS, &limit);
-            Ok(())
-        });
-    }
+    limit_address_space(&mut cmd, 16 << 30);
     let out = cmd.output().unwrap();
     expect_exit(&out, 2);
     let stderr = String::from_utf8_lossy(&out.stderr);
@@ -858,4 +838,19 @@ fn a_transformer_whose_attention_cannot_fit_is_refused_before_it_starts() {
         String::from_utf8_lossy(&out.stderr)
     );
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Runs `cmd` under `ulimit -v` of `bytes`.
+fn limit_address_space(cmd: &mut Command, bytes: u64) {
+    // SAFETY: `setrlimit` is async-signal-safe, as `pre_exec` requires.
+    unsafe {
+        std::os::unix::process::CommandExt::pre_exec(cmd, move || {
+            let limit = libc::rlimit {
+                rlim_cur: bytes,
+                rlim_max: bytes,
+            };
+            libc::setrlimit(libc::RLIMIT_AS, &limit);
+            Ok(())
+        });
+    }
 }
