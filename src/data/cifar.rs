@@ -85,7 +85,17 @@ pub fn check_labels(path: &Path, classes: usize) -> Result<(), DataError> {
             Err(e) => return Err(DataError::io(path, e)),
         }
         if rec[0] as usize >= classes {
-            return Err(bad_label(path, i, rec[0], classes));
+            // Read on, for how many more records are bad.
+            let first = bad_label(path, i, rec[0], classes);
+            let mut more = super::MoreBad::default();
+            loop {
+                i += 1;
+                match reader.read_exact(&mut rec) {
+                    Ok(()) if rec[0] as usize >= classes => more.add(i),
+                    Ok(()) => {}
+                    Err(_) => return Err(more.said_after(first, "record")),
+                }
+            }
         }
         i += 1;
     }
@@ -112,7 +122,13 @@ pub fn read(files: &[PathBuf], limit: usize, classes: usize) -> Result<Images, D
             }
             let label = rec[0] as usize;
             if label >= classes {
-                return Err(bad_label(path, i, rec[0], classes));
+                let mut more = super::MoreBad::default();
+                for (j, rec) in bytes.chunks_exact(RECORD).enumerate().skip(i + 1) {
+                    if rec[0] as usize >= classes {
+                        more.add(j);
+                    }
+                }
+                return Err(more.said_after(bad_label(path, i, rec[0], classes), "record"));
             }
             labels.push(label as u32);
             pixels.extend_from_slice(&rec[1..]);
@@ -168,6 +184,23 @@ mod tests {
         std::fs::create_dir_all(&p).unwrap();
         let e = count_records(&p).unwrap_err().to_string();
         assert!(e.contains("is a directory, not a file"), "{e}");
+    }
+
+    #[test]
+    fn a_bad_label_says_how_many_more_records_are_bad() {
+        let mut bytes = vec![0u8; RECORD * 10];
+        for i in [3, 4, 8] {
+            bytes[RECORD * i] = 10;
+        }
+        let p = write("labels3.bin", &bytes);
+        let e = check_labels(&p, 10).unwrap_err().to_string();
+        assert!(
+            e.contains("record 3 (byte offset 9219) has label 10"),
+            "{e}"
+        );
+        assert!(e.ends_with(" (and 2 more bad records: 4, 8)"), "{e}");
+        let e = read(&[p], 10, 10).unwrap_err().to_string();
+        assert!(e.ends_with(" (and 2 more bad records: 4, 8)"), "{e}");
     }
 
     #[test]

@@ -183,6 +183,47 @@ pub fn names_beside(path: &Path, file: &str) -> Result<Option<Vec<String>>, Data
     Ok(Some(names.iter().map(|n| n.to_string()).collect()))
 }
 
+/// The bad lines or records of a file after the first one an error names: counted, and
+/// the first few numbered, so the error says whether one line is bad or every one is.
+#[derive(Default)]
+pub(crate) struct MoreBad {
+    count: usize,
+    first: Vec<usize>,
+}
+
+impl MoreBad {
+    /// How many further bad ones are numbered.
+    const NAMED: usize = 5;
+
+    /// One more bad line or record, numbered as the error numbers the first.
+    pub(crate) fn add(&mut self, n: usize) {
+        self.count += 1;
+        if self.first.len() < Self::NAMED {
+            self.first.push(n);
+        }
+    }
+
+    /// `e` with the others said after it: "(and 41 more bad lines: 5, 9, 13, 20, 22, …)".
+    pub(crate) fn said_after(self, mut e: DataError, what: &str) -> DataError {
+        if self.count == 0 {
+            return e;
+        }
+        let numbers: Vec<String> = self.first.iter().map(usize::to_string).collect();
+        let more = if self.count > self.first.len() {
+            ", …"
+        } else {
+            ""
+        };
+        let plural = if self.count == 1 { "" } else { "s" };
+        e.message += &format!(
+            " (and {} more bad {what}{plural}: {}{more})",
+            self.count,
+            numbers.join(", ")
+        );
+        e
+    }
+}
+
 /// A data file that cannot be used, with its path and what to do.
 #[derive(Debug, Clone)]
 pub struct DataError {

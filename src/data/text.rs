@@ -126,7 +126,20 @@ pub fn read_jsonl(
             continue;
         }
         let at = |msg: String| DataError::new(path, format!("line {}: {msg}", i + 1));
-        out.push(parse_line(line, fields, classes, at)?);
+        match parse_line(line, fields, classes, at) {
+            Ok(row) => out.push(row),
+            Err(first) => {
+                // The rest of the file is read too, for how many more lines are bad.
+                let mut more = super::MoreBad::default();
+                for (j, line) in text.lines().enumerate().skip(i + 1) {
+                    let at = |msg: String| DataError::new(path, msg);
+                    if !line.trim().is_empty() && parse_line(line, fields, classes, at).is_err() {
+                        more.add(j + 1);
+                    }
+                }
+                return Err(more.said_after(first, "line"));
+            }
+        }
     }
     if out.is_empty() && limit > 0 {
         // A test file like this turned evaluation off in silence, the run exiting 0.
@@ -483,6 +496,37 @@ mod tests {
     }
 
     /// Text that is not UTF-8 is named by its line, and a binary file is told apart.
+    #[test]
+    fn a_bad_line_says_how_many_more_are_bad() {
+        let dir = std::env::temp_dir().join(format!("runner-morebad-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let p = dir.join("bad.jsonl");
+        let good = r#"{"text": "a", "label": 0}"#;
+        let mut lines = vec![good; 20];
+        lines[1] = "{not json";
+        lines[4] = r#"{"text": "b", "label": 7}"#;
+        lines[6] = r#"{"text": 3, "label": 0}"#;
+        std::fs::write(&p, lines.join("\n")).unwrap();
+        let e = read_jsonl(&p, "text", "label", Some(2), 3).unwrap_err();
+        assert!(
+            e.message.starts_with("line 2: not JSON")
+                && e.message.ends_with(" (and 2 more bad lines: 5, 7)"),
+            "{}",
+            e.message
+        );
+        lines = vec!["[]"; 9];
+        lines[0] = good;
+        std::fs::write(&p, lines.join("\n")).unwrap();
+        let e = read_jsonl(&p, "text", "label", Some(2), usize::MAX).unwrap_err();
+        assert!(
+            e.message
+                .ends_with("(and 7 more bad lines: 3, 4, 5, 6, 7, …)"),
+            "{}",
+            e.message
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
     #[test]
     fn non_utf8_lines_are_named() {
         let dir = std::env::temp_dir().join(format!("runner-utf8-{}", std::process::id()));
