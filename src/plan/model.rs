@@ -28,7 +28,9 @@ impl<'a> Validator<'a> {
             .layers
             .unwrap_or(if arch == Arch::Transformer { 2 } else { 1 });
         let hidden_size = m.hidden_size.unwrap_or(128);
-        let ff_dim = m.ff_dim.unwrap_or(4 * embed_dim);
+        // The default of an out-of-range width stays in range: `4 * embed_dim` wrapped
+        // past what TOML can hold.
+        let ff_dim = m.ff_dim.unwrap_or(4 * embed_dim.min(8192));
         let dropout = m.dropout.unwrap_or(0.1);
         for (key, v, hi) in [
             ("model.embed_dim", embed_dim, 8192),
@@ -45,7 +47,11 @@ impl<'a> Validator<'a> {
                 );
             }
         }
-        if arch == Arch::Transformer && heads > 0 && !embed_dim.is_multiple_of(heads) {
+        if arch == Arch::Transformer
+            && (1..=256).contains(&heads)
+            && (1..=8192).contains(&embed_dim)
+            && !embed_dim.is_multiple_of(heads)
+        {
             self.err(
                 "model.heads",
                 format!("{heads} heads do not divide embed_dim = {embed_dim}"),
