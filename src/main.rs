@@ -117,7 +117,8 @@ struct CheckArgs {
     /// Recipe files (TOML).
     #[arg(required = true)]
     recipes: Vec<PathBuf>,
-    /// Override a recipe key, typed by the format: --set loader.workers=4 (repeatable).
+    /// Override a recipe key, typed by the format: --set loader.workers=4 (repeatable);
+    /// --set '~KEY' removes a key the recipe sets, so it takes its default.
     #[arg(long = "set", value_name = "KEY=VALUE")]
     sets: Vec<String>,
     /// Refuse grids with more cells than this.

@@ -416,7 +416,11 @@ impl<'a> Validator<'a> {
                 "nothing to do if other cells use it",
             );
         } else {
-            self.err(key, format!("only applies {why}"), "remove the key");
+            self.err(
+                key,
+                format!("only applies {why}"),
+                format!("remove the key, or leave it out of this run with --set '~{key}'"),
+            );
         }
     }
 

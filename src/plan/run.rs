@@ -342,6 +342,83 @@ impl<'a> Validator<'a> {
                 );
             }
         }
+        // A value with a control character is said once, by the check below.
+        let printable = !s.time.chars().any(char::is_control) && !s.time.trim().is_empty();
+        match slurm_time_s(&s.time) {
+            None if !printable => {}
+            None => self.err(
+                "slurm.time",
+                format!("{:?} is not a Slurm time limit", s.time),
+                "write minutes (\"90\"), \"HH:MM:SS\", \"D-HH\", \"D-HH:MM\" or \"D-HH:MM:SS\" (e.g. \"2-00:00:00\"), or \"UNLIMITED\"",
+            ),
+            Some(t) if s.requeue && t > 0 && t <= u64::from(crate::slurm::REQUEUE_GRACE_S) => self.err(
+                "slurm.time",
+                format!(
+                    "{:?} ({t} s) is within the {} s before the limit at which a requeueing task is told to stop, so each task would stop as it starts and requeue without end",
+                    s.time,
+                    crate::slurm::REQUEUE_GRACE_S
+                ),
+                "give each task more time (hours are \"H:MM:SS\"), or set slurm.requeue = false",
+            ),
+            // "2:30" meant as hours is 2 min 30 s to Slurm.
+            Some(t) if !s.time.contains('-') && s.time.matches(':').count() == 1 => self.warn(
+                "slurm.time",
+                format!(
+                    "{:?} is {} min {} s: Slurm reads one colon as minutes:seconds",
+                    s.time,
+                    t / 60,
+                    t % 60
+                ),
+                format!(
+                    "for {} hours write \"{}:00\"",
+                    s.time.split(':').next().unwrap_or_default(),
+                    s.time
+                ),
+            ),
+            Some(_) => {}
+        }
+        if s.cpus_per_task == 0 {
+            self.err(
+                "slurm.cpus_per_task",
+                "0 cores: sbatch refuses --cpus-per-task=0",
+                "give each task at least 1 core (the default is 2)",
+            );
+        }
+        if let Some(m) = s.mem.as_ref().filter(|m| !slurm_mem_ok(m)) {
+            self.err(
+                "slurm.mem",
+                format!("{m:?} is not a Slurm memory size"),
+                "write a whole number with an optional unit K, M, G or T, e.g. \"16G\" (no unit: megabytes; \"0\": all of the node's memory)",
+            );
+        }
+        for e in &s.extra {
+            let Some(option) = sbatch_option(e) else {
+                continue;
+            };
+            if let Some((_, key)) = SBATCH_WRITTEN.iter().find(|(o, _)| *o == option) {
+                let help = match key {
+                    Some(key) => format!("set {key} instead, and remove {e:?} from slurm.extra"),
+                    None => format!(
+                        "remove {e:?} from slurm.extra: the runner writes --{option} itself"
+                    ),
+                };
+                self.err(
+                    "slurm.extra",
+                    format!(
+                        "{e:?} sets --{option}, which the job script already sets; the later line would win, silently"
+                    ),
+                    help,
+                );
+            } else if s.mem.is_some() && matches!(option, "mem-per-cpu" | "mem-per-gpu") {
+                self.err(
+                    "slurm.extra",
+                    format!(
+                        "{e:?} and slurm.mem both give memory; sbatch refuses the two together"
+                    ),
+                    "keep one of them",
+                );
+            }
+        }
         for (key, v) in fields {
             if v.chars().any(char::is_control) || v.trim().is_empty() {
                 let shown: String = v.chars().take(40).collect();
@@ -355,6 +432,87 @@ impl<'a> Validator<'a> {
     }
 }
 
+/// The options the job scripts write themselves, each with the `[slurm]` key that sets it
+/// (if any): in `slurm.extra`, a second line for one of them would override the first
+/// without a word (`--array` would break the cell each task runs; `--output`, its log).
+const SBATCH_WRITTEN: &[(&str, Option<&str>)] = &[
+    ("job-name", None),
+    ("array", None),
+    ("output", None),
+    ("time", Some("slurm.time")),
+    ("ntasks", None),
+    ("cpus-per-task", Some("slurm.cpus_per_task")),
+    ("partition", Some("slurm.partition")),
+    ("gpus-per-task", Some("slurm.gpus_per_task")),
+    ("mem", Some("slurm.mem")),
+    ("account", Some("slurm.account")),
+    ("signal", Some("slurm.requeue")),
+    ("requeue", Some("slurm.requeue")),
+    ("no-requeue", Some("slurm.requeue")),
+    ("dependency", Some("slurm.warmup")),
+];
+
+/// The long name of the sbatch option an `extra` entry gives (`--qos=high` → `qos`;
+/// the short forms of the options the scripts write are named as their long ones:
+/// `-a 0-3` → `array`).
+fn sbatch_option(extra: &str) -> Option<&str> {
+    if let Some(long) = extra.strip_prefix("--") {
+        return long.split(['=', ' ', '\t']).next();
+    }
+    let short = extra.strip_prefix('-')?.chars().next()?;
+    Some(match short {
+        'J' => "job-name",
+        'a' => "array",
+        'o' => "output",
+        't' => "time",
+        'n' => "ntasks",
+        'c' => "cpus-per-task",
+        'p' => "partition",
+        'A' => "account",
+        'd' => "dependency",
+        _ => return None,
+    })
+}
+
+/// A Slurm time limit in seconds (0: none), as sbatch reads `--time`: `M`, `M:S`,
+/// `H:M:S`, `D-H`, `D-H:M`, `D-H:M:S`, or `UNLIMITED` / `INFINITE`. `None`: not one.
+pub(crate) fn slurm_time_s(t: &str) -> Option<u64> {
+    if t.eq_ignore_ascii_case("unlimited") || t.eq_ignore_ascii_case("infinite") {
+        return Some(0);
+    }
+    let number = |s: &str| {
+        (!s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()))
+            .then(|| s.parse::<u64>().ok())
+            .flatten()
+    };
+    let (days, rest) = match t.split_once('-') {
+        Some((d, rest)) => (Some(number(d)?), rest),
+        None => (None, t),
+    };
+    let parts = rest.split(':').map(number).collect::<Option<Vec<u64>>>()?;
+    let (d, h, m, s) = match (days, parts.as_slice()) {
+        (None, [m]) => (0, 0, *m, 0),
+        (None, [m, s]) => (0, 0, *m, *s),
+        (None, [h, m, s]) => (0, *h, *m, *s),
+        (Some(d), [h]) => (d, *h, 0, 0),
+        (Some(d), [h, m]) => (d, *h, *m, 0),
+        (Some(d), [h, m, s]) => (d, *h, *m, *s),
+        _ => return None,
+    };
+    d.checked_mul(86400)?
+        .checked_add(h.checked_mul(3600)?)?
+        .checked_add(m.checked_mul(60)?)?
+        .checked_add(s)
+}
+
+/// A `--mem` value sbatch takes: a whole number and an optional unit K, M, G or T (either
+/// case), which may end in `B` (`16G`, `16GB`, `16000`).
+fn slurm_mem_ok(m: &str) -> bool {
+    let digits = m.bytes().take_while(u8::is_ascii_digit).count();
+    let unit = m[digits..].to_ascii_uppercase();
+    digits > 0 && ["", "K", "M", "G", "T", "KB", "MB", "GB", "TB"].contains(&unit.as_str())
+}
+
 /// The file (not a directory) at `dir` or at the nearest ancestor of it that exists, which
 /// would make creating `dir` fail when the run starts. A path that cannot be looked at is
 /// left to that moment, whose error says why.
@@ -363,4 +521,64 @@ fn file_in_the_way(dir: &Path) -> Option<PathBuf> {
         .filter(|a| !a.as_os_str().is_empty())
         .find_map(|a| std::fs::metadata(a).ok().map(|m| (a, m.is_dir())))
         .and_then(|(a, is_dir)| (!is_dir).then(|| a.to_path_buf()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slurm_time_limits_read_as_sbatch_reads_them() {
+        for (t, s) in [
+            ("90", 5400),
+            ("0", 0),
+            ("10:30", 630),
+            ("0:60", 60),
+            ("01:00:00", 3600),
+            ("100:00:00", 360_000),
+            ("2-0", 172_800),
+            ("2-3:04", 183_840),
+            ("1-25:00:00", 176_400),
+            ("UNLIMITED", 0),
+            ("infinite", 0),
+        ] {
+            assert_eq!(slurm_time_s(t), Some(s), "{t}");
+        }
+        for t in [
+            "abc",
+            "",
+            "1.5",
+            "-5",
+            "2-",
+            "-1",
+            "1:2:3:4",
+            ":5",
+            "1::2",
+            "5:",
+            "x-1",
+            "01:00:00 ",
+            "1-2:3:4:5",
+            "99999999999999999999",
+        ] {
+            assert_eq!(slurm_time_s(t), None, "{t:?}");
+        }
+    }
+
+    #[test]
+    fn slurm_memory_sizes_and_extra_options() {
+        for m in ["16G", "16GB", "16gb", "16000", "0", "1T", "16K", "016G"] {
+            assert!(slurm_mem_ok(m), "{m}");
+        }
+        for m in [
+            "abc", "16.5G", "16 G", "16GiB", "-1", "16X", "16B", "16P", "",
+        ] {
+            assert!(!slurm_mem_ok(m), "{m:?}");
+        }
+        assert_eq!(sbatch_option("--qos=high"), Some("qos"));
+        assert_eq!(sbatch_option("--array 0-3"), Some("array"));
+        assert_eq!(sbatch_option("--requeue"), Some("requeue"));
+        assert_eq!(sbatch_option("-a0-3"), Some("array"));
+        assert_eq!(sbatch_option("-t 1:00"), Some("time"));
+        assert_eq!(sbatch_option("-q high"), None);
+    }
 }

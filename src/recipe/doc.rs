@@ -109,6 +109,21 @@ impl Doc {
         v
     }
 
+    /// Removes a key a `--set '~KEY'` names, a grid axis written quoted (`"loader.workers"`
+    /// under `[sweep]`) included; whether there was one.
+    fn remove_key(&mut self, key: &str) -> bool {
+        let sweep = self.table.get_mut("sweep").and_then(|s| s.as_table_mut());
+        let axis = key.strip_prefix("sweep.");
+        if let (Some(sweep), Some(axis)) = (sweep, axis) {
+            if sweep.remove(axis).is_some() {
+                self.origins
+                    .retain(|k, _| k != key && !k.starts_with(&format!("{key}.")));
+                return true;
+            }
+        }
+        self.remove(key).is_some()
+    }
+
     /// Sets a dotted key, creating tables on the way; the value's origin replaces any
     /// origins under the key.
     pub fn set(&mut self, key: &str, value: toml::Value, origin: Origin) -> Result<(), String> {
@@ -170,6 +185,33 @@ impl Doc {
         for arg in sets {
             let text = arg.clone();
             let name = PathBuf::from("--set");
+            // `~KEY` removes a key the recipe (or a file it extends) sets, as Hydra's `~`.
+            if let Some(rest) = arg.strip_prefix('~').filter(|_| !arg.contains('=')) {
+                sources.push(SourceFile {
+                    name: name.clone(),
+                    text: text.clone(),
+                    dir: PathBuf::from("."),
+                });
+                self.sources = Arc::new(sources.clone());
+                let key = dotted(rest.trim());
+                if key.is_empty() || key.split('.').any(str::is_empty) {
+                    report.push(
+                        Diagnostic::error(&name, format!("`{key}` is not a dotted key"))
+                            .at(&text, 0..text.len())
+                            .help("e.g. --set '~model.width' removes model.width"),
+                    );
+                } else if !self.remove_key(&key) {
+                    report.push(
+                        Diagnostic::error(
+                            &name,
+                            format!("`{key}` is not set by the recipe, so there is nothing to remove"),
+                        )
+                        .at(&text, 1..text.len())
+                        .help("check the key's spelling (`runner schema` lists the keys); a key left out takes its default"),
+                    );
+                }
+                continue;
+            }
             let Some((key, raw)) = arg.split_once('=') else {
                 sources.push(SourceFile {
                     name: name.clone(),

@@ -89,6 +89,50 @@ fn validate_command_checks_every_recipe() {
     assert_eq!(usage.status.code(), Some(2));
 }
 
+/// `--set '~KEY'` removes a key the recipe sets: switching the quickstart's CNN to an MLP
+/// was refused for the CNN's `width`, and no flag could take it out.
+#[test]
+fn set_tilde_removes_a_key_the_recipe_sets() {
+    let quickstart = root().join("recipes/quickstart.toml");
+    let run = |cmd: &str, sets: &[&str]| {
+        let mut c = runner_cmd();
+        c.arg(cmd).arg(&quickstart);
+        for s in sets {
+            c.args(["--set", s]);
+        }
+        c.output().unwrap()
+    };
+    let out = run("validate", &["model.arch=mlp"]);
+    expect_exit(&out, 2);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("model.width: only applies") && err.contains("--set '~model.width'"),
+        "{err}"
+    );
+    let out = run("validate", &["model.arch=mlp", "~model.width"]);
+    expect_exit(&out, 0);
+    let out = run("show", &["model.arch=mlp", "~model.width"]);
+    expect_exit(&out, 0);
+    let shown = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        shown.contains("arch = \"mlp\"") && !shown.contains("width ="),
+        "{shown}"
+    );
+    // A whole table goes back to its defaults; a key the recipe does not set is a mistake.
+    let out = run("show", &["~optim"]);
+    expect_exit(&out, 0);
+    assert!(String::from_utf8_lossy(&out.stdout).contains("\nlr = 0.01\n"));
+    let out = run("validate", &["~model.widht"]);
+    expect_exit(&out, 2);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains(
+            "--set:1:2: `model.widht` is not set by the recipe, so there is nothing to remove"
+        ),
+        "{err}"
+    );
+}
+
 #[test]
 fn a_run_prints_a_one_line_summary() {
     let logs = tempdir("cli-run");

@@ -678,6 +678,59 @@ fn a_stale_lock_that_cannot_be_removed_is_named_not_taken_for_a_live_one() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// "2:30" meant as hours is 2 min 30 s to Slurm: said, though sbatch takes it. A good limit
+/// writes the script; an `extra` that overrides one of its lines writes nothing.
+#[test]
+fn slurm_time_read_as_minutes_is_warned_and_overriding_extras_are_refused() {
+    let dir = tempdir("slurm-time");
+    let grid = |name: &str, slurm: &str| {
+        tiny_recipe(
+            &dir,
+            name,
+            &format!("[sweep]\n\"optim.lr\" = [0.1, 0.2]\n[slurm]\n{slurm}\n"),
+        )
+    };
+    let short = grid("short", "time = \"2:30\"");
+    let out = runner_cmd()
+        .args(["sweep", "--slurm"])
+        .arg(&short)
+        .output()
+        .unwrap();
+    expect_exit(&out, 0);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains(
+            "slurm.time: \"2:30\" is 2 min 30 s: Slurm reads one colon as minutes:seconds"
+        ) && err.contains("for 2 hours write \"2:30:00\""),
+        "{err}"
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let script = stdout
+        .lines()
+        .find_map(|l| l.split_once(" array task(s) in "))
+        .map(|(_, p)| std::fs::read_to_string(p).unwrap())
+        .unwrap_or_else(|| panic!("{stdout}"));
+    assert!(script.contains("#SBATCH --time=2:30\n"), "{script}");
+
+    let array = grid("array", "extra = [\"-a 0-99\"]");
+    let out = runner_cmd()
+        .args(["sweep", "--slurm"])
+        .arg(&array)
+        .output()
+        .unwrap();
+    expect_exit(&out, 2);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("slurm.extra: \"-a 0-99\" sets --array, which the job script already sets"),
+        "{err}"
+    );
+    assert!(
+        !dir.join("runs/array").exists(),
+        "written for a refused recipe"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[test]
 fn slurm_refuses_a_plain_recipe_and_zero_shards_before_writing() {
     let dir = tempdir("slurm-refuse");
@@ -923,6 +976,13 @@ fn set_narrows_a_grid_axis_written_quoted() {
     // An axis the recipe does not sweep is added, as before.
     let added = cells(&show(&["sweep.optim.lr=[0.1, 0.2]"]));
     assert_eq!(added.len(), 16, "{added:?}");
+    // `~` removes the quoted axis: half the cells, none of them named by workers.
+    let removed = cells(&show(&["~sweep.\"loader.workers\""]));
+    assert_eq!(removed.len(), 4, "{removed:?}");
+    assert!(
+        !removed.iter().any(|c| c.contains("workers=")),
+        "{removed:?}"
+    );
 }
 
 /// What changes nothing that runs (`[slurm]`, `description`, `backend.cache_dir`) is not
