@@ -238,6 +238,11 @@ fn parse_line(
         Some(serde_json::Value::Number(n)) if n.as_u64().is_some_and(|l| l <= u32::MAX as u64) => {
             n.as_u64().unwrap_or(0) as u32
         }
+        // A whole number past u32 is a class index no model can have.
+        Some(serde_json::Value::Number(n)) if n.as_u64().is_some() => {
+            return Err(at(format!("label {n} is too large for a class index"))
+                .help("labels are class indices 0, 1, ..., at most 4294967295"))
+        }
         Some(other) => {
             return Err(at(format!(
                 "label {} is not a non-negative integer",
@@ -602,6 +607,10 @@ mod tests {
             (
                 "{\"label\": -1, \"text\": \"x\"}\n",
                 "line 1: label -1 is not a non-negative integer",
+            ),
+            (
+                "{\"label\": 4294967296, \"text\": \"x\"}\n",
+                "line 1: label 4294967296 is too large for a class index",
             ),
             ("[1, 2]\n", "line 1: not a JSON object"),
             (

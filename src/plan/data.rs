@@ -382,6 +382,8 @@ impl<'a> Validator<'a> {
             }
             Some(f) => {
                 let v = (f * train_len as f64).round() as usize;
+                // Refused, it holds out nothing: the other findings speak of the whole set
+                // (a batch warning spoke of 1 training sample beside this one's 0).
                 if train_len > 0 && (v == 0 || v >= train_len) {
                     self.err(
                         "data.validation",
@@ -391,8 +393,9 @@ impl<'a> Validator<'a> {
                         ),
                         "both sets need at least one sample",
                     );
+                    return (train_len, 0);
                 }
-                v.min(train_len.saturating_sub(1))
+                v.min(train_len)
             }
         };
         (train_len - validation_len, validation_len)

@@ -498,7 +498,7 @@ impl<'a> Validator<'a> {
             self.err(
                 "name",
                 format!("{name:?} cannot name a run directory"),
-                "use letters, digits, '-', '_', '=', ',' and '.', with '/' only between parts",
+                "any printable characters but '\\' will do, with '/' only between parts and no part empty or starting with '.'",
             );
         } else if name.split('/').any(|p| p.len() > 200) {
             self.err(

@@ -39,7 +39,7 @@ impl<'a> Validator<'a> {
                 self.err(
                     "run.eval",
                     format!("\"{}\" needs test data", r.eval.name()),
-                    "set data.test (cifar10-bin) or data.synthetic.test_samples, or eval = \"never\"",
+                    "set data.test (a CIFAR-10 .bin or a .jsonl file) or data.synthetic.test_samples, or eval = \"never\"",
                 );
             }
             EvalWhen::Never

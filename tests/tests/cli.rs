@@ -302,6 +302,24 @@ fn small_input_mistakes_get_plain_answers() {
     );
     let m = json(&sweep.join("manifest.json"));
     assert_eq!(m["cells"].as_array().map(Vec::len), Some(2));
+    // A validation fraction that leaves nothing to train on is one finding: the batch check
+    // no longer speaks of 1 training sample beside its 0.
+    let out = runner_cmd()
+        .args([
+            "validate",
+            "recipes/quickstart.toml",
+            "--set",
+            "data.validation=0.99999",
+        ])
+        .output()
+        .unwrap();
+    expect_exit(&out, 2);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("leaves 2000 for validation and 0 to train on")
+            && !err.contains("training samples: each batch"),
+        "{err}"
+    );
 }
 
 /// A recipe whose path is not UTF-8 (a Latin-1 folder name) runs: `env.json` records the
