@@ -310,7 +310,7 @@ fn shell_quote(s: &str) -> String {
     }
     if !s.is_empty()
         && s.chars()
-            .all(|c| c.is_ascii_alphanumeric() || "-_./=:,+@%$".contains(c))
+            .all(|c| c.is_ascii_alphanumeric() || "-_./=:,+@%".contains(c))
     {
         s.to_string()
     } else {
@@ -331,5 +331,31 @@ mod tests {
             output_pattern(Path::new("/runs/100% a"), "slurm-%A_%a.out"),
             r#""/runs/100%% a/slurm-%A_%a.out""#
         );
+    }
+
+    /// What the job script's shell makes of each quoted argument is the argument: a `$`
+    /// inside a bare `--set` value (`name=cost$5`) was left unquoted, and the task ran
+    /// another name. Only the task-id words start with `$` and are left to expand.
+    #[test]
+    fn the_shell_reads_every_quoted_argument_back_as_written() {
+        let args = [
+            "name=cost$5",
+            "name=a$HOME",
+            "~model.width",
+            "sweep.\"loader.workers\"=[0]",
+            "it's",
+            "a b",
+            "log.dir=/runs/100%",
+            "",
+        ];
+        let line: Vec<String> = args.iter().map(|a| shell_quote(a)).collect();
+        let out = std::process::Command::new("bash")
+            .arg("-c")
+            .arg(format!("printf '%s\\n' {}", line.join(" ")))
+            .output()
+            .unwrap();
+        let back = String::from_utf8(out.stdout).unwrap();
+        assert_eq!(back.lines().collect::<Vec<_>>(), args, "{line:?}");
+        assert_eq!(shell_quote("$SLURM_ARRAY_TASK_ID"), "$SLURM_ARRAY_TASK_ID");
     }
 }
