@@ -308,6 +308,12 @@ fn shell_quote(s: &str) -> String {
     if s.starts_with('$') {
         return s.to_string();
     }
+    shell_word(s)
+}
+
+/// `s` as one word of a shell command a user can paste: as written where nothing in it is
+/// special to the shell, else in single quotes.
+pub fn shell_word(s: &str) -> String {
     if !s.is_empty()
         && s.chars()
             .all(|c| c.is_ascii_alphanumeric() || "-_./=:,+@%".contains(c))

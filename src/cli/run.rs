@@ -82,6 +82,10 @@ pub(crate) fn run_all(args: &RunArgs) -> ExitCode {
     let mut code = ExitCode::SUCCESS;
     for c in &all {
         let outcome = if c.grid {
+            let opts = RunOptions {
+                again: Some(grid_again(c, args)),
+                ..opts.clone()
+            };
             run_grid(c, sel, &opts)
         } else {
             run_one(&c.plans[0], &opts).map(|_| ())
@@ -144,7 +148,10 @@ pub(crate) fn run_one(p: &Plan, opts: &RunOptions) -> Result<PathBuf, RunError> 
         Err(RunError::Interrupted { dir, signal }) => {
             let again = match &opts.again {
                 Some(cmd) => format!("continue the grid with: {cmd}"),
-                None => format!("continue it with: runner resume {}", dir.display()),
+                None => format!(
+                    "continue it with: runner resume {}",
+                    slurm::shell_word(&dir.display().to_string())
+                ),
             };
             runner::errln!(
                 "{}: interrupted by {}; what was recorded is in {} (status \"interrupted\"); {again}",
@@ -173,6 +180,29 @@ fn space_help(message: &str) -> Option<&'static str> {
 /// The line a completed run prints on stdout: steps, speed, test accuracy, directory.
 fn summary_line(s: &Summary, dir: &Path) -> String {
     format!("{}: {}, {}", s.name, s.headline(), dir.display())
+}
+
+/// The command that continues a grid after an interruption: this one, for this grid alone,
+/// with `--resume`. Its `--set`s, `--max-cells` and `--cell`/`--shard` are kept: without
+/// the sets, `--resume` expanded another grid and trained its cells from the start.
+fn grid_again(c: &Checked, args: &RunArgs) -> String {
+    let word = |s: &str| slurm::shell_word(s);
+    let exe = std::env::args().next().unwrap_or_else(|| "runner".into());
+    let mut words = vec![word(&exe), word(&c.path.display().to_string())];
+    for s in &args.check.sets {
+        words.extend(["--set".into(), word(s)]);
+    }
+    if args.check.max_cells != sweep::DEFAULT_MAX_CELLS {
+        words.extend(["--max-cells".into(), args.check.max_cells.to_string()]);
+    }
+    if let Some(shard) = &args.shard {
+        words.extend(["--shard".into(), word(shard)]);
+    }
+    if let Some(cell) = args.cell {
+        words.extend(["--cell".into(), cell.to_string()]);
+    }
+    words.push("--resume".into());
+    words.join(" ")
 }
 
 pub(crate) fn run_grid(c: &Checked, sel: Selection, opts: &RunOptions) -> Result<(), RunError> {
@@ -212,7 +242,7 @@ pub(crate) fn run_grid(c: &Checked, sel: Selection, opts: &RunOptions) -> Result
                 State::Interrupted,
                 Some("interrupted before its first step was done"),
             ),
-            again: Some(format!("runner {} --resume", c.path.display())),
+            again: opts.again.clone(),
         };
         // With --resume, a cell whose run stopped (a signal, a killed process: this process
         // holds its lock now) continues from its checkpoint rather than starting over.
@@ -258,7 +288,7 @@ pub(crate) fn run_grid(c: &Checked, sel: Selection, opts: &RunOptions) -> Result
                         "{}: {} has no checkpoint to resume from (`runner resume {}` says why); the cell starts over",
                         cell.name,
                         run_dir.display(),
-                        run_dir.display()
+                        slurm::shell_word(&run_dir.display().to_string())
                     );
                 }
                 run_one(&c.plans[cell.index], opts)
@@ -391,7 +421,10 @@ pub(crate) fn resume(run_dir: &Path, quiet: bool) -> ExitCode {
                     dir.display()
                 ),
                 RunError::Interrupted { dir, .. } => {
-                    runner::errln!("{e}; resume it again with: runner resume {}", dir.display())
+                    runner::errln!(
+                        "{e}; resume it again with: runner resume {}",
+                        slurm::shell_word(&dir.display().to_string())
+                    )
                 }
                 _ => runner::errln!("{e}"),
             }

@@ -242,8 +242,8 @@ pub fn execute(plan: &Plan, opts: &RunOptions) -> Result<Finished, RunError> {
     let header = format!(
         "# Resolved recipe of run {}/{run_id}: every default filled in, paths absolute.\n# Re-run with: runner {}\n# Continue it after an interruption with: runner resume {}\n",
         plan.name,
-        dir.join("recipe.toml").display(),
-        dir.display()
+        crate::slurm::shell_word(&dir.join("recipe.toml").display().to_string()),
+        crate::slurm::shell_word(&dir.display().to_string())
     );
     let toml = toml::to_string(&plan.resolved)
         .map_err(|e| fail(format!("cannot write the resolved recipe: {e}")))?;
@@ -521,7 +521,7 @@ fn stop_at_second_signal(
             format!(
                 "resume it from its checkpoint of step {} with: runner resume {}",
                 state.step,
-                d.display()
+                crate::slurm::shell_word(&d.display().to_string())
             )
         });
         // Saved after the last step, before the final evaluation this signal cut short.
