@@ -459,6 +459,10 @@ fn stop_before_first_step(
         if let (Some(hook), Ok(d)) = (&hook, &written) {
             hook(d);
         }
+        // The process exits without unwinding: the lock is let go of here.
+        if let Ok(d) = &written {
+            let _ = std::fs::remove_file(d.join(RUN_LOCK));
+        }
         match written {
             Ok(d) => {
                 let next = if resumed_at.is_some() {
@@ -517,6 +521,8 @@ fn stop_at_second_signal(
         if let Some(hook) = &hook {
             hook(&d);
         }
+        // The process exits without unwinding: the lock is let go of here.
+        let _ = std::fs::remove_file(d.join(RUN_LOCK));
         let resume = crate::checkpoint::list(&d).pop().map(|(_, state)| {
             format!(
                 "resume it from its checkpoint of step {} with: runner resume {}",
@@ -529,7 +535,7 @@ fn stop_at_second_signal(
             format!(
                 "its trained weights are in {}: score them with: runner eval {}",
                 d.join(crate::train::WEIGHTS).display(),
-                d.display()
+                crate::slurm::shell_word(&d.display().to_string())
             )
         });
         let next = match (weights, resume) {

@@ -201,6 +201,8 @@ fn a_signal_before_the_first_step_is_done_exits_at_once() {
     );
     assert!(whole_lines(&run).is_empty());
     assert!(runner::checkpoint::list(&run).is_empty());
+    // Exiting without unwinding, it lets go of its lock itself.
+    assert!(!run.join("run.lock").exists(), "run.lock left behind");
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
         stderr.contains("SIGINT: exiting now, before the first step was done;")
@@ -282,6 +284,7 @@ fn a_second_signal_exits_at_once_with_the_summary_marked_interrupted() {
         s.error.as_deref(),
         Some("interrupted by SIGINT after step 1, then at once by a second signal")
     );
+    assert!(!run.join("run.lock").exists(), "run.lock left behind");
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
         stderr.contains(&format!(
