@@ -11,12 +11,33 @@ pub(crate) fn validate(args: &CheckArgs) -> ExitCode {
     let Some(all) = check_all(args, &any_machine()) else {
         return ExitCode::from(2);
     };
+    // On this machine, as a run would find it: said, not refused, since the recipe may be
+    // meant for another machine (a cluster's scratch folder linked from here).
+    let mut dirs: Vec<(&Path, &Path)> = all
+        .iter()
+        .flat_map(|c| {
+            c.plans
+                .iter()
+                .map(|p| (c.path.as_path(), p.log.dir.as_path()))
+        })
+        .collect();
+    dirs.dedup_by(|a, b| a.1 == b.1);
+    for (recipe, dir) in dirs {
+        if let Some(why) = crate::cli::run::log_dir_problem(dir) {
+            runner::errln!(
+                "warning: {}: log.dir: {} {why}\n  = help: a run of it on this machine is refused; point log.dir (or --set log.dir=...) at a folder this user can write",
+                recipe.display(),
+                dir.display()
+            );
+        }
+    }
     for c in all {
         if c.grid {
             runner::outln!(
-                "ok: {} (grid of {} cells: {})",
+                "ok: {} (grid of {} cell{}: {})",
                 c.path.display(),
                 c.cells.len(),
+                if c.cells.len() == 1 { "" } else { "s" },
                 c.cells
                     .iter()
                     .map(|c| c.name.as_str())

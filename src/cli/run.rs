@@ -33,6 +33,19 @@ pub(crate) fn run_all(args: &RunArgs) -> ExitCode {
             );
             return ExitCode::from(2);
         }
+        // Not an error: a script may start more workers than a grid has cells.
+        if let Some((i, n)) = shard.filter(|&(i, _)| c.grid && i > c.cells.len()) {
+            runner::errln!(
+                "warning: {}: --shard {i}/{n} holds no cell: the grid has {} ({}), and shard {i} would start at cell {}",
+                c.path.display(),
+                c.cells.len(),
+                match c.cells.len() {
+                    1 => "cell 0".to_string(),
+                    k => format!("cells 0 to {}", k - 1),
+                },
+                i - 1
+            );
+        }
         if let Some(i) = args.cell.filter(|&i| i >= c.cells.len()) {
             runner::errln!(
                 "error: --cell {i}: {} has {} cells, 0 to {}",
@@ -725,7 +738,7 @@ pub(crate) fn slurm(args: &SweepArgs) -> ExitCode {
 
 /// Why runs cannot be written under `dir`, if they cannot: it, or the nearest folder above
 /// it that exists (it is created then), must be a folder this process can create files in.
-fn log_dir_problem(dir: &Path) -> Option<String> {
+pub(crate) fn log_dir_problem(dir: &Path) -> Option<String> {
     let mut at = dir;
     loop {
         match std::fs::symlink_metadata(at) {

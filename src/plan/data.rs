@@ -139,7 +139,13 @@ impl<'a> Validator<'a> {
         let test_n = test
             .as_ref()
             .and_then(|t| self.count_records("data.test", t));
-        let (train, test, train_n, test_n) = (train?, test?, train_n?, test_n?);
+        // The training labels are checked also when the test set cannot be used: its
+        // error hid theirs until it was fixed.
+        let (train, train_n) = (train?, train_n?);
+        let (test, test_n) = match (test, test_n) {
+            (Some(t), Some(n)) => (Some(t), n),
+            _ => (None, 0),
+        };
         let names = match cifar::class_names(&train[0]) {
             Ok(names) => names,
             Err(e) => {
@@ -147,19 +153,25 @@ impl<'a> Validator<'a> {
                 return None;
             }
         };
-        if let Some(first) = test.first() {
+        if let Some(first) = test.as_ref().and_then(|t| t.first()) {
             self.same_classes(names.as_deref(), first, cifar::class_names);
         }
         let classes = names.as_ref().map_or(10, |n| n.len());
-        // Labels are read now, so a bad byte is an error before anything runs.
+        // Labels are read now, so a bad byte is an error before anything runs: every
+        // file's, each with its own count of bad records.
         let allowed = self.recipe().model.num_classes.unwrap_or(0).max(classes);
-        for (key, files) in [("data.train", &train), ("data.test", &test)] {
-            for f in files.iter() {
+        let mut bad = false;
+        for (key, files) in [("data.train", Some(&train)), ("data.test", test.as_ref())] {
+            for f in files.into_iter().flatten() {
                 if let Err(e) = cifar::check_labels(f, allowed) {
                     self.data_err(key, &e);
-                    return None;
+                    bad = true;
                 }
             }
+        }
+        let test = test?;
+        if bad {
+            return None;
         }
         if classes > crate::data::MAX_CLASSES {
             self.err(
@@ -252,6 +264,7 @@ impl<'a> Validator<'a> {
         let mut train_max = 0;
         let mut distinct = std::collections::BTreeSet::new();
         let mut counts = [0usize; 2];
+        let mut bad = false;
         for (i, (key, path)) in [("data.train", Some(&train)), ("data.test", test.as_ref())]
             .into_iter()
             .enumerate()
@@ -267,11 +280,15 @@ impl<'a> Validator<'a> {
                     }
                     distinct.extend(scan.labels);
                 }
+                // The other file is read too: its findings with this one's.
                 Err(e) => {
                     self.data_err(key, &e);
-                    return None;
+                    bad = true;
                 }
             }
+        }
+        if bad {
+            return None;
         }
         let classes = named.unwrap_or(max_label + 1).max(2);
         // Classes are counted from both files: a label only the test set has adds outputs
@@ -432,11 +449,15 @@ impl<'a> Validator<'a> {
                 let files = self.cifar_files("data.validation_file", f, "")?;
                 let n = self.count_records("data.validation_file", &files)?;
                 let allowed = self.recipe().model.num_classes.unwrap_or(0).max(classes);
+                let mut bad = false;
                 for file in &files {
                     if let Err(e) = cifar::check_labels(file, allowed) {
                         self.data_err("data.validation_file", &e);
-                        return None;
+                        bad = true;
                     }
+                }
+                if bad {
+                    return None;
                 }
                 validation_files = files;
                 n

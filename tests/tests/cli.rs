@@ -89,6 +89,44 @@ fn validate_command_checks_every_recipe() {
     assert_eq!(usage.status.code(), Some(2));
 }
 
+/// Every bad data file is said at once, each with its own count of bad records: the
+/// second training file's and a truncated test file's findings waited for the first
+/// file's to be fixed, and the count covered only the first file.
+#[test]
+fn every_bad_data_file_is_said_at_once_with_its_own_count() {
+    let dir = tempdir("bad-files");
+    let sample = std::fs::read(root().join("datasets/cifar10_sample/test_batch.bin")).unwrap();
+    let record = 3073;
+    std::fs::create_dir_all(dir.join("train")).unwrap();
+    for (file, bad) in [
+        ("data_batch_1.bin", &[3][..]),
+        ("data_batch_2.bin", &[1, 4][..]),
+    ] {
+        let mut bytes = sample.clone();
+        for &r in bad {
+            bytes[r * record] = 200;
+        }
+        std::fs::write(dir.join("train").join(file), bytes).unwrap();
+    }
+    std::fs::write(dir.join("test.bin"), &sample[..record * 2 + 10]).unwrap();
+    let recipe = dir.join("r.toml");
+    std::fs::write(
+        &recipe,
+        "[model]\narch = \"mlp\"\n[data]\nformat = \"cifar10-bin\"\ntrain = \"train\"\ntest = \"test.bin\"\n",
+    )
+    .unwrap();
+    let out = runner_cmd().arg("validate").arg(&recipe).output().unwrap();
+    expect_exit(&out, 2);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("data_batch_1.bin record 3 (byte offset 9219) has label 200, but there are 10 classes\n")
+            && err.contains("data_batch_2.bin record 1 (byte offset 3073) has label 200, but there are 10 classes (and 1 more bad record: 4)")
+            && err.contains("test.bin is truncated")
+            && err.contains("3 errors in"),
+        "{err}"
+    );
+}
+
 /// `--set '~KEY'` removes a key the recipe sets: switching the quickstart's CNN to an MLP
 /// was refused for the CNN's `width`, and no flag could take it out.
 #[test]
@@ -302,6 +340,22 @@ fn small_input_mistakes_get_plain_answers() {
     );
     let m = json(&sweep.join("manifest.json"));
     assert_eq!(m["cells"].as_array().map(Vec::len), Some(2));
+    // A log.dir a run here would refuse is said by validate too, as a warning: the recipe
+    // may be meant for another machine.
+    let dangling = dir.join("dangling");
+    std::os::unix::fs::symlink(dir.join("nowhere"), &dangling).unwrap();
+    let out = runner_cmd()
+        .args(["validate", "recipes/quickstart.toml", "--set"])
+        .arg(format!("log.dir=\"{}\"", dangling.display()))
+        .output()
+        .unwrap();
+    expect_exit(&out, 0);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("warning: recipes/quickstart.toml: log.dir: ")
+            && err.contains("is a symbolic link to a folder that does not exist"),
+        "{err}"
+    );
     // A validation fraction that leaves nothing to train on is one finding: the batch check
     // no longer speaks of 1 training sample beside its 0.
     let out = runner_cmd()
