@@ -158,7 +158,7 @@ fn resources(s: &schema::SlurmSection, first: Vec<String>) -> Vec<String> {
         format!("#SBATCH --cpus-per-task={}", s.cpus_per_task),
     ]);
     if let Some(p) = &s.partition {
-        lines.push(format!("#SBATCH --partition={p}"));
+        lines.push(format!("#SBATCH --partition={}", sbatch_word(p)));
     }
     if s.gpus_per_task > 0 {
         lines.push(format!("#SBATCH --gpus-per-task={}", s.gpus_per_task));
@@ -167,7 +167,7 @@ fn resources(s: &schema::SlurmSection, first: Vec<String>) -> Vec<String> {
         lines.push(format!("#SBATCH --mem={m}"));
     }
     if let Some(a) = &s.account {
-        lines.push(format!("#SBATCH --account={a}"));
+        lines.push(format!("#SBATCH --account={}", sbatch_word(a)));
     }
     for extra in &s.extra {
         lines.push(format!("#SBATCH {extra}"));

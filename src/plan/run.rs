@@ -395,17 +395,24 @@ impl<'a> Validator<'a> {
             let Some(option) = sbatch_option(e) else {
                 continue;
             };
-            if let Some((_, key)) = SBATCH_WRITTEN.iter().find(|(o, _)| *o == option) {
+            if let Some(&(written, key)) = written_option(option) {
                 let help = match key {
                     Some(key) => format!("set {key} instead, and remove {e:?} from slurm.extra"),
                     None => format!(
-                        "remove {e:?} from slurm.extra: the runner writes --{option} itself"
+                        "remove {e:?} from slurm.extra: the runner writes --{written} itself"
+                    ),
+                };
+                let sets = match written == option {
+                    true => format!("sets --{option}"),
+                    // getopt takes a start of a long option's name that is not another's.
+                    false => format!(
+                        "is --{written} abbreviated (sbatch reads the start of an option's name as the option)"
                     ),
                 };
                 self.err(
                     "slurm.extra",
                     format!(
-                        "{e:?} sets --{option}, which the job script already sets; the later line would win, silently"
+                        "{e:?} {sets}, which the job script already sets; the later line would win, silently"
                     ),
                     help,
                 );
@@ -451,6 +458,21 @@ const SBATCH_WRITTEN: &[(&str, Option<&str>)] = &[
     ("no-requeue", Some("slurm.requeue")),
     ("dependency", Some("slurm.warmup")),
 ];
+
+/// The option of [`SBATCH_WRITTEN`] that sbatch takes `option` for: the one of that name,
+/// or one it is the start of (`arr` for `array`; `tim`, the start of `time` and of
+/// `time-min`, sbatch refuses as ambiguous, so it is refused here too). `gpus` is an
+/// option of its own, not `gpus-per-task` abbreviated.
+fn written_option(option: &str) -> Option<&'static (&'static str, Option<&'static str>)> {
+    SBATCH_WRITTEN
+        .iter()
+        .find(|(o, _)| *o == option)
+        .or_else(|| {
+            (!option.is_empty() && option != "gpus")
+                .then(|| SBATCH_WRITTEN.iter().find(|(o, _)| o.starts_with(option)))
+                .flatten()
+        })
+}
 
 /// The long name of the sbatch option an `extra` entry gives (`--qos=high` → `qos`;
 /// the short forms of the options the scripts write are named as their long ones:
@@ -580,5 +602,24 @@ mod tests {
         assert_eq!(sbatch_option("-a0-3"), Some("array"));
         assert_eq!(sbatch_option("-t 1:00"), Some("time"));
         assert_eq!(sbatch_option("-q high"), None);
+        let written = |o: &str| written_option(o).map(|(w, _)| *w);
+        assert_eq!(written("array"), Some("array"));
+        assert_eq!(written("arr"), Some("array"));
+        assert_eq!(written("outp"), Some("output"));
+        assert_eq!(written("tim"), Some("time"));
+        assert_eq!(written("requ"), Some("requeue"));
+        assert_eq!(written("no-req"), Some("no-requeue"));
+        assert_eq!(written("cpus-per-t"), Some("cpus-per-task"));
+        for other in [
+            "gpus",
+            "qos",
+            "time-min",
+            "mem-per-cpu",
+            "gres",
+            "error",
+            "exclusive",
+        ] {
+            assert_eq!(written(other), None, "{other}");
+        }
     }
 }

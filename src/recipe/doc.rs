@@ -109,6 +109,24 @@ impl Doc {
         v
     }
 
+    /// Sets grid axis `axis` (dotted) where the recipe has it: under `[sweep]` as a quoted
+    /// key (`"loader.workers" = [0, 2]`, as the shipped grids write it) it is replaced in
+    /// place; else set as nested tables.
+    fn set_axis(&mut self, axis: &str, value: toml::Value, origin: Origin) -> Result<(), String> {
+        let key = format!("sweep.{axis}");
+        if let Some(slot) = self
+            .table
+            .get_mut("sweep")
+            .and_then(|s| s.as_table_mut())
+            .and_then(|s| s.get_mut(axis))
+        {
+            *slot = value;
+            self.origins.insert(key, origin);
+            return Ok(());
+        }
+        self.set_merged(&key, value, origin)
+    }
+
     /// Removes a key a `--set '~KEY'` names, a grid axis written quoted (`"loader.workers"`
     /// under `[sweep]`) included; whether there was one.
     fn remove_key(&mut self, key: &str) -> bool {
@@ -254,10 +272,22 @@ impl Doc {
                 && !digits.is_empty()
                 && digits.chars().all(|c| c.is_ascii_digit() || c == '_')
             {
+                let written = digits.replace('_', "");
+                let help = match written.trim_start_matches('0') {
+                    // `04`: TOML allows no leading zeros.
+                    n if n.len() < written.len() && n.len() < 19 => {
+                        let sign = if raw.starts_with('-') { "-" } else { "" };
+                        format!(
+                            "write {sign}{}: TOML integers have no leading zeros",
+                            if n.is_empty() { "0" } else { n }
+                        )
+                    }
+                    _ => "TOML integers are 64-bit signed: at most 9223372036854775807".into(),
+                };
                 report.push(
                     Diagnostic::error(&name, format!("{key}: {raw} is not a TOML integer"))
                         .at(&text, at..text.len())
-                        .help("TOML integers are 64-bit signed: at most 9223372036854775807"),
+                        .help(help),
                 );
                 continue;
             }
@@ -295,23 +325,44 @@ impl Doc {
             // A grid axis the recipe writes quoted (`"loader.workers" = [0, 2]` under
             // [sweep], as the shipped grids do) is replaced where it stands: set as nested
             // tables it would be a second axis of the same key (refused as swept twice).
-            if let Some(axis) = key.strip_prefix("sweep.") {
-                if let Some(slot) = self
-                    .table
-                    .get_mut("sweep")
-                    .and_then(|s| s.as_table_mut())
-                    .and_then(|s| s.get_mut(axis))
-                {
-                    *slot = value;
-                    self.origins.insert(key.to_string(), origin);
-                    continue;
+            // Axes given as a table (`sweep={"loader.workers"=[1]}`, `sweep.loader={workers=
+            // [1]}`) are set one by one, each as `sweep.<axis>=` would be: merged as tables,
+            // a quoted axis became a second one of the same key.
+            if key.starts_with("sweep.") || (key == "sweep" && value.is_table()) {
+                let prefix = key.strip_prefix("sweep").unwrap_or_default();
+                let prefix = prefix.strip_prefix('.').unwrap_or(prefix);
+                let mut leaves = vec![];
+                axis_leaves(prefix, value, &mut leaves);
+                for (axis, value) in leaves {
+                    if let Err(e) = self.set_axis(&axis, value, origin.clone()) {
+                        report.push(Diagnostic::error(&name, e).key(key).at(&text, 0..at));
+                    }
                 }
+                continue;
             }
             if let Err(e) = self.set_merged(key, value, origin) {
                 report.push(Diagnostic::error(&name, e).key(key).at(&text, 0..at));
             }
         }
         self.sources = Arc::new(sources);
+    }
+}
+
+/// The axes a `--set sweep...=` value gives: `(dotted axis, values)` for each value that is
+/// not a table, under `prefix` (the key's part after `sweep.`). An empty prefix and a value
+/// that is not a table is `--set sweep=[..]`, left to be refused as a sweep that is no table.
+fn axis_leaves(prefix: &str, value: toml::Value, out: &mut Vec<(String, toml::Value)>) {
+    match value {
+        toml::Value::Table(t) => {
+            for (k, v) in t {
+                let axis = match prefix {
+                    "" => k,
+                    p => format!("{p}.{k}"),
+                };
+                axis_leaves(&axis, v, out);
+            }
+        }
+        v => out.push((prefix.to_string(), v)),
     }
 }
 

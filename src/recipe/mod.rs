@@ -426,7 +426,15 @@ fn value_help(msg: &str) -> Option<String> {
         } else {
             return None;
         };
-        return Some(if unquoted_fits {
+        // `.001` or `05` is a number to Rust but not to TOML: say the form TOML reads.
+        let toml_reads = toml::from_str::<toml::Table>(&format!("v = {got}")).is_ok();
+        let canonical = match got.parse::<i64>() {
+            Ok(n) => n.to_string(),
+            Err(_) => got.parse::<f64>().map_or(got.into(), |f| format!("{f:?}")),
+        };
+        return Some(if unquoted_fits && !toml_reads {
+            format!("write {canonical}, without quotes (TOML writes numbers with a digit on each side of a point, and no leading zeros)")
+        } else if unquoted_fits {
             format!("write {got} without quotes")
         } else if expected.contains("true or false") {
             "write true or false, without quotes".into()

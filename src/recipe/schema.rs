@@ -915,11 +915,13 @@ pub struct SlurmSection {
     /// Partition (`--partition`). Default: the cluster's default partition.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub partition: Option<String>,
-    /// Time limit of each array task (`--time`), `HH:MM:SS` or `D-HH:MM:SS`. Default `"01:00:00"`.
+    /// Time limit of each array task (`--time`): minutes (`"90"`), `"MM:SS"`, `"HH:MM:SS"`,
+    /// `"D-HH"`, `"D-HH:MM"`, `"D-HH:MM:SS"` or `"UNLIMITED"`. Default `"01:00:00"`.
     pub time: String,
     /// GPUs per array task (`--gpus-per-task`). Default 0.
     pub gpus_per_task: u32,
-    /// CPU cores per array task (`--cpus-per-task`). Default 2.
+    /// CPU cores per array task (`--cpus-per-task`), at least 1. Default 2.
+    #[schemars(range(min = 1))]
     pub cpus_per_task: u32,
     /// Memory per node (`--mem`), e.g. `"16G"`. Default: the cluster's default.
     #[serde(skip_serializing_if = "Option::is_none")]

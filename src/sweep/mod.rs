@@ -142,6 +142,35 @@ fn axes(loaded: &Loaded, report: &mut Diagnostics) -> Vec<Axis> {
             ));
             continue;
         }
+        // Keys that are one for the whole grid: the job script's resources, and what
+        // names or describes it. Swept, every cell got the first cell's.
+        let whole_grid = if key.starts_with("slurm.") {
+            Some((
+                "the job script is one for the whole grid: every array task gets the same resources",
+                "set it once, outside [sweep]; for other resources, another grid",
+            ))
+        } else if key == "name" {
+            Some((
+                "the grid's cells are named after it and their values",
+                "remove the axis: each cell already has a name of its own",
+            ))
+        } else if key == "description" {
+            Some((
+                "the description is the grid's, and changes nothing that runs",
+                "remove the axis",
+            ))
+        } else {
+            None
+        };
+        if let Some((why, help)) = whole_grid {
+            report.push(err(
+                &okey,
+                &key,
+                format!("`{key}` cannot be swept: {why}"),
+                help.into(),
+            ));
+            continue;
+        }
         let Some(values) = sweep_values(loaded, (&key, &okey), value, &err, report) else {
             continue;
         };

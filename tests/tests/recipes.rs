@@ -463,6 +463,17 @@ fn a_non_utf8_recipe_and_a_multi_key_set_are_refused_with_where() {
         &["--set", "optim.lr=1e400"],
         "error: --set:1:10: optim.lr: 1e400 is too large for a float",
     );
+    // A number Rust reads but TOML does not: the form TOML reads, not "drop the quotes".
+    refused(
+        &recipe,
+        &["--set", "optim.lr=.001"],
+        "help: write 0.001, without quotes (TOML writes numbers with a digit on each side",
+    );
+    refused(
+        &recipe,
+        &["--set", "loader.workers=04"],
+        "help: write 4: TOML integers have no leading zeros",
+    );
 }
 
 #[test]

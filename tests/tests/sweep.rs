@@ -690,7 +690,10 @@ fn slurm_time_read_as_minutes_is_warned_and_overriding_extras_are_refused() {
             &format!("[sweep]\n\"optim.lr\" = [0.1, 0.2]\n[slurm]\n{slurm}\n"),
         )
     };
-    let short = grid("short", "time = \"2:30\"");
+    let short = grid(
+        "short",
+        "time = \"2:30\"\npartition = \"gpu a\"\naccount = \"x#y\"",
+    );
     let out = runner_cmd()
         .args(["sweep", "--slurm"])
         .arg(&short)
@@ -711,8 +714,14 @@ fn slurm_time_read_as_minutes_is_warned_and_overriding_extras_are_refused() {
         .map(|(_, p)| std::fs::read_to_string(p).unwrap())
         .unwrap_or_else(|| panic!("{stdout}"));
     assert!(script.contains("#SBATCH --time=2:30\n"), "{script}");
+    // Quoted as sbatch reads a directive's value: a space split it, a `#` cut it.
+    assert!(
+        script.contains("#SBATCH --partition=\"gpu a\"\n")
+            && script.contains("#SBATCH --account=\"x\\#y\"\n"),
+        "{script}"
+    );
 
-    let array = grid("array", "extra = [\"-a 0-99\"]");
+    let array = grid("array", "extra = [\"-a 0-99\", \"--outp=/dev/null\"]");
     let out = runner_cmd()
         .args(["sweep", "--slurm"])
         .arg(&array)
@@ -721,7 +730,8 @@ fn slurm_time_read_as_minutes_is_warned_and_overriding_extras_are_refused() {
     expect_exit(&out, 2);
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
-        err.contains("slurm.extra: \"-a 0-99\" sets --array, which the job script already sets"),
+        err.contains("slurm.extra: \"-a 0-99\" sets --array, which the job script already sets")
+            && err.contains("\"--outp=/dev/null\" is --output abbreviated"),
         "{err}"
     );
     assert!(
@@ -782,6 +792,22 @@ fn slurm_refuses_a_plain_recipe_and_zero_shards_before_writing() {
     expect_exit(&out, 2);
     assert!(String::from_utf8_lossy(&out.stderr).contains("cannot be used with"));
     assert!(!dir.join("runs").exists(), "state written before the error");
+    // A shard past the cells holds none: said (a script may start more workers than
+    // there are cells, so not an error), where it ran nothing without a word.
+    let out = runner_cmd()
+        .arg(&grid)
+        .args(["--shard", "3/3", "-q"])
+        .output()
+        .unwrap();
+    expect_exit(&out, 0);
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains(
+            "--shard 3/3 holds no cell: the grid has 2 (cells 0 to 1), and shard 3 would start at cell 2"
+        ),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let _ = std::fs::remove_dir_all(dir.join("runs"));
     // sbatch writes no log to a path with a backslash: refused before anything is written.
     let odd = dir.join("a\\b");
     let grid = tiny_recipe(&dir, "g2", "[sweep]\n\"optim.lr\" = [0.1, 0.2]\n");
@@ -995,6 +1021,19 @@ fn set_narrows_a_grid_axis_written_quoted() {
     // An axis the recipe does not sweep is added, as before.
     let added = cells(&show(&["sweep.optim.lr=[0.1, 0.2]"]));
     assert_eq!(added.len(), 16, "{added:?}");
+    // As a table, in each of its forms, the axis is replaced where it stands too.
+    for set in [
+        "sweep={\"loader.workers\"=[0]}",
+        "sweep={loader={workers=[0]}}",
+        "sweep.loader={workers=[0]}",
+    ] {
+        let narrowed = cells(&show(&[set]));
+        assert_eq!(narrowed.len(), 4, "{set}: {narrowed:?}");
+        assert!(
+            narrowed.iter().all(|c| c.contains(",workers=0,")),
+            "{set}: {narrowed:?}"
+        );
+    }
     // `~` removes the quoted axis: half the cells, none of them named by workers.
     let removed = cells(&show(&["~sweep.\"loader.workers\""]));
     assert_eq!(removed.len(), 4, "{removed:?}");
