@@ -51,10 +51,11 @@ pub(crate) fn validate(args: &CheckArgs) -> ExitCode {
             let batch = p.loader.batch_size.min(p.data.train_len.max(1));
             let acc = (p.optim.accumulation_steps as u64).min(p.run.micro_batches_per_epoch.max(1));
             runner::outln!(
-                "ok: {} ({}: {} optimizer steps of {} × {} samples)",
+                "ok: {} ({}: {} optimizer step{} of {} × {} samples)",
                 c.path.display(),
                 p.name,
                 p.run.total_steps,
+                if p.run.total_steps == 1 { "" } else { "s" },
                 batch,
                 acc
             );

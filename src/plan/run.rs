@@ -384,7 +384,9 @@ impl<'a> Validator<'a> {
                 "give each task at least 1 core (the default is 2)",
             );
         }
-        if let Some(m) = s.mem.as_ref().filter(|m| !slurm_mem_ok(m)) {
+        // Empty or with a control character: said once, by the check below.
+        let printable = |v: &str| !v.chars().any(char::is_control) && !v.trim().is_empty();
+        if let Some(m) = s.mem.as_ref().filter(|m| printable(m) && !slurm_mem_ok(m)) {
             self.err(
                 "slurm.mem",
                 format!("{m:?} is not a Slurm memory size"),

@@ -219,13 +219,28 @@ impl Doc {
                             .help("e.g. --set '~model.width' removes model.width"),
                     );
                 } else if !self.remove_key(&key) {
+                    let swept = self
+                        .get("sweep")
+                        .and_then(|s| s.as_table())
+                        .is_some_and(|s| s.contains_key(&key))
+                        || self.get(&format!("sweep.{key}")).is_some();
+                    let set: Vec<&str> = self.origins.keys().map(String::as_str).collect();
+                    let help = if swept {
+                        format!("it is a grid axis: remove the axis with --set '~sweep.\"{key}\"'")
+                    } else if let Some(near) = super::did_you_mean(&key, &set) {
+                        format!("did you mean `{near}`?")
+                    } else {
+                        "check the key's spelling (`runner schema` lists the keys); a key left out takes its default".into()
+                    };
                     report.push(
                         Diagnostic::error(
                             &name,
-                            format!("`{key}` is not set by the recipe, so there is nothing to remove"),
+                            format!(
+                                "`{key}` is not set by the recipe, so there is nothing to remove"
+                            ),
                         )
                         .at(&text, 1..text.len())
-                        .help("check the key's spelling (`runner schema` lists the keys); a key left out takes its default"),
+                        .help(help),
                     );
                 }
                 continue;

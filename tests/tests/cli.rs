@@ -166,7 +166,20 @@ fn set_tilde_removes_a_key_the_recipe_sets() {
     assert!(
         err.contains(
             "--set:1:2: `model.widht` is not set by the recipe, so there is nothing to remove"
-        ),
+        ) && err.contains("help: did you mean `model.width`?"),
+        "{err}"
+    );
+    // A grid axis is removed as one, and said so where its key alone is given.
+    let grid = root().join("recipes/article_grid.toml");
+    let out = runner_cmd()
+        .args(["validate", "--set", "~cleanup.every"])
+        .arg(&grid)
+        .output()
+        .unwrap();
+    expect_exit(&out, 2);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("it is a grid axis: remove the axis with --set '~sweep.\"cleanup.every\"'"),
         "{err}"
     );
 }

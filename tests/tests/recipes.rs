@@ -525,7 +525,7 @@ fn validate_says_what_a_step_holds() {
         String::from_utf8_lossy(&out.stderr),
     );
     assert!(
-        stdout.contains("(s: 1 optimizer steps of 32 × 4 samples)"),
+        stdout.contains("(s: 1 optimizer step of 32 × 4 samples)"),
         "{stdout}"
     );
     assert!(
@@ -541,7 +541,7 @@ fn validate_says_what_a_step_holds() {
         .output()
         .unwrap();
     expect_exit(&out, 0);
-    assert!(String::from_utf8_lossy(&out.stdout).contains("1 optimizer steps of 100 × 1 samples"));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("1 optimizer step of 100 × 1 samples"));
     assert!(String::from_utf8_lossy(&out.stderr)
         .contains("loader.batch_size: 500 is more than the 100 training samples"));
 }
