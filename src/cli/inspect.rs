@@ -13,16 +13,7 @@ pub(crate) fn validate(args: &CheckArgs) -> ExitCode {
     };
     // On this machine, as a run would find it: said, not refused, since the recipe may be
     // meant for another machine (a cluster's scratch folder linked from here).
-    let mut dirs: Vec<(&Path, &Path)> = all
-        .iter()
-        .flat_map(|c| {
-            c.plans
-                .iter()
-                .map(|p| (c.path.as_path(), p.log.dir.as_path()))
-        })
-        .collect();
-    dirs.dedup_by(|a, b| a.1 == b.1);
-    for (recipe, dir) in dirs {
+    for (recipe, dir) in crate::cli::run::log_dirs(&all) {
         if let Some(why) = crate::cli::run::log_dir_problem(dir) {
             runner::errln!(
                 "warning: {}: log.dir: {} {why}\n  = help: a run of it on this machine is refused; point log.dir (or --set log.dir=...) at a folder this user can write",

@@ -68,16 +68,7 @@ pub(crate) fn run_all(args: &RunArgs) -> ExitCode {
     // Where every run will be written, before the first one trains: with several recipes,
     // a later one's log.dir that cannot be written was found only after the earlier ones
     // had run.
-    let mut dirs: Vec<(&Path, &Path)> = all
-        .iter()
-        .flat_map(|c| {
-            c.plans
-                .iter()
-                .map(|p| (c.path.as_path(), p.log.dir.as_path()))
-        })
-        .collect();
-    dirs.dedup_by(|a, b| a.1 == b.1);
-    for (recipe, dir) in dirs {
+    for (recipe, dir) in log_dirs(&all) {
         if let Some(why) = log_dir_problem(dir) {
             runner::errln!(
                 "error: {}: log.dir: {} {why}\n  = help: point log.dir (or --set log.dir=...) at a folder this user can write; nothing was run",
@@ -734,6 +725,21 @@ pub(crate) fn slurm(args: &SweepArgs) -> ExitCode {
         }
     }
     ExitCode::SUCCESS
+}
+
+/// Each recipe's `log.dir`s (a grid's cells may have several), with the recipe, once each
+/// where consecutive.
+pub(crate) fn log_dirs(all: &[Checked]) -> Vec<(&Path, &Path)> {
+    let mut dirs: Vec<(&Path, &Path)> = all
+        .iter()
+        .flat_map(|c| {
+            c.plans
+                .iter()
+                .map(|p| (c.path.as_path(), p.log.dir.as_path()))
+        })
+        .collect();
+    dirs.dedup_by(|a, b| a.1 == b.1);
+    dirs
 }
 
 /// Why runs cannot be written under `dir`, if they cannot: it, or the nearest folder above
