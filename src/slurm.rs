@@ -42,12 +42,7 @@ pub fn write(
     // What the grid was checked with: without them, each task would expand another grid,
     // or refuse one over the default cap.
     let with_sets = |mut command: Vec<String>| {
-        for s in sets {
-            command.extend(["--set".into(), s.clone()]);
-        }
-        if max_cells != crate::sweep::DEFAULT_MAX_CELLS {
-            command.extend(["--max-cells".into(), max_cells.to_string()]);
-        }
+        command.extend(crate::sweep::check_args(sets, max_cells));
         command
     };
     let (exe, recipe_abs) = (exe.display().to_string(), recipe_abs.display().to_string());
@@ -173,6 +168,42 @@ fn resources(s: &schema::SlurmSection, first: Vec<String>) -> Vec<String> {
         lines.push(format!("#SBATCH {extra}"));
     }
     lines
+}
+
+/// The options [`resources`] and [`script`] write for `s`, each with the `[slurm]` key that
+/// sets it (if any): in `slurm.extra`, a second line for one of them would override the
+/// first without a word (`--array` would break the cell each task runs; `--output`, its
+/// log). Kept beside the code that writes the lines, so the two agree.
+pub fn written_options(s: &schema::SlurmSection) -> Vec<(&'static str, Option<&'static str>)> {
+    let mut written = vec![
+        ("job-name", None),
+        ("array", None),
+        ("output", None),
+        ("time", Some("slurm.time")),
+        ("ntasks", None),
+        ("cpus-per-task", Some("slurm.cpus_per_task")),
+    ];
+    if s.partition.is_some() {
+        written.push(("partition", Some("slurm.partition")));
+    }
+    if s.gpus_per_task > 0 {
+        written.push(("gpus-per-task", Some("slurm.gpus_per_task")));
+    }
+    if s.mem.is_some() {
+        written.push(("mem", Some("slurm.mem")));
+    }
+    if s.account.is_some() {
+        written.push(("account", Some("slurm.account")));
+    }
+    if s.requeue {
+        written.extend([
+            ("signal", Some("slurm.requeue")),
+            ("requeue", Some("slurm.requeue")),
+            // Not written, but it would undo the --requeue that is.
+            ("no-requeue", Some("slurm.requeue")),
+        ]);
+    }
+    written
 }
 
 /// The warm-up job: one task with an array task's resources, `runner warmup` on the grid.

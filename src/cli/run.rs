@@ -190,22 +190,22 @@ fn summary_line(s: &Summary, dir: &Path) -> String {
 /// with `--resume`. Its `--set`s, `--max-cells` and `--cell`/`--shard` are kept: without
 /// the sets, `--resume` expanded another grid and trained its cells from the start.
 fn grid_again(c: &Checked, args: &RunArgs) -> String {
-    let word = |s: &str| slurm::shell_word(s);
-    let exe = std::env::args().next().unwrap_or_else(|| "runner".into());
-    let mut words = vec![word(&exe), word(&c.path.display().to_string())];
-    for s in &args.check.sets {
-        words.extend(["--set".into(), word(s)]);
-    }
-    if args.check.max_cells != sweep::DEFAULT_MAX_CELLS {
-        words.extend(["--max-cells".into(), args.check.max_cells.to_string()]);
-    }
+    let exe = std::env::args_os()
+        .next()
+        .map_or("runner".into(), |a| a.to_string_lossy().into_owned());
+    let mut words = vec![exe, c.path.display().to_string()];
+    words.extend(sweep::check_args(&args.check.sets, args.check.max_cells));
     if let Some(shard) = &args.shard {
-        words.extend(["--shard".into(), word(shard)]);
+        words.extend(["--shard".into(), shard.clone()]);
     }
     if let Some(cell) = args.cell {
         words.extend(["--cell".into(), cell.to_string()]);
     }
+    if args.quiet {
+        words.push("-q".into());
+    }
     words.push("--resume".into());
+    let words: Vec<String> = words.iter().map(|w| slurm::shell_word(w)).collect();
     words.join(" ")
 }
 
@@ -237,15 +237,28 @@ pub(crate) fn run_grid(c: &Checked, sel: Selection, opts: &RunOptions) -> Result
             });
             Some(hook)
         };
+        // Ended at once by a signal (before its first step, or by a second one): the
+        // cell is marked with the summary's own words, and, as the process exits without
+        // unwinding, its lock let go of here.
+        let interrupted: run::RunDirHook = {
+            let (sweep_dir, this) = (dir.dir.clone(), cell.clone());
+            std::sync::Arc::new(move |run_dir: &Path| {
+                let sweep = SweepDir {
+                    dir: sweep_dir.clone(),
+                };
+                let error = std::fs::read_to_string(run_dir.join("summary.json"))
+                    .ok()
+                    .and_then(|t| serde_json::from_str::<Summary>(&t).ok())
+                    .and_then(|s| s.error)
+                    .unwrap_or_else(|| "interrupted".into());
+                let _ = sweep.mark(&this, State::Interrupted, Some(run_dir), Some(error));
+                let _ = std::fs::remove_file(sweep.lock_path(&this));
+            })
+        };
         let opts = &RunOptions {
             quiet: opts.quiet,
             started: mark(State::Running, None),
-            // Ended by a signal before its first step: no checkpoint, so --resume starts
-            // the cell over (in a new run directory).
-            interrupted: mark(
-                State::Interrupted,
-                Some("interrupted before its first step was done"),
-            ),
+            interrupted: Some(interrupted),
             again: opts.again.clone(),
         };
         // With --resume, a cell whose run stopped (a signal, a killed process: this process

@@ -240,8 +240,12 @@ fn parse_line(
         }
         // A whole number past u32 is a class index no model can have.
         Some(serde_json::Value::Number(n)) if n.as_u64().is_some() => {
-            return Err(at(format!("label {n} is too large for a class index"))
-                .help("labels are class indices 0, 1, ..., at most 4294967295"))
+            return Err(
+                at(format!("label {n} is too large for a class index")).help(format!(
+                    "labels are class indices 0, 1, ..., at most {} (the cap on classes)",
+                    super::MAX_CLASSES - 1
+                )),
+            )
         }
         Some(other) => {
             return Err(at(format!(

@@ -159,18 +159,12 @@ impl<'a> Validator<'a> {
         let classes = names.as_ref().map_or(10, |n| n.len());
         // Labels are read now, so a bad byte is an error before anything runs: every
         // file's, each with its own count of bad records.
-        let allowed = self.recipe().model.num_classes.unwrap_or(0).max(classes);
-        let mut bad = false;
-        for (key, files) in [("data.train", Some(&train)), ("data.test", test.as_ref())] {
-            for f in files.into_iter().flatten() {
-                if let Err(e) = cifar::check_labels(f, allowed) {
-                    self.data_err(key, &e);
-                    bad = true;
-                }
-            }
-        }
+        let train_ok = self.labels_ok("data.train", &train, classes);
+        let test_ok = test
+            .as_ref()
+            .is_none_or(|t| self.labels_ok("data.test", t, classes));
         let test = test?;
-        if bad {
+        if !(train_ok && test_ok) {
             return None;
         }
         if classes > crate::data::MAX_CLASSES {
@@ -192,6 +186,20 @@ impl<'a> Validator<'a> {
             train_total: train_n,
             test_total: test_n,
         })
+    }
+
+    /// Whether every label byte of the CIFAR-10 files is a class (of `classes`, or of
+    /// `model.num_classes` if more): every file's error is given, each with its count.
+    fn labels_ok(&mut self, key: &str, files: &[PathBuf], classes: usize) -> bool {
+        let allowed = self.recipe().model.num_classes.unwrap_or(0).max(classes);
+        let mut ok = true;
+        for f in files {
+            if let Err(e) = cifar::check_labels(f, allowed) {
+                self.data_err(key, &e);
+                ok = false;
+            }
+        }
+        ok
     }
 
     /// A warning where the class names beside the test file are not the training data's:
@@ -243,10 +251,13 @@ impl<'a> Validator<'a> {
         );
         let train = self.jsonl_file("data.train", train);
         let test = d.test.as_ref().map(|t| self.jsonl_file("data.test", t));
-        let (train, test) = match (train, test) {
-            (Some(train), None) => (train, None),
-            (Some(train), Some(Some(test))) => (train, Some(test)),
-            _ => return None,
+        // A test file that cannot be used (its error is given) does not keep the training
+        // file from being read: both findings at once.
+        let (train, test, test_failed) = match (train, test) {
+            (Some(train), None) => (train, None, false),
+            (Some(train), Some(Some(test))) => (train, Some(test), false),
+            (Some(train), Some(None)) => (train, None, true),
+            (None, _) => return None,
         };
         let names = match crate::data::text::class_names(&train) {
             Ok(names) => names,
@@ -287,7 +298,7 @@ impl<'a> Validator<'a> {
                 }
             }
         }
-        if bad {
+        if bad || test_failed {
             return None;
         }
         let classes = named.unwrap_or(max_label + 1).max(2);
@@ -448,15 +459,7 @@ impl<'a> Validator<'a> {
             (Some(f), DataFormat::Cifar10Bin) => {
                 let files = self.cifar_files("data.validation_file", f, "")?;
                 let n = self.count_records("data.validation_file", &files)?;
-                let allowed = self.recipe().model.num_classes.unwrap_or(0).max(classes);
-                let mut bad = false;
-                for file in &files {
-                    if let Err(e) = cifar::check_labels(file, allowed) {
-                        self.data_err("data.validation_file", &e);
-                        bad = true;
-                    }
-                }
-                if bad {
+                if !self.labels_ok("data.validation_file", &files, classes) {
                     return None;
                 }
                 validation_files = files;

@@ -343,9 +343,8 @@ impl<'a> Validator<'a> {
             }
         }
         // A value with a control character is said once, by the check below.
-        let printable = !s.time.chars().any(char::is_control) && !s.time.trim().is_empty();
         match slurm_time_s(&s.time) {
-            None if !printable => {}
+            None if !printable(&s.time) => {}
             None => self.err(
                 "slurm.time",
                 format!("{:?} is not a Slurm time limit", s.time),
@@ -360,21 +359,20 @@ impl<'a> Validator<'a> {
                 ),
                 "give each task more time (hours are \"H:MM:SS\"), or set slurm.requeue = false",
             ),
-            // "2:30" meant as hours is 2 min 30 s to Slurm.
-            Some(t) if !s.time.contains('-') && s.time.matches(':').count() == 1 => self.warn(
-                "slurm.time",
-                format!(
-                    "{:?} is {} min {} s: Slurm reads one colon as minutes:seconds",
-                    s.time,
-                    t / 60,
-                    t % 60
-                ),
-                format!(
-                    "for {} hours write \"{}:00\"",
-                    s.time.split(':').next().unwrap_or_default(),
-                    s.time
-                ),
-            ),
+            // "2:30" meant as hours is 2 min 30 s to Slurm; "30:00" is plainly minutes.
+            Some(t)
+                if !s.time.contains('-') && s.time.matches(':').count() == 1 && t < 25 * 60 =>
+            {
+                let (m, sec) = (t / 60, t % 60);
+                self.warn(
+                    "slurm.time",
+                    format!(
+                        "{:?} is {m} min {sec} s: Slurm reads one colon as minutes:seconds",
+                        s.time
+                    ),
+                    format!("for {m} h {sec} min write \"{m}:{sec:02}:00\""),
+                )
+            }
             Some(_) => {}
         }
         if s.cpus_per_task == 0 {
@@ -385,7 +383,6 @@ impl<'a> Validator<'a> {
             );
         }
         // Empty or with a control character: said once, by the check below.
-        let printable = |v: &str| !v.chars().any(char::is_control) && !v.trim().is_empty();
         if let Some(m) = s.mem.as_ref().filter(|m| printable(m) && !slurm_mem_ok(m)) {
             self.err(
                 "slurm.mem",
@@ -393,11 +390,12 @@ impl<'a> Validator<'a> {
                 "write a whole number with an optional unit K, M, G or T, e.g. \"16G\" (no unit: megabytes; \"0\": all of the node's memory)",
             );
         }
+        let written_here = crate::slurm::written_options(&s);
         for e in &s.extra {
             let Some(option) = sbatch_option(e) else {
                 continue;
             };
-            if let Some(&(written, key)) = written_option(option) {
+            if let Some(&(written, key)) = written_option(&written_here, option) {
                 let help = match key {
                     Some(key) => format!("set {key} instead, and remove {e:?} from slurm.extra"),
                     None => format!(
@@ -408,7 +406,7 @@ impl<'a> Validator<'a> {
                     true => format!("sets --{option}"),
                     // getopt takes a start of a long option's name that is not another's.
                     false => format!(
-                        "is --{written} abbreviated (sbatch reads the start of an option's name as the option)"
+                        "may be read as --{written} (sbatch takes the start of an option's name for the option, or refuses it as ambiguous)"
                     ),
                 };
                 self.err(
@@ -418,7 +416,12 @@ impl<'a> Validator<'a> {
                     ),
                     help,
                 );
-            } else if s.mem.is_some() && matches!(option, "mem-per-cpu" | "mem-per-gpu") {
+            } else if s.mem.is_some()
+                && option.len() > "mem-".len()
+                && ["mem-per-cpu", "mem-per-gpu"]
+                    .iter()
+                    .any(|o| o.starts_with(option))
+            {
                 self.err(
                     "slurm.extra",
                     format!(
@@ -429,7 +432,7 @@ impl<'a> Validator<'a> {
             }
         }
         for (key, v) in fields {
-            if v.chars().any(char::is_control) || v.trim().is_empty() {
+            if !printable(&v) {
                 let shown: String = v.chars().take(40).collect();
                 self.err(
                     key.split('[').next().unwrap_or(&key),
@@ -441,39 +444,25 @@ impl<'a> Validator<'a> {
     }
 }
 
-/// The options the job scripts write themselves, each with the `[slurm]` key that sets it
-/// (if any): in `slurm.extra`, a second line for one of them would override the first
-/// without a word (`--array` would break the cell each task runs; `--output`, its log).
-const SBATCH_WRITTEN: &[(&str, Option<&str>)] = &[
-    ("job-name", None),
-    ("array", None),
-    ("output", None),
-    ("time", Some("slurm.time")),
-    ("ntasks", None),
-    ("cpus-per-task", Some("slurm.cpus_per_task")),
-    ("partition", Some("slurm.partition")),
-    ("gpus-per-task", Some("slurm.gpus_per_task")),
-    ("mem", Some("slurm.mem")),
-    ("account", Some("slurm.account")),
-    ("signal", Some("slurm.requeue")),
-    ("requeue", Some("slurm.requeue")),
-    ("no-requeue", Some("slurm.requeue")),
-    ("dependency", Some("slurm.warmup")),
-];
+/// The option of `written` (what the job script writes) that sbatch takes `option` for:
+/// the one of that name, or one it is the start of (`arr` for `array`; `tim`, the start of
+/// `time` and of `time-min`, sbatch refuses as ambiguous, so it is refused here too).
+/// `gpus` is an option of its own, not `gpus-per-task` abbreviated.
+fn written_option<'w>(
+    written: &'w [(&'static str, Option<&'static str>)],
+    option: &str,
+) -> Option<&'w (&'static str, Option<&'static str>)> {
+    written.iter().find(|(o, _)| *o == option).or_else(|| {
+        (!option.is_empty() && option != "gpus")
+            .then(|| written.iter().find(|(o, _)| o.starts_with(option)))
+            .flatten()
+    })
+}
 
-/// The option of [`SBATCH_WRITTEN`] that sbatch takes `option` for: the one of that name,
-/// or one it is the start of (`arr` for `array`; `tim`, the start of `time` and of
-/// `time-min`, sbatch refuses as ambiguous, so it is refused here too). `gpus` is an
-/// option of its own, not `gpus-per-task` abbreviated.
-fn written_option(option: &str) -> Option<&'static (&'static str, Option<&'static str>)> {
-    SBATCH_WRITTEN
-        .iter()
-        .find(|(o, _)| *o == option)
-        .or_else(|| {
-            (!option.is_empty() && option != "gpus")
-                .then(|| SBATCH_WRITTEN.iter().find(|(o, _)| o.starts_with(option)))
-                .flatten()
-        })
+/// A value that can stand on an `#SBATCH` line: not blank, and no control character (a
+/// newline would become a shell command in the job script).
+fn printable(v: &str) -> bool {
+    !v.chars().any(char::is_control) && !v.trim().is_empty()
 }
 
 /// The long name of the sbatch option an `extra` entry gives (`--qos=high` → `qos`;
@@ -604,7 +593,11 @@ mod tests {
         assert_eq!(sbatch_option("-a0-3"), Some("array"));
         assert_eq!(sbatch_option("-t 1:00"), Some("time"));
         assert_eq!(sbatch_option("-q high"), None);
-        let written = |o: &str| written_option(o).map(|(w, _)| *w);
+        let all = crate::slurm::written_options(&crate::recipe::schema::SlurmSection {
+            partition: Some("p".into()),
+            ..Default::default()
+        });
+        let written = |o: &str| written_option(&all, o).map(|(w, _)| *w);
         assert_eq!(written("array"), Some("array"));
         assert_eq!(written("arr"), Some("array"));
         assert_eq!(written("outp"), Some("output"));
@@ -612,6 +605,7 @@ mod tests {
         assert_eq!(written("requ"), Some("requeue"));
         assert_eq!(written("no-req"), Some("no-requeue"));
         assert_eq!(written("cpus-per-t"), Some("cpus-per-task"));
+        assert_eq!(written("part"), Some("partition"));
         for other in [
             "gpus",
             "qos",
@@ -619,9 +613,24 @@ mod tests {
             "mem-per-cpu",
             "gres",
             "error",
-            "exclusive",
+            "dependency",
         ] {
             assert_eq!(written(other), None, "{other}");
+        }
+        // What the script does not write is the user's to give.
+        let plain = crate::slurm::written_options(&crate::recipe::schema::SlurmSection {
+            requeue: false,
+            ..Default::default()
+        });
+        for free in [
+            "signal",
+            "partition",
+            "mem",
+            "account",
+            "gpus-per-task",
+            "requeue",
+        ] {
+            assert_eq!(written_option(&plain, free), None, "{free}");
         }
     }
 }

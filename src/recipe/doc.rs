@@ -290,7 +290,7 @@ impl Doc {
                 let written = digits.replace('_', "");
                 let help = match written.trim_start_matches('0') {
                     // `04`: TOML allows no leading zeros.
-                    n if n.len() < written.len() && n.len() < 19 => {
+                    n if n.len() < written.len() && (n.is_empty() || n.parse::<i64>().is_ok()) => {
                         let sign = if raw.starts_with('-') { "-" } else { "" };
                         format!(
                             "write {sign}{}: TOML integers have no leading zeros",

@@ -428,14 +428,21 @@ fn value_help(msg: &str) -> Option<String> {
         };
         // `.001` or `05` is a number to Rust but not to TOML: say the form TOML reads.
         let toml_reads = toml::from_str::<toml::Table>(&format!("v = {got}")).is_ok();
+        // Only a finite number has a form to offer: `NaN` and `1e400` are numbers to Rust
+        // that TOML writes otherwise or not at all.
         let canonical = match got.parse::<i64>() {
-            Ok(n) => n.to_string(),
-            Err(_) => got.parse::<f64>().map_or(got.into(), |f| format!("{f:?}")),
-        };
-        return Some(if unquoted_fits && !toml_reads {
-            format!("write {canonical}, without quotes (TOML writes numbers with a digit on each side of a point, and no leading zeros)")
-        } else if unquoted_fits {
+            Ok(n) => Some(n.to_string()),
+            Err(_) => got
+                .parse::<f64>()
+                .ok()
+                .filter(|f| f.is_finite())
+                .map(|f| format!("{f:?}")),
+        }
+        .filter(|c| toml::from_str::<toml::Table>(&format!("v = {c}")).is_ok());
+        return Some(if unquoted_fits && toml_reads {
             format!("write {got} without quotes")
+        } else if let Some(c) = canonical.filter(|_| unquoted_fits) {
+            format!("write {c}, without quotes (TOML writes numbers with a digit on each side of a point, and no leading zeros)")
         } else if expected.contains("true or false") {
             "write true or false, without quotes".into()
         } else if expected.contains("integer") {

@@ -106,7 +106,7 @@ pub fn eval(
         Some(_) => input(as_data_flag(d, &recipe_path).to_string()),
         None if d.errors().any(|e| e.key.as_deref() == Some("data.test")) => input(format!(
             "{d}\n  = help: if the test data moved, give it with runner eval {} --data FILE",
-            run_dir.display()
+            crate::slurm::shell_word(&run_dir.display().to_string())
         )),
         None => input(d.to_string()),
     };

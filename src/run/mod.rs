@@ -466,7 +466,10 @@ fn stop_before_first_step(
         match written {
             Ok(d) => {
                 let next = if resumed_at.is_some() {
-                    format!("{next} {}", d.display())
+                    format!(
+                        "{next} {}",
+                        crate::slurm::shell_word(&d.display().to_string())
+                    )
                 } else {
                     next
                 };

@@ -223,7 +223,7 @@ fn same_recipe(
             "error: {} was changed after {} was written; a checkpoint resumes only the recipe that wrote it\n  = help: put recipe.toml back as the run wrote it, or run the changed recipe as a new run: runner {}",
             recipe_path.display(),
             ckpt_dir.display(),
-            recipe_path.display()
+            crate::slurm::shell_word(&recipe_path.display().to_string())
         )));
     };
     Ok(moved)

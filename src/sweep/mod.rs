@@ -586,6 +586,20 @@ pub fn grid_id(cells: &[Cell]) -> String {
 }
 
 /// `--shard i/N`: 1 <= i <= N.
+/// The arguments that make a later command check the same grid as this one: its `--set`
+/// overrides and a `--max-cells` other than the default (the Slurm tasks' command, and the
+/// command that continues an interrupted grid).
+pub fn check_args(sets: &[String], max_cells: usize) -> Vec<String> {
+    let mut args = vec![];
+    for s in sets {
+        args.extend(["--set".into(), s.clone()]);
+    }
+    if max_cells != DEFAULT_MAX_CELLS {
+        args.extend(["--max-cells".into(), max_cells.to_string()]);
+    }
+    args
+}
+
 pub fn parse_shard(s: &str) -> Result<(usize, usize), String> {
     let bad = || format!("--shard {s}: expected i/N with 1 <= i <= N, e.g. 2/4");
     let (i, n) = s.split_once('/').ok_or_else(bad)?;

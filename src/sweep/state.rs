@@ -82,7 +82,8 @@ impl SweepDir {
         Ok(Self { dir })
     }
 
-    fn lock_path(&self, c: &Cell) -> PathBuf {
+    /// The cell's lock file (see `CellLock`).
+    pub fn lock_path(&self, c: &Cell) -> PathBuf {
         self.dir
             .join("locks")
             .join(format!("{:04}-{}.lock", c.index, c.id))

@@ -125,6 +125,27 @@ fn every_bad_data_file_is_said_at_once_with_its_own_count() {
             && err.contains("3 errors in"),
         "{err}"
     );
+    // JSON Lines too: a test file that is not there leaves the training file's bad lines
+    // to be said with it.
+    std::fs::write(
+        dir.join("train.jsonl"),
+        "{\"text\": \"a\", \"label\": 0}\n{\"text\": 1, \"label\": 0}\n{\"text\": \"b\", \"label\": 1}\n",
+    )
+    .unwrap();
+    std::fs::write(
+        &recipe,
+        "[model]\narch = \"bag\"\n[data]\nformat = \"jsonl\"\ntrain = \"train.jsonl\"\ntest = \"missing.jsonl\"\n",
+    )
+    .unwrap();
+    let out = runner_cmd().arg("validate").arg(&recipe).output().unwrap();
+    expect_exit(&out, 2);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("train.jsonl line 2: field \"text\" is 1, not a string")
+            && err.contains("data.test: ")
+            && err.contains("2 errors in"),
+        "{err}"
+    );
 }
 
 /// `--set '~KEY'` removes a key the recipe sets: switching the quickstart's CNN to an MLP

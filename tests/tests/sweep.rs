@@ -704,7 +704,7 @@ fn slurm_time_read_as_minutes_is_warned_and_overriding_extras_are_refused() {
     assert!(
         err.contains(
             "slurm.time: \"2:30\" is 2 min 30 s: Slurm reads one colon as minutes:seconds"
-        ) && err.contains("for 2 hours write \"2:30:00\""),
+        ) && err.contains("for 2 h 30 min write \"2:30:00\""),
         "{err}"
     );
     let stdout = String::from_utf8_lossy(&out.stdout);
@@ -731,13 +731,25 @@ fn slurm_time_read_as_minutes_is_warned_and_overriding_extras_are_refused() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
         err.contains("slurm.extra: \"-a 0-99\" sets --array, which the job script already sets")
-            && err.contains("\"--outp=/dev/null\" is --output abbreviated"),
+            && err.contains("\"--outp=/dev/null\" may be read as --output"),
         "{err}"
     );
     assert!(
         !dir.join("runs/array").exists(),
         "written for a refused recipe"
     );
+    // What the script does not write is the user's to give: a signal of its own without
+    // requeueing, a dependency on another job.
+    let own = grid(
+        "own",
+        "requeue = false\nextra = [\"--signal=B:USR1@300\", \"--dependency=afterok:1234\"]",
+    );
+    let out = runner_cmd()
+        .args(["sweep", "--slurm"])
+        .arg(&own)
+        .output()
+        .unwrap();
+    expect_exit(&out, 0);
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -929,6 +941,9 @@ fn a_grid_stopped_before_its_first_step_marks_the_cell_and_says_resume() {
         ["interrupted"],
         "cell 0 interrupted, cell 1 never started"
     );
+    // Exiting without unwinding, it lets go of the cell's lock itself.
+    let locks: Vec<_> = std::fs::read_dir(sweep.join("locks")).unwrap().collect();
+    assert!(locks.is_empty(), "left behind: {locks:?}");
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
         stderr.contains("before the first step was done"),
@@ -955,7 +970,7 @@ fn a_grid_stopped_before_its_first_step_marks_the_cell_and_says_resume() {
         grid.display().to_string(),
     ];
     expected.extend(SLOW_FIRST_STEP.iter().map(|s| s.to_string()));
-    expected.push("--resume".into());
+    expected.extend(["-q".into(), "--resume".into()]);
     assert_eq!(words, expected, "{command}");
 }
 
