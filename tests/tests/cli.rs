@@ -4,6 +4,7 @@ use runner::metrics::RunStatus;
 
 use crate::common::{
     expect_exit, json, only_run, root, runner_cmd, statuses, summary, tempdir, tiny_recipe,
+    with_sets,
 };
 
 #[test]
@@ -153,14 +154,7 @@ fn every_bad_data_file_is_said_at_once_with_its_own_count() {
 #[test]
 fn set_tilde_removes_a_key_the_recipe_sets() {
     let quickstart = root().join("recipes/quickstart.toml");
-    let run = |cmd: &str, sets: &[&str]| {
-        let mut c = runner_cmd();
-        c.arg(cmd).arg(&quickstart);
-        for s in sets {
-            c.args(["--set", s]);
-        }
-        c.output().unwrap()
-    };
+    let run = |cmd: &str, sets: &[&str]| with_sets(cmd, &quickstart, sets);
     let out = run("validate", &["model.arch=mlp"]);
     expect_exit(&out, 2);
     let err = String::from_utf8_lossy(&out.stderr);

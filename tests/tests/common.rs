@@ -152,6 +152,16 @@ pub fn resume_quietly(run: &Path) -> std::process::Output {
         .unwrap()
 }
 
+/// `runner COMMAND RECIPE --set S...`, run to its end.
+pub fn with_sets(command: &str, recipe: &Path, sets: &[&str]) -> std::process::Output {
+    let mut c = runner_cmd();
+    c.arg(command).arg(recipe);
+    for s in sets {
+        c.args(["--set", s]);
+    }
+    c.output().unwrap()
+}
+
 pub fn runner_cmd() -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_runner"));
     c.current_dir(root());

@@ -9,7 +9,7 @@ use runner::recipe;
 use crate::common::{
     as_other, expect_exit, has_a_line, json, only_run, records, resume_quietly, root, runner_cmd,
     runner_logged, says_running, send, spawn_until, statuses, summary, tempdir, tiny_recipe,
-    walk_files, writable_by_other, SLOW_FIRST_STEP,
+    walk_files, with_sets, writable_by_other, SLOW_FIRST_STEP,
 };
 
 // ---------------------------------------------------------------- sweeps and sharing
@@ -1007,12 +1007,7 @@ fn a_bad_axis_does_not_hide_the_other_axes_findings() {
 fn set_narrows_a_grid_axis_written_quoted() {
     let grid = root().join("recipes/article_grid.toml");
     let show = |sets: &[&str]| {
-        let mut cmd = runner_cmd();
-        cmd.arg("show").arg(&grid);
-        for s in sets {
-            cmd.args(["--set", s]);
-        }
-        let out = cmd.output().unwrap();
+        let out = with_sets("show", &grid, sets);
         expect_exit(&out, 0);
         String::from_utf8_lossy(&out.stdout).to_string()
     };
