@@ -402,18 +402,21 @@ impl<'a> Validator<'a> {
                         "remove {e:?} from slurm.extra: the runner writes --{written} itself"
                     ),
                 };
-                let sets = match written == option {
+                let read_as = match written == option {
                     true => format!("sets --{option}"),
                     // getopt takes a start of a long option's name that is not another's.
                     false => format!(
                         "may be read as --{written} (sbatch takes the start of an option's name for the option, or refuses it as ambiguous)"
                     ),
                 };
+                let clash = match written {
+                    // Not written itself: it would undo the --requeue that is.
+                    "no-requeue" => "which undoes the --requeue the job script writes for slurm.requeue = true",
+                    _ => "which the job script already sets",
+                };
                 self.err(
                     "slurm.extra",
-                    format!(
-                        "{e:?} {sets}, which the job script already sets; the later line would win, silently"
-                    ),
+                    format!("{e:?} {read_as}, {clash}; the later line would win, silently"),
                     help,
                 );
             } else if s.mem.is_some()

@@ -721,7 +721,10 @@ fn slurm_time_read_as_minutes_is_warned_and_overriding_extras_are_refused() {
         "{script}"
     );
 
-    let array = grid("array", "extra = [\"-a 0-99\", \"--outp=/dev/null\"]");
+    let array = grid(
+        "array",
+        "extra = [\"-a 0-99\", \"--outp=/dev/null\", \"--no-requeue\"]",
+    );
     let out = runner_cmd()
         .args(["sweep", "--slurm"])
         .arg(&array)
@@ -731,7 +734,9 @@ fn slurm_time_read_as_minutes_is_warned_and_overriding_extras_are_refused() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
         err.contains("slurm.extra: \"-a 0-99\" sets --array, which the job script already sets")
-            && err.contains("\"--outp=/dev/null\" may be read as --output"),
+            && err.contains("\"--outp=/dev/null\" may be read as --output")
+            // Never written by the script: it undoes the --requeue that is.
+            && err.contains("\"--no-requeue\" sets --no-requeue, which undoes the --requeue the job script writes for slurm.requeue = true"),
         "{err}"
     );
     assert!(
