@@ -411,7 +411,9 @@ impl<'a> Validator<'a> {
                 };
                 let clash = match written {
                     // Not written itself: it would undo the --requeue that is.
-                    "no-requeue" => "which undoes the --requeue the job script writes for slurm.requeue = true",
+                    "no-requeue" => {
+                        "which undoes the --requeue the job script writes for slurm.requeue = true"
+                    }
                     _ => "which the job script already sets",
                 };
                 self.err(
