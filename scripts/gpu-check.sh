@@ -115,7 +115,11 @@ ACCUM=compare:resnet50_accum,run.early_stop.patience=1000
 # start with autotune has completed, else backend.conv=implicit_gemm, whose cache is
 # warm by then (a cold autotune that timed out would make every later run cold too).
 LATER="compare:article/cleanup_every_step,@conv compare:article/empty_cache_every_step,@conv $ACCUM,@conv compare:article/tuned_loader,@conv"
-PLAN=${PLAN-startup:mlp cold:resnet50,$IGEMM compare:article/default,$IGEMM compare:article/tuned_loader,$IGEMM $NVML_OFF,$IGEMM $POOL_OFF,$IGEMM kernels:article/default,$IGEMM cold:resnet50 compare:article/default $LATER startup:small_cnn startup:resnet18 gc kernels:article/default,@conv $UNPINNED,@conv $FEWER_SYNCS,@conv compare:article/default,$IGEMM compare:article/default $LATER $NVML_OFF,@conv $POOL_OFF,@conv}
+# Cold starts first, together (see together()): ResNet-50 with autotune (the default), with
+# implicit GEMM and without fusion, and the three smaller models; then, one at a time, the
+# measurements that need the GPU to themselves, the headline ratio first.
+COLDS="cold:resnet50+cold:resnet50,$IGEMM+cold:resnet50,backend.fusion=false+cold:mlp+cold:small_cnn+cold:resnet18"
+PLAN=${PLAN-together:$COLDS compare:article/default compare:article/default,$IGEMM compare:article/tuned_loader,@conv warm:mlp warm:small_cnn warm:resnet18 compare:article/cleanup_every_step,@conv compare:article/empty_cache_every_step,@conv $ACCUM,@conv $NVML_OFF,@conv $POOL_OFF,@conv kernels:article/default,@conv runner:article/default,backend.fusion=false $UNPINNED,@conv $FEWER_SYNCS,@conv gc compare:article/default,@conv}
 KERNEL_STEPS=${KERNEL_STEPS:-10}
 MAX_STEPS=${MAX_STEPS:-80}
 WARMUP=${WARMUP:-20}
@@ -125,6 +129,9 @@ T_COLD=${T_COLD:-150}
 T_COLD_BIG=${T_COLD_BIG:-330}
 T_WARM=${T_WARM:-60}
 T_RUN=${T_RUN:-120}
+T_TOGETHER=${T_TOGETHER:-250}
+TOGETHER_STEPS=${TOGETHER_STEPS:-8}
+TOGETHER_WARMUP=${TOGETHER_WARMUP:-3}
 DEVICE=${DEVICE:-cuda}
 PYTHON=${PYTHON:-python3}
 CACHE_ROOT=$(realpath -m "${RUNNER_CACHE_DIR:-$REPO/.runner-cache}")
@@ -136,6 +143,7 @@ mkdir -p "$RUNS/torch" "$SCRATCH/resolved"
 exec > >(tee "$OUT/log.txt") 2>&1
 TEE_PID=$!
 RESULTS=$OUT/results.tsv
+touch "$RESULTS"
 TABLE=$OUT/gpu-table.md
 status=0
 
@@ -473,13 +481,16 @@ startup() {
   repeat_of["startup $name"]=$n
   local file=$REPO/recipes/article/default.toml
   if [[ $arch != resnet* ]]; then
-    file=$SCRATCH/resolved/article_default_nostem.toml
+    # One file per step: the steps of a together: write theirs at the same time.
+    file=$SCRATCH/resolved/nostem-$name-$runs-$n.toml
+    file=${file// /_}
     "$BIN" show "$REPO/recipes/article/default.toml" | sed '/^stem *=/d' > "$file"
   fi
   local sets
   mapfile -t sets < <(variant_sets "$variant")
   if ! resolve "p1-$name" "$file" --set "model.arch=$arch" --set "name=startup_$arch" \
-    --set "run.max_steps=$STARTUP_STEPS" --set "run.warmup_steps=$STARTUP_WARMUP" "${sets[@]}"; then
+    --set "run.max_steps=${STEPS_NOW:-$STARTUP_STEPS}" \
+    --set "run.warmup_steps=${WARMUP_NOW:-$STARTUP_WARMUP}" "${sets[@]}"; then
     status=1
     record startup "$label" - runner "failed(show)" 0 - /nonexistent runner
     return
@@ -488,13 +499,49 @@ startup() {
     limit=$T_COLD
     [[ $arch == resnet50 ]] && limit=$T_COLD_BIG
     [[ $which == warm ]] && limit=$T_WARM
-    runner_run startup "$label" "$which$( ((n > 1)) && echo " #$n")" "$limit" \
+    [[ -n ${LIMIT_NOW:-} ]] && limit=$LIMIT_NOW
+    runner_run startup "$label" "$which${LIMIT_NOW:+ (together)}$( ((n > 1)) && echo " #$n")" "$limit" \
       "p1-$name-$n-$which" "$SCRATCH/resolved/p1-$name.toml" "$cache"
     if [[ $arch == resnet50 && -z $variant && $which == cold ]]; then
       if [[ $LAST_STATUS == ok ]]; then BEST_CONV=; else BEST_CONV=$IGEMM; fi
       say "@conv is now '${BEST_CONV:-autotune}' (ResNet-50's cold start with autotune: $LAST_STATUS)"
     fi
   done
+}
+
+# together STEP+STEP+...: start-up steps (cold:, warm:, startup:) at the same time, each
+# its own process with its own cache, so that cold starts, which compile on one CPU thread
+# each and leave the GPU nearly idle, use the machine's other cores instead of running one
+# after another. Each runs TOGETHER_STEPS steps (the first step is what is timed here; the
+# steady state is measured alone, later), all under one timeout, T_TOGETHER. Autotune
+# times each candidate as the median of 10 launches, so another process's launch now and
+# then moves little; the rows say "together" so that no one reads them as runs alone.
+together() {
+  local s pids=() before
+  before=$(wc -l < "$RESULTS" 2> /dev/null || echo 0)
+  for s in ${1//+/ }; do
+    (
+      STEPS_NOW=$TOGETHER_STEPS WARMUP_NOW=$TOGETHER_WARMUP LIMIT_NOW=$T_TOGETHER
+      case $s in
+        cold:*) startup "${s#cold:}" cold ;;
+        warm:*) startup "${s#warm:}" warm ;;
+        startup:*) startup "${s#startup:}" ;;
+        *) say "together: '$s' is not a cold:, warm: or startup: step; skipped" ;;
+      esac
+    ) &
+    pids+=($!)
+  done
+  wait "${pids[@]}"
+  # What the subshells could not set here: @conv, and the abort of a binary that fails.
+  local rows
+  rows=$(tail -n +"$((before + 1))" "$RESULTS" 2> /dev/null)
+  if grep -qP '^startup\tresnet50\tcold[^\t]*\trunner\tok\t' <<< "$rows"; then BEST_CONV=
+  elif grep -qP '^startup\tresnet50\tcold' <<< "$rows"; then BEST_CONV=$IGEMM; fi
+  say "@conv is now '${BEST_CONV:-autotune}'"
+  RUNNER_RUNS=$((RUNNER_RUNS + $(grep -c . <<< "$rows")))
+  if [[ -n $rows ]] && ! grep -qvP '^[^\t]*\t[^\t]*\t[^\t]*\t[^\t]*\tfailed' <<< "$rows"; then
+    ABORT="every run of the first together: step failed outright: the binary does not work here (its stderr is above); the rest of the plan is skipped"
+  fi
 }
 
 # compare RECIPE[,KEY=VALUE...] [--gc-collect | --runner-only]: runner then torch (or torch
@@ -581,6 +628,8 @@ for step in $PLAN; do
   case $step in
     startup:*) startup "${step#startup:}" ;;
     cold:*) startup "${step#cold:}" cold ;;
+    warm:*) startup "${step#warm:}" warm ;;
+    together:*) together "${step#together:}" ;;
     compare:*) compare "${step#compare:}" ;;
     runner:*) compare "${step#runner:}" --runner-only ;;
     gc) compare article/cleanup_every_step --gc-collect ;;
@@ -599,6 +648,8 @@ if ((${#skipped[@]})); then
   status=1
 fi
 py render "$RESULTS" "$TABLE"
+# Runs in a together: step ran in subshells, which could not set status here.
+if grep -qvP '^[^\t]*\t[^\t]*\t[^\t]*\t[^\t]*\tok\t' "$RESULTS" 2> /dev/null; then status=1; fi
 echo
 cat "$TABLE"
 tar -C "$SCRATCH" -czf "$OUT/runs.tar.gz" --exclude='*.safetensors' --exclude=checkpoints \
