@@ -207,11 +207,11 @@ pub fn describe(device: Device, kernels: &crate::plan::KernelPlan) -> (String, S
     }
 }
 
-/// `cuda (fusion, autotune balanced, conv implicit_gemm)`: a CubeCL backend and the
-/// `[backend]` settings that change its kernels (a default `conv` left out).
+/// `cuda (fusion, autotune balanced, conv autotune)`: a CubeCL backend and the
+/// `[backend]` settings that change its kernels (the default `conv` left out).
 fn cube_label(runtime: &str, kernels: &KernelPlan) -> String {
     let conv = match kernels.conv {
-        crate::recipe::ConvAlgo::Autotune => String::new(),
+        crate::recipe::ConvAlgo::ImplicitGemm => String::new(),
         c => format!(", conv {}", c.name()),
     };
     format!(

@@ -456,7 +456,7 @@ fn value_help(msg: &str) -> Option<String> {
     let allowed: Vec<&str> = rest.split('`').skip(1).step_by(2).collect();
     if got == "off" && allowed.contains(&"balanced") {
         // backend.autotune: the level users expect from other tools' "no tuning".
-        return Some("Burn 0.21 cannot turn autotuning off at run time (only a build without burn's `autotune` feature can, and its convolutions then take a slow kernel); backend.conv = \"implicit_gemm\" takes most convolutions off the autotuner (matrix products stay tuned), and tuning results are cached for later runs (runner warmup)".into());
+        return Some("Burn 0.21 cannot turn autotuning off at run time (only a build without burn's `autotune` feature can, and its convolutions then take a slow kernel); convolutions are already off it (backend.conv = \"implicit_gemm\", the default; matrix products and reductions stay tuned), and tuning results are cached for later runs (runner warmup)".into());
     }
     did_you_mean(got, &allowed).map(|s| format!("did you mean \"{s}\"?"))
 }

@@ -33,7 +33,7 @@ fn a_run_records_its_startup_and_where_kernels_are_cached() {
     assert_eq!(env["kernels"]["chosen_by"], "$RUNNER_CACHE_DIR");
     assert_eq!(env["kernels"]["used"], false);
     assert_eq!(env["kernels"]["autotune"], "balanced");
-    assert_eq!(env["kernels"]["conv"], "autotune");
+    assert_eq!(env["kernels"]["conv"], "implicit_gemm");
 
     // The recipe key wins over the variable, relative to the directory it was given in;
     // -q silences the start-up line.
@@ -41,7 +41,7 @@ fn a_run_records_its_startup_and_where_kernels_are_cached() {
         .arg(&recipe)
         .args(["-q", "--set", "backend.cache_dir=\"from-key\""])
         .args(["--set", "backend.autotune=\"minimal\""])
-        .args(["--set", "backend.conv=\"implicit_gemm\""])
+        .args(["--set", "backend.conv=\"autotune\""])
         .args(["--set", "profile.memory=false"])
         .env("RUNNER_CACHE_DIR", dir.join("kc"))
         .output()
@@ -56,7 +56,7 @@ fn a_run_records_its_startup_and_where_kernels_are_cached() {
     let env = json(&runs[0].join("env.json"));
     assert_eq!(env["kernels"]["chosen_by"], "backend.cache_dir");
     assert_eq!(env["kernels"]["autotune"], "minimal");
-    assert_eq!(env["kernels"]["conv"], "implicit_gemm");
+    assert_eq!(env["kernels"]["conv"], "autotune");
     // profile.memory = false: the pool is never asked, so no step spends time asking it.
     let asked = |run: &Path| records(run).iter().map(|r| r.mem_query_ms).sum::<f64>();
     assert_eq!(asked(&runs[0]), 0.0);

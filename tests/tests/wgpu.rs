@@ -44,7 +44,8 @@ fn wgpu_cubecl_caches_warmup_and_implicit_gemm_on_software_vulkan() {
     let count = |s: &serde_json::Value, k: &str| s["kernels"][k].as_u64().unwrap();
 
     // Cold: everything compiled and tuned, the start-up said, the kernels cached.
-    let (cold, env, stderr) = run("a", &[]);
+    let tuned = ["backend.conv=\"autotune\""];
+    let (cold, env, stderr) = run("a", &tuned);
     assert_eq!(env["kernels"]["used"], true, "{env}");
     // The adapter by name (lavapipe is Mesa's software one).
     let device = env["device"].as_str().unwrap();
@@ -72,7 +73,7 @@ fn wgpu_cubecl_caches_warmup_and_implicit_gemm_on_software_vulkan() {
     );
 
     // Warm: the same recipe loads every tuning result and tunes nothing.
-    let (warm, ..) = run("a", &[]);
+    let (warm, ..) = run("a", &tuned);
     assert_eq!(count(&warm, "tuned"), 0, "{warm}");
     assert_eq!(count(&warm, "tune_ms"), 0, "{warm}");
     assert!(count(&warm, "tune_results_loaded") > 0, "{warm}");
@@ -96,7 +97,7 @@ fn wgpu_cubecl_caches_warmup_and_implicit_gemm_on_software_vulkan() {
         warm["peak_mem_in_use_bytes"].as_u64().unwrap() > 0,
         "{warm}"
     );
-    let (off, ..) = run("a", &["profile.memory=false"]);
+    let (off, ..) = run("a", &["profile.memory=false", tuned[0]]);
     assert!(off["peak_mem_in_use_bytes"].is_null(), "{off}");
 
     // Warm-up into an empty cache, then a run: nothing left to tune, evaluation included.
