@@ -32,21 +32,25 @@
 #   its own kernel cache (other settings compile other kernels), so its first run is cold
 #   too. This is how the backend.autotune / backend.fusion / backend.conv defaults are to
 #   be chosen.
-# The default PLAN: the mlp (the pipeline works, in about a minute; cold, then warm: the
-# cache's second start); then with backend.conv=implicit_gemm (convolutions untuned: about
-# 70 convolution kernels to compile instead of up to 477), so that the targets are
-# measured even if autotune's cold start takes the rest of the budget: ResNet-50's cold
-# start, the headline ratio (article/default), tuned_loader, article/default without the
-# NVML sampler and then without the per-step pool reading (profile.memory=false: each
-# one's cost per step, against the runs with both on), its kernels; then ResNet-50's cold
-# start and ratio with autotune (the default); the other article rows and resnet50_accum
-# (with @conv: see LATER); the other start-ups; gc; the kernels with @conv; tuned_loader
-# without pinned memory; article/default with losses read every 10 steps; a second round
-# of both ratios, the rows and the two A/Bs. A step whose runner run fails outright (not a
-# timeout) ends the plan when it is the plan's first runner run: the binary does not work
-# there, and the device time left is better spent on a rerun with a fixed one. `nvidia-smi` samples memory and utilisation beside the first
-# runner run of article/default (the cross-check of the runner's figures). Each runner row
-# has the time its steps spent asking Burn's pool for memory figures (summary.phases).
+#   together:STEP+STEP+...  cold:/warm:/startup: steps at the same time, each its own
+#                 process and cache, TOGETHER_STEPS steps each under one timeout (T_TOGETHER):
+#                 a cold start compiles on one CPU thread with the GPU nearly idle, so six
+#                 cost the call one cold start's time. Their ms/iter is not a steady state.
+#   warm:ARCH     the warm run of startup:ARCH alone.
+# The default PLAN (see PLAN= below): the cold starts together, then one at a time the
+# headline ratio (article/default), the article's other rows and resnet50_accum beside
+# PyTorch, article/default without the NVML sampler and then without the per-step pool
+# reading (profile.memory=false: each one's cost per step, against the runs with both on),
+# the kernels table, the warm starts, fusion off, gc, tuned_loader without pinned memory,
+# losses read every 10 steps, and a second repeat of the two headline rows. A step whose
+# runner run fails outright (not a timeout) ends the plan when it is the plan's first runner
+# run: the binary does not work there, and the device time left is better spent on a rerun
+# with a fixed one. `nvidia-smi` samples memory and utilisation beside the first runner run
+# of article/default (the cross-check of the runner's figures). Each runner row has the
+# time its steps spent asking Burn's pool for memory figures (summary.phases).
+#
+# Measured with it on 2026-12-04 (BENCHMARKS.md, "GPU (CUDA)"): a whole call of the old
+# serial plan could not get past the cold starts, hence together:.
 #
 # With this project's device tool (the machine gets a copy of the work tree, and $OUT back):
 #   here:    cargo build --release --features cuda
@@ -54,8 +58,10 @@
 #            xz -9 -f .device/runner                           # -> .device/runner.xz
 #            .device/ (and .runner-cache/) must be listed in .gitignore, so the binary is
 #            never committed; an ignored folder travels only when named: carry [".device"]
-#   device:  run(command="bash scripts/gpu-check.sh .device/runner.xz",
+#   device:  run(command="BUDGET=550 bash scripts/gpu-check.sh .device/runner.xz",
 #                carry=[".device"], timeout_s=600)
+#            The machine stays warm 30 s after a call and keeps ignored folders
+#            (.runner-cache/ among them), so a second call made at once finds the caches.
 #   warm:    copy the cache.tar.gz an earlier call brought back into .device/, then
 #            CACHE_IN=.device/cache.tar.gz bash scripts/gpu-check.sh .device/runner.xz
 #            (every cache starts full, so no run is cold; the tables say so per run); a
@@ -72,8 +78,10 @@
 # the remaining runs are skipped (each run's timeout is also cut to what is left; with less
 # than 600 s of device time left, give the tool's limit_s minus 60); PLAN (as
 # above); STARTUP_STEPS (60) / STARTUP_WARMUP (20) for start-ups; MAX_STEPS (80) / WARMUP
-# (20) for compares, which also set run.eval=never; KERNEL_STEPS (10) for kernels; timeouts in seconds: T_COLD (150; 330
-# for resnet50: T_COLD_BIG), T_WARM (60), T_RUN (120); DEVICE (cuda; wgpu: a dry run
+# (20) for compares, which also set run.eval=never; KERNEL_STEPS (10) for kernels;
+# TOGETHER_STEPS (8) / TOGETHER_WARMUP (3) for together:; timeouts in seconds: T_COLD (150;
+# 330 for resnet50: T_COLD_BIG), T_WARM (60), T_RUN (120), T_TOGETHER (220); LIMIT
+# (BUDGET + 50: when packing must be done); DEVICE (cuda; wgpu: a dry run
 # through CubeCL on Mesa's software Vulkan with a `--features wgpu` runner; or cpu: --set
 # backend.kind=cpu, torch_ref --device cpu, no nvidia-smi); PYTHON (python3: the one with
 # torch); RUNNER_CACHE_DIR (default $PWD/.runner-cache: one kernel cache per model.arch
@@ -85,11 +93,13 @@
 # that ran, 8 with two): log.txt (everything, nvidia-smi and versions first),
 # kernels-*.md (each kernels step that ran; its raw log is in runs.tar.gz),
 # results.tsv (a row per run, appended as each ends), gpu-table.md (both tables, rewritten
-# after each run, printed at the end), nvidia-smi.csv (memory and utilisation every 500 ms
-# beside the first runner run of article/default), runs.tar.gz (every run directory without
-# its weights and checkpoints, which would make it hundreds of MiB, and torch_ref's JSON
-# lines), cache.tar.gz (the kernel caches, if under 15 MiB; else ResNet-50's alone, if
-# that is). Exit 0 when every run completed, 1 otherwise; $OUT is packed either way.
+# after each run, printed at the end, then every autotune result in the caches: each tuned
+# key with every candidate's median time), nvidia-smi.csv (memory and utilisation every
+# 500 ms beside the first runner run of article/default), runs.tar.gz (every run directory
+# without its weights and checkpoints, which would make it hundreds of MiB, and torch_ref's
+# JSON lines), cache.tar.gz (the autotune results, small, always; the compiled kernels too
+# if packing them ends before LIMIT, default BUDGET + 50 s, and the whole is under
+# 15 MiB). Exit 0 when every run completed, 1 otherwise; $OUT is packed either way.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 2
 REPO=$PWD
@@ -111,15 +121,14 @@ FEWER_SYNCS=compare:article/default,log.every=10
 # resnet50_accum stops early on its validation set (patience 3): both sides train the
 # same steps with it left out of the comparison.
 ACCUM=compare:resnet50_accum,run.early_stop.patience=1000
-# The steps whose conv is not named run with @conv: empty (autotune) once ResNet-50's cold
-# start with autotune has completed, else backend.conv=implicit_gemm, whose cache is
-# warm by then (a cold autotune that timed out would make every later run cold too).
-LATER="compare:article/cleanup_every_step,@conv compare:article/empty_cache_every_step,@conv $ACCUM,@conv compare:article/tuned_loader,@conv"
-# Cold starts first, together (see together()): ResNet-50 with autotune (the default), with
-# implicit GEMM and without fusion, and the three smaller models; then, one at a time, the
-# measurements that need the GPU to themselves, the headline ratio first.
-COLDS="cold:resnet50+cold:resnet50,$IGEMM+cold:resnet50,backend.fusion=false+cold:mlp+cold:small_cnn+cold:resnet18"
-PLAN=${PLAN-together:$COLDS compare:article/default compare:article/default,$IGEMM compare:article/tuned_loader,@conv warm:mlp warm:small_cnn warm:resnet18 compare:article/cleanup_every_step,@conv compare:article/empty_cache_every_step,@conv $ACCUM,@conv $NVML_OFF,@conv $POOL_OFF,@conv kernels:article/default,@conv runner:article/default,backend.fusion=false $UNPINNED,@conv $FEWER_SYNCS,@conv gc compare:article/default,@conv}
+# Cold starts first, together (see together()): ResNet-50 with the defaults
+# (backend.conv = "implicit_gemm"), with autotuned convolutions (which did not finish a
+# cold start in 520 s on 2026-12-04: this adds its tunings to the cache that comes back,
+# every candidate's time in them) and without fusion, and the three smaller models. Then,
+# one at a time, what needs the GPU to itself: the headline ratio first, the article's
+# other rows and resnet50_accum, the two A/Bs, the kernels, the warm starts, the rest.
+COLDS="cold:resnet50+cold:resnet50,backend.conv=autotune+cold:resnet50,backend.fusion=false+cold:mlp+cold:small_cnn+cold:resnet18"
+PLAN=${PLAN-together:$COLDS compare:article/default compare:article/tuned_loader compare:article/cleanup_every_step compare:article/empty_cache_every_step $ACCUM $NVML_OFF $POOL_OFF kernels:article/default warm:mlp warm:small_cnn warm:resnet18 runner:article/default,backend.fusion=false gc $UNPINNED $FEWER_SYNCS compare:article/default compare:article/tuned_loader}
 KERNEL_STEPS=${KERNEL_STEPS:-10}
 MAX_STEPS=${MAX_STEPS:-80}
 WARMUP=${WARMUP:-20}
@@ -129,7 +138,9 @@ T_COLD=${T_COLD:-150}
 T_COLD_BIG=${T_COLD_BIG:-330}
 T_WARM=${T_WARM:-60}
 T_RUN=${T_RUN:-120}
-T_TOGETHER=${T_TOGETHER:-250}
+T_TOGETHER=${T_TOGETHER:-220}
+# The device call's own time limit: what is left after BUDGET goes to packing.
+LIMIT=${LIMIT:-$((BUDGET + 50))}
 TOGETHER_STEPS=${TOGETHER_STEPS:-8}
 TOGETHER_WARMUP=${TOGETHER_WARMUP:-3}
 DEVICE=${DEVICE:-cuda}
@@ -296,8 +307,71 @@ def kernels(log, out, title, steps):
     with open(out, "w") as g:
         g.write("\n".join(L) + "\n")
 
+def tunings(root, out):
+    """Every autotune result under the kernel caches (CubeCL's `autotune/**.json.log`: JSON
+    entries, each a key with every candidate's timing), as a table appended to `out`: for
+    each cache and operation, the candidates' median times and the one kept. What a fixed
+    `backend.conv` (or any other default) should name is read off this."""
+    dec = json.JSONDecoder()
+    def dur(d):
+        return d["secs"] * 1e6 + d["nanos"] / 1e3 if isinstance(d, dict) else None
+    def short(key):
+        k = key.get("key", key)
+        if isinstance(k, dict) and len(k) == 1:
+            (op, v), = k.items()
+            if isinstance(v, dict):
+                fields = ",".join(f"{a}={json.dumps(b, separators=(',', ':'))}" for a, b in v.items()
+                                  if a not in ("dtype",) and b not in (None, [], {}))
+                return op, fields[:160]
+            return op, json.dumps(v)[:160]
+        return "?", json.dumps(k)[:160]
+    rows = []
+    for dirpath, _, files in sorted(os.walk(root)):
+        for name in sorted(files):
+            if not name.endswith(".json.log") or "autotune" not in dirpath:
+                continue
+            cache = os.path.relpath(dirpath, root).split(os.sep)[0]
+            text = open(os.path.join(dirpath, name), encoding="utf-8", errors="replace").read()
+            i = 0
+            while True:
+                j = text.find("{", i)
+                if j < 0:
+                    break
+                try:
+                    entry, i = dec.raw_decode(text, j)
+                except ValueError:
+                    i = j + 1
+                    continue
+                if not isinstance(entry, dict) or "value" not in entry:
+                    continue
+                op, fields = short(entry.get("key", {}))
+                v = entry["value"]
+                times = []
+                for r in v.get("results", []):
+                    o = r.get("outcome", {})
+                    if "Ok" in o:
+                        times.append((o["Ok"]["name"], dur(o["Ok"]["computation"]["median"])))
+                    else:
+                        times.append(("(refused)", None))
+                best = next((n for n, _ in times[v.get("fastest_index", 0):][:1]), "?")
+                for r in v.get("results", []):
+                    o = r.get("outcome", {})
+                    if "Ok" in o and o["Ok"].get("index") == v.get("fastest_index"):
+                        best = o["Ok"]["name"]
+                ok = sorted(((n, t) for n, t in times if t is not None), key=lambda x: x[1])
+                cands = "; ".join(f"{n} {t:.0f}" for n, t in ok)
+                rows.append(f"| {cache} | {op} | {fields} | **{best}** | {cands} | {len(times) - len(ok)} |")
+    L = ["", "## Autotune results in the kernel caches", "",
+         f"{len(rows)} tuned keys. Candidates by median µs (CubeCL's 10 timed launches), fastest first.", "",
+         "| cache | operation | key | kept | candidates (median µs) | refused |",
+         "| --- | --- | --- | --- | --- | --- |"] + rows
+    with open(out, "a") as f:
+        f.write("\n".join(L) + "\n")
+
 cmd = sys.argv[1]
-if cmd == "unxz":
+if cmd == "tunings":
+    tunings(sys.argv[2], sys.argv[3])
+elif cmd == "unxz":
     unxz(sys.argv[2], sys.argv[3])
 elif cmd == "row":
     print("\t".join(row(sys.argv[2], sys.argv[3])))
@@ -382,7 +456,6 @@ skipped=()
 LAST_STATUS= # of the latest runner_run: ok, timeout, failed(N), skipped
 RUNNER_RUNS=0
 ABORT=${ABORT_AT_START:-} # set when CUDA does not answer or the first runner run fails outright
-BEST_CONV=$IGEMM # what @conv stands for (see LATER)
 record() { # phase recipe which framework status wall_s cache-files result-file kind
   local tail
   tail=$(py row "$9" "$8")
@@ -502,10 +575,6 @@ startup() {
     [[ -n ${LIMIT_NOW:-} ]] && limit=$LIMIT_NOW
     runner_run startup "$label" "$which${LIMIT_NOW:+ (together)}$( ((n > 1)) && echo " #$n")" "$limit" \
       "p1-$name-$n-$which" "$SCRATCH/resolved/p1-$name.toml" "$cache"
-    if [[ $arch == resnet50 && -z $variant && $which == cold ]]; then
-      if [[ $LAST_STATUS == ok ]]; then BEST_CONV=; else BEST_CONV=$IGEMM; fi
-      say "@conv is now '${BEST_CONV:-autotune}' (ResNet-50's cold start with autotune: $LAST_STATUS)"
-    fi
   done
 }
 
@@ -532,12 +601,9 @@ together() {
     pids+=($!)
   done
   wait "${pids[@]}"
-  # What the subshells could not set here: @conv, and the abort of a binary that fails.
+  # What the subshells could not set here: the abort of a binary that fails.
   local rows
   rows=$(tail -n +"$((before + 1))" "$RESULTS" 2> /dev/null)
-  if grep -qP '^startup\tresnet50\tcold[^\t]*\trunner\tok\t' <<< "$rows"; then BEST_CONV=
-  elif grep -qP '^startup\tresnet50\tcold' <<< "$rows"; then BEST_CONV=$IGEMM; fi
-  say "@conv is now '${BEST_CONV:-autotune}'"
   RUNNER_RUNS=$((RUNNER_RUNS + $(grep -c . <<< "$rows")))
   if [[ -n $rows ]] && ! grep -qvP '^[^\t]*\t[^\t]*\t[^\t]*\t[^\t]*\tfailed' <<< "$rows"; then
     ABORT="every run of the first together: step failed outright: the binary does not work here (its stderr is above); the rest of the plan is skipped"
@@ -621,10 +687,6 @@ for step in $PLAN; do
     skipped+=("$step")
     continue
   fi
-  # @conv: see LATER; an empty one leaves no stray comma behind.
-  step=${step//@conv/$BEST_CONV}
-  step=${step//,,/,}
-  step=${step%,}
   case $step in
     startup:*) startup "${step#startup:}" ;;
     cold:*) startup "${step#cold:}" cold ;;
@@ -655,19 +717,30 @@ cat "$TABLE"
 tar -C "$SCRATCH" -czf "$OUT/runs.tar.gz" --exclude='*.safetensors' --exclude=checkpoints \
   runs resolved
 say "runs.tar.gz: $(du -h "$OUT/runs.tar.gz" | cut -f1)"
-# The caches for a warm second call: all of them if they fit, else ResNet-50's alone.
-pack_cache() { # what (relative to CACHE_ROOT)
-  tar -C "$CACHE_ROOT" -czf "$SCRATCH/cache.tar.gz" "$1" 2> /dev/null || return 1
-  local size
-  size=$(stat -c %s "$SCRATCH/cache.tar.gz")
-  if ((size > 15 * 1024 * 1024)); then
-    say "cache.tar.gz of $1 is $((size / 1024 / 1024)) MiB, over 15 MiB: not kept"
-    return 1
+# The caches for a warm second call. First the autotune results alone (small: one JSON
+# line per tuned key, every candidate's time in it) with their table; then, in the time
+# left before LIMIT (the device call's own limit), the compiled kernels too, if the whole
+# fits in 15 MiB. Both calls of 2026-12-04 ran out of time packing ~5,000 kernel files
+# with nothing sent back, which lost 150 tuned ResNet-50 shapes.
+py tunings "$CACHE_ROOT" "$TABLE"
+tail -n +1 "$TABLE" | sed -n '/^## Autotune results/,$p' | head -n 60
+(cd "$CACHE_ROOT" && find . -path '*autotune*' -type f -print0 |
+  tar --null -T - -czf "$OUT/cache.tar.gz") 2> /dev/null &&
+  say "cache.tar.gz: the autotune results, $(du -h "$OUT/cache.tar.gz" | cut -f1)"
+left=$((LIMIT - (SECONDS - T0) - 10))
+if ((left > 5)); then
+  if timeout "$left" tar -C "$CACHE_ROOT" -czf "$SCRATCH/cache.tar.gz" . 2> /dev/null; then
+    size=$(stat -c %s "$SCRATCH/cache.tar.gz")
+    if ((size <= 15 * 1024 * 1024)); then
+      mv "$SCRATCH/cache.tar.gz" "$OUT/cache.tar.gz"
+      say "cache.tar.gz: every cache, compiled kernels included, $((size / 1024)) KiB"
+    else
+      say "the whole cache is $((size / 1024 / 1024)) MiB packed, over 15 MiB: only the autotune results came back"
+    fi
+  else
+    say "packing the compiled kernels did not end in ${left}s: only the autotune results came back"
   fi
-  mv "$SCRATCH/cache.tar.gz" "$OUT/cache.tar.gz"
-  say "cache.tar.gz: $1, $((size / 1024)) KiB ($(files_in "$CACHE_ROOT/$1") files)"
-}
-pack_cache . || { [[ -d $CACHE_ROOT/resnet50 ]] && pack_cache resnet50; }
+fi
 rm -rf "$SCRATCH"
 say "done in $((SECONDS - T0))s, exit $status"
 exec >&- 2>&-
