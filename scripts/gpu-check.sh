@@ -317,11 +317,24 @@ def tunings(root, out):
         return d["secs"] * 1e6 + d["nanos"] / 1e3 if isinstance(d, dict) else None
     def short(key):
         k = key.get("key", key)
+        # Keys that are plain structs: named by what they hold.
+        for field, op in (("matmul_key", "FusedMatmul"), ("reduce_key", "FusedReduce"),
+                          ("definition", "Matmul"), ("elem_input", "Reduce")):
+            if isinstance(k, dict) and field in k:
+                inner = {"Matmul": lambda: k["definition"],
+                         "FusedMatmul": lambda: k["matmul_key"].get("definition", {}),
+                         "FusedReduce": lambda: k["reduce_key"]}.get(op, lambda: k)()
+                keep = ("m", "n", "k", "axis_is_contiguous", "vector_size", "vector_count",
+                        "reduce_axis_shape", "reduce_count")
+                fields = ",".join(f"{a}={b}" for a, b in inner.items() if a in keep)
+                return op, (fields or json.dumps(k, separators=(",", ":")))[:160]
         if isinstance(k, dict) and len(k) == 1:
             (op, v), = k.items()
             if isinstance(v, dict):
+                skip = ("dtype", "groups", "dilation", "has_bias") + tuple(
+                    a for a in v if a.endswith("_align"))
                 fields = ",".join(f"{a}={json.dumps(b, separators=(',', ':'))}" for a, b in v.items()
-                                  if a not in ("dtype",) and b not in (None, [], {}))
+                                  if a not in skip and b not in (None, [], {}))
                 return op, fields[:160]
             return op, json.dumps(v)[:160]
         return "?", json.dumps(k)[:160]
