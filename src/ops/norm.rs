@@ -151,32 +151,51 @@ fn tensor<B: Backend, const D: usize>(t: FloatTensor<B>) -> Tensor<B, D> {
     Tensor::from_primitive(TensorPrimitive::Float(t))
 }
 
-/// Per-channel helpers on `[n·c, h·w]` rows.
-struct Rows {
-    n: usize,
-    c: usize,
+/// Per-channel helpers on the activation seen as `[n, c, h·w]`: a view whether the tensor
+/// is contiguous or channels-last in memory (as a CubeCL convolution leaves it), where the
+/// rows form `[n·c, h·w]` this replaced had to copy a channels-last one. Per-channel values
+/// are `[1, c, 1]` tensors that broadcast, which Burn's fusion takes into its element-wise
+/// kernels, instead of `repeat_dim` copies. The rows form launched about 24 kernels per
+/// batch norm on an H200, most of them outside fusion (BENCHMARKS.md, "GPU (CUDA)").
+struct Channels {
+    dims: [usize; 4],
+    /// Values per channel: `n·h·w`.
     m: f64,
 }
 
-impl Rows {
+impl Channels {
     fn of(dims: [usize; 4]) -> Self {
-        let [n, c, h, w] = dims;
-        Rows {
-            n,
-            c,
+        let [n, _, h, w] = dims;
+        Channels {
+            dims,
             m: (n * h * w) as f64,
         }
     }
 
-    fn sum<B: Backend>(&self, t: Tensor<B, 2>) -> Tensor<B, 1> {
-        let (n, c) = (self.n, self.c);
-        t.sum_dim(1).reshape([n, c]).sum_dim(0).reshape([c])
+    /// `[n, c, h, w]` as `[n, c, h·w]`.
+    fn view<B: Backend>(&self, t: FloatTensor<B>) -> Tensor<B, 3> {
+        let [n, c, h, w] = self.dims;
+        tensor::<B, 4>(t).reshape([n, c, h * w])
     }
 
-    /// A per-channel value on every row.
-    fn spread<B: Backend>(&self, t: Tensor<B, 1>) -> Tensor<B, 2> {
-        let (n, c) = (self.n, self.c);
-        t.reshape([1, c]).repeat_dim(0, n).reshape([n * c, 1])
+    /// Back to `[n, c, h, w]`.
+    fn unview<B: Backend>(&self, t: Tensor<B, 3>) -> FloatTensor<B> {
+        t.reshape(self.dims).into_primitive().tensor()
+    }
+
+    /// Σ over batch and space: `[1, c, 1]`.
+    fn sum<B: Backend>(&self, t: Tensor<B, 3>) -> Tensor<B, 3> {
+        t.sum_dim(2).sum_dim(0)
+    }
+
+    /// A `[c]` vector as `[1, c, 1]`, to broadcast.
+    fn wide<B: Backend>(&self, t: FloatTensor<B>) -> Tensor<B, 3> {
+        tensor::<B, 1>(t).reshape([1, self.dims[1], 1])
+    }
+
+    /// A `[1, c, 1]` value as the `[c]` vector the callers keep.
+    fn narrow<B: Backend>(&self, t: Tensor<B, 3>) -> FloatTensor<B> {
+        t.reshape([self.dims[1]]).into_primitive().tensor()
     }
 }
 
@@ -228,21 +247,14 @@ fn composed_forward<B: Backend>(
     beta: FloatTensor<B>,
     eps: f64,
 ) -> (FloatTensor<B>, FloatTensor<B>, FloatTensor<B>) {
-    let x: Tensor<B, 4> = tensor(x);
-    let dims = x.dims();
-    let r = Rows::of(dims);
-    let x2 = x.reshape([r.n * r.c, dims[2] * dims[3]]);
-    let mean = r.sum(x2.clone()) / r.m;
-    let centered = x2 - r.spread(mean.clone());
-    let var = r.sum(centered.clone().square()) / r.m;
-    let scale = tensor::<B, 1>(gamma) * (var.clone() + eps).sqrt().recip();
-    let out = centered * r.spread(scale) + r.spread(tensor(beta));
-    let prim = |t: Tensor<B, 1>| t.into_primitive().tensor();
-    (
-        out.reshape(dims).into_primitive().tensor(),
-        prim(mean),
-        prim(var),
-    )
+    let ch = Channels::of(tensor::<B, 4>(x.clone()).dims());
+    let x = ch.view::<B>(x);
+    let mean = ch.sum(x.clone()) / ch.m;
+    let centered = x - mean.clone();
+    let var = ch.sum(centered.clone().square()) / ch.m;
+    let scale = ch.wide::<B>(gamma) * (var.clone() + eps).sqrt().recip();
+    let out = centered * scale + ch.wide::<B>(beta);
+    (ch.unview(out), ch.narrow(mean), ch.narrow(var))
 }
 
 fn composed_backward<B: Backend>(
@@ -252,23 +264,15 @@ fn composed_backward<B: Backend>(
     eps: f64,
     dy: FloatTensor<B>,
 ) -> (FloatTensor<B>, FloatTensor<B>, FloatTensor<B>) {
-    let x: Tensor<B, 4> = tensor(x);
-    let dims = x.dims();
-    let r = Rows::of(dims);
-    let flat = [r.n * r.c, dims[2] * dims[3]];
-    let dy = tensor::<B, 4>(dy).reshape(flat);
-    let invstd = (tensor::<B, 1>(var) + eps).sqrt().recip();
-    let x_hat = (x.reshape(flat) - r.spread(tensor(mean))) * r.spread(invstd.clone());
-    let d_beta = r.sum(dy.clone());
-    let d_gamma = r.sum(dy.clone() * x_hat.clone());
-    let k = r.spread(tensor::<B, 1>(gamma) * invstd / r.m);
-    let dx = k * (dy * r.m - r.spread(d_beta.clone()) - x_hat * r.spread(d_gamma.clone()));
-    let prim = |t: Tensor<B, 1>| t.into_primitive().tensor();
-    (
-        dx.reshape(dims).into_primitive().tensor(),
-        prim(d_gamma),
-        prim(d_beta),
-    )
+    let ch = Channels::of(tensor::<B, 4>(x.clone()).dims());
+    let (x, dy) = (ch.view::<B>(x), ch.view::<B>(dy));
+    let invstd = (ch.wide::<B>(var) + eps).sqrt().recip();
+    let x_hat = (x - ch.wide::<B>(mean)) * invstd.clone();
+    let d_beta = ch.sum(dy.clone());
+    let d_gamma = ch.sum(dy.clone() * x_hat.clone());
+    let k = ch.wide::<B>(gamma) * invstd / ch.m;
+    let dx = k * (dy * ch.m - d_beta.clone() - x_hat * d_gamma.clone());
+    (ch.unview(dx), ch.narrow(d_gamma), ch.narrow(d_beta))
 }
 
 impl NormBackend for Flex {
@@ -807,6 +811,40 @@ mod tests {
             assert!(worst(&grads.2, &expected.2) < 1e-4, "{dims:?}: dbeta");
         }
     }
+
+    /// The composed form reads a channels-last activation (a `[n, h, w, c]` buffer seen as
+    /// `[n, c, h, w]`, as CubeCL's convolutions leave it) as it reads a contiguous one.
+    #[test]
+    fn composed_form_takes_a_channels_last_activation() {
+        let dims = [3, 4, 5, 6];
+        let x = flex(&dims, Distribution::Normal(1.0, 2.0));
+        let gamma = flex(&[4], Distribution::Uniform(0.5, 1.5));
+        let beta = flex(&[4], Distribution::Default);
+        let dy = flex(&dims, Distribution::Default);
+        let nchw: Tensor<Flex, 4> = tensor(x.clone());
+        let nhwc = Tensor::<Flex, 4>::from_data(
+            nchw.permute([0, 2, 3, 1]).into_data(),
+            &Default::default(),
+        );
+        let strided = nhwc.permute([0, 3, 1, 2]).into_primitive().tensor();
+        let a = composed_forward::<Flex>(x.clone(), gamma.clone(), beta.clone(), 1e-5);
+        let b = composed_forward::<Flex>(strided.clone(), gamma.clone(), beta, 1e-5);
+        for (i, name) in ["output", "mean", "variance"].iter().enumerate() {
+            let (p, q) = [(&a.0, &b.0), (&a.1, &b.1), (&a.2, &b.2)][i];
+            assert!(worst(p, q) < 1e-5, "{name}");
+        }
+        let ga = composed_backward::<Flex>(
+            x,
+            gamma.clone(),
+            (a.1.clone(), a.2.clone()),
+            1e-5,
+            dy.clone(),
+        );
+        let gb = composed_backward::<Flex>(strided, gamma, (a.1, a.2), 1e-5, dy);
+        assert!(worst(&ga.0, &gb.0) < 1e-5, "dx");
+        assert!(worst(&ga.1, &gb.1) < 1e-4, "dgamma");
+        assert!(worst(&ga.2, &gb.2) < 1e-4, "dbeta");
+    }
 }
 
 #[cfg(test)]
@@ -949,21 +987,45 @@ mod wgpu_tests {
 
     type Plain = burn_cubecl::CubeBackend<cubecl::wgpu::WgpuRuntime, f32, i32, u32>;
 
-    /// out, mean, var, dx, dγ, dβ of `sum(batch_norm(x) * dy)`.
-    fn run<B: TrainBackend>(x: &TensorData, g: &TensorData, dy: &TensorData) -> Vec<Vec<f32>> {
+    /// out, mean, var, dx, dγ, dβ of `sum(batch_norm(x) * dy)`. `channels_last`: `x` is
+    /// held as `[n, h, w, c]` in memory and permuted to `[n, c, h, w]`, as a CubeCL
+    /// convolution's output is.
+    fn run<B: TrainBackend>(
+        x: &TensorData,
+        g: &TensorData,
+        dy: &TensorData,
+        channels_last: bool,
+    ) -> Vec<Vec<f32>> {
         let device = Default::default();
-        let x = Tensor::<B, 4>::from_data(x.clone(), &device).require_grad();
+        let leaf = if channels_last {
+            let nchw = Tensor::<B, 4>::from_data(x.clone(), &device);
+            let nhwc = Tensor::<B, 4>::from_data(nchw.permute([0, 2, 3, 1]).into_data(), &device);
+            nhwc.require_grad()
+        } else {
+            Tensor::<B, 4>::from_data(x.clone(), &device).require_grad()
+        };
+        let x = if channels_last {
+            leaf.clone().permute([0, 3, 1, 2])
+        } else {
+            leaf.clone()
+        };
         let gamma = Tensor::<B, 1>::from_data(g.clone(), &device).require_grad();
         let beta = Tensor::<B, 1>::zeros([g.shape[0]], &device).require_grad();
         let dy = Tensor::<B, 4>::from_data(dy.clone(), &device);
-        let (out, mean, var) = batch_norm_train(x.clone(), gamma.clone(), beta.clone(), 1e-5);
+        let (out, mean, var) = batch_norm_train(x, gamma.clone(), beta.clone(), 1e-5);
         let grads = (out.clone() * dy).sum().backward();
         let v = |d: TensorData| d.to_vec::<f32>().unwrap();
+        let dx = leaf.grad(&grads).unwrap();
+        let dx = if channels_last {
+            dx.permute([0, 3, 1, 2])
+        } else {
+            dx
+        };
         vec![
             v(out.into_data()),
             v(mean.into_data()),
             v(var.into_data()),
-            v(x.grad(&grads).unwrap().into_data()),
+            v(dx.into_data()),
             v(gamma.grad(&grads).unwrap().into_data()),
             v(beta.grad(&grads).unwrap().into_data()),
         ]
@@ -982,10 +1044,21 @@ mod wgpu_tests {
             let x = random(dims.clone(), Distribution::Normal(1.0, 2.0));
             let g = random(vec![dims[1]], Distribution::Uniform(0.5, 1.5));
             let dy = random(dims.clone(), Distribution::Default);
-            let want = run::<Autodiff<Flex>>(&x, &g, &dy);
+            let want = run::<Autodiff<Flex>>(&x, &g, &dy, false);
             let got = [
-                ("fused", run::<Autodiff<burn::backend::Wgpu>>(&x, &g, &dy)),
-                ("plain", run::<Autodiff<Plain>>(&x, &g, &dy)),
+                (
+                    "fused",
+                    run::<Autodiff<burn::backend::Wgpu>>(&x, &g, &dy, false),
+                ),
+                ("plain", run::<Autodiff<Plain>>(&x, &g, &dy, false)),
+                (
+                    "fused, channels-last",
+                    run::<Autodiff<burn::backend::Wgpu>>(&x, &g, &dy, true),
+                ),
+                (
+                    "plain, channels-last",
+                    run::<Autodiff<Plain>>(&x, &g, &dy, true),
+                ),
             ];
             let names = ["output", "mean", "variance", "dx", "dgamma", "dbeta"];
             for (backend, got) in got {
