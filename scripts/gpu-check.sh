@@ -111,7 +111,6 @@ ROWS="article/default article/tuned_loader article/cleanup_every_step article/em
 compares() { for r in $ROWS; do printf 'compare:%s ' "$r"; done; }
 NVML_OFF=runner:article/default,profile.sample_ms=0
 POOL_OFF=runner:article/default,profile.memory=false
-IGEMM=backend.conv=implicit_gemm
 # tuned_loader without pinned memory: on CubeCL each pinned batch is a blocking request to
 # the device thread from a loader worker (cubecl-runtime's `staging`), which this isolates.
 UNPINNED=compare:article/tuned_loader,loader.pin_memory=false
