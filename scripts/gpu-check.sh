@@ -37,9 +37,10 @@
 #                 a cold start compiles on one CPU thread with the GPU nearly idle, so six
 #                 cost the call one cold start's time. Their ms/iter is not a steady state.
 #   warm:ARCH     the warm run of startup:ARCH alone.
-# The default PLAN (see PLAN= below): the cold starts together, then one at a time the
-# headline ratio (article/default), the article's other rows and resnet50_accum beside
-# PyTorch, article/default without the NVML sampler and then without the per-step pool
+# The default PLAN (see PLAN= below): the cold starts together (those of three other
+# backend.conv_kernel values among them), then one at a time the headline ratio
+# (article/default), the article's other rows and resnet50_accum beside PyTorch,
+# article/default with each of those conv kernels, article/default without the NVML sampler and then without the per-step pool
 # reading (profile.memory=false: each one's cost per step, against the runs with both on),
 # the kernels table, the warm starts, fusion off, gc, tuned_loader without pinned memory,
 # losses read every 10 steps, and a second repeat of the two headline rows. A step whose
@@ -126,8 +127,15 @@ ACCUM=compare:resnet50_accum,run.early_stop.patience=1000
 # every candidate's time in them) and without fusion, and the three smaller models. Then,
 # one at a time, what needs the GPU to itself: the headline ratio first, the article's
 # other rows and resnet50_accum, the two A/Bs, the kernels, the warm starts, the rest.
-COLDS="cold:resnet50+cold:resnet50,backend.conv=autotune+cold:resnet50,backend.fusion=false+cold:mlp+cold:small_cnn+cold:resnet18"
-PLAN=${PLAN-together:$COLDS compare:article/default compare:article/tuned_loader compare:article/cleanup_every_step compare:article/empty_cache_every_step $ACCUM $NVML_OFF $POOL_OFF kernels:article/default warm:mlp warm:small_cnn warm:resnet18 runner:article/default,backend.fusion=false gc $UNPINNED $FEWER_SYNCS compare:article/default compare:article/tuned_loader}
+# backend.conv_kernel: CubeCL's other implicit-GEMM convolutions (TMA loads, warp
+# specialisation), which Burn's implicit GEMM (simple_sync_cyclic: 58% of a ResNet-50 step
+# on 2026-12-04) leaves out: compiled cold beside the others, then a warm run of each on
+# article/default (the rows to set against compare:article/default's runner row).
+KERNELS="specialized_tma simple_async_tma specialized_async_cyclic"
+kernel_colds() { for k in $KERNELS; do printf '+cold:resnet50,backend.conv_kernel=%s' "$k"; done; }
+kernel_rows() { for k in $KERNELS; do printf 'runner:article/default,backend.conv_kernel=%s ' "$k"; done; }
+COLDS="cold:resnet50+cold:resnet50,backend.conv=autotune+cold:resnet50,backend.fusion=false+cold:mlp+cold:small_cnn+cold:resnet18$(kernel_colds)"
+PLAN=${PLAN-together:$COLDS compare:article/default compare:article/tuned_loader compare:article/cleanup_every_step compare:article/empty_cache_every_step $ACCUM $(kernel_rows)$NVML_OFF $POOL_OFF kernels:article/default warm:mlp warm:small_cnn warm:resnet18 runner:article/default,backend.fusion=false gc $UNPINNED $FEWER_SYNCS compare:article/default compare:article/tuned_loader}
 KERNEL_STEPS=${KERNEL_STEPS:-10}
 MAX_STEPS=${MAX_STEPS:-80}
 WARMUP=${WARMUP:-20}

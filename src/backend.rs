@@ -26,7 +26,7 @@ pub fn dispatch<J: Job>(device: Device, kernels: &KernelPlan, job: J) -> Result<
         }
         #[cfg(feature = "cuda")]
         Device::Cuda(i) => {
-            crate::ops::conv_cube::set(kernels.conv);
+            crate::ops::conv_cube::set(kernels);
             if kernels.fusion {
                 Ok(job.run::<CudaBackend>(cuda_device(i), cuda_memory_fused))
             } else {
@@ -40,7 +40,7 @@ pub fn dispatch<J: Job>(device: Device, kernels: &KernelPlan, job: J) -> Result<
         }
         #[cfg(feature = "wgpu")]
         Device::Wgpu(target) => {
-            crate::ops::conv_cube::set(kernels.conv);
+            crate::ops::conv_cube::set(kernels);
             let device = wgpu_device(target);
             // Validation found the adapter; cubecl-wgpu still panics if it is gone since, or
             // if it refuses a device (on its device thread: the cause is among the panics
@@ -210,9 +210,9 @@ pub fn describe(device: Device, kernels: &crate::plan::KernelPlan) -> (String, S
 /// `cuda (fusion, autotune balanced, conv autotune)`: a CubeCL backend and the
 /// `[backend]` settings that change its kernels (the default `conv` left out).
 fn cube_label(runtime: &str, kernels: &KernelPlan) -> String {
-    let conv = match kernels.conv {
-        crate::recipe::ConvAlgo::ImplicitGemm => String::new(),
-        c => format!(", conv {}", c.name()),
+    let conv = match kernels.conv_name() {
+        c if c == "implicit_gemm" => String::new(),
+        c => format!(", conv {c}"),
     };
     format!(
         "{runtime} ({}autotune {}{conv})",
@@ -431,6 +431,8 @@ mod wgpu_tests {
             autotune: crate::recipe::AutotuneLevel::Balanced,
             fusion: false,
             conv: crate::recipe::ConvAlgo::Autotune,
+            conv_kernel: crate::recipe::ConvKernel::SimpleSyncCyclic,
+            conv_tile: crate::recipe::ConvTile::Cmma,
             cache_dir: None,
         };
         let missing = WgpuTarget {

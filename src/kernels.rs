@@ -234,7 +234,8 @@ pub struct KernelSettings {
     pub cache: CacheDir,
     pub autotune: String,
     pub fusion: bool,
-    /// `backend.conv`: `autotune` or `implicit_gemm`.
+    /// `backend.conv`: `autotune` or `implicit_gemm`, with `backend.conv_kernel` and
+    /// `conv_tile` where they are not Burn's own (`KernelPlan::conv_name`).
     pub conv: String,
     /// False on the CPU backend, which compiles nothing at run time.
     pub used: bool,
@@ -254,14 +255,14 @@ pub fn configure_cubecl(plan: &KernelPlan) -> Result<KernelSettings, String> {
         cache: cache_dir(plan.cache_dir.as_deref(), |k| std::env::var_os(k)),
         autotune: plan.autotune.name().into(),
         fusion: plan.fusion,
-        conv: plan.conv.name().into(),
+        conv: plan.conv_name(),
         used: true,
         notes: vec![],
     };
     if let Some(first) = APPLIED.get() {
         let mut s = first.clone();
         s.fusion = plan.fusion;
-        s.conv = plan.conv.name().into();
+        s.conv = plan.conv_name();
         if (s.cache.requested(), &s.autotune) != (wanted.cache.requested(), &wanted.autotune) {
             s.notes.push(format!(
                 "CubeCL was already configured in this process (cache {}, autotune {}); run cells that differ in backend.cache_dir or backend.autotune as separate processes (--cell N)",
@@ -292,7 +293,7 @@ pub fn cpu_settings(plan: &KernelPlan) -> KernelSettings {
         cache: cache_dir(plan.cache_dir.as_deref(), |k| std::env::var_os(k)),
         autotune: plan.autotune.name().into(),
         fusion: plan.fusion,
-        conv: plan.conv.name().into(),
+        conv: plan.conv_name(),
         used: false,
         notes: vec![],
     }

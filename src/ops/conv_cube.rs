@@ -12,10 +12,14 @@
 //! so the runner calls them itself: on the plain CubeCL backend directly, and through a
 //! custom fusion operation on the fused one (Burn's own `conv2d` there would call the
 //! inner backend's default again).
+//!
+//! `backend.conv_kernel`/`conv_tile` name another of CubeCL's implicit-GEMM kernels than
+//! the one Burn's `ImplicitGemm` calls (`simple_sync_cyclic` on `cmma`); Burn 0.21 keeps
+//! the others private, so the runner launches them through `cubek` as Burn's own launch
+//! functions do (`launch_named`). A pass one refuses takes Burn's, then autotune.
 
 use std::collections::HashSet;
 use std::marker::PhantomData;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 
 use burn::tensor::ops::conv::calculate_conv_output_size;
@@ -27,30 +31,68 @@ use burn_cubecl::kernel::conv::{
     conv_data_backward, conv_forward, conv_transpose2d, conv_weight_backward, ConvStrategy,
     ConvTranspose2dStrategy,
 };
+use burn_cubecl::ops::numeric::empty_device_dtype;
+use burn_cubecl::ops::{permute_nchw_to_nhwc, permute_nchw_to_nhwc_shape, permute_nhwc_to_nchw};
+use burn_cubecl::tensor::CubeTensor;
 use burn_cubecl::{BoolElement, CubeBackend, CubeRuntime};
 use burn_fusion::stream::{Operation, OperationStreams};
 use burn_fusion::{Fusion, FusionBackend, FusionRuntime};
 use burn_ir::{CustomOpIr, HandleContainer, OperationIr, OperationOutput, TensorIr};
 
+use cubek::convolution::{
+    AcceleratedTileKind, ConvAlgorithm, ConvolutionArgs, ConvolutionInputs, Strategy,
+};
+use cubek::matmul::definition::{MatmulElems, MatmulGlobalElems};
+use cubek::std::InputBinding;
+
 use super::ConvBackend;
-use crate::recipe::ConvAlgo;
+use crate::plan::KernelPlan;
+use crate::recipe::{ConvAlgo, ConvKernel, ConvTile};
 
 /// The float32 backends the runner builds on a CubeCL runtime.
 type Cube<R, BT> = CubeBackend<R, f32, i32, BT>;
 
-static IMPLICIT_GEMM: AtomicBool = AtomicBool::new(false);
-
-/// Sets `backend.conv` for the convolutions queued from now on (each run sets its own).
-pub fn set(algo: ConvAlgo) {
-    IMPLICIT_GEMM.store(algo == ConvAlgo::ImplicitGemm, Ordering::Relaxed);
+/// `backend.conv`, `conv_kernel` and `conv_tile` of the run that queues convolutions now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+struct Choice {
+    algo: ConvAlgo,
+    kernel: ConvKernel,
+    tile: ConvTile,
 }
 
-fn current() -> ConvAlgo {
-    if IMPLICIT_GEMM.load(Ordering::Relaxed) {
-        ConvAlgo::ImplicitGemm
-    } else {
-        ConvAlgo::Autotune
+impl Choice {
+    /// Burn's own implicit GEMM (`ConvStrategy::ImplicitGemm`).
+    const BURNS: (ConvKernel, ConvTile) = (ConvKernel::SimpleSyncCyclic, ConvTile::Cmma);
+
+    /// The kernel to launch by name, where it is not Burn's own.
+    fn named(self) -> Option<(ConvKernel, ConvTile)> {
+        (self.algo == ConvAlgo::ImplicitGemm && (self.kernel, self.tile) != Self::BURNS)
+            .then_some((self.kernel, self.tile))
     }
+}
+
+static CHOICE: Mutex<Choice> = Mutex::new(Choice {
+    algo: ConvAlgo::Autotune,
+    kernel: ConvKernel::SimpleSyncCyclic,
+    tile: ConvTile::Cmma,
+});
+
+/// Sets `backend.conv` (and its kernel) for the convolutions queued from now on (each run
+/// sets its own).
+pub fn set(kernels: &KernelPlan) {
+    set_choice(Choice {
+        algo: kernels.conv,
+        kernel: kernels.conv_kernel,
+        tile: kernels.conv_tile,
+    });
+}
+
+fn set_choice(c: Choice) {
+    *CHOICE.lock().unwrap_or_else(|e| e.into_inner()) = c;
+}
+
+fn current() -> Choice {
+    *CHOICE.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -70,10 +112,12 @@ impl Pass {
     }
 }
 
-/// A convolution as the implicit GEMM sees it: the pass, both operands' shapes, the options.
-/// Plain arrays: it is built for every convolution of every step under `implicit_gemm`.
+/// A convolution as an implicit GEMM sees it: the pass, the kernel, both operands' shapes,
+/// the options. Plain arrays: it is built for every convolution of every step under
+/// `implicit_gemm`.
 type Key = (
     Pass,
+    (ConvKernel, ConvTile),
     [usize; 4],
     [usize; 4],
     [usize; 2],
@@ -82,9 +126,16 @@ type Key = (
     usize,
 );
 
-fn key(pass: Pass, x: &Shape, w: &Shape, o: &ConvOptions<2>) -> Key {
+fn key(
+    pass: Pass,
+    kernel: (ConvKernel, ConvTile),
+    x: &Shape,
+    w: &Shape,
+    o: &ConvOptions<2>,
+) -> Key {
     (
         pass,
+        kernel,
         x.dims(),
         w.dims(),
         o.stride,
@@ -115,51 +166,192 @@ fn seen<T>(f: impl FnOnce(&mut Seen) -> T) -> Option<T> {
 
 /// Records a refusal; the first shape refused for a reason is said on stderr, with the
 /// reason (a GPU without tensor cores would otherwise print a line per layer). The run goes
-/// on, on Burn's autotune.
+/// on, on Burn's implicit GEMM after a named kernel, else on Burn's autotune.
 fn refuse(k: Key, why: &dyn std::fmt::Debug) {
+    let (kernel, tile) = k.1;
+    let (what, next) = if k.1 == Choice::BURNS {
+        ("backend.conv = \"implicit_gemm\"".to_string(), "autotune")
+    } else {
+        (
+            format!(
+                "backend.conv_kernel = \"{}\" (conv_tile \"{}\")",
+                kernel.name(),
+                tile.name()
+            ),
+            "simple_sync_cyclic (then autotune)",
+        )
+    };
     let reason = format!("{why:?}");
-    let say = seen(|s| s.refused.insert(k) && s.reasons.insert(reason.clone()));
+    let said = format!("{what}: {reason}");
+    let say = seen(|s| s.refused.insert(k) && s.reasons.insert(said));
     if say == Some(true) {
         crate::errln!(
-            "runner: backend.conv = \"implicit_gemm\" cannot take the {} of a convolution of {:?} by {:?} (stride {:?}, padding {:?}): {}; autotune takes it, and any other shape refused for this reason",
+            "runner: {what} cannot take the {} of a convolution of {:?} by {:?} (stride {:?}, padding {:?}): {}; {next} takes it, and any other shape refused for this reason",
             k.0.name(),
-            k.1,
             k.2,
             k.3,
             k.4,
+            k.5,
             reason.trim()
         );
     }
 }
 
-/// The implicit GEMM's kernel for `pass`, or `None` where it refuses the shape. The
-/// operands are cheap handles, cloned so a refusal leaves them for the fallback.
+/// CubeCL's strategy for a named kernel.
+fn strategy(kernel: ConvKernel, tile: ConvTile) -> Strategy {
+    let algorithm = match kernel {
+        ConvKernel::SimpleSyncCyclic => ConvAlgorithm::SimpleSyncCyclic,
+        ConvKernel::SimpleSyncStrided => ConvAlgorithm::SimpleSyncStrided,
+        ConvKernel::SimpleSyncTilewise => ConvAlgorithm::SimpleSyncTilewise,
+        ConvKernel::SimpleAsyncCyclic => ConvAlgorithm::SimpleAsyncCyclic,
+        ConvKernel::SimpleAsyncStrided => ConvAlgorithm::SimpleAsyncStrided,
+        ConvKernel::SimpleAsyncTma => ConvAlgorithm::SimpleAsyncTma,
+        ConvKernel::SpecializedAsyncCyclic => ConvAlgorithm::SpecializedAsyncCyclic,
+        ConvKernel::SpecializedAsyncStrided => ConvAlgorithm::SpecializedAsyncStrided,
+        ConvKernel::SpecializedTma => ConvAlgorithm::SpecializedTma,
+    };
+    let tile_kind = match tile {
+        ConvTile::Cmma => AcceleratedTileKind::Cmma,
+        ConvTile::Mma => AcceleratedTileKind::Mma,
+    };
+    Strategy::Inferred {
+        algorithm,
+        tile_kind,
+    }
+}
+
+/// `pass` through the named kernel, as Burn's `conv_forward`, `conv_data_backward` and
+/// `conv_weight_backward` launch theirs: the operands as channels-last views, the result
+/// allocated channels-last and returned as an NCHW view of it. `x` gives the input's shape
+/// to the input gradient. Errors are the refusals (set-up checks; a launch failure comes at
+/// the next flush, as for Burn's).
+fn launch_named<R: CubeRuntime>(
+    pass: Pass,
+    strategy: &Strategy,
+    x: CubeTensor<R>,
+    weight: CubeTensor<R>,
+    output_grad: Option<CubeTensor<R>>,
+    options: &ConvOptions<2>,
+) -> Result<CubeTensor<R>, String> {
+    if options.groups != 1 {
+        return Err(format!("groups = {}", options.groups));
+    }
+    let args = ConvolutionArgs {
+        stride: options.stride,
+        padding: options.padding,
+        dilation: options.dilation,
+    };
+    let client = x.client.clone();
+    let device = x.device.clone();
+    let dtype = x.dtype;
+    let dtypes = MatmulElems::from_globals(&MatmulGlobalElems {
+        lhs: dtype.into(),
+        rhs: dtype.into(),
+        out: dtype.into(),
+    });
+    let bind = |t: CubeTensor<R>| {
+        let d = t.dtype;
+        InputBinding::new(t.binding(), d.into())
+    };
+    let launch = |inputs| {
+        cubek::convolution::launch_ref::<R, 2>(strategy, &client, inputs, args, dtypes)
+            .map_err(|e| format!("{e:?}"))
+    };
+    let out = match (pass, output_grad) {
+        (Pass::Forward, _) => {
+            let size = |i: usize| {
+                calculate_conv_output_size(
+                    weight.shape()[2 + i],
+                    options.stride[i],
+                    options.padding[i],
+                    options.dilation[i],
+                    x.shape()[2 + i],
+                )
+            };
+            let shape = Shape::new([x.shape()[0], size(0), size(1), weight.shape()[0]]);
+            let out = empty_device_dtype(client.clone(), device, shape, dtype);
+            launch(ConvolutionInputs::Forward {
+                input: bind(permute_nchw_to_nhwc(x)),
+                weight: bind(permute_nchw_to_nhwc(weight)),
+                bias: None,
+                out: out.clone().binding(),
+            })?;
+            out
+        }
+        (Pass::InputGrad, Some(dy)) => {
+            if options.stride.iter().any(|&s| s != 1) {
+                // As Burn's launch refuses it (the kernel assumes stride 1).
+                return Err(format!(
+                    "stride {:?} (its input gradient takes stride 1)",
+                    options.stride
+                ));
+            }
+            let shape = permute_nchw_to_nhwc_shape(x.shape());
+            let dx = empty_device_dtype(client.clone(), device, shape, dtype);
+            launch(ConvolutionInputs::BackwardData {
+                out_grad: bind(permute_nchw_to_nhwc(dy)),
+                weights: bind(permute_nchw_to_nhwc(weight)),
+                in_grad: dx.clone().binding(),
+            })?;
+            dx
+        }
+        (Pass::WeightGrad, Some(dy)) => {
+            let shape = permute_nchw_to_nhwc_shape(weight.shape());
+            let dw = empty_device_dtype(client.clone(), device, shape, dtype);
+            launch(ConvolutionInputs::BackwardWeight {
+                input: bind(permute_nchw_to_nhwc(x)),
+                out_grad: bind(permute_nchw_to_nhwc(dy)),
+                weight_grad: dw.clone().binding(),
+            })?;
+            dw
+        }
+        (_, None) => return Err("a gradient pass without its output gradient".into()),
+    };
+    Ok(permute_nhwc_to_nchw(out))
+}
+
+/// An implicit GEMM's kernel for `pass`: the named one, else (`None`) Burn's own; `None`
+/// back where it refuses the shape. The operands are cheap handles, cloned so a refusal
+/// leaves them for the fallback.
 fn try_gemm<R: CubeRuntime, BT: BoolElement>(
     pass: Pass,
+    named: Option<(ConvKernel, ConvTile)>,
     x: &FloatTensor<Cube<R, BT>>,
     weight: &FloatTensor<Cube<R, BT>>,
     output_grad: Option<&FloatTensor<Cube<R, BT>>>,
     options: &ConvOptions<2>,
 ) -> Option<FloatTensor<Cube<R, BT>>> {
-    let k = key(pass, &x.shape(), &weight.shape(), options);
+    let kernel = named.unwrap_or(Choice::BURNS);
+    let k = key(pass, kernel, &x.shape(), &weight.shape(), options);
     if seen(|s| s.refused.contains(&k)).unwrap_or(true) {
         return None;
     }
     let (o, s) = (options.clone(), ConvStrategy::ImplicitGemm);
-    let out = match (pass, output_grad) {
-        (Pass::Forward, _) => conv_forward::<R, 2>(x.clone(), weight.clone(), None, o, s),
-        (Pass::InputGrad, Some(dy)) => {
+    let out = match (named, pass, output_grad) {
+        (Some((kernel, tile)), _, dy) => launch_named::<R>(
+            pass,
+            &strategy(kernel, tile),
+            x.clone(),
+            weight.clone(),
+            dy.cloned(),
+            options,
+        ),
+        (None, Pass::Forward, _) => conv_forward::<R, 2>(x.clone(), weight.clone(), None, o, s)
+            .map_err(|e| format!("{e:?}")),
+        (None, Pass::InputGrad, Some(dy)) => {
             conv_data_backward::<R, 2>(dy.clone(), weight.clone(), x.shape(), o, s)
+                .map_err(|e| format!("{e:?}"))
         }
-        (Pass::WeightGrad, Some(dy)) => {
+        (None, Pass::WeightGrad, Some(dy)) => {
             conv_weight_backward::<R, 2>(x.clone(), dy.clone(), weight.shape(), o, s)
+                .map_err(|e| format!("{e:?}"))
         }
         _ => return None,
     };
     let out = match out {
         Ok(out) => out,
         Err(e) => {
-            refuse(k, &e);
+            refuse(k, &format_args!("{e}"));
             return None;
         }
     };
@@ -232,7 +424,7 @@ fn input_grad_col2im<R: CubeRuntime, BT: BoolElement>(
 /// the two gradients.
 fn run_pass<R: CubeRuntime, BT: BoolElement>(
     pass: Pass,
-    algo: ConvAlgo,
+    choice: Choice,
     x: FloatTensor<Cube<R, BT>>,
     weight: FloatTensor<Cube<R, BT>>,
     output_grad: Option<FloatTensor<Cube<R, BT>>>,
@@ -248,8 +440,14 @@ fn run_pass<R: CubeRuntime, BT: BoolElement>(
             }
         }
     }
-    if algo == ConvAlgo::ImplicitGemm {
-        if let Some(out) = try_gemm::<R, BT>(pass, &x, &weight, output_grad.as_ref(), &options) {
+    if choice.algo == ConvAlgo::ImplicitGemm {
+        let dy = output_grad.as_ref();
+        if let Some(named) = choice.named() {
+            if let Some(out) = try_gemm::<R, BT>(pass, Some(named), &x, &weight, dy, &options) {
+                return out;
+            }
+        }
+        if let Some(out) = try_gemm::<R, BT>(pass, None, &x, &weight, dy, &options) {
             return out;
         }
     }
@@ -310,7 +508,7 @@ impl<R: CubeRuntime, BT: BoolElement> ConvBackend for Cube<R, BT> {
 struct FusedConv<R, BT> {
     desc: CustomOpIr,
     pass: Pass,
-    algo: ConvAlgo,
+    choice: Choice,
     options: ConvOptions<2>,
     _b: PhantomData<(R, BT)>,
 }
@@ -331,7 +529,7 @@ impl<R: CubeRuntime, BT: BoolElement> Operation<<Cube<R, BT> as FusionBackend>::
             .get(2)
             .map(|t| handles.get_float_tensor::<Cube<R, BT>>(t));
         let o = self.options.clone();
-        let out = run_pass::<R, BT>(self.pass, self.algo, x, weight, dy, o);
+        let out = run_pass::<R, BT>(self.pass, self.choice, x, weight, dy, o);
         handles.register_float_tensor::<Cube<R, BT>>(&self.desc.outputs[0].id, out);
     }
 }
@@ -370,8 +568,8 @@ fn fused<R: CubeRuntime, BT: BoolElement>(
     let mut inputs = vec![x.into_ir(), weight.into_ir()];
     inputs.extend(output_grad.map(|dy| dy.into_ir()));
     let out = TensorIr::uninit(client.create_empty_handle(), shape, dtype);
-    let algo = current();
-    let id = match (pass, algo) {
+    let choice = current();
+    let id = match (pass, choice.algo) {
         (Pass::Forward, ConvAlgo::Autotune) => "runner_conv2d_forward_autotune",
         (Pass::Forward, ConvAlgo::ImplicitGemm) => "runner_conv2d_forward_implicit_gemm",
         (Pass::InputGrad, ConvAlgo::Autotune) => "runner_conv2d_input_grad_autotune",
@@ -383,7 +581,7 @@ fn fused<R: CubeRuntime, BT: BoolElement>(
     let op = FusedConv::<R, BT> {
         desc: desc.clone(),
         pass,
-        algo,
+        choice,
         options,
         _b: PhantomData,
     };
@@ -398,7 +596,7 @@ impl<R: CubeRuntime, BT: BoolElement> ConvBackend for Fusion<Cube<R, BT>> {
         weight: FloatTensor<Self>,
         options: ConvOptions<2>,
     ) -> FloatTensor<Self> {
-        if current() == ConvAlgo::Autotune {
+        if current().algo == ConvAlgo::Autotune {
             return Self::conv2d(x, weight, None, options);
         }
         fused::<R, BT>(Pass::Forward, x, weight, None, options)
@@ -410,7 +608,9 @@ impl<R: CubeRuntime, BT: BoolElement> ConvBackend for Fusion<Cube<R, BT>> {
         output_grad: FloatTensor<Self>,
         options: ConvOptions<2>,
     ) -> FloatTensor<Self> {
-        if current() == ConvAlgo::Autotune && !direct_transpose_is_wrong(&weight.shape, &options) {
+        if current().algo == ConvAlgo::Autotune
+            && !direct_transpose_is_wrong(&weight.shape, &options)
+        {
             return Self::conv2d_x_backward(x, weight, output_grad, options);
         }
         fused::<R, BT>(Pass::InputGrad, x, weight, Some(output_grad), options)
@@ -422,7 +622,7 @@ impl<R: CubeRuntime, BT: BoolElement> ConvBackend for Fusion<Cube<R, BT>> {
         output_grad: FloatTensor<Self>,
         options: ConvOptions<2>,
     ) -> FloatTensor<Self> {
-        if current() == ConvAlgo::Autotune {
+        if current().algo == ConvAlgo::Autotune {
             return Self::conv2d_weight_backward(x, weight, output_grad, options);
         }
         fused::<R, BT>(Pass::WeightGrad, x, weight, Some(output_grad), options)
@@ -587,12 +787,22 @@ mod tests {
                 let want = reference(&x, &w, &dy, stride, padding);
                 let cpu = conv_and_grads::<Autodiff<Flex>>(&x, &w, &dy, &options);
                 let mut results = vec![("cpu".to_string(), cpu)];
-                for algo in [ConvAlgo::Autotune, ConvAlgo::ImplicitGemm] {
-                    set(algo);
+                let choices = [
+                    (ConvAlgo::Autotune, Choice::BURNS),
+                    (ConvAlgo::ImplicitGemm, Choice::BURNS),
+                    // A named kernel: lavapipe refuses it too, so this runs its fallbacks.
+                    (
+                        ConvAlgo::ImplicitGemm,
+                        (ConvKernel::SpecializedTma, ConvTile::Mma),
+                    ),
+                ];
+                for (algo, (kernel, tile)) in choices {
+                    set_choice(Choice { algo, kernel, tile });
+                    let name = format!("{algo:?} {kernel:?} {tile:?}");
                     let fused = conv_and_grads::<Autodiff<Wgpu>>(&x, &w, &dy, &options);
-                    results.push((format!("fused {algo:?}"), fused));
+                    results.push((format!("fused {name}"), fused));
                     let plain = conv_and_grads::<Autodiff<WgpuPlain>>(&x, &w, &dy, &options);
-                    results.push((format!("plain {algo:?}"), plain));
+                    results.push((format!("plain {name}"), plain));
                 }
                 for (backend, got) in results {
                     for (i, what) in ["output", "input gradient", "weight gradient"]
@@ -617,7 +827,11 @@ mod tests {
                 }
             }
         }
-        set(ConvAlgo::Autotune);
+        set_choice(Choice {
+            algo: ConvAlgo::Autotune,
+            kernel: ConvKernel::SimpleSyncCyclic,
+            tile: ConvTile::Cmma,
+        });
         assert!(failures.is_empty(), "{}", failures.join("\n"));
     }
 }

@@ -149,6 +149,22 @@ impl<'a> Validator<'a> {
 
     pub(super) fn kernels(&mut self) -> KernelPlan {
         let b = self.recipe().backend.clone();
+        if b.conv == ConvAlgo::Autotune {
+            let set = [
+                (
+                    "backend.conv_kernel",
+                    b.conv_kernel != ConvKernel::SimpleSyncCyclic,
+                ),
+                ("backend.conv_tile", b.conv_tile != ConvTile::Cmma),
+            ];
+            if let Some((key, _)) = set.into_iter().find(|(_, set)| *set) {
+                self.warn(
+                    key,
+                    "is used only with backend.conv = \"implicit_gemm\"; with \"autotune\" each convolution shape runs the kernel tuned for it",
+                    "set backend.conv = \"implicit_gemm\" to run the kernel named, or leave the key out",
+                );
+            }
+        }
         let cache_dir = b.cache_dir.as_ref().and_then(|d| {
             if d.trim().is_empty() {
                 self.err(
@@ -174,6 +190,8 @@ impl<'a> Validator<'a> {
             autotune: b.autotune,
             fusion: b.fusion,
             conv: b.conv,
+            conv_kernel: b.conv_kernel,
+            conv_tile: b.conv_tile,
             cache_dir,
         }
     }

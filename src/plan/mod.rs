@@ -19,8 +19,8 @@ use std::path::{Path, PathBuf};
 use crate::data::cifar;
 use crate::policy::CleanupPolicy;
 use crate::recipe::{
-    Arch, AutotuneLevel, BackendKind, CleanupAction, ConvAlgo, DataFormat, Diagnostic, Diagnostics,
-    EvalWhen, Every, Loaded, OptimizerKind, Recipe, Schedule, Stem,
+    Arch, AutotuneLevel, BackendKind, CleanupAction, ConvAlgo, ConvKernel, ConvTile, DataFormat,
+    Diagnostic, Diagnostics, EvalWhen, Every, Loaded, OptimizerKind, Recipe, Schedule, Stem,
 };
 
 /// Most CPU threads a recipe may ask for (rayon cannot start many more).
@@ -187,8 +187,22 @@ pub struct KernelPlan {
     pub autotune: AutotuneLevel,
     pub fusion: bool,
     pub conv: ConvAlgo,
+    pub conv_kernel: ConvKernel,
+    pub conv_tile: ConvTile,
     /// `backend.cache_dir`, absolute; `None`: the per-user default (see `kernels::cache_dir`).
     pub cache_dir: Option<PathBuf>,
+}
+
+impl KernelPlan {
+    /// `backend.conv` as the run records it: `autotune`, `implicit_gemm` (with Burn's own
+    /// kernel), or `implicit_gemm <kernel>_<tile>` for another `conv_kernel`/`conv_tile`.
+    pub fn conv_name(&self) -> String {
+        match (self.conv, self.conv_kernel, self.conv_tile) {
+            (ConvAlgo::ImplicitGemm, ConvKernel::SimpleSyncCyclic, ConvTile::Cmma)
+            | (ConvAlgo::Autotune, _, _) => self.conv.name().into(),
+            (c, k, t) => format!("{} {}_{}", c.name(), k.name(), t.name()),
+        }
+    }
 }
 
 impl Plan {

@@ -68,6 +68,21 @@ pub struct BackendSection {
     /// after a cold start with it, and had not come after 520 s with `autotune`. Ignored
     /// by the CPU backend (its convolution is the runner's own).
     pub conv: ConvAlgo,
+    /// CUDA, with `conv = "implicit_gemm"`: which of CubeCL's implicit-GEMM convolution
+    /// kernels runs every pass, by its name in CubeCL:
+    /// `simple_sync_cyclic` (Burn's own choice), `simple_sync_strided`,
+    /// `simple_sync_tilewise`, `simple_async_cyclic`, `simple_async_strided`,
+    /// `simple_async_tma`, `specialized_async_cyclic`, `specialized_async_strided` or
+    /// `specialized_tma` (`tma`: loads by the Tensor Memory Accelerator, Hopper and later;
+    /// `async`: loads overlap the math; `specialized`: load and compute warps apart). A pass
+    /// the kernel refuses (CubeCL has no TMA input gradient) takes `simple_sync_cyclic`,
+    /// and a shape that refuses too takes `autotune`; the first refusal of each kind is said
+    /// on stderr. Default `simple_sync_cyclic`.
+    pub conv_kernel: ConvKernel,
+    /// CUDA, with `conv = "implicit_gemm"`: the tensor-core instruction of `conv_kernel`:
+    /// `cmma` (warp-wide matrix fragments, Burn's own choice) or `mma` (PTX `mma.sync`
+    /// tiles). Default `cmma`.
+    pub conv_tile: ConvTile,
     /// Where compiled kernels and autotune results are kept between runs (relative to
     /// this file). Default: `$RUNNER_CACHE_DIR`, else `$XDG_CACHE_HOME/runner`, else
     /// `~/.cache/runner`. Safe to share between concurrent runs (a Slurm array).
@@ -84,6 +99,8 @@ impl Default for BackendSection {
             autotune: AutotuneLevel::Balanced,
             fusion: true,
             conv: ConvAlgo::ImplicitGemm,
+            conv_kernel: ConvKernel::SimpleSyncCyclic,
+            conv_tile: ConvTile::Cmma,
             cache_dir: None,
         }
     }
@@ -123,6 +140,67 @@ impl ConvAlgo {
         match self {
             Self::Autotune => "autotune",
             Self::ImplicitGemm => "implicit_gemm",
+        }
+    }
+}
+
+/// CubeCL's implicit-GEMM convolution kernels (`backend.conv_kernel`), named as CubeCL
+/// names them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum ConvKernel {
+    SimpleSyncCyclic,
+    SimpleSyncStrided,
+    SimpleSyncTilewise,
+    SimpleAsyncCyclic,
+    SimpleAsyncStrided,
+    SimpleAsyncTma,
+    SpecializedAsyncCyclic,
+    SpecializedAsyncStrided,
+    SpecializedTma,
+}
+
+impl ConvKernel {
+    pub const ALL: [ConvKernel; 9] = [
+        Self::SimpleSyncCyclic,
+        Self::SimpleSyncStrided,
+        Self::SimpleSyncTilewise,
+        Self::SimpleAsyncCyclic,
+        Self::SimpleAsyncStrided,
+        Self::SimpleAsyncTma,
+        Self::SpecializedAsyncCyclic,
+        Self::SpecializedAsyncStrided,
+        Self::SpecializedTma,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::SimpleSyncCyclic => "simple_sync_cyclic",
+            Self::SimpleSyncStrided => "simple_sync_strided",
+            Self::SimpleSyncTilewise => "simple_sync_tilewise",
+            Self::SimpleAsyncCyclic => "simple_async_cyclic",
+            Self::SimpleAsyncStrided => "simple_async_strided",
+            Self::SimpleAsyncTma => "simple_async_tma",
+            Self::SpecializedAsyncCyclic => "specialized_async_cyclic",
+            Self::SpecializedAsyncStrided => "specialized_async_strided",
+            Self::SpecializedTma => "specialized_tma",
+        }
+    }
+}
+
+/// The tensor-core instruction of an implicit-GEMM convolution (`backend.conv_tile`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum ConvTile {
+    Cmma,
+    Mma,
+}
+
+impl ConvTile {
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Cmma => "cmma",
+            Self::Mma => "mma",
         }
     }
 }

@@ -10,8 +10,9 @@ use crate::common::{expect_exit, is_root, json, my_uid, runner_cmd, tempdir};
 /// wgpu` (`.ci/run` installs Mesa's Vulkan driver). A cold run compiles and tunes, says so
 /// while it does and learns; a second run with the same cache tunes nothing (the results
 /// are loaded); `runner warmup` leaves a run nothing to tune, evaluation included; and
-/// `backend.conv = "implicit_gemm"` runs, its refusals (no tensor cores here) said and
-/// taken by autotune, to the same numbers.
+/// `backend.conv = "implicit_gemm"` with a named `conv_kernel` runs, its refusals (no
+/// tensor cores here) said and taken by Burn's implicit GEMM, then autotune, to the same
+/// numbers.
 #[test]
 fn wgpu_cubecl_caches_warmup_and_implicit_gemm_on_software_vulkan() {
     let dir = tempdir("wgpu");
@@ -82,10 +83,20 @@ fn wgpu_cubecl_caches_warmup_and_implicit_gemm_on_software_vulkan() {
         cold["startup_s"], warm["startup_s"]
     );
 
-    // The fallback of every refused implicit-GEMM shape is autotune's kernel: with the
-    // tuning results of the runs above, the same numbers.
-    let (igemm, env, stderr) = run("a", &["backend.conv=\"implicit_gemm\""]);
-    assert_eq!(env["kernels"]["conv"], "implicit_gemm");
+    // A named implicit-GEMM kernel, refused here (no tensor cores), falls back to Burn's,
+    // refused too, and that to autotune's kernel: with the tuning results of the runs
+    // above, the same numbers; each refusal said, the kernel recorded.
+    let named = [
+        "backend.conv=\"implicit_gemm\"",
+        "backend.conv_kernel=\"specialized_tma\"",
+    ];
+    let (igemm, env, stderr) = run("a", &named);
+    assert_eq!(env["kernels"]["conv"], "implicit_gemm specialized_tma_cmma");
+    assert!(
+        stderr
+            .contains("backend.conv_kernel = \"specialized_tma\" (conv_tile \"cmma\") cannot take"),
+        "{stderr}"
+    );
     assert!(
         stderr.contains("backend.conv = \"implicit_gemm\" cannot take"),
         "{stderr}"
