@@ -53,6 +53,13 @@ enum Command {
         /// Only the summary line of each recipe.
         #[arg(short, long)]
         quiet: bool,
+        /// Warm up to N kernel families at once, each in a process of its own (a family:
+        /// the plans of one model, data and batch size, which share most kernels). A cold
+        /// start keeps one CPU core busy and the GPU nearly idle, so families of a grid
+        /// warm side by side in about the time of the slowest; each process holds its own
+        /// GPU memory.
+        #[arg(short, long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..))]
+        jobs: u16,
     },
     /// Continue an interrupted run in its own directory from its latest checkpoint: the
     /// same batches the uninterrupted run would have seen, metrics without a gap.
@@ -171,7 +178,7 @@ fn main() -> ExitCode {
         Some(Command::Sweep(args)) if args.slurm => slurm(&args),
         Some(Command::Sweep(args)) => run_all(&args.run),
         Some(Command::Validate(args)) => printed(validate(&args)),
-        Some(Command::Warmup { check, quiet }) => warmup(&check, quiet),
+        Some(Command::Warmup { check, quiet, jobs }) => warmup(&check, quiet, jobs.into()),
         Some(Command::Resume { run_dir, quiet }) => resume(&run_dir, quiet),
         Some(Command::Eval {
             run_dir,

@@ -521,39 +521,75 @@ fn autotune_conflict(all: &[Checked], sel: Selection) -> Option<String> {
 /// Set in the processes `warmup` starts, one for each of the recipes' CubeCL settings:
 /// the index of the one that process warms.
 const WARMUP_GROUP: &str = "RUNNER_WARMUP_GROUP";
+/// Set in the processes `warmup --jobs` starts beside each other: `K/N`, the process warms
+/// the kernel families (`train::kernel_family`) of its group whose index is K modulo N.
+const WARMUP_PART: &str = "RUNNER_WARMUP_PART";
 
-pub(crate) fn warmup(args: &CheckArgs, quiet: bool) -> ExitCode {
+/// One process `warmup` starts: the CubeCL group it warms (`None`: the only one) and its
+/// part of that group's kernel families.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct WarmupTask {
+    group: Option<usize>,
+    part: (usize, usize),
+}
+
+pub(crate) fn warmup(args: &CheckArgs, quiet: bool, jobs: usize) -> ExitCode {
     let machine = runner::backend::probe();
     let Some(checked) = check_all(args, &machine) else {
         return ExitCode::from(2);
     };
+    let plans: Vec<&Plan> = checked.iter().flat_map(|c| &c.plans).collect();
     // What CubeCL takes once per process: one process for each setting the plans ask for
     // (cells warmed under another cell's level or into its cache directory would compile
     // again when they run).
     let mut groups = vec![];
-    for p in checked.iter().flat_map(|c| &c.plans) {
+    for p in &plans {
         if let Some(g) = p.cubecl_once() {
             if !groups.contains(&g) {
                 groups.push(g);
             }
         }
     }
-    let only = std::env::var(WARMUP_GROUP)
-        .ok()
-        .and_then(|g| g.parse::<usize>().ok());
-    if groups.len() > 1 && only.is_none() {
-        return warmup_each_group(groups.len(), quiet);
+    // The group of each plan: CPU plans go with the first.
+    let group_of = |p: &Plan| {
+        p.cubecl_once()
+            .and_then(|g| groups.iter().position(|h| *h == g))
+            .unwrap_or(0)
+    };
+    // Each group's kernel families, in the order the recipes give them: plans of one
+    // family share most kernels, so they are warmed in one process, one after another.
+    let mut families: Vec<Vec<String>> = vec![vec![]; groups.len().max(1)];
+    for p in &plans {
+        let f = runner::train::kernel_family(p);
+        let list = &mut families[group_of(p)];
+        if !list.contains(&f) {
+            list.push(f);
+        }
+    }
+    let env = |k: &str| std::env::var(k).ok();
+    let only = env(WARMUP_GROUP).and_then(|g| g.parse::<usize>().ok());
+    let part = env(WARMUP_PART).and_then(|p| {
+        let (k, n) = p.split_once('/')?;
+        Some((k.parse::<usize>().ok()?, n.parse::<usize>().ok()?))
+    });
+    if only.is_none() && part.is_none() {
+        let tasks = warmup_tasks(&families, groups.len() > 1, jobs);
+        if tasks.len() > 1 {
+            return warmup_in_processes(&tasks, families.iter().map(Vec::len).sum(), jobs, quiet);
+        }
     }
     let mut seen = std::collections::HashSet::new();
     let mut code = ExitCode::SUCCESS;
-    for p in checked.iter().flat_map(|c| &c.plans) {
-        // In a process warming one group, that group's plans (and the CPU ones in the first).
-        let mine = match (only, p.cubecl_once()) {
-            (Some(k), Some(g)) => groups.get(k) == Some(&g),
-            (Some(k), None) => k == 0,
-            (None, _) => true,
-        };
-        if !mine || !seen.insert(runner::train::kernel_signature(p)) {
+    for p in plans {
+        // In a process warming one group, that group's plans (and the CPU ones in the
+        // first); in one warming a part, that part's families.
+        let g = group_of(p);
+        let in_group = only.is_none_or(|k| k == g);
+        let in_part = part.is_none_or(|(k, n)| {
+            let f = runner::train::kernel_family(p);
+            families[g].iter().position(|x| *x == f).unwrap_or(0) % n.max(1) == k
+        });
+        if !in_group || !in_part || !seen.insert(runner::train::kernel_signature(p)) {
             continue;
         }
         let (backend, _) = runner::backend::describe(p.device, &p.kernels);
@@ -595,13 +631,51 @@ pub(crate) fn warmup(args: &CheckArgs, quiet: bool) -> ExitCode {
     code
 }
 
-/// `runner warmup` again, once for each of `n` CubeCL settings in turn (see `warmup`); the
-/// worst exit code.
-fn warmup_each_group(n: usize, quiet: bool) -> ExitCode {
+/// The processes a warm-up needs: one per CubeCL group where there are several
+/// (`separate_groups`), each group's kernel families split over up to `jobs` processes.
+/// A single task is this process's own work.
+fn warmup_tasks(families: &[Vec<String>], separate_groups: bool, jobs: usize) -> Vec<WarmupTask> {
+    let mut tasks = vec![];
+    for (g, list) in families.iter().enumerate() {
+        let n = jobs.min(list.len()).max(1);
+        for k in 0..n {
+            tasks.push(WarmupTask {
+                group: separate_groups.then_some(g),
+                part: (k, n),
+            });
+        }
+    }
+    tasks
+}
+
+/// `runner warmup` again, once per task, up to `jobs` at a time; the worst exit code.
+/// With one at a time a task's output is its own (the terminal's progress display
+/// included); with several, every line goes through this process whole, so lines of
+/// different processes never mix, and each child, writing to a pipe, reports its start-up
+/// a line at a time.
+fn warmup_in_processes(
+    tasks: &[WarmupTask],
+    families: usize,
+    jobs: usize,
+    quiet: bool,
+) -> ExitCode {
+    let groups = tasks
+        .iter()
+        .filter_map(|t| t.group)
+        .max()
+        .map_or(1, |g| g + 1);
     if !quiet {
-        runner::errln!(
-            "note: the recipes ask for {n} different CubeCL settings (backend.autotune, backend.cache_dir), which CubeCL takes once per process: each is warmed in a process of its own"
-        );
+        if groups > 1 {
+            runner::errln!(
+                "note: the recipes ask for {groups} different CubeCL settings (backend.autotune, backend.cache_dir), which CubeCL takes once per process: each is warmed in a process of its own"
+            );
+        }
+        if jobs > 1 {
+            runner::errln!(
+                "note: {families} kernel families (model, data and batch size; the plans of one share most kernels) in {} processes, up to {jobs} at a time",
+                tasks.len()
+            );
+        }
     }
     let exe = match std::env::current_exe() {
         Ok(exe) => exe,
@@ -610,22 +684,87 @@ fn warmup_each_group(n: usize, quiet: bool) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    let start = |t: &WarmupTask| {
+        let mut cmd = std::process::Command::new(&exe);
+        cmd.args(std::env::args_os().skip(1))
+            .env(WARMUP_PART, format!("{}/{}", t.part.0, t.part.1));
+        if let Some(g) = t.group {
+            cmd.env(WARMUP_GROUP, g.to_string());
+        }
+        if jobs > 1 {
+            cmd.stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped());
+        }
+        cmd.spawn().map_err(|e| {
+            runner::errln!("error: cannot start {}: {e}", exe.display());
+        })
+    };
+    let code_of = |status: std::io::Result<std::process::ExitStatus>| match status {
+        Ok(s) => s.code().map_or(1, |c| c.clamp(0, 255) as u8),
+        Err(e) => {
+            runner::errln!("error: waiting for a warm-up process: {e}");
+            1
+        }
+    };
     let mut worst = 0u8;
-    for k in 0..n {
-        let status = std::process::Command::new(&exe)
-            .args(std::env::args_os().skip(1))
-            .env(WARMUP_GROUP, k.to_string())
-            .status();
-        let code = match status {
-            Ok(s) => s.code().map_or(1, |c| c.clamp(0, 255) as u8),
-            Err(e) => {
-                runner::errln!("error: cannot start {}: {e}", exe.display());
-                1
+    let mut queue = tasks.iter();
+    let mut running = vec![];
+    loop {
+        while running.len() < jobs.max(1) {
+            let Some(t) = queue.next() else { break };
+            match start(t) {
+                Ok(mut child) => {
+                    let forward = [
+                        child.stdout.take().map(|o| forward_lines(o, false)),
+                        child.stderr.take().map(|e| forward_lines(e, true)),
+                    ];
+                    running.push((child, forward));
+                }
+                Err(()) => worst = worst.max(1),
             }
-        };
-        worst = worst.max(code);
+        }
+        if running.is_empty() {
+            break;
+        }
+        let mut i = 0;
+        while i < running.len() {
+            let (child, _) = &mut running[i];
+            match child.try_wait() {
+                Ok(None) => i += 1,
+                done => {
+                    let (mut child, forward) = running.swap_remove(i);
+                    let status = match done {
+                        Ok(Some(s)) => Ok(s),
+                        _ => child.wait(),
+                    };
+                    for f in forward.into_iter().flatten() {
+                        let _ = f.join();
+                    }
+                    worst = worst.max(code_of(status));
+                }
+            }
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
     }
     ExitCode::from(worst)
+}
+
+/// A thread that copies `from` to this process's stdout (or stderr), a whole line at a time.
+fn forward_lines(
+    from: impl std::io::Read + Send + 'static,
+    to_stderr: bool,
+) -> std::thread::JoinHandle<()> {
+    std::thread::spawn(move || {
+        use std::io::BufRead;
+        for line in std::io::BufReader::new(from).lines() {
+            let Ok(line) = line else { break };
+            if to_stderr {
+                runner::errln!("{line}");
+            } else {
+                runner::outln!("{line}");
+            }
+        }
+    })
 }
 
 pub(crate) fn slurm(args: &SweepArgs) -> ExitCode {

@@ -15,7 +15,7 @@ pub use eval::evaluate_weights;
 use eval::{eval_batches, evaluate};
 pub use optim::{clip_grad_norm, loss_config, Accumulation, Optim};
 use trainer::Trainer;
-pub use warmup::{epochs_reached, kernel_signature, warm_up, Warmed};
+pub use warmup::{epochs_reached, kernel_family, kernel_signature, warm_up, Warmed};
 
 use std::sync::Arc;
 use std::time::Instant;

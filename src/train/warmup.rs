@@ -49,6 +49,17 @@ fn run_batches<'a>(plan: &Plan, train: &'a Dataset) -> impl Iterator<Item = Vec<
     })
 }
 
+/// Plans that share most of their kernels: the same device and kernel settings, model,
+/// data and batch size (they may differ in the optimizer, the cleanup actions,
+/// accumulation or evaluation). `runner warmup --jobs` warms a family in one process, so
+/// its later plans find the first one's kernels compiled.
+pub fn kernel_family(p: &Plan) -> String {
+    format!(
+        "{:?}|{:?}|{:?}|{:?}|{}",
+        p.device, p.kernels, p.model, p.data, p.loader.batch_size
+    )
+}
+
 /// What decides the kernels a plan compiles and tunes: plans equal in this warm up once.
 /// Text batches take their lengths from the order and the epochs the run reaches. It
 /// names what `warm_up` (below) reads from the plan: a setting that comes to change the

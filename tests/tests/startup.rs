@@ -110,6 +110,37 @@ fn warmup_runs_every_shape_once_and_creates_no_run() {
         !dir.join("runs").exists(),
         "warmup of a grid wrote sweep state"
     );
+    // With --jobs the families (here the two batch sizes; the learning rates share their
+    // kernels) warm in processes side by side: the same lines, each whole, one per
+    // family, in whatever order they end; the processes said on stderr.
+    let out = runner_cmd()
+        .args(["warmup", "--jobs", "3"])
+        .arg(&grid)
+        .output()
+        .unwrap();
+    expect_exit(&out, 0);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let mut lines: Vec<&str> = stdout.lines().collect();
+    lines.sort();
+    assert_eq!(lines.len(), 2, "{stdout}");
+    assert!(
+        lines[0].starts_with("grid/optim.lr=0.1,batch_size=16: warmed up on flex (cpu)")
+            && lines[1].starts_with("grid/optim.lr=0.1,batch_size=32: warmed up on flex (cpu)"),
+        "{stdout}"
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("note: 2 kernel families (model, data and batch size; the plans of one share most kernels) in 2 processes, up to 3 at a time"),
+        "{stderr}"
+    );
+    assert!(!dir.join("runs").exists(), "warmup --jobs created a run");
+    // --jobs 0 is a usage error.
+    let out = runner_cmd()
+        .args(["warmup", "--jobs", "0"])
+        .arg(&grid)
+        .output()
+        .unwrap();
+    expect_exit(&out, 2);
     // Label smoothing on or off, clipping on or off run different kernels; the clipping
     // norm itself does not.
     for (sweep, lines) in [
