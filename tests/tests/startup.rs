@@ -77,6 +77,30 @@ fn a_run_records_its_startup_and_where_kernels_are_cached() {
         !root().join("from-key").exists(),
         "a CPU run creates no cache"
     );
+
+    // A named convolution kernel is recorded with its tile, as the run would use it on
+    // CUDA, and kept in the resolved recipe.
+    let out = runner_cmd()
+        .arg(&recipe)
+        .args(["-q", "--set", "backend.conv_kernel=\"simple_async_tma\""])
+        .args(["--set", "backend.conv_tile=\"mma\""])
+        .env("RUNNER_CACHE_DIR", dir.join("kc"))
+        .output()
+        .unwrap();
+    expect_exit(&out, 0);
+    let latest = std::fs::read_dir(dir.join("runs/startup"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .max()
+        .unwrap();
+    let env = json(&latest.join("env.json"));
+    assert_eq!(env["kernels"]["conv"], "implicit_gemm simple_async_tma_mma");
+    let resolved = std::fs::read_to_string(latest.join("recipe.toml")).unwrap();
+    assert!(
+        resolved.contains("conv_kernel = \"simple_async_tma\"")
+            && resolved.contains("conv_tile = \"mma\""),
+        "{resolved}"
+    );
 }
 
 #[test]
