@@ -57,6 +57,10 @@
 #   here:    cargo build --release --features cuda
 #            mkdir -p .device && strip -o .device/runner target/release/runner
 #            xz -9 -f .device/runner                           # -> .device/runner.xz
+#            and, to check every backend.conv_kernel against the definition there:
+#            cargo test --release --features cuda --lib --no-run   # prints its path
+#            strip -o .device/runner-tests target/release/deps/runner-<hash>
+#            xz -9 -f .device/runner-tests                     # -> .device/runner-tests.xz
 #            .device/ (and .runner-cache/) must be listed in .gitignore, so the binary is
 #            never committed; an ignored folder travels only when named: carry [".device"]
 #   device:  run(command="BUDGET=550 bash scripts/gpu-check.sh .device/runner.xz",
@@ -88,7 +92,8 @@
 # torch); RUNNER_CACHE_DIR (default $PWD/.runner-cache: one kernel cache per model.arch
 # below it); CACHE_IN (a cache.tar.gz unpacked into it first); FRESH_CACHE=1 (empty it
 # first); EXTRA_SETS (more KEY=VALUE overrides for every run, space-separated, e.g.
-# "loader.batch_size=8").
+# "loader.batch_size=8"); TESTS (the CUDA unit-test binary, default runner-tests.xz beside
+# the runner: its conv-kernel check runs in the background on CUDA; T_SELFTEST, 200 s).
 #
 # $OUT (the device tool brings back 8 files at most; this makes 7 with one kernels step
 # that ran, 8 with two): log.txt (everything, nvidia-smi and versions first),
@@ -404,6 +409,7 @@ py() { python3 "$HELPER" "$@"; }
 
 # --- the binary ---
 BIN=${1:-target/release/runner}
+TESTS=${TESTS-$(dirname "$BIN")/runner-tests.xz}
 if [[ ! -f $BIN ]]; then
   say "no runner binary at $BIN (see the header: build, strip, xz)"
   exit 2
@@ -416,6 +422,26 @@ if [[ $BIN == *.xz ]]; then
 fi
 BIN=$(realpath "$BIN")
 chmod +x "$BIN" 2>/dev/null
+
+# --- the named convolution kernels against the definition, in the background ---
+# With the runner's CUDA unit-test binary beside the runner (TESTS; see the header), its
+# check of every backend.conv_kernel (src/ops/conv_cube.rs) runs while the cold starts
+# compile (the GPU is nearly idle then): which passes each kernel ran and its worst error,
+# so a kernel that computes wrong is known before its speed is read.
+SELFTEST_PID=
+if [[ $DEVICE == cuda && -f $TESTS ]]; then
+  mkdir -p "$SCRATCH/bin"
+  if py unxz "$TESTS" "$SCRATCH/bin/runner-tests"; then
+    chmod +x "$SCRATCH/bin/runner-tests"
+    say "selftest: the conv kernels against the definition, in the background ($TESTS)"
+    (cd "$SCRATCH" && timeout "${T_SELFTEST:-200}" "$SCRATCH/bin/runner-tests" \
+      cuda_named --nocapture --test-threads=1 > "$SCRATCH/selftest.txt" 2>&1
+     echo "exit $?" >> "$SCRATCH/selftest.txt") &
+    SELFTEST_PID=$!
+  else
+    say "selftest: cannot unpack $TESTS; the conv kernels are not checked"
+  fi
+fi
 
 # --- the kernel caches: one per model.arch under CACHE_ROOT ---
 [[ ${FRESH_CACHE:-0} == 1 ]] && find "$CACHE_ROOT" -mindepth 1 -delete
@@ -743,6 +769,18 @@ say "runs.tar.gz: $(du -h "$OUT/runs.tar.gz" | cut -f1)"
 # fits in 15 MiB. Both calls of 2026-12-04 ran out of time packing ~5,000 kernel files
 # with nothing sent back, which lost 150 tuned ResNet-50 shapes.
 py tunings "$CACHE_ROOT" "$TABLE"
+if [[ -n $SELFTEST_PID ]]; then
+  wait "$SELFTEST_PID"
+  {
+    echo
+    echo "## backend.conv_kernel against the definition (the CUDA unit test, fused and plain)"
+    echo
+    echo '```'
+    grep -E '^conv kernel|off by|panicked|^test result|^exit' "$SCRATCH/selftest.txt" | head -n 80
+    echo '```'
+  } >> "$TABLE"
+  say "selftest: $(grep -c '^conv kernel' "$SCRATCH/selftest.txt") kernels checked, $(tail -n 1 "$SCRATCH/selftest.txt")"
+fi
 tail -n +1 "$TABLE" | sed -n '/^## Autotune results/,$p' | head -n 60
 (cd "$CACHE_ROOT" && find . -path '*autotune*' -type f -print0 |
   tar --null -T - -czf "$OUT/cache.tar.gz") 2> /dev/null &&

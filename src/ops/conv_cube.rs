@@ -634,7 +634,12 @@ impl<R: CubeRuntime, BT: BoolElement> ConvBackend for Fusion<Cube<R, BT>> {
 /// CUDA runs (the custom fusion op, Burn's kernel functions, the fallback of a refused
 /// shape: lavapipe has no tensor cores, so the implicit GEMM refuses every shape) on a
 /// machine without a GPU; `cargo test --release --features wgpu` (see `.ci/run`).
-#[cfg(all(test, feature = "wgpu"))]
+///
+/// On CUDA (`cargo test --release --features cuda --lib -- cuda_`, on a machine with a
+/// GPU; `scripts/gpu-check.sh` runs it when given the test binary): every named kernel
+/// against the definition, which shows a kernel that computes wrong before its speed is
+/// read.
+#[cfg(all(test, any(feature = "wgpu", feature = "cuda")))]
 mod tests {
     use burn::backend::{Autodiff, Flex};
     use burn::tensor::{Distribution, Tensor, TensorData};
@@ -642,7 +647,9 @@ mod tests {
     use super::*;
     use crate::ops::{conv2d, TrainBackend};
 
+    #[cfg(feature = "wgpu")]
     type Wgpu = burn::backend::Wgpu;
+    #[cfg(feature = "wgpu")]
     type WgpuPlain = CubeBackend<cubecl::wgpu::WgpuRuntime, f32, i32, u32>;
 
     /// (output, dx, dw) of `sum(conv2d(x, w) * dy)`.
@@ -719,6 +726,7 @@ mod tests {
         [y, dx, dw]
     }
 
+    #[cfg(feature = "wgpu")]
     /// The premise of `run_pass`'s col2im route: Burn 0.21's direct transposed convolution
     /// returns zeros where `direct_transpose_is_wrong` says, and col2im is right. When a
     /// Burn upgrade fixes the kernel this fails, and the route can go.
@@ -763,6 +771,7 @@ mod tests {
         );
     }
 
+    #[cfg(feature = "wgpu")]
     #[test]
     fn cubecl_convolution_matches_the_definition_fused_or_not_with_either_strategy() {
         // (x, weight, stride, padding): a 3×3 stride 1, a strided 3×3 (its input gradient
@@ -826,6 +835,118 @@ mod tests {
                     }
                 }
             }
+        }
+        set_choice(Choice {
+            algo: ConvAlgo::Autotune,
+            kernel: ConvKernel::SimpleSyncCyclic,
+            tile: ConvTile::Cmma,
+        });
+        assert!(failures.is_empty(), "{}", failures.join("\n"));
+    }
+
+    /// Every named kernel on CUDA (on CMMA tiles; `RUNNER_TEST_CONV_KERNELS` picks others,
+    /// e.g. `specialized_tma,simple_async_tma:mma`), fused and plain, against the
+    /// definition on ResNet's shapes: a 3×3 stride 1, a 1×1, a 3×3 stride 2. Says for each
+    /// which passes ran on the kernel and which it refused (Burn's kernel or autotune took
+    /// those). TF32 tensor cores round the operands to 10 bits of mantissa, so the bound is
+    /// 1% of the magnitude; a kernel that computes wrong is off by about 100%. Without a
+    /// CUDA device it says so and passes.
+    #[cfg(feature = "cuda")]
+    #[test]
+    fn cuda_named_convolution_kernels_match_the_definition() {
+        type Cuda = burn::backend::Cuda;
+        type CudaPlain = CubeBackend<cubecl::cuda::CudaRuntime, f32, i32, u8>;
+        if !crate::backend::cuda_devices().is_ok_and(|d| !d.is_empty()) {
+            eprintln!("no CUDA device here: the named kernels are not checked");
+            return;
+        }
+        let kernels: Vec<(ConvKernel, ConvTile)> = match std::env::var("RUNNER_TEST_CONV_KERNELS") {
+            Ok(list) => list
+                .split(',')
+                .map(|item| {
+                    let (name, tile) = item.trim().split_once(':').unwrap_or((item.trim(), "cmma"));
+                    let kernel = ConvKernel::ALL
+                        .into_iter()
+                        .find(|k| k.name() == name)
+                        .unwrap_or_else(|| panic!("RUNNER_TEST_CONV_KERNELS: no kernel {name}"));
+                    let tile = if tile == "mma" {
+                        ConvTile::Mma
+                    } else {
+                        ConvTile::Cmma
+                    };
+                    (kernel, tile)
+                })
+                .collect(),
+            Err(_) => ConvKernel::ALL
+                .into_iter()
+                .map(|k| (k, ConvTile::Cmma))
+                .collect(),
+        };
+        let cases = [
+            ([4, 64, 8, 8], [64, 64, 3, 3], 1, 1),
+            ([4, 64, 8, 8], [128, 64, 1, 1], 1, 0),
+            ([4, 64, 8, 8], [128, 64, 3, 3], 2, 1),
+        ];
+        let inputs: Vec<_> = cases
+            .iter()
+            .map(|&(xs, ws, stride, padding)| {
+                let (x, w) = (random(xs), random(ws));
+                let size = |i: usize| (xs[i] + 2 * padding - ws[i]) / stride + 1;
+                let dy = random([xs[0], ws[0], size(2), size(3)]);
+                let want = reference(&x, &w, &dy, stride, padding);
+                let options = ConvOptions::new([stride; 2], [padding; 2], [1, 1], 1);
+                (x, w, dy, options, want)
+            })
+            .collect();
+        let mut failures = vec![];
+        for (kernel, tile) in kernels {
+            set_choice(Choice {
+                algo: ConvAlgo::ImplicitGemm,
+                kernel,
+                tile,
+            });
+            let mut worst = 0.0f32;
+            for (x, w, dy, options, want) in &inputs {
+                let fused = conv_and_grads::<Autodiff<Cuda>>(x, w, dy, options);
+                let plain = conv_and_grads::<Autodiff<CudaPlain>>(x, w, dy, options);
+                for (how, got) in [("fused", fused), ("plain", plain)] {
+                    for (i, what) in ["output", "input gradient", "weight gradient"]
+                        .iter()
+                        .enumerate()
+                    {
+                        let err = got[i]
+                            .iter()
+                            .zip(&want[i])
+                            .map(|(g, r)| (g - r).abs() / (1.0 + r.abs()))
+                            .fold(0.0f32, f32::max);
+                        worst = worst.max(err);
+                        if err.is_nan() || err > 1e-2 {
+                            failures.push(format!(
+                                "{} {} {how} {:?} by {:?} stride {:?}: {what} off by {err:.3} of its magnitude",
+                                kernel.name(),
+                                tile.name(),
+                                x.shape,
+                                w.shape,
+                                options.stride
+                            ));
+                        }
+                    }
+                }
+            }
+            let refused: Vec<&str> = [Pass::Forward, Pass::InputGrad, Pass::WeightGrad]
+                .into_iter()
+                .filter(|&p| {
+                    seen(|s| s.refused.iter().any(|k| k.0 == p && k.1 == (kernel, tile)))
+                        .unwrap_or(false)
+                })
+                .map(Pass::name)
+                .collect();
+            eprintln!(
+                "conv kernel {} on {}: worst relative error {worst:.1e}; refused (ran elsewhere): {}",
+                kernel.name(),
+                tile.name(),
+                if refused.is_empty() { "none".to_string() } else { refused.join(", ") }
+            );
         }
         set_choice(Choice {
             algo: ConvAlgo::Autotune,
