@@ -216,8 +216,9 @@ impl<B: ModelBackend> ConvBn<B> {
 /// 0.1, running variance unbiased). Burn's own `BatchNorm` computes the same, but through
 /// `swap_dims` copies and `[1, C, 1, 1]` broadcasts that the Flex CPU backend walks element
 /// by element (half of a small CNN's step time). Training calls one op
-/// ([`ops::batch_norm_train`]: two passes over memory each way on the CPU, Burn's tensor
-/// ops fused on CUDA); evaluation works on `[N·C, H·W]` rows with per-row scalars.
+/// ([`ops::batch_norm_train_act`]: two passes over memory each way on the CPU, Burn's
+/// tensor ops fused, channels-last, on CUDA); so does evaluation
+/// ([`ops::batch_norm_eval`]: `[N·C, H·W]` rows with per-row scalars on the CPU).
 #[derive(Module, Debug)]
 pub struct BatchNorm2d<B: ModelBackend> {
     pub gamma: Param<Tensor<B, 1>>,
@@ -243,15 +244,16 @@ impl<B: ModelBackend> BatchNorm2d<B> {
         self.forward_act(x, None, false)
     }
 
-    /// `relu?(bn(x) + residual?)`: in training one op with what follows the batch norm
-    /// (on the CPU; [`ops::batch_norm_train_act`]), in evaluation Burn's add and ReLU.
+    /// `relu?(bn(x) + residual?)`: in training by the batch's statistics
+    /// ([`ops::batch_norm_train_act`]), in evaluation by the running ones
+    /// ([`ops::batch_norm_eval`]).
     pub fn forward_act(
         &self,
         x: Tensor<B, 4>,
         residual: Option<Tensor<B, 4>>,
         relu: bool,
     ) -> Tensor<B, 4> {
-        let [n, c, h, w] = x.dims();
+        let [n, _, h, w] = x.dims();
         if B::ad_enabled(&x.device()) {
             // Training: the batch's statistics, in one op (src/ops/norm.rs).
             let (gamma, beta) = (self.gamma.val(), self.beta.val());
@@ -266,20 +268,15 @@ impl<B: ModelBackend> BatchNorm2d<B> {
                 .update((self.running_var.value_sync() * (1.0 - k) + unbiased * k).detach());
             return out;
         }
-        // Evaluation: the running statistics, as per-row scalars.
-        let rows = |t: Tensor<B, 1>| t.reshape([1, c]).repeat_dim(0, n).reshape([n * c, 1]);
-        let x2 = x.reshape([n * c, h * w]);
-        let scale = (self.running_var.value() + Self::EPS).sqrt().recip();
-        let centered = x2 - rows(self.running_mean.value());
-        let out = centered * rows(self.gamma.val() * scale) + rows(self.beta.val());
-        let mut out = out.reshape([n, c, h, w]);
-        if let Some(r) = residual {
-            out = out + r;
-        }
-        if relu {
-            out = burn::tensor::activation::relu(out);
-        }
-        out
+        // Evaluation: the running statistics (src/ops/norm.rs).
+        ops::batch_norm_eval(
+            x,
+            (self.running_mean.value(), self.running_var.value()),
+            (self.gamma.val(), self.beta.val()),
+            Self::EPS,
+            residual,
+            relu,
+        )
     }
 }
 

@@ -430,6 +430,8 @@ fn run_pass<R: CubeRuntime, BT: BoolElement>(
     output_grad: Option<FloatTensor<Cube<R, BT>>>,
     options: ConvOptions<2>,
 ) -> FloatTensor<Cube<R, BT>> {
+    #[cfg(test)]
+    tests::note_layouts::<R>(pass, &x, &weight, output_grad.as_ref());
     // First, whatever `algo` says: the implicit GEMM hands a strided input gradient to the
     // same transposed convolution.
     if let (Pass::InputGrad, Some(dy)) = (pass, &output_grad) {
@@ -647,6 +649,130 @@ mod tests {
     use super::*;
     use crate::ops::{conv2d, TrainBackend};
 
+    /// The tests that set `backend.conv` take turns (the choice is process-wide).
+    static SERIAL: Mutex<()> = Mutex::new(());
+
+    fn serial() -> std::sync::MutexGuard<'static, ()> {
+        SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Each pass `run_pass` got, by its weight's shape: whether the activations it reads
+    /// (`x` forward and for the weight gradient, the output gradient for both gradients)
+    /// were channels-last in memory, which CubeCL's implicit GEMM takes as they are (it
+    /// copies any other layout first: `contiguous_pitched_layout`, cubek-convolution 0.2).
+    static LAYOUTS: Mutex<Vec<(Pass, [usize; 4], Reads)>> = Mutex::new(Vec::new());
+
+    /// Of each activation a pass read, whether it was channels-last.
+    type Reads = Vec<bool>;
+
+    /// The passes of one convolution, each with its [`Reads`].
+    #[cfg(feature = "wgpu")]
+    type Passes = Vec<(Pass, Reads)>;
+
+    pub(super) fn note_layouts<R: CubeRuntime>(
+        pass: Pass,
+        x: &CubeTensor<R>,
+        weight: &CubeTensor<R>,
+        output_grad: Option<&CubeTensor<R>>,
+    ) {
+        let last = |t: &CubeTensor<R>| t.meta.strides()[1] == 1;
+        let read = match (pass, output_grad) {
+            (Pass::Forward, _) => vec![last(x)],
+            (Pass::InputGrad, Some(dy)) => vec![last(dy)],
+            (Pass::WeightGrad, Some(dy)) => vec![last(x), last(dy)],
+            (_, None) => vec![],
+        };
+        let w = weight.shape().dims();
+        LAYOUTS
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push((pass, w, read));
+    }
+
+    /// What [`note_layouts`] saw of the passes of weights shaped `w`.
+    #[cfg(feature = "wgpu")]
+    fn layouts_of(w: [usize; 4]) -> Passes {
+        let seen = LAYOUTS.lock().unwrap_or_else(|e| e.into_inner());
+        seen.iter()
+            .filter(|(_, ws, _)| *ws == w)
+            .map(|(p, _, read)| (*p, read.clone()))
+            .collect()
+    }
+
+    /// Conv, batch norm and ReLU, conv, batch norm (a ResNet's unit twice), trained one
+    /// step on CubeCL with `implicit_gemm`: every activation the second convolution reads,
+    /// forward and backward, and the output gradient of the first, arrive channels-last,
+    /// so CubeCL's implicit GEMM copies none of them (before the batch norm worked
+    /// channels-last, it copied all five). The first convolution's input, the image batch,
+    /// is `[n, c, h, w]` in memory, so it is not. The weights' shapes are this test's own.
+    #[cfg(feature = "wgpu")]
+    fn unit_twice<B: TrainBackend>() -> (Passes, Passes) {
+        let (w1s, w2s) = ([24, 3, 3, 3], [40, 24, 3, 3]);
+        let device = Default::default();
+        let x = Tensor::<B, 4>::from_data(random([2, 3, 8, 8]), &device);
+        let w1 = Tensor::<B, 4>::from_data(random(w1s), &device).require_grad();
+        let w2 = Tensor::<B, 4>::from_data(random(w2s), &device).require_grad();
+        let ones = |c| Tensor::<B, 1>::ones([c], &device).require_grad();
+        let zeros = |c| Tensor::<B, 1>::zeros([c], &device).require_grad();
+        let options = ConvOptions::new([1, 1], [1, 1], [1, 1], 1);
+        let y = conv2d(x, w1.clone(), options.clone());
+        let (y, _, _) = crate::ops::batch_norm_train_act(y, ones(24), zeros(24), 1e-5, None, true);
+        let z = conv2d(y, w2.clone(), options);
+        let (z, _, _) = crate::ops::batch_norm_train_act(z, ones(40), zeros(40), 1e-5, None, false);
+        let dy = Tensor::<B, 4>::from_data(random([2, 40, 8, 8]), &device);
+        let grads = (z * dy).sum().backward();
+        // Read, so that fusion runs every pass (their values: the other tests).
+        for w in [&w1, &w2] {
+            let dw = w.grad(&grads).expect("a weight gradient").into_data();
+            assert!(dw.to_vec::<f32>().unwrap().iter().all(|v| v.is_finite()));
+        }
+        let (first, second) = (layouts_of(w1s), layouts_of(w2s));
+        LAYOUTS.lock().unwrap_or_else(|e| e.into_inner()).clear();
+        (first, second)
+    }
+
+    #[cfg(feature = "wgpu")]
+    #[test]
+    fn wgpu_convolutions_get_channels_last_activations_from_the_batch_norm() {
+        let _serial = serial();
+        set_choice(Choice {
+            algo: ConvAlgo::ImplicitGemm,
+            kernel: ConvKernel::SimpleSyncCyclic,
+            tile: ConvTile::Cmma,
+        });
+        let results = [
+            ("fused", unit_twice::<Autodiff<Wgpu>>()),
+            ("plain", unit_twice::<Autodiff<WgpuPlain>>()),
+        ];
+        set_choice(Choice {
+            algo: ConvAlgo::Autotune,
+            kernel: ConvKernel::SimpleSyncCyclic,
+            tile: ConvTile::Cmma,
+        });
+        for (backend, (mut first, mut second)) in results {
+            first.sort_by_key(|(p, _)| p.name());
+            second.sort_by_key(|(p, _)| p.name());
+            // (No input gradient for the first: the image batch takes none.)
+            let want_first = vec![
+                (Pass::Forward, vec![false]),
+                (Pass::WeightGrad, vec![false, true]),
+            ];
+            let want_second = vec![
+                (Pass::Forward, vec![true]),
+                (Pass::InputGrad, vec![true]),
+                (Pass::WeightGrad, vec![true, true]),
+            ];
+            assert_eq!(
+                first, want_first,
+                "{backend}: the first convolution's [x] or [x, dy], channels-last?"
+            );
+            assert_eq!(
+                second, want_second,
+                "{backend}: the second convolution's [x] or [x, dy], channels-last?"
+            );
+        }
+    }
+
     #[cfg(feature = "wgpu")]
     type Wgpu = burn::backend::Wgpu;
     #[cfg(feature = "wgpu")]
@@ -774,6 +900,7 @@ mod tests {
     #[cfg(feature = "wgpu")]
     #[test]
     fn cubecl_convolution_matches_the_definition_fused_or_not_with_either_strategy() {
+        let _serial = serial();
         // (x, weight, stride, padding): a 3×3 stride 1, a strided 3×3 (its input gradient
         // takes Burn's transposed convolution), a strided 1×1 whose taps miss the last row
         // and column (ResNet's downsampling shortcut on an even map).
@@ -854,6 +981,7 @@ mod tests {
     #[cfg(feature = "cuda")]
     #[test]
     fn cuda_named_convolution_kernels_match_the_definition() {
+        let _serial = serial();
         type Cuda = burn::backend::Cuda;
         type CudaPlain = CubeBackend<cubecl::cuda::CudaRuntime, f32, i32, u8>;
         if !crate::backend::cuda_devices().is_ok_and(|d| !d.is_empty()) {

@@ -32,7 +32,7 @@ use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::{DType, TensorData, TensorMetadata};
 
 pub use conv::{conv2d, ConvBackend};
-pub use norm::{batch_norm_train, batch_norm_train_act, NormBackend};
+pub use norm::{batch_norm_eval, batch_norm_train, batch_norm_train_act, NormBackend};
 pub use optim::OptimBackend;
 pub use pool::{masked_mean, max_pool2d, PoolBackend};
 

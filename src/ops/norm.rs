@@ -7,7 +7,9 @@
 //! What follows a ResNet's batch norm, a residual added and a ReLU, is part of the op
 //! ([`batch_norm_train_act`]) on Flex: Flex runs elementwise ops on one thread, so on two
 //! cores each separate pass (the add, the ReLU, its backward mask) cost twice its time in a
-//! parallel loop. Elsewhere the epilogue stays Burn's own add and ReLU, as separate ops.
+//! parallel loop. On CubeCL's backends it is part of the op too, so that the whole of it,
+//! forward and backward, is composed channels-last, as CubeCL's convolutions want their
+//! operands ([`Last`]). Elsewhere the epilogue stays Burn's own add and ReLU.
 //!
 //! Gradients, with `x̂ = (x − mean)·invstd`, `m = N·H·W` values per channel:
 //! `dβ = Σ dy`, `dγ = Σ dy·x̂`, `dx = γ·invstd/m · (m·dy − dβ − x̂·dγ)` (PyTorch's).
@@ -92,6 +94,72 @@ pub trait NormBackend: Backend {
         };
         finish_act_backward::<Self>(x, gamma, stats, eps, residual, dy)
     }
+
+    /// See [`batch_norm_eval`].
+    fn batch_norm_eval(
+        x: FloatTensor<Self>,
+        stats: (FloatTensor<Self>, FloatTensor<Self>),
+        affine: (FloatTensor<Self>, FloatTensor<Self>),
+        eps: f64,
+        epilogue: Epilogue<FloatTensor<Self>>,
+    ) -> FloatTensor<Self> {
+        rows_eval::<Self>(x, stats, affine, eps, epilogue)
+    }
+}
+
+/// Evaluation-mode batch norm with its epilogue: `relu?((x − mean)·γ/√(var + eps) + β +
+/// residual?)` by the running statistics; no gradient. The default works on
+/// `[n·c, h·w]` rows with per-row values (a view of a contiguous tensor, which Flex's is);
+/// CubeCL's backends on the channels-last view ([`Last`]), as in training.
+pub fn batch_norm_eval<B: NormBackend>(
+    x: Tensor<B, 4>,
+    (mean, var): (Tensor<B, 1>, Tensor<B, 1>),
+    (gamma, beta): (Tensor<B, 1>, Tensor<B, 1>),
+    eps: f64,
+    residual: Option<Tensor<B, 4>>,
+    relu: bool,
+) -> Tensor<B, 4> {
+    let p = |t: Tensor<B, 1>| t.into_primitive().tensor();
+    tensor(B::batch_norm_eval(
+        x.into_primitive().tensor(),
+        (p(mean), p(var)),
+        (p(gamma), p(beta)),
+        eps,
+        Epilogue {
+            residual: residual.map(|r| r.into_primitive().tensor()),
+            relu,
+        },
+    ))
+}
+
+/// The default [`NormBackend::batch_norm_eval`]: `[n·c, h·w]` rows, per-row values.
+fn rows_eval<B: Backend>(
+    x: FloatTensor<B>,
+    (mean, var): (FloatTensor<B>, FloatTensor<B>),
+    (gamma, beta): (FloatTensor<B>, FloatTensor<B>),
+    eps: f64,
+    epilogue: Epilogue<FloatTensor<B>>,
+) -> FloatTensor<B> {
+    let [n, c, h, w] = x.shape().dims();
+    let rows = |t: FloatTensor<B>| {
+        tensor::<B, 1>(t)
+            .reshape([1, c])
+            .repeat_dim(0, n)
+            .reshape([n * c, 1])
+    };
+    let x2 = tensor::<B, 4>(x).reshape([n * c, h * w]);
+    let scale = (tensor::<B, 1>(var) + eps).sqrt().recip();
+    let centered = x2 - rows(mean);
+    let gamma = tensor::<B, 1>(gamma) * scale;
+    let out = centered * rows(gamma.into_primitive().tensor()) + rows(beta);
+    let mut out = out.reshape([n, c, h, w]);
+    if let Some(r) = epilogue.residual {
+        out = out + tensor::<B, 4>(r);
+    }
+    if epilogue.relu {
+        out = burn::tensor::activation::relu(out);
+    }
+    out.into_primitive().tensor()
 }
 
 /// What follows a batch norm in [`batch_norm_train_act`]: a residual added, then a ReLU.
@@ -571,16 +639,234 @@ impl<B: NormBackend, const N: usize> Backward<B, N> for BatchNormActBackward {
     }
 }
 
-/// CubeCL's backends (CUDA; WebGPU in the tests) compose batch norm from Burn's tensor ops,
-/// which fusion joins into few kernels.
+/// The activation `[n, c, h, w]` seen as `[n, h·w, c]`, channels last: the composed form
+/// CubeCL's backends run. A CubeCL convolution leaves its output channels-last in memory
+/// (an `[n, c, h, w]` view of `[n, h, w, c]`), so this view of it is contiguous; and since
+/// fusion writes each new tensor contiguous in its logical shape, the batch norm's output
+/// and its input gradient, computed in this view, come out channels-last too: what the
+/// next convolution (forward) and the previous one (both gradients) take without a copy.
+/// In the `[n, c, h·w]` view fusion wrote them `[n, c, h, w]`, and CubeCL's implicit GEMM
+/// copied each to channels-last before use: 341 copies a step in ResNet-50 on an H200,
+/// 9% of its device time (BENCHMARKS.md, "GPU (CUDA)"). The epilogue (residual, ReLU) and
+/// the ReLU's mask are in the same view, so their outputs are channels-last as well.
+#[cfg(feature = "cube")]
+struct Last {
+    dims: [usize; 4],
+    /// Values per channel: `n·h·w`.
+    m: f64,
+}
+
+#[cfg(feature = "cube")]
+impl Last {
+    fn of<B: Backend>(x: &FloatTensor<B>) -> Self {
+        let dims: [usize; 4] = x.shape().dims();
+        let [n, _, h, w] = dims;
+        Last {
+            dims,
+            m: (n * h * w) as f64,
+        }
+    }
+
+    /// `[n, c, h, w]` as `[n, h·w, c]` (a view of a channels-last tensor; of a contiguous
+    /// one too, strided).
+    fn view<B: Backend>(&self, t: FloatTensor<B>) -> Tensor<B, 3> {
+        let [n, c, h, w] = self.dims;
+        tensor::<B, 4>(t)
+            .permute([0, 2, 3, 1])
+            .reshape([n, h * w, c])
+    }
+
+    /// Back to `[n, c, h, w]`: a view of the channels-last result.
+    fn unview<B: Backend>(&self, t: Tensor<B, 3>) -> FloatTensor<B> {
+        let [n, c, h, w] = self.dims;
+        t.reshape([n, h, w, c])
+            .permute([0, 3, 1, 2])
+            .into_primitive()
+            .tensor()
+    }
+
+    /// Σ over batch and space: `[1, 1, c]`.
+    fn sum<B: Backend>(&self, t: Tensor<B, 3>) -> Tensor<B, 3> {
+        t.sum_dim(1).sum_dim(0)
+    }
+
+    /// A `[c]` vector as `[1, 1, c]`, to broadcast.
+    fn wide<B: Backend>(&self, t: FloatTensor<B>) -> Tensor<B, 3> {
+        tensor::<B, 1>(t).reshape([1, 1, self.dims[1]])
+    }
+
+    /// A `[1, 1, c]` value as the `[c]` vector the callers keep.
+    fn narrow<B: Backend>(&self, t: Tensor<B, 3>) -> FloatTensor<B> {
+        t.reshape([self.dims[1]]).into_primitive().tensor()
+    }
+}
+
+/// [`composed_forward`] and its epilogue in the channels-last view ([`Last`]).
+#[cfg(feature = "cube")]
+fn last_forward<B: Backend>(
+    x: FloatTensor<B>,
+    gamma: FloatTensor<B>,
+    beta: FloatTensor<B>,
+    eps: f64,
+    epilogue: Epilogue<FloatTensor<B>>,
+) -> (FloatTensor<B>, FloatTensor<B>, FloatTensor<B>) {
+    let l = Last::of::<B>(&x);
+    let x = l.view::<B>(x);
+    let mean = l.sum(x.clone()) / l.m;
+    let centered = x - mean.clone();
+    let var = l.sum(centered.clone().square()) / l.m;
+    let scale = l.wide::<B>(gamma) * (var.clone() + eps).sqrt().recip();
+    let mut out = centered * scale + l.wide::<B>(beta);
+    if let Some(residual) = epilogue.residual {
+        out = out + l.view::<B>(residual);
+    }
+    if epilogue.relu {
+        out = burn::tensor::activation::relu(out);
+    }
+    (l.unview(out), l.narrow(mean), l.narrow(var))
+}
+
+/// [`rows_eval`] in the channels-last view: the output channels-last, as in training.
+#[cfg(feature = "cube")]
+fn last_eval<B: Backend>(
+    x: FloatTensor<B>,
+    (mean, var): (FloatTensor<B>, FloatTensor<B>),
+    (gamma, beta): (FloatTensor<B>, FloatTensor<B>),
+    eps: f64,
+    epilogue: Epilogue<FloatTensor<B>>,
+) -> FloatTensor<B> {
+    let l = Last::of::<B>(&x);
+    let scale = l.wide::<B>(gamma) * (l.wide::<B>(var) + eps).sqrt().recip();
+    let mut out = (l.view::<B>(x) - l.wide::<B>(mean)) * scale + l.wide::<B>(beta);
+    if let Some(residual) = epilogue.residual {
+        out = out + l.view::<B>(residual);
+    }
+    if epilogue.relu {
+        out = burn::tensor::activation::relu(out);
+    }
+    l.unview(out)
+}
+
+/// [`composed_backward`] in the channels-last view, after the ReLU's mask where the
+/// forward ended in one (`relu_output`, as Burn's `relu_backward`: `dy` where the output
+/// is positive, else 0); the residual's gradient is the masked `dy` (`residual`).
+#[cfg(feature = "cube")]
+#[allow(clippy::type_complexity)]
+fn last_backward<B: Backend>(
+    x: FloatTensor<B>,
+    gamma: FloatTensor<B>,
+    (mean, var): (FloatTensor<B>, FloatTensor<B>),
+    eps: f64,
+    (residual, relu_output): (bool, Option<FloatTensor<B>>),
+    dy: FloatTensor<B>,
+) -> (
+    FloatTensor<B>,
+    FloatTensor<B>,
+    FloatTensor<B>,
+    Option<FloatTensor<B>>,
+) {
+    let l = Last::of::<B>(&x);
+    let (x, mut dy) = (l.view::<B>(x), l.view::<B>(dy));
+    if let Some(output) = relu_output {
+        dy = dy.mask_fill(l.view::<B>(output).lower_equal_elem(0.0), 0.0);
+    }
+    let d_residual = residual.then(|| l.unview(dy.clone()));
+    let invstd = (l.wide::<B>(var) + eps).sqrt().recip();
+    let x_hat = (x - l.wide::<B>(mean)) * invstd.clone();
+    let d_beta = l.sum(dy.clone());
+    let d_gamma = l.sum(dy.clone() * x_hat.clone());
+    let k = l.wide::<B>(gamma) * invstd / l.m;
+    let dx = k * (dy * l.m - d_beta.clone() - x_hat * d_gamma.clone());
+    (
+        l.unview(dx),
+        l.narrow(d_gamma),
+        l.narrow(d_beta),
+        d_residual,
+    )
+}
+
+/// CubeCL's backends (CUDA; WebGPU in the tests): batch norm and its epilogue composed
+/// from Burn's tensor ops, which fusion joins into few kernels, in the channels-last view
+/// ([`Last`]); one autodiff node, so the backward is in that view too.
+#[cfg(feature = "cube")]
+macro_rules! cube_norm {
+    () => {
+        const FUSES_EPILOGUE: bool = true;
+
+        fn batch_norm_train(
+            x: FloatTensor<Self>,
+            gamma: FloatTensor<Self>,
+            beta: FloatTensor<Self>,
+            eps: f64,
+        ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
+            let plain = Epilogue {
+                residual: None,
+                relu: false,
+            };
+            last_forward::<Self>(x, gamma, beta, eps, plain)
+        }
+
+        fn batch_norm_train_backward(
+            x: FloatTensor<Self>,
+            gamma: FloatTensor<Self>,
+            stats: (FloatTensor<Self>, FloatTensor<Self>),
+            eps: f64,
+            dy: FloatTensor<Self>,
+        ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
+            let (dx, d_gamma, d_beta, _) =
+                last_backward::<Self>(x, gamma, stats, eps, (false, None), dy);
+            (dx, d_gamma, d_beta)
+        }
+
+        fn batch_norm_train_act(
+            x: FloatTensor<Self>,
+            gamma: FloatTensor<Self>,
+            beta: FloatTensor<Self>,
+            eps: f64,
+            epilogue: Epilogue<FloatTensor<Self>>,
+        ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
+            last_forward::<Self>(x, gamma, beta, eps, epilogue)
+        }
+
+        fn batch_norm_train_act_backward(
+            x: FloatTensor<Self>,
+            gamma: FloatTensor<Self>,
+            stats: (FloatTensor<Self>, FloatTensor<Self>),
+            eps: f64,
+            epilogue: (bool, Option<FloatTensor<Self>>),
+            dy: FloatTensor<Self>,
+        ) -> (
+            FloatTensor<Self>,
+            FloatTensor<Self>,
+            FloatTensor<Self>,
+            Option<FloatTensor<Self>>,
+        ) {
+            last_backward::<Self>(x, gamma, stats, eps, epilogue, dy)
+        }
+
+        fn batch_norm_eval(
+            x: FloatTensor<Self>,
+            stats: (FloatTensor<Self>, FloatTensor<Self>),
+            affine: (FloatTensor<Self>, FloatTensor<Self>),
+            eps: f64,
+            epilogue: Epilogue<FloatTensor<Self>>,
+        ) -> FloatTensor<Self> {
+            last_eval::<Self>(x, stats, affine, eps, epilogue)
+        }
+    };
+}
+
 #[cfg(feature = "cube")]
 impl<R: burn_cubecl::CubeRuntime, BT: burn_cubecl::BoolElement> NormBackend
     for burn_cubecl::CubeBackend<R, f32, i32, BT>
 {
+    cube_norm!();
 }
 
 #[cfg(feature = "cube")]
-impl<B: burn_fusion::FusionBackend + NormBackend> NormBackend for burn_fusion::Fusion<B> {}
+impl<B: burn_fusion::FusionBackend + NormBackend> NormBackend for burn_fusion::Fusion<B> {
+    cube_norm!();
+}
 
 /// `[n, c, hw]`: channel `ch` of image `i` is the row `(i·c + ch)·hw ..`.
 struct Shape {
@@ -987,48 +1273,235 @@ mod wgpu_tests {
 
     type Plain = burn_cubecl::CubeBackend<cubecl::wgpu::WgpuRuntime, f32, i32, u32>;
 
-    /// out, mean, var, dx, dγ, dβ of `sum(batch_norm(x) * dy)`. `channels_last`: `x` is
-    /// held as `[n, h, w, c]` in memory and permuted to `[n, c, h, w]`, as a CubeCL
-    /// convolution's output is.
+    /// `x` on `B` as `dims` (`[n, c, h, w]`), held in memory as `[n, h, w, c]` and
+    /// permuted where `channels_last` (as a CubeCL convolution's output is): the leaf to
+    /// take gradients of, and the `[n, c, h, w]` tensor.
+    fn input<B: AutodiffBackend>(
+        x: &TensorData,
+        channels_last: bool,
+    ) -> (Tensor<B, 4>, Tensor<B, 4>) {
+        let device = Default::default();
+        if channels_last {
+            let nchw = Tensor::<B, 4>::from_data(x.clone(), &device);
+            let nhwc = Tensor::<B, 4>::from_data(nchw.permute([0, 2, 3, 1]).into_data(), &device);
+            let leaf = nhwc.require_grad();
+            (leaf.clone(), leaf.permute([0, 3, 1, 2]))
+        } else {
+            let leaf = Tensor::<B, 4>::from_data(x.clone(), &device).require_grad();
+            (leaf.clone(), leaf)
+        }
+    }
+
+    /// The leaf's gradient as `[n, c, h, w]`.
+    fn grad_nchw<B: AutodiffBackend>(
+        leaf: &Tensor<B, 4>,
+        grads: &B::Gradients,
+        channels_last: bool,
+    ) -> Tensor<B::InnerBackend, 4> {
+        let g = leaf.grad(grads).unwrap();
+        if channels_last {
+            g.permute([0, 3, 1, 2])
+        } else {
+            g
+        }
+    }
+
+    /// out, mean, var, dx, dγ, dβ (and d residual where there is one) of
+    /// `sum(relu?(batch_norm(x) + residual?) * dy)`; `act` is `None` for
+    /// [`batch_norm_train`], else the residual (held as `x` is) and whether a ReLU ends it.
     fn run<B: TrainBackend>(
         x: &TensorData,
         g: &TensorData,
         dy: &TensorData,
         channels_last: bool,
+        act: Option<(Option<&TensorData>, bool)>,
     ) -> Vec<Vec<f32>> {
         let device = Default::default();
-        let leaf = if channels_last {
-            let nchw = Tensor::<B, 4>::from_data(x.clone(), &device);
-            let nhwc = Tensor::<B, 4>::from_data(nchw.permute([0, 2, 3, 1]).into_data(), &device);
-            nhwc.require_grad()
-        } else {
-            Tensor::<B, 4>::from_data(x.clone(), &device).require_grad()
-        };
-        let x = if channels_last {
-            leaf.clone().permute([0, 3, 1, 2])
-        } else {
-            leaf.clone()
-        };
+        let (leaf, x) = input::<B>(x, channels_last);
         let gamma = Tensor::<B, 1>::from_data(g.clone(), &device).require_grad();
         let beta = Tensor::<B, 1>::zeros([g.shape[0]], &device).require_grad();
         let dy = Tensor::<B, 4>::from_data(dy.clone(), &device);
-        let (out, mean, var) = batch_norm_train(x, gamma.clone(), beta.clone(), 1e-5);
+        let residual = act.and_then(|(r, _)| r.map(|r| input::<B>(r, channels_last)));
+        let (out, mean, var) = match act {
+            None => batch_norm_train(x, gamma.clone(), beta.clone(), 1e-5),
+            Some((_, relu)) => batch_norm_train_act(
+                x,
+                gamma.clone(),
+                beta.clone(),
+                1e-5,
+                residual.as_ref().map(|(_, r)| r.clone()),
+                relu,
+            ),
+        };
         let grads = (out.clone() * dy).sum().backward();
         let v = |d: TensorData| d.to_vec::<f32>().unwrap();
+        let mut got = vec![
+            v(out.into_data()),
+            v(mean.into_data()),
+            v(var.into_data()),
+            v(grad_nchw(&leaf, &grads, channels_last).into_data()),
+            v(gamma.grad(&grads).unwrap().into_data()),
+            v(beta.grad(&grads).unwrap().into_data()),
+        ];
+        if let Some((r, _)) = &residual {
+            got.push(v(grad_nchw(r, &grads, channels_last).into_data()));
+        }
+        got
+    }
+
+    /// The strides a CubeCL backend holds a float tensor with.
+    trait Strides: NormBackend {
+        fn strides(t: FloatTensor<Self>) -> Vec<usize>;
+    }
+
+    impl Strides for Plain {
+        fn strides(t: FloatTensor<Self>) -> Vec<usize> {
+            t.meta.strides().to_vec()
+        }
+    }
+
+    impl Strides for burn::backend::Wgpu {
+        fn strides(t: FloatTensor<Self>) -> Vec<usize> {
+            let client = t.client.clone();
+            Plain::strides(client.resolve_tensor_float::<Plain>(t))
+        }
+    }
+
+    /// Whether `t` (`[n, c, h, w]`) is channels-last in memory: what CubeCL's implicit GEMM
+    /// takes without a copy.
+    fn channels_last<B: Strides>(t: Tensor<Autodiff<B>, 4>) -> bool {
+        let s = B::strides(t.inner().into_primitive().tensor());
+        s[1] == 1
+    }
+
+    /// Which of the batch norm's output, its input gradient and its residual's gradient are
+    /// channels-last, with the epilogue (residual and ReLU) or without, from an input held
+    /// as `channels_last` says.
+    fn layouts<B: Strides>(dims: [usize; 4], channels_last_input: bool, act: bool) -> [bool; 3] {
+        let device = Default::default();
+        let data =
+            Tensor::<Autodiff<B>, 4>::random(dims, Distribution::Default, &device).into_data();
+        let (leaf, x) = input::<Autodiff<B>>(&data, channels_last_input);
+        let (rleaf, r) = input::<Autodiff<B>>(&data, channels_last_input);
+        let gamma = Tensor::<Autodiff<B>, 1>::ones([dims[1]], &device).require_grad();
+        let beta = Tensor::<Autodiff<B>, 1>::zeros([dims[1]], &device).require_grad();
+        let (out, _, _) = if act {
+            batch_norm_train_act(x, gamma, beta, 1e-5, Some(r), true)
+        } else {
+            batch_norm_train(x, gamma, beta, 1e-5)
+        };
+        let dy = Tensor::<Autodiff<B>, 4>::random(dims, Distribution::Default, &device);
+        let grads = (out.clone() * dy).sum().backward();
         let dx = leaf.grad(&grads).unwrap();
-        let dx = if channels_last {
+        let dx = if channels_last_input {
             dx.permute([0, 3, 1, 2])
         } else {
             dx
         };
-        vec![
-            v(out.into_data()),
-            v(mean.into_data()),
-            v(var.into_data()),
-            v(dx.into_data()),
-            v(gamma.grad(&grads).unwrap().into_data()),
-            v(beta.grad(&grads).unwrap().into_data()),
-        ]
+        let dr = match rleaf.grad(&grads) {
+            Some(g) if channels_last_input => g.permute([0, 3, 1, 2]),
+            Some(g) => g,
+            None => dx.clone(),
+        };
+        let inner = |t: Tensor<B, 4>| B::strides(t.into_primitive().tensor())[1] == 1;
+        [channels_last(out), inner(dx), act && inner(dr)]
+    }
+
+    /// Evaluation (`batch_norm_eval`) on `B`'s inner backend: its output as `[n, c, h, w]`
+    /// values, and whether it is channels-last in memory (`None` on the CPU).
+    fn eval<B: NormBackend>(
+        data: [&TensorData; 5],
+        channels_last: bool,
+        residual: bool,
+        relu: bool,
+        strides: impl Fn(FloatTensor<B>) -> Option<Vec<usize>>,
+    ) -> (Vec<f32>, Option<bool>) {
+        let [x, mean, var, gamma, r] = data;
+        let device = Default::default();
+        let held = |d: &TensorData| {
+            let t = Tensor::<B, 4>::from_data(d.clone(), &device);
+            if channels_last {
+                let nhwc = Tensor::<B, 4>::from_data(t.permute([0, 2, 3, 1]).into_data(), &device);
+                nhwc.permute([0, 3, 1, 2])
+            } else {
+                t
+            }
+        };
+        let v = |d: &TensorData| Tensor::<B, 1>::from_data(d.clone(), &device);
+        let beta = v(mean) * 0.5;
+        let out = batch_norm_eval(
+            held(x),
+            (v(mean), v(var)),
+            (v(gamma), beta),
+            1e-5,
+            residual.then(|| held(r)),
+            relu,
+        );
+        let last = strides(out.clone().into_primitive().tensor()).map(|s| s[1] == 1);
+        (out.into_data().to_vec::<f32>().unwrap(), last)
+    }
+
+    /// Evaluation on CubeCL matches the CPU's, epilogues included, from either layout,
+    /// and leaves its output channels-last for the next convolution.
+    #[test]
+    fn wgpu_batch_norm_evaluation_matches_the_cpu_and_is_channels_last() {
+        let device = Default::default();
+        let random = |dims: Vec<usize>, d| {
+            Tensor::<Flex, 1>::random([dims.iter().product::<usize>()], d, &device)
+                .into_data()
+                .to_vec::<f32>()
+                .map(|v| TensorData::new(v, dims))
+                .unwrap()
+        };
+        let dims = vec![2, 8, 4, 3];
+        let x = random(dims.clone(), Distribution::Normal(1.0, 2.0));
+        let r = random(dims.clone(), Distribution::Normal(0.0, 1.0));
+        let mean = random(vec![8], Distribution::Normal(1.0, 0.5));
+        let var = random(vec![8], Distribution::Uniform(0.5, 4.0));
+        let gamma = random(vec![8], Distribution::Uniform(0.5, 1.5));
+        let data = [&x, &mean, &var, &gamma, &r];
+        for (residual, relu) in [(false, false), (false, true), (true, false), (true, true)] {
+            let (want, _) = eval::<Flex>(data, false, residual, relu, |_| None);
+            for channels_last in [false, true] {
+                let fused = eval::<burn::backend::Wgpu>(data, channels_last, residual, relu, |t| {
+                    Some(<burn::backend::Wgpu as Strides>::strides(t))
+                });
+                let plain = eval::<Plain>(data, channels_last, residual, relu, |t| {
+                    Some(Plain::strides(t))
+                });
+                for (backend, (got, last)) in [("fused", fused), ("plain", plain)] {
+                    let case = format!(
+                        "{backend}, input channels-last {channels_last}, residual {residual}, relu {relu}"
+                    );
+                    let worst = got
+                        .iter()
+                        .zip(&want)
+                        .map(|(a, b)| (a - b).abs())
+                        .fold(0.0f32, f32::max);
+                    assert!(worst < 1e-4, "{case}: off by {worst}");
+                    assert_eq!(last, Some(true), "{case}: output channels-last?");
+                }
+            }
+        }
+    }
+
+    /// The batch norm on CubeCL leaves its output, its input gradient and the residual's
+    /// gradient channels-last, whatever the input's layout: the next convolution and the
+    /// previous one take them without a copy. Checked on both input layouts, with the
+    /// epilogue and without, fused and not. (The `[n, c, h·w]` form wrote all three
+    /// `[n, c, h, w]`-contiguous.)
+    #[test]
+    fn wgpu_batch_norm_leaves_its_results_channels_last() {
+        for channels_last_input in [true, false] {
+            for act in [true, false] {
+                let want = [true, true, act];
+                let case = format!("input channels-last {channels_last_input}, epilogue {act}");
+                let fused = layouts::<burn::backend::Wgpu>([2, 8, 4, 4], channels_last_input, act);
+                assert_eq!(fused, want, "fused, {case}: [output, dx, d residual]");
+                let plain = layouts::<Plain>([2, 8, 4, 4], channels_last_input, act);
+                assert_eq!(plain, want, "plain, {case}: [output, dx, d residual]");
+            }
+        }
     }
 
     #[test]
@@ -1044,31 +1517,53 @@ mod wgpu_tests {
             let x = random(dims.clone(), Distribution::Normal(1.0, 2.0));
             let g = random(vec![dims[1]], Distribution::Uniform(0.5, 1.5));
             let dy = random(dims.clone(), Distribution::Default);
-            let want = run::<Autodiff<Flex>>(&x, &g, &dy, false);
-            let got = [
-                (
-                    "fused",
-                    run::<Autodiff<burn::backend::Wgpu>>(&x, &g, &dy, false),
-                ),
-                ("plain", run::<Autodiff<Plain>>(&x, &g, &dy, false)),
-                (
-                    "fused, channels-last",
-                    run::<Autodiff<burn::backend::Wgpu>>(&x, &g, &dy, true),
-                ),
-                (
-                    "plain, channels-last",
-                    run::<Autodiff<Plain>>(&x, &g, &dy, true),
-                ),
+            let r = random(dims.clone(), Distribution::Normal(0.0, 1.0));
+            // The batch norm alone, then with its epilogues: a ReLU (half the outputs
+            // masked), a residual, both.
+            let acts = [
+                None,
+                Some((None, true)),
+                Some((Some(&r), false)),
+                Some((Some(&r), true)),
             ];
-            let names = ["output", "mean", "variance", "dx", "dgamma", "dbeta"];
-            for (backend, got) in got {
-                for (i, name) in names.iter().enumerate() {
-                    let worst = got[i]
-                        .iter()
-                        .zip(&want[i])
-                        .map(|(a, b)| (a - b).abs())
-                        .fold(0.0f32, f32::max);
-                    assert!(worst < 1e-3, "{backend} {dims:?}: {name} off by {worst}");
+            for act in acts {
+                let want = run::<Autodiff<Flex>>(&x, &g, &dy, false, act);
+                type Fused = burn::backend::Wgpu;
+                let got = [
+                    ("fused", run::<Autodiff<Fused>>(&x, &g, &dy, false, act)),
+                    ("plain", run::<Autodiff<Plain>>(&x, &g, &dy, false, act)),
+                    (
+                        "fused, channels-last",
+                        run::<Autodiff<Fused>>(&x, &g, &dy, true, act),
+                    ),
+                    (
+                        "plain, channels-last",
+                        run::<Autodiff<Plain>>(&x, &g, &dy, true, act),
+                    ),
+                ];
+                let names = [
+                    "output",
+                    "mean",
+                    "variance",
+                    "dx",
+                    "dgamma",
+                    "dbeta",
+                    "dresidual",
+                ];
+                let case = act.map(|(r, relu)| (r.is_some(), relu));
+                for (backend, got) in got {
+                    assert_eq!(got.len(), want.len(), "{backend} {dims:?} {case:?}");
+                    for (i, name) in names.iter().enumerate().take(want.len()) {
+                        let worst = got[i]
+                            .iter()
+                            .zip(&want[i])
+                            .map(|(a, b)| (a - b).abs())
+                            .fold(0.0f32, f32::max);
+                        assert!(
+                            worst < 1e-3,
+                            "{backend} {dims:?}, (residual, relu) {case:?}: {name} off by {worst}"
+                        );
+                    }
                 }
             }
         }
