@@ -21,7 +21,7 @@ pub struct Scripts {
 /// Writes `<sweep dir>/slurm.sbatch` for a grid: every task runs this binary on the grid
 /// with `--resume` and its `--cell` (or `--shard` with `shards`); and, where `[slurm]
 /// warmup` asks for it (by default when tasks get a GPU), `<sweep dir>/warmup.sbatch`: one
-/// task of the same resources running `runner warmup` on the whole grid. The tasks get the
+/// task of the same resources running `runner warmup --jobs <cpus_per_task>` on the whole grid. The tasks get the
 /// same `--set` overrides and `--max-cells` as this command.
 pub fn write(
     c: &Checked,
@@ -75,7 +75,16 @@ pub fn write(
         script(slurm, &job, tasks, &dir.dir, &workdir, &command),
     )?;
     let warmup = if slurm.warmup.unwrap_or(slurm.gpus_per_task > 0) {
-        let command = with_sets(vec![exe, "warmup".into(), recipe_abs]);
+        // The task's cores warm that many kernel families at once (compiling is a core's
+        // work per process; the families of a grid share few kernels).
+        let jobs = slurm.cpus_per_task.max(1).to_string();
+        let command = with_sets(vec![
+            exe,
+            "warmup".into(),
+            "--jobs".into(),
+            jobs,
+            recipe_abs,
+        ]);
         let text = warmup_script(slurm, &job, &dir.dir, &workdir, &command);
         Some(save("warmup.sbatch", text)?)
     } else {

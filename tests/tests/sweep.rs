@@ -318,7 +318,7 @@ fn a_gpu_grid_gets_a_warmup_job_and_its_array_starts_after_it() {
         warmup.contains("#SBATCH --gpus-per-task=1")
             && warmup.contains("#SBATCH --ntasks=1")
             && !warmup.contains("--array")
-            && warmup.contains(" warmup ")
+            && warmup.contains(" warmup --jobs 2 ")
             && warmup.contains("tiny_grid.toml --set ")
             && warmup.contains(" --set slurm.gpus_per_task=1"),
         "{warmup}"
