@@ -9,7 +9,7 @@
 //! cores each separate pass (the add, the ReLU, its backward mask) cost twice its time in a
 //! parallel loop. On CubeCL's backends it is part of the op too, so that the whole of it,
 //! forward and backward, is composed channels-last, as CubeCL's convolutions want their
-//! operands ([`Last`]). Elsewhere the epilogue stays Burn's own add and ReLU.
+//! operands ([`Layout::Last`]). Elsewhere the epilogue stays Burn's own add and ReLU.
 //!
 //! Gradients, with `x̂ = (x − mean)·invstd`, `m = N·H·W` values per channel:
 //! `dβ = Σ dy`, `dγ = Σ dy·x̂`, `dx = γ·invstd/m · (m·dy − dβ − x̂·dγ)` (PyTorch's).
@@ -110,7 +110,7 @@ pub trait NormBackend: Backend {
 /// Evaluation-mode batch norm with its epilogue: `relu?((x − mean)·γ/√(var + eps) + β +
 /// residual?)` by the running statistics; no gradient. The default works on
 /// `[n·c, h·w]` rows with per-row values (a view of a contiguous tensor, which Flex's is);
-/// CubeCL's backends on the channels-last view ([`Last`]), as in training.
+/// CubeCL's backends on the channels-last view ([`Layout::Last`]), as in training.
 pub fn batch_norm_eval<B: NormBackend>(
     x: Tensor<B, 4>,
     (mean, var): (Tensor<B, 1>, Tensor<B, 1>),
@@ -219,49 +219,87 @@ fn tensor<B: Backend, const D: usize>(t: FloatTensor<B>) -> Tensor<B, D> {
     Tensor::from_primitive(TensorPrimitive::Float(t))
 }
 
-/// Per-channel helpers on the activation seen as `[n, c, h·w]`: a view whether the tensor
-/// is contiguous or channels-last in memory (as a CubeCL convolution leaves it), where the
-/// rows form `[n·c, h·w]` this replaced had to copy a channels-last one. Per-channel values
-/// are `[1, c, 1]` tensors that broadcast, which Burn's fusion takes into its element-wise
-/// kernels, instead of `repeat_dim` copies. The rows form launched about 24 kernels per
-/// batch norm on an H200, most of them outside fusion (BENCHMARKS.md, "GPU (CUDA)").
-struct Channels {
+/// How the composed forms see the activation `[n, c, h, w]`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Layout {
+    /// `[n, c, h·w]`: a view whether the tensor is contiguous or channels-last in memory,
+    /// where the rows form `[n·c, h·w]` this replaced had to copy a channels-last one.
+    /// Per-channel values are `[1, c, 1]` tensors that broadcast, which Burn's fusion takes
+    /// into its element-wise kernels, instead of `repeat_dim` copies (the rows form
+    /// launched about 24 kernels per batch norm on an H200, most of them outside fusion:
+    /// BENCHMARKS.md, "GPU (CUDA)"). What fusion writes in this view is NCHW.
+    Channels,
+    /// `[n, h·w, c]`, channels last, what CubeCL's backends use. A CubeCL convolution
+    /// leaves its output channels-last in memory (an `[n, c, h, w]` view of `[n, h, w,
+    /// c]`), so this view of it is contiguous; and since fusion writes each new tensor
+    /// contiguous in its logical shape, the batch norm's output and gradients computed in
+    /// this view come out channels-last too: what the next convolution (forward) and the
+    /// previous one (both gradients) take without a copy. In the `[n, c, h·w]` view
+    /// CubeCL's implicit GEMM copied each of them to channels-last before use, about 205
+    /// copies a step in ResNet-50 (BENCHMARKS.md, "The batch norm channels-last").
+    #[cfg_attr(not(feature = "cube"), allow(dead_code))]
+    Last,
+}
+
+/// Per-channel helpers on the activation seen as `layout` says. Per-channel values are
+/// `[c]` vectors to the callers, `[1, c, 1]` or `[1, 1, c]` tensors that broadcast here.
+struct View {
+    layout: Layout,
     dims: [usize; 4],
     /// Values per channel: `n·h·w`.
     m: f64,
 }
 
-impl Channels {
-    fn of(dims: [usize; 4]) -> Self {
+impl View {
+    fn of<B: Backend>(layout: Layout, x: &FloatTensor<B>) -> Self {
+        let dims: [usize; 4] = x.shape().dims();
         let [n, _, h, w] = dims;
-        Channels {
+        View {
+            layout,
             dims,
             m: (n * h * w) as f64,
         }
     }
 
-    /// `[n, c, h, w]` as `[n, c, h·w]`.
+    /// `[n, c, h, w]` as the layout's 3-D view.
     fn view<B: Backend>(&self, t: FloatTensor<B>) -> Tensor<B, 3> {
         let [n, c, h, w] = self.dims;
-        tensor::<B, 4>(t).reshape([n, c, h * w])
+        let t = tensor::<B, 4>(t);
+        match self.layout {
+            Layout::Channels => t.reshape([n, c, h * w]),
+            Layout::Last => t.permute([0, 2, 3, 1]).reshape([n, h * w, c]),
+        }
     }
 
-    /// Back to `[n, c, h, w]`.
+    /// Back to `[n, c, h, w]` (a view of the result: channels-last for `Last`).
     fn unview<B: Backend>(&self, t: Tensor<B, 3>) -> FloatTensor<B> {
-        t.reshape(self.dims).into_primitive().tensor()
+        let [n, c, h, w] = self.dims;
+        let t = match self.layout {
+            Layout::Channels => t.reshape(self.dims),
+            Layout::Last => t.reshape([n, h, w, c]).permute([0, 3, 1, 2]),
+        };
+        t.into_primitive().tensor()
     }
 
-    /// Σ over batch and space: `[1, c, 1]`.
+    /// Σ over batch and space, a per-channel value.
     fn sum<B: Backend>(&self, t: Tensor<B, 3>) -> Tensor<B, 3> {
-        t.sum_dim(2).sum_dim(0)
+        match self.layout {
+            Layout::Channels => t.sum_dim(2).sum_dim(0),
+            Layout::Last => t.sum_dim(1).sum_dim(0),
+        }
     }
 
-    /// A `[c]` vector as `[1, c, 1]`, to broadcast.
+    /// A `[c]` vector as a per-channel value, to broadcast.
     fn wide<B: Backend>(&self, t: FloatTensor<B>) -> Tensor<B, 3> {
-        tensor::<B, 1>(t).reshape([1, self.dims[1], 1])
+        let c = self.dims[1];
+        let shape = match self.layout {
+            Layout::Channels => [1, c, 1],
+            Layout::Last => [1, 1, c],
+        };
+        tensor::<B, 1>(t).reshape(shape)
     }
 
-    /// A `[1, c, 1]` value as the `[c]` vector the callers keep.
+    /// A per-channel value as the `[c]` vector the callers keep.
     fn narrow<B: Backend>(&self, t: Tensor<B, 3>) -> FloatTensor<B> {
         t.reshape([self.dims[1]]).into_primitive().tensor()
     }
@@ -309,38 +347,96 @@ fn finish_act_backward<B: NormBackend>(
     (dx, d_gamma, d_beta, d_residual)
 }
 
+/// The batch norm composed in the `[n, c, h·w]` view, without an epilogue.
 fn composed_forward<B: Backend>(
     x: FloatTensor<B>,
     gamma: FloatTensor<B>,
     beta: FloatTensor<B>,
     eps: f64,
 ) -> (FloatTensor<B>, FloatTensor<B>, FloatTensor<B>) {
-    let ch = Channels::of(tensor::<B, 4>(x.clone()).dims());
-    let x = ch.view::<B>(x);
-    let mean = ch.sum(x.clone()) / ch.m;
-    let centered = x - mean.clone();
-    let var = ch.sum(centered.clone().square()) / ch.m;
-    let scale = ch.wide::<B>(gamma) * (var.clone() + eps).sqrt().recip();
-    let out = centered * scale + ch.wide::<B>(beta);
-    (ch.unview(out), ch.narrow(mean), ch.narrow(var))
+    let plain = Epilogue {
+        residual: None,
+        relu: false,
+    };
+    forward_in::<B>(Layout::Channels, x, gamma, beta, eps, plain)
 }
 
+/// The batch norm's three gradients composed in the `[n, c, h·w]` view.
 fn composed_backward<B: Backend>(
+    x: FloatTensor<B>,
+    gamma: FloatTensor<B>,
+    stats: (FloatTensor<B>, FloatTensor<B>),
+    eps: f64,
+    dy: FloatTensor<B>,
+) -> (FloatTensor<B>, FloatTensor<B>, FloatTensor<B>) {
+    let (dx, d_gamma, d_beta, _) =
+        backward_in::<B>(Layout::Channels, x, gamma, stats, eps, (false, None), dy);
+    (dx, d_gamma, d_beta)
+}
+
+/// `relu?(batch_norm(x) + residual?)` composed from Burn's tensor ops in `layout`'s view:
+/// (output, batch mean, biased batch variance).
+fn forward_in<B: Backend>(
+    layout: Layout,
+    x: FloatTensor<B>,
+    gamma: FloatTensor<B>,
+    beta: FloatTensor<B>,
+    eps: f64,
+    epilogue: Epilogue<FloatTensor<B>>,
+) -> (FloatTensor<B>, FloatTensor<B>, FloatTensor<B>) {
+    let v = View::of::<B>(layout, &x);
+    let x = v.view::<B>(x);
+    let mean = v.sum(x.clone()) / v.m;
+    let centered = x - mean.clone();
+    let var = v.sum(centered.clone().square()) / v.m;
+    let scale = v.wide::<B>(gamma) * (var.clone() + eps).sqrt().recip();
+    let mut out = centered * scale + v.wide::<B>(beta);
+    if let Some(residual) = epilogue.residual {
+        out = out + v.view::<B>(residual);
+    }
+    if epilogue.relu {
+        out = burn::tensor::activation::relu(out);
+    }
+    (v.unview(out), v.narrow(mean), v.narrow(var))
+}
+
+/// The gradients of [`forward_in`] in `layout`'s view: of `x`, `gamma`, `beta` and, where
+/// it had one (`residual`), the residual, after the ReLU's mask where the forward ended in
+/// one (`relu_output`, as Burn's `relu_backward`: `dy` where the output is positive, else
+/// 0).
+#[allow(clippy::type_complexity)]
+fn backward_in<B: Backend>(
+    layout: Layout,
     x: FloatTensor<B>,
     gamma: FloatTensor<B>,
     (mean, var): (FloatTensor<B>, FloatTensor<B>),
     eps: f64,
+    (residual, relu_output): (bool, Option<FloatTensor<B>>),
     dy: FloatTensor<B>,
-) -> (FloatTensor<B>, FloatTensor<B>, FloatTensor<B>) {
-    let ch = Channels::of(tensor::<B, 4>(x.clone()).dims());
-    let (x, dy) = (ch.view::<B>(x), ch.view::<B>(dy));
-    let invstd = (ch.wide::<B>(var) + eps).sqrt().recip();
-    let x_hat = (x - ch.wide::<B>(mean)) * invstd.clone();
-    let d_beta = ch.sum(dy.clone());
-    let d_gamma = ch.sum(dy.clone() * x_hat.clone());
-    let k = ch.wide::<B>(gamma) * invstd / ch.m;
-    let dx = k * (dy * ch.m - d_beta.clone() - x_hat * d_gamma.clone());
-    (ch.unview(dx), ch.narrow(d_gamma), ch.narrow(d_beta))
+) -> (
+    FloatTensor<B>,
+    FloatTensor<B>,
+    FloatTensor<B>,
+    Option<FloatTensor<B>>,
+) {
+    let v = View::of::<B>(layout, &x);
+    let (x, mut dy) = (v.view::<B>(x), v.view::<B>(dy));
+    if let Some(output) = relu_output {
+        dy = dy.mask_fill(v.view::<B>(output).lower_equal_elem(0.0), 0.0);
+    }
+    let d_residual = residual.then(|| v.unview(dy.clone()));
+    let invstd = (v.wide::<B>(var) + eps).sqrt().recip();
+    let x_hat = (x - v.wide::<B>(mean)) * invstd.clone();
+    let d_beta = v.sum(dy.clone());
+    let d_gamma = v.sum(dy.clone() * x_hat.clone());
+    let k = v.wide::<B>(gamma) * invstd / v.m;
+    let dx = k * (dy * v.m - d_beta.clone() - x_hat * d_gamma.clone());
+    (
+        v.unview(dx),
+        v.narrow(d_gamma),
+        v.narrow(d_beta),
+        d_residual,
+    )
 }
 
 impl NormBackend for Flex {
@@ -639,93 +735,6 @@ impl<B: NormBackend, const N: usize> Backward<B, N> for BatchNormActBackward {
     }
 }
 
-/// The activation `[n, c, h, w]` seen as `[n, h·w, c]`, channels last: the composed form
-/// CubeCL's backends run. A CubeCL convolution leaves its output channels-last in memory
-/// (an `[n, c, h, w]` view of `[n, h, w, c]`), so this view of it is contiguous; and since
-/// fusion writes each new tensor contiguous in its logical shape, the batch norm's output
-/// and its input gradient, computed in this view, come out channels-last too: what the
-/// next convolution (forward) and the previous one (both gradients) take without a copy.
-/// In the `[n, c, h·w]` view fusion wrote them `[n, c, h, w]`, and CubeCL's implicit GEMM
-/// copied each to channels-last before use: 341 copies a step in ResNet-50 on an H200,
-/// 9% of its device time (BENCHMARKS.md, "GPU (CUDA)"). The epilogue (residual, ReLU) and
-/// the ReLU's mask are in the same view, so their outputs are channels-last as well.
-#[cfg(feature = "cube")]
-struct Last {
-    dims: [usize; 4],
-    /// Values per channel: `n·h·w`.
-    m: f64,
-}
-
-#[cfg(feature = "cube")]
-impl Last {
-    fn of<B: Backend>(x: &FloatTensor<B>) -> Self {
-        let dims: [usize; 4] = x.shape().dims();
-        let [n, _, h, w] = dims;
-        Last {
-            dims,
-            m: (n * h * w) as f64,
-        }
-    }
-
-    /// `[n, c, h, w]` as `[n, h·w, c]` (a view of a channels-last tensor; of a contiguous
-    /// one too, strided).
-    fn view<B: Backend>(&self, t: FloatTensor<B>) -> Tensor<B, 3> {
-        let [n, c, h, w] = self.dims;
-        tensor::<B, 4>(t)
-            .permute([0, 2, 3, 1])
-            .reshape([n, h * w, c])
-    }
-
-    /// Back to `[n, c, h, w]`: a view of the channels-last result.
-    fn unview<B: Backend>(&self, t: Tensor<B, 3>) -> FloatTensor<B> {
-        let [n, c, h, w] = self.dims;
-        t.reshape([n, h, w, c])
-            .permute([0, 3, 1, 2])
-            .into_primitive()
-            .tensor()
-    }
-
-    /// Σ over batch and space: `[1, 1, c]`.
-    fn sum<B: Backend>(&self, t: Tensor<B, 3>) -> Tensor<B, 3> {
-        t.sum_dim(1).sum_dim(0)
-    }
-
-    /// A `[c]` vector as `[1, 1, c]`, to broadcast.
-    fn wide<B: Backend>(&self, t: FloatTensor<B>) -> Tensor<B, 3> {
-        tensor::<B, 1>(t).reshape([1, 1, self.dims[1]])
-    }
-
-    /// A `[1, 1, c]` value as the `[c]` vector the callers keep.
-    fn narrow<B: Backend>(&self, t: Tensor<B, 3>) -> FloatTensor<B> {
-        t.reshape([self.dims[1]]).into_primitive().tensor()
-    }
-}
-
-/// [`composed_forward`] and its epilogue in the channels-last view ([`Last`]).
-#[cfg(feature = "cube")]
-fn last_forward<B: Backend>(
-    x: FloatTensor<B>,
-    gamma: FloatTensor<B>,
-    beta: FloatTensor<B>,
-    eps: f64,
-    epilogue: Epilogue<FloatTensor<B>>,
-) -> (FloatTensor<B>, FloatTensor<B>, FloatTensor<B>) {
-    let l = Last::of::<B>(&x);
-    let x = l.view::<B>(x);
-    let mean = l.sum(x.clone()) / l.m;
-    let centered = x - mean.clone();
-    let var = l.sum(centered.clone().square()) / l.m;
-    let scale = l.wide::<B>(gamma) * (var.clone() + eps).sqrt().recip();
-    let mut out = centered * scale + l.wide::<B>(beta);
-    if let Some(residual) = epilogue.residual {
-        out = out + l.view::<B>(residual);
-    }
-    if epilogue.relu {
-        out = burn::tensor::activation::relu(out);
-    }
-    (l.unview(out), l.narrow(mean), l.narrow(var))
-}
-
 /// [`rows_eval`] in the channels-last view: the output channels-last, as in training.
 #[cfg(feature = "cube")]
 fn last_eval<B: Backend>(
@@ -735,59 +744,21 @@ fn last_eval<B: Backend>(
     eps: f64,
     epilogue: Epilogue<FloatTensor<B>>,
 ) -> FloatTensor<B> {
-    let l = Last::of::<B>(&x);
-    let scale = l.wide::<B>(gamma) * (l.wide::<B>(var) + eps).sqrt().recip();
-    let mut out = (l.view::<B>(x) - l.wide::<B>(mean)) * scale + l.wide::<B>(beta);
+    let v = View::of::<B>(Layout::Last, &x);
+    let scale = v.wide::<B>(gamma) * (v.wide::<B>(var) + eps).sqrt().recip();
+    let mut out = (v.view::<B>(x) - v.wide::<B>(mean)) * scale + v.wide::<B>(beta);
     if let Some(residual) = epilogue.residual {
-        out = out + l.view::<B>(residual);
+        out = out + v.view::<B>(residual);
     }
     if epilogue.relu {
         out = burn::tensor::activation::relu(out);
     }
-    l.unview(out)
-}
-
-/// [`composed_backward`] in the channels-last view, after the ReLU's mask where the
-/// forward ended in one (`relu_output`, as Burn's `relu_backward`: `dy` where the output
-/// is positive, else 0); the residual's gradient is the masked `dy` (`residual`).
-#[cfg(feature = "cube")]
-#[allow(clippy::type_complexity)]
-fn last_backward<B: Backend>(
-    x: FloatTensor<B>,
-    gamma: FloatTensor<B>,
-    (mean, var): (FloatTensor<B>, FloatTensor<B>),
-    eps: f64,
-    (residual, relu_output): (bool, Option<FloatTensor<B>>),
-    dy: FloatTensor<B>,
-) -> (
-    FloatTensor<B>,
-    FloatTensor<B>,
-    FloatTensor<B>,
-    Option<FloatTensor<B>>,
-) {
-    let l = Last::of::<B>(&x);
-    let (x, mut dy) = (l.view::<B>(x), l.view::<B>(dy));
-    if let Some(output) = relu_output {
-        dy = dy.mask_fill(l.view::<B>(output).lower_equal_elem(0.0), 0.0);
-    }
-    let d_residual = residual.then(|| l.unview(dy.clone()));
-    let invstd = (l.wide::<B>(var) + eps).sqrt().recip();
-    let x_hat = (x - l.wide::<B>(mean)) * invstd.clone();
-    let d_beta = l.sum(dy.clone());
-    let d_gamma = l.sum(dy.clone() * x_hat.clone());
-    let k = l.wide::<B>(gamma) * invstd / l.m;
-    let dx = k * (dy * l.m - d_beta.clone() - x_hat * d_gamma.clone());
-    (
-        l.unview(dx),
-        l.narrow(d_gamma),
-        l.narrow(d_beta),
-        d_residual,
-    )
+    v.unview(out)
 }
 
 /// CubeCL's backends (CUDA; WebGPU in the tests): batch norm and its epilogue composed
 /// from Burn's tensor ops, which fusion joins into few kernels, in the channels-last view
-/// ([`Last`]); one autodiff node, so the backward is in that view too.
+/// ([`Layout::Last`]); one autodiff node, so the backward is in that view too.
 #[cfg(feature = "cube")]
 macro_rules! cube_norm {
     () => {
@@ -803,7 +774,7 @@ macro_rules! cube_norm {
                 residual: None,
                 relu: false,
             };
-            last_forward::<Self>(x, gamma, beta, eps, plain)
+            forward_in::<Self>(Layout::Last, x, gamma, beta, eps, plain)
         }
 
         fn batch_norm_train_backward(
@@ -813,8 +784,9 @@ macro_rules! cube_norm {
             eps: f64,
             dy: FloatTensor<Self>,
         ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
+            let plain = (false, None);
             let (dx, d_gamma, d_beta, _) =
-                last_backward::<Self>(x, gamma, stats, eps, (false, None), dy);
+                backward_in::<Self>(Layout::Last, x, gamma, stats, eps, plain, dy);
             (dx, d_gamma, d_beta)
         }
 
@@ -825,7 +797,7 @@ macro_rules! cube_norm {
             eps: f64,
             epilogue: Epilogue<FloatTensor<Self>>,
         ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
-            last_forward::<Self>(x, gamma, beta, eps, epilogue)
+            forward_in::<Self>(Layout::Last, x, gamma, beta, eps, epilogue)
         }
 
         fn batch_norm_train_act_backward(
@@ -841,7 +813,7 @@ macro_rules! cube_norm {
             FloatTensor<Self>,
             Option<FloatTensor<Self>>,
         ) {
-            last_backward::<Self>(x, gamma, stats, eps, epilogue, dy)
+            backward_in::<Self>(Layout::Last, x, gamma, stats, eps, epilogue, dy)
         }
 
         fn batch_norm_eval(
