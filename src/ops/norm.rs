@@ -44,7 +44,7 @@ pub trait NormBackend: Backend {
         beta: FloatTensor<Self>,
         eps: f64,
     ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
-        composed_forward::<Self>(x, gamma, beta, eps)
+        composed_forward::<Self>(Layout::Channels, x, gamma, beta, eps)
     }
 
     /// The gradients of `x`, `gamma` and `beta` from the output's gradient `dy`, given the
@@ -56,7 +56,7 @@ pub trait NormBackend: Backend {
         eps: f64,
         dy: FloatTensor<Self>,
     ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
-        composed_backward::<Self>(x, gamma, stats, eps, dy)
+        composed_backward::<Self>(Layout::Channels, x, gamma, stats, eps, dy)
     }
 
     /// `relu?(batch_norm(x) + residual?)`, the residual of `x`'s shape: (output, mean,
@@ -152,14 +152,10 @@ fn rows_eval<B: Backend>(
     let centered = x2 - rows(mean);
     let gamma = tensor::<B, 1>(gamma) * scale;
     let out = centered * rows(gamma.into_primitive().tensor()) + rows(beta);
-    let mut out = out.reshape([n, c, h, w]);
-    if let Some(r) = epilogue.residual {
-        out = out + tensor::<B, 4>(r);
-    }
-    if epilogue.relu {
-        out = burn::tensor::activation::relu(out);
-    }
-    out.into_primitive().tensor()
+    let out = out.reshape([n, c, h, w]);
+    then::<B, 4>(out, epilogue, tensor)
+        .into_primitive()
+        .tensor()
 }
 
 /// What follows a batch norm in [`batch_norm_train_act`]: a residual added, then a ReLU.
@@ -167,6 +163,22 @@ fn rows_eval<B: Backend>(
 pub struct Epilogue<T> {
     pub residual: Option<T>,
     pub relu: bool,
+}
+
+/// `out` with `epilogue` applied as Burn's add and ReLU; `seen` puts the residual in
+/// `out`'s shape (the composed forms' views).
+fn then<B: Backend, const D: usize>(
+    mut out: Tensor<B, D>,
+    epilogue: Epilogue<FloatTensor<B>>,
+    seen: impl FnOnce(FloatTensor<B>) -> Tensor<B, D>,
+) -> Tensor<B, D> {
+    if let Some(residual) = epilogue.residual {
+        out = out + seen(residual);
+    }
+    if epilogue.relu {
+        out = burn::tensor::activation::relu(out);
+    }
+    out
 }
 
 /// Training-mode batch norm on any [`NormBackend`]: (output, batch mean, biased batch
@@ -315,13 +327,7 @@ fn composed_act<B: NormBackend>(
     epilogue: Epilogue<FloatTensor<B>>,
 ) -> (FloatTensor<B>, FloatTensor<B>, FloatTensor<B>) {
     let (out, mean, var) = B::batch_norm_train(x, gamma, beta, eps);
-    let mut out = tensor::<B, 4>(out);
-    if let Some(residual) = epilogue.residual {
-        out = out + tensor::<B, 4>(residual);
-    }
-    if epilogue.relu {
-        out = burn::tensor::activation::relu(out);
-    }
+    let out = then::<B, 4>(tensor(out), epilogue, tensor);
     (out.into_primitive().tensor(), mean, var)
 }
 
@@ -347,8 +353,9 @@ fn finish_act_backward<B: NormBackend>(
     (dx, d_gamma, d_beta, d_residual)
 }
 
-/// The batch norm composed in the `[n, c, h·w]` view, without an epilogue.
+/// The batch norm composed in `layout`'s view, without an epilogue.
 fn composed_forward<B: Backend>(
+    layout: Layout,
     x: FloatTensor<B>,
     gamma: FloatTensor<B>,
     beta: FloatTensor<B>,
@@ -358,11 +365,12 @@ fn composed_forward<B: Backend>(
         residual: None,
         relu: false,
     };
-    forward_in::<B>(Layout::Channels, x, gamma, beta, eps, plain)
+    forward_in::<B>(layout, x, gamma, beta, eps, plain)
 }
 
-/// The batch norm's three gradients composed in the `[n, c, h·w]` view.
+/// The batch norm's three gradients composed in `layout`'s view.
 fn composed_backward<B: Backend>(
+    layout: Layout,
     x: FloatTensor<B>,
     gamma: FloatTensor<B>,
     stats: (FloatTensor<B>, FloatTensor<B>),
@@ -370,7 +378,7 @@ fn composed_backward<B: Backend>(
     dy: FloatTensor<B>,
 ) -> (FloatTensor<B>, FloatTensor<B>, FloatTensor<B>) {
     let (dx, d_gamma, d_beta, _) =
-        backward_in::<B>(Layout::Channels, x, gamma, stats, eps, (false, None), dy);
+        backward_in::<B>(layout, x, gamma, stats, eps, (false, None), dy);
     (dx, d_gamma, d_beta)
 }
 
@@ -390,13 +398,8 @@ fn forward_in<B: Backend>(
     let centered = x - mean.clone();
     let var = v.sum(centered.clone().square()) / v.m;
     let scale = v.wide::<B>(gamma) * (var.clone() + eps).sqrt().recip();
-    let mut out = centered * scale + v.wide::<B>(beta);
-    if let Some(residual) = epilogue.residual {
-        out = out + v.view::<B>(residual);
-    }
-    if epilogue.relu {
-        out = burn::tensor::activation::relu(out);
-    }
+    let out = centered * scale + v.wide::<B>(beta);
+    let out = then::<B, 3>(out, epilogue, |r| v.view::<B>(r));
     (v.unview(out), v.narrow(mean), v.narrow(var))
 }
 
@@ -453,7 +456,7 @@ impl NormBackend for Flex {
             relu: false,
         };
         flex_forward(&x, &gamma, &beta, eps, &plain)
-            .unwrap_or_else(|| composed_forward::<Self>(x, gamma, beta, eps))
+            .unwrap_or_else(|| composed_forward::<Self>(Layout::Channels, x, gamma, beta, eps))
     }
 
     fn batch_norm_train_act(
@@ -499,10 +502,10 @@ impl NormBackend for Flex {
         let (Some((xc, dims)), Some((g, _)), Some((mu, _)), Some((v, _)), Some((dyc, _))) =
             operands
         else {
-            return composed_backward::<Self>(x, gamma, (mean, var), eps, dy);
+            return composed_backward::<Self>(Layout::Channels, x, gamma, (mean, var), eps, dy);
         };
         if dims.contains(&0) {
-            return composed_backward::<Self>(x, gamma, (mean, var), eps, dy);
+            return composed_backward::<Self>(Layout::Channels, x, gamma, (mean, var), eps, dy);
         }
         let [n, c, h, w] = dims;
         let shape = Shape { n, c, hw: h * w };
@@ -746,14 +749,8 @@ fn last_eval<B: Backend>(
 ) -> FloatTensor<B> {
     let v = View::of::<B>(Layout::Last, &x);
     let scale = v.wide::<B>(gamma) * (v.wide::<B>(var) + eps).sqrt().recip();
-    let mut out = (v.view::<B>(x) - v.wide::<B>(mean)) * scale + v.wide::<B>(beta);
-    if let Some(residual) = epilogue.residual {
-        out = out + v.view::<B>(residual);
-    }
-    if epilogue.relu {
-        out = burn::tensor::activation::relu(out);
-    }
-    v.unview(out)
+    let out = (v.view::<B>(x) - v.wide::<B>(mean)) * scale + v.wide::<B>(beta);
+    v.unview(then::<B, 3>(out, epilogue, |r| v.view::<B>(r)))
 }
 
 /// CubeCL's backends (CUDA; WebGPU in the tests): batch norm and its epilogue composed
@@ -770,11 +767,7 @@ macro_rules! cube_norm {
             beta: FloatTensor<Self>,
             eps: f64,
         ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
-            let plain = Epilogue {
-                residual: None,
-                relu: false,
-            };
-            forward_in::<Self>(Layout::Last, x, gamma, beta, eps, plain)
+            composed_forward::<Self>(Layout::Last, x, gamma, beta, eps)
         }
 
         fn batch_norm_train_backward(
@@ -784,10 +777,7 @@ macro_rules! cube_norm {
             eps: f64,
             dy: FloatTensor<Self>,
         ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
-            let plain = (false, None);
-            let (dx, d_gamma, d_beta, _) =
-                backward_in::<Self>(Layout::Last, x, gamma, stats, eps, plain, dy);
-            (dx, d_gamma, d_beta)
+            composed_backward::<Self>(Layout::Last, x, gamma, stats, eps, dy)
         }
 
         fn batch_norm_train_act(
@@ -1051,7 +1041,8 @@ mod tests {
             let dy = flex(&dims, Distribution::Default);
             let eps = 1e-5;
             let ours = Flex::batch_norm_train(x.clone(), gamma.clone(), beta.clone(), eps);
-            let reference = composed_forward::<Flex>(x.clone(), gamma.clone(), beta, eps);
+            let reference =
+                composed_forward::<Flex>(Layout::Channels, x.clone(), gamma.clone(), beta, eps);
             assert!(worst(&ours.0, &reference.0) < 1e-4, "{dims:?}: output");
             assert!(worst(&ours.1, &reference.1) < 1e-5, "{dims:?}: mean");
             assert!(worst(&ours.2, &reference.2) < 1e-4, "{dims:?}: variance");
@@ -1063,7 +1054,7 @@ mod tests {
                 eps,
                 dy.clone(),
             );
-            let expected = composed_backward::<Flex>(x, gamma, stats, eps, dy);
+            let expected = composed_backward::<Flex>(Layout::Channels, x, gamma, stats, eps, dy);
             assert!(worst(&grads.0, &expected.0) < 1e-4, "{dims:?}: dx");
             assert!(worst(&grads.1, &expected.1) < 1e-4, "{dims:?}: dgamma");
             assert!(worst(&grads.2, &expected.2) < 1e-4, "{dims:?}: dbeta");
@@ -1085,20 +1076,28 @@ mod tests {
             &Default::default(),
         );
         let strided = nhwc.permute([0, 3, 1, 2]).into_primitive().tensor();
-        let a = composed_forward::<Flex>(x.clone(), gamma.clone(), beta.clone(), 1e-5);
-        let b = composed_forward::<Flex>(strided.clone(), gamma.clone(), beta, 1e-5);
+        let a = composed_forward::<Flex>(
+            Layout::Channels,
+            x.clone(),
+            gamma.clone(),
+            beta.clone(),
+            1e-5,
+        );
+        let b =
+            composed_forward::<Flex>(Layout::Channels, strided.clone(), gamma.clone(), beta, 1e-5);
         for (i, name) in ["output", "mean", "variance"].iter().enumerate() {
             let (p, q) = [(&a.0, &b.0), (&a.1, &b.1), (&a.2, &b.2)][i];
             assert!(worst(p, q) < 1e-5, "{name}");
         }
         let ga = composed_backward::<Flex>(
+            Layout::Channels,
             x,
             gamma.clone(),
             (a.1.clone(), a.2.clone()),
             1e-5,
             dy.clone(),
         );
-        let gb = composed_backward::<Flex>(strided, gamma, (a.1, a.2), 1e-5, dy);
+        let gb = composed_backward::<Flex>(Layout::Channels, strided, gamma, (a.1, a.2), 1e-5, dy);
         assert!(worst(&ga.0, &gb.0) < 1e-5, "dx");
         assert!(worst(&ga.1, &gb.1) < 1e-4, "dgamma");
         assert!(worst(&ga.2, &gb.2) < 1e-4, "dbeta");
