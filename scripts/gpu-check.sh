@@ -38,8 +38,9 @@
 #                 cost the call one cold start's time. Their ms/iter is not a steady state.
 #   warm:ARCH     the warm run of startup:ARCH alone.
 # The default PLAN (see PLAN= below): the cold starts together (those of three other
-# backend.conv_kernel values among them), then one at a time the headline ratio
-# (article/default), the article's other rows and resnet50_accum beside PyTorch,
+# backend.conv_kernel values and of backend.conv_split = "off" among them), then one at a
+# time the headline ratio (article/default), the same without the split weight gradients,
+# the article's other rows and resnet50_accum beside PyTorch,
 # article/default with each of those conv kernels, article/default without the NVML sampler and then without the per-step pool
 # reading (profile.memory=false: each one's cost per step, against the runs with both on),
 # the kernels table, the warm starts, fusion off, gc, tuned_loader without pinned memory,
@@ -136,11 +137,17 @@ ACCUM=compare:resnet50_accum,run.early_stop.patience=1000
 # specialisation), which Burn's implicit GEMM (simple_sync_cyclic: 58% of a ResNet-50 step
 # on 2026-12-04) leaves out: compiled cold beside the others, then a warm run of each on
 # article/default (the rows to set against compare:article/default's runner row).
+# backend.conv_split = "off": every weight gradient on the implicit GEMM, as before the
+# split (25 launches a step over 1 ms, 74 of the step's 92 ms of convolution on
+# 2026-12-04: the weight gradients of small weights, a few cubes each), against the
+# default's split ones: compiled cold beside the others, then run right after the
+# headline row.
+SPLIT_OFF=runner:article/default,backend.conv_split=off
 KERNELS="specialized_tma simple_async_tma specialized_async_cyclic"
 kernel_colds() { for k in $KERNELS; do printf '+cold:resnet50,backend.conv_kernel=%s' "$k"; done; }
 kernel_rows() { for k in $KERNELS; do printf 'runner:article/default,backend.conv_kernel=%s ' "$k"; done; }
-COLDS="cold:resnet50+cold:resnet50,backend.conv=autotune+cold:resnet50,backend.fusion=false+cold:mlp+cold:small_cnn+cold:resnet18$(kernel_colds)"
-PLAN=${PLAN-together:$COLDS compare:article/default compare:article/tuned_loader compare:article/cleanup_every_step compare:article/empty_cache_every_step $ACCUM $(kernel_rows)$NVML_OFF $POOL_OFF kernels:article/default warm:mlp warm:small_cnn warm:resnet18 runner:article/default,backend.fusion=false gc $UNPINNED $FEWER_SYNCS compare:article/default compare:article/tuned_loader}
+COLDS="cold:resnet50+cold:resnet50,backend.conv_split=off+cold:resnet50,backend.conv=autotune+cold:resnet50,backend.fusion=false+cold:mlp+cold:small_cnn+cold:resnet18$(kernel_colds)"
+PLAN=${PLAN-together:$COLDS compare:article/default $SPLIT_OFF compare:article/tuned_loader compare:article/cleanup_every_step compare:article/empty_cache_every_step $ACCUM $(kernel_rows)$NVML_OFF $POOL_OFF kernels:article/default warm:mlp warm:small_cnn warm:resnet18 runner:article/default,backend.fusion=false gc $UNPINNED $FEWER_SYNCS compare:article/default compare:article/tuned_loader}
 KERNEL_STEPS=${KERNEL_STEPS:-10}
 MAX_STEPS=${MAX_STEPS:-80}
 WARMUP=${WARMUP:-20}

@@ -433,6 +433,7 @@ mod wgpu_tests {
             conv: crate::recipe::ConvAlgo::Autotune,
             conv_kernel: crate::recipe::ConvKernel::SimpleSyncCyclic,
             conv_tile: crate::recipe::ConvTile::Cmma,
+            conv_split: crate::recipe::ConvSplit::Auto,
             cache_dir: None,
         };
         let missing = WgpuTarget {

@@ -47,17 +47,19 @@ use cubek::std::InputBinding;
 
 use super::ConvBackend;
 use crate::plan::KernelPlan;
-use crate::recipe::{ConvAlgo, ConvKernel, ConvTile};
+use crate::recipe::{ConvAlgo, ConvKernel, ConvSplit, ConvTile};
 
 /// The float32 backends the runner builds on a CubeCL runtime.
 type Cube<R, BT> = CubeBackend<R, f32, i32, BT>;
 
-/// `backend.conv`, `conv_kernel` and `conv_tile` of the run that queues convolutions now.
+/// `backend.conv`, `conv_kernel`, `conv_tile` and `conv_split` of the run that queues
+/// convolutions now.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 struct Choice {
     algo: ConvAlgo,
     kernel: ConvKernel,
     tile: ConvTile,
+    split: ConvSplit,
 }
 
 impl Choice {
@@ -75,6 +77,7 @@ static CHOICE: Mutex<Choice> = Mutex::new(Choice {
     algo: ConvAlgo::Autotune,
     kernel: ConvKernel::SimpleSyncCyclic,
     tile: ConvTile::Cmma,
+    split: ConvSplit::Auto,
 });
 
 /// Sets `backend.conv` (and its kernel) for the convolutions queued from now on (each run
@@ -84,6 +87,7 @@ pub fn set(kernels: &KernelPlan) {
         algo: kernels.conv,
         kernel: kernels.conv_kernel,
         tile: kernels.conv_tile,
+        split: kernels.conv_split,
     });
 }
 
@@ -155,6 +159,10 @@ struct Seen {
     ran: HashSet<Key>,
     /// Reasons already said on stderr.
     reasons: HashSet<String>,
+    /// Weight gradients split over the batch ([`weight_grad_split`]) that failed at set-up
+    /// or at their first launch (the implicit GEMM takes these), and those that ran.
+    split_refused: HashSet<Key>,
+    split_ran: HashSet<Key>,
 }
 
 static SEEN: Mutex<Option<Seen>> = Mutex::new(None);
@@ -367,6 +375,202 @@ fn try_gemm<R: CubeRuntime, BT: BoolElement>(
     Some(out)
 }
 
+/// The fewest pixels of the batch a slice of a split weight gradient sums over (the depth
+/// of each of the batched matmul's products). Small in the tests, so their small shapes
+/// split too.
+const SPLIT_MIN_ROWS: usize = if cfg!(test) { 4 } else { 256 };
+
+/// The most memory a split weight gradient's patch matrix may take (a 3×3 convolution's
+/// is the input nine times over; a 1×1 stride-1 one's is the input itself, no copy).
+const SPLIT_MAX_PATCH_BYTES: usize = 1 << 30;
+
+/// Into how many slices of the batch's pixels to split the weight gradient of a
+/// convolution with `rows` output pixels (batch × height × width) and a weight of
+/// `out_channels` × `patch` (in channels × kernel area), on a device of `sms`
+/// multiprocessors: 1 where the implicit GEMM's own 64×64 output blocks are enough to
+/// keep about two cubes per multiprocessor busy, else the power of two that brings the
+/// slices' blocks there, each slice at least `min_rows` pixels and all of them equal.
+fn split_count(
+    rows: usize,
+    out_channels: usize,
+    patch: usize,
+    sms: Option<u32>,
+    min_rows: usize,
+) -> usize {
+    let blocks = out_channels.div_ceil(64) * patch.div_ceil(64);
+    let target = sms.map_or(64, |m| 2 * m as usize);
+    let mut split = 1;
+    while blocks * split < target
+        && rows.is_multiple_of(2 * split)
+        && rows / (2 * split) >= min_rows
+    {
+        split *= 2;
+    }
+    split
+}
+
+/// The weight gradient of a convolution whose weight is too small for the implicit GEMM
+/// to keep the GPU busy (`backend.conv_split = "auto"`). The implicit GEMM's output is the
+/// weight (`out_channels × in_channels·kh·kw`) and its depth the batch's pixels: one
+/// cube per 64×64 block of the weight then loops over every pixel (ResNet-50's first
+/// 3×3 at batch 64: 9 cubes, 65,536 pixels each; 4-5 ms a launch on an H200 where a
+/// forward pass with the same arithmetic took 0.1-0.3 ms). Here the pixels are cut into
+/// `S` equal slices ([`split_count`]) and the gradient is a batched matmul, `S`
+/// products `dyᵀ[o, slice] · patches[slice, (kh, kw, c)]`, summed over the slices.
+/// `patches` is the input itself for a 1×1 stride-1 convolution without padding,
+/// channels-last as the batch norm leaves it, else the input's patches gathered once
+/// (kernel area × input size; not split above `SPLIT_MAX_PATCH_BYTES`, nor with groups
+/// or dilation, which ResNets do not have). The result is
+/// channels-last, as the implicit GEMM's. `Ok(None)`: no split is needed; `Err`: the
+/// matmul refused (the implicit GEMM takes it).
+fn weight_grad_split<R: CubeRuntime, BT: BoolElement>(
+    x: &FloatTensor<Cube<R, BT>>,
+    weight: &Shape,
+    dy: &FloatTensor<Cube<R, BT>>,
+    options: &ConvOptions<2>,
+) -> Result<Option<FloatTensor<Cube<R, BT>>>, String> {
+    use burn::tensor::ops::FloatTensorOps;
+    use burn::tensor::Slice;
+    use burn_cubecl::kernel::reduce::{reduce_dim, KernelReduceStrategy};
+    use cubek::matmul::launch::{launch_ref, Strategy as MatmulStrategy};
+    use cubek::reduce::components::instructions::ReduceOperationConfig;
+    type C<R, BT> = Cube<R, BT>;
+
+    if options.groups != 1 || options.dilation != [1, 1] {
+        return Ok(None);
+    }
+    let [n, c, h, w] = x.shape().dims();
+    let [o, _, kh, kw] = weight.dims();
+    let [_, _, oh, ow] = dy.shape().dims();
+    let (rows, patch) = (n * oh * ow, kh * kw * c);
+    let sms = x.client.properties().hardware.num_streaming_multiprocessors;
+    let split = split_count(rows, o, patch, sms, SPLIT_MIN_ROWS);
+    if split == 1 {
+        return Ok(None);
+    }
+    let plain = kh * kw == 1 && options.stride == [1, 1] && options.padding == [0, 0];
+    if !plain && rows * patch * x.dtype.size() > SPLIT_MAX_PATCH_BYTES {
+        return Ok(None);
+    }
+
+    // The input's patches, [n, oh, ow, (kh, kw, c)]: the input channels-last, padded,
+    // then unfolded along height and width (views with overlapping strides), gathered
+    // into one matrix by the reshape's copy. Three launches (zeros, the padded input, the
+    // gather); none for a 1×1 stride-1 convolution without padding.
+    let xl = C::<R, BT>::float_permute(x.clone(), &[0, 2, 3, 1]);
+    let patches = if plain {
+        xl
+    } else {
+        let [ph, pw] = options.padding;
+        let padded = if ph == 0 && pw == 0 {
+            xl
+        } else {
+            let shape = Shape::new([n, h + 2 * ph, w + 2 * pw, c]);
+            let zeros = C::<R, BT>::float_zeros(shape, &x.device, x.dtype.into());
+            let span =
+                |from: usize, len: usize| Slice::new(from as isize, Some((from + len) as isize), 1);
+            let inside = [span(0, n), span(ph, h), span(pw, w), span(0, c)];
+            C::<R, BT>::float_slice_assign(zeros, &inside, xl)
+        };
+        let [sh, sw] = options.stride;
+        let rows_of = C::<R, BT>::float_unfold(padded, 1, kh, sh);
+        let taps = C::<R, BT>::float_unfold(rows_of, 2, kw, sw);
+        C::<R, BT>::float_permute(taps, &[0, 1, 2, 4, 5, 3])
+    };
+    let per = rows / split;
+    let patches = C::<R, BT>::float_reshape(patches, Shape::new([split, per, patch]));
+    let dyl = C::<R, BT>::float_permute(dy.clone(), &[0, 2, 3, 1]);
+    let dyl = C::<R, BT>::float_reshape(dyl, Shape::new([split, per, o]));
+    let lhs = C::<R, BT>::float_swap_dims(dyl, 1, 2);
+
+    let client = x.client.clone();
+    let dtype = x.dtype;
+    let partial = empty_device_dtype(
+        client.clone(),
+        x.device.clone(),
+        Shape::new([split, o, patch]),
+        dtype,
+    );
+    let bind = |t: &CubeTensor<R>| InputBinding::new(t.clone().binding(), t.dtype.into());
+    let launch = |strategy: &MatmulStrategy| {
+        let mut dtypes = MatmulElems::from_globals(&MatmulGlobalElems {
+            lhs: dtype.into(),
+            rhs: dtype.into(),
+            out: dtype.into(),
+        });
+        launch_ref(
+            strategy,
+            &client,
+            bind(&lhs),
+            bind(&patches),
+            partial.clone().binding(),
+            &mut dtypes,
+        )
+    };
+    // CubeCL's own matmul without autotune: tensor cores where there are (Burn's default
+    // choice, `Strategy::Auto`, whose fallback panics on what it does not expect).
+    launch(&MatmulStrategy::SimpleCyclicCmma(Default::default()))
+        .or_else(|_| launch(&MatmulStrategy::SimpleUnit(Default::default())))
+        .map_err(|e| format!("{e:?}"))?;
+    let sum = reduce_dim(
+        partial,
+        None,
+        0,
+        KernelReduceStrategy::Unspecified,
+        ReduceOperationConfig::Sum,
+    )
+    .map_err(|e| format!("{e:?}"))?;
+    let dw = C::<R, BT>::float_reshape(sum, Shape::new([o, kh, kw, c]));
+    Ok(Some(C::<R, BT>::float_permute(dw, &[0, 3, 1, 2])))
+}
+
+/// [`weight_grad_split`] where it applies and has not failed for this shape before; a
+/// failure (said once per reason) sends the shape to the implicit GEMM from then on.
+fn try_split<R: CubeRuntime, BT: BoolElement>(
+    x: &FloatTensor<Cube<R, BT>>,
+    weight: &FloatTensor<Cube<R, BT>>,
+    dy: &FloatTensor<Cube<R, BT>>,
+    options: &ConvOptions<2>,
+) -> Option<FloatTensor<Cube<R, BT>>> {
+    let k = key(
+        Pass::WeightGrad,
+        Choice::BURNS,
+        &x.shape(),
+        &weight.shape(),
+        options,
+    );
+    if seen(|s| s.split_refused.contains(&k)).unwrap_or(true) {
+        return None;
+    }
+    let fail = |why: String| {
+        let said = format!("conv_split: {why}");
+        if seen(|s| s.split_refused.insert(k) && s.reasons.insert(said)) == Some(true) {
+            crate::errln!(
+                "runner: backend.conv_split = \"auto\" cannot take the weight gradient of a convolution of {:?} by {:?}: {}; CubeCL's implicit GEMM takes it, and any other shape refused for this reason",
+                k.2,
+                k.3,
+                why.trim()
+            );
+        }
+    };
+    match weight_grad_split::<R, BT>(x, &weight.shape(), dy, options) {
+        Ok(Some(dw)) => {
+            if seen(|s| s.split_ran.insert(k)).unwrap_or(false) {
+                if let Err(e) = dw.client.flush() {
+                    fail(format!("{e:?}"));
+                    return None;
+                }
+            }
+            Some(dw)
+        }
+        Ok(None) => None,
+        Err(e) => {
+            fail(e);
+            None
+        }
+    }
+}
+
 /// Whether Burn's own input gradient can come back wrong: when the kernel's extent is
 /// shorter than the stride (`kernel · dilation < stride` along a side, as in ResNet's 1×1
 /// stride-2 shortcut), burn-cubecl 0.21's direct transposed-convolution kernel, one of the
@@ -444,6 +648,11 @@ fn run_pass<R: CubeRuntime, BT: BoolElement>(
     }
     if choice.algo == ConvAlgo::ImplicitGemm {
         let dy = output_grad.as_ref();
+        if let (Pass::WeightGrad, Some(dy), ConvSplit::Auto) = (pass, dy, choice.split) {
+            if let Some(dw) = try_split::<R, BT>(&x, &weight, dy, &options) {
+                return dw;
+            }
+        }
         if let Some(named) = choice.named() {
             if let Some(out) = try_gemm::<R, BT>(pass, Some(named), &x, &weight, dy, &options) {
                 return out;
@@ -739,6 +948,7 @@ mod tests {
             algo: ConvAlgo::ImplicitGemm,
             kernel: ConvKernel::SimpleSyncCyclic,
             tile: ConvTile::Cmma,
+            split: ConvSplit::Auto,
         });
         let results = [
             ("fused", unit_twice::<Autodiff<Wgpu>>()),
@@ -748,6 +958,7 @@ mod tests {
             algo: ConvAlgo::Autotune,
             kernel: ConvKernel::SimpleSyncCyclic,
             tile: ConvTile::Cmma,
+            split: ConvSplit::Auto,
         });
         for (backend, (mut first, mut second)) in results {
             first.sort_by_key(|(p, _)| p.name());
@@ -924,17 +1135,26 @@ mod tests {
                 let cpu = conv_and_grads::<Autodiff<Flex>>(&x, &w, &dy, &options);
                 let mut results = vec![("cpu".to_string(), cpu)];
                 let choices = [
-                    (ConvAlgo::Autotune, Choice::BURNS),
-                    (ConvAlgo::ImplicitGemm, Choice::BURNS),
+                    (ConvAlgo::Autotune, Choice::BURNS, ConvSplit::Auto),
+                    // The weight gradient split over the batch (every case here splits:
+                    // small weights, and slices of 4 pixels in the tests), then not.
+                    (ConvAlgo::ImplicitGemm, Choice::BURNS, ConvSplit::Auto),
+                    (ConvAlgo::ImplicitGemm, Choice::BURNS, ConvSplit::Off),
                     // A named kernel: lavapipe refuses it too, so this runs its fallbacks.
                     (
                         ConvAlgo::ImplicitGemm,
                         (ConvKernel::SpecializedTma, ConvTile::Mma),
+                        ConvSplit::Off,
                     ),
                 ];
-                for (algo, (kernel, tile)) in choices {
-                    set_choice(Choice { algo, kernel, tile });
-                    let name = format!("{algo:?} {kernel:?} {tile:?}");
+                for (algo, (kernel, tile), split) in choices {
+                    set_choice(Choice {
+                        algo,
+                        kernel,
+                        tile,
+                        split,
+                    });
+                    let name = format!("{algo:?} {kernel:?} {tile:?} {split:?}");
                     let fused = conv_and_grads::<Autodiff<Wgpu>>(&x, &w, &dy, &options);
                     results.push((format!("fused {name}"), fused));
                     let plain = conv_and_grads::<Autodiff<WgpuPlain>>(&x, &w, &dy, &options);
@@ -967,8 +1187,49 @@ mod tests {
             algo: ConvAlgo::Autotune,
             kernel: ConvKernel::SimpleSyncCyclic,
             tile: ConvTile::Cmma,
+            split: ConvSplit::Auto,
         });
         assert!(failures.is_empty(), "{}", failures.join("\n"));
+        // The split weight gradients above were the split's, not the implicit GEMM's
+        // after a refusal.
+        for (xs, ws, stride, padding) in cases {
+            let options = ConvOptions::new([stride; 2], [padding; 2], [1, 1], 1);
+            let (xs, ws) = (Shape::new(xs), Shape::new(ws));
+            let k = key(Pass::WeightGrad, Choice::BURNS, &xs, &ws, &options);
+            let (ran, refused) = seen(|s| (s.split_ran.contains(&k), s.split_refused.contains(&k)))
+                .expect("the record of shapes");
+            assert!(
+                ran && !refused,
+                "{xs:?}*{ws:?}: split ran {ran}, refused {refused}"
+            );
+        }
+    }
+
+    /// How ResNet-50's weight gradients (CIFAR stem, batch 64) split on an H200 (132
+    /// multiprocessors): the small weights of the stem and layer 1 into hundreds of cubes,
+    /// the large ones of layer 4 not at all, every slice at least 256 pixels.
+    #[test]
+    fn resnet50_weight_gradients_split_by_their_size() {
+        let h200 = Some(132);
+        // (output pixels, out channels, in channels × kernel area, split)
+        let cases = [
+            (65536, 64, 27, 256),  // stem: 1 block
+            (65536, 64, 576, 32),  // layer 1's 3×3: 9 blocks
+            (65536, 256, 64, 128), // layer 1's 1×1 up: 4 blocks
+            (16384, 128, 1152, 8), // layer 2's 3×3: 36 blocks
+            (4096, 256, 2304, 2),  // layer 3's 3×3: 144 blocks
+            (1024, 512, 1024, 4),  // layer 4's 1×1 down: 128 blocks, slices of 256
+            (1024, 512, 4608, 1),  // layer 4's 3×3: 576 blocks
+            (1024, 2048, 1024, 1), // layer 4's shortcut: 512 blocks
+            (100, 64, 576, 1),     // too few pixels to slice
+        ];
+        for (rows, o, patch, want) in cases {
+            let got = split_count(rows, o, patch, h200, 256);
+            assert_eq!(got, want, "{rows} pixels, {o} × {patch}");
+            assert!(got == 1 || rows % got == 0 && rows / got >= 256);
+        }
+        // Without a multiprocessor count (WebGPU), a target of 64 cubes.
+        assert_eq!(split_count(65536, 64, 576, None, 256), 8);
     }
 
     /// Every named kernel on CUDA (on CMMA tiles; `RUNNER_TEST_CONV_KERNELS` picks others,
@@ -1026,12 +1287,25 @@ mod tests {
                 (x, w, dy, options, want)
             })
             .collect();
+        // Every weight gradient on the named kernel, none split; then Burn's kernel with
+        // the weight gradients split over the batch (`conv_split = "auto"`; these small
+        // weights all split, with the tests' slices of at least 4 pixels).
+        let mut runs: Vec<_> = kernels
+            .into_iter()
+            .map(|(k, t)| (k, t, ConvSplit::Off))
+            .collect();
+        runs.push((
+            ConvKernel::SimpleSyncCyclic,
+            ConvTile::Cmma,
+            ConvSplit::Auto,
+        ));
         let mut failures = vec![];
-        for (kernel, tile) in kernels {
+        for (kernel, tile, split) in runs {
             set_choice(Choice {
                 algo: ConvAlgo::ImplicitGemm,
                 kernel,
                 tile,
+                split,
             });
             let mut worst = 0.0f32;
             for (x, w, dy, options, want) in &inputs {
@@ -1050,9 +1324,10 @@ mod tests {
                         worst = worst.max(err);
                         if err.is_nan() || err > 1e-2 {
                             failures.push(format!(
-                                "{} {} {how} {:?} by {:?} stride {:?}: {what} off by {err:.3} of its magnitude",
+                                "{} {} (conv_split {}) {how} {:?} by {:?} stride {:?}: {what} off by {err:.3} of its magnitude",
                                 kernel.name(),
                                 tile.name(),
+                                split.name(),
                                 x.shape,
                                 w.shape,
                                 options.stride
@@ -1069,17 +1344,38 @@ mod tests {
                 })
                 .map(Pass::name)
                 .collect();
+            let split_ran = inputs
+                .iter()
+                .filter(|(x, w, _, options, _)| {
+                    let k = key(Pass::WeightGrad, Choice::BURNS, &x.shape, &w.shape, options);
+                    seen(|s| s.split_ran.contains(&k) && !s.split_refused.contains(&k))
+                        .unwrap_or(false)
+                })
+                .count();
             eprintln!(
-                "conv kernel {} on {}: worst relative error {worst:.1e}; refused (ran elsewhere): {}",
+                "conv kernel {} on {} (conv_split {}): worst relative error {worst:.1e}; refused (ran elsewhere): {}{}",
                 kernel.name(),
                 tile.name(),
-                if refused.is_empty() { "none".to_string() } else { refused.join(", ") }
+                split.name(),
+                if refused.is_empty() { "none".to_string() } else { refused.join(", ") },
+                if split == ConvSplit::Auto {
+                    format!("; weight gradients split for {split_ran} of {} shapes", inputs.len())
+                } else {
+                    String::new()
+                }
             );
+            if split == ConvSplit::Auto && split_ran != inputs.len() {
+                failures.push(format!(
+                    "conv_split auto: the weight gradient was split for {split_ran} of {} shapes",
+                    inputs.len()
+                ));
+            }
         }
         set_choice(Choice {
             algo: ConvAlgo::Autotune,
             kernel: ConvKernel::SimpleSyncCyclic,
             tile: ConvTile::Cmma,
+            split: ConvSplit::Auto,
         });
         assert!(failures.is_empty(), "{}", failures.join("\n"));
     }

@@ -156,6 +156,7 @@ impl<'a> Validator<'a> {
                     b.conv_kernel != ConvKernel::SimpleSyncCyclic,
                 ),
                 ("backend.conv_tile", b.conv_tile != ConvTile::Cmma),
+                ("backend.conv_split", b.conv_split != ConvSplit::Auto),
             ];
             if let Some((key, _)) = set.into_iter().find(|(_, set)| *set) {
                 self.warn(
@@ -192,6 +193,7 @@ impl<'a> Validator<'a> {
             conv: b.conv,
             conv_kernel: b.conv_kernel,
             conv_tile: b.conv_tile,
+            conv_split: b.conv_split,
             cache_dir,
         }
     }

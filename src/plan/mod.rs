@@ -19,8 +19,9 @@ use std::path::{Path, PathBuf};
 use crate::data::cifar;
 use crate::policy::CleanupPolicy;
 use crate::recipe::{
-    Arch, AutotuneLevel, BackendKind, CleanupAction, ConvAlgo, ConvKernel, ConvTile, DataFormat,
-    Diagnostic, Diagnostics, EvalWhen, Every, Loaded, OptimizerKind, Recipe, Schedule, Stem,
+    Arch, AutotuneLevel, BackendKind, CleanupAction, ConvAlgo, ConvKernel, ConvSplit, ConvTile,
+    DataFormat, Diagnostic, Diagnostics, EvalWhen, Every, Loaded, OptimizerKind, Recipe, Schedule,
+    Stem,
 };
 
 /// Most CPU threads a recipe may ask for (rayon cannot start many more).
@@ -189,18 +190,24 @@ pub struct KernelPlan {
     pub conv: ConvAlgo,
     pub conv_kernel: ConvKernel,
     pub conv_tile: ConvTile,
+    pub conv_split: ConvSplit,
     /// `backend.cache_dir`, absolute; `None`: the per-user default (see `kernels::cache_dir`).
     pub cache_dir: Option<PathBuf>,
 }
 
 impl KernelPlan {
     /// `backend.conv` as the run records it: `autotune`, `implicit_gemm` (with Burn's own
-    /// kernel), or `implicit_gemm <kernel>_<tile>` for another `conv_kernel`/`conv_tile`.
+    /// kernel), or `implicit_gemm <kernel>_<tile>` for another `conv_kernel`/`conv_tile`;
+    /// `, conv_split off` after an implicit GEMM that takes every weight gradient.
     pub fn conv_name(&self) -> String {
-        match (self.conv, self.conv_kernel, self.conv_tile) {
+        let name = match (self.conv, self.conv_kernel, self.conv_tile) {
             (ConvAlgo::ImplicitGemm, ConvKernel::SimpleSyncCyclic, ConvTile::Cmma)
             | (ConvAlgo::Autotune, _, _) => self.conv.name().into(),
             (c, k, t) => format!("{} {}_{}", c.name(), k.name(), t.name()),
+        };
+        match (self.conv, self.conv_split) {
+            (ConvAlgo::ImplicitGemm, ConvSplit::Off) => format!("{name}, conv_split off"),
+            _ => name,
         }
     }
 }

@@ -83,6 +83,16 @@ pub struct BackendSection {
     /// `cmma` (warp-wide matrix fragments, Burn's own choice) or `mma` (PTX `mma.sync`
     /// tiles). Default `cmma`.
     pub conv_tile: ConvTile,
+    /// CUDA, with `conv = "implicit_gemm"`: the weight gradient of a convolution whose
+    /// weight is too small to keep the GPU busy. Its GEMM has the weight's shape as output
+    /// (out channels × in channels · kernel area) and the batch's pixels as depth, so
+    /// CubeCL's kernel, which makes one 64×64 block of the output per cube, runs a few
+    /// cubes for the whole batch (9 on ResNet-50's first 3×3 at batch 64, on an H200's 132
+    /// multiprocessors). `auto`: such a gradient is computed as a batched matmul over `S`
+    /// slices of the batch's pixels (about two cubes per multiprocessor; each slice at
+    /// least 256 pixels), then summed over the slices. `off`: CubeCL's implicit GEMM takes
+    /// every weight gradient. Default `auto`.
+    pub conv_split: ConvSplit,
     /// Where compiled kernels and autotune results are kept between runs (relative to
     /// this file). Default: `$RUNNER_CACHE_DIR`, else `$XDG_CACHE_HOME/runner`, else
     /// `~/.cache/runner`. Safe to share between concurrent runs (a Slurm array).
@@ -101,6 +111,7 @@ impl Default for BackendSection {
             conv: ConvAlgo::ImplicitGemm,
             conv_kernel: ConvKernel::SimpleSyncCyclic,
             conv_tile: ConvTile::Cmma,
+            conv_split: ConvSplit::Auto,
             cache_dir: None,
         }
     }
@@ -201,6 +212,24 @@ impl ConvTile {
         match self {
             Self::Cmma => "cmma",
             Self::Mma => "mma",
+        }
+    }
+}
+
+/// Whether a convolution's weight gradient may be split over the batch
+/// (`backend.conv_split`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum ConvSplit {
+    Auto,
+    Off,
+}
+
+impl ConvSplit {
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Auto => "auto",
+            Self::Off => "off",
         }
     }
 }

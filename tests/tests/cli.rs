@@ -406,6 +406,26 @@ fn small_input_mistakes_get_plain_answers() {
         )),
         "{err}"
     );
+    // So is the weight gradients' split, which only the implicit GEMM's path takes.
+    std::fs::write(
+        &kernel,
+        "[backend]\nconv = \"autotune\"\nconv_split = \"off\"\n\n[model]\narch = \"mlp\"\n\n[data]\nformat = \"synthetic\"\n",
+    )
+    .unwrap();
+    let out = runner_cmd()
+        .args(["validate"])
+        .arg(&kernel)
+        .output()
+        .unwrap();
+    expect_exit(&out, 0);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains(&format!(
+            "warning: {}:3:14: backend.conv_split: is used only with backend.conv = \"implicit_gemm\"",
+            kernel.display()
+        )),
+        "{err}"
+    );
     // A validation fraction that leaves nothing to train on is one finding: the batch check
     // no longer speaks of 1 training sample beside its 0.
     let out = runner_cmd()

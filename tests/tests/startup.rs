@@ -78,12 +78,13 @@ fn a_run_records_its_startup_and_where_kernels_are_cached() {
         "a CPU run creates no cache"
     );
 
-    // A named convolution kernel is recorded with its tile, as the run would use it on
-    // CUDA, and kept in the resolved recipe.
+    // A named convolution kernel is recorded with its tile, and the weight gradients
+    // left unsplit, as the run would use them on CUDA, and kept in the resolved recipe.
     let out = runner_cmd()
         .arg(&recipe)
         .args(["-q", "--set", "backend.conv_kernel=\"simple_async_tma\""])
         .args(["--set", "backend.conv_tile=\"mma\""])
+        .args(["--set", "backend.conv_split=\"off\""])
         .env("RUNNER_CACHE_DIR", dir.join("kc"))
         .output()
         .unwrap();
@@ -94,11 +95,15 @@ fn a_run_records_its_startup_and_where_kernels_are_cached() {
         .max()
         .unwrap();
     let env = json(&latest.join("env.json"));
-    assert_eq!(env["kernels"]["conv"], "implicit_gemm simple_async_tma_mma");
+    assert_eq!(
+        env["kernels"]["conv"],
+        "implicit_gemm simple_async_tma_mma, conv_split off"
+    );
     let resolved = std::fs::read_to_string(latest.join("recipe.toml")).unwrap();
     assert!(
         resolved.contains("conv_kernel = \"simple_async_tma\"")
-            && resolved.contains("conv_tile = \"mma\""),
+            && resolved.contains("conv_tile = \"mma\"")
+            && resolved.contains("conv_split = \"off\""),
         "{resolved}"
     );
 }
