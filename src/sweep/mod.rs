@@ -39,10 +39,10 @@ pub struct Cell {
     /// Stable id ([`cell_id`]), from the cell's resolved recipe: set by [`check`], once the
     /// cell is validated (empty before).
     pub id: String,
-    /// Its id as runners before 2026-12-03 made it (with `description`, `[slurm]` and
-    /// `backend.cache_dir`): `--resume` finds cells done by those in their sweep
-    /// directories, so a grid in progress at the upgrade runs none again.
-    pub legacy_id: String,
+    /// Its ids as earlier runners made them ([`earlier_cell_ids`]): `--resume` finds cells
+    /// done by those in their sweep directories, so a grid in progress at an upgrade runs
+    /// none again.
+    pub earlier_ids: Vec<String>,
     pub assignments: Vec<(String, toml::Value)>,
     pub loaded: Loaded,
 }
@@ -359,7 +359,7 @@ fn expand_all(loaded: &Loaded, max_cells: usize) -> (Vec<Cell>, Diagnostics) {
         out.push(Cell {
             index,
             id: String::new(),
-            legacy_id: String::new(),
+            earlier_ids: vec![],
             name,
             assignments,
             loaded: checked,
@@ -506,7 +506,7 @@ pub fn check_loaded(
     }
     for (c, p) in cells.iter_mut().zip(&plans) {
         c.id = cell_id(&p.resolved, &c.loaded.recipe);
-        c.legacy_id = legacy_cell_id(&p.resolved, &c.loaded.recipe);
+        c.earlier_ids = earlier_cell_ids(&p.resolved, &c.loaded.recipe);
     }
     let base = loaded.recipe.name.clone().unwrap_or_else(|| {
         path.file_stem()
@@ -552,18 +552,63 @@ fn sha256_hex(bytes: &[u8]) -> String {
 /// the grid it was: its done cells are not trained again) and `backend.cache_dir`, as
 /// `runner report` compares runs.
 pub fn cell_id(resolved: &Recipe, written: &Recipe) -> String {
+    short_sha(&id_text(resolved, written))
+}
+
+fn short_sha(text: &str) -> String {
+    sha256_hex(text.as_bytes())[..12].to_string()
+}
+
+/// What [`cell_id`] hashes.
+fn id_text(resolved: &Recipe, written: &Recipe) -> String {
     let mut r = id_recipe(resolved, written);
     r.description = String::new();
     r.slurm = Default::default();
     r.backend.cache_dir = None;
-    let text = toml::to_string(&r).unwrap_or_default();
-    sha256_hex(text.as_bytes())[..12].to_string()
+    toml::to_string(&r).unwrap_or_default()
 }
 
-/// [`Cell::legacy_id`]: the id with `description`, `[slurm]` and `backend.cache_dir`.
-pub fn legacy_cell_id(resolved: &Recipe, written: &Recipe) -> String {
-    let text = toml::to_string(&id_recipe(resolved, written)).unwrap_or_default();
-    sha256_hex(text.as_bytes())[..12].to_string()
+/// The keys added to the format since cell ids were first made, each with the value every
+/// run had before it existed, newest first: a runner of before an addition hashed the
+/// same text without these lines.
+const ADDED_SINCE: [&[&str]; 2] = [
+    // 2026-12-05
+    &["conv_split = \"auto\""],
+    // 2026-12-04
+    &[
+        "conv_kernel = \"simple_sync_cyclic\"",
+        "conv_tile = \"cmma\"",
+    ],
+];
+
+/// [`Cell::earlier_ids`]: the cell's id as each earlier version made it, newest first:
+/// without the keys added since (where the cell has their old value; a cell that sets
+/// another could not have run before), and, before 2026-12-03, with `description`,
+/// `[slurm]` and `backend.cache_dir` in it.
+pub fn earlier_cell_ids(resolved: &Recipe, written: &Recipe) -> Vec<String> {
+    let without = |text: &str, lines: &[&str]| -> String {
+        text.split_inclusive('\n')
+            .filter(|l| !lines.contains(&l.trim_end()))
+            .collect()
+    };
+    let mut removed: Vec<&str> = vec![];
+    let mut text = id_text(resolved, written);
+    let mut ids = vec![];
+    for lines in ADDED_SINCE {
+        removed.extend(lines);
+        text = without(&text, lines);
+        ids.push(short_sha(&text));
+    }
+    let legacy = toml::to_string(&id_recipe(resolved, written)).unwrap_or_default();
+    ids.push(short_sha(&without(&legacy, &removed)));
+    let current = cell_id(resolved, written);
+    let mut unique = vec![];
+    for id in ids {
+        if id != current && !unique.contains(&id) {
+            unique.push(id);
+        }
+    }
+    unique
 }
 
 /// The resolved recipe with its paths as written and without `[log]`.

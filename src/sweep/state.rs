@@ -126,8 +126,11 @@ impl SweepDir {
         let Some(sweeps) = self.dir.parent() else {
             return Ok(false);
         };
-        // By its id, or by the id earlier versions gave it.
-        let suffixes = [format!("-{}.json", c.id), format!("-{}.json", c.legacy_id)];
+        // By its id, or by the ids earlier versions gave it.
+        let suffixes: Vec<String> = std::iter::once(&c.id)
+            .chain(&c.earlier_ids)
+            .map(|id| format!("-{id}.json"))
+            .collect();
         let others = std::fs::read_dir(sweeps)
             .into_iter()
             .flatten()

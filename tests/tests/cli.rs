@@ -384,48 +384,34 @@ fn small_input_mistakes_get_plain_answers() {
             && err.contains("is a symbolic link to a folder that does not exist"),
         "{err}"
     );
-    // A convolution kernel named beside autotune, which would not run it: a warning at the
-    // key's line and column, and the recipe is still valid.
+    // A convolution kernel named, or the weight gradients' split set, beside autotune,
+    // which would use neither: a warning at the key's line and column, and the recipe is
+    // still valid.
     let kernel = dir.join("kernel.toml");
-    std::fs::write(
-        &kernel,
-        "[backend]\nconv = \"autotune\"\nconv_kernel = \"specialized_tma\"\n\n[model]\narch = \"mlp\"\n\n[data]\nformat = \"synthetic\"\n",
-    )
-    .unwrap();
-    let out = runner_cmd()
-        .args(["validate"])
-        .arg(&kernel)
-        .output()
+    for (line, key, column) in [
+        ("conv_kernel = \"specialized_tma\"", "conv_kernel", 15),
+        ("conv_split = \"off\"", "conv_split", 14),
+    ] {
+        std::fs::write(
+            &kernel,
+            format!("[backend]\nconv = \"autotune\"\n{line}\n\n[model]\narch = \"mlp\"\n\n[data]\nformat = \"synthetic\"\n"),
+        )
         .unwrap();
-    expect_exit(&out, 0);
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        err.contains(&format!(
-            "warning: {}:3:15: backend.conv_kernel: is used only with backend.conv = \"implicit_gemm\"",
-            kernel.display()
-        )),
-        "{err}"
-    );
-    // So is the weight gradients' split, which only the implicit GEMM's path takes.
-    std::fs::write(
-        &kernel,
-        "[backend]\nconv = \"autotune\"\nconv_split = \"off\"\n\n[model]\narch = \"mlp\"\n\n[data]\nformat = \"synthetic\"\n",
-    )
-    .unwrap();
-    let out = runner_cmd()
-        .args(["validate"])
-        .arg(&kernel)
-        .output()
-        .unwrap();
-    expect_exit(&out, 0);
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        err.contains(&format!(
-            "warning: {}:3:14: backend.conv_split: is used only with backend.conv = \"implicit_gemm\"",
-            kernel.display()
-        )),
-        "{err}"
-    );
+        let out = runner_cmd()
+            .args(["validate"])
+            .arg(&kernel)
+            .output()
+            .unwrap();
+        expect_exit(&out, 0);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains(&format!(
+                "warning: {}:3:{column}: backend.{key}: is used only with backend.conv = \"implicit_gemm\"",
+                kernel.display()
+            )),
+            "{err}"
+        );
+    }
     // A validation fraction that leaves nothing to train on is one finding: the batch check
     // no longer speaks of 1 training sample beside its 0.
     let out = runner_cmd()

@@ -1058,6 +1058,37 @@ fn set_narrows_a_grid_axis_written_quoted() {
     );
 }
 
+/// A cell's ids are pinned: the current one, and the one the runner of `04422a2`
+/// (2026-12-05, before `backend.conv_split`) made for the same recipe, read from the
+/// sweep directory that binary wrote. A key added to the format changes every current id
+/// (the resolved recipe has one more line); `ADDED_SINCE` in `src/sweep/mod.rs` must then
+/// name it, so that `--resume` still finds the cells done before the upgrade.
+#[test]
+fn cell_ids_of_earlier_versions_are_the_ids_those_made() {
+    let dir = tempdir("earlier-ids");
+    let grid = dir.join("g.toml");
+    std::fs::write(
+        &grid,
+        "name = \"g\"\nseed = 1\n[backend]\nkind = \"cpu\"\n[model]\narch = \"mlp\"\n[data]\nformat = \"synthetic\"\n[loader]\nbatch_size = 8\n[run]\nmax_steps = 2\neval = \"never\"\n[sweep]\n\"optim.lr\" = [0.1, 0.2]\n",
+    )
+    .unwrap();
+    let cells = runner::sweep::check(&grid, &[], &Machine::cpu_only(), 256)
+        .unwrap()
+        .cells;
+    let ids: Vec<(&str, &str)> = cells
+        .iter()
+        .map(|c| (c.id.as_str(), c.earlier_ids[0].as_str()))
+        .collect();
+    assert_eq!(
+        ids,
+        [
+            ("131e76f37e67", "5cfe3076a149"),
+            ("cf3827f80486", "c0dfae561365")
+        ]
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// What changes nothing that runs (`[slurm]`, `description`, `backend.cache_dir`) is not
 /// part of a cell's id: a grid resubmitted with more time (`slurm.time`) finds its cells
 /// done. Before, each such change was a new grid, and `--resume` trained every cell
@@ -1089,36 +1120,42 @@ fn resume_with_other_job_resources_trains_no_done_cell_again() {
             "{set}: {stderr}"
         );
     }
-    // A sweep directory of an earlier version: its cells' statuses under their old ids
-    // (which held `[slurm]`; a recipe without it, description or cache_dir keeps its ids).
+    // A sweep directory of an earlier version: its cells' statuses under their old ids.
+    // The newest earlier id is the one before `backend.conv_split` existed (every cell
+    // here has its default); the oldest held `[slurm]` (a recipe without it, description
+    // or cache_dir keeps its ids), and none of the keys added since.
     let cells = runner::sweep::check(&grid, &[], &Machine::cpu_only(), 256)
         .unwrap()
         .cells;
     let sweeps = dir.join("runs/g/sweeps");
-    let current = only_run(&sweeps);
-    let old = sweeps.join("from-an-earlier-version");
-    std::fs::rename(&current, &old).unwrap();
-    for c in &cells {
-        assert_ne!(c.id, c.legacy_id);
-        std::fs::rename(
-            old.join(format!("cells/{:04}-{}.json", c.index, c.id)),
-            old.join(format!("cells/{:04}-{}.json", c.index, c.legacy_id)),
-        )
-        .unwrap();
+    for (version, pick) in [("before conv_split", 0), ("before 2026-12-03", 2)] {
+        let current = only_run(&sweeps);
+        let old = sweeps.join("from-an-earlier-version");
+        std::fs::rename(&current, &old).unwrap();
+        for c in &cells {
+            assert_eq!(c.earlier_ids.len(), 3, "{:?}", c.earlier_ids);
+            assert!(!c.earlier_ids.contains(&c.id));
+            std::fs::rename(
+                old.join(format!("cells/{:04}-{}.json", c.index, c.id)),
+                old.join(format!("cells/{:04}-{}.json", c.index, c.earlier_ids[pick])),
+            )
+            .unwrap();
+        }
+        let out = runner_cmd()
+            .arg(&grid)
+            .args(["-q", "--resume"])
+            .output()
+            .unwrap();
+        expect_exit(&out, 0);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            stderr.contains(
+                "resumed: 2 cell(s) already done were skipped (2 of them done in an earlier sweep"
+            ),
+            "{version}: {stderr}"
+        );
+        std::fs::remove_dir_all(&old).unwrap();
     }
-    let out = runner_cmd()
-        .arg(&grid)
-        .args(["-q", "--resume"])
-        .output()
-        .unwrap();
-    expect_exit(&out, 0);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        stderr.contains(
-            "resumed: 2 cell(s) already done were skipped (2 of them done in an earlier sweep"
-        ),
-        "{stderr}"
-    );
     for lr in ["0.1", "0.2"] {
         only_run(&dir.join(format!("runs/g/optim.lr={lr}")));
     }
