@@ -881,19 +881,7 @@ fn resume_after_an_axis_gained_a_value_runs_only_the_new_cells() {
             .replace("[0.1, 0.2]", "[0.1, 0.2, 0.3]"),
     )
     .unwrap();
-    let out = runner_cmd()
-        .arg(&three)
-        .args(["-q", "--resume"])
-        .output()
-        .unwrap();
-    expect_exit(&out, 0);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        stderr.contains(
-            "resumed: 2 cell(s) already done were skipped (2 of them done in an earlier sweep"
-        ),
-        "{stderr}"
-    );
+    resume_finds_two_cells_done_elsewhere(&three, "a third value");
     for lr in ["0.1", "0.2", "0.3"] {
         only_run(&dir.join(format!("runs/g/optim.lr={lr}")));
     }
@@ -1058,6 +1046,24 @@ fn set_narrows_a_grid_axis_written_quoted() {
     );
 }
 
+/// `runner GRID -q --resume` skips the grid's two cells, found done in another sweep
+/// directory of the grid (`what` says which case, in a failure).
+fn resume_finds_two_cells_done_elsewhere(grid: &Path, what: &str) {
+    let out = runner_cmd()
+        .arg(grid)
+        .args(["-q", "--resume"])
+        .output()
+        .unwrap();
+    expect_exit(&out, 0);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains(
+            "resumed: 2 cell(s) already done were skipped (2 of them done in an earlier sweep"
+        ),
+        "{what}: {stderr}"
+    );
+}
+
 /// A cell's ids are pinned: the current one, and the one the runner of `04422a2`
 /// (2026-12-05, before `backend.conv_split`) made for the same recipe, read from the
 /// sweep directory that binary wrote. A key added to the format changes every current id
@@ -1141,19 +1147,7 @@ fn resume_with_other_job_resources_trains_no_done_cell_again() {
             )
             .unwrap();
         }
-        let out = runner_cmd()
-            .arg(&grid)
-            .args(["-q", "--resume"])
-            .output()
-            .unwrap();
-        expect_exit(&out, 0);
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        assert!(
-            stderr.contains(
-                "resumed: 2 cell(s) already done were skipped (2 of them done in an earlier sweep"
-            ),
-            "{version}: {stderr}"
-        );
+        resume_finds_two_cells_done_elsewhere(&grid, version);
         std::fs::remove_dir_all(&old).unwrap();
     }
     for lr in ["0.1", "0.2"] {
