@@ -85,13 +85,18 @@ fn wgpu_cubecl_caches_warmup_and_implicit_gemm_on_software_vulkan() {
 
     // A named implicit-GEMM kernel, refused here (no tensor cores), falls back to Burn's,
     // refused too, and that to autotune's kernel: with the tuning results of the runs
-    // above, the same numbers; each refusal said, the kernel recorded.
+    // above, the same numbers (the weight gradients unsplit, as autotune's); each refusal
+    // said, the kernel recorded.
     let named = [
         "backend.conv=\"implicit_gemm\"",
         "backend.conv_kernel=\"specialized_tma\"",
+        "backend.conv_split=\"off\"",
     ];
     let (igemm, env, stderr) = run("a", &named);
-    assert_eq!(env["kernels"]["conv"], "implicit_gemm specialized_tma_cmma");
+    assert_eq!(
+        env["kernels"]["conv"],
+        "implicit_gemm specialized_tma_cmma, conv_split off"
+    );
     assert!(
         stderr
             .contains("backend.conv_kernel = \"specialized_tma\" (conv_tile \"cmma\") cannot take"),
@@ -103,6 +108,17 @@ fn wgpu_cubecl_caches_warmup_and_implicit_gemm_on_software_vulkan() {
     );
     assert_eq!(igemm["final_loss"], warm["final_loss"]);
     assert_eq!(igemm["test_accuracy"], warm["test_accuracy"]);
+    // With the weight gradients split over the batch (the default): the same training to
+    // the sums' order (8 steps: the final loss within 0.1%).
+    let (split, env, _) = run("a", &named[..2]);
+    assert_eq!(env["kernels"]["conv"], "implicit_gemm specialized_tma_cmma");
+    let loss = |s: &serde_json::Value| s["final_loss"].as_f64().unwrap();
+    assert!(
+        (loss(&split) - loss(&warm)).abs() <= 1e-3 * loss(&warm).abs(),
+        "split {} against {}",
+        loss(&split),
+        loss(&warm)
+    );
     // The pool's figures come from CubeCL after every step, unless profile.memory is off.
     assert!(
         warm["peak_mem_in_use_bytes"].as_u64().unwrap() > 0,
