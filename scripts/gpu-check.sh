@@ -38,8 +38,9 @@
 #                 cost the call one cold start's time. Their ms/iter is not a steady state.
 #   warm:ARCH     the warm run of startup:ARCH alone.
 # The default PLAN (see PLAN= below): the cold starts together (those of three other
-# backend.conv_kernel values and of backend.conv_split = "off" among them), then one at a
-# time the headline ratio (article/default), the same without the split weight gradients,
+# backend.conv_kernel values, of backend.conv_split = "off" and of backend.norm_sums =
+# "reduce" among them), then one at a time the headline ratio (article/default), the same
+# without the split weight gradients, then with the batch norm's sums by Burn's reductions,
 # the article's other rows and resnet50_accum beside PyTorch,
 # article/default with each of those conv kernels, article/default without the NVML sampler and then without the per-step pool
 # reading (profile.memory=false: each one's cost per step, against the runs with both on),
@@ -143,11 +144,16 @@ ACCUM=compare:resnet50_accum,run.early_stop.patience=1000
 # default's split ones: compiled cold beside the others, then run right after the
 # headline row.
 SPLIT_OFF=runner:article/default,backend.conv_split=off
+# backend.norm_sums = "reduce": the batch norm's per-channel sums by Burn's reductions (4
+# launches and two reads of the activation each way; 427 reduce launches a step on
+# 2026-12-04), against the default's one-pass kernel (2 launches, one read): compiled cold
+# beside the others, then run right after the split's row.
+SUMS_REDUCE=runner:article/default,backend.norm_sums=reduce
 KERNELS="specialized_tma simple_async_tma specialized_async_cyclic"
 kernel_colds() { for k in $KERNELS; do printf '+cold:resnet50,backend.conv_kernel=%s' "$k"; done; }
 kernel_rows() { for k in $KERNELS; do printf 'runner:article/default,backend.conv_kernel=%s ' "$k"; done; }
-COLDS="cold:resnet50+cold:resnet50,backend.conv_split=off+cold:resnet50,backend.conv=autotune+cold:resnet50,backend.fusion=false+cold:mlp+cold:small_cnn+cold:resnet18$(kernel_colds)"
-PLAN=${PLAN-together:$COLDS compare:article/default $SPLIT_OFF compare:article/tuned_loader compare:article/cleanup_every_step compare:article/empty_cache_every_step $ACCUM $(kernel_rows)$NVML_OFF $POOL_OFF kernels:article/default warm:mlp warm:small_cnn warm:resnet18 runner:article/default,backend.fusion=false gc $UNPINNED $FEWER_SYNCS compare:article/default compare:article/tuned_loader}
+COLDS="cold:resnet50+cold:resnet50,backend.conv_split=off+cold:resnet50,backend.norm_sums=reduce+cold:resnet50,backend.conv=autotune+cold:resnet50,backend.fusion=false+cold:mlp+cold:small_cnn+cold:resnet18$(kernel_colds)"
+PLAN=${PLAN-together:$COLDS compare:article/default $SPLIT_OFF $SUMS_REDUCE compare:article/tuned_loader compare:article/cleanup_every_step compare:article/empty_cache_every_step $ACCUM $(kernel_rows)$NVML_OFF $POOL_OFF kernels:article/default warm:mlp warm:small_cnn warm:resnet18 runner:article/default,backend.fusion=false gc $UNPINNED $FEWER_SYNCS compare:article/default compare:article/tuned_loader}
 KERNEL_STEPS=${KERNEL_STEPS:-10}
 MAX_STEPS=${MAX_STEPS:-80}
 WARMUP=${WARMUP:-20}
@@ -440,7 +446,7 @@ if [[ $DEVICE == cuda && -f $TESTS ]]; then
   mkdir -p "$SCRATCH/bin"
   if py unxz "$TESTS" "$SCRATCH/bin/runner-tests"; then
     chmod +x "$SCRATCH/bin/runner-tests"
-    say "selftest: the conv kernels against the definition, in the background ($TESTS)"
+    say "selftest: the conv kernels and the batch norm against the definition and the CPU, in the background ($TESTS)"
     (cd "$SCRATCH" && timeout "${T_SELFTEST:-200}" "$SCRATCH/bin/runner-tests" \
       cuda_named --nocapture --test-threads=1 > "$SCRATCH/selftest.txt" 2>&1
      echo "exit $?" >> "$SCRATCH/selftest.txt") &
@@ -780,10 +786,10 @@ if [[ -n $SELFTEST_PID ]]; then
   wait "$SELFTEST_PID"
   {
     echo
-    echo "## backend.conv_kernel against the definition (the CUDA unit test, fused and plain)"
+    echo "## backend.conv_kernel against the definition, the batch norm (norm_sums) against the CPU (the CUDA unit tests, fused and plain)"
     echo
     echo '```'
-    grep -E '^conv kernel|off by|panicked|^test result|^exit' "$SCRATCH/selftest.txt" | head -n 80
+    grep -E '^conv kernel|^batch norm|off by|panicked|^test |^test result|^exit' "$SCRATCH/selftest.txt" | head -n 80
     echo '```'
   } >> "$TABLE"
   say "selftest: $(grep -c '^conv kernel' "$SCRATCH/selftest.txt") kernels checked, $(tail -n 1 "$SCRATCH/selftest.txt")"

@@ -27,6 +27,7 @@ pub fn dispatch<J: Job>(device: Device, kernels: &KernelPlan, job: J) -> Result<
         #[cfg(feature = "cuda")]
         Device::Cuda(i) => {
             crate::ops::conv_cube::set(kernels);
+            crate::ops::norm_cube::set(kernels);
             if kernels.fusion {
                 Ok(job.run::<CudaBackend>(cuda_device(i), cuda_memory_fused))
             } else {
@@ -41,6 +42,7 @@ pub fn dispatch<J: Job>(device: Device, kernels: &KernelPlan, job: J) -> Result<
         #[cfg(feature = "wgpu")]
         Device::Wgpu(target) => {
             crate::ops::conv_cube::set(kernels);
+            crate::ops::norm_cube::set(kernels);
             let device = wgpu_device(target);
             // Validation found the adapter; cubecl-wgpu still panics if it is gone since, or
             // if it refuses a device (on its device thread: the cause is among the panics
@@ -213,6 +215,10 @@ fn cube_label(runtime: &str, kernels: &KernelPlan) -> String {
     let conv = match kernels.conv_name() {
         c if c == "implicit_gemm" => String::new(),
         c => format!(", conv {c}"),
+    };
+    let conv = match kernels.norm_sums {
+        crate::recipe::NormSums::OnePass => conv,
+        s => format!("{conv}, norm_sums {}", s.name()),
     };
     format!(
         "{runtime} ({}autotune {}{conv})",
@@ -434,6 +440,7 @@ mod wgpu_tests {
             conv_kernel: crate::recipe::ConvKernel::SimpleSyncCyclic,
             conv_tile: crate::recipe::ConvTile::Cmma,
             conv_split: crate::recipe::ConvSplit::Auto,
+            norm_sums: crate::recipe::NormSums::OnePass,
             cache_dir: None,
         };
         let missing = WgpuTarget {

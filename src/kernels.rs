@@ -237,6 +237,8 @@ pub struct KernelSettings {
     /// `backend.conv`: `autotune` or `implicit_gemm`, with `backend.conv_kernel` and
     /// `conv_tile` where they are not Burn's own (`KernelPlan::conv_name`).
     pub conv: String,
+    /// `backend.norm_sums`: `one_pass` or `reduce`.
+    pub norm_sums: String,
     /// False on the CPU backend, which compiles nothing at run time.
     pub used: bool,
     /// Anything that kept the recipe's settings from applying.
@@ -256,6 +258,7 @@ pub fn configure_cubecl(plan: &KernelPlan) -> Result<KernelSettings, String> {
         autotune: plan.autotune.name().into(),
         fusion: plan.fusion,
         conv: plan.conv_name(),
+        norm_sums: plan.norm_sums.name().into(),
         used: true,
         notes: vec![],
     };
@@ -263,6 +266,7 @@ pub fn configure_cubecl(plan: &KernelPlan) -> Result<KernelSettings, String> {
         let mut s = first.clone();
         s.fusion = plan.fusion;
         s.conv = plan.conv_name();
+        s.norm_sums = plan.norm_sums.name().into();
         if (s.cache.requested(), &s.autotune) != (wanted.cache.requested(), &wanted.autotune) {
             s.notes.push(format!(
                 "CubeCL was already configured in this process (cache {}, autotune {}); run cells that differ in backend.cache_dir or backend.autotune as separate processes (--cell N)",
@@ -294,6 +298,7 @@ pub fn cpu_settings(plan: &KernelPlan) -> KernelSettings {
         autotune: plan.autotune.name().into(),
         fusion: plan.fusion,
         conv: plan.conv_name(),
+        norm_sums: plan.norm_sums.name().into(),
         used: false,
         notes: vec![],
     }

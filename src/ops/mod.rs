@@ -19,6 +19,8 @@ pub mod conv_cpu;
 #[cfg(feature = "cube")]
 pub mod conv_cube;
 pub mod norm;
+#[cfg(feature = "cube")]
+pub mod norm_cube;
 pub mod optim;
 mod patches;
 pub mod pool;

@@ -194,6 +194,7 @@ impl<'a> Validator<'a> {
             conv_kernel: b.conv_kernel,
             conv_tile: b.conv_tile,
             conv_split: b.conv_split,
+            norm_sums: b.norm_sums,
             cache_dir,
         }
     }

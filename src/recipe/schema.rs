@@ -93,6 +93,14 @@ pub struct BackendSection {
     /// least 256 pixels), then summed over the slices. `off`: CubeCL's implicit GEMM takes
     /// every weight gradient. Default `auto`.
     pub conv_split: ConvSplit,
+    /// CUDA: how a training batch norm sums what it needs per channel. `one_pass`: a
+    /// kernel of the runner's own reads the activation once for both forward sums (of
+    /// the values and of their squares, shifted by each channel's first value) and once
+    /// for both backward sums (of the output gradient and of its product with the
+    /// centred input), in 2 launches each way, where Burn's reductions take 4 launches
+    /// and two reads each way. `reduce`: Burn's reductions (the form before the kernel).
+    /// Default `one_pass`. Ignored by the CPU backend (its batch norm is the runner's own).
+    pub norm_sums: NormSums,
     /// Where compiled kernels and autotune results are kept between runs (relative to
     /// this file). Default: `$RUNNER_CACHE_DIR`, else `$XDG_CACHE_HOME/runner`, else
     /// `~/.cache/runner`. Safe to share between concurrent runs (a Slurm array).
@@ -112,6 +120,7 @@ impl Default for BackendSection {
             conv_kernel: ConvKernel::SimpleSyncCyclic,
             conv_tile: ConvTile::Cmma,
             conv_split: ConvSplit::Auto,
+            norm_sums: NormSums::OnePass,
             cache_dir: None,
         }
     }
@@ -230,6 +239,23 @@ impl ConvSplit {
         match self {
             Self::Auto => "auto",
             Self::Off => "off",
+        }
+    }
+}
+
+/// Where a batch norm's per-channel sums come from on CUDA (`backend.norm_sums`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum NormSums {
+    OnePass,
+    Reduce,
+}
+
+impl NormSums {
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::OnePass => "one_pass",
+            Self::Reduce => "reduce",
         }
     }
 }

@@ -571,7 +571,9 @@ fn id_text(resolved: &Recipe, written: &Recipe) -> String {
 /// The keys added to the format since cell ids were first made, each with the value every
 /// run had before it existed, newest first: a runner of before an addition hashed the
 /// same text without these lines.
-const ADDED_SINCE: [&[&str]; 2] = [
+const ADDED_SINCE: [&[&str]; 3] = [
+    // 2026-12-05, afternoon
+    &["norm_sums = \"one_pass\""],
     // 2026-12-05
     &["conv_split = \"auto\""],
     // 2026-12-04

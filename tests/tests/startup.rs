@@ -34,6 +34,7 @@ fn a_run_records_its_startup_and_where_kernels_are_cached() {
     assert_eq!(env["kernels"]["used"], false);
     assert_eq!(env["kernels"]["autotune"], "balanced");
     assert_eq!(env["kernels"]["conv"], "implicit_gemm");
+    assert_eq!(env["kernels"]["norm_sums"], "one_pass");
 
     // The recipe key wins over the variable, relative to the directory it was given in;
     // -q silences the start-up line.
@@ -78,13 +79,15 @@ fn a_run_records_its_startup_and_where_kernels_are_cached() {
         "a CPU run creates no cache"
     );
 
-    // A named convolution kernel is recorded with its tile, and the weight gradients
-    // left unsplit, as the run would use them on CUDA, and kept in the resolved recipe.
+    // A named convolution kernel is recorded with its tile, the weight gradients left
+    // unsplit and the batch norm's sums by Burn's reductions, as the run would use them on
+    // CUDA, and kept in the resolved recipe.
     let out = runner_cmd()
         .arg(&recipe)
         .args(["-q", "--set", "backend.conv_kernel=\"simple_async_tma\""])
         .args(["--set", "backend.conv_tile=\"mma\""])
         .args(["--set", "backend.conv_split=\"off\""])
+        .args(["--set", "backend.norm_sums=\"reduce\""])
         .env("RUNNER_CACHE_DIR", dir.join("kc"))
         .output()
         .unwrap();
@@ -99,11 +102,13 @@ fn a_run_records_its_startup_and_where_kernels_are_cached() {
         env["kernels"]["conv"],
         "implicit_gemm simple_async_tma_mma, conv_split off"
     );
+    assert_eq!(env["kernels"]["norm_sums"], "reduce");
     let resolved = std::fs::read_to_string(latest.join("recipe.toml")).unwrap();
     assert!(
         resolved.contains("conv_kernel = \"simple_async_tma\"")
             && resolved.contains("conv_tile = \"mma\"")
-            && resolved.contains("conv_split = \"off\""),
+            && resolved.contains("conv_split = \"off\"")
+            && resolved.contains("norm_sums = \"reduce\""),
         "{resolved}"
     );
 }

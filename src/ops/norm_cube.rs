@@ -1,0 +1,418 @@
+//! `backend.norm_sums = "one_pass"` on CubeCL's backends (CUDA; WebGPU in the tests): the
+//! per-channel sums a training batch norm needs, by a kernel of the runner's own, in one
+//! pass over the activation each way.
+//!
+//! Why: composed from Burn's ops ([`super::norm`]), the forward pass sums the activation
+//! (the mean), then the squares of its deviations (the variance): two reductions, each a
+//! pass over the activation; the backward pass sums the output gradient (`dβ`) and its
+//! product with the normalised input (`dγ`): two more. Each Burn reduction over a
+//! channels-last `[n, h·w, c]` activation is two launches (over `h·w`, then over `n`), and
+//! its kernel gives each output one unit that loops over the reduced axis. ResNet-50 has
+//! 53 batch norms: on the H200 the reductions were 427 launches a step (BENCHMARKS.md,
+//! "GPU (CUDA)"). Here each pass's two sums are one kernel that reads its operands once,
+//! then one small launch that adds the partial sums: 2 launches where Burn's are 4, and
+//! one read of the activation where Burn's are two.
+//!
+//! The kernel works on `[rows, c]` matrices (`rows = n·h·w`, the channels-last view the
+//! batch norm already uses, [`super::norm`]'s `Layout::Last`), through their strides. A
+//! cube is 32 channels by 8 lanes; it sums a chunk of rows, each lane every eighth row,
+//! then adds its lanes in shared memory and writes one partial row. The cubes tile the
+//! channels and the chunks, about [`TARGET_CUBES`] of them; a second launch of the same
+//! kernel adds the partial rows. The forward pass sums `x − x₀` and its square, `x₀`
+//! being the channel's first value (a shift, so that the variance `E[(x−x₀)²] −
+//! E[x−x₀]²` does not lose the digits a large mean would take); the backward pass sums
+//! `dy` and `dy·(x − mean)`, `dy` masked where the forward's ReLU output is 0.
+
+use std::cell::Cell;
+use std::marker::PhantomData;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use burn::tensor::backend::Backend;
+use burn::tensor::ops::FloatTensor;
+use burn::tensor::{DType, Shape, TensorMetadata};
+use burn_cubecl::ops::numeric::empty_device_contiguous_dtype;
+use burn_cubecl::ops::reshape;
+use burn_cubecl::tensor::CubeTensor;
+use burn_cubecl::{BoolElement, CubeBackend, CubeRuntime};
+use burn_fusion::stream::{Operation, OperationStreams};
+use burn_fusion::{Fusion, FusionBackend, FusionRuntime};
+use burn_ir::{CustomOpIr, HandleContainer, OperationIr, OperationOutput, TensorIr};
+use cubecl::prelude::*;
+
+use crate::plan::KernelPlan;
+use crate::recipe::NormSums;
+
+/// The float32 backends the runner builds on a CubeCL runtime.
+type Cube<R, BT> = CubeBackend<R, f32, i32, BT>;
+
+/// What [`channel_sums_kernel`] sums: a matrix's columns.
+const PLAIN: u32 = 0;
+/// `x − x₀` and `(x − x₀)²`.
+const STATS: u32 = 1;
+/// `dy` and `dy·(x − mean)`.
+const GRADS: u32 = 2;
+/// As [`GRADS`], `dy` masked where the ReLU's output is not positive.
+const GRADS_RELU: u32 = 3;
+
+/// Channels a cube takes (its units along x) and lanes it sums them in (along y).
+const COLS: usize = 32;
+const LANES: usize = 8;
+/// About how many cubes the first launch is spread over: 512 × 256 units, a few per
+/// multiprocessor on a large GPU.
+const TARGET_CUBES: usize = 512;
+/// Fewest rows a lane sums, most chunks one launch leaves (the second adds them), and
+/// most rows one chunk takes alone.
+const MIN_LANE_ROWS: usize = 32;
+const MAX_CHUNKS: usize = 512;
+
+static ONE_PASS: AtomicBool = AtomicBool::new(true);
+
+thread_local! {
+    /// A test's own choice on its thread (tests run side by side in one process).
+    static ONE_PASS_HERE: Cell<Option<bool>> = const { Cell::new(None) };
+    /// Sums this thread gave the kernel (ran at once on the plain backend, queued on the
+    /// fused one, which runs it when it executes the stream): the tests' proof.
+    static RAN: Cell<usize> = const { Cell::new(0) };
+}
+
+/// Takes `backend.norm_sums` of the run that queues batch norms now.
+pub fn set(kernels: &KernelPlan) {
+    ONE_PASS.store(kernels.norm_sums == NormSums::OnePass, Ordering::Relaxed);
+}
+
+/// Whether the batch norm's sums go through [`channel_sums`] (`one_pass`).
+fn one_pass() -> bool {
+    ONE_PASS_HERE
+        .with(Cell::get)
+        .unwrap_or_else(|| ONE_PASS.load(Ordering::Relaxed))
+}
+
+/// Runs `f` with `norm_sums` as `one_pass` says, on this thread only; with the number of
+/// times the kernel ran meanwhile.
+#[cfg(test)]
+pub(crate) fn on_this_thread<T>(one_pass: bool, f: impl FnOnce() -> T) -> (T, usize) {
+    let before = RAN.with(Cell::get);
+    ONE_PASS_HERE.with(|c| c.set(Some(one_pass)));
+    let out = f();
+    ONE_PASS_HERE.with(|c| c.set(None));
+    (out, RAN.with(Cell::get) - before)
+}
+
+/// Whether the kernel takes a `[rows, c]` operand of this shape and type (counted where
+/// it does).
+fn applies(shape: &Shape, dtype: DType) -> bool {
+    let yes = one_pass() && shape.num_dims() == 2 && dtype == DType::F32;
+    if yes {
+        RAN.with(|r| r.set(r.get() + 1));
+    }
+    yes
+}
+
+/// The batch norm's per-channel sums on a backend (see `norm::SumsBy`): `None` where
+/// `norm_sums` is `reduce` or the kernel does not apply, and Burn's reductions take them.
+pub trait OnePassSums: Backend {
+    /// `x` (`[rows, c]`) → `[2, c]`: `Σ (x − x₀)`, `Σ (x − x₀)²`.
+    fn stats_sums(x: FloatTensor<Self>) -> Option<FloatTensor<Self>>;
+    /// `dy`, `x` (`[rows, c]`), `mean` (`[c]`), the ReLU's output (`[rows, c]`) → `[2, c]`:
+    /// `Σ dy`, `Σ dy·(x − mean)`, `dy` masked where that output is not positive.
+    fn grad_sums(
+        dy: FloatTensor<Self>,
+        x: FloatTensor<Self>,
+        mean: FloatTensor<Self>,
+        relu_output: Option<FloatTensor<Self>>,
+    ) -> Option<FloatTensor<Self>>;
+}
+
+impl<R: CubeRuntime, BT: BoolElement> OnePassSums for Cube<R, BT> {
+    fn stats_sums(x: FloatTensor<Self>) -> Option<FloatTensor<Self>> {
+        applies(&x.shape(), x.dtype).then(|| channel_sums(Sums::Stats { x }))
+    }
+
+    fn grad_sums(
+        dy: FloatTensor<Self>,
+        x: FloatTensor<Self>,
+        mean: FloatTensor<Self>,
+        relu_output: Option<FloatTensor<Self>>,
+    ) -> Option<FloatTensor<Self>> {
+        applies(&dy.shape(), dy.dtype).then(|| {
+            channel_sums(Sums::Grads {
+                dy,
+                x,
+                mean,
+                relu_output,
+            })
+        })
+    }
+}
+
+/// [`channel_sums`] queued on the fused backend: a custom operation, as the fused
+/// convolution is (`conv_cube`); the element-wise work around it stays fusion's.
+#[derive(Debug)]
+struct FusedSums<R, BT> {
+    desc: CustomOpIr,
+    _b: PhantomData<(R, BT)>,
+}
+
+impl<R: CubeRuntime, BT: BoolElement> Operation<<Cube<R, BT> as FusionBackend>::FusionRuntime>
+    for FusedSums<R, BT>
+{
+    fn execute(
+        &self,
+        handles: &mut HandleContainer<
+            <<Cube<R, BT> as FusionBackend>::FusionRuntime as FusionRuntime>::FusionHandle,
+        >,
+    ) {
+        let inputs = &self.desc.inputs;
+        let mut get = |i: usize| handles.get_float_tensor::<Cube<R, BT>>(&inputs[i]);
+        let sums = if inputs.len() == 1 {
+            Sums::Stats { x: get(0) }
+        } else {
+            Sums::Grads {
+                dy: get(0),
+                x: get(1),
+                mean: get(2),
+                relu_output: (inputs.len() == 4).then(|| get(3)),
+            }
+        };
+        let out = channel_sums(sums);
+        handles.register_float_tensor::<Cube<R, BT>>(&self.desc.outputs[0].id, out);
+    }
+}
+
+/// Queues [`FusedSums`] on `inputs` (`x`; or `dy`, `x`, `mean` and the ReLU's output).
+fn fused<R: CubeRuntime, BT: BoolElement>(
+    name: &'static str,
+    inputs: Vec<FloatTensor<Fusion<Cube<R, BT>>>>,
+) -> FloatTensor<Fusion<Cube<R, BT>>> {
+    let client = inputs[0].client.clone();
+    let (c, dtype) = (inputs[0].shape[1], inputs[0].dtype);
+    let mut streams = OperationStreams::default();
+    for t in &inputs {
+        streams.tensor(t);
+    }
+    let inputs: Vec<TensorIr> = inputs.into_iter().map(|t| t.into_ir()).collect();
+    let out = TensorIr::uninit(client.create_empty_handle(), Shape::new([2, c]), dtype);
+    let desc = CustomOpIr::new(name, &inputs, &[out]);
+    let op = FusedSums::<R, BT> {
+        desc: desc.clone(),
+        _b: PhantomData,
+    };
+    client
+        .register(streams, OperationIr::Custom(desc), op)
+        .output()
+}
+
+impl<R: CubeRuntime, BT: BoolElement> OnePassSums for Fusion<Cube<R, BT>> {
+    fn stats_sums(x: FloatTensor<Self>) -> Option<FloatTensor<Self>> {
+        applies(&x.shape, x.dtype).then(|| fused::<R, BT>("runner_norm_sums_forward", vec![x]))
+    }
+
+    fn grad_sums(
+        dy: FloatTensor<Self>,
+        x: FloatTensor<Self>,
+        mean: FloatTensor<Self>,
+        relu_output: Option<FloatTensor<Self>>,
+    ) -> Option<FloatTensor<Self>> {
+        applies(&dy.shape, dy.dtype).then(|| {
+            let mut inputs = vec![dy, x, mean];
+            inputs.extend(relu_output);
+            fused::<R, BT>("runner_norm_sums_backward", inputs)
+        })
+    }
+}
+
+#[cube(launch_unchecked)]
+#[allow(clippy::too_many_arguments)]
+fn channel_sums_kernel<F: Float>(
+    a: &Tensor<F>,
+    b: &Tensor<F>,
+    mask: &Tensor<F>,
+    shift: &Tensor<F>,
+    out: &mut Tensor<F>,
+    rows: usize,
+    per: usize,
+    #[comptime] mode: u32,
+) {
+    let cols = a.shape(1);
+    let x = UNIT_POS_X as usize;
+    let lane = UNIT_POS_Y as usize;
+    let col = CUBE_POS_X as usize * 32 + x;
+    let chunk = CUBE_POS_Y as usize;
+    let mut s = F::new(0.0);
+    let mut t = F::new(0.0);
+    if col < cols {
+        let start = chunk * per;
+        let end = if start + per < rows {
+            start + per
+        } else {
+            rows
+        };
+        let (ra, ca) = (a.stride(0), a.stride(1));
+        let k = if comptime![mode == 1] {
+            a[col * ca]
+        } else if comptime![mode >= 2] {
+            shift[col * shift.stride(0)]
+        } else {
+            F::new(0.0)
+        };
+        for r in range_stepped(start + lane, end, 8) {
+            let v = a[r * ra + col * ca];
+            if comptime![mode == 0] {
+                s += v;
+            } else if comptime![mode == 1] {
+                let d = v - k;
+                s += d;
+                t += d * d;
+            } else {
+                let mut g = v;
+                if comptime![mode == 3] {
+                    if mask[r * mask.stride(0) + col * mask.stride(1)] <= F::new(0.0) {
+                        g = F::new(0.0);
+                    }
+                }
+                s += g;
+                t += g * (b[r * b.stride(0) + col * b.stride(1)] - k);
+            }
+        }
+    }
+    let mut lanes = SharedMemory::<F>::new(512usize);
+    let at = lane * 32 + x;
+    lanes[at] = s;
+    lanes[256 + at] = t;
+    sync_cube();
+    if lane == 0 && col < cols {
+        let mut s = F::new(0.0);
+        let mut t = F::new(0.0);
+        for l in 0..8usize {
+            s += lanes[l * 32 + x];
+            t += lanes[256 + l * 32 + x];
+        }
+        let (ro, co) = (out.stride(0), out.stride(1));
+        out[chunk * ro + col * co] = s;
+        if comptime![mode != 0] {
+            out[chunk * ro + (cols + col) * co] = t;
+        }
+    }
+}
+
+/// How many chunks of rows the first launch cuts `rows` into for `cols` channels.
+fn chunk_count(rows: usize, cols: usize) -> usize {
+    let blocks = cols.div_ceil(COLS);
+    let most_by_rows = (rows / (LANES * MIN_LANE_ROWS)).max(1);
+    TARGET_CUBES
+        .div_ceil(blocks)
+        .min(most_by_rows)
+        .min(MAX_CHUNKS)
+        .max(1)
+}
+
+/// What a pass sums (see the module's doc).
+enum Sums<R: CubeRuntime> {
+    /// The forward pass's, of `x` (`[rows, c]`).
+    Stats { x: CubeTensor<R> },
+    /// The backward pass's, of the output gradient `dy` and `x` (`[rows, c]`), `mean`
+    /// (`[c]`), and the ReLU's output where the forward ended in one.
+    Grads {
+        dy: CubeTensor<R>,
+        x: CubeTensor<R>,
+        mean: CubeTensor<R>,
+        relu_output: Option<CubeTensor<R>>,
+    },
+}
+
+/// The two per-channel sums of `sums` as a `[2, c]` tensor (first row `Σ x − x₀` or
+/// `Σ dy`, second `Σ (x − x₀)²` or `Σ dy·(x − mean)`), for `[rows, c]` `f32` operands
+/// (what [`applies`] checks).
+fn channel_sums<R: CubeRuntime>(sums: Sums<R>) -> CubeTensor<R> {
+    let (mode, a, b, mask, shift) = match sums {
+        Sums::Stats { x } => (STATS, x.clone(), x.clone(), x.clone(), x),
+        Sums::Grads {
+            dy,
+            x,
+            mean,
+            relu_output,
+        } => match relu_output {
+            Some(m) => (GRADS_RELU, dy, x, m, mean),
+            None => (GRADS, dy.clone(), x, dy, mean),
+        },
+    };
+    let dims = a.shape();
+    let [rows, cols] = [dims[0], dims[1]];
+    let partial = launch(mode, a, b, mask, shift, rows, cols, chunk_count(rows, cols));
+    let chunks = partial.shape()[0];
+    let sums = if chunks == 1 {
+        partial
+    } else {
+        let p = partial.clone();
+        launch(PLAIN, partial, p.clone(), p.clone(), p, chunks, 2 * cols, 1)
+    };
+    // `[1, 2c]`, contiguous: the two sums one after the other.
+    reshape(sums, Shape::new([2, cols]))
+}
+
+#[allow(clippy::too_many_arguments)]
+fn launch<R: CubeRuntime>(
+    mode: u32,
+    a: CubeTensor<R>,
+    b: CubeTensor<R>,
+    mask: CubeTensor<R>,
+    shift: CubeTensor<R>,
+    rows: usize,
+    cols: usize,
+    chunks: usize,
+) -> CubeTensor<R> {
+    let width = if mode == PLAIN { cols } else { 2 * cols };
+    let out = empty_device_contiguous_dtype(
+        a.client.clone(),
+        a.device.clone(),
+        Shape::new([chunks, width]),
+        DType::F32,
+    );
+    let per = rows.div_ceil(chunks);
+    let client = a.client.clone();
+    let count = CubeCount::Static(cols.div_ceil(COLS) as u32, chunks as u32, 1);
+    // Safety: every index the kernel reads is below `rows` and `cols` through the
+    // operands' own strides (each operand is `[rows, cols]`, `shift` `[cols]`), and it
+    // writes `out[chunk, col]` (and `out[chunk, cols + col]`) for `chunk < chunks`.
+    unsafe {
+        channel_sums_kernel::launch_unchecked::<f32, R>(
+            &client,
+            count,
+            CubeDim::new_2d(COLS as u32, LANES as u32),
+            a.into_tensor_arg(),
+            b.into_tensor_arg(),
+            mask.into_tensor_arg(),
+            shift.into_tensor_arg(),
+            out.clone().into_tensor_arg(),
+            rows,
+            per,
+            mode,
+        );
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The first launch spreads a ResNet-50 batch norm's activation over a few hundred
+    /// cubes, never more partial rows than the second launch adds in one chunk, and one
+    /// chunk for a small one.
+    #[test]
+    fn chunks_spread_large_activations_and_leave_small_ones_whole() {
+        // Layer 1 at batch 64 (32×32): 65,536 rows of 64 channels, 2 blocks of 32.
+        assert_eq!(chunk_count(65_536, 64), 256);
+        // Layer 4 (4×4): 1,024 rows of 2,048 channels.
+        assert_eq!(chunk_count(1_024, 2_048), 4);
+        assert_eq!(chunk_count(120, 3), 1);
+        assert_eq!(chunk_count(1 << 24, 1), MAX_CHUNKS);
+        for (rows, cols) in [(65_536, 64), (1_024, 2_048), (300, 7), (1 << 24, 1)] {
+            let c = chunk_count(rows, cols);
+            assert!(
+                c <= MAX_CHUNKS && rows.div_ceil(c) >= 1,
+                "{rows}×{cols}: {c}"
+            );
+        }
+    }
+}
