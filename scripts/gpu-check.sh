@@ -95,7 +95,7 @@
 # below it); CACHE_IN (a cache.tar.gz unpacked into it first); FRESH_CACHE=1 (empty it
 # first); EXTRA_SETS (more KEY=VALUE overrides for every run, space-separated, e.g.
 # "loader.batch_size=8"); TESTS (the CUDA unit-test binary, default runner-tests.xz beside
-# the runner: its conv-kernel check runs in the background on CUDA; T_SELFTEST, 200 s).
+# the runner: its conv-kernel and batch-norm checks run in the background on CUDA; T_SELFTEST, 300 s).
 #
 # $OUT (the device tool brings back 8 files at most; this makes 7 with one kernels step
 # that ran, 8 with two): log.txt (everything, nvidia-smi and versions first),
@@ -447,7 +447,7 @@ if [[ $DEVICE == cuda && -f $TESTS ]]; then
   if py unxz "$TESTS" "$SCRATCH/bin/runner-tests"; then
     chmod +x "$SCRATCH/bin/runner-tests"
     say "selftest: the conv kernels and the batch norm against the definition and the CPU, in the background ($TESTS)"
-    (cd "$SCRATCH" && timeout "${T_SELFTEST:-200}" "$SCRATCH/bin/runner-tests" \
+    (cd "$SCRATCH" && timeout "${T_SELFTEST:-300}" "$SCRATCH/bin/runner-tests" \
       cuda_named --nocapture --test-threads=1 > "$SCRATCH/selftest.txt" 2>&1
      echo "exit $?" >> "$SCRATCH/selftest.txt") &
     SELFTEST_PID=$!
