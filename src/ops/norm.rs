@@ -387,29 +387,25 @@ fn composed_backward<B: Backend>(
 /// [`super::norm_cube`]) where `Some` and it takes them, else from Burn's reductions. The
 /// kernel sees the activation as `[n·h·w, c]` (the `Last` view).
 struct SumsBy<B: Backend> {
-    /// `x` → `[2, c]`: `Σ (x − x₀)`, `Σ (x − x₀)²`, `x₀` the channel's first value.
-    stats: fn(FloatTensor<B>) -> Option<FloatTensor<B>>,
-    /// `dy`, `x`, `mean` (`[c]`), the ReLU's output → `[2, c]`: `Σ dy`, `Σ dy·(x − mean)`,
+    /// `x` → its mean and biased variance per channel (`[c]` each).
+    #[allow(clippy::type_complexity)]
+    stats: fn(FloatTensor<B>) -> Option<(FloatTensor<B>, FloatTensor<B>)>,
+    /// `dy`, `x`, (`mean`, `var`), the ReLU's output, `eps` → `dβ`, `dγ` (`[c]` each),
     /// `dy` masked where that output is not positive.
     #[allow(clippy::type_complexity)]
     grads: fn(
         FloatTensor<B>,
         FloatTensor<B>,
-        FloatTensor<B>,
+        (FloatTensor<B>, FloatTensor<B>),
         Option<FloatTensor<B>>,
-    ) -> Option<FloatTensor<B>>,
+        f64,
+    ) -> Option<(FloatTensor<B>, FloatTensor<B>)>,
 }
 
 /// `[n, h·w, c]` as the `[n·h·w, c]` matrix the one-pass kernel sums.
 fn rows<B: Backend>(t: &Tensor<B, 3>) -> FloatTensor<B> {
     let [n, hw, c] = t.dims();
     t.clone().reshape([n * hw, c]).into_primitive().tensor()
-}
-
-/// Row `i` of a `[2, c]` tensor of sums as a `[1, 1, c]` value to broadcast.
-fn sum_row<B: Backend>(sums: &Tensor<B, 2>, i: usize) -> Tensor<B, 3> {
-    let c = sums.dims()[1];
-    sums.clone().slice([i..i + 1, 0..c]).reshape([1, 1, c])
 }
 
 /// `relu?(batch_norm(x) + residual?)` composed from Burn's tensor ops in `layout`'s view:
@@ -425,25 +421,19 @@ fn forward_in<B: Backend>(
 ) -> (FloatTensor<B>, FloatTensor<B>, FloatTensor<B>) {
     let v = View::of::<B>(layout, &x);
     let x = v.view::<B>(x);
-    let sums = by
+    let stats = by
         .filter(|_| layout == Layout::Last)
         .and_then(|by| (by.stats)(rows(&x)));
-    let (mean, centered, var) = match sums {
-        Some(sums) => {
-            // mean = x₀ + Σ(x − x₀)/m; var = Σ(x − x₀)²/m − (Σ(x − x₀)/m)².
-            let sums = tensor::<B, 2>(sums);
-            let c = v.dims[1];
-            let shift = sum_row::<B>(&sums, 0) / v.m;
-            let x0 = x.clone().slice([0..1, 0..1, 0..c]);
-            let mean = x0 + shift.clone();
-            let var = (sum_row::<B>(&sums, 1) / v.m - shift.square()).clamp_min(0.0);
-            (mean.clone(), x - mean, var)
+    let (mean, var, centered) = match stats {
+        Some((mean, var)) => {
+            let mean = v.wide::<B>(mean);
+            (mean.clone(), v.wide::<B>(var), x - mean)
         }
         None => {
             let mean = v.sum(x.clone()) / v.m;
             let centered = x - mean.clone();
             let var = v.sum(centered.clone().square()) / v.m;
-            (mean, centered, var)
+            (mean, var, centered)
         }
     };
     let scale = v.wide::<B>(gamma) * (var.clone() + eps).sqrt().recip();
@@ -456,7 +446,7 @@ fn forward_in<B: Backend>(
 /// it had one (`residual`), the residual, after the ReLU's mask where the forward ended in
 /// one (`relu_output`, as Burn's `relu_backward`: `dy` where the output is positive, else
 /// 0).
-#[allow(clippy::type_complexity)]
+#[allow(clippy::type_complexity, clippy::too_many_arguments)]
 fn backward_in<B: Backend>(
     layout: Layout,
     x: FloatTensor<B>,
@@ -477,7 +467,13 @@ fn backward_in<B: Backend>(
     let output = relu_output.map(|o| v.view::<B>(o));
     let sums = by.filter(|_| layout == Layout::Last).and_then(|by| {
         let output = output.as_ref().map(rows);
-        (by.grads)(rows(&dy), rows(&x), mean.clone(), output)
+        (by.grads)(
+            rows(&dy),
+            rows(&x),
+            (mean.clone(), var.clone()),
+            output,
+            eps,
+        )
     });
     if let Some(output) = output {
         dy = dy.mask_fill(output.lower_equal_elem(0.0), 0.0);
@@ -486,13 +482,7 @@ fn backward_in<B: Backend>(
     let invstd = (v.wide::<B>(var) + eps).sqrt().recip();
     let x_hat = (x - v.wide::<B>(mean)) * invstd.clone();
     let (d_beta, d_gamma) = match sums {
-        Some(sums) => {
-            let sums = tensor::<B, 2>(sums);
-            (
-                sum_row::<B>(&sums, 0),
-                sum_row::<B>(&sums, 1) * invstd.clone(),
-            )
-        }
+        Some((d_beta, d_gamma)) => (v.wide::<B>(d_beta), v.wide::<B>(d_gamma)),
         None => (v.sum(dy.clone()), v.sum(dy.clone() * x_hat.clone())),
     };
     let k = v.wide::<B>(gamma) * invstd / v.m;

@@ -10,15 +10,17 @@
 //! its kernel gives each output one unit that loops over the reduced axis. ResNet-50 has
 //! 53 batch norms: on the H200 the reductions were 427 launches a step (BENCHMARKS.md,
 //! "GPU (CUDA)"). Here each pass's two sums are one kernel that reads its operands once,
-//! then one small launch that adds the partial sums: 2 launches where Burn's are 4, and
-//! one read of the activation where Burn's are two.
+//! then one small launch that adds the partial sums and finishes the statistics (the mean
+//! and variance; `dβ` and `dγ`) into two `[c]` tensors: 2 launches where Burn's are 4 and
+//! the element-wise ops that finish, and one read of the activation where Burn's are two.
 //!
 //! The kernel works on `[rows, c]` matrices (`rows = n·h·w`, the channels-last view the
 //! batch norm already uses, [`super::norm`]'s `Layout::Last`), through their strides. A
 //! cube is 32 channels by 8 lanes; it sums a chunk of rows, each lane every eighth row,
 //! then adds its lanes in shared memory and writes one partial row. The cubes tile the
 //! channels and the chunks, about [`TARGET_CUBES`] of them; a second launch of the same
-//! kernel adds the partial rows. The forward pass sums `x − x₀` and its square, `x₀`
+//! kernel adds the partial rows and finishes (the first does, where the rows fit one
+//! chunk). The forward pass sums `x − x₀` and its square, `x₀`
 //! being the channel's first value (a shift, so that the variance `E[(x−x₀)²] −
 //! E[x−x₀]²` does not lose the digits a large mean would take); the backward pass sums
 //! `dy` and `dy·(x − mean)`, `dy` masked where the forward's ReLU output is 0.
@@ -31,7 +33,6 @@ use burn::tensor::backend::Backend;
 use burn::tensor::ops::FloatTensor;
 use burn::tensor::{DType, Shape, TensorMetadata};
 use burn_cubecl::ops::numeric::empty_device_contiguous_dtype;
-use burn_cubecl::ops::reshape;
 use burn_cubecl::tensor::CubeTensor;
 use burn_cubecl::{BoolElement, CubeBackend, CubeRuntime};
 use burn_fusion::stream::{Operation, OperationStreams};
@@ -45,8 +46,12 @@ use crate::recipe::NormSums;
 /// The float32 backends the runner builds on a CubeCL runtime.
 type Cube<R, BT> = CubeBackend<R, f32, i32, BT>;
 
-/// What [`channel_sums_kernel`] sums: a matrix's columns.
-const PLAIN: u32 = 0;
+/// The two statistics of a pass.
+type Two<T> = (T, T);
+
+/// What [`channel_sums_kernel`] sums: the partial rows `[chunks, 2c]` of a first launch,
+/// column `c'` and column `c + c'` for channel `c'`.
+const PAIRS: u32 = 0;
 /// `x − x₀` and `(x − x₀)²`.
 const STATS: u32 = 1;
 /// `dy` and `dy·(x − mean)`.
@@ -108,48 +113,56 @@ fn applies(shape: &Shape, dtype: DType) -> bool {
     yes
 }
 
-/// The batch norm's per-channel sums on a backend (see `norm::SumsBy`): `None` where
+/// The batch norm's per-channel statistics on a backend (see `norm::SumsBy`): `None` where
 /// `norm_sums` is `reduce` or the kernel does not apply, and Burn's reductions take them.
 pub trait OnePassSums: Backend {
-    /// `x` (`[rows, c]`) → `[2, c]`: `Σ (x − x₀)`, `Σ (x − x₀)²`.
-    fn stats_sums(x: FloatTensor<Self>) -> Option<FloatTensor<Self>>;
-    /// `dy`, `x` (`[rows, c]`), `mean` (`[c]`), the ReLU's output (`[rows, c]`) → `[2, c]`:
-    /// `Σ dy`, `Σ dy·(x − mean)`, `dy` masked where that output is not positive.
+    /// `x` (`[rows, c]`) → its mean and biased variance per channel (`[c]` each).
+    fn stats_sums(x: FloatTensor<Self>) -> Option<(FloatTensor<Self>, FloatTensor<Self>)>;
+    /// `dy`, `x` (`[rows, c]`), `mean`, `var` (`[c]`), the ReLU's output (`[rows, c]`) →
+    /// `dβ = Σ dy` and `dγ = Σ dy·(x − mean) / √(var + eps)` (`[c]` each), `dy` masked
+    /// where that output is not positive.
+    #[allow(clippy::type_complexity)]
     fn grad_sums(
         dy: FloatTensor<Self>,
         x: FloatTensor<Self>,
-        mean: FloatTensor<Self>,
+        stats: (FloatTensor<Self>, FloatTensor<Self>),
         relu_output: Option<FloatTensor<Self>>,
-    ) -> Option<FloatTensor<Self>>;
+        eps: f64,
+    ) -> Option<(FloatTensor<Self>, FloatTensor<Self>)>;
 }
 
 impl<R: CubeRuntime, BT: BoolElement> OnePassSums for Cube<R, BT> {
-    fn stats_sums(x: FloatTensor<Self>) -> Option<FloatTensor<Self>> {
+    fn stats_sums(x: FloatTensor<Self>) -> Option<(FloatTensor<Self>, FloatTensor<Self>)> {
         applies(&x.shape(), x.dtype).then(|| channel_sums(Sums::Stats { x }))
     }
 
     fn grad_sums(
         dy: FloatTensor<Self>,
         x: FloatTensor<Self>,
-        mean: FloatTensor<Self>,
+        (mean, var): (FloatTensor<Self>, FloatTensor<Self>),
         relu_output: Option<FloatTensor<Self>>,
-    ) -> Option<FloatTensor<Self>> {
+        eps: f64,
+    ) -> Option<(FloatTensor<Self>, FloatTensor<Self>)> {
         applies(&dy.shape(), dy.dtype).then(|| {
             channel_sums(Sums::Grads {
                 dy,
                 x,
                 mean,
+                var,
                 relu_output,
+                eps: eps as f32,
             })
         })
     }
 }
 
 /// [`channel_sums`] queued on the fused backend: a custom operation, as the fused
-/// convolution is (`conv_cube`); the element-wise work around it stays fusion's.
+/// convolution is (`conv_cube`); the element-wise work around it stays fusion's. Inputs
+/// `[x]` forward, `[dy, x, mean, var]` and the ReLU's output backward; two `[c]` outputs.
 #[derive(Debug)]
 struct FusedSums<R, BT> {
     desc: CustomOpIr,
+    eps: f32,
     _b: PhantomData<(R, BT)>,
 }
 
@@ -171,19 +184,25 @@ impl<R: CubeRuntime, BT: BoolElement> Operation<<Cube<R, BT> as FusionBackend>::
                 dy: get(0),
                 x: get(1),
                 mean: get(2),
-                relu_output: (inputs.len() == 4).then(|| get(3)),
+                var: get(3),
+                relu_output: (inputs.len() == 5).then(|| get(4)),
+                eps: self.eps,
             }
         };
-        let out = channel_sums(sums);
-        handles.register_float_tensor::<Cube<R, BT>>(&self.desc.outputs[0].id, out);
+        let (first, second) = channel_sums(sums);
+        let outputs = &self.desc.outputs;
+        handles.register_float_tensor::<Cube<R, BT>>(&outputs[0].id, first);
+        handles.register_float_tensor::<Cube<R, BT>>(&outputs[1].id, second);
     }
 }
 
-/// Queues [`FusedSums`] on `inputs` (`x`; or `dy`, `x`, `mean` and the ReLU's output).
+/// Queues [`FusedSums`] on `inputs` (`x`; or `dy`, `x`, `mean`, `var` and the ReLU's
+/// output).
 fn fused<R: CubeRuntime, BT: BoolElement>(
     name: &'static str,
     inputs: Vec<FloatTensor<Fusion<Cube<R, BT>>>>,
-) -> FloatTensor<Fusion<Cube<R, BT>>> {
+    eps: f32,
+) -> Two<FloatTensor<Fusion<Cube<R, BT>>>> {
     let client = inputs[0].client.clone();
     let (c, dtype) = (inputs[0].shape[1], inputs[0].dtype);
     let mut streams = OperationStreams::default();
@@ -191,49 +210,66 @@ fn fused<R: CubeRuntime, BT: BoolElement>(
         streams.tensor(t);
     }
     let inputs: Vec<TensorIr> = inputs.into_iter().map(|t| t.into_ir()).collect();
-    let out = TensorIr::uninit(client.create_empty_handle(), Shape::new([2, c]), dtype);
-    let desc = CustomOpIr::new(name, &inputs, &[out]);
+    let out = || TensorIr::uninit(client.create_empty_handle(), Shape::new([c]), dtype);
+    let desc = CustomOpIr::new(name, &inputs, &[out(), out()]);
     let op = FusedSums::<R, BT> {
         desc: desc.clone(),
+        eps,
         _b: PhantomData,
     };
-    client
+    let [first, second] = client
         .register(streams, OperationIr::Custom(desc), op)
-        .output()
+        .outputs();
+    (first, second)
 }
 
 impl<R: CubeRuntime, BT: BoolElement> OnePassSums for Fusion<Cube<R, BT>> {
-    fn stats_sums(x: FloatTensor<Self>) -> Option<FloatTensor<Self>> {
-        applies(&x.shape, x.dtype).then(|| fused::<R, BT>("runner_norm_sums_forward", vec![x]))
+    fn stats_sums(x: FloatTensor<Self>) -> Option<(FloatTensor<Self>, FloatTensor<Self>)> {
+        applies(&x.shape, x.dtype)
+            .then(|| fused::<R, BT>("runner_norm_stats_forward", vec![x], 0.0))
     }
 
     fn grad_sums(
         dy: FloatTensor<Self>,
         x: FloatTensor<Self>,
-        mean: FloatTensor<Self>,
+        (mean, var): (FloatTensor<Self>, FloatTensor<Self>),
         relu_output: Option<FloatTensor<Self>>,
-    ) -> Option<FloatTensor<Self>> {
+        eps: f64,
+    ) -> Option<(FloatTensor<Self>, FloatTensor<Self>)> {
         applies(&dy.shape, dy.dtype).then(|| {
-            let mut inputs = vec![dy, x, mean];
+            let mut inputs = vec![dy, x, mean, var];
             inputs.extend(relu_output);
-            fused::<R, BT>("runner_norm_sums_backward", inputs)
+            fused::<R, BT>("runner_norm_sums_backward", inputs, eps as f32)
         })
     }
 }
 
+/// The kernel: sums of `a` (and `b`, `mask`, `shift` as `mode` says) over a chunk of rows
+/// per cube, 32 channels by 8 lanes, into a partial row of `out` (`[chunks, 2·cols]`:
+/// the first sums, then the second); or, with `finish`, the statistics themselves into
+/// `out` and `out2` (`[cols]` each) from the whole sums (one chunk, or `PAIRS` over the
+/// partial rows): `stats`, the mean (`x₀ + Σ/m`, `x₀` the first row of `a` in `STATS`
+/// mode, of `b` in `PAIRS` mode) and the variance; otherwise `dβ` and `dγ` (the second
+/// sum over `√(var + eps)`).
 #[cube(launch_unchecked)]
-#[allow(clippy::too_many_arguments)]
+#[allow(clippy::too_many_arguments, clippy::collapsible_if)]
 fn channel_sums_kernel<F: Float>(
     a: &Tensor<F>,
     b: &Tensor<F>,
     mask: &Tensor<F>,
     shift: &Tensor<F>,
+    var: &Tensor<F>,
     out: &mut Tensor<F>,
+    out2: &mut Tensor<F>,
     rows: usize,
+    cols: usize,
     per: usize,
+    m: f32,
+    eps: f32,
     #[comptime] mode: u32,
+    #[comptime] finish: bool,
+    #[comptime] stats: bool,
 ) {
-    let cols = a.shape(1);
     let x = UNIT_POS_X as usize;
     let lane = UNIT_POS_Y as usize;
     let col = CUBE_POS_X as usize * 32 + x;
@@ -255,10 +291,11 @@ fn channel_sums_kernel<F: Float>(
         } else {
             F::new(0.0)
         };
-        for r in range_stepped(start + lane, end, 8) {
+        for r in range_stepped(start + lane, end, 8usize) {
             let v = a[r * ra + col * ca];
             if comptime![mode == 0] {
                 s += v;
+                t += a[r * ra + (cols + col) * ca];
             } else if comptime![mode == 1] {
                 let d = v - k;
                 s += d;
@@ -275,6 +312,7 @@ fn channel_sums_kernel<F: Float>(
             }
         }
     }
+    // 32 channels × 8 lanes, two sums each.
     let mut lanes = SharedMemory::<F>::new(512usize);
     let at = lane * 32 + x;
     lanes[at] = s;
@@ -287,9 +325,26 @@ fn channel_sums_kernel<F: Float>(
             s += lanes[l * 32 + x];
             t += lanes[256 + l * 32 + x];
         }
-        let (ro, co) = (out.stride(0), out.stride(1));
-        out[chunk * ro + col * co] = s;
-        if comptime![mode != 0] {
+        if comptime![finish] {
+            if comptime![stats] {
+                let x0 = if comptime![mode == 1] {
+                    a[col * a.stride(1)]
+                } else {
+                    b[col * b.stride(1)]
+                };
+                let m = F::cast_from(m);
+                let d = s / m;
+                let v = t / m - d * d;
+                out[col * out.stride(0)] = x0 + d;
+                out2[col * out2.stride(0)] = if v > F::new(0.0) { v } else { F::new(0.0) };
+            } else {
+                out[col * out.stride(0)] = s;
+                let e = F::cast_from(eps);
+                out2[col * out2.stride(0)] = t / F::sqrt(var[col * var.stride(0)] + e);
+            }
+        } else {
+            let (ro, co) = (out.stride(0), out.stride(1));
+            out[chunk * ro + col * co] = s;
             out[chunk * ro + (cols + col) * co] = t;
         }
     }
@@ -302,78 +357,96 @@ fn chunk_count(rows: usize, cols: usize) -> usize {
     TARGET_CUBES
         .div_ceil(blocks)
         .min(most_by_rows)
-        .min(MAX_CHUNKS)
-        .max(1)
+        .clamp(1, MAX_CHUNKS)
 }
 
 /// What a pass sums (see the module's doc).
+#[allow(clippy::large_enum_variant)]
 enum Sums<R: CubeRuntime> {
     /// The forward pass's, of `x` (`[rows, c]`).
     Stats { x: CubeTensor<R> },
-    /// The backward pass's, of the output gradient `dy` and `x` (`[rows, c]`), `mean`
-    /// (`[c]`), and the ReLU's output where the forward ended in one.
+    /// The backward pass's, of the output gradient `dy` and `x` (`[rows, c]`), with the
+    /// forward's `mean` and `var` (`[c]`), and the ReLU's output where it ended in one.
     Grads {
         dy: CubeTensor<R>,
         x: CubeTensor<R>,
         mean: CubeTensor<R>,
+        var: CubeTensor<R>,
         relu_output: Option<CubeTensor<R>>,
+        eps: f32,
     },
 }
 
-/// The two per-channel sums of `sums` as a `[2, c]` tensor (first row `Σ x − x₀` or
-/// `Σ dy`, second `Σ (x − x₀)²` or `Σ dy·(x − mean)`), for `[rows, c]` `f32` operands
-/// (what [`applies`] checks).
-fn channel_sums<R: CubeRuntime>(sums: Sums<R>) -> CubeTensor<R> {
-    let (mode, a, b, mask, shift) = match sums {
-        Sums::Stats { x } => (STATS, x.clone(), x.clone(), x.clone(), x),
+/// The statistics of `sums` (`[c]` each): the mean and the biased variance forward, `dβ`
+/// and `dγ` backward, for `[rows, c]` `f32` operands (what [`applies`] checks). One
+/// launch where the rows fit one chunk, else two: the partial rows, then their sums and
+/// the statistics.
+fn channel_sums<R: CubeRuntime>(sums: Sums<R>) -> (CubeTensor<R>, CubeTensor<R>) {
+    let (mode, a, b, mask, shift, var, eps) = match sums {
+        Sums::Stats { x } => (STATS, x.clone(), x.clone(), x.clone(), x.clone(), x, 0.0),
         Sums::Grads {
             dy,
             x,
             mean,
+            var,
             relu_output,
+            eps,
         } => match relu_output {
-            Some(m) => (GRADS_RELU, dy, x, m, mean),
-            None => (GRADS, dy.clone(), x, dy, mean),
+            Some(o) => (GRADS_RELU, dy, x, o, mean, var, eps),
+            None => (GRADS, dy.clone(), x, dy, mean, var, eps),
         },
     };
+    let stats = mode == STATS;
     let dims = a.shape();
     let [rows, cols] = [dims[0], dims[1]];
-    let partial = launch(mode, a, b, mask, shift, rows, cols, chunk_count(rows, cols));
-    let chunks = partial.shape()[0];
-    let sums = if chunks == 1 {
-        partial
-    } else {
-        let p = partial.clone();
-        launch(PLAIN, partial, p.clone(), p.clone(), p, chunks, 2 * cols, 1)
-    };
-    // `[1, 2c]`, contiguous: the two sums one after the other.
-    reshape(sums, Shape::new([2, cols]))
+    let m = rows as f32;
+    let chunks = chunk_count(rows, cols);
+    let x = b.clone();
+    let operands = [a, b, mask, shift, var.clone()];
+    if chunks == 1 {
+        return launch(mode, true, stats, operands, rows, cols, 1, m, eps);
+    }
+    let (partial, _) = launch(mode, false, stats, operands, rows, cols, chunks, m, eps);
+    let p = partial.clone();
+    let operands = [p.clone(), x, p.clone(), p, var];
+    launch(PAIRS, true, stats, operands, chunks, cols, 1, m, eps)
 }
 
+/// One launch of [`channel_sums_kernel`] over `chunks` chunks of `rows` rows: the partial
+/// rows (`[chunks, 2·cols]`, and a placeholder), or with `finish` the two `[cols]`
+/// statistics.
 #[allow(clippy::too_many_arguments)]
 fn launch<R: CubeRuntime>(
     mode: u32,
-    a: CubeTensor<R>,
-    b: CubeTensor<R>,
-    mask: CubeTensor<R>,
-    shift: CubeTensor<R>,
+    finish: bool,
+    stats: bool,
+    [a, b, mask, shift, var]: [CubeTensor<R>; 5],
     rows: usize,
     cols: usize,
     chunks: usize,
-) -> CubeTensor<R> {
-    let width = if mode == PLAIN { cols } else { 2 * cols };
-    let out = empty_device_contiguous_dtype(
-        a.client.clone(),
-        a.device.clone(),
-        Shape::new([chunks, width]),
-        DType::F32,
-    );
+    m: f32,
+    eps: f32,
+) -> (CubeTensor<R>, CubeTensor<R>) {
+    let empty = |shape: Shape| {
+        empty_device_contiguous_dtype(a.client.clone(), a.device.clone(), shape, DType::F32)
+    };
+    let (out, out2) = if finish {
+        (empty(Shape::new([cols])), empty(Shape::new([cols])))
+    } else {
+        // `out2` is not written: a placeholder.
+        (
+            empty(Shape::new([chunks, 2 * cols])),
+            empty(Shape::new([1])),
+        )
+    };
     let per = rows.div_ceil(chunks);
     let client = a.client.clone();
     let count = CubeCount::Static(cols.div_ceil(COLS) as u32, chunks as u32, 1);
-    // Safety: every index the kernel reads is below `rows` and `cols` through the
-    // operands' own strides (each operand is `[rows, cols]`, `shift` `[cols]`), and it
-    // writes `out[chunk, col]` (and `out[chunk, cols + col]`) for `chunk < chunks`.
+    // Safety: every index the kernel reads is below `rows` and `cols` (`2·cols` in
+    // `PAIRS`) through the operands' own strides (`a`, `b`, `mask` are `[rows, cols]`,
+    // `shift` and `var` `[cols]`, row 0 of `b` is read in `PAIRS`), and it writes `out[chunk,
+    // col]` and `out[chunk, cols + col]` for `chunk < chunks`, or `out[col]` and
+    // `out2[col]`, `col < cols`.
     unsafe {
         channel_sums_kernel::launch_unchecked::<f32, R>(
             &client,
@@ -383,13 +456,20 @@ fn launch<R: CubeRuntime>(
             b.into_tensor_arg(),
             mask.into_tensor_arg(),
             shift.into_tensor_arg(),
+            var.into_tensor_arg(),
             out.clone().into_tensor_arg(),
+            out2.clone().into_tensor_arg(),
             rows,
+            cols,
             per,
+            m,
+            eps,
             mode,
+            finish,
+            stats,
         );
     }
-    out
+    (out, out2)
 }
 
 #[cfg(test)]

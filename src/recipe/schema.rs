@@ -97,8 +97,9 @@ pub struct BackendSection {
     /// kernel of the runner's own reads the activation once for both forward sums (of
     /// the values and of their squares, shifted by each channel's first value) and once
     /// for both backward sums (of the output gradient and of its product with the
-    /// centred input), in 2 launches each way, where Burn's reductions take 4 launches
-    /// and two reads each way. `reduce`: Burn's reductions (the form before the kernel).
+    /// centred input), and finishes the statistics, in 2 launches each way, where Burn's
+    /// reductions take 4 launches and two reads each way, and small ops to finish.
+    /// `reduce`: Burn's reductions (the form before the kernel).
     /// Default `one_pass`. Ignored by the CPU backend (its batch norm is the runner's own).
     pub norm_sums: NormSums,
     /// Where compiled kernels and autotune results are kept between runs (relative to
