@@ -1082,6 +1082,18 @@ mod cpu {
     }
 }
 
+/// What the batch norm's tests compare, in the order their runs return it.
+#[cfg(test)]
+const OUTPUTS: [&str; 7] = [
+    "output",
+    "mean",
+    "variance",
+    "dx",
+    "dgamma",
+    "dbeta",
+    "d residual",
+];
+
 #[cfg(test)]
 mod tests {
     use burn::tensor::{Distribution, TensorData};
@@ -1268,16 +1280,7 @@ mod epilogue_tests {
                     ]
                 };
                 let (ours, burns) = (run(true), run(false));
-                let names = [
-                    "output",
-                    "mean",
-                    "variance",
-                    "dx",
-                    "dgamma",
-                    "dbeta",
-                    "d residual",
-                ];
-                for (name, (a, b)) in names.iter().zip(ours.iter().zip(&burns)) {
+                for (name, (a, b)) in OUTPUTS.iter().zip(ours.iter().zip(&burns)) {
                     assert_eq!(a, b, "{what}: {name}");
                 }
                 assert_eq!(ours[6].is_some(), residual, "{what}: d residual present");
@@ -1477,15 +1480,6 @@ mod cube_checks {
                         got.push((format!("fused{layout}, {sums}"), fused));
                         got.push((format!("plain{layout}, {sums}"), plain));
                     }
-                    let names = [
-                        "output",
-                        "mean",
-                        "variance",
-                        "dx",
-                        "dgamma",
-                        "dbeta",
-                        "dresidual",
-                    ];
                     let case = act.map(|(r, relu)| (r.is_some(), relu));
                     for (backend, (got, ran)) in got {
                         let calls = if one_pass { 2 } else { 0 };
@@ -1497,7 +1491,7 @@ mod cube_checks {
                         // Off by at most 1e-3 of the value, or of 1 where it is smaller:
                         // `dgamma` and `dbeta` are sums of 1,024 products on the larger
                         // shape, added up in another order than the CPU's.
-                        for (i, name) in names.iter().enumerate().take(want.len()) {
+                        for (i, name) in OUTPUTS.iter().enumerate().take(want.len()) {
                             let worst = got[i]
                                 .iter()
                                 .zip(&want[i])
