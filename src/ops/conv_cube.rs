@@ -26,7 +26,7 @@ use burn::tensor::ops::conv::calculate_conv_output_size;
 use burn::tensor::ops::conv::calculate_padding_out;
 use burn::tensor::ops::ConvTransposeOptions;
 use burn::tensor::ops::{ConvOptions, FloatTensor, ModuleOps};
-use burn::tensor::{Shape, TensorMetadata};
+use burn::tensor::{DType, Shape, TensorMetadata};
 use burn_cubecl::kernel::conv::{
     conv_data_backward, conv_forward, conv_transpose2d, conv_weight_backward, ConvStrategy,
     ConvTranspose2dStrategy,
@@ -430,7 +430,6 @@ fn weight_grad_split<R: CubeRuntime, BT: BoolElement>(
     options: &ConvOptions<2>,
 ) -> Result<Option<FloatTensor<Cube<R, BT>>>, String> {
     use burn::tensor::ops::FloatTensorOps;
-    use burn::tensor::Slice;
     use burn_cubecl::kernel::reduce::{reduce_dim, KernelReduceStrategy};
     use cubek::matmul::launch::{launch_ref, Strategy as MatmulStrategy};
     use cubek::reduce::components::instructions::ReduceOperationConfig;
@@ -439,7 +438,7 @@ fn weight_grad_split<R: CubeRuntime, BT: BoolElement>(
     if options.groups != 1 || options.dilation != [1, 1] {
         return Ok(None);
     }
-    let [n, c, h, w] = x.shape().dims();
+    let [n, c, _, _] = x.shape().dims();
     let [o, _, kh, kw] = weight.dims();
     let [_, _, oh, ow] = dy.shape().dims();
     let (rows, patch) = (n * oh * ow, kh * kw * c);
@@ -449,33 +448,19 @@ fn weight_grad_split<R: CubeRuntime, BT: BoolElement>(
         return Ok(None);
     }
     let plain = kh * kw == 1 && options.stride == [1, 1] && options.padding == [0, 0];
-    if !plain && rows * patch * x.dtype.size() > SPLIT_MAX_PATCH_BYTES {
+    // (The patches' kernel is float32's, as the runner's models are.)
+    if !plain && (rows * patch * x.dtype.size() > SPLIT_MAX_PATCH_BYTES || x.dtype != DType::F32) {
         return Ok(None);
     }
 
-    // The input's patches, [n, oh, ow, (kh, kw, c)]: the input channels-last, padded,
-    // then unfolded along height and width (views with overlapping strides), gathered
-    // into one matrix by the reshape's copy. Three launches (zeros, the padded input, the
-    // gather); none for a 1×1 stride-1 convolution without padding.
-    let xl = C::<R, BT>::float_permute(x.clone(), &[0, 2, 3, 1]);
+    // The input's patches, [n·oh·ow, (kh, kw, c)]: the input itself, channels-last, for a
+    // 1×1 stride-1 convolution without padding (no launch), else gathered by one kernel
+    // (`patches_cube`; three launches of Burn's ops before: zeros, the padded input, the
+    // copy of its unfolded view).
     let patches = if plain {
-        xl
+        C::<R, BT>::float_permute(x.clone(), &[0, 2, 3, 1])
     } else {
-        let [ph, pw] = options.padding;
-        let padded = if ph == 0 && pw == 0 {
-            xl
-        } else {
-            let shape = Shape::new([n, h + 2 * ph, w + 2 * pw, c]);
-            let zeros = C::<R, BT>::float_zeros(shape, &x.device, x.dtype.into());
-            let span =
-                |from: usize, len: usize| Slice::new(from as isize, Some((from + len) as isize), 1);
-            let inside = [span(0, n), span(ph, h), span(pw, w), span(0, c)];
-            C::<R, BT>::float_slice_assign(zeros, &inside, xl)
-        };
-        let [sh, sw] = options.stride;
-        let rows_of = C::<R, BT>::float_unfold(padded, 1, kh, sh);
-        let taps = C::<R, BT>::float_unfold(rows_of, 2, kw, sw);
-        C::<R, BT>::float_permute(taps, &[0, 1, 2, 4, 5, 3])
+        super::patches_cube::patches(x, [kh, kw], options.stride, options.padding, [oh, ow])
     };
     let per = rows / split;
     let patches = C::<R, BT>::float_reshape(patches, Shape::new([split, per, patch]));

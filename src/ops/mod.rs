@@ -23,6 +23,8 @@ pub mod norm;
 pub mod norm_cube;
 pub mod optim;
 mod patches;
+#[cfg(feature = "cube")]
+mod patches_cube;
 pub mod pool;
 mod winograd;
 
