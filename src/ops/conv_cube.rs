@@ -854,12 +854,7 @@ mod tests {
     /// (`x` forward and for the weight gradient, the output gradient for both gradients)
     /// were channels-last in memory, which CubeCL's implicit GEMM takes as they are (it
     /// copies any other layout first: `contiguous_pitched_layout`, cubek-convolution 0.2).
-    static LAYOUTS: Mutex<Vec<Noted>> = Mutex::new(Vec::new());
-
-    /// A pass, its weight's shape, its [`Reads`], and whether the weight was channels-last
-    /// (its input channels the contiguous axis), which the implicit GEMM reads in the
-    /// forward pass and the input gradient.
-    type Noted = (Pass, [usize; 4], Reads, bool);
+    static LAYOUTS: Mutex<Vec<(Pass, [usize; 4], Reads)>> = Mutex::new(Vec::new());
 
     /// Of each activation a pass read, whether it was channels-last.
     type Reads = Vec<bool>;
@@ -885,7 +880,7 @@ mod tests {
         LAYOUTS
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .push((pass, w, read, last(weight)));
+            .push((pass, w, read));
     }
 
     /// What [`note_layouts`] saw of the passes of weights shaped `w`.
@@ -893,111 +888,9 @@ mod tests {
     fn layouts_of(w: [usize; 4]) -> Passes {
         let seen = LAYOUTS.lock().unwrap_or_else(|e| e.into_inner());
         seen.iter()
-            .filter(|(_, ws, _, _)| *ws == w)
-            .map(|(p, _, read, _)| (*p, read.clone()))
+            .filter(|(_, ws, _)| *ws == w)
+            .map(|(p, _, read)| (*p, read.clone()))
             .collect()
-    }
-
-    /// Whether the weights shaped `w` were channels-last in the passes that read them.
-    #[cfg(feature = "wgpu")]
-    fn weight_layouts_of(w: [usize; 4]) -> Vec<(Pass, bool)> {
-        let seen = LAYOUTS.lock().unwrap_or_else(|e| e.into_inner());
-        seen.iter()
-            .filter(|(p, ws, _, _)| *ws == w && *p != Pass::WeightGrad)
-            .map(|(p, _, _, last)| (*p, *last))
-            .collect()
-    }
-
-    /// A 3×3 weight through two steps on CubeCL with `implicit_gemm`: forward and backward,
-    /// the optimizer's update (SGD with momentum and weight decay, then AdamW, as the runs
-    /// configure them), forward and backward again. Whether the weight the second step's
-    /// forward pass and input gradient read was channels-last, after each optimizer.
-    #[cfg(feature = "wgpu")]
-    fn weight_after_an_update<B: TrainBackend>() -> [Vec<(Pass, bool)>; 2] {
-        use crate::ops::optim::{AdamWScalars, OptimBackend, SgdScalars};
-        let ws = [16, 8, 3, 3];
-        let device = Default::default();
-        let options = ConvOptions::new([1, 1], [1, 1], [1, 1], 1);
-        // dL/dw of `sum(conv2d(x, w) · dy)`, the input gradient read so that it runs.
-        let step = |w: Tensor<B::InnerBackend, 4>| {
-            let x = Tensor::<B, 4>::from_data(random([2, 8, 8, 8]), &device).require_grad();
-            let w = Tensor::<B, 4>::from_inner(w).require_grad();
-            let dy = Tensor::<B, 4>::from_data(random([2, 16, 8, 8]), &device);
-            let grads = (conv2d(x.clone(), w.clone(), options.clone()) * dy)
-                .sum()
-                .backward();
-            let dx = x.grad(&grads).expect("an input gradient").into_data();
-            assert!(dx.to_vec::<f32>().unwrap().iter().all(|v| v.is_finite()));
-            w.grad(&grads).expect("a weight gradient")
-        };
-        let sgd = SgdScalars {
-            lr: 0.1,
-            momentum: Some(0.9),
-            keep: 1.0,
-            nesterov: false,
-            decay: Some(5e-4),
-        };
-        let adamw = AdamWScalars {
-            lr: 1e-3,
-            beta_1: 0.9,
-            beta_2: 0.999,
-            factor_1: 0.1,
-            factor_2: 1e-3,
-            correction_1: 0.1,
-            correction_2: 1e-3,
-            epsilon: 1e-8,
-            keep: Some(1.0 - 1e-5),
-        };
-        let w0 = Tensor::<B::InnerBackend, 4>::from_data(random(ws), &device);
-        let mut seen = Vec::new();
-        for optimizer in ["sgd", "adamw"] {
-            let g = step(w0.clone());
-            // Two updates: the second with the state the first left (velocity, moments).
-            let w = if optimizer == "sgd" {
-                let (w, v) = B::InnerBackend::sgd_step(w0.clone(), g.clone(), None, sgd);
-                B::InnerBackend::sgd_step(w, g, v, sgd).0
-            } else {
-                let (w, m, v) = B::InnerBackend::adamw_step(w0.clone(), g.clone(), None, adamw);
-                B::InnerBackend::adamw_step(w, g, Some((m, v)), adamw).0
-            };
-            LAYOUTS.lock().unwrap_or_else(|e| e.into_inner()).clear();
-            step(w);
-            let mut after = weight_layouts_of(ws);
-            after.sort_by_key(|(p, _)| p.name());
-            seen.push(after);
-        }
-        LAYOUTS.lock().unwrap_or_else(|e| e.into_inner()).clear();
-        [seen.remove(0), seen.remove(0)]
-    }
-
-    #[cfg(feature = "wgpu")]
-    #[test]
-    fn wgpu_optimizers_leave_the_convolutions_weights_channels_last() {
-        let _serial = serial();
-        set_choice(Choice {
-            algo: ConvAlgo::ImplicitGemm,
-            kernel: ConvKernel::SimpleSyncCyclic,
-            tile: ConvTile::Cmma,
-            split: ConvSplit::Auto,
-        });
-        let results = [
-            ("fused", weight_after_an_update::<Autodiff<Wgpu>>()),
-            ("plain", weight_after_an_update::<Autodiff<WgpuPlain>>()),
-        ];
-        set_choice(Choice {
-            algo: ConvAlgo::Autotune,
-            kernel: ConvKernel::SimpleSyncCyclic,
-            tile: ConvTile::Cmma,
-            split: ConvSplit::Auto,
-        });
-        let want = vec![(Pass::Forward, true), (Pass::InputGrad, true)];
-        for (backend, [sgd, adamw]) in results {
-            assert_eq!(sgd, want, "{backend}: after SGD, the weight channels-last?");
-            assert_eq!(
-                adamw, want,
-                "{backend}: after AdamW, the weight channels-last?"
-            );
-        }
     }
 
     /// Conv, batch norm and ReLU, conv, batch norm (a ResNet's unit twice), trained one
@@ -1081,27 +974,16 @@ mod tests {
     #[cfg(feature = "wgpu")]
     type WgpuPlain = CubeBackend<cubecl::wgpu::WgpuRuntime, f32, i32, u32>;
 
-    /// (output, dx, dw) of `sum(conv2d(x, w) * dy)`. `weight_last`: the weight in memory as
-    /// the optimizer leaves it on CubeCL (`[out][kw][kh][in]`, `optim::to_last`), else
-    /// contiguous `[out, in, kh, kw]` (as it starts).
+    /// (output, dx, dw) of `sum(conv2d(x, w) * dy)`.
     fn conv_and_grads<B: TrainBackend>(
         x: &TensorData,
         w: &TensorData,
         dy: &TensorData,
         options: &ConvOptions<2>,
-        weight_last: bool,
     ) -> [Vec<f32>; 3] {
         let device = Default::default();
         let x = Tensor::<B, 4>::from_data(x.clone(), &device).require_grad();
-        let w = if weight_last {
-            let swapped = Tensor::<Flex, 4>::from_data(w.clone(), &Default::default())
-                .swap_dims(1, 3)
-                .into_data();
-            Tensor::<B, 4>::from_data(swapped, &device).permute([0, 3, 2, 1])
-        } else {
-            Tensor::<B, 4>::from_data(w.clone(), &device)
-        }
-        .require_grad();
+        let w = Tensor::<B, 4>::from_data(w.clone(), &device).require_grad();
         let dy = Tensor::<B, 4>::from_data(dy.clone(), &device);
         let y = conv2d(x.clone(), w.clone(), options.clone());
         let grads = (y.clone() * dy).sum().backward();
@@ -1228,16 +1110,14 @@ mod tests {
             ([1, 3, 12, 12], [4, 3, 7, 7], 2, 3),
         ];
         let mut failures = vec![];
-        for round in 0..3 {
-            // The second round with the weights as the optimizer leaves them.
-            let weight_last = round == 1;
+        for _round in 0..3 {
             for (xs, ws, stride, padding) in cases {
                 let options = ConvOptions::new([stride; 2], [padding; 2], [1, 1], 1);
                 let (x, w) = (random(xs), random(ws));
                 let size = |i: usize| (xs[i] + 2 * padding - ws[i]) / stride + 1;
                 let dy = random([xs[0], ws[0], size(2), size(3)]);
                 let want = reference(&x, &w, &dy, stride, padding);
-                let cpu = conv_and_grads::<Autodiff<Flex>>(&x, &w, &dy, &options, weight_last);
+                let cpu = conv_and_grads::<Autodiff<Flex>>(&x, &w, &dy, &options);
                 let mut results = vec![("cpu".to_string(), cpu)];
                 let choices = [
                     (ConvAlgo::Autotune, Choice::BURNS, ConvSplit::Auto),
@@ -1259,13 +1139,10 @@ mod tests {
                         tile,
                         split,
                     });
-                    let name =
-                        format!("{algo:?} {kernel:?} {tile:?} {split:?} weight_last {weight_last}");
-                    let fused =
-                        conv_and_grads::<Autodiff<Wgpu>>(&x, &w, &dy, &options, weight_last);
+                    let name = format!("{algo:?} {kernel:?} {tile:?} {split:?}");
+                    let fused = conv_and_grads::<Autodiff<Wgpu>>(&x, &w, &dy, &options);
                     results.push((format!("fused {name}"), fused));
-                    let plain =
-                        conv_and_grads::<Autodiff<WgpuPlain>>(&x, &w, &dy, &options, weight_last);
+                    let plain = conv_and_grads::<Autodiff<WgpuPlain>>(&x, &w, &dy, &options);
                     results.push((format!("plain {name}"), plain));
                 }
                 for (backend, got) in results {
@@ -1416,17 +1293,9 @@ mod tests {
                 split,
             });
             let mut worst = 0.0f32;
-            // Each weight contiguous, then as the optimizer leaves it (`[out][kw][kh][in]`).
-            for ((x, w, dy, options, want), weight_last) in
-                inputs.iter().flat_map(|case| [(case, false), (case, true)])
-            {
-                let fused = conv_and_grads::<Autodiff<Cuda>>(x, w, dy, options, weight_last);
-                let plain = conv_and_grads::<Autodiff<CudaPlain>>(x, w, dy, options, weight_last);
-                let last = if weight_last {
-                    " (weight as updated)"
-                } else {
-                    ""
-                };
+            for (x, w, dy, options, want) in &inputs {
+                let fused = conv_and_grads::<Autodiff<Cuda>>(x, w, dy, options);
+                let plain = conv_and_grads::<Autodiff<CudaPlain>>(x, w, dy, options);
                 for (how, got) in [("fused", fused), ("plain", plain)] {
                     for (i, what) in ["output", "input gradient", "weight gradient"]
                         .iter()
@@ -1440,7 +1309,7 @@ mod tests {
                         worst = worst.max(err);
                         if err.is_nan() || err > 1e-2 {
                             failures.push(format!(
-                                "{} {} (conv_split {}) {how} {:?} by {:?}{last} stride {:?}: {what} off by {err:.3} of its magnitude",
+                                "{} {} (conv_split {}) {how} {:?} by {:?} stride {:?}: {what} off by {err:.3} of its magnitude",
                                 kernel.name(),
                                 tile.name(),
                                 split.name(),

@@ -58,15 +58,6 @@ impl SgdSettings {
 
 /// A backend the optimizers can update parameters on. The defaults compose Burn's ops.
 pub trait OptimBackend: Backend {
-    /// Whether the composed updates write a convolution's weight (a 4-D parameter,
-    /// `[out, in, kh, kw]`) channels-last in memory (see [`to_last`]): where a backend
-    /// writes each new tensor contiguous in its logical shape (Burn's fusion does), the
-    /// update is computed in that permuted view and viewed back, so the weight keeps the
-    /// layout CubeCL's implicit GEMM reads, which copies a weight in any other layout before
-    /// its forward pass and its input gradient (about 31 copies a ResNet-50 step). The same
-    /// arithmetic element by element; only where the results are written changes.
-    const WEIGHTS_CHANNELS_LAST: bool = false;
-
     /// The parameter after one step, and its velocity (`Some` where `s.momentum` is):
     /// `g ← g + decay·p`; `v ← keep·g + momentum·v` (`v ← g` on the first step);
     /// `g ← g + momentum·v` with Nesterov, else `v`; `p ← p − lr·g`.
@@ -76,10 +67,6 @@ pub trait OptimBackend: Backend {
         velocity: Option<Tensor<Self, D>>,
         s: SgdScalars,
     ) -> (Tensor<Self, D>, Option<Tensor<Self, D>>) {
-        if Self::WEIGHTS_CHANNELS_LAST && D == 4 {
-            let (p, v) = composed(to_last(param), to_last(grad), velocity.map(to_last), s);
-            return (from_last(p), v.map(from_last));
-        }
         composed(param, grad, velocity, s)
     }
 
@@ -94,33 +81,8 @@ pub trait OptimBackend: Backend {
         moments: Option<(Tensor<Self, D>, Tensor<Self, D>)>,
         s: AdamWScalars,
     ) -> (Tensor<Self, D>, Tensor<Self, D>, Tensor<Self, D>) {
-        if Self::WEIGHTS_CHANNELS_LAST && D == 4 {
-            let moments = moments.map(|(m, v)| (to_last(m), to_last(v)));
-            let (p, m, v) = composed_adamw(to_last(param), to_last(grad), moments, s);
-            return (from_last(p), from_last(m), from_last(v));
-        }
         composed_adamw(param, grad, moments, s)
     }
-}
-
-/// `[out, in, kh, kw]` viewed as `[out, kw, kh, in]` (`D` is 4 where this is called): one
-/// swap of axes, which Burn's fusion takes into its element-wise kernel as a view of the
-/// input, where a permutation is an op of its own that fusion does not take, and the
-/// first op on its result then runs alone, outside fusion (seen in Burn's fusion log: one
-/// more launch per weight and step). The update then writes `[out][kw][kh][in]` in memory:
-/// the input channels are the contiguous axis, all that CubeCL's implicit GEMM asks of a
-/// weight (`has_valid_layout`, cubek-convolution 0.2; it reads the other axes by their
-/// strides).
-fn to_last<B: Backend, const D: usize>(t: Tensor<B, D>) -> Tensor<B, D> {
-    t.swap_dims(1, 3)
-}
-
-/// The inverse of [`to_last`], as a permutation: fusion leaves it to run alone, where it
-/// is a change of the view only (a swap here would be taken into the next element-wise
-/// kernel, which would write the weight out again, `[out, in, kh, kw]`).
-fn from_last<B: Backend, const D: usize>(t: Tensor<B, D>) -> Tensor<B, D> {
-    const AXES: [isize; 4] = [0, 3, 2, 1];
-    t.permute(std::array::from_fn(|i| AXES[i]))
 }
 
 /// Burn 0.21's `Sgd::step` (with `WeightDecay` and `Momentum`), op for op.
@@ -389,19 +351,15 @@ fn update_first(p: &mut [f32], g: &[f32], v: &mut [f32], s: SgdScalars) {
         });
 }
 
-/// CubeCL's backends compose the updates from Burn's ops, which fusion joins, and keep the
-/// convolutions' weights channels-last.
+/// CubeCL's backends compose the updates from Burn's ops, which fusion joins.
 #[cfg(feature = "cube")]
 impl<R: burn_cubecl::CubeRuntime, BT: burn_cubecl::BoolElement> OptimBackend
     for burn_cubecl::CubeBackend<R, f32, i32, BT>
 {
-    const WEIGHTS_CHANNELS_LAST: bool = true;
 }
 
 #[cfg(feature = "cube")]
-impl<B: burn_fusion::FusionBackend + OptimBackend> OptimBackend for burn_fusion::Fusion<B> {
-    const WEIGHTS_CHANNELS_LAST: bool = B::WEIGHTS_CHANNELS_LAST;
-}
+impl<B: burn_fusion::FusionBackend + OptimBackend> OptimBackend for burn_fusion::Fusion<B> {}
 
 /// SGD with PyTorch's semantics through [`OptimBackend::sgd_step`]: one op per parameter.
 #[derive(Debug, Clone)]
@@ -706,73 +664,6 @@ mod tests {
                 );
             }
         }
-    }
-
-    /// On CubeCL (WebGPU over lavapipe, fused and plain) a convolution's weight is updated
-    /// in its channels-last view ([`OptimBackend::WEIGHTS_CHANNELS_LAST`]): the parameter,
-    /// the velocity and the moments equal the composed ops on the weight as it is, to the
-    /// bit, over three steps, for every SGD setting and AdamW with and without decay. (That
-    /// the weight then arrives channels-last at the convolution: `conv_cube`'s
-    /// `wgpu_optimizers_leave_the_convolutions_weights_channels_last`.)
-    #[cfg(feature = "wgpu")]
-    #[test]
-    fn wgpu_weights_updated_channels_last_equal_the_composed_ops_to_the_bit() {
-        fn check<B: OptimBackend>(backend: &str) {
-            assert!(
-                B::WEIGHTS_CHANNELS_LAST,
-                "{backend}: not updated channels-last"
-            );
-            let d = Default::default();
-            let random = || {
-                let t =
-                    Tensor::<Flex, 4>::random([16, 8, 3, 3], Distribution::Normal(0.0, 1.0), &d);
-                Tensor::<B, 4>::from_data(t.into_data(), &Default::default())
-            };
-            let bits = |t: &Tensor<B, 4>| -> Vec<u32> {
-                let v = t.to_data().to_vec::<f32>().unwrap();
-                v.iter().map(|x| x.to_bits()).collect()
-            };
-            let (p0, grads) = (random(), [random(), random(), random()]);
-            for s in every_setting() {
-                let ours = FusedSgd::new(s);
-                let (mut po, mut so) = (p0.clone(), None);
-                let (mut pc, mut vc): (_, Option<Tensor<B, 4>>) = (p0.clone(), None);
-                for (i, g) in grads.iter().enumerate() {
-                    let lr = 0.1 / (i + 1) as f64;
-                    (po, so) = ours.step(lr, po, g.clone(), so);
-                    (pc, vc) = composed(pc, g.clone(), vc, s.scalars(lr));
-                    assert_eq!(bits(&po), bits(&pc), "{backend} {s:?} step {i}");
-                    let ours_v = so.as_ref().and_then(|s| s.momentum.as_ref());
-                    if let (Some(v), Some(vc)) = (ours_v, &vc) {
-                        assert_eq!(bits(&v.velocity), bits(vc), "{backend} {s:?} step {i}: v");
-                    }
-                }
-            }
-            for weight_decay in [0.0, 0.01] {
-                let s = AdamWSettings {
-                    beta_1: 0.9,
-                    beta_2: 0.999,
-                    epsilon: 1e-8,
-                    weight_decay,
-                };
-                let ours = FusedAdamW::new(s);
-                let (mut po, mut so) = (p0.clone(), None);
-                let (mut pc, mut mc) = (p0.clone(), None);
-                for (i, g) in grads.iter().enumerate() {
-                    let lr = 1e-3 / (i + 1) as f64;
-                    (po, so) = ours.step(lr, po, g.clone(), so);
-                    let (p, m, v) = composed_adamw(pc, g.clone(), mc, s.scalars(lr, i as i32 + 1));
-                    (pc, mc) = (p, Some((m, v)));
-                    let what = format!("{backend} AdamW decay {weight_decay} step {i}");
-                    assert_eq!(bits(&po), bits(&pc), "{what}");
-                    let (o, (m, v)) = (&so.as_ref().unwrap().momentum, mc.as_ref().unwrap());
-                    assert_eq!(bits(&o.moment_1), bits(m), "{what}: m");
-                    assert_eq!(bits(&o.moment_2), bits(v), "{what}: v");
-                }
-            }
-        }
-        check::<burn::backend::Wgpu>("fused");
-        check::<burn_cubecl::CubeBackend<cubecl::wgpu::WgpuRuntime, f32, i32, u32>>("plain");
     }
 
     /// A record written with Burn's `AdamW` loads into [`FusedAdamW`] and continues as
