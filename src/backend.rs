@@ -82,8 +82,13 @@ pub fn probe() -> Machine {
         cuda_devices: gpus.as_ref().map(|d| d.len()).map_err(Clone::clone),
         host_memory: crate::plan::resources::host_memory(),
         gpu_memory: gpus
+            .as_ref()
             .map(|d| d.iter().map(|(_, m)| *m).collect())
             .unwrap_or_default(),
+        cuda_toolchain: gpus
+            .is_ok_and(|d| !d.is_empty())
+            .then(cuda_toolchain)
+            .flatten(),
     }
 }
 
@@ -184,6 +189,19 @@ pub fn cuda_gpus() -> Result<Vec<(String, u64)>, String> {
     #[cfg(not(feature = "cuda"))]
     {
         Err("this binary was built without the `cuda` feature".into())
+    }
+}
+
+/// The CUDA toolchain this process would compile kernels with; `None` in a binary without
+/// CUDA, or where the driver cannot be loaded (`cuda_gpus` says why).
+pub fn cuda_toolchain() -> Option<crate::plan::CudaToolchain> {
+    #[cfg(feature = "cuda")]
+    {
+        cuda_probe::toolchain()
+    }
+    #[cfg(not(feature = "cuda"))]
+    {
+        None
     }
 }
 
@@ -360,6 +378,65 @@ mod cuda_probe {
     type CuDeviceGet = unsafe extern "C" fn(*mut c_int, c_int) -> c_int;
     type CuDeviceGetName = unsafe extern "C" fn(*mut c_char, c_int, c_int) -> c_int;
     type CuDeviceTotalMem = unsafe extern "C" fn(*mut usize, c_int) -> c_int;
+    type CuDriverGetVersion = unsafe extern "C" fn(*mut c_int) -> c_int;
+    type NvrtcVersion = unsafe extern "C" fn(*mut c_int, *mut c_int) -> c_int;
+
+    /// The driver's CUDA version, NVRTC as CubeCL's cudarc would load it (the same file
+    /// names, in the same order), and the toolkit CubeCL would take its headers from.
+    pub fn toolchain() -> Option<crate::plan::CudaToolchain> {
+        // SAFETY: as in `devices`; `cuDriverGetVersion` and `nvrtcVersion` take pointers
+        // to ints they fill, and need no initialisation first.
+        unsafe {
+            let lib = libloading::Library::new("libcuda.so.1")
+                .or_else(|_| libloading::Library::new("libcuda.so"))
+                .ok()?;
+            let version = lib
+                .get::<CuDriverGetVersion>(b"cuDriverGetVersion\0")
+                .ok()
+                .and_then(|f| {
+                    let mut v: c_int = 0;
+                    (f(&mut v) == 0 && v > 0).then_some(split(v))
+                });
+            std::mem::forget(lib);
+            let candidates = cudarc::get_lib_name_candidates("nvrtc");
+            let nvrtc = candidates
+                .iter()
+                .find_map(|name| Some((name, libloading::Library::new(name).ok()?)))
+                .ok_or_else(|| {
+                    // Linux's names of it (the list also has Windows' and some twice).
+                    let mut names: Vec<&str> = vec![];
+                    for n in candidates.iter().filter(|n| n.starts_with("libnvrtc.so")) {
+                        if !names.contains(&n.as_str()) {
+                            names.push(n);
+                        }
+                    }
+                    format!("none of {} is on the library path", names.join(", "))
+                })
+                .and_then(|(name, nvrtc)| {
+                    let f = nvrtc
+                        .get::<NvrtcVersion>(b"nvrtcVersion\0")
+                        .map_err(|e| format!("{name} lacks nvrtcVersion: {e}"))?;
+                    let (mut major, mut minor): (c_int, c_int) = (0, 0);
+                    if f(&mut major, &mut minor) != 0 {
+                        return Err(format!("{name}: nvrtcVersion failed"));
+                    }
+                    // CubeCL loads the same file again; kept loaded meanwhile.
+                    std::mem::forget(nvrtc);
+                    Ok((name.clone(), (major.max(0) as u32, minor.max(0) as u32)))
+                });
+            Some(crate::plan::CudaToolchain {
+                driver: version,
+                nvrtc,
+                toolkit: cubecl::cuda::install::cuda_path(),
+            })
+        }
+    }
+
+    /// `cuDriverGetVersion`'s 1000 × major + 10 × minor.
+    fn split(v: c_int) -> (u32, u32) {
+        let v = v as u32;
+        (v / 1000, (v % 1000) / 10)
+    }
 
     /// Name and total memory (0 where the driver does not say) of each device.
     pub fn devices() -> Result<Vec<(String, u64)>, String> {

@@ -256,5 +256,6 @@ fn any_machine() -> Machine {
         gpu_memory: vec![],
         wgpu_compiled: true,
         wgpu_adapters: None,
+        cuda_toolchain: None,
     }
 }

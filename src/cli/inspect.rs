@@ -163,6 +163,13 @@ fn devices() -> Vec<String> {
                 let memory = runner::plan::resources::gib(*memory);
                 out.push(format!("{:<12} {i}: {name}, {memory}", "cuda"));
             }
+            // What compiles its kernels: a device is no use to a run without it.
+            if let Some(t) = runner::backend::cuda_toolchain() {
+                out.push(format!("{:<12} kernels: {}", "cuda", t.describe()));
+                if let Some((why, help)) = t.problem() {
+                    out.push(format!("{:<12} cannot run: {why}; {help}", "cuda"));
+                }
+            }
         }
         Err(why) => out.push(format!("{:<12} {why}", "cuda")),
     }

@@ -9,10 +9,25 @@ impl<'a> Validator<'a> {
         match b.kind {
             BackendKind::Cpu => (Device::Cpu, "backend.kind = \"cpu\"".into()),
             BackendKind::Auto => match (&m.cuda_devices, m.cuda_compiled) {
-                (Ok(n), true) if b.device < *n => (
-                    Device::Cuda(b.device),
-                    format!("auto: CUDA device {} of {n} found", b.device),
-                ),
+                (Ok(n), true) if b.device < *n => {
+                    let toolchain = m.cuda_toolchain.as_ref();
+                    if let Some((why, help)) = toolchain.and_then(|t| t.problem()) {
+                        let d = b.device;
+                        self.warn(
+                            "backend.kind",
+                            format!("CUDA device {d} found, but {why}; running on the CPU"),
+                            format!("to run on the GPU: {help}"),
+                        );
+                        let reason =
+                            format!("auto: CUDA device {d} of {n} found, but {why}; using the CPU");
+                        return (Device::Cpu, reason);
+                    }
+                    let found = toolchain.map_or(String::new(), |t| format!(" ({})", t.describe()));
+                    (
+                        Device::Cuda(b.device),
+                        format!("auto: CUDA device {} of {n} found{found}", b.device),
+                    )
+                }
                 (Ok(n), true) if *n > 0 => {
                     self.err(
                         "backend.device",
@@ -48,9 +63,26 @@ impl<'a> Validator<'a> {
                             format!("use a device index below {n}")
                         },
                     ),
-                    _ => {}
+                    _ => {
+                        if let Some((why, help)) =
+                            m.cuda_toolchain.as_ref().and_then(|t| t.problem())
+                        {
+                            self.err(
+                                "backend.kind",
+                                format!("CUDA was asked for, but {why}"),
+                                format!("{help}, or set kind = \"auto\" or \"cpu\""),
+                            );
+                        }
+                    }
                 }
-                (Device::Cuda(b.device), "backend.kind = \"cuda\"".into())
+                let found = m.cuda_toolchain.as_ref();
+                (
+                    Device::Cuda(b.device),
+                    format!(
+                        "backend.kind = \"cuda\"{}",
+                        found.map_or(String::new(), |t| format!(" ({})", t.describe()))
+                    ),
+                )
             }
             BackendKind::Wgpu => self.wgpu_adapter(m),
         }

@@ -50,6 +50,74 @@ pub struct Machine {
     /// not looked for (a binary without `wgpu`, or `runner validate`, which checks
     /// against no machine).
     pub wgpu_adapters: Option<fn() -> Vec<WgpuAdapter>>,
+    /// What CUDA kernels are compiled with here (`backend::cuda_toolchain`); `None`: not
+    /// looked for (no CUDA device, a binary without it, or `runner validate`).
+    pub cuda_toolchain: Option<CudaToolchain>,
+}
+
+/// What CubeCL needs on a CUDA machine besides the driver and a device: NVRTC, which
+/// compiles its kernels at run time (a kernel the cache does not hold), and a CUDA
+/// toolkit's headers, which it passes to NVRTC. Missing either, CubeCL 0.10 panics at the
+/// run's first kernel, after the data is loaded and the run directory made; with NVRTC
+/// newer than the driver, the driver refuses to load what NVRTC wrote (PTX is compiled by
+/// the driver at load time, and a driver loads no PTX newer than its own CUDA version).
+#[derive(Debug, Clone, PartialEq)]
+pub struct CudaToolchain {
+    /// The CUDA version the driver supports (`cuDriverGetVersion`), as (major, minor).
+    pub driver: Option<(u32, u32)>,
+    /// The NVRTC library loaded (its file name, as found on the library path) and its
+    /// CUDA version, or why none could be.
+    pub nvrtc: Result<(String, (u32, u32)), String>,
+    /// The toolkit directory CubeCL takes its headers from (`$CUDA_PATH`, else
+    /// `/usr/local/cuda`, `/opt/cuda`, or `/usr` where `/usr/bin/nvcc` is), or `None`.
+    pub toolkit: Option<std::path::PathBuf>,
+}
+
+impl CudaToolchain {
+    /// Why CUDA kernels cannot be compiled and loaded here, and how to make them (the
+    /// caller adds its own alternatives); `None` when nothing is missing.
+    pub fn problem(&self) -> Option<(String, String)> {
+        let v = |(a, b): (u32, u32)| format!("{a}.{b}");
+        match (&self.nvrtc, &self.toolkit, self.driver) {
+            (Err(why), _, _) => Some((
+                format!("NVRTC, which compiles the GPU kernels at run time, cannot be loaded ({why})"),
+                "install the CUDA toolkit (its NVRTC, libnvrtc.so) and put its lib64/ on LD_LIBRARY_PATH".into(),
+            )),
+            (_, None, _) => Some((
+                "no CUDA toolkit found: CubeCL gives NVRTC the toolkit's include/ and looks for it in $CUDA_PATH, /usr/local/cuda, /opt/cuda, or /usr (with /usr/bin/nvcc)".into(),
+                "install the CUDA toolkit, or set CUDA_PATH to its directory".into(),
+            )),
+            (Ok((lib, n)), Some(_), Some(d)) if *n > d => Some((
+                format!(
+                    "NVRTC ({lib}) is CUDA {}'s, newer than the CUDA {} the NVIDIA driver supports: the driver cannot load the kernels it compiles",
+                    v(*n),
+                    v(d)
+                ),
+                format!(
+                    "update the NVIDIA driver, or put a CUDA toolkit of version {} or older first on LD_LIBRARY_PATH (and CUDA_PATH)",
+                    v(d)
+                ),
+            )),
+            _ => None,
+        }
+    }
+
+    /// One line for `runner ls` and the run's device reason: what was found.
+    pub fn describe(&self) -> String {
+        let v = |(a, b): (u32, u32)| format!("{a}.{b}");
+        let driver = self.driver.map_or("driver version unknown".into(), |d| {
+            format!("driver CUDA {}", v(d))
+        });
+        let nvrtc = match &self.nvrtc {
+            Ok((lib, n)) => format!("NVRTC {} ({lib})", v(*n)),
+            Err(_) => "no NVRTC".into(),
+        };
+        let toolkit = self
+            .toolkit
+            .as_ref()
+            .map_or("no toolkit".into(), |t| format!("toolkit {}", t.display()));
+        format!("{driver}, {nvrtc}, {toolkit}")
+    }
 }
 
 /// The most host memory a run may count on, and what sets it (`resources::host_memory`).
@@ -121,6 +189,7 @@ impl Machine {
             cuda_devices: Err("this binary was built without the `cuda` feature".into()),
             wgpu_compiled: false,
             wgpu_adapters: None,
+            cuda_toolchain: None,
         }
     }
 }

@@ -1,4 +1,5 @@
-//! Which device a recipe's backend gets: WebGPU adapters as CubeCL counts them.
+//! Which device a recipe's backend gets: WebGPU adapters as CubeCL counts them, and a CUDA
+//! device only with what compiles its kernels.
 
 use std::path::Path;
 
@@ -137,4 +138,106 @@ fn webgpu_adapters_are_listed_by_kind_and_counted_as_cubecl_counts_them() {
             (4, "mystery", Other, 0),
         ]
     );
+}
+
+/// A CUDA device is no use without what compiles its kernels: with `kind = "auto"` a run
+/// then goes to the CPU and a warning says what is missing and how to add it; with
+/// `kind = "cuda"` the recipe is refused before anything is written. Each of the three
+/// things CubeCL needs (NVRTC, a toolkit's headers, a driver at least as new as NVRTC) is
+/// named on its own; all present, the run's device reason says what was found.
+#[test]
+fn a_cuda_device_without_a_kernel_compiler_runs_on_the_cpu_or_is_refused() {
+    use runner::plan::{CudaToolchain, Device};
+    std::env::set_current_dir(root()).unwrap();
+    let full = CudaToolchain {
+        driver: Some((12, 4)),
+        nvrtc: Ok(("libnvrtc.so.12".into(), (12, 4))),
+        toolkit: Some("/usr/local/cuda".into()),
+    };
+    let with = |t: CudaToolchain| Machine {
+        cuda_toolchain: Some(t),
+        ..any_machine()
+    };
+    let check_with = |kind: &str, m: &Machine| {
+        let sets = [format!("backend.kind=\"{kind}\"")];
+        runner::sweep::check(Path::new("recipes/quickstart.toml"), &sets, m, 16)
+            .map(|c| c.plans.into_iter().next().unwrap())
+    };
+
+    let p = check_with("auto", &with(full.clone())).expect("all there");
+    assert_eq!(p.device, Device::Cuda(0));
+    assert!(
+        p.device_reason
+            .contains("driver CUDA 12.4, NVRTC 12.4 (libnvrtc.so.12), toolkit /usr/local/cuda"),
+        "{}",
+        p.device_reason
+    );
+    // A newer driver loads an older NVRTC's kernels.
+    let newer_driver = CudaToolchain {
+        driver: Some((13, 0)),
+        ..full.clone()
+    };
+    assert_eq!(
+        check_with("cuda", &with(newer_driver)).unwrap().device,
+        Device::Cuda(0)
+    );
+
+    let missing = [
+        (
+            CudaToolchain {
+                nvrtc: Err("none of libnvrtc.so, libnvrtc.so.12 is on the library path".into()),
+                ..full.clone()
+            },
+            [
+                "NVRTC",
+                "cannot be loaded",
+                "libnvrtc.so.12 is on the library path",
+                "LD_LIBRARY_PATH",
+            ],
+        ),
+        (
+            CudaToolchain {
+                toolkit: None,
+                ..full.clone()
+            },
+            [
+                "no CUDA toolkit found",
+                "/usr/local/cuda",
+                "$CUDA_PATH",
+                "set CUDA_PATH",
+            ],
+        ),
+        (
+            CudaToolchain {
+                nvrtc: Ok(("libnvrtc.so.12".into(), (12, 8))),
+                ..full.clone()
+            },
+            [
+                "CUDA 12.8's",
+                "newer than the CUDA 12.4",
+                "update the NVIDIA driver",
+                "12.4 or older",
+            ],
+        ),
+    ];
+    for (t, words) in missing {
+        let p = check_with("auto", &with(t.clone())).expect("auto falls back");
+        assert_eq!(p.device, Device::Cpu, "{t:?}");
+        assert!(p.device_reason.contains(words[0]), "{}", p.device_reason);
+        let warnings: Vec<String> = p.warnings.iter().map(|w| w.to_string()).collect();
+        assert!(
+            warnings.iter().any(|w| w.contains("backend.kind")
+                && w.contains("running on the CPU")
+                && words.iter().all(|x| w.contains(x))),
+            "{warnings:?}"
+        );
+        let e = check_with("cuda", &with(t)).unwrap_err().to_string();
+        assert!(
+            e.contains("backend.kind")
+                && e.contains("CUDA was asked for, but")
+                && words.iter().all(|x| e.contains(x))
+                && e.contains("or set kind = \"auto\" or \"cpu\""),
+            "{e}"
+        );
+    }
 }

@@ -25,6 +25,7 @@ pub fn any_machine() -> Machine {
         gpu_memory: vec![],
         wgpu_compiled: true,
         wgpu_adapters: None,
+        cuda_toolchain: None,
     }
 }
 

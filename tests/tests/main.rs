@@ -5,6 +5,8 @@
 mod backend;
 mod cli;
 mod common;
+#[cfg(feature = "cuda")]
+mod cuda_toolchain;
 mod faults;
 mod logging;
 mod recipes;
