@@ -242,8 +242,8 @@ impl<'a, B: TrainBackend> Trainer<'a, B> {
     }
 
     /// One optimizer step: its micro-batches (forward, backward, accumulation), clipping,
-    /// the update, the cleanup due, a checkpoint due inside the epoch, its record, and the
-    /// validation due inside the epoch.
+    /// the update, the cleanup due, the validation due inside the epoch, a checkpoint due
+    /// inside the epoch, and its record.
     pub fn step(
         &mut self,
         batches: &mut crate::loader::EpochIter<'_, HostBatch>,
@@ -294,10 +294,21 @@ impl<'a, B: TrainBackend> Trainer<'a, B> {
             let _ = B::sync(&device);
             sink.first_step(ms(started));
         }
+        // Validation every N steps (inside the epoch; at its end it follows the epoch),
+        // before the checkpoint of the same step, which then carries its result (the best
+        // value, the evaluations since, the validations recorded): resumed from it, a run
+        // neither skips that validation nor stops early elsewhere. A validation that stops
+        // the run early leaves the checkpoint out: the run ends here.
+        let cadence = self.cadence();
+        let validated = if cadence.validate_in_epoch(step, pos.left) {
+            self.validate(pos.epoch, sink)
+        } else {
+            Ok(Next::Continue)
+        };
         // A checkpoint inside the epoch; one due at its last step is written at its end,
         // after the evaluation (resuming then starts the next epoch).
-        let cadence = self.cadence();
-        let checkpoint_now = cadence.checkpoint_in_epoch(step, pos.left);
+        let checkpoint_now =
+            matches!(validated, Ok(Next::Continue)) && cadence.checkpoint_in_epoch(step, pos.left);
         if checkpoint_now {
             // The lines before this step are written first; this step's line is the
             // checkpoint's last (written right after it).
@@ -318,11 +329,7 @@ impl<'a, B: TrainBackend> Trainer<'a, B> {
         } else if self.pending.len() as u64 >= plan.log.every || epoch_done || checkpoint_now {
             self.flush(sink)?;
         }
-        // Validation every N steps (inside the epoch; at its end it follows the epoch).
-        if cadence.validate_in_epoch(step, pos.left) {
-            return self.validate(pos.epoch, sink);
-        }
-        Ok(Next::Continue)
+        validated
     }
 
     /// A step's micro-batches: each one's forward, loss and backward into the accumulated

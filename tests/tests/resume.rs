@@ -1337,3 +1337,71 @@ fn a_damaged_or_missing_summary_is_written_again_by_resume() {
         assert_eq!(s.name, "s");
     }
 }
+
+/// A checkpoint written at a step that also validates carries that validation: the run's
+/// best value, the evaluations since, and the validation itself among those recorded. One
+/// written before it (as the loop once did) had the run resume past a validation it never
+/// made: it stopped early elsewhere and kept other best weights than the uninterrupted run.
+#[test]
+fn a_checkpoint_at_a_validation_step_carries_that_validation() {
+    let dir = tempdir("checkpoint-validates");
+    let out = runner_cmd()
+        .arg("recipes/quickstart.toml")
+        .arg("-q")
+        .arg("--set")
+        .arg(format!("log.dir=\"{}\"", dir.display()))
+        .args([
+            "--set",
+            "data.validation=0.1",
+            "--set",
+            "run.validate=15",
+            "--set",
+            "run.early_stop={ metric = \"val_accuracy\", patience = 1000 }",
+            "--set",
+            "checkpoint.every=15",
+            "--set",
+            "checkpoint.keep=10",
+            "--set",
+            "run.max_steps=62",
+            "--set",
+            "run.eval=\"never\"",
+        ])
+        .output()
+        .unwrap();
+    expect_exit(&out, 0);
+    let run = only_run(&dir.join("quickstart"));
+    let states = runner::checkpoint::list(&run);
+    let steps: Vec<u64> = states.iter().map(|(_, s)| s.step).collect();
+    assert_eq!(steps, [15, 30, 45, 60], "{steps:?}");
+    for (path, s) in &states {
+        let validations = &s.recorded.as_ref().expect("recorded").validations;
+        let at: Vec<u64> = validations.iter().map(|v| v.step).collect();
+        let want: Vec<u64> = (1..=s.step / 15).map(|k| k * 15).collect();
+        assert_eq!(at, want, "{}", path.display());
+        // The best is the best of those validations (the first of equals), and the count
+        // since it is the validations after it.
+        let (k, best) =
+            validations
+                .iter()
+                .enumerate()
+                .fold((0, &validations[0]), |(i, b), (j, v)| {
+                    if v.accuracy > b.accuracy {
+                        (j, v)
+                    } else {
+                        (i, b)
+                    }
+                });
+        assert_eq!(
+            s.best.map(|(step, _)| step),
+            Some(best.step),
+            "{}",
+            path.display()
+        );
+        assert_eq!(
+            s.since_best,
+            (validations.len() - 1 - k) as u64,
+            "{}",
+            path.display()
+        );
+    }
+}
