@@ -61,7 +61,8 @@ pub fn resume(
                 metrics_path.display()
             ))
         })?;
-    let mut summary = read_summary.unwrap_or_else(|why| rebuilt_summary(run_dir, &plan, &why));
+    let mut summary =
+        read_summary.unwrap_or_else(|why| rebuilt_summary(run_dir, &plan, &prepared, &why));
     let evals = rewind(&mut summary, &state, &records);
     write_json_keeping_room(&run_dir.join("summary.json"), &summary, KEPT_ROOM)
         .map_err(|e| fail(format!("summary.json: {e}")))?;
@@ -261,18 +262,22 @@ fn refuse_unwritable(run_dir: &Path, plan: &Plan) -> Result<(), RunError> {
 
 /// A summary for a run whose own is cut short or gone (`why`): the run's name and id, as
 /// if its process had been killed, for `rewind` to fill in from the checkpoint.
-fn rebuilt_summary(run_dir: &Path, plan: &Plan, why: &str) -> Summary {
+fn rebuilt_summary(run_dir: &Path, plan: &Plan, prepared: &Prepared, why: &str) -> Summary {
     let summary_path = run_dir.join("summary.json");
     crate::errln!(
         "warning: {}: {why}; written again from the checkpoint and metrics.jsonl (a run cut short at its last checkpoint: the steps after it are trained again)",
         summary_path.display()
     );
+    // (`runner resume .` names the run by its path's last part, which `.` has not.)
+    let dir = std::fs::canonicalize(run_dir).unwrap_or_else(|_| run_dir.to_path_buf());
     Summary {
         name: plan.name.clone(),
-        run_id: run_dir
+        run_id: dir
             .file_name()
             .map_or(String::new(), |n| n.to_string_lossy().into_owned()),
         status: RunStatus::Running,
+        backend: prepared.backend_name.clone(),
+        device: prepared.device_name.clone(),
         ..Default::default()
     }
 }

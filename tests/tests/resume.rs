@@ -1335,6 +1335,10 @@ fn a_damaged_or_missing_summary_is_written_again_by_resume() {
         assert_eq!(s.status, RunStatus::Completed);
         assert_eq!(s.steps, summary(&reference).steps);
         assert_eq!(s.name, "s");
+        // What ran it, as the first process wrote it (they were left empty).
+        let first = summary(&reference);
+        assert_eq!((s.backend, s.device), (first.backend, first.device));
+        assert_eq!(s.run_id, copy.file_name().unwrap().to_string_lossy());
     }
 }
 
