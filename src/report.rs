@@ -346,6 +346,18 @@ fn labels(runs: &[Run]) -> Vec<String> {
         .collect()
 }
 
+/// The samples a step of `run` takes, from its resolved recipe (the batch size times the
+/// accumulation steps, 1 where the recipe leaves it out).
+fn step_samples(run: &Run) -> Option<u64> {
+    let value = |key: &str| {
+        run.recipe
+            .iter()
+            .find(|(k, _)| k == key)
+            .and_then(|(_, v)| v.parse::<u64>().ok())
+    };
+    Some(value("loader.batch_size")? * value("optim.accumulation_steps").unwrap_or(1))
+}
+
 /// One line of the comparison: a recipe, over its repeats.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Row {
@@ -381,8 +393,15 @@ pub struct Row {
     /// done, the shortest and longest over repeats. A cold kernel cache shows here, not in
     /// `ms_median`.
     pub startup_s: Option<(f64, f64)>,
-    /// `ms_median / baseline's ms_median`.
+    /// Samples an optimizer step takes (`loader.batch_size` × `optim.accumulation_steps`
+    /// of its recipe); `None` where the run kept no recipe.
+    pub samples_per_step: Option<u64>,
+    /// `ms_median / baseline's ms_median`; where the row's steps take another number of
+    /// samples than the baseline's ([`Row::per_sample`]), the time per sample's ratio,
+    /// `baseline's samples_per_s / samples_per_s`.
     pub ratio: f64,
+    /// The ratio compares time per sample, not per step (another batch size).
+    pub per_sample: bool,
     /// The difference to the baseline is smaller than twice the combined spread.
     pub within_noise: bool,
     pub is_baseline: bool,
@@ -451,6 +470,7 @@ pub fn rows(runs: &[Run], baseline: Option<&str>) -> Result<Vec<Row>, Error> {
                 ms_p95: timed_mean(|s| s.iter_ms.p95),
                 cv_pct,
                 samples_per_s: timed_mean(|s| s.samples_per_s),
+                samples_per_step: step_samples(group[0]),
                 gpu_util_pct: mean_opt(s.iter().map(|s| s.gpu_util_pct)),
                 cpu_util_pct: mean_opt(s.iter().map(|s| s.cpu_util_pct)),
                 peak_in_use_bytes: s.iter().filter_map(|s| s.peak_mem_in_use_bytes).max(),
@@ -474,6 +494,7 @@ pub fn rows(runs: &[Run], baseline: Option<&str>) -> Result<Vec<Row>, Error> {
                     },
                 ),
                 ratio: 1.0,
+                per_sample: false,
                 within_noise: true,
                 is_baseline: false,
             }
@@ -492,9 +513,16 @@ pub fn rows(runs: &[Run], baseline: Option<&str>) -> Result<Vec<Row>, Error> {
         };
     out[base].is_baseline = true;
     let (bm, bcv) = (out[base].ms_median, out[base].cv_pct);
+    let (bn, bs) = (out[base].samples_per_step, out[base].samples_per_s);
     for r in &mut out {
+        // A step of another batch size is another amount of work: compared per sample.
+        r.per_sample = matches!((r.samples_per_step, bn), (Some(a), Some(b)) if a != b);
         // NaN (shown as `-`) when either side has no timed step.
-        r.ratio = if bm > 0.0 { r.ms_median / bm } else { f64::NAN };
+        r.ratio = match (r.per_sample, bm > 0.0) {
+            (true, _) if r.samples_per_s > 0.0 => bs / r.samples_per_s,
+            (false, true) => r.ms_median / bm,
+            _ => f64::NAN,
+        };
         let noise = 2.0 * ((r.cv_pct / 100.0).powi(2) + (bcv / 100.0).powi(2)).sqrt();
         r.within_noise = (r.ratio - 1.0).abs() < noise;
     }
@@ -604,10 +632,10 @@ fn cells(rows: &[Row]) -> (Vec<String>, Vec<Vec<String>>) {
                     "baseline".into()
                 } else if !r.ratio.is_finite() {
                     "-".into()
-                } else if r.within_noise {
-                    format!("{:.2}x ≈", r.ratio)
                 } else {
-                    format!("{:.2}x", r.ratio)
+                    let per = if r.per_sample { "/sample" } else { "" };
+                    let noise = if r.within_noise { " ≈" } else { "" };
+                    format!("{:.2}x{per}{noise}", r.ratio)
                 },
             ]);
             c
@@ -644,6 +672,9 @@ struct CsvRow<'a> {
     ratio: Option<f64>,
     /// Empty where there is no ratio.
     within_noise: Option<bool>,
+    /// What the ratio compares: `step` (ms/iter) or `sample` (another batch size than the
+    /// baseline's: samples/s); empty where there is no ratio.
+    ratio_per: Option<&'static str>,
 }
 
 /// An empty CSV field where no run was timed.
@@ -680,6 +711,10 @@ fn csv_rows(rows: &[Row]) -> String {
             test_accuracy: r.test_accuracy,
             ratio: finite(r.ratio),
             within_noise: r.ratio.is_finite().then_some(r.within_noise),
+            ratio_per: r
+                .ratio
+                .is_finite()
+                .then_some(if r.per_sample { "sample" } else { "step" }),
         };
         w.serialize(line)
             .expect("a flat record serialises into memory");
@@ -740,8 +775,9 @@ pub fn render(rows: &[Row], format: Format) -> String {
         "\nms/iter: mean over the timed runs of each run's median step time after warm-up; ± %: spread of that \
          median (coefficient of variation over repeats, or one run's standard error); ≈: the \
          difference to the baseline is within twice the combined spread. vs baseline: the \
-         row's ms/iter over the baseline's (above 1x: slower per iteration); rows of other \
-         batch sizes are compared by samples/s.\n",
+         row's ms/iter over the baseline's (above 1x: slower per iteration); a row whose \
+         steps take another number of samples (batch × accumulation) is compared per sample \
+         (x/sample: the baseline's samples/s over the row's).\n",
     );
     out
 }
@@ -809,6 +845,50 @@ mod tests {
         assert_eq!((r[0].runs, r[0].ms_median), (2, 11.0));
         assert_eq!((r[1].runs, r[1].ms_median), (1, 20.0));
         assert!(rows(&runs, Some("q [cleanup.every=step, x=1]")).unwrap()[2].is_baseline);
+    }
+
+    /// A run of `batch` samples a step (× `accumulation`), each step `ms`.
+    fn run_of(name: &str, ms: f64, batch: u64, accumulation: u64) -> Run {
+        let mut r = run(name, &[ms; 8]);
+        for rec in &mut r.records {
+            rec.samples = (batch * accumulation) as usize;
+        }
+        r.summary = Summary {
+            name: name.into(),
+            ..Default::default()
+        };
+        r.summary.absorb(&r.records, 0);
+        r.recipe = vec![
+            ("loader.batch_size".into(), batch.to_string()),
+            ("optim.accumulation_steps".into(), accumulation.to_string()),
+        ];
+        r
+    }
+
+    #[test]
+    fn a_row_of_another_batch_size_is_compared_per_sample() {
+        let runs = vec![
+            run_of("b16", 10.0, 16, 1),
+            run_of("b64", 30.0, 64, 1),
+            run_of("b8x2", 12.0, 8, 2),
+        ];
+        let r = rows(&runs, None).unwrap();
+        // 64 samples in 30 ms is faster per sample than 16 in 10 ms, though slower per step.
+        assert!(
+            r[1].per_sample && (r[1].ratio - r[0].samples_per_s / r[1].samples_per_s).abs() < 1e-12
+        );
+        assert!(r[1].ratio < 1.0, "{}", r[1].ratio);
+        // 8 × 2 accumulated is the baseline's 16 a step: compared per step.
+        assert!(!r[2].per_sample && (r[2].ratio - 1.2).abs() < 1e-12);
+        let (_, body) = cells(&r);
+        assert_eq!(
+            body[1].last().unwrap(),
+            &format!("{:.2}x/sample", r[1].ratio)
+        );
+        assert_eq!(body[2].last().unwrap(), "1.20x");
+        let csv = render(&r, Format::Csv);
+        assert!(csv.lines().nth(2).unwrap().ends_with(",sample"), "{csv}");
+        assert!(csv.lines().nth(3).unwrap().ends_with(",step"), "{csv}");
     }
 
     #[test]
