@@ -43,6 +43,11 @@ pub struct Cell {
     /// done by those in their sweep directories, so a grid in progress at an upgrade runs
     /// none again.
     pub earlier_ids: Vec<String>,
+    /// The name its id is made with: `base/key=value,...` whatever its length. `name`
+    /// falls back to the cell's index where that is too long for a directory, and an
+    /// index moves when a value is added to an axis; the id must not, or `--resume`
+    /// would run the done cells of a grown grid again.
+    pub id_name: String,
     pub assignments: Vec<(String, toml::Value)>,
     pub loaded: Loaded,
 }
@@ -344,6 +349,7 @@ fn expand_all(loaded: &Loaded, max_cells: usize) -> (Vec<Cell>, Diagnostics) {
             assignments.push((axis.key.clone(), v));
         }
         let name = names[index].clone();
+        let id_name = id_name(&base, &axes, &assignments);
         // The cell is named in its recipe, so its run directory and its resolved recipe say which it is.
         doc.table
             .insert("name".into(), toml::Value::String(name.clone()));
@@ -361,6 +367,7 @@ fn expand_all(loaded: &Loaded, max_cells: usize) -> (Vec<Cell>, Diagnostics) {
             id: String::new(),
             earlier_ids: vec![],
             name,
+            id_name,
             assignments,
             loaded: checked,
         });
@@ -397,6 +404,20 @@ fn cell_names(base: &str, axes: &[Axis], picks: &[Vec<usize>]) -> Vec<String> {
         .collect()
 }
 
+/// `base/label=value,...` of any length (a recipe without a grid: `base`): the name
+/// [`Cell::id_name`] hashes.
+fn id_name(base: &str, axes: &[Axis], assignments: &[(String, toml::Value)]) -> String {
+    if axes.is_empty() {
+        return base.to_string();
+    }
+    let parts: Vec<String> = axes
+        .iter()
+        .zip(assignments)
+        .map(|(a, (_, v))| format!("{}={}", a.label, show(v)))
+        .collect();
+    format!("{base}/{}", parts.join(","))
+}
+
 /// `base/label=value,...`, or `base/cell-NNNN` where that would not make a readable
 /// directory name (too long for the file system, or control characters).
 fn cell_name(
@@ -408,12 +429,8 @@ fn cell_name(
     if axes.is_empty() {
         return base.to_string();
     }
-    let parts: Vec<String> = axes
-        .iter()
-        .zip(assignments)
-        .map(|(a, (_, v))| format!("{}={}", a.label, show(v)))
-        .collect();
-    let label = parts.join(",");
+    let full = id_name(base, axes, assignments);
+    let label = &full[base.len() + 1..];
     // A directory name must fit the file system (255 bytes) and stay readable; past that
     // the cell is named by its index (the manifest maps it back).
     if label.len() > MAX_LABEL || label.chars().any(char::is_control) {
@@ -505,8 +522,16 @@ pub fn check_loaded(
         return Err(dedup(report));
     }
     for (c, p) in cells.iter_mut().zip(&plans) {
-        c.id = cell_id(&p.resolved, &c.loaded.recipe);
-        c.earlier_ids = earlier_cell_ids(&p.resolved, &c.loaded.recipe);
+        let mut named = p.resolved.clone();
+        named.name = Some(c.id_name.clone());
+        c.id = cell_id(&named, &c.loaded.recipe);
+        c.earlier_ids = earlier_cell_ids(&named, &c.loaded.recipe);
+        // Before 2026-12-05 the id held the name as given, its index where too long: the
+        // same while the grid has not grown.
+        let by_index = cell_id(&p.resolved, &c.loaded.recipe);
+        if by_index != c.id && !c.earlier_ids.contains(&by_index) {
+            c.earlier_ids.push(by_index);
+        }
     }
     let base = loaded.recipe.name.clone().unwrap_or_else(|| {
         path.file_stem()

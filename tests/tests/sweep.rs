@@ -888,6 +888,34 @@ fn resume_after_an_axis_gained_a_value_runs_only_the_new_cells() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// The same where the cells' `key=value` names are too long for a directory and the
+/// cells are named by their index (`cell-0000`): the index moves when a value is added
+/// before theirs, their ids do not, so `--resume` still skips the cells done (it ran them
+/// all again: the id hashed the index-named name).
+#[test]
+fn resume_after_an_axis_gained_a_value_skips_done_cells_named_by_index() {
+    let dir = tempdir("axis-gained-long");
+    let long = "\"run.max_loss\" = [10000.0]\n\"run.stop_on_divergence\" = [true]\n\"loader.shuffle\" = [true]\n\"optim.weight_decay\" = [0.0]\n\"run.warmup_steps\" = [1]\n\"run.epochs\" = [1]\n\"loader.drop_last\" = [false]\n\"optim.momentum\" = [0.0]\n\"optim.nesterov\" = [false]\n";
+    let two = tiny_recipe(
+        &dir,
+        "g",
+        &format!("[sweep]\n\"optim.lr\" = [0.1, 0.2]\n{long}"),
+    );
+    let out = runner_cmd().arg(&two).arg("-q").output().unwrap();
+    expect_exit(&out, 0);
+    assert!(dir.join("runs/g/cell-0000").is_dir(), "not named by index");
+    let three = dir.join("g3.toml");
+    std::fs::write(
+        &three,
+        std::fs::read_to_string(&two)
+            .unwrap()
+            .replace("[0.1, 0.2]", "[0.05, 0.1, 0.2]"),
+    )
+    .unwrap();
+    resume_finds_two_cells_done_elsewhere(&three, "a value before the others");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// A grid's later cells count their start-up from their own start: `startup_s` counted from
 /// the process's start gave the third cell of a grid the two before it as its start-up,
 /// more than its whole run, where the report shows a cold kernel cache.
