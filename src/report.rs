@@ -145,15 +145,24 @@ pub fn find_runs(paths: &[PathBuf]) -> Result<Vec<PathBuf>, Error> {
         // A cell's runs lie in `<log.dir>/<cell name>/`, its sweep directory in
         // `<log.dir>/<grid name>/sweeps/`. Each grid's cells together, in its order (a
         // key of the cell index alone interleaved the grids under `runs/`), the grids by
-        // the path of their sweep directory, then the runs of no grid.
+        // the path of their `sweeps/`, then the runs of no grid. A grid that grew (a value
+        // added to an axis) has a sweep directory for each version: the newest one's order
+        // comes first, as the grid's own table has it, then cells only older ones hold.
         let mut grids: Vec<&PathBuf> = cells.iter().map(|(g, ..)| g).collect();
-        grids.sort();
+        grids.sort_by_cached_key(|g| {
+            let made = std::fs::metadata(g.join("manifest.json")).and_then(|m| m.modified());
+            (
+                g.parent().map(Path::to_path_buf),
+                std::cmp::Reverse(made.ok()),
+                (*g).clone(),
+            )
+        });
         grids.dedup();
         let place = |d: &PathBuf| {
             cells
                 .iter()
                 .filter(|(_, _, cell)| d.parent().is_some_and(|p| p.ends_with(cell)))
-                .map(|(g, i, _)| (grids.binary_search(&g).unwrap_or(usize::MAX), *i))
+                .map(|(g, i, _)| (grids.iter().position(|x| *x == g).unwrap_or(usize::MAX), *i))
                 .min()
                 .unwrap_or((usize::MAX, usize::MAX))
         };
@@ -737,6 +746,8 @@ pub fn render(rows: &[Row], format: Format) -> String {
                 h.iter().map(|_| " --- ").collect::<Vec<_>>().join("|")
             );
             for c in body {
+                // A `|` in a name (a recipe's, a value's) would end its cell.
+                let c: Vec<String> = c.iter().map(|x| x.replace('|', "\\|")).collect();
                 let _ = writeln!(out, "| {} |", c.join(" | "));
             }
         }
@@ -845,6 +856,20 @@ mod tests {
         assert_eq!((r[0].runs, r[0].ms_median), (2, 11.0));
         assert_eq!((r[1].runs, r[1].ms_median), (1, 20.0));
         assert!(rows(&runs, Some("q [cleanup.every=step, x=1]")).unwrap()[2].is_baseline);
+    }
+
+    #[test]
+    fn a_bar_in_a_name_stays_in_its_markdown_cell() {
+        let r = rows(&[run("p|q", &[10.0, 10.0])], None).unwrap();
+        let md = render(&r, Format::Md);
+        let row = md.lines().nth(2).unwrap();
+        assert!(row.starts_with("| p\\|q | "), "{md}");
+        let cells = row.replace("\\|", "").matches('|').count();
+        assert_eq!(
+            cells,
+            md.lines().next().unwrap().matches('|').count(),
+            "{md}"
+        );
     }
 
     /// A run of `batch` samples a step (× `accumulation`), each step `ms`.

@@ -916,6 +916,66 @@ fn resume_after_an_axis_gained_a_value_skips_done_cells_named_by_index() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// `runner report` orders a grid that grew as the grid's own table does: the newest
+/// version's cells in its order (the baseline its first), where it had followed whichever
+/// sweep directory's name sorted first, so a value added before the others came last and
+/// the baseline changed.
+#[test]
+fn report_orders_a_grown_grid_as_the_grids_own_table() {
+    let dir = tempdir("grown-order");
+    let one = tiny_recipe(&dir, "g", "[sweep]\n\"optim.lr\" = [0.2]\n");
+    expect_exit(&runner_cmd().arg(&one).arg("-q").output().unwrap(), 0);
+    // (The sweep directories are ordered by when each was made.)
+    std::thread::sleep(std::time::Duration::from_millis(50));
+    let two = dir.join("g2.toml");
+    std::fs::write(
+        &two,
+        std::fs::read_to_string(&one)
+            .unwrap()
+            .replace("[0.2]", "[0.1, 0.2]"),
+    )
+    .unwrap();
+    let grid = runner_cmd()
+        .arg(&two)
+        .args(["-q", "--resume"])
+        .output()
+        .unwrap();
+    expect_exit(&grid, 0);
+    let report = runner_cmd()
+        .arg("report")
+        .arg(dir.join("runs/g"))
+        .output()
+        .unwrap();
+    expect_exit(&report, 0);
+    // Each table's rows: the name and the last column.
+    let rows = |out: &std::process::Output| -> Vec<(String, String)> {
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            // (Not the runs' summary lines, `g/...: 4 steps, ...`.)
+            .filter(|l| l.starts_with("g/") && !l.split_whitespace().next().unwrap().ends_with(':'))
+            .map(|l| {
+                let cols: Vec<&str> = l.split_whitespace().collect();
+                (cols[0].to_string(), cols[cols.len() - 1].to_string())
+            })
+            .collect()
+    };
+    let want = rows(&grid);
+    assert_eq!(
+        want.iter().map(|(n, _)| n.as_str()).collect::<Vec<_>>(),
+        ["g/optim.lr=0.1", "g/optim.lr=0.2"],
+        "{}",
+        String::from_utf8_lossy(&grid.stdout)
+    );
+    assert_eq!(want[0].1, "baseline");
+    assert_eq!(
+        rows(&report),
+        want,
+        "{}",
+        String::from_utf8_lossy(&report.stdout)
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// A grid's later cells count their start-up from their own start: `startup_s` counted from
 /// the process's start gave the third cell of a grid the two before it as its start-up,
 /// more than its whole run, where the report shows a cold kernel cache.
