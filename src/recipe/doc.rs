@@ -121,6 +121,11 @@ impl Doc {
             .and_then(|s| s.get_mut(axis))
         {
             *slot = value;
+            // The file's values had places of their own (`sweep.<axis>[i]`): those are
+            // gone with them, so a finding in a value set here points at the `--set`, and
+            // a relative path in it is read from where the `--set` was given.
+            let element = format!("{key}[");
+            self.origins.retain(|k, _| !k.starts_with(&element));
             self.origins.insert(key, origin);
             return Ok(());
         }
@@ -153,8 +158,10 @@ impl Doc {
                 .ok_or_else(|| format!("`{parent}` is not a table"))?
         };
         t.insert(leaf.to_string(), value);
+        // (An array's values have places of their own, `key[i]`.)
+        let (below, element) = (format!("{key}."), format!("{key}["));
         self.origins
-            .retain(|k, _| !k.starts_with(&format!("{key}.")));
+            .retain(|k, _| !k.starts_with(&below) && !k.starts_with(&element));
         self.origins.insert(key.to_string(), origin);
         Ok(())
     }

@@ -1109,6 +1109,25 @@ fn set_narrows_a_grid_axis_written_quoted() {
             .collect();
         assert_eq!(narrowed, expected, "{set}");
     }
+    // A value set there that is refused is found in the `--set`, not at the place of the
+    // file's value it replaced (which the error pointed at, caret and all).
+    for set in [
+        "sweep.\"loader.workers\"=[0, 5000]",
+        "sweep.loader.workers=[0, 5000]",
+    ] {
+        let out = with_sets("validate", &grid, &[set]);
+        expect_exit(&out, 2);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            stderr.contains("error: --set:1:")
+                && stderr.contains("5000")
+                && stderr
+                    .lines()
+                    .filter(|l| l.starts_with("error:"))
+                    .all(|l| l.starts_with("error: --set:1:")),
+            "{set}: {stderr}"
+        );
+    }
     // An axis the recipe does not sweep is added, as before.
     let added = cells(&show(&["sweep.optim.lr=[0.1, 0.2]"]));
     assert_eq!(added.len(), 16, "{added:?}");
