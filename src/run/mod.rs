@@ -506,6 +506,22 @@ fn stop_at_second_signal(
         let text = std::fs::read_to_string(d.join("metrics.jsonl")).unwrap_or_default();
         let records: Vec<StepRecord> = JsonLines::records(&text).unwrap_or_default();
         summary.absorb(&records, warmup);
+        // This summary is the run's start's: what the run did besides its steps, up to its
+        // latest checkpoint, is in that checkpoint (the checkpoints written, the
+        // evaluations), and a resume goes on from there.
+        let latest = crate::checkpoint::list(&d).pop();
+        if let Some((_, state)) = &latest {
+            if let Some((n, ms)) = resume::checkpoints_up_to(state, &records) {
+                summary.checkpoints = n;
+                summary.checkpoint_ms_total = ms;
+            }
+            if let Some(r) = &state.recorded {
+                summary.evals.clone_from(&r.evals);
+                summary.validations.clone_from(&r.validations);
+            }
+            summary.best_step = state.best.map(|b| b.0);
+            summary.best_value = state.best.map(|b| b.1);
+        }
         summary.status = RunStatus::Interrupted;
         summary.wall_s += wall.elapsed().as_secs_f64();
         let counts = kernels::counts().since(counts_at_start);
@@ -526,7 +542,7 @@ fn stop_at_second_signal(
         }
         // The process exits without unwinding: the lock is let go of here.
         let _ = std::fs::remove_file(d.join(RUN_LOCK));
-        let resume = crate::checkpoint::list(&d).pop().map(|(_, state)| {
+        let resume = latest.map(|(_, state)| {
             format!(
                 "resume it from its checkpoint of step {} with: runner resume {}",
                 state.step,

@@ -510,6 +510,22 @@ fn pick_checkpoint(
 /// The summary as it was at the checkpoint, marked running again in this process;
 /// returns the test evaluations up to the checkpoint. `records` are the metrics lines
 /// kept (up to the checkpoint).
+/// The checkpoints written up to `state`'s (it included) and their time, from what it
+/// recorded and its own time on the line of its step (a signal's checkpoint has none);
+/// `None` for a checkpoint of an earlier version, which recorded none.
+pub(super) fn checkpoints_up_to(
+    state: &crate::checkpoint::State,
+    records: &[StepRecord],
+) -> Option<(usize, f64)> {
+    let r = state.recorded.as_ref()?;
+    let own = records
+        .iter()
+        .rev()
+        .find(|r| r.step == state.step)
+        .map_or(0.0, |r| r.checkpoint_ms);
+    Some((r.checkpoints_before + 1, r.checkpoint_ms_before + own))
+}
+
 fn rewind(
     summary: &mut Summary,
     state: &crate::checkpoint::State,
@@ -520,15 +536,10 @@ fn rewind(
         // which still reads as at its start: what it did is in the checkpoint's state and
         // the lines kept, the checkpoint's own time on the line of its step (a signal's
         // checkpoint has none).
-        let own = records
-            .iter()
-            .rev()
-            .find(|r| r.step == state.step)
-            .map_or(0.0, |r| r.checkpoint_ms);
-        match &state.recorded {
-            Some(r) => {
-                summary.checkpoints = r.checkpoints_before + 1;
-                summary.checkpoint_ms_total = r.checkpoint_ms_before + own;
+        match checkpoints_up_to(state, records) {
+            Some((n, ms)) => {
+                summary.checkpoints = n;
+                summary.checkpoint_ms_total = ms;
             }
             // Checkpoints of earlier versions: the lines' checkpoint times.
             None => {

@@ -305,6 +305,49 @@ fn a_second_signal_exits_at_once_with_the_summary_marked_interrupted() {
     );
 }
 
+/// The summary a second signal leaves holds what the run's latest checkpoint recorded
+/// besides the steps: the checkpoints written (here the one at step 1, with its time) and
+/// the evaluations; it said 0 checkpoints (the summary as at the run's start), and a
+/// resume kept that count.
+#[test]
+fn a_second_signal_keeps_the_checkpoints_and_evaluations_in_the_summary() {
+    let (child, run) = in_final_evaluation(
+        "sigint-second-ckpt",
+        &[
+            "run.max_steps=2",
+            "run.epochs=2",
+            "checkpoint.every=1",
+            "run.eval=\"epoch\"",
+            // A final evaluation of seconds, for both signals to land in it.
+            "data.synthetic={ samples = 512, test_samples = 150000, image_size = 8 }",
+        ],
+    );
+    // Step 2's line and the weights: the final evaluation is under way.
+    let weights = run.join("model.safetensors");
+    let since = std::time::Instant::now();
+    while !(weights.is_file() && whole_lines(&run).len() == 2) && since.elapsed().as_secs() < 120 {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    send("-INT", &child);
+    std::thread::sleep(std::time::Duration::from_millis(700));
+    send("-INT", &child);
+    let out = child.wait_with_output().unwrap();
+    expect_exit(&out, 130);
+    let s = summary(&run);
+    assert_eq!(s.status, RunStatus::Interrupted, "{s:?}");
+    let (_, state) = runner::checkpoint::latest(&run).expect("the checkpoint of step 1");
+    assert_eq!(state.step, 1);
+    assert_eq!(s.checkpoints, 1, "{s:?}");
+    let own = whole_lines(&run)[0].checkpoint_ms;
+    assert!(own > 0.0 && s.checkpoint_ms_total == own, "{s:?}");
+    // The evaluation of epoch 1, before the checkpoint (the last epoch's was cut short).
+    assert_eq!(
+        s.evals.iter().map(|e| e.step).collect::<Vec<_>>(),
+        [1],
+        "{s:?}"
+    );
+}
+
 /// Without saved weights (`checkpoint.save_final = false`) and without a checkpoint, a
 /// second signal during the final evaluation keeps nothing to go on from, and says so.
 #[test]
