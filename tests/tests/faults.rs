@@ -234,6 +234,15 @@ fn in_final_evaluation(tag: &str, sets: &[&str]) -> (std::process::Child, PathBu
     (child, metrics.parent().unwrap().to_path_buf())
 }
 
+/// SIGINT twice, later than the half second within which a second one is the first
+/// delivered twice; the process's output once it has exited.
+fn interrupt_twice(child: std::process::Child) -> std::process::Output {
+    send("-INT", &child);
+    std::thread::sleep(std::time::Duration::from_millis(700));
+    send("-INT", &child);
+    child.wait_with_output().unwrap()
+}
+
 /// A signal after the last step, during the final evaluation, finds no step boundary
 /// left: the run finishes, `completed` with its test accuracy, and the message says so.
 /// Before, it said "stopping at the next step boundary" and then completed anyway.
@@ -269,11 +278,7 @@ fn a_second_signal_exits_at_once_with_the_summary_marked_interrupted() {
     while !weights.is_file() && since.elapsed().as_secs() < 60 {
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
-    send("-INT", &child);
-    // Later than the half second within which a second one is the first delivered twice.
-    std::thread::sleep(std::time::Duration::from_millis(700));
-    send("-INT", &child);
-    let out = child.wait_with_output().unwrap();
+    let out = interrupt_twice(child);
     expect_exit(&out, 130);
     let s = summary(&run);
     assert_eq!(s.status, RunStatus::Interrupted, "{s:?}");
@@ -328,10 +333,7 @@ fn a_second_signal_keeps_the_checkpoints_and_evaluations_in_the_summary() {
     while !(weights.is_file() && whole_lines(&run).len() == 2) && since.elapsed().as_secs() < 120 {
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
-    send("-INT", &child);
-    std::thread::sleep(std::time::Duration::from_millis(700));
-    send("-INT", &child);
-    let out = child.wait_with_output().unwrap();
+    let out = interrupt_twice(child);
     expect_exit(&out, 130);
     let s = summary(&run);
     assert_eq!(s.status, RunStatus::Interrupted, "{s:?}");
@@ -353,10 +355,7 @@ fn a_second_signal_keeps_the_checkpoints_and_evaluations_in_the_summary() {
 #[test]
 fn a_second_signal_with_nothing_kept_says_to_run_the_recipe_again() {
     let (child, run) = in_final_evaluation("sigint-nothing", &["checkpoint.save_final=false"]);
-    send("-INT", &child);
-    std::thread::sleep(std::time::Duration::from_millis(700));
-    send("-INT", &child);
-    let out = child.wait_with_output().unwrap();
+    let out = interrupt_twice(child);
     expect_exit(&out, 130);
     assert_eq!(summary(&run).status, RunStatus::Interrupted);
     assert!(!run.join("model.safetensors").exists());

@@ -873,14 +873,7 @@ fn resume_after_an_axis_gained_a_value_runs_only_the_new_cells() {
     let two = tiny_recipe(&dir, "g", "[sweep]\n\"optim.lr\" = [0.1, 0.2]\n");
     let out = runner_cmd().arg(&two).arg("-q").output().unwrap();
     expect_exit(&out, 0);
-    let three = dir.join("g3.toml");
-    std::fs::write(
-        &three,
-        std::fs::read_to_string(&two)
-            .unwrap()
-            .replace("[0.1, 0.2]", "[0.1, 0.2, 0.3]"),
-    )
-    .unwrap();
+    let three = grown(&two, "g3.toml", "[0.1, 0.2]", "[0.1, 0.2, 0.3]");
     resume_finds_two_cells_done_elsewhere(&three, "a third value");
     for lr in ["0.1", "0.2", "0.3"] {
         only_run(&dir.join(format!("runs/g/optim.lr={lr}")));
@@ -904,14 +897,7 @@ fn resume_after_an_axis_gained_a_value_skips_done_cells_named_by_index() {
     let out = runner_cmd().arg(&two).arg("-q").output().unwrap();
     expect_exit(&out, 0);
     assert!(dir.join("runs/g/cell-0000").is_dir(), "not named by index");
-    let three = dir.join("g3.toml");
-    std::fs::write(
-        &three,
-        std::fs::read_to_string(&two)
-            .unwrap()
-            .replace("[0.1, 0.2]", "[0.05, 0.1, 0.2]"),
-    )
-    .unwrap();
+    let three = grown(&two, "g3.toml", "[0.1, 0.2]", "[0.05, 0.1, 0.2]");
     resume_finds_two_cells_done_elsewhere(&three, "a value before the others");
     let _ = std::fs::remove_dir_all(&dir);
 }
@@ -927,14 +913,7 @@ fn report_orders_a_grown_grid_as_the_grids_own_table() {
     expect_exit(&runner_cmd().arg(&one).arg("-q").output().unwrap(), 0);
     // (The sweep directories are ordered by when each was made.)
     std::thread::sleep(std::time::Duration::from_millis(50));
-    let two = dir.join("g2.toml");
-    std::fs::write(
-        &two,
-        std::fs::read_to_string(&one)
-            .unwrap()
-            .replace("[0.2]", "[0.1, 0.2]"),
-    )
-    .unwrap();
+    let two = grown(&one, "g2.toml", "[0.2]", "[0.1, 0.2]");
     let grid = runner_cmd()
         .arg(&two)
         .args(["-q", "--resume"])
@@ -1151,6 +1130,16 @@ fn set_narrows_a_grid_axis_written_quoted() {
         !removed.iter().any(|c| c.contains("workers=")),
         "{removed:?}"
     );
+}
+
+/// A copy of the grid `recipe` beside it, named `name`, with its axis values `from`
+/// written as `to` (the grid grown).
+fn grown(recipe: &Path, name: &str, from: &str, to: &str) -> PathBuf {
+    let text = std::fs::read_to_string(recipe).unwrap();
+    assert!(text.contains(from), "{from} is not in {}", recipe.display());
+    let grown = recipe.with_file_name(name);
+    std::fs::write(&grown, text.replace(from, to)).unwrap();
+    grown
 }
 
 /// `runner GRID -q --resume` skips the grid's two cells, found done in another sweep
