@@ -95,9 +95,47 @@ impl SweepDir {
             .join(format!("{:04}-{}.json", c.index, c.id))
     }
 
+    /// The cell's status, its run directory found again (see `locate`).
     pub fn status(&self, c: &Cell) -> Option<CellStatus> {
-        let text = std::fs::read_to_string(self.status_path(c)).ok()?;
-        serde_json::from_str(&text).ok()
+        self.read_status(&self.status_path(c))
+    }
+
+    fn read_status(&self, path: &Path) -> Option<CellStatus> {
+        let text = std::fs::read_to_string(path).ok()?;
+        let mut s: CellStatus = serde_json::from_str(&text).ok()?;
+        s.run_dir = s.run_dir.map(|d| self.locate(d));
+        Some(s)
+    }
+
+    /// A run directory a status file names: as written where it is there, else the one
+    /// under this grid's `<log.dir>/<name>/` that ends in the same components (longest
+    /// first). Status files are written with absolute paths, and hold paths relative to
+    /// the writer's working directory where older versions wrote them; either goes stale
+    /// when the log directory is moved or copied (to another machine, another mount
+    /// point), and a relative one from any other working directory. Done cells were then
+    /// trained again by `--resume`.
+    fn locate(&self, stored: PathBuf) -> PathBuf {
+        if stored.is_dir() {
+            return stored;
+        }
+        let Some(base) = self.dir.parent().and_then(Path::parent) else {
+            return stored;
+        };
+        let parts: Vec<&std::ffi::OsStr> = stored
+            .components()
+            .filter_map(|p| match p {
+                std::path::Component::Normal(s) => Some(s),
+                _ => None,
+            })
+            .collect();
+        (0..parts.len())
+            .map(|from| {
+                parts[from..]
+                    .iter()
+                    .fold(base.to_path_buf(), |d, p| d.join(p))
+            })
+            .find(|d| d.is_dir())
+            .unwrap_or(stored)
     }
 
     pub fn mark(
@@ -109,7 +147,8 @@ impl SweepDir {
     ) -> std::io::Result<()> {
         let s = CellStatus {
             state,
-            run_dir: run_dir.map(Path::to_path_buf),
+            // Absolute: `--resume` from another working directory finds it as written.
+            run_dir: run_dir.map(|d| std::path::absolute(d).unwrap_or_else(|_| d.to_path_buf())),
             host: crate::clock::hostname().unwrap_or_default(),
             pid: std::process::id(),
             updated_at: crate::clock::utc_now(),
@@ -150,9 +189,8 @@ impl SweepDir {
                 {
                     continue;
                 }
-                let done = std::fs::read_to_string(f.path())
-                    .ok()
-                    .and_then(|t| serde_json::from_str::<CellStatus>(&t).ok())
+                let done = SweepDir { dir: other.clone() }
+                    .read_status(&f.path())
                     .filter(|s| s.state == State::Done)
                     .and_then(|s| s.run_dir)
                     .filter(|d| completed(d));

@@ -881,6 +881,52 @@ fn resume_after_an_axis_gained_a_value_runs_only_the_new_cells() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// `--resume` finds the done cells of a grid whose `log.dir` is relative from another
+/// working directory, and after the log directory was moved: status files held the run
+/// directory as the first process named it (relative to its working directory), so
+/// both re-ran every done cell. A status file of that older kind is still read.
+#[test]
+fn resume_finds_done_cells_from_another_directory_and_after_a_move() {
+    let dir = tempdir("resume-elsewhere");
+    let recipe = tiny_recipe(&dir, "g", "[sweep]\n\"optim.lr\" = [0.1, 0.2]\n");
+    let sub = dir.join("sub");
+    std::fs::create_dir(&sub).unwrap();
+    let grid = |cwd: &Path, logs: &str, resume: bool| {
+        let mut c = runner_cmd();
+        c.current_dir(cwd)
+            .arg(&recipe)
+            .args(["-q", "--set", &format!("log.dir=\"{logs}\"")]);
+        if resume {
+            c.arg("--resume");
+        }
+        let out = c.output().unwrap();
+        expect_exit(&out, 0);
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let skipped = "resumed: 2 cell(s) already done were skipped";
+    grid(&dir, "logs", false);
+    let stderr = grid(&sub, "../logs", true);
+    assert!(stderr.contains(skipped), "from another directory: {stderr}");
+    std::fs::rename(dir.join("logs"), dir.join("moved")).unwrap();
+    let stderr = grid(&dir, "moved", true);
+    assert!(stderr.contains(skipped), "after a move: {stderr}");
+    // As an older runner wrote them: relative to the directory it ran in.
+    let cells = only_run(&dir.join("moved/g/sweeps")).join("cells");
+    for f in std::fs::read_dir(&cells).unwrap() {
+        let f = f.unwrap().path();
+        let text = std::fs::read_to_string(&f).unwrap();
+        let abs = format!("{}/", dir.join("logs").display());
+        assert!(text.contains(&abs), "not absolute: {text}");
+        std::fs::write(&f, text.replace(&abs, "logs/")).unwrap();
+    }
+    let stderr = grid(&sub, "../moved", true);
+    assert!(
+        stderr.contains(skipped),
+        "relative, from another directory: {stderr}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// The same where the cells' `key=value` names are too long for a directory and the
 /// cells are named by their index (`cell-0000`): the index moves when a value is added
 /// before theirs, their ids do not, so `--resume` still skips the cells done (it ran them
