@@ -254,7 +254,9 @@ fn sweep_values(
         ));
         return None;
     }
-    if let Some(j) = (1..values.len()).find(|&j| values[..j].contains(&values[j])) {
+    if let Some(j) =
+        (1..values.len()).find(|&j| values[..j].iter().any(|v| same_value(v, &values[j])))
+    {
         let at = format!("{okey}[{j}]");
         let place = if loaded.doc.origins.contains_key(&at) {
             at
@@ -273,6 +275,24 @@ fn sweep_values(
         return None;
     }
     Some(values)
+}
+
+/// Whether two sweep values are the same setting: equal, with an integer and a float of
+/// the same number taken as one (`[1, 1.0]` of a float key made two cells of one run).
+fn same_value(a: &toml::Value, b: &toml::Value) -> bool {
+    use toml::Value::{Array, Float, Integer, Table};
+    match (a, b) {
+        (Integer(i), Float(f)) | (Float(f), Integer(i)) => *i as f64 == *f,
+        (Array(x), Array(y)) => {
+            x.len() == y.len() && x.iter().zip(y).all(|(x, y)| same_value(x, y))
+        }
+        (Table(x), Table(y)) => {
+            x.len() == y.len()
+                && x.iter()
+                    .all(|(k, v)| y.get(k).is_some_and(|w| same_value(v, w)))
+        }
+        _ => a == b,
+    }
 }
 
 /// The value indices of every cell, last axis fastest.

@@ -146,6 +146,17 @@ fn bad_grids_point_into_the_file() {
     let e =
         err("extends = \"base.toml\"\n[sweep]\n\"loader.workers\" = [0]\nloader.workers = [1]\n");
     assert!(e.contains("the same key is swept twice"), "{e}");
+    // A value twice is one run twice, also written once as an integer and once as a float.
+    let e = err("extends = \"base.toml\"\n[sweep]\n\"optim.lr\" = [0.1, 0.2, 0.1]\n");
+    assert!(
+        e.contains("0.1 is listed twice: the two cells would be the same run"),
+        "{e}"
+    );
+    let e = err("extends = \"base.toml\"\n[sweep]\n\"optim.lr\" = [1, 0.5, 1.0]\n");
+    assert!(
+        e.contains("1.0 is listed twice: the two cells would be the same run"),
+        "{e}"
+    );
     let e = err("extends = \"base.toml\"\n[sweep]\n\"loader.workers\" = [0, 1, 2]\n\"optim.lr\" = [0.1, 0.2]\n");
     assert!(
         e.contains("bad.toml:2:1: sweep: the grid has 6 cells (3 × 2), over the cap of 4"),
