@@ -346,8 +346,13 @@ fn drive(
     let persist = train::Persist::new(held, sha256_file(&dir.join("recipe.toml")), resume);
     let armed = stop_before_first_step((&summary, &dir), wall, counts_at_start, resumed_at, opts)
         .map_err(|e| fail(format!("cannot open {}: {e}", dir.display())))?;
-    let at_second = stop_at_second_signal((&summary, &dir), wall, counts_at_start, plan, opts)
-        .map_err(|e| fail(format!("cannot open {}: {e}", dir.display())))?;
+    let at_second = stop_at_second_signal(
+        (&summary, &dir),
+        (wall, counts_at_start, sink.parameters.clone()),
+        plan,
+        opts,
+    )
+    .map_err(|e| fail(format!("cannot open {}: {e}", dir.display())))?;
     let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         let job = Train {
             inputs: train::Inputs {
@@ -489,8 +494,11 @@ fn stop_before_first_step(
 /// `kill -9`, and the report could only guess.
 fn stop_at_second_signal(
     (summary, dir): (&Summary, &Path),
-    wall: Instant,
-    counts_at_start: KernelCounts,
+    (wall, counts_at_start, parameters): (
+        Instant,
+        KernelCounts,
+        Arc<std::sync::atomic::AtomicUsize>,
+    ),
     plan: &Plan,
     opts: &RunOptions,
 ) -> std::io::Result<crate::signals::AtSecond> {
@@ -506,6 +514,10 @@ fn stop_at_second_signal(
         let text = std::fs::read_to_string(d.join("metrics.jsonl")).unwrap_or_default();
         let records: Vec<StepRecord> = JsonLines::records(&text).unwrap_or_default();
         summary.absorb(&records, warmup);
+        match parameters.load(std::sync::atomic::Ordering::SeqCst) {
+            0 => {}
+            n => summary.parameters = n,
+        }
         // This summary is the run's start's: what the run did besides its steps, up to its
         // latest checkpoint, is in that checkpoint (the checkpoints written, the
         // evaluations), and a resume goes on from there.

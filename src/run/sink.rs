@@ -11,7 +11,9 @@ pub(super) struct FileSink {
     pub(super) sampler: Option<Sampler>,
     records: Vec<StepRecord>,
     evals: Vec<EvalRecord>,
-    parameters: usize,
+    /// The model's trainable parameters, once it is built; shared with what a second
+    /// signal writes (see `stop_at_second_signal`).
+    pub(super) parameters: Arc<std::sync::atomic::AtomicUsize>,
     pub(super) progress: Progress,
     pub(super) io_error: Option<String>,
     /// Start (the process's, or a grid's later cell's own) → first step done on the
@@ -85,7 +87,8 @@ impl FileSink {
 
 impl Sink for FileSink {
     fn started(&mut self, parameters: usize) {
-        self.parameters = parameters;
+        self.parameters
+            .store(parameters, std::sync::atomic::Ordering::SeqCst);
     }
     fn step(&mut self, r: &StepRecord) {
         let mut r = r.clone();
@@ -244,7 +247,7 @@ impl FileSink {
             t_offset_ms: records.last().map_or(0.0, |r| r.t_ms),
             records,
             evals,
-            parameters: 0,
+            parameters: Arc::default(),
             progress,
             io_error: None,
             startup_s: None,
@@ -336,7 +339,7 @@ pub(super) fn finish_sampler(sink: &mut FileSink, dir: &Path) -> String {
 /// What the sink saw, into the summary.
 pub(super) fn record(summary: &mut Summary, sink: &FileSink, plan: &Plan) {
     summary.absorb(&sink.records, plan.run.warmup_steps);
-    summary.parameters = sink.parameters;
+    summary.parameters = sink.parameters.load(std::sync::atomic::Ordering::SeqCst);
     summary.evals = sink.evals.clone();
     summary.test_accuracy = sink.evals.last().map(|e| e.accuracy);
     summary.startup_s = sink.startup_s;

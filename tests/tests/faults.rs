@@ -212,15 +212,16 @@ fn a_signal_before_the_first_step_is_done_exits_at_once() {
 }
 
 /// A run whose last step is done and which is evaluating, for a signal to land in its
-/// final evaluation (about 3 s here: 30,000 test samples through a 2048-wide MLP), its
-/// last step's line already written. Returns the child and its run directory.
+/// final evaluation (2.5-10 s: 30,000 test samples through a 4096-wide MLP), its last
+/// step's line already written. (2048 wide, it took 0.7 s on a fast machine: the second of
+/// two signals 0.7 s apart came after the run had completed.) Returns the child and its run directory.
 fn in_final_evaluation(tag: &str, sets: &[&str]) -> (std::process::Child, PathBuf) {
     let dir = tempdir(tag);
     let recipe = tiny_recipe(&dir, tag, "");
     let mut cmd = runner_cmd();
     cmd.arg(&recipe).arg("-q");
     for set in [
-        "model.hidden=[2048, 2048]",
+        "model.hidden=[4096, 4096]",
         "data.synthetic={ samples = 512, test_samples = 30000, image_size = 8 }",
         "loader.batch_size=512",
         "run.max_steps=1",
@@ -285,6 +286,8 @@ fn a_second_signal_exits_at_once_with_the_summary_marked_interrupted() {
     assert_eq!(s.steps, 1);
     assert_eq!(whole_lines(&run).len(), 1);
     assert_eq!(s.samples, 512, "the steps' figures are in it: {s:?}");
+    // The model's size, as a completed run's summary has it (it said 0).
+    assert!(s.parameters > 0, "{s:?}");
     assert_eq!(
         s.error.as_deref(),
         Some("interrupted by SIGINT after step 1, then at once by a second signal")
