@@ -289,14 +289,16 @@ pub(super) fn open_exports(
 ) -> Result<(), String> {
     if plan.log.csv {
         let path = dir.join("metrics.csv");
-        let same_columns = || {
-            use std::io::BufRead;
-            let mut first = String::new();
-            std::fs::File::open(&path)
-                .and_then(|f| std::io::BufReader::new(f).read_line(&mut first))
-                .is_ok_and(|_| first.trim_end() == StepRecord::csv_header())
-        };
-        let opened = if resumed_at.is_some() && path.is_file() && same_columns() {
+        // Continued where it has this version's columns and a whole row for every metrics
+        // line kept; else written again whole from metrics.jsonl: an older version's
+        // columns, or rows missing (a write to it failed where metrics.jsonl's did not, a
+        // copy cut short), which it went on after without a word.
+        let continues = resumed_at.is_some()
+            && std::fs::read_to_string(&path).is_ok_and(|t| {
+                t.lines().next() == Some(StepRecord::csv_header().as_str())
+                    && t.matches('\n').count() as u64 > sink.lines
+            });
+        let opened = if continues {
             JsonLines::reopen_raw(&path, sink.lines + 1)
         } else {
             JsonLines::create(&path).and_then(|mut f| {
