@@ -22,7 +22,12 @@ pub struct RunDir {
 
 impl RunDir {
     pub fn open(path: &Path) -> std::io::Result<Self> {
-        let file = File::open(path)?;
+        Self::held(path, File::open(path)?)
+    }
+
+    /// What `file`, opened at `path`, is: a file followed the same way (a lock in a run
+    /// directory that may be moved).
+    pub fn held(path: &Path, file: File) -> std::io::Result<Self> {
         let meta = file.metadata()?;
         Ok(RunDir {
             path: path.to_path_buf(),

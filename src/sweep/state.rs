@@ -328,7 +328,11 @@ pub const LOCK_STALE_AFTER: std::time::Duration = std::time::Duration::from_secs
 /// its heartbeat is older than `LOCK_STALE_AFTER`. (A pid of another namespace, a
 /// container's, means nothing here: its owner is judged by the heartbeat alone.)
 pub struct CellLock {
-    path: PathBuf,
+    /// The lock file, followed where its directory is moved (a run directory `mv`ed while
+    /// its run goes on): the heartbeat and the removal reach it there, and never a lock
+    /// another process made at its old path. (The lock was left behind in the moved
+    /// directory, and resuming that run later waited for it to go stale.)
+    at: crate::rundir::RunDir,
     stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
     heartbeat: Option<std::thread::JoinHandle<()>>,
 }
@@ -353,11 +357,14 @@ impl CellLock {
                 Ok(mut f) => {
                     // An empty lock (a full disk) reads as "a process that is starting"
                     // for a minute: it is not left behind.
-                    if let Err(e) = f.write_all(me.as_bytes()).and_then(|()| f.sync_data()) {
+                    let held = f
+                        .write_all(me.as_bytes())
+                        .and_then(|()| f.sync_data())
+                        .and_then(|()| Self::held(path, f));
+                    if held.is_err() {
                         let _ = std::fs::remove_file(path);
-                        return Err(e);
                     }
-                    return Ok(Ok(Self::held(path)));
+                    return held.map(Ok);
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
                     let text = std::fs::read_to_string(path).unwrap_or_default();
@@ -433,9 +440,9 @@ impl CellLock {
         age.is_some_and(|a| a > LOCK_STALE_AFTER)
     }
 
-    fn held(path: &Path) -> Self {
+    fn held(path: &Path, file: std::fs::File) -> std::io::Result<Self> {
         let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let (p, flag) = (path.to_path_buf(), std::sync::Arc::clone(&stop));
+        let (touch, flag) = (file.try_clone()?, std::sync::Arc::clone(&stop));
         let heartbeat = std::thread::Builder::new()
             .name("runner-cell-lock".into())
             .spawn(move || {
@@ -444,18 +451,16 @@ impl CellLock {
                     std::thread::sleep(std::time::Duration::from_millis(100));
                     ticks += 1;
                     if ticks % 100 == 0 {
-                        if let Ok(f) = std::fs::OpenOptions::new().append(true).open(&p) {
-                            let _ = f.set_modified(std::time::SystemTime::now());
-                        }
+                        let _ = touch.set_modified(std::time::SystemTime::now());
                     }
                 }
             })
             .ok();
-        Self {
-            path: path.to_path_buf(),
+        Ok(Self {
+            at: crate::rundir::RunDir::held(path, file)?,
             stop,
             heartbeat,
-        }
+        })
     }
 }
 
@@ -474,6 +479,10 @@ impl Drop for CellLock {
         if let Some(h) = self.heartbeat.take() {
             let _ = h.join();
         }
-        let _ = std::fs::remove_file(&self.path);
+        // Where it is now, if it is still this process's (not removed as stale and
+        // made again by another process).
+        if let Ok(path) = self.at.now() {
+            let _ = std::fs::remove_file(path);
+        }
     }
 }

@@ -773,7 +773,7 @@ fn a_summary_that_cannot_be_written_is_said_on_stderr() {
 }
 
 /// A run directory moved while its run runs: the run goes on where it now is, says so,
-/// and nothing reappears at the old path. Removed: the run stops and says so (a
+/// and nothing reappears at the old path, nor is its lock left behind. Removed: the run stops and says so (a
 /// checkpoint rebuilt the directory as a skeleton, and the run said `completed`).
 #[test]
 fn a_run_directory_moved_mid_run_is_followed_and_one_removed_stops_the_run() {
@@ -801,6 +801,9 @@ fn a_run_directory_moved_mid_run_is_followed_and_one_removed_stops_the_run() {
         runner::checkpoint::list(&to).last().map(|(_, st)| st.step),
         Some(900)
     );
+    // Its lock went with it and was let go of there (it was left behind, and a
+    // `runner resume` of the moved run waited for it to go stale).
+    assert!(!to.join("run.lock").exists(), "run.lock left behind");
 
     let cmd = long_synthetic(&dir, "rm", ckpt, &["run.epochs=8"]);
     let (child, run) = started(cmd, &dir.join("runs"));
