@@ -157,15 +157,13 @@ impl SweepDir {
         write_json_atomic(&self.status_path(c), &s)
     }
 
-    /// Whether the cell is done in another sweep directory of this grid (one made when
-    /// its axes had other values: the grid's id changed, its cells' ids did not); if so it
-    /// is marked done here too, with that run. (`--resume` ran every done cell again when
-    /// an axis gained a value.)
-    pub fn adopt_done_elsewhere(&self, c: &Cell) -> std::io::Result<bool> {
+    /// The cell's status in the grid's other sweep directories (ones made when its axes
+    /// had other values: the grid's id changed, its cells' ids did not), found by its id
+    /// or by the ids earlier versions gave it; each with the path of its lock there.
+    fn elsewhere(&self, c: &Cell) -> Vec<(CellStatus, PathBuf)> {
         let Some(sweeps) = self.dir.parent() else {
-            return Ok(false);
+            return vec![];
         };
-        // By its id, or by the ids earlier versions gave it.
         let suffixes: Vec<String> = std::iter::once(&c.id)
             .chain(&c.earlier_ids)
             .map(|id| format!("-{id}.json"))
@@ -176,6 +174,7 @@ impl SweepDir {
             .flatten()
             .map(|e| e.path())
             .filter(|d| *d != self.dir);
+        let mut found = vec![];
         for other in others {
             let statuses = std::fs::read_dir(other.join("cells"))
                 .into_iter()
@@ -189,18 +188,52 @@ impl SweepDir {
                 {
                     continue;
                 }
-                let done = SweepDir { dir: other.clone() }
-                    .read_status(&f.path())
-                    .filter(|s| s.state == State::Done)
-                    .and_then(|s| s.run_dir)
-                    .filter(|d| completed(d));
-                if let Some(run_dir) = done {
-                    self.mark(c, State::Done, Some(&run_dir), None)?;
-                    return Ok(true);
+                let lock = other
+                    .join("locks")
+                    .join(Path::new(&name).with_extension("lock"));
+                let sweep = SweepDir { dir: other.clone() };
+                if let Some(s) = sweep.read_status(&f.path()) {
+                    found.push((s, lock));
                 }
             }
         }
-        Ok(false)
+        found
+    }
+
+    /// Whether the cell is done in another sweep directory of this grid; if so it is
+    /// marked done here too, with that run. (`--resume` ran every done cell again when an
+    /// axis gained a value.)
+    pub fn adopt_done_elsewhere(&self, c: &Cell) -> std::io::Result<bool> {
+        let done = self
+            .elsewhere(c)
+            .into_iter()
+            .find_map(|(s, _)| s.run_dir.filter(|d| s.state == State::Done && completed(d)));
+        match done {
+            Some(run_dir) => self
+                .mark(c, State::Done, Some(&run_dir), None)
+                .map(|()| true),
+            None => Ok(false),
+        }
+    }
+
+    /// The cell's run as it stopped in another sweep directory of this grid (interrupted,
+    /// or killed while it ran) where no live process holds its lock: the latest such.
+    /// `--resume` continues that run from its checkpoint; it trained the cell again from
+    /// its first step when an axis had gained a value meanwhile.
+    pub fn stopped_elsewhere(&self, c: &Cell) -> Option<CellStatus> {
+        let host = crate::clock::hostname().unwrap_or_else(|| "unnamed-host".into());
+        let held = |lock: &Path| {
+            std::fs::read_to_string(lock).is_ok_and(|owner| !CellLock::stale(lock, &owner, &host))
+        };
+        self.elsewhere(c)
+            .into_iter()
+            .filter(|(s, lock)| {
+                matches!(s.state, State::Interrupted | State::Running)
+                    && s.run_dir.is_some()
+                    && !held(lock)
+            })
+            .map(|(s, _)| s)
+            .max_by(|a, b| a.updated_at.cmp(&b.updated_at))
     }
 
     /// Done means: marked done, and the run directory's summary says completed.
@@ -287,8 +320,12 @@ pub fn execute(
             out.skipped.push(c.index);
             continue;
         }
-        // What the cell was before this process took it (an interrupted run to resume).
-        let previous = sweep.status(c);
+        // What the cell was before this process took it (an interrupted run to resume),
+        // here or, with `--resume`, in an earlier version of the grid.
+        let previous = match sweep.status(c) {
+            None if sel.resume => sweep.stopped_elsewhere(c),
+            here => here,
+        };
         // Its run directory kept: one being resumed, killed again, is resumed again.
         let stopped = previous
             .as_ref()

@@ -472,16 +472,27 @@ fn an_interrupted_grid_cell_is_rerun_by_resume() {
     // when --resume must take the cell as done (it stopped the grid, marked the cell
     // failed, and the next --resume trained it again from step 1).
     for by_hand in [false, true] {
-        interrupted_cell_resumed(by_hand, "-INT");
+        interrupted_cell_resumed(by_hand, "-INT", false);
     }
     // kill -9 (out of memory, a lost node): the cell's status already names its run
     // directory, so --resume continues it from its checkpoint (it had no run directory
     // until the run ended, and the cell was trained again from step 1 in a new one).
-    interrupted_cell_resumed(false, "-KILL");
+    interrupted_cell_resumed(false, "-KILL", false);
 }
 
-fn interrupted_cell_resumed(by_hand: bool, signal: &str) {
-    let dir = tempdir(&format!("sigint-grid-{by_hand}{signal}"));
+/// The same where the grid gained a value before `--resume`: the interrupted cell
+/// continues its run, found in the grid's earlier sweep directory (only done cells were
+/// found there, and it was trained again from its first step).
+#[test]
+fn an_interrupted_cell_is_continued_after_the_grid_grew() {
+    interrupted_cell_resumed(false, "-INT", true);
+    interrupted_cell_resumed(false, "-KILL", true);
+}
+
+/// A 2-cell grid stopped by `signal` in its first cell, resumed by `--resume` (with
+/// `by_hand`, after `runner resume` finished the cell's run; with `grow`, as a 3-cell grid).
+fn interrupted_cell_resumed(by_hand: bool, signal: &str, grow: bool) {
+    let dir = tempdir(&format!("sigint-grid-{by_hand}{signal}{grow}"));
     let grid = tiny_recipe(
         &dir,
         "g",
@@ -553,7 +564,11 @@ fn interrupted_cell_resumed(by_hand: bool, signal: &str) {
         let out = resume_quietly(&run0);
         expect_exit(&out, 0);
     }
-    // --resume continues the interrupted cell (or finds it done), and runs the one never
+    let (grid, cells) = match grow {
+        true => (grown(&grid, "g3.toml", "[0.1, 0.2]", "[0.1, 0.2, 0.3]"), 3),
+        false => (grid, 2),
+    };
+    // --resume continues the interrupted cell (or finds it done), and runs the ones never
     // started; each cell's line is printed.
     let out = runner_cmd()
         .arg(&grid)
@@ -562,13 +577,18 @@ fn interrupted_cell_resumed(by_hand: bool, signal: &str) {
         .output()
         .unwrap();
     expect_exit(&out, 0);
+    let sweeps = std::fs::read_dir(dir.join("runs/g/sweeps")).unwrap();
+    let sweep = sweeps
+        .map(|d| d.unwrap().path())
+        .find(|d| *d != sweep || !grow)
+        .unwrap();
     let states: Vec<String> = statuses(&sweep).into_iter().map(|(_, s)| s).collect();
-    assert_eq!(states, ["done", "done"]);
+    assert_eq!(states, vec!["done"; cells]);
     assert_eq!(only_run(&cell0), run0, "cell 0 trained again");
     assert_eq!(summary(&run0).resumes, 1);
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(stdout.contains(&format!("{}", run0.display())), "{stdout}");
-    assert_eq!(stdout.matches(" steps, ").count(), 2, "{stdout}");
+    assert_eq!(stdout.matches(" steps, ").count(), cells, "{stdout}");
 }
 
 /// A cell stopped with no checkpoint its run can continue from (here every checkpoint is
