@@ -533,6 +533,7 @@ fn stop_at_second_signal(
             }
             summary.best_step = state.best.map(|b| b.0);
             summary.best_value = state.best.map(|b| b.1);
+            summary.diverged_at_step = state.diverged_at_step;
         }
         summary.status = RunStatus::Interrupted;
         summary.wall_s += wall.elapsed().as_secs_f64();
@@ -592,7 +593,8 @@ fn ending(
 ) -> Option<train::Stop> {
     let stop = match outcome {
         Ok(Ok(o)) => {
-            summary.loader_workers_started = o.loader_workers_started;
+            // Over all the run's processes, as `wall_s`.
+            summary.loader_workers_started += o.loader_workers_started;
             summary.epochs_completed = o.epochs_completed;
             summary.diverged_at_step = o.diverged.map(|(step, _)| step);
             // A failed write stops the loop; one at the very end is caught here.

@@ -37,7 +37,7 @@ pub fn resume(
     let env = environment(&plan, &prepared);
     if let Some(changed) = data_changed(run_dir, &env.data, &moved) {
         return Err(input(format!(
-            "error: {changed}\n  = help: resume continues a run on the data it started on; put that file back, or start a new run on this data"
+            "error: {changed}\n  = help: resume continues a run on the data it started on; put the data back as it was, or start a new run on this data"
         )));
     }
     // A checkpoint that would not load (another model layout under the same recipe hash,
@@ -124,12 +124,27 @@ fn read_summary(run_dir: &Path) -> Result<Result<Summary, String>, RunError> {
     // written again (`rebuilt_summary`) from the checkpoint and the metrics lines.
     let read_summary: Result<Summary, String> = match std::fs::read_to_string(&summary_path) {
         Ok(text) => serde_json::from_str(&text).map_err(|e| format!("unreadable ({e})")),
+        // There but not text (it said "exists").
+        Err(e) if summary_path.is_file() => Err(format!("unreadable ({e})")),
         Err(_) => Err(crate::recipe::why_missing(&summary_path)),
     };
     if let Ok(summary) = &read_summary {
         if summary.status == RunStatus::Completed {
             return Err(input(format!(
                 "error: {}: the run already completed; nothing to resume",
+                run_dir.display()
+            )));
+        }
+        // Stopped by its loss: resumed, the same steps from the same checkpoint diverge
+        // again.
+        if let Some(why) = summary
+            .error
+            .as_deref()
+            .filter(|e| summary.status == RunStatus::Failed && e.starts_with("diverged at step"))
+        {
+            let why = why.split(';').next().unwrap_or(why);
+            return Err(input(format!(
+                "error: {}: the run {why}; resumed, it would take the same steps from its last checkpoint and diverge again\n  = help: start a new run with a lower optim.lr (or a higher run.max_loss, or run.stop_on_divergence = false)",
                 run_dir.display()
             )));
         }
@@ -371,7 +386,23 @@ fn data_changed(
             }
         }
     }
-    None
+    // One it reads now and did not start on: a file added to a data directory (the
+    // resumed run trained its epochs on more data, without a word).
+    let started_on = |path: &str| {
+        then.iter().any(|old| {
+            moved
+                .iter()
+                .find(|(o, _)| *o == old.path)
+                .map_or(&old.path, |(_, n)| n)
+                == path
+        })
+    };
+    now.iter().find(|f| !started_on(&f.path)).map(|f| {
+        format!(
+            "{}: the recipe reads it now (added to a data directory?), and the run did not start on it",
+            f.path
+        )
+    })
 }
 
 /// Whether `run_dir` holds a checkpoint `resume` would continue from (see

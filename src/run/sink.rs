@@ -222,8 +222,10 @@ impl Sink for FileSink {
         // From here a signal stops the run at a step boundary, with a checkpoint.
         crate::signals::first_step_done();
         let startup = self.origin.elapsed().as_secs_f64();
-        self.startup_s = Some(startup);
-        self.first_step_ms = Some(step_ms);
+        // A resumed run's are its first process's: the run's start-up (a resume's first
+        // step, on warm caches, said the run started at once).
+        self.startup_s.get_or_insert(startup);
+        self.first_step_ms.get_or_insert(step_ms);
         let counts = kernels::counts().since(self.counts_at_start);
         self.progress.first_step_done(startup, counts);
     }
@@ -250,8 +252,8 @@ impl FileSink {
             parameters: Arc::default(),
             progress,
             io_error: None,
-            startup_s: None,
-            first_step_ms: None,
+            startup_s: summary.startup_s,
+            first_step_ms: summary.first_step_ms,
             origin,
             counts_at_start,
             checkpoints: summary.checkpoints,

@@ -48,6 +48,10 @@ pub struct State {
     pub best: Option<(u64, f64)>,
     #[serde(default)]
     pub since_best: u64,
+    /// With `run.stop_on_divergence = false`: the first step whose loss diverged, so a
+    /// resumed run's summary still says so (it said `null`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub diverged_at_step: Option<u64>,
     /// `model.bin` and `optimizer.bin` as written (none in checkpoints of earlier versions,
     /// which are loaded unchecked). Filled in by `save`.
     #[serde(default)]

@@ -94,9 +94,13 @@ impl<'a, B: TrainBackend> Trainer<'a, B> {
         let parameters = model.parameters();
         let mut optim = Optim::<B>::new(&plan.optim);
         let mut watching = Watching::default();
+        let mut diverged = None;
         let (step, epochs_completed, start) = match io.persist.and_then(|p| p.resume.as_ref()) {
             None => (0, 0, Start { epoch: 0, batch: 0 }),
             Some((dir, state)) => {
+                // Its loss is on its metrics line; only the step is kept. (A run that
+                // stops on divergence writes no checkpoint after one.)
+                diverged = state.diverged_at_step.map(|s| (s, f64::NAN));
                 watching = Watching {
                     best: state.best,
                     since_best: state.since_best,
@@ -137,7 +141,7 @@ impl<'a, B: TrainBackend> Trainer<'a, B> {
             pending: vec![],
             held: None,
             checkpointed_at: None,
-            diverged: None,
+            diverged,
             watching,
             first_step: step + 1,
             early: false,
@@ -202,6 +206,7 @@ impl<'a, B: TrainBackend> Trainer<'a, B> {
             written_at: crate::clock::utc_now(),
             best: self.watching.best,
             since_best: self.watching.since_best,
+            diverged_at_step: self.diverged.map(|d| d.0),
             files: Default::default(),
             recorded: Some(sink.recorded()),
             state_crc32: None,
@@ -309,24 +314,26 @@ impl<'a, B: TrainBackend> Trainer<'a, B> {
         // after the evaluation (resuming then starts the next epoch).
         let checkpoint_now =
             matches!(validated, Ok(Next::Continue)) && cadence.checkpoint_in_epoch(step, pos.left);
-        if checkpoint_now {
-            // The lines before this step are written first; this step's line is the
-            // checkpoint's last (written right after it).
-            self.flush(sink)?;
-            let lines = sink.lines_written() + 1;
-            let reason = format!("every {}", every_words(plan.checkpoint.every));
-            rec.checkpoint_ms = self.checkpoint(sink, (pos.epoch, pos.consumed), lines, reason)?;
-        }
-        // The step without the checkpoint: one due at an epoch's end is written after the
-        // step's time is taken, so this keeps ms/iter the same whatever the cadence.
-        rec.iter_ms = ms(started) - rec.checkpoint_ms;
+        // The step's time leaves out its checkpoint's (one due at an epoch's end is
+        // written after the step's time is taken): ms/iter stays the same whatever the
+        // cadence.
+        rec.iter_ms = ms(started);
         rec.t_ms = self.io.t0.elapsed().as_secs_f64() * 1e3;
         self.pending.push((rec, loss));
-        if pos.left == 0 && cadence.checkpoint_at_epoch_end(step) {
-            // Read back now (a diverged loss stops the run before its evaluations), written
-            // once the checkpoint at the epoch's end says what it took.
+        if checkpoint_now || (pos.left == 0 && cadence.checkpoint_at_epoch_end(step)) {
+            // Every loss up to this step's read back first: a step whose loss diverged is
+            // never checkpointed (a run that stops on it ends before; its weights are what
+            // diverged, and `keep` let go of the last good checkpoint for them). This
+            // step's line waits for the checkpoint, to carry its time; it is the
+            // checkpoint's last line.
             self.held = flush(&mut self.pending, sink, plan, &mut self.diverged, true)?;
-        } else if self.pending.len() as u64 >= plan.log.every || epoch_done || checkpoint_now {
+            if checkpoint_now {
+                let lines = sink.lines_written() + 1;
+                let reason = format!("every {}", every_words(plan.checkpoint.every));
+                let took = self.checkpoint(sink, (pos.epoch, pos.consumed), lines, reason)?;
+                self.release(sink, took);
+            }
+        } else if self.pending.len() as u64 >= plan.log.every || epoch_done {
             self.flush(sink)?;
         }
         validated

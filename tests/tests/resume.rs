@@ -172,10 +172,24 @@ fn a_resumed_run_ends_bitwise_where_the_uninterrupted_one_does() {
         let csv = std::fs::read_to_string(&csv_path).unwrap();
         let rows: Vec<&str> = csv.lines().collect();
         std::fs::write(&csv_path, rows[..rows.len() - 2].join("\n") + "\n").unwrap();
+        let stopped = summary(&run);
         let out = resume_quietly(&run);
         expect_exit(&out, 0);
         let s = summary(&run);
         assert_eq!((s.status, s.resumes), (RunStatus::Completed, 1));
+        // The run's start-up is its first process's (it was the resume's first step), and
+        // the loader's workers are counted over both processes (the resume's alone).
+        assert!(stopped.startup_s.is_some(), "{stopped:?}");
+        assert_eq!(
+            (s.startup_s, s.first_step_ms),
+            (stopped.startup_s, stopped.first_step_ms)
+        );
+        assert!(
+            s.loader_workers_started > stopped.loader_workers_started || workers == 0,
+            "{} then {}",
+            stopped.loader_workers_started,
+            s.loader_workers_started
+        );
         assert_eq!(s.steps, summary(&reference).steps);
         // Every step once, in order, with the reference's loss to the bit.
         assert_eq!(losses(&run), losses(&reference), "workers = {workers}");
@@ -521,19 +535,23 @@ fn resume_refuses_a_run_that_a_process_elsewhere_is_writing() {
 }
 
 /// A resume continues only on the data the run started on: a training file changed in
-/// between (regenerated, cut short) is refused, naming it; put back, the run resumes.
-/// (Before, the checkpoint's epoch and batch were applied to the other data in silence.)
+/// between (regenerated, cut short) is refused, naming it, and so is a file added to the
+/// training directory since (it was read, and the run trained its epochs on more data in
+/// silence); put back as it was, the run resumes. (Before, the checkpoint's epoch and batch
+/// were applied to the other data in silence.)
 #[test]
 fn resume_refuses_data_that_changed_since_the_run_started() {
     let dir = tempdir("resume-data");
     let data = std::fs::read(root().join("datasets/fashion_mnist/data_batch.bin")).unwrap();
-    let train = dir.join("train.bin");
+    let train_dir = dir.join("train");
+    std::fs::create_dir(&train_dir).unwrap();
+    let train = train_dir.join("data_batch_1.bin");
     std::fs::write(&train, &data[..3073 * 200]).unwrap();
     let recipe = dir.join("d.toml");
     std::fs::write(
         &recipe,
         format!(
-            "name = \"d\"\n[model]\narch = \"mlp\"\n[data]\nformat = \"cifar10-bin\"\ntrain = \"train.bin\"\n[loader]\nbatch_size = 50\n[run]\nepochs = 2\nwarmup_steps = 1\neval = \"never\"\n[checkpoint]\nevery = 2\n[log]\ndir = \"{}\"\n",
+            "name = \"d\"\n[model]\narch = \"mlp\"\n[data]\nformat = \"cifar10-bin\"\ntrain = \"train\"\n[loader]\nbatch_size = 50\n[run]\nepochs = 2\nwarmup_steps = 1\neval = \"never\"\n[checkpoint]\nevery = 2\n[log]\ndir = \"{}\"\n",
             dir.join("runs").display()
         ),
     )
@@ -550,20 +568,29 @@ fn resume_refuses_data_that_changed_since_the_run_started() {
     s["status"] = "interrupted".into();
     std::fs::write(run.join("summary.json"), s.to_string()).unwrap();
     let metrics = std::fs::read(run.join("metrics.jsonl")).unwrap();
+    let refused = |what: &str| {
+        let out = runner_cmd().arg("resume").arg(&run).output().unwrap();
+        expect_exit(&out, 2);
+        assert_eq!(json(&run.join("summary.json")), s, "the run was changed");
+        assert_eq!(std::fs::read(run.join("metrics.jsonl")).unwrap(), metrics);
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(stderr.contains(what), "{stderr}");
+        stderr
+    };
     std::fs::write(&train, &data[..3073 * 60]).unwrap();
-    let out = runner_cmd().arg("resume").arg(&run).output().unwrap();
-    expect_exit(&out, 2);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        stderr.contains(&format!(
-            "error: {}: changed since the run started (614600 bytes",
-            train.display()
-        )) && stderr.contains("184380 bytes"),
-        "{stderr}"
-    );
-    assert_eq!(json(&run.join("summary.json")), s, "the run was changed");
-    assert_eq!(std::fs::read(run.join("metrics.jsonl")).unwrap(), metrics);
+    let stderr = refused(&format!(
+        "error: {}: changed since the run started (614600 bytes",
+        train.display()
+    ));
+    assert!(stderr.contains("184380 bytes"), "{stderr}");
     std::fs::write(&train, &data[..3073 * 200]).unwrap();
+    let added = train_dir.join("data_batch_2.bin");
+    std::fs::write(&added, &data[3073 * 200..3073 * 300]).unwrap();
+    refused(&format!(
+        "error: {}: the recipe reads it now (added to a data directory?), and the run did not start on it",
+        added.display()
+    ));
+    std::fs::remove_file(&added).unwrap();
     let out = resume_quietly(&run);
     expect_exit(&out, 0);
     let _ = std::fs::remove_dir_all(&dir);
@@ -1342,20 +1369,27 @@ fn a_damaged_or_missing_summary_is_written_again_by_resume() {
     );
     expect_exit(&out, 143);
     let run = only_run(&dir.join("runs/s"));
-    let gone = dir.join("gone");
-    assert!(Command::new("cp")
-        .arg("-a")
-        .arg(&run)
-        .arg(&gone)
-        .status()
-        .unwrap()
-        .success());
+    let copy = |to: &str| {
+        let to = dir.join(to);
+        assert!(Command::new("cp")
+            .arg("-a")
+            .arg(&run)
+            .arg(&to)
+            .status()
+            .unwrap()
+            .success());
+        to
+    };
+    let (gone, binary) = (copy("gone"), copy("binary"));
     let text = std::fs::read(run.join("summary.json")).unwrap();
     std::fs::write(run.join("summary.json"), &text[..text.len() / 2]).unwrap();
     std::fs::remove_file(gone.join("summary.json")).unwrap();
+    // Not text at all (it was said to "exist").
+    std::fs::write(binary.join("summary.json"), [0xff, 0xfe, 0x00, 0x81]).unwrap();
     for (copy, why) in [
         (&run, "unreadable (EOF while parsing"),
         (&gone, "does not exist"),
+        (&binary, "unreadable (stream did not contain valid UTF-8"),
     ] {
         let out = resume_quietly(copy);
         expect_exit(&out, 0);
@@ -1445,4 +1479,87 @@ fn a_checkpoint_at_a_validation_step_carries_that_validation() {
             path.display()
         );
     }
+}
+
+/// A step whose loss diverged is never checkpointed: the run stops on it with its last
+/// good checkpoint kept (one was written at the diverged step, before its loss was read,
+/// and `keep = 1` let go of the good one for it; resumed, the run went on from the
+/// diverged weights). Allowed to go on (`stop_on_divergence = false`), a resumed run's
+/// summary still names the first diverged step (it said `null`, or a step of the resume).
+#[test]
+fn a_diverged_step_is_never_checkpointed_and_a_resume_keeps_the_divergence() {
+    let dir = tempdir("diverged-ckpt");
+    let recipe = tiny_recipe(
+        &dir,
+        "div",
+        "[optim]\nlr = 1e6\n[checkpoint]\nevery = 1\nkeep = 1\n",
+    );
+    let out = runner_cmd()
+        .arg(&recipe)
+        .args(["-q", "--set", "run.epochs=3"])
+        .output()
+        .unwrap();
+    expect_exit(&out, 1);
+    let run = only_run(&dir.join("runs/div"));
+    let diverged = records(&run).last().unwrap().step;
+    assert!(
+        summary(&run)
+            .error
+            .is_some_and(|e| e.starts_with(&format!("diverged at step {diverged}:"))),
+        "{:?}",
+        summary(&run)
+    );
+    let kept: Vec<u64> = runner::checkpoint::list(&run)
+        .iter()
+        .map(|(_, s)| s.step)
+        .collect();
+    assert!(
+        kept.iter().all(|&s| s < diverged),
+        "diverged at {diverged}, checkpoints {kept:?}"
+    );
+    // Resumed, it would diverge again where it did: refused, saying so.
+    let out = runner_cmd().arg("resume").arg(&run).output().unwrap();
+    expect_exit(&out, 2);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains(&format!("the run diverged at step {diverged}: the loss is"))
+            && stderr.contains(
+                "resumed, it would take the same steps from its last checkpoint and diverge again"
+            ),
+        "{stderr}"
+    );
+
+    let on = format!("log.dir=\"{}\"", dir.join("on").display());
+    let out = runner_cmd()
+        .arg(&recipe)
+        .args([
+            "-q",
+            "--set",
+            "run.epochs=3",
+            "--set",
+            "run.stop_on_divergence=false",
+            "--set",
+            "optim.lr=1e30",
+            "--set",
+            "checkpoint.every=5",
+            "--set",
+            &on,
+        ])
+        .output()
+        .unwrap();
+    expect_exit(&out, 0);
+    let run = only_run(&dir.join("on/div"));
+    let s = summary(&run);
+    let first = s.diverged_at_step.filter(|&d| d < 10);
+    assert!(s.steps == 12 && first.is_some(), "{s:?}");
+    // As if stopped after its checkpoint of step 10: resumed from there.
+    let mut j = json(&run.join("summary.json"));
+    j["status"] = "interrupted".into();
+    std::fs::write(run.join("summary.json"), j.to_string()).unwrap();
+    let out = resume_quietly(&run);
+    expect_exit(&out, 0);
+    let s = summary(&run);
+    assert_eq!((s.resumes, s.steps), (1, 12), "{s:?}");
+    assert_eq!(s.diverged_at_step, first, "{s:?}");
+    let _ = std::fs::remove_dir_all(&dir);
 }
