@@ -297,25 +297,40 @@ fn rebuilt_summary(run_dir: &Path, plan: &Plan, prepared: &Prepared, why: &str) 
     }
 }
 
-/// `env.json` written again where it is missing (without it the data could not be
-/// checked, and the finished run would have no versions, host or data checksums), or with
-/// the data at its new paths where files moved (a later resume compares with these).
+/// `env.json` written again where it is missing or unreadable (without it the data could
+/// not be checked, and the finished run would have no versions, host or data checksums),
+/// or with the data at its new paths where files moved (a later resume compares with
+/// these).
 fn update_env(run_dir: &Path, env: &Environment, moved: &[(String, String)]) -> Result<(), String> {
     let env_path = run_dir.join("env.json");
-    if !env_path.exists() {
-        crate::errln!(
-            "warning: {}: missing, so the data could not be checked against the run's start; written again from this machine and the data as they are now",
-            env_path.display()
-        );
-        write_json_keeping_room(&env_path, env, KEPT_ROOM).map_err(|e| format!("env.json: {e}"))?;
-    } else if !moved.is_empty() {
-        let mut start: serde_json::Value = std::fs::read_to_string(&env_path)
-            .ok()
-            .and_then(|t| serde_json::from_str(&t).ok())
-            .unwrap_or_default();
-        start["data"] = serde_json::to_value(&env.data).unwrap_or_default();
-        write_json_keeping_room(&env_path, &start, KEPT_ROOM)
-            .map_err(|e| format!("env.json: {e}"))?;
+    let start = std::fs::read_to_string(&env_path)
+        .map_err(|e| match env_path.exists() {
+            true => format!("unreadable ({e})"),
+            false => "missing".to_string(),
+        })
+        .and_then(|t| {
+            serde_json::from_str::<serde_json::Value>(&t)
+                .ok()
+                .filter(serde_json::Value::is_object)
+                .ok_or_else(|| "unreadable (not a JSON object)".to_string())
+        });
+    match start {
+        Err(why) => {
+            // (It was checked in silence: an env.json of junk let the run go on,
+            // unchecked, on changed data.)
+            crate::errln!(
+                "warning: {}: {why}, so the data could not be checked against the run's start; written again from this machine and the data as they are now",
+                env_path.display()
+            );
+            write_json_keeping_room(&env_path, env, KEPT_ROOM)
+                .map_err(|e| format!("env.json: {e}"))?;
+        }
+        Ok(mut start) if !moved.is_empty() => {
+            start["data"] = serde_json::to_value(&env.data).unwrap_or_default();
+            write_json_keeping_room(&env_path, &start, KEPT_ROOM)
+                .map_err(|e| format!("env.json: {e}"))?;
+        }
+        Ok(_) => {}
     }
     Ok(())
 }

@@ -591,8 +591,20 @@ fn resume_refuses_data_that_changed_since_the_run_started() {
         added.display()
     ));
     std::fs::remove_file(&added).unwrap();
+    // An env.json of junk cannot say what the run started on: said, and written again
+    // (the data went unchecked in silence).
+    std::fs::write(run.join("env.json"), "junk\n").unwrap();
     let out = resume_quietly(&run);
     expect_exit(&out, 0);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains(&format!(
+            "warning: {}: unreadable (not a JSON object), so the data could not be checked",
+            run.join("env.json").display()
+        )),
+        "{stderr}"
+    );
+    assert!(json(&run.join("env.json"))["data"].is_array());
     let _ = std::fs::remove_dir_all(&dir);
 }
 
