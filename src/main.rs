@@ -222,6 +222,16 @@ fn check_all(args: &CheckArgs, machine: &Machine) -> Option<Vec<Checked>> {
         );
         return None;
     }
+    if args.max_cells > sweep::MAX_CELLS_LIMIT {
+        // Each cell is expanded, resolved and validated up front: a cap of 2^64 let a grid
+        // of 100^20 cells take all the memory there was.
+        runner::errln!(
+            "error: --max-cells {}: at most {} (every cell of a grid is resolved and checked before the first one runs)\n  = help: split the grid into several recipes",
+            args.max_cells,
+            sweep::MAX_CELLS_LIMIT
+        );
+        return None;
+    }
     let mut out = vec![];
     let mut ok = true;
     for path in &args.recipes {

@@ -18,6 +18,9 @@ use crate::recipe::{self, schema, Diagnostic, Diagnostics, Loaded, Origin, Recip
 
 /// Cells a grid may have unless `--max-cells` says otherwise.
 pub const DEFAULT_MAX_CELLS: usize = 256;
+/// The most `--max-cells` may allow: every cell is resolved and validated before the
+/// first one runs (about 50 KB of memory each).
+pub const MAX_CELLS_LIMIT: usize = 10_000;
 
 /// One swept key and its values, with where each value was written.
 #[derive(Debug, Clone)]
@@ -462,13 +465,12 @@ fn cell_name(
 
 /// The error for a grid of more than `max_cells` cells.
 fn over_cap(loaded: &Loaded, sizes: &[usize], max_cells: usize) -> Option<Diagnostic> {
-    let count = sizes
-        .iter()
-        .try_fold(1usize, |acc, &n| acc.checked_mul(n))
-        .unwrap_or(usize::MAX);
-    if count <= max_cells {
+    let count = sizes.iter().try_fold(1usize, |acc, &n| acc.checked_mul(n));
+    if count.is_some_and(|c| c <= max_cells) {
         return None;
     }
+    // (Past 2^64 it said 18446744073709551615.)
+    let count = count.map_or_else(|| "more than 2^64".to_string(), |c| c.to_string());
     let dims: Vec<String> = sizes.iter().map(|n| n.to_string()).collect();
     let d = loaded.doc.diagnostic(
         &loaded.path,

@@ -353,6 +353,41 @@ fn small_input_mistakes_get_plain_answers() {
         .unwrap();
     expect_exit(&out, 2);
     assert!(String::from_utf8_lossy(&out.stderr).contains("--max-cells 0 allows no cell"));
+    // A cap past what can be held is refused; a grid past 2^64 cells says so (it said
+    // 18446744073709551615 cells, and that cap let it take all the memory there was).
+    // (Ten axes of 100 values: 10^20 cells.)
+    let out = runner_cmd()
+        .args(["validate", "recipes/quickstart.toml", "--max-cells"])
+        .arg(usize::MAX.to_string())
+        .output()
+        .unwrap();
+    expect_exit(&out, 2);
+    assert!(String::from_utf8_lossy(&out.stderr).contains(": at most 10000 (every cell"));
+    let values = format!("{:?}", (1..=100).collect::<Vec<u32>>());
+    let keys = [
+        "seed",
+        "loader.batch_size",
+        "run.max_steps",
+        "run.warmup_steps",
+        "log.every",
+        "loader.prefetch",
+        "optim.accumulation_steps",
+        "run.epochs",
+        "checkpoint.keep",
+        "model.width",
+    ];
+    let sweep: String = keys
+        .iter()
+        .map(|k| format!("\"{k}\" = {values}\n"))
+        .collect();
+    let huge = tiny_recipe(&dir, "huge", &format!("[sweep]\n{sweep}"));
+    let out = runner_cmd().arg("validate").arg(&huge).output().unwrap();
+    expect_exit(&out, 2);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("the grid has more than 2^64 cells (100 × 100 × 100"),
+        "{stderr}"
+    );
     // A manifest cut by a crash is written again when the grid runs.
     let grid = tiny_recipe(&dir, "g", "[sweep]\n\"optim.lr\" = [0.1, 0.2]\n");
     expect_exit(&runner_cmd().arg(&grid).arg("-q").output().unwrap(), 0);
