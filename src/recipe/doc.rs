@@ -544,16 +544,43 @@ pub const MAX_RECIPE_BYTES: u64 = 4 << 20;
 
 /// The recipe's text: given, or read from `path` (at most `MAX_RECIPE_BYTES`).
 fn read_text(path: &Path, text: Option<String>, report: &mut Diagnostics) -> Option<String> {
+    use std::os::unix::fs::OpenOptionsExt as _;
     if let Some(t) = text {
         return Some(t);
     }
-    let read = std::fs::File::open(path).and_then(|f| {
-        use std::io::Read as _;
-        let mut bytes = vec![];
-        f.take(MAX_RECIPE_BYTES + 1).read_to_end(&mut bytes)?;
-        Ok(bytes)
-    });
+    // Opened without waiting for a writer: a named pipe nothing writes to waited for
+    // ever. Then read as usual, so a pipe with a writer (`runner <(make-recipe)`) is read
+    // to its end; one without reads as empty at once.
+    let pipe = super::odd_kind(path) == Some("a named pipe");
+    let read = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(if pipe { libc::O_NONBLOCK } else { 0 })
+        .open(path)
+        .and_then(|f| {
+            use std::io::Read as _;
+            if pipe {
+                use std::os::fd::AsRawFd as _;
+                // SAFETY: plain fcntl calls on a descriptor this function owns.
+                unsafe {
+                    let flags = libc::fcntl(f.as_raw_fd(), libc::F_GETFL);
+                    libc::fcntl(f.as_raw_fd(), libc::F_SETFL, flags & !libc::O_NONBLOCK);
+                }
+            }
+            let mut bytes = vec![];
+            f.take(MAX_RECIPE_BYTES + 1).read_to_end(&mut bytes)?;
+            Ok(bytes)
+        });
     match read {
+        Ok(bytes) if pipe && bytes.is_empty() => {
+            report.push(
+                Diagnostic::error(
+                    path,
+                    "cannot read recipe: a named pipe that nothing writes to",
+                )
+                .help("give the recipe file (.toml), or write the recipe into the pipe"),
+            );
+            None
+        }
         Ok(bytes) if bytes.len() as u64 > MAX_RECIPE_BYTES => {
             report.push(
                 Diagnostic::error(

@@ -56,6 +56,29 @@ fn bad_input_exits_2_and_writes_nothing() {
         !logs.join("runs").exists(),
         "a run directory was created for bad data"
     );
+
+    // A named pipe that nothing writes to is said at once (it waited for ever); a pipe
+    // with a writer, as a shell's `<(...)` makes, is read.
+    let fifo = logs.join("fifo.toml");
+    let made = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+    // SAFETY: a NUL-terminated path and a mode.
+    assert_eq!(unsafe { libc::mkfifo(made.as_ptr(), 0o600) }, 0);
+    let out = runner_cmd().arg("validate").arg(&fifo).output().unwrap();
+    expect_exit(&out, 2);
+    assert!(String::from_utf8_lossy(&out.stderr)
+        .contains("fifo.toml: cannot read recipe: a named pipe that nothing writes to"));
+    let quickstart = root().join("recipes/quickstart.toml");
+    let out = std::process::Command::new("bash")
+        .arg("-c")
+        .arg(format!(
+            "\"$0\" validate <(sed 's#\\.\\./datasets#{}/datasets#' {})",
+            root().display(),
+            quickstart.display()
+        ))
+        .arg(env!("CARGO_BIN_EXE_runner"))
+        .output()
+        .unwrap();
+    expect_exit(&out, 0);
 }
 
 #[test]
