@@ -100,6 +100,19 @@ impl SweepDir {
         self.read_status(&self.status_path(c))
     }
 
+    /// Why the cell's status file is there but cannot be read, if it is.
+    pub fn unreadable_status(&self, c: &Cell) -> Option<String> {
+        let path = self.status_path(c);
+        let text = match std::fs::read_to_string(&path) {
+            Ok(text) => text,
+            Err(e) if path.exists() => return Some(e.to_string()),
+            Err(_) => return None,
+        };
+        serde_json::from_str::<CellStatus>(&text)
+            .err()
+            .map(|e| e.to_string())
+    }
+
     fn read_status(&self, path: &Path) -> Option<CellStatus> {
         let text = std::fs::read_to_string(path).ok()?;
         let mut s: CellStatus = serde_json::from_str(&text).ok()?;
@@ -302,6 +315,15 @@ pub fn execute(
         if sel.resume && sweep.is_done(c) {
             out.skipped.push(c.index);
             continue;
+        }
+        // (A done cell whose status file was damaged ran again without a word.)
+        if let Some(why) = sweep.unreadable_status(c).filter(|_| sel.resume) {
+            crate::errln!(
+                "warning: {}: unreadable ({why}); cell {} ({}) is taken as not done and runs again",
+                sweep.status_path(c).display(),
+                c.index,
+                c.name
+            );
         }
         if sel.resume && sweep.adopt_done_elsewhere(c)? {
             out.skipped.push(c.index);

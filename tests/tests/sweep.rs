@@ -385,6 +385,20 @@ fn resume_reruns_only_what_was_not_done() {
     );
     assert!(String::from_utf8_lossy(&out.stderr).contains("2 cell(s) already done were skipped"));
     assert!(statuses(&dir).iter().all(|(_, s)| s == "done"));
+    // A status file that cannot be read is said, with the cell it leaves to run again
+    // (it ran again without a word).
+    let p0 = dir.join("cells").join(&files[0]);
+    std::fs::write(&p0, "junk").unwrap();
+    let out = run(&["--resume"]);
+    assert_eq!(out.status.code(), Some(0));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains(&format!(
+            "warning: {}: unreadable (expected value at line 1 column 1); cell 0 (tiny_grid/workers=0,optim.lr=0.1) is taken as not done and runs again",
+            p0.display()
+        )),
+        "{stderr}"
+    );
 }
 
 #[test]
