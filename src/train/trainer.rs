@@ -331,6 +331,11 @@ impl<'a, B: TrainBackend> Trainer<'a, B> {
                 let lines = sink.lines_written() + 1;
                 let reason = format!("every {}", every_words(plan.checkpoint.every));
                 let took = self.checkpoint(sink, (pos.epoch, pos.consumed), lines, reason)?;
+                // Its line's time is taken after it (the time since the line before
+                // holds the step and its checkpoint).
+                if let Some(r) = self.held.as_mut() {
+                    r.t_ms = self.io.t0.elapsed().as_secs_f64() * 1e3;
+                }
                 self.release(sink, took);
             }
         } else if self.pending.len() as u64 >= plan.log.every || epoch_done {
