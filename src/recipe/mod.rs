@@ -35,7 +35,17 @@ pub struct Loaded {
 impl Loaded {
     /// Whether the sources set this dotted key (as opposed to it taking its default).
     pub fn is_set(&self, key: &str) -> bool {
-        self.doc.origins.contains_key(key) && !self.was_dropped(key)
+        // A table is set by a key under it too (`--set padding.max_length=5` wrote no
+        // `padding` of its own, and a table that does not apply went unsaid).
+        let under = format!("{key}.");
+        let written = self.doc.origins.contains_key(key)
+            || self
+                .doc
+                .origins
+                .range(under.clone()..)
+                .next()
+                .is_some_and(|(k, _)| k.starts_with(&under));
+        written && !self.was_dropped(key)
     }
 
     /// Whether the key (or a table above it) was reported and dropped: later checks stay

@@ -190,6 +190,33 @@ fn text_recipes_are_checked_like_any_other() {
         e.contains("x.toml:5:1: padding: applies to text data (format = \"jsonl\")"),
         "{e}"
     );
+    // The same through a dotted --set into the table, which was taken and ignored; and
+    // an image key on text data.
+    for (recipe, set, want) in [
+        (
+            "recipes/quickstart.toml",
+            "padding.max_length=5",
+            "--set:1:1: padding: applies to text data",
+        ),
+        (
+            "recipes/quickstart.toml",
+            "data.tokenizer.kind=\"byte\"",
+            "--set:1:1: data.tokenizer: only applies to text data",
+        ),
+        (
+            "recipes/text/rotten_tomatoes.toml",
+            "data.augment.hflip=true",
+            "--set:1:1: data.augment: only applies to image data",
+        ),
+    ] {
+        let out = runner_cmd()
+            .args(["validate", recipe, "--set", set])
+            .output()
+            .unwrap();
+        expect_exit(&out, 2);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.contains(want), "{set}: {stderr}");
+    }
     let e = bad("[model]\narch = \"lstm\"\n[data]\nformat = \"synthetic\"\n");
     assert!(
         e.contains("model.arch: lstm reads token sequences, but the data are images"),
