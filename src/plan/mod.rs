@@ -500,7 +500,9 @@ impl<'a> Validator<'a> {
             return;
         }
         let swept = self.l.sweep.as_ref().map(crate::sweep::swept_keys);
-        if swept.is_some_and(|axes| !axes.iter().any(|a| a == key)) {
+        // Swept itself, or a key under it (`"data.tokenizer.kind" = [...]` on images).
+        let under = format!("{key}.");
+        if swept.is_some_and(|axes| !axes.iter().any(|a| a == key || a.starts_with(&under))) {
             self.warn(
                 key,
                 format!("ignored in the cells it does not apply to (it only applies {why})"),

@@ -576,7 +576,9 @@ pub fn dedup(report: Diagnostics) -> Diagnostics {
     let mut seen = vec![];
     let mut out = Diagnostics::default();
     for d in report.0 {
-        let text = d.to_string();
+        // By its first line (place and message): cells mark the same key at their own
+        // value of an axis, under one line and column.
+        let text = d.to_string().lines().next().unwrap_or_default().to_string();
         if !seen.contains(&text) {
             seen.push(text);
             out.push(d);

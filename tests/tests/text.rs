@@ -217,6 +217,35 @@ fn text_recipes_are_checked_like_any_other() {
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert!(stderr.contains(want), "{set}: {stderr}");
     }
+    // And through a grid's axis over a key under it (two cells of one run), said once.
+    let dir = tempdir("not-for-images");
+    for (axis, want) in [
+        (
+            "\"padding.max_length\" = [5, 10]",
+            "padding: applies to text data",
+        ),
+        (
+            "\"data.tokenizer.kind\" = [\"byte\", \"word\"]",
+            "data.tokenizer: only applies to text data",
+        ),
+    ] {
+        let grid = dir.join("g.toml");
+        std::fs::write(
+            &grid,
+            format!(
+                "extends = \"{}\"\n[sweep]\n{axis}\n",
+                root().join("recipes/quickstart.toml").display()
+            ),
+        )
+        .unwrap();
+        let out = runner_cmd().arg("validate").arg(&grid).output().unwrap();
+        expect_exit(&out, 2);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            stderr.contains(&format!("g.toml:3:1: {want}")) && stderr.contains("1 error in"),
+            "{axis}: {stderr}"
+        );
+    }
     let e = bad("[model]\narch = \"lstm\"\n[data]\nformat = \"synthetic\"\n");
     assert!(
         e.contains("model.arch: lstm reads token sequences, but the data are images"),
