@@ -476,7 +476,20 @@ fn load_chain(
         );
         return None;
     };
-    let parent_path = super::lexical(&dir.join(parent));
+    if parent.trim().is_empty() {
+        report.push(
+            Diagnostic::error(path, "extends is empty")
+                .key("extends")
+                .at(&text, here("extends").0)
+                .help("name the recipe file this one builds on, e.g. extends = \"base.toml\" (relative to this file), or remove the key"),
+        );
+        return None;
+    }
+    // (`.` came out as the empty path, said to be "no such file".)
+    let parent_path = match super::lexical(&dir.join(parent)) {
+        p if p.as_os_str().is_empty() => PathBuf::from("."),
+        p => p,
+    };
     let canonical = std::fs::canonicalize(&parent_path).unwrap_or_else(|_| parent_path.clone());
     let me_canonical = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf());
     stack.push(me_canonical);
@@ -655,7 +668,17 @@ fn parse(
     let table: toml::Table = match toml::from_str(text) {
         Ok(t) => t,
         Err(e) => {
-            let d = Diagnostic::error(path, format!("TOML: {}", e.message().trim()));
+            let message = e.message().trim();
+            // An integer past 64 bits: "invalid type: integer `1…6` as i128, expected any
+            // valid TOML value" said neither what is wrong nor what to do.
+            let d = match message
+                .strip_prefix("invalid type: integer `")
+                .and_then(|m| m.split_once("` as i128"))
+            {
+                Some((n, _)) => Diagnostic::error(path, format!("{n} is not a TOML integer"))
+                    .help("TOML integers are 64-bit signed: at most 9223372036854775807"),
+                None => Diagnostic::error(path, format!("TOML: {message}")),
+            };
             report.push(match e.span() {
                 Some(s) => d.at(text, s),
                 None => d,
