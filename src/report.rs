@@ -236,6 +236,21 @@ pub fn load_run(dir: &Path) -> Result<Run, Error> {
             e.column()
         ))
     })?;
+    // A completed run's figures are recomputed from its lines: fewer than its steps (the
+    // file cut short, emptied or edited) would make a row of other figures (it was one,
+    // of nothing).
+    // (A summary that gives no steps, as hand-made ones, is not checked.)
+    if stored.status == RunStatus::Completed
+        && stored.steps > 0
+        && records.len() as u64 != stored.steps
+    {
+        return Err(Error::Input(format!(
+            "error: {}: {} lines for the {} steps summary.json says the run took; its figures cannot be recomputed\n  = help: metrics.jsonl is written by runner, a line a step; was it cut short or edited?",
+            mp.display(),
+            records.len(),
+            stored.steps
+        )));
+    }
     let mut summary = Summary {
         name: stored.name.clone(),
         run_id: stored.run_id.clone(),

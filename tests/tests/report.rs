@@ -206,6 +206,26 @@ fn a_diverged_run_fails_at_that_step_and_report_keeps_it_apart() {
             && stderr.contains("not a summary"),
         "{stderr}"
     );
+    // A completed run whose metrics.jsonl was emptied is listed too (it was a row of
+    // nothing beside the others).
+    let cut = tiny_recipe(&dir, "cut", "");
+    expect_exit(&runner_cmd().arg(&cut).arg("-q").output().unwrap(), 0);
+    let cut = only_run(&dir.join("runs/cut"));
+    std::fs::write(cut.join("metrics.jsonl"), "").unwrap();
+    let out = runner_cmd()
+        .args(["report", "--format", "csv"])
+        .arg(dir.join("runs"))
+        .output()
+        .unwrap();
+    expect_exit(&out, 0);
+    assert_eq!(String::from_utf8_lossy(&out.stdout).lines().count(), 2);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("(3 run(s); each with why)")
+            && stderr
+                .contains("metrics.jsonl: 0 lines for the 4 steps summary.json says the run took"),
+        "{stderr}"
+    );
 }
 
 #[test]
