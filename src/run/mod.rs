@@ -177,8 +177,32 @@ fn run_recipe(run_dir: &Path) -> Result<PathBuf, RunError> {
     if recipe_path.is_file() {
         return Ok(recipe_path);
     }
+    let help = "name a directory under log.dir, e.g. runs/<name>/<run-id>";
+    // What is there instead, in words (all of it was "has no recipe.toml").
+    let why = if !run_dir.is_dir() {
+        match crate::recipe::odd_kind(run_dir) {
+            None if run_dir.exists() => "is a file, not a run directory".to_string(),
+            None => crate::recipe::why_missing(run_dir),
+            Some(kind) => format!("is {kind}, not a run directory"),
+        }
+    } else if recipe_path.exists() || std::fs::symlink_metadata(&recipe_path).is_ok() {
+        let what = crate::recipe::odd_kind(&recipe_path).map_or_else(
+            || crate::recipe::why_missing(&recipe_path),
+            |k| format!("is {k}"),
+        );
+        return Err(RunError::Input(format!(
+            "error: {} {what}, not the file a run writes\n  = help: put the run's recipe.toml back (a copy of the run has it)",
+            recipe_path.display()
+        )));
+    } else {
+        format!("is not a run directory (it has no recipe.toml)\n  = help: {help}")
+    };
+    let why = match why.contains("= help:") {
+        true => why,
+        false => format!("{why}\n  = help: {help}"),
+    };
     Err(RunError::Input(format!(
-        "error: {} is not a run directory (it has no recipe.toml)\n  = help: name a directory under log.dir, e.g. runs/<name>/<run-id>",
+        "error: {} {why}",
         run_dir.display()
     )))
 }

@@ -757,6 +757,19 @@ fn resume_refuses_what_it_cannot_continue() {
     let out = runner_cmd().arg("resume").arg(&dir).output().unwrap();
     expect_exit(&out, 2);
     assert!(String::from_utf8_lossy(&out.stderr).contains("is not a run directory"));
+    // What is there instead is said (each said "it has no recipe.toml").
+    for (path, want) in [
+        (dir.join("nowhere"), "nowhere does not exist".to_string()),
+        (
+            recipe.clone(),
+            "t.toml is a file, not a run directory".into(),
+        ),
+    ] {
+        let out = runner_cmd().arg("eval").arg(&path).output().unwrap();
+        expect_exit(&out, 2);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.contains(&want), "{stderr}");
+    }
     // A run without any checkpoint.
     let mut s = json(&run.join("summary.json"));
     s["status"] = "failed".into();
