@@ -586,7 +586,7 @@ impl JsonLines {
         path: &Path,
         keep: u64,
     ) -> std::io::Result<(Self, Vec<T>)> {
-        let text = std::fs::read_to_string(path)?;
+        let text = read_utf8(path)?;
         let mut records = vec![];
         let mut end = 0;
         for (i, line) in text.split_inclusive('\n').take(keep as usize).enumerate() {
@@ -656,6 +656,29 @@ impl JsonLines {
     pub fn path(&self) -> &Path {
         &self.path
     }
+}
+
+/// A text file read whole. One that is not UTF-8 is an error naming the line and column
+/// of its first byte that is not ("stream did not contain valid UTF-8" named neither).
+pub fn read_utf8(path: &Path) -> std::io::Result<String> {
+    String::from_utf8(std::fs::read(path)?).map_err(|e| {
+        let bytes = e.as_bytes();
+        let at = e.utf8_error().valid_up_to();
+        let before = &bytes[..at];
+        let line = 1 + before.iter().filter(|&&b| b == b'\n').count();
+        let start = before
+            .iter()
+            .rposition(|&b| b == b'\n')
+            .map_or(0, |i| i + 1);
+        let column = 1 + String::from_utf8_lossy(&before[start..]).chars().count();
+        std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!(
+                "line {line}, column {column} is not UTF-8 text (byte 0x{:02x})",
+                bytes.get(at).copied().unwrap_or(0)
+            ),
+        )
+    })
 }
 
 /// Writes a JSON file whole: to a temporary name first, then renamed over the target, so
@@ -767,6 +790,20 @@ pub fn rss_bytes() -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_file_not_utf8_is_said_with_the_line_and_column() {
+        let path = std::env::temp_dir().join(format!("runner-utf8-{}", std::process::id()));
+        std::fs::write(&path, b"{\"step\":1}\nab\xc3\xa9\xff\n").unwrap();
+        let e = read_utf8(&path).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "line 2, column 4 is not UTF-8 text (byte 0xff)"
+        );
+        std::fs::write(&path, "fine\n").unwrap();
+        assert_eq!(read_utf8(&path).unwrap(), "fine\n");
+        let _ = std::fs::remove_file(&path);
+    }
 
     #[test]
     fn records_skip_blank_lines_and_a_cut_last_one_but_name_a_bad_one() {

@@ -217,7 +217,7 @@ pub fn load_run(dir: &Path) -> Result<Run, Error> {
             )));
         }
     }
-    let text = std::fs::read_to_string(&sp)
+    let text = crate::metrics::read_utf8(&sp)
         .map_err(|e| Error::Input(format!("error: {}: {e}", sp.display())))?;
     let stored: Summary = serde_json::from_str(&text).map_err(|e| {
         Error::Input(format!(
@@ -227,7 +227,7 @@ pub fn load_run(dir: &Path) -> Result<Run, Error> {
             e.column()
         ))
     })?;
-    let text = std::fs::read_to_string(&mp)
+    let text = crate::metrics::read_utf8(&mp)
         .map_err(|e| Error::Input(format!("error: {}: {e}", mp.display())))?;
     let records: Vec<StepRecord> = JsonLines::records(&text).map_err(|(line, e)| {
         Error::Input(format!(
