@@ -213,7 +213,7 @@ pub(crate) fn run_grid(c: &Checked, sel: Selection, opts: &RunOptions) -> Result
     let root = &c.plans[0].log.dir;
     let dir = SweepDir::open(root, &c.base, &c.path, &c.cells).map_err(|e| {
         RunError::Input(format!(
-            "error: cannot create the sweep directory under {}: {e}\n  = help: check log.dir",
+            "error: cannot create the sweep directory under {}: {e}\n  = help: check log.dir; the runner makes the sweep directory's files and folders itself: move aside what is in their way",
             root.display()
         ))
     })?;

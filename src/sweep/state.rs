@@ -52,8 +52,14 @@ pub struct SweepDir {
 impl SweepDir {
     pub fn open(root: &Path, base: &str, recipe: &Path, cells: &[Cell]) -> std::io::Result<Self> {
         let dir = root.join(base).join("sweeps").join(grid_id(cells));
-        std::fs::create_dir_all(dir.join("cells"))?;
-        std::fs::create_dir_all(dir.join("locks"))?;
+        // Each error names its path (a `cells` that is a file said only "File exists").
+        let at = |p: &Path| {
+            let p = p.to_path_buf();
+            move |e: std::io::Error| std::io::Error::new(e.kind(), format!("{}: {e}", p.display()))
+        };
+        for sub in ["cells", "locks"] {
+            std::fs::create_dir_all(dir.join(sub)).map_err(at(&dir.join(sub)))?;
+        }
         let manifest = dir.join("manifest.json");
         // Written once; rewritten if it cannot be read (cut by a crash or a full disk).
         let readable = std::fs::read_to_string(&manifest)
@@ -77,7 +83,7 @@ impl SweepDir {
                     })
                     .collect(),
             };
-            write_json_atomic(&manifest, &m)?;
+            write_json_atomic(&manifest, &m).map_err(at(&manifest))?;
         }
         Ok(Self { dir })
     }

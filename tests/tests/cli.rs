@@ -426,6 +426,25 @@ fn small_input_mistakes_get_plain_answers() {
     );
     let m = json(&sweep.join("manifest.json"));
     assert_eq!(m["cells"].as_array().map(Vec::len), Some(2));
+    // Something in the way of the sweep directory's own files is named (it said only
+    // "Is a directory").
+    std::fs::remove_file(sweep.join("manifest.json")).unwrap();
+    std::fs::create_dir(sweep.join("manifest.json")).unwrap();
+    let out = runner_cmd()
+        .arg(&grid)
+        .args(["-q", "--resume"])
+        .output()
+        .unwrap();
+    expect_exit(&out, 2);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains(&format!(
+            "{}: Is a directory",
+            sweep.join("manifest.json").display()
+        )),
+        "{stderr}"
+    );
+    std::fs::remove_dir(sweep.join("manifest.json")).unwrap();
     // A log.dir a run here would refuse is said by validate too, as a warning: the recipe
     // may be meant for another machine.
     let dangling = dir.join("dangling");
