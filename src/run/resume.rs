@@ -112,6 +112,19 @@ fn refuse_odd_files(run_dir: &Path) -> Result<(), RunError> {
             odd.display(),
         )));
     }
+    // The folder of the checkpoints: a file there said "none was written".
+    let checkpoints = run_dir.join("checkpoints");
+    if checkpoints.symlink_metadata().is_ok() && !checkpoints.is_dir() {
+        let what = match crate::recipe::odd_kind(&checkpoints) {
+            Some(kind) => format!("is {kind}, not a folder"),
+            None if checkpoints.exists() => "is a file, not a folder".into(),
+            None => crate::recipe::why_missing(&checkpoints),
+        };
+        return Err(RunError::Input(format!(
+            "error: {}: {what}\n  = help: the runner keeps the run's checkpoints in this folder; put it back (a copy of the run has it), then resume",
+            checkpoints.display(),
+        )));
+    }
     Ok(())
 }
 

@@ -790,12 +790,16 @@ fn resume_refuses_what_it_cannot_continue() {
     for (file, what) in [
         ("metrics.csv", "is a folder, not a file"),
         ("metrics.jsonl", "is a named pipe, not a file"),
+        // (It said "none was written".)
+        ("checkpoints", "is a file, not a folder"),
     ] {
         let path = run.join(file);
         let kept = dir.join(format!("{file}.kept"));
         std::fs::rename(&path, &kept).unwrap();
         if file == "metrics.csv" {
             std::fs::create_dir(&path).unwrap();
+        } else if file == "checkpoints" {
+            std::fs::write(&path, "").unwrap();
         } else {
             assert!(Command::new("mkfifo")
                 .arg(&path)
