@@ -21,6 +21,14 @@ pub fn count_records(path: &Path) -> Result<usize, DataError> {
                 .help("remove or rename it, or point at the .bin files it holds"),
         );
     }
+    // A pipe, socket or device has no length to count by (a pipe was said to be empty).
+    if !meta.is_file() {
+        let kind = crate::recipe::odd_kind(path).unwrap_or("not a regular file");
+        return Err(
+            DataError::new(path, format!("is {kind}, not a file of CIFAR-10 records"))
+                .help("remove or rename it, or point at a regular .bin file"),
+        );
+    }
     let len = meta.len() as usize;
     check_whole(path, len)?;
     Ok(len / RECORD)
@@ -184,6 +192,22 @@ mod tests {
         std::fs::create_dir_all(&p).unwrap();
         let e = count_records(&p).unwrap_err().to_string();
         assert!(e.contains("is a directory, not a file"), "{e}");
+    }
+
+    /// Nor a named pipe as an empty file (nor is it opened, which would wait for ever).
+    #[test]
+    fn a_named_pipe_is_said_as_one() {
+        let p = write("y.bin", b"").with_file_name("data_batch_3.bin");
+        let _ = std::fs::remove_file(&p);
+        let c = std::ffi::CString::new(p.to_str().unwrap()).unwrap();
+        // SAFETY: a NUL-terminated path and a mode.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        let e = count_records(&p).unwrap_err().to_string();
+        assert!(
+            e.contains("is a named pipe, not a file of CIFAR-10 records"),
+            "{e}"
+        );
+        let _ = std::fs::remove_file(&p);
     }
 
     #[test]
