@@ -255,6 +255,31 @@ impl SweepDir {
             .max_by(|a, b| a.updated_at.cmp(&b.updated_at))
     }
 
+    /// Another live process of this host that holds a cell of this grid besides `c` (two
+    /// plain runs of one grid, in two terminals, split its cells): the lock's file name
+    /// and its owner in words.
+    fn running_beside(&self, c: &Cell) -> Option<(String, String)> {
+        let host = crate::clock::hostname().unwrap_or_else(|| "unnamed-host".into());
+        let mine = self.lock_path(c);
+        let me = std::process::id().to_string();
+        std::fs::read_dir(self.dir.join("locks"))
+            .ok()?
+            .flatten()
+            .map(|e| e.path())
+            .filter(|p| *p != mine)
+            .find_map(|p| {
+                let text = std::fs::read_to_string(&p).ok()?;
+                let mut words = text.split_whitespace();
+                let here = words.next() == Some(host.as_str()) && words.next() != Some(&me);
+                (here && !CellLock::stale(&p, &text, &host)).then(|| {
+                    let name = p
+                        .file_name()
+                        .map_or(String::new(), |n| n.to_string_lossy().into_owned());
+                    (name, CellLock::owner(&text))
+                })
+            })
+    }
+
     /// Done means: marked done, and the run directory's summary says completed.
     pub fn is_done(&self, c: &Cell) -> bool {
         self.status(c)
@@ -314,6 +339,7 @@ pub fn execute(
     mut run: impl FnMut(&Cell, Option<CellStatus>) -> Result<PathBuf, CellEnd>,
 ) -> std::io::Result<SweepOutcome> {
     let mut out = SweepOutcome::default();
+    let mut said_beside = false;
     for c in cells {
         if !sel.takes(c.index) {
             continue;
@@ -347,6 +373,16 @@ pub fn execute(
         if sel.resume && sweep.is_done(c) {
             out.skipped.push(c.index);
             continue;
+        }
+        // Cells timed side by side on one machine are each slower than alone: said once,
+        // as the table that follows would not. (Not for `--cell` and `--shard`, which
+        // split a grid on purpose: Slurm's tasks on a node, each on a GPU of its own.)
+        let plain = sel.only.is_none() && sel.shard.is_none();
+        if let Some((lock, owner)) = sweep.running_beside(c).filter(|_| plain && !said_beside) {
+            said_beside = true;
+            crate::errln!(
+                "warning: process {owner} on this host runs a cell of this grid at the same time (locks/{lock}): the two share this machine's cores (and GPU), so the step times of cells run meanwhile are slower than alone\n  = help: to compare timings, run one process per machine (--shard I/N on several machines) or one after the other"
+            );
         }
         // What the cell was before this process took it (an interrupted run to resume),
         // here or, with `--resume`, in an earlier version of the grid.
