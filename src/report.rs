@@ -102,11 +102,30 @@ fn heartbeat_age(dir: &Path) -> Option<std::time::Duration> {
     Some(touched.elapsed().unwrap_or_default())
 }
 
+/// The run directories under `paths` (see [`find_runs_said`]).
+pub fn find_runs(paths: &[PathBuf]) -> Result<Vec<PathBuf>, Error> {
+    find_runs_said(paths).map(|(found, _)| found)
+}
+
 /// The run directories under `paths`, in the order the paths are given; under each, a
 /// grid's cells in the grid's order (from its `manifest.json`), then the other runs by
 /// path (a run's directory name is its start time, so repeats come in the order they ran).
-pub fn find_runs(paths: &[PathBuf]) -> Result<Vec<PathBuf>, Error> {
+/// Symbolic links to directories are followed, after the directories themselves: a run
+/// reached a second time (by a link, `runs/latest`, or a path given twice) counts once,
+/// as first found, and is returned apart with why. (Links were not followed at all: a run
+/// reached only through one was not found.)
+pub fn find_runs_said(paths: &[PathBuf]) -> Result<(Vec<PathBuf>, Vec<Excluded>), Error> {
+    use std::collections::HashMap;
+    let canonical = |d: &Path| std::fs::canonicalize(d).unwrap_or_else(|_| d.to_path_buf());
     let mut out = vec![];
+    // Each directory walked, by where it really is: a link to one already walked (a loop,
+    // `up -> ..`, or a second way to a run) is not walked again.
+    let mut walked: HashMap<PathBuf, PathBuf> = HashMap::new();
+    let mut again: Vec<Excluded> = vec![];
+    let is_run = |d: &Path| {
+        let there = |f: &str| d.join(f).symlink_metadata().is_ok();
+        there("summary.json") && there("metrics.jsonl")
+    };
     for p in paths {
         let mut found = vec![];
         let mut cells: Vec<(PathBuf, usize, PathBuf)> = vec![];
@@ -114,11 +133,26 @@ pub fn find_runs(paths: &[PathBuf]) -> Result<Vec<PathBuf>, Error> {
             return Err(Error::Input(format!("error: {} does not exist\n  = help: give run directories or folders holding them, e.g. runs/", p.display())));
         }
         let mut stack = vec![p.clone()];
-        while let Some(d) = stack.pop() {
+        let mut links = vec![];
+        // A link up to the path given or above it (`up -> ..`) would walk what holds it.
+        let given = canonical(p);
+        while let Some(d) = stack.pop().or_else(|| links.pop()) {
+            if let Some(first) = walked.get(&canonical(&d)) {
+                if is_run(&d) {
+                    again.push(Excluded {
+                        dir: d.clone(),
+                        why: format!(
+                            "the same run as {} (a link to it, or named twice): counted once",
+                            first.display()
+                        ),
+                    });
+                }
+                continue;
+            }
+            walked.insert(canonical(&d), d.clone());
             // A run's two files; listed when they are there at all, so that one that is
             // not a file (a named pipe) is reported by `load_run` rather than skipped.
-            let there = |f: &str| d.join(f).symlink_metadata().is_ok();
-            let run = there("summary.json") && there("metrics.jsonl");
+            let run = is_run(&d);
             if run {
                 found.push(d.clone());
             }
@@ -126,15 +160,24 @@ pub fn find_runs(paths: &[PathBuf]) -> Result<Vec<PathBuf>, Error> {
                 cells.extend(grid_order(&d));
             }
             match std::fs::read_dir(&d) {
-                // Symbolic links to directories are not followed below a path given: a
-                // `runs/latest` would count its run twice, and `up -> ..` without end.
                 // Below a run too (a run named `a/<run id of a>` lies in that run's
                 // directory), but not into its checkpoints.
-                Ok(rd) => stack.extend(rd.filter_map(|e| {
-                    let e = e.ok()?;
-                    let skip = run && e.file_name() == "checkpoints";
-                    (e.file_type().ok()?.is_dir() && !skip).then(|| e.path())
-                })),
+                Ok(rd) => {
+                    for e in rd.flatten() {
+                        if run && e.file_name() == "checkpoints" {
+                            continue;
+                        }
+                        match e.file_type() {
+                            Ok(t) if t.is_dir() => stack.push(e.path()),
+                            Ok(t) if t.is_symlink() && e.path().is_dir() => {
+                                if !given.starts_with(canonical(&e.path())) {
+                                    links.push(e.path());
+                                }
+                            }
+                            _ => {}
+                        }
+                    }
+                }
                 // One that cannot be listed (another user's run) is reported as such by
                 // `load_run`, not left out in silence.
                 Err(e) if e.kind() != std::io::ErrorKind::NotFound && d != *p => found.push(d),
@@ -169,17 +212,13 @@ pub fn find_runs(paths: &[PathBuf]) -> Result<Vec<PathBuf>, Error> {
         found.sort_by_cached_key(|d| (place(d), d.clone()));
         out.extend(found);
     }
-    // The same run named twice over (a path given twice, or once and a link to it): once,
-    // as first named.
-    let mut seen = std::collections::HashSet::new();
-    out.retain(|d| seen.insert(std::fs::canonicalize(d).unwrap_or_else(|_| d.clone())));
     if out.is_empty() {
         return Err(Error::Input(format!(
             "error: no run directories (with summary.json and metrics.jsonl) under {}\n  = help: run a recipe first; runs go to runs/<name>/<run-id>/",
             paths.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(", ")
         )));
     }
-    Ok(out)
+    Ok((out, again))
 }
 
 /// The cells of the grids whose sweep directories are in `sweeps`: each one's sweep

@@ -258,9 +258,9 @@ pub(crate) fn report_cmd(
         return ExitCode::from(2);
     }
     let result = (|| {
-        let dirs = report::find_runs(paths)?;
+        let (dirs, reached_again) = report::find_runs_said(paths)?;
         // A run whose files cannot be read is listed, not the end of the report.
-        let mut unreadable = vec![];
+        let mut unreadable = reached_again;
         let runs = dirs
             .iter()
             .filter_map(|d| match report::load_run(d) {

@@ -350,6 +350,28 @@ fn report_counts_linked_runs_once_and_names_unreadable_ones() {
     expect_exit(&out, 0);
     let (text, line) = csv(&out);
     assert!(line.starts_with("rl,2,"), "{text}");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains(&format!(
+            "{}: the same run as {} (a link to it, or named twice): counted once",
+            runs.join("latest").display(),
+            both[0].display()
+        )),
+        "{stderr}"
+    );
+    // A run reached only through a link is found (a folder of links to runs elsewhere
+    // held "no run directories").
+    let links = dir.join("links");
+    std::fs::create_dir_all(&links).unwrap();
+    std::os::unix::fs::symlink(runs.join("rl"), links.join("rl")).unwrap();
+    let out = runner_cmd()
+        .args(["report", "--format", "csv"])
+        .arg(&links)
+        .output()
+        .unwrap();
+    expect_exit(&out, 0);
+    let (text, line) = csv(&out);
+    assert!(line.starts_with("rl,2,"), "{text}");
     // A copy of a run (a backup beside the runs) is that run, once, and said to be a copy.
     let backup = dir.join("backup");
     std::fs::create_dir_all(&backup).unwrap();
