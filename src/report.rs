@@ -169,10 +169,12 @@ pub fn find_runs_said(paths: &[PathBuf]) -> Result<(Vec<PathBuf>, Vec<Excluded>)
                         }
                         match e.file_type() {
                             Ok(t) if t.is_dir() => stack.push(e.path()),
-                            Ok(t) if t.is_symlink() && e.path().is_dir() => {
-                                if !given.starts_with(canonical(&e.path())) {
-                                    links.push(e.path());
-                                }
+                            Ok(t)
+                                if t.is_symlink()
+                                    && e.path().is_dir()
+                                    && !given.starts_with(canonical(&e.path())) =>
+                            {
+                                links.push(e.path());
                             }
                             _ => {}
                         }
