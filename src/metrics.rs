@@ -658,27 +658,29 @@ impl JsonLines {
     }
 }
 
-/// A text file read whole. One that is not UTF-8 is an error naming the line and column
-/// of its first byte that is not ("stream did not contain valid UTF-8" named neither).
+/// A text file read whole. One that is not UTF-8 is an error saying where (`not_utf8`):
+/// "stream did not contain valid UTF-8" named no place.
 pub fn read_utf8(path: &Path) -> std::io::Result<String> {
-    String::from_utf8(std::fs::read(path)?).map_err(|e| {
-        let bytes = e.as_bytes();
-        let at = e.utf8_error().valid_up_to();
-        let before = &bytes[..at];
-        let line = 1 + before.iter().filter(|&&b| b == b'\n').count();
-        let start = before
-            .iter()
-            .rposition(|&b| b == b'\n')
-            .map_or(0, |i| i + 1);
-        let column = 1 + String::from_utf8_lossy(&before[start..]).chars().count();
-        std::io::Error::new(
-            std::io::ErrorKind::InvalidData,
-            format!(
-                "line {line}, column {column} is not UTF-8 text (byte 0x{:02x})",
-                bytes.get(at).copied().unwrap_or(0)
-            ),
-        )
-    })
+    String::from_utf8(std::fs::read(path)?)
+        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, not_utf8(&e)))
+}
+
+/// Where text that is not UTF-8 first is not, so the byte can be found: "line 2, column 4
+/// is not UTF-8 text (byte 0xff)".
+pub fn not_utf8(e: &std::string::FromUtf8Error) -> String {
+    let bytes = e.as_bytes();
+    let at = e.utf8_error().valid_up_to();
+    let before = &bytes[..at];
+    let line = 1 + before.iter().filter(|&&b| b == b'\n').count();
+    let start = before
+        .iter()
+        .rposition(|&b| b == b'\n')
+        .map_or(0, |i| i + 1);
+    let column = 1 + String::from_utf8_lossy(&before[start..]).chars().count();
+    format!(
+        "line {line}, column {column} is not UTF-8 text (byte 0x{:02x})",
+        bytes.get(at).copied().unwrap_or(0)
+    )
 }
 
 /// Writes a JSON file whole: to a temporary name first, then renamed over the target, so

@@ -611,20 +611,10 @@ fn read_text(path: &Path, text: Option<String>, report: &mut Diagnostics) -> Opt
             Ok(t) => Some(t),
             // Not UTF-8: where, so the byte can be found.
             Err(e) => {
-                let at = e.utf8_error().valid_up_to();
-                let bytes = e.as_bytes();
-                let before = &bytes[..at];
-                let line = 1 + before.iter().filter(|&&b| b == b'\n').count();
-                let start = before
-                    .iter()
-                    .rposition(|&b| b == b'\n')
-                    .map_or(0, |i| i + 1);
-                let column = 1 + String::from_utf8_lossy(&before[start..]).chars().count();
-                let byte = bytes.get(at).copied().unwrap_or(0);
                 report.push(
                     Diagnostic::error(
                         path,
-                        format!("cannot read recipe: line {line}, column {column} is not UTF-8 text (byte 0x{byte:02x})"),
+                        format!("cannot read recipe: {}", crate::metrics::not_utf8(&e)),
                     )
                     .help("save the recipe as UTF-8 (TOML files are UTF-8)"),
                 );

@@ -522,3 +522,20 @@ pub fn signal_pid(signal: &str, pid: u32) {
     let sent = unsafe { libc::kill(pid as libc::pid_t, sig) };
     assert_eq!(sent, 0, "kill {signal} {pid}");
 }
+
+/// `runner validate` of a grid over the quickstart, written as `g.toml` in `dir` with
+/// `sweep` (its axes, a line each) under `[sweep]`: exit 2 expected, stderr returned.
+pub fn invalid_quickstart_grid(dir: &Path, sweep: &str) -> String {
+    let grid = dir.join("g.toml");
+    std::fs::write(
+        &grid,
+        format!(
+            "extends = \"{}\"\n[sweep]\n{sweep}\n",
+            root().join("recipes/quickstart.toml").display()
+        ),
+    )
+    .unwrap();
+    let out = runner_cmd().arg("validate").arg(&grid).output().unwrap();
+    expect_exit(&out, 2);
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}

@@ -192,14 +192,19 @@ fn a_diverged_run_fails_at_that_step_and_report_keeps_it_apart() {
     std::fs::create_dir_all(&broken).unwrap();
     std::fs::write(broken.join("summary.json"), "{ not json").unwrap();
     std::fs::write(broken.join("metrics.jsonl"), "").unwrap();
-    let out = runner_cmd()
-        .args(["report", "--format", "csv"])
-        .arg(dir.join("runs"))
-        .output()
-        .unwrap();
-    expect_exit(&out, 0);
-    assert_eq!(String::from_utf8_lossy(&out.stdout).lines().count(), 2);
-    let stderr = String::from_utf8_lossy(&out.stderr);
+    // `runner report --format csv` of every run: one row (and the header), and what it
+    // said on stderr.
+    let one_row = || {
+        let out = runner_cmd()
+            .args(["report", "--format", "csv"])
+            .arg(dir.join("runs"))
+            .output()
+            .unwrap();
+        expect_exit(&out, 0);
+        assert_eq!(String::from_utf8_lossy(&out.stdout).lines().count(), 2);
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let stderr = one_row();
     assert!(
         stderr.contains("(2 run(s); each with why)")
             && stderr.contains(&format!("{}: unreadable: ", broken.display()))
@@ -212,14 +217,7 @@ fn a_diverged_run_fails_at_that_step_and_report_keeps_it_apart() {
     expect_exit(&runner_cmd().arg(&cut).arg("-q").output().unwrap(), 0);
     let cut = only_run(&dir.join("runs/cut"));
     std::fs::write(cut.join("metrics.jsonl"), "").unwrap();
-    let out = runner_cmd()
-        .args(["report", "--format", "csv"])
-        .arg(dir.join("runs"))
-        .output()
-        .unwrap();
-    expect_exit(&out, 0);
-    assert_eq!(String::from_utf8_lossy(&out.stdout).lines().count(), 2);
-    let stderr = String::from_utf8_lossy(&out.stderr);
+    let stderr = one_row();
     assert!(
         stderr.contains("(3 run(s); each with why)")
             && stderr

@@ -7,9 +7,9 @@ use runner::plan::Machine;
 use runner::recipe;
 
 use crate::common::{
-    as_other, expect_exit, has_a_line, json, only_run, records, resume_quietly, root, runner_cmd,
-    runner_logged, says_running, send, spawn_until, statuses, summary, tempdir, tiny_recipe,
-    walk_files, with_sets, writable_by_other, SLOW_FIRST_STEP,
+    as_other, expect_exit, has_a_line, invalid_quickstart_grid, json, only_run, records,
+    resume_quietly, root, runner_cmd, runner_logged, says_running, send, spawn_until, statuses,
+    summary, tempdir, tiny_recipe, walk_files, with_sets, writable_by_other, SLOW_FIRST_STEP,
 };
 
 // ---------------------------------------------------------------- sweeps and sharing
@@ -1137,18 +1137,10 @@ fn a_grid_stopped_before_its_first_step_marks_the_cell_and_says_resume() {
 #[test]
 fn a_bad_axis_does_not_hide_the_other_axes_findings() {
     let dir = tempdir("grid-all-findings");
-    let grid = dir.join("g.toml");
-    std::fs::write(
-        &grid,
-        format!(
-            "extends = \"{}\"\n[sweep]\n\"loader.batch_size\" = [0, 16]\n\"optim.lrr\" = [0.1]\n",
-            root().join("recipes/quickstart.toml").display()
-        ),
-    )
-    .unwrap();
-    let out = runner_cmd().arg("validate").arg(&grid).output().unwrap();
-    expect_exit(&out, 2);
-    let stderr = String::from_utf8_lossy(&out.stderr);
+    let stderr = invalid_quickstart_grid(
+        &dir,
+        "\"loader.batch_size\" = [0, 16]\n\"optim.lrr\" = [0.1]",
+    );
     assert!(
         stderr.contains("g.toml:3:24: loader.batch_size: 0 samples per batch")
             && stderr.contains("sweep.optim.lrr: `optim.lrr` is not a recipe key")

@@ -8,7 +8,8 @@ use runner::plan::{self, Machine};
 use runner::recipe;
 
 use crate::common::{
-    expect_exit, only_run, records, root, runner_cmd, runner_logged, summary, tempdir,
+    expect_exit, invalid_quickstart_grid, only_run, records, root, runner_cmd, runner_logged,
+    summary, tempdir,
 };
 
 // ---------------------------------------------------------------- variable-length text
@@ -229,18 +230,7 @@ fn text_recipes_are_checked_like_any_other() {
             "data.tokenizer: only applies to text data",
         ),
     ] {
-        let grid = dir.join("g.toml");
-        std::fs::write(
-            &grid,
-            format!(
-                "extends = \"{}\"\n[sweep]\n{axis}\n",
-                root().join("recipes/quickstart.toml").display()
-            ),
-        )
-        .unwrap();
-        let out = runner_cmd().arg("validate").arg(&grid).output().unwrap();
-        expect_exit(&out, 2);
-        let stderr = String::from_utf8_lossy(&out.stderr);
+        let stderr = invalid_quickstart_grid(&dir, axis);
         assert!(
             stderr.contains(&format!("g.toml:3:1: {want}")) && stderr.contains("1 error in"),
             "{axis}: {stderr}"
