@@ -1,6 +1,6 @@
 //! `runner report`: the table recomputed from the runs it finds, and the plot.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use runner::metrics::RunStatus;
@@ -340,15 +340,19 @@ fn report_counts_linked_runs_once_and_names_unreadable_ones() {
             .to_string();
         (text, line)
     };
-    let out = runner_cmd()
-        .args(["report", "--format", "csv"])
-        .arg(&runs)
-        .output()
-        .unwrap();
-    expect_exit(&out, 0);
-    let (text, line) = csv(&out);
-    assert!(line.starts_with("rl,2,"), "{text}");
-    let stderr = String::from_utf8_lossy(&out.stderr);
+    // `runner report --format csv PATHS`: one row for both runs of `rl`; its stderr.
+    let two_runs = |paths: &[&Path]| {
+        let out = runner_cmd()
+            .args(["report", "--format", "csv"])
+            .args(paths)
+            .output()
+            .unwrap();
+        expect_exit(&out, 0);
+        let (text, line) = csv(&out);
+        assert!(line.starts_with("rl,2,"), "{text}");
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let stderr = two_runs(&[&runs]);
     assert!(
         stderr.contains(&format!(
             "{}: the same run as {} (a link to it, or named twice): counted once",
@@ -362,14 +366,7 @@ fn report_counts_linked_runs_once_and_names_unreadable_ones() {
     let links = dir.join("links");
     std::fs::create_dir_all(&links).unwrap();
     std::os::unix::fs::symlink(runs.join("rl"), links.join("rl")).unwrap();
-    let out = runner_cmd()
-        .args(["report", "--format", "csv"])
-        .arg(&links)
-        .output()
-        .unwrap();
-    expect_exit(&out, 0);
-    let (text, line) = csv(&out);
-    assert!(line.starts_with("rl,2,"), "{text}");
+    two_runs(&[&links]);
     // A copy of a run (a backup beside the runs) is that run, once, and said to be a copy.
     let backup = dir.join("backup");
     std::fs::create_dir_all(&backup).unwrap();
@@ -380,16 +377,7 @@ fn report_counts_linked_runs_once_and_names_unreadable_ones() {
         .status()
         .unwrap()
         .success());
-    let out = runner_cmd()
-        .args(["report", "--format", "csv"])
-        .arg(&runs)
-        .arg(&backup)
-        .output()
-        .unwrap();
-    expect_exit(&out, 0);
-    let (text, line) = csv(&out);
-    assert!(line.starts_with("rl,2,"), "{text}");
-    let stderr = String::from_utf8_lossy(&out.stderr);
+    let stderr = two_runs(&[&runs, &backup]);
     let copy = backup.join(both[0].file_name().unwrap());
     assert!(
         stderr.contains(&format!(
