@@ -553,3 +553,69 @@ pub fn load_weights<B: crate::ops::ModelBackend>(
     }
     Ok(model)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A state holding the floats a run records (evaluation losses, accuracies, times)
+    /// verifies after the round trip through `state.json`. serde_json's default parser reads
+    /// some 17-digit floats one bit off, so the checksum of the state read back differed
+    /// from the one written, and a run that recorded evaluations could not resume from any
+    /// of its checkpoints (the `float_roundtrip` feature reads them exactly).
+    #[test]
+    fn a_state_with_recorded_floats_verifies_after_its_json_round_trip() {
+        // Values a quickstart run recorded that the default parser misread (the first by
+        // 1 ulp: ...733 came back as ...732).
+        let seen = [
+            0.9294265508651733,
+            1.2660926580429077,
+            2.5400869999999998,
+            1.8300776481628418,
+            1.8621160984039307,
+        ];
+        let mut x = 0x2545_f491_4f6c_dd1d_u64;
+        let mut next = || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            f64::from(f32::from_bits(0x3f80_0000 | (x >> 41) as u32))
+        };
+        let evals = (0..2000)
+            .map(|i| crate::metrics::EvalRecord {
+                epoch: i,
+                step: i as u64,
+                samples: 32,
+                accuracy: next(),
+                loss: seen.get(i).copied().unwrap_or_else(&mut next),
+                ms: 2.5400869999999998 * next(),
+            })
+            .collect::<Vec<_>>();
+        let mut state = State {
+            step: 3,
+            epoch: 0,
+            batch: 3,
+            epochs_completed: 0,
+            metrics_lines: 3,
+            recipe_sha256: "0".repeat(64),
+            reason: "every 1 steps".into(),
+            written_at: "2026-12-06T00:00:00Z".into(),
+            best: Some((2, next())),
+            since_best: 1,
+            diverged_at_step: None,
+            files: BTreeMap::new(),
+            recorded: Some(Recorded {
+                validations: evals.clone(),
+                evals,
+                checkpoints_before: 2,
+                checkpoint_ms_before: 1000.0 * next(),
+            }),
+            state_crc32: None,
+        };
+        state.state_crc32 = Some(state.checksum());
+        let text = serde_json::to_string_pretty(&state).unwrap();
+        let back: State = serde_json::from_str(&text).unwrap();
+        assert_eq!(back, state, "a float changed in the round trip");
+        verify(Path::new("/nonexistent"), &back).unwrap();
+    }
+}
