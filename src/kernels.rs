@@ -48,11 +48,20 @@ impl CacheDir {
 /// `.runner-cache` in the working directory. `env` is `std::env::var_os` outside tests.
 pub fn cache_dir(key: Option<&Path>, env: impl Fn(&str) -> Option<OsString>) -> CacheDir {
     let set = |name: &str| env(name).filter(|v| !v.is_empty()).map(PathBuf::from);
+    // `RUNNER_CACHE_DIR='~/k'` (quoted, so no shell expanded it) is the home's `k`, as
+    // in the recipe key; `~user` stays as written.
+    let home = |d: PathBuf| match (d.to_str(), set("HOME")) {
+        (Some(s), Some(h)) if s == "~" || s.starts_with("~/") => {
+            h.join(s[1..].trim_start_matches('/'))
+        }
+        _ => d,
+    };
     let (dir, chosen_by) = if let Some(k) = key {
         (k.to_path_buf(), "backend.cache_dir".to_string())
     } else if let Some(d) = set(CACHE_ENV) {
-        (d, format!("${CACHE_ENV}"))
-    } else if let Some(d) = set("XDG_CACHE_HOME") {
+        (home(d), format!("${CACHE_ENV}"))
+    } else if let Some(d) = set("XDG_CACHE_HOME").filter(|d| d.is_absolute()) {
+        // The XDG spec: a relative value is invalid and is ignored.
         (d.join("runner"), "$XDG_CACHE_HOME".into())
     } else if let Some(d) = set("HOME") {
         (d.join(".cache").join("runner"), "$HOME".into())
@@ -564,6 +573,11 @@ mod tests {
         assert_eq!(d.dir, PathBuf::from("/h/.cache/runner"));
         let d = cache_dir(None, env(&[]));
         assert!(d.dir.is_absolute() && d.dir.ends_with(".runner-cache"));
+        // A relative XDG_CACHE_HOME is ignored, as XDG says; a quoted `~` is the home.
+        let d = cache_dir(None, env(&[("XDG_CACHE_HOME", "rel"), ("HOME", "/h")]));
+        assert_eq!(d.dir, PathBuf::from("/h/.cache/runner"));
+        let d = cache_dir(None, env(&[("RUNNER_CACHE_DIR", "~/k"), ("HOME", "/h")]));
+        assert_eq!(d.dir, PathBuf::from("/h/k"));
     }
 
     fn scratch(tag: &str) -> PathBuf {

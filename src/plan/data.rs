@@ -534,7 +534,7 @@ impl<'a> Validator<'a> {
     }
 
     pub(super) fn jsonl_file(&mut self, key: &str, rel: &str) -> Option<PathBuf> {
-        let path = self.l.dir_of(key).join(rel);
+        let path = self.path_of(key, rel)?;
         if path.is_file() {
             Some(path)
         } else {
@@ -662,7 +662,7 @@ impl<'a> Validator<'a> {
 
     /// A `.bin` file, or a directory: its `<stem>*.bin` files in name order.
     pub(super) fn cifar_files(&mut self, key: &str, rel: &str, stem: &str) -> Option<Vec<PathBuf>> {
-        let path = self.l.dir_of(key).join(rel);
+        let path = self.path_of(key, rel)?;
         if path.is_dir() {
             let entries = match std::fs::read_dir(&path) {
                 Ok(entries) => entries,

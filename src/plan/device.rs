@@ -207,7 +207,7 @@ impl<'a> Validator<'a> {
                 );
                 return None;
             }
-            let p = self.l.dir_of("backend.cache_dir").join(d);
+            let p = self.path_of("backend.cache_dir", d)?;
             if p.exists() && !p.is_dir() {
                 self.err(
                     "backend.cache_dir",

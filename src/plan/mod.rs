@@ -476,6 +476,21 @@ impl<'a> Validator<'a> {
         self.report.push(d);
     }
 
+    /// The path a path-valued key names ([`Loaded::path_of`]); `None` after an error.
+    fn path_of(&mut self, key: &str, value: &str) -> Option<PathBuf> {
+        match self.l.path_of(key, value) {
+            Ok(p) => Some(p),
+            Err(e) => {
+                self.err(
+                    key,
+                    e,
+                    "e.g. \"~/data/train.jsonl\" or \"/home/me/data/train.jsonl\"",
+                );
+                None
+            }
+        }
+    }
+
     fn warn(&mut self, key: &str, msg: impl Into<String>, help: impl Into<String>) {
         let d = self.l.warning(key, msg).help(help);
         self.report.push(d);

@@ -75,9 +75,11 @@ impl<'a> Validator<'a> {
             ("data.validation_file", &mut resolved.data.validation_file),
         ] {
             if let Some(p) = p {
-                *p = absolute(&self.l.dir_of(key).join(&*p))
-                    .display()
-                    .to_string();
+                let path = self
+                    .l
+                    .path_of(key, p)
+                    .unwrap_or_else(|_| PathBuf::from(&*p));
+                *p = absolute(&path).display().to_string();
             }
         }
         if resolved.data.format == Some(DataFormat::Synthetic) && resolved.data.synthetic.is_none()

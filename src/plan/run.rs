@@ -284,6 +284,8 @@ impl<'a> Validator<'a> {
 
     pub(super) fn log(&mut self) -> Option<LogPlan> {
         let g = &self.recipe().log;
+        // Relative to the working directory, as `--set log.dir=...` and a shell would have it.
+        let dir = crate::recipe::home_path(&g.dir);
         if g.every == 0 {
             self.err(
                 "log.every",
@@ -299,7 +301,9 @@ impl<'a> Validator<'a> {
                 format!("{:?} holds a control character (a newline, a NUL)", g.dir),
                 "a directory name of printable characters",
             );
-        } else if let Some(file) = file_in_the_way(Path::new(&g.dir)) {
+        } else if let Err(e) = &dir {
+            self.err("log.dir", e.clone(), "e.g. \"~/runs\" or \"/home/me/runs\"");
+        } else if let Some(file) = dir.as_deref().ok().and_then(file_in_the_way) {
             self.err(
                 "log.dir",
                 format!(
@@ -310,7 +314,7 @@ impl<'a> Validator<'a> {
             );
         }
         Some(LogPlan {
-            dir: PathBuf::from(&g.dir),
+            dir: dir.unwrap_or_else(|_| PathBuf::from(&g.dir)),
             every: g.every.max(1),
             progress: g.progress,
             csv: g.csv,

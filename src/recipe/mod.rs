@@ -99,6 +99,37 @@ impl Loaded {
             None => self.base_dir(),
         }
     }
+
+    /// The path `value` of `key` names: `~` expanded ([`home_path`]), then a relative
+    /// path taken from the directory of the file that wrote it ([`Loaded::dir_of`]).
+    pub fn path_of(&self, key: &str, value: &str) -> Result<PathBuf, String> {
+        Ok(self.dir_of(key).join(home_path(value)?))
+    }
+}
+
+/// A path value with a leading `~` or `~/` read as `$HOME`, as git reads its path
+/// settings (a recipe is not read by a shell, and `"~/runs"` taken as written made a
+/// folder named `~` in the working directory). `~user` and a `~` without `$HOME` are
+/// refused rather than taken as a folder named `~...`.
+pub fn home_path(value: &str) -> Result<PathBuf, String> {
+    home_path_with(value, std::env::var_os("HOME"))
+}
+
+fn home_path_with(value: &str, home: Option<std::ffi::OsString>) -> Result<PathBuf, String> {
+    let Some(rest) = value.strip_prefix('~') else {
+        return Ok(PathBuf::from(value));
+    };
+    if !(rest.is_empty() || rest.starts_with('/')) {
+        return Err(format!(
+            "{value:?}: only `~` and `~/...` (this user's home) are expanded; write the full path"
+        ));
+    }
+    match home.filter(|h| !h.is_empty()) {
+        Some(h) => Ok(PathBuf::from(h).join(rest.trim_start_matches('/'))),
+        None => Err(format!(
+            "{value:?} starts with `~`, but $HOME is not set; write the full path"
+        )),
+    }
 }
 
 /// Reads and type-checks a recipe file (and the files it extends).
@@ -485,6 +516,27 @@ mod tests {
                 .collect(),
             Err(r) => r.errors().map(|d| d.to_string()).collect(),
         }
+    }
+
+    #[test]
+    fn a_leading_tilde_is_this_users_home() {
+        let home = || Some("/home/u".into());
+        for (value, path) in [
+            ("~", "/home/u"),
+            ("~/runs", "/home/u/runs"),
+            ("~//runs", "/home/u/runs"),
+            ("runs/~", "runs/~"),
+            ("/abs/~x", "/abs/~x"),
+        ] {
+            assert_eq!(home_path_with(value, home()).unwrap(), Path::new(path));
+        }
+        assert!(home_path_with("~bob/runs", home())
+            .unwrap_err()
+            .contains("~bob"));
+        assert!(home_path_with("~/runs", None)
+            .unwrap_err()
+            .contains("$HOME"));
+        assert!(home_path_with("~/runs", Some("".into())).is_err());
     }
 
     #[test]

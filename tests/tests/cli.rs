@@ -601,3 +601,61 @@ fn schema_output_keeps_a_file_that_is_not_a_schema() {
     expect_exit(&out, 2);
     assert!(String::from_utf8_lossy(&out.stderr).contains("is a directory"));
 }
+
+/// A path key that starts with `~` is under `$HOME`, as in git's settings: `log.dir =
+/// "~/runs"` made a folder named `~` in the working directory (so `ls ~/runs` showed
+/// nothing, and the obvious `rm -rf ~` to clean up was the home). `~user` is refused.
+#[test]
+fn a_leading_tilde_in_a_path_key_is_the_home() {
+    let dir = tempdir("cli-tilde");
+    let home = dir.join("home");
+    std::fs::create_dir_all(home.join("data")).unwrap();
+    std::fs::copy(
+        root().join("datasets/rotten_tomatoes/train.jsonl"),
+        home.join("data/train.jsonl"),
+    )
+    .unwrap();
+    let recipe = dir.join("t.toml");
+    std::fs::write(
+        &recipe,
+        "name = \"t\"\n[model]\narch = \"bag\"\n[data]\nformat = \"jsonl\"\ntrain = \"~/data/train.jsonl\"\nlimit = 64\n[loader]\nbatch_size = 32\n[run]\nmax_steps = 2\nwarmup_steps = 0\neval = \"never\"\n[log]\ndir = \"~/runs\"\n[backend]\ncache_dir = \"~/kc\"\n",
+    )
+    .unwrap();
+    let run = |extra: &[&str]| {
+        runner_cmd()
+            .current_dir(&dir)
+            .arg(&recipe)
+            .arg("-q")
+            .args(extra)
+            .env("HOME", &home)
+            .output()
+            .unwrap()
+    };
+    let out = run(&[]);
+    expect_exit(&out, 0);
+    let run_dir = only_run(&home.join("runs/t"));
+    assert!(!dir.join("~").exists(), "a folder named ~ was made");
+    let env = json(&run_dir.join("env.json"));
+    assert_eq!(env["kernels"]["dir"], home.join("kc").display().to_string());
+    let resolved = std::fs::read_to_string(run_dir.join("recipe.toml")).unwrap();
+    assert!(
+        resolved.contains(&format!(
+            "train = \"{}\"",
+            home.join("data/train.jsonl").display()
+        )),
+        "{resolved}"
+    );
+
+    // Another user's home is not guessed at; nothing is written.
+    let out = run(&["--set", "log.dir=\"~nobody/runs\""]);
+    expect_exit(&out, 2);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("log.dir") && err.contains("only `~` and `~/...`"),
+        "{err}"
+    );
+    assert!(!dir.join("~nobody").exists());
+    let out = run(&["--set", "data.train=\"~nobody/t.jsonl\""]);
+    expect_exit(&out, 2);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("data.train"));
+}
