@@ -105,6 +105,16 @@ pub struct TextPlan {
     pub padding: crate::data::pad::Padding,
     /// `bucket`: the number of length buckets.
     pub buckets: usize,
+    /// What validation read of the files, for the memory pre-flight.
+    pub seen: TextSeen,
+}
+
+/// The longest text of the training and test files in tokens (before the cut to
+/// `max_length`), and the distinct words of the training file (a word vocabulary's most).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct TextSeen {
+    pub longest: usize,
+    pub words: usize,
 }
 
 #[derive(Debug, Clone, PartialEq)]

@@ -31,22 +31,31 @@ impl TextSet {
     }
 }
 
-/// What validation needs of a JSONL file: its rows and the labels they use.
+/// What validation needs of a JSONL file: its rows and the labels they use, and for the
+/// memory pre-flight the longest text in tokens and the words a vocabulary could hold.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Scan {
     pub rows: usize,
     pub labels: BTreeSet<u32>,
+    /// The most tokens of one text (before any cut to `max_length`; an empty text is one):
+    /// words as [`words`] splits them, and UTF-8 bytes.
+    pub longest_words: usize,
+    pub longest_bytes: usize,
+    /// Distinct words of the file (so a word vocabulary built from it has at most these).
+    pub distinct_words: usize,
 }
 
 /// [`read_jsonl`]'s checks, keeping only the counts. Remembered for the life of the
 /// process per file (path, size, modification time) and reading (fields, classes): a grid
 /// validates every cell against the same files, and each cell would otherwise parse them
 /// all again before its run loads them. Errors are not remembered.
+/// Texts are counted as the tokenizer sees them: lower-cased first when `lowercase`.
 pub fn scan_jsonl(
     path: &Path,
     text_field: &str,
     label_field: &str,
     classes: Option<usize>,
+    lowercase: bool,
 ) -> Result<Scan, DataError> {
     type Key = (
         PathBuf,
@@ -55,6 +64,7 @@ pub fn scan_jsonl(
         String,
         String,
         Option<usize>,
+        bool,
     );
     static SEEN: Mutex<Vec<(Key, Scan)>> = Mutex::new(Vec::new());
     let meta = std::fs::metadata(path).ok();
@@ -65,6 +75,7 @@ pub fn scan_jsonl(
         text_field.to_string(),
         label_field.to_string(),
         classes,
+        lowercase,
     );
     let seen = |k: &Key| {
         let cache = SEEN.lock().unwrap_or_else(|p| p.into_inner());
@@ -77,9 +88,32 @@ pub fn scan_jsonl(
         return Ok(scan);
     }
     let rows = read_jsonl(path, text_field, label_field, classes, usize::MAX)?;
+    let mut seen_words = std::collections::HashSet::new();
+    let (mut longest_words, mut longest_bytes) = (1, 1);
+    for (text, _) in &rows {
+        let lower;
+        let t = if lowercase {
+            lower = text.to_lowercase();
+            &lower
+        } else {
+            text
+        };
+        longest_bytes = longest_bytes.max(t.len());
+        let mut n = 0;
+        for w in words(t) {
+            n += 1;
+            if !seen_words.contains(w) {
+                seen_words.insert(w.to_string());
+            }
+        }
+        longest_words = longest_words.max(n);
+    }
     let scan = Scan {
         rows: rows.len(),
         labels: rows.iter().map(|(_, l)| *l).collect(),
+        longest_words,
+        longest_bytes,
+        distinct_words: seen_words.len(),
     };
     SEEN.lock()
         .unwrap_or_else(|p| p.into_inner())
@@ -576,18 +610,36 @@ mod tests {
             "{\"label\": 1, \"text\": \"a\"}\n{\"label\": 3, \"text\": \"b\"}\n",
         )
         .unwrap();
-        let first = scan_jsonl(&p, "text", "label", None).unwrap();
+        let first = scan_jsonl(&p, "text", "label", None, true).unwrap();
         assert_eq!(
             (first.rows, first.labels.iter().copied().collect::<Vec<_>>()),
             (2, vec![1, 3])
         );
-        assert_eq!(scan_jsonl(&p, "text", "label", None).unwrap(), first);
+        std::fs::write(
+            &p,
+            "{\"label\": 1, \"text\": \"The cat, the hat\"}\n{\"label\": 3, \"text\": \"\"}\n",
+        )
+        .unwrap();
+        let s = scan_jsonl(&p, "text", "label", None, true).unwrap();
+        assert_eq!(
+            (s.longest_words, s.longest_bytes, s.distinct_words),
+            (5, 16, 4)
+        );
+        let s = scan_jsonl(&p, "text", "label", None, false).unwrap();
+        assert_eq!(s.distinct_words, 5);
+        std::fs::write(
+            &p,
+            "{\"label\": 1, \"text\": \"a\"}\n{\"label\": 3, \"text\": \"b\"}\n",
+        )
+        .unwrap();
+        let first = scan_jsonl(&p, "text", "label", None, true).unwrap();
+        assert_eq!(scan_jsonl(&p, "text", "label", None, true).unwrap(), first);
         // A changed file (another size) is read again, and its errors are not remembered.
         std::fs::write(&p, "{\"label\": 0, \"text\": \"a\"}\n").unwrap();
-        assert_eq!(scan_jsonl(&p, "text", "label", None).unwrap().rows, 1);
+        assert_eq!(scan_jsonl(&p, "text", "label", None, true).unwrap().rows, 1);
         std::fs::write(&p, "{\"label\": 0, \"text\": \"a\"}\nnot json\n").unwrap();
-        assert!(scan_jsonl(&p, "text", "label", None).is_err());
-        assert!(scan_jsonl(&p, "text", "label", None).is_err());
+        assert!(scan_jsonl(&p, "text", "label", None, true).is_err());
+        assert!(scan_jsonl(&p, "text", "label", None, true).is_err());
     }
 
     #[test]

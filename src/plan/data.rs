@@ -19,6 +19,7 @@ enum Files {
     Jsonl {
         train: PathBuf,
         test: Option<PathBuf>,
+        seen: TextSeen,
     },
 }
 
@@ -98,10 +99,10 @@ impl<'a> Validator<'a> {
                 test_samples,
                 image,
             },
-            Files::Jsonl { train, test } => DataSource::Jsonl {
+            Files::Jsonl { train, test, seen } => DataSource::Jsonl {
                 train,
                 test,
-                text: self.text_plan(),
+                text: self.text_plan(seen),
             },
         };
         Some(DataPlan {
@@ -276,14 +277,27 @@ impl<'a> Validator<'a> {
         let mut distinct = std::collections::BTreeSet::new();
         let mut counts = [0usize; 2];
         let mut bad = false;
+        let tokenizer = self.recipe().data.tokenizer.clone().unwrap_or_default();
+        let mut seen = TextSeen {
+            longest: 1,
+            words: 0,
+        };
         for (i, (key, path)) in [("data.train", Some(&train)), ("data.test", test.as_ref())]
             .into_iter()
             .enumerate()
         {
             let Some(path) = path else { continue };
-            match crate::data::text::scan_jsonl(path, &tf, &lf, limit) {
+            match crate::data::text::scan_jsonl(path, &tf, &lf, limit, tokenizer.lowercase) {
                 Ok(scan) => {
                     counts[i] = scan.rows;
+                    seen.longest = seen.longest.max(match tokenizer.kind {
+                        crate::recipe::TokenizerKind::Word => scan.longest_words,
+                        crate::recipe::TokenizerKind::Byte => scan.longest_bytes,
+                    });
+                    // The vocabulary is built from the training file.
+                    if i == 0 {
+                        seen.words = scan.distinct_words;
+                    }
                     let top = scan.labels.last().map_or(0, |&l| l as usize);
                     max_label = max_label.max(top);
                     if i == 0 {
@@ -324,7 +338,7 @@ impl<'a> Validator<'a> {
             );
         }
         Some(Found {
-            files: Files::Jsonl { train, test },
+            files: Files::Jsonl { train, test, seen },
             channels: 0,
             size: 0,
             classes,
@@ -477,7 +491,13 @@ impl<'a> Validator<'a> {
                     .num_classes
                     .unwrap_or(classes)
                     .max(classes);
-                match crate::data::text::scan_jsonl(&path, &tf, &lf, Some(limit)) {
+                let lowercase = self
+                    .recipe()
+                    .data
+                    .tokenizer
+                    .as_ref()
+                    .is_none_or(|t| t.lowercase);
+                match crate::data::text::scan_jsonl(&path, &tf, &lf, Some(limit), lowercase) {
                     Ok(scan) => {
                         validation_files = vec![path];
                         scan.rows
@@ -582,7 +602,7 @@ impl<'a> Validator<'a> {
     }
 
     /// The text plan: fields, tokenizer and padding.
-    fn text_plan(&mut self) -> TextPlan {
+    fn text_plan(&mut self, seen: TextSeen) -> TextPlan {
         let r = self.recipe();
         let p = r.padding.clone().unwrap_or_default();
         let t = r.data.tokenizer.clone().unwrap_or_default();
@@ -657,6 +677,7 @@ impl<'a> Validator<'a> {
                 pad_id: p.pad_id,
             },
             buckets: p.buckets.unwrap_or(DEFAULT_BUCKETS).max(1),
+            seen,
         }
     }
 

@@ -337,6 +337,13 @@ fn blame(biggest: &str, model: &ModelPlan, data: &DataPlan) -> (&'static str, &'
             "loader.prefetch",
             "each worker holds prefetch finished batches: lower prefetch (PyTorch's default is 2) or workers",
         ),
+        "one batch's activations" if data.text().is_some_and(|t| {
+            t.padding.strategy == crate::recipe::PaddingStrategy::MaxLength
+                && t.seen.longest < t.padding.max_length
+        }) => (
+            "loader.batch_size",
+            "lower batch_size (optim.accumulation_steps keeps the effective batch), or pad each batch only to its longest text: padding.strategy = \"dynamic\" (padding.max_length pads every row to its length, longer than any text here)",
+        ),
         "one batch's activations" => (
             "loader.batch_size",
             "lower batch_size; optim.accumulation_steps keeps the effective batch",

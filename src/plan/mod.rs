@@ -12,7 +12,7 @@ mod resolve;
 pub mod resources;
 mod run;
 
-pub use crate::data::spec::{DataPlan, DataSource, ImagePlan, Normalize, TextPlan};
+pub use crate::data::spec::{DataPlan, DataSource, ImagePlan, Normalize, TextPlan, TextSeen};
 
 use std::path::{Path, PathBuf};
 

@@ -53,12 +53,14 @@ pub fn gib(bytes: u64) -> String {
     format!("{:.1} GiB", bytes as f64 / (1u64 << 30) as f64)
 }
 
-/// The vocabulary a text plan can reach: the word tokenizer's cap (plus its specials), or
-/// the byte tokenizer's 256 (plus its specials).
+/// The vocabulary a text plan can reach: the word tokenizer's cap or the training file's
+/// distinct words, whichever is fewer (plus its specials), or the byte tokenizer's 256 (plus
+/// its specials). (The cap alone was taken: `max_vocab = 100000000` over a file of four
+/// words was refused as a 6.4-billion-parameter model.)
 fn vocab_bound(data: &DataPlan, pad_id: usize) -> u64 {
     let t = data.text();
     let v = match t.map(|t| t.tokenizer.kind) {
-        Some(TokenizerKind::Word) => t.map_or(0, |t| t.tokenizer.max_vocab) + 2,
+        Some(TokenizerKind::Word) => t.map_or(0, |t| t.tokenizer.max_vocab.min(t.seen.words)) + 2,
         _ => 258,
     };
     (v.max(pad_id + 1)) as u64
@@ -177,9 +179,12 @@ pub fn estimate(
             let samples = (data.train_len + data.test_len) as u64;
             (sample.saturating_mul(samples), sample, 1)
         }
+        // `max_length` pads every row to it; `dynamic` and `bucket` to the batch's longest
+        // text, so no row is longer than the files' longest (a `max_length` of 4,096 over
+        // 60-token texts was refused as 32.8 GiB of attention).
         DataSource::Jsonl { text: t, .. } => (
             text_bytes.saturating_mul(2),
-            t.padding.max_row_len() as u64,
+            t.padding.row_len(t.seen.longest) as u64,
             4,
         ),
     };

@@ -354,3 +354,34 @@ fn a_grid_may_sweep_a_key_that_others_depend_on() {
     assert!(String::from_utf8_lossy(&out.stderr)
         .contains("padding.buckets: only applies to strategy = \"bucket\""));
 }
+
+/// The memory pre-flight counts what the data can make: under `dynamic` and `bucket` a row
+/// is as long as the batch's longest text, not `max_length`, and a word vocabulary holds at
+/// most the training file's distinct words, not `max_vocab`. Both were taken at their caps,
+/// so runs that fit were refused (here over the 4 TiB any machine is held to; on this
+/// machine already `max_length = 4096` with 60-token texts, as 32.8 GiB of attention).
+#[test]
+fn the_memory_check_counts_the_texts_not_the_caps() {
+    let recipe = root().join("recipes/text/rotten_tomatoes_transformer.toml");
+    let validate = |sets: &[&str]| {
+        let mut c = runner_cmd();
+        c.arg("validate").arg(&recipe);
+        for s in sets {
+            c.args(["--set", s]);
+        }
+        c.output().unwrap()
+    };
+    expect_exit(&validate(&["padding.max_length=65536"]), 0);
+    expect_exit(&validate(&["data.tokenizer.max_vocab=100000000000000"]), 0);
+    // Where every row is padded to max_length, it is what counts; the help says how not to.
+    let out = validate(&[
+        "padding.max_length=65536",
+        "padding.strategy=\"max_length\"",
+    ]);
+    expect_exit(&out, 2);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("loader.batch_size") && err.contains("padding.strategy = \"dynamic\""),
+        "{err}"
+    );
+}
