@@ -81,7 +81,7 @@ fn bare(p: &Plan) -> Vec<f64> {
     let loss_fn = CrossEntropyLossConfig::new().init::<B>(&device);
     let mut times = vec![];
     'run: for epoch in 0..p.run.epochs {
-        let mut it = loader.epoch(epoch);
+        let mut it = loader.epoch(epoch).expect("the loader's workers start");
         loop {
             let t = Instant::now();
             let Some(b) = it.next() else { break };

@@ -128,39 +128,55 @@ impl<T: Send + 'static> Loader<T> {
         }
     }
 
-    fn spawn(&self, w: usize) -> Worker<T> {
+    /// Starts worker `w`; `Err` says why the system would not start its thread.
+    fn spawn(&self, w: usize) -> Result<Worker<T>, String> {
         let (task_tx, task_rx) = mpsc::channel::<Task>();
         let (out_tx, out_rx) = mpsc::sync_channel::<(usize, T)>(self.cfg.prefetch.max(1) - 1);
         let make = Arc::clone(&self.make);
         let stats = Arc::clone(&self.stats);
-        stats.workers_started.fetch_add(1, Ordering::Relaxed);
         let handle = std::thread::Builder::new()
             .name(format!("loader-{w}"))
             .spawn(move || worker_loop(task_rx, out_tx, make, stats))
-            .expect("spawning a loader thread");
-        Worker {
+            .map_err(|e| {
+                format!(
+                    "loader worker {} of {} could not be started: {e}; lower loader.workers (each worker is a thread, with its own stack and, under glibc, memory arena: a tight `ulimit -v` or `ulimit -u` allows few)",
+                    w + 1,
+                    self.cfg.workers
+                )
+            })?;
+        self.stats.workers_started.fetch_add(1, Ordering::Relaxed);
+        Ok(Worker {
             tasks: Some(task_tx),
             out: out_rx,
             handle: Some(handle),
-        }
+        })
     }
 
     /// The batches of one epoch, in order. Without persistence, workers start here and end
-    /// when the iterator is dropped.
-    pub fn epoch(&mut self, epoch: usize) -> EpochIter<'_, T> {
+    /// when the iterator is dropped. `Err` where a worker could not be started (those that
+    /// were are stopped again).
+    pub fn epoch(&mut self, epoch: usize) -> Result<EpochIter<'_, T>, String> {
         self.epoch_from(epoch, 0)
     }
 
     /// The batches of one epoch from batch `skip` on: what a resumed run has left of the
     /// epoch it stopped in. Each batch is the one the whole epoch would have delivered
     /// (order and augmentation depend on the seed, the epoch and the sample only).
-    pub fn epoch_from(&mut self, epoch: usize, skip: usize) -> EpochIter<'_, T> {
+    pub fn epoch_from(&mut self, epoch: usize, skip: usize) -> Result<EpochIter<'_, T>, String> {
         let batches = Arc::new(epoch_batches(self.samples, &self.cfg, epoch));
         let w = self.cfg.workers;
         if w > 0 {
             if !self.cfg.persistent_workers || self.pool.is_empty() {
                 self.shutdown();
-                self.pool = (0..w).map(|i| self.spawn(i)).collect();
+                for i in 0..w {
+                    match self.spawn(i) {
+                        Ok(worker) => self.pool.push(worker),
+                        Err(e) => {
+                            self.shutdown();
+                            return Err(e);
+                        }
+                    }
+                }
             }
             for (i, worker) in self.pool.iter().enumerate() {
                 let mine = (i..batches.len())
@@ -177,12 +193,12 @@ impl<T: Send + 'static> Loader<T> {
                 }
             }
         }
-        EpochIter {
+        Ok(EpochIter {
             loader: self,
             epoch,
             next: skip.min(batches.len()),
             batches,
-        }
+        })
     }
 
     fn shutdown(&mut self) {
@@ -336,7 +352,7 @@ mod tests {
         let run = |w: usize, p: bool| -> Vec<Vec<usize>> {
             let mut l = Loader::new(cfg(w, p), 37, ids());
             (0..3)
-                .flat_map(|e| l.epoch(e).map(|d| d.value).collect::<Vec<_>>())
+                .flat_map(|e| l.epoch(e).unwrap().map(|d| d.value).collect::<Vec<_>>())
                 .collect()
         };
         let want = run(0, false);
@@ -351,7 +367,7 @@ mod tests {
         for (persistent, started) in [(false, 3 * 4), (true, 3)] {
             let mut l = Loader::new(cfg(3, persistent), 20, ids());
             for e in 0..4 {
-                for _ in l.epoch(e) {}
+                for _ in l.epoch(e).unwrap() {}
             }
             assert_eq!(
                 l.stats.workers_started.load(Ordering::Relaxed),
@@ -369,7 +385,7 @@ mod tests {
                 ..cfg(2, false)
             };
             let mut l = Loader::new(c, 200, Arc::new(|idx: &[usize], _| idx.len()));
-            for d in l.epoch(0) {
+            for d in l.epoch(0).unwrap() {
                 // A slow consumer lets the workers run as far ahead as they may.
                 std::thread::sleep(Duration::from_millis(2));
                 let _ = d;
@@ -393,10 +409,11 @@ mod tests {
         for workers in [0, 3] {
             let full: Vec<_> = Loader::new(cfg(workers, false), 41, ids())
                 .epoch(2)
+                .unwrap()
                 .map(|d| d.value)
                 .collect();
             let mut l = Loader::new(cfg(workers, false), 41, ids());
-            let it = l.epoch_from(2, 4);
+            let it = l.epoch_from(2, 4).unwrap();
             assert_eq!(it.len(), full.len() - 4);
             let rest: Vec<_> = it.map(|d| d.value).collect();
             assert_eq!(rest, full[4..], "workers = {workers}");
@@ -406,9 +423,9 @@ mod tests {
     #[test]
     fn an_epoch_cut_short_leaves_no_stale_batch() {
         let mut l = Loader::new(cfg(2, true), 40, ids());
-        let first: Vec<_> = l.epoch(0).take(2).map(|d| d.value).collect();
+        let first: Vec<_> = l.epoch(0).unwrap().take(2).map(|d| d.value).collect();
         assert_eq!(first.len(), 2);
-        let next: Vec<_> = l.epoch(1).map(|d| d.value).collect();
+        let next: Vec<_> = l.epoch(1).unwrap().map(|d| d.value).collect();
         assert_eq!(next, epoch_batches(40, &cfg(2, true), 1));
     }
 }

@@ -87,6 +87,9 @@ pub fn bucket_bounds(lengths: &[usize], buckets: usize) -> Vec<usize> {
     let Some(&max) = sorted.last() else {
         return vec![];
     };
+    // Past one more than the lengths, every length is already a bound: the same bounds,
+    // without a list of `buckets` entries (10^12 of them aborted the run).
+    let buckets = buckets.min(sorted.len() + 1);
     let mut bounds: Vec<usize> = (1..buckets.max(1))
         .map(|k| sorted[(k * sorted.len() / buckets).min(sorted.len() - 1)])
         .collect();
@@ -200,6 +203,17 @@ mod tests {
             ..p.clone()
         };
         assert_eq!(m.row_len(3), 104);
+    }
+
+    #[test]
+    fn more_buckets_than_lengths_make_every_length_a_bound_without_a_vast_list() {
+        let lengths: Vec<usize> = (0..103).map(|i| (i * 37) % 50 + 1).collect();
+        let mut every = lengths.clone();
+        every.sort_unstable();
+        every.dedup();
+        for buckets in [104, 105, 1000, 1 << 40, usize::MAX] {
+            assert_eq!(bucket_bounds(&lengths, buckets), every, "{buckets} buckets");
+        }
     }
 
     #[test]

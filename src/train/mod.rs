@@ -270,7 +270,13 @@ pub fn train<B: TrainBackend>(
     let mut stopped: Option<Stop> = None;
     for epoch in start.epoch..plan.run.epochs {
         let skip = if epoch == start.epoch { start.batch } else { 0 };
-        let mut batches = loader.epoch_from(epoch, skip);
+        let mut batches = match loader.epoch_from(epoch, skip) {
+            Ok(batches) => batches,
+            Err(e) => {
+                stopped = Some(Stop::Failed(e));
+                break;
+            }
+        };
         let mut pos = trainer::Position {
             epoch,
             left: batches.len(),
