@@ -65,6 +65,10 @@ pub fn write(
     };
     let slurm = &c.cells[0].loaded.recipe.slurm;
     let job = format!("runner-{}", c.base.replace('/', "-"));
+    // sbatch takes a relative `--output` from the directory it is run in (the script's `cd`
+    // comes later): with the default log.dir, the script resubmitted from elsewhere sent
+    // its tasks' logs to a folder that does not exist.
+    let logs = workdir.join(&dir.dir);
     let save = |name: &str, text: String| {
         let path = dir.dir.join(name);
         std::fs::write(&path, text).map_err(|e| format!("error: {}: {e}", path.display()))?;
@@ -72,7 +76,7 @@ pub fn write(
     };
     let array = save(
         "slurm.sbatch",
-        script(slurm, &job, tasks, &dir.dir, &workdir, &command),
+        script(slurm, &job, tasks, &logs, &workdir, &command),
     )?;
     let warmup = if slurm.warmup.unwrap_or(slurm.gpus_per_task > 0) {
         // The task's cores warm that many kernel families at once (compiling is a core's
@@ -85,7 +89,7 @@ pub fn write(
             jobs,
             recipe_abs,
         ]);
-        let text = warmup_script(slurm, &job, &dir.dir, &workdir, &command);
+        let text = warmup_script(slurm, &job, &logs, &workdir, &command);
         Some(save("warmup.sbatch", text)?)
     } else {
         None

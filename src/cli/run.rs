@@ -96,7 +96,13 @@ pub(crate) fn run_all(args: &RunArgs) -> ExitCode {
         };
         match outcome {
             Ok(()) => {}
-            // Already said where it happened (run_one, run_grid).
+            // A grid's failed cells are said once more after its table: each cell's own
+            // error has scrolled away by then.
+            Err(RunError::Failed { message, .. }) if c.grid => {
+                runner::errln!("error: {}: {message}", c.path.display());
+                code = ExitCode::from(1);
+            }
+            // Already said where it happened (run_one).
             Err(RunError::Failed { .. }) => code = ExitCode::from(1),
             Err(e @ RunError::Interrupted { .. }) => return ExitCode::from(e.exit_code()),
             Err(e @ (RunError::Input(_) | RunError::Io(_))) => {
@@ -810,6 +816,27 @@ pub(crate) fn slurm(args: &SweepArgs) -> ExitCode {
         );
         return ExitCode::from(2);
     }
+    // A task of several cells runs them in one process, which takes one autotune level:
+    // `--shard` refuses cells of different levels, so every such task would fail.
+    if let Some(k) = args.shards {
+        for c in &all {
+            if let Some(e) = (1..=k).find_map(|i| {
+                let sel = Selection {
+                    shard: Some((i, k)),
+                    ..Selection::default()
+                };
+                autotune_conflict(std::slice::from_ref(c), sel)
+            }) {
+                runner::errln!(
+                    "{}
+  = note: with --shards {k}, each array task runs several cells in one process
+  = help: leave --shards out (one task per cell), or sweep backend.autotune in a grid of its own",
+                    e.lines().next().unwrap_or_default()
+                );
+                return ExitCode::from(2);
+            }
+        }
+    }
     // sbatch reads a `\` in `--output` as "expand no `%A`/`%a`" and drops it: the tasks'
     // logs went to a path that does not exist, so no task had a log.
     if let Some((c, logs)) = all
@@ -864,7 +891,7 @@ pub(crate) fn slurm(args: &SweepArgs) -> ExitCode {
                 } else {
                     format!(
                         "; submit it first (sbatch --parsable), then sbatch --dependency=afterany:ID {}",
-                        scripts.array.display()
+                        runner::slurm::shell_word(&scripts.array.display().to_string())
                     )
                 }
             );

@@ -1353,3 +1353,24 @@ fn resume_with_other_job_resources_trains_no_done_cell_again() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A grid whose cell failed says so after its table, with the first failure: the cell's own
+/// error had scrolled away above the other cells' output, and only the exit code told.
+#[test]
+fn a_grid_with_a_failed_cell_says_so_after_its_table() {
+    let dir = tempdir("grid-failed-cell");
+    let grid = tiny_recipe(&dir, "g", "[sweep]\n\"optim.lr\" = [0.1, 1e9]\n");
+    let out = runner_cmd().arg(&grid).arg("-q").output().unwrap();
+    expect_exit(&out, 1);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let last = stderr
+        .lines()
+        .rfind(|l| l.starts_with("error:"))
+        .unwrap_or_default();
+    assert!(
+        last.contains("g.toml: 1 cell(s) failed, the first (cell 1): ")
+            && last.contains("diverged at step"),
+        "{stderr}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

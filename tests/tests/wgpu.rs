@@ -371,6 +371,25 @@ fn wgpu_a_grid_over_autotune_levels_is_one_process_per_level() {
     );
     assert!(!dir.join("runs").exists(), "a run started");
 
+    // As a Slurm array, a task per cell is one process per level; a task of several cells
+    // (--shards) is not, and is refused before a script is written (each task failed).
+    let slurm = |shards: &[&str]| {
+        let mut c = runner_cmd();
+        c.args(["sweep", "--slurm"]).args(shards).arg(&grid);
+        c.args(["--set", "backend.kind=\"wgpu\""]);
+        c.output().unwrap()
+    };
+    let out = slurm(&["--shards", "1"]);
+    expect_exit(&out, 2);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("CubeCL takes its autotune level once per process")
+            && stderr.contains("with --shards 1, each array task runs several cells"),
+        "{stderr}"
+    );
+    assert!(!dir.join("runs").exists(), "a script was written");
+    expect_exit(&slurm(&[]), 0);
+
     let out = runner_cmd()
         .arg("warmup")
         .arg(&grid)
