@@ -55,10 +55,36 @@ fn saved_weights(run_dir: &Path, best: bool) -> Result<PathBuf, RunError> {
             weights.display()
         )
     } else {
-        format!(
-            "error: {} does not exist: the run has not completed (resume it), or ran with [checkpoint] save_final = false",
-            weights.display()
-        )
+        // What the run's summary says of it: resuming is the way only for a run that
+        // stopped (a live one is still going; a failed one resumes into the same failure).
+        let summary: Option<crate::metrics::Summary> =
+            std::fs::read_to_string(run_dir.join("summary.json"))
+                .ok()
+                .and_then(|t| serde_json::from_str(&t).ok());
+        let first = |e: &str| e.split(';').next().unwrap_or(e).to_string();
+        match summary.as_ref().map(|s| (s.status, s.process(), s.error.as_deref())) {
+            Some((RunStatus::Running, Process::Alive(pid), _)) => format!(
+                "error: {} does not exist yet: the run is still going (pid {pid}); its weights are written when it ends
+  = help: evaluate it then; to stop it now and keep a checkpoint, send it SIGINT or SIGTERM",
+                weights.display()
+            ),
+            Some((RunStatus::Failed, _, Some(e))) if e.starts_with("diverged at step") => format!(
+                "error: {} does not exist: the run {}, so it saved no weights
+  = help: start a new run with a lower optim.lr (or a higher run.max_loss, or run.stop_on_divergence = false)",
+                weights.display(),
+                first(e)
+            ),
+            Some((RunStatus::Failed, _, e)) => format!(
+                "error: {} does not exist: the run failed ({}), so it saved no weights
+  = help: fix what its error names, then `runner resume` it if it wrote a checkpoint, or start it again",
+                weights.display(),
+                e.map_or("no error recorded".to_string(), first)
+            ),
+            _ => format!(
+                "error: {} does not exist: the run has not completed (resume it), or ran with [checkpoint] save_final = false",
+                weights.display()
+            ),
+        }
     }))
 }
 
@@ -277,6 +303,14 @@ fn as_data_flag(
         }
         e.file = "--data".into();
         (e.line, e.col, e.snippet, e.key) = (None, None, None, None);
+        if e.is_error() && format == "synthetic" {
+            // No file is of the generated data's format: the recipe's help (remove the
+            // key, `--set '~data.test'`) names what `eval` has not.
+            e.message = "the run trained on generated data (data.format = \"synthetic\"), which no file holds".into();
+            e.note = Some("it is scored on its own generated test set only".into());
+            e.help = Some("leave --data out".into());
+            continue;
+        }
         if e.is_error() {
             e.note = Some(format!(
                 "the run's data.format is \"{format}\": --data must be a file of that format"

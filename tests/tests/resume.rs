@@ -1592,3 +1592,44 @@ fn a_diverged_step_is_never_checkpointed_and_a_resume_keeps_the_divergence() {
     assert_eq!(s.diverged_at_step, first, "{s:?}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `eval` of a run without weights says why from the run's summary: one that diverged
+/// saved none (resuming it, which the message advised, is refused: it would diverge
+/// again), and a synthetic-data run has no file `--data` could name.
+#[test]
+fn eval_says_why_a_run_has_no_weights_and_what_data_it_takes() {
+    let dir = tempdir("eval-why");
+    let diverged = tiny_recipe(&dir, "d", "[optim]\nlr = 1e9\n");
+    expect_exit(&runner_cmd().arg(&diverged).arg("-q").output().unwrap(), 1);
+    let run = only_run(&dir.join("runs/d"));
+    let out = runner_cmd().arg("eval").arg(&run).output().unwrap();
+    expect_exit(&out, 2);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("does not exist: the run diverged at step")
+            && err.contains("so it saved no weights")
+            && err.contains("lower optim.lr")
+            && !err.contains("resume it"),
+        "{err}"
+    );
+
+    let fine = tiny_recipe(&dir, "s", "");
+    expect_exit(&runner_cmd().arg(&fine).arg("-q").output().unwrap(), 0);
+    let run = only_run(&dir.join("runs/s"));
+    let out = runner_cmd()
+        .arg("eval")
+        .arg(&run)
+        .arg("--data")
+        .arg(root().join("datasets/cifar10_sample/test_batch.bin"))
+        .output()
+        .unwrap();
+    expect_exit(&out, 2);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("the run trained on generated data")
+            && err.contains("help: leave --data out")
+            && !err.contains("--set"),
+        "{err}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
