@@ -555,6 +555,7 @@ impl<'a> Validator<'a> {
         let profile = self.profile(run.as_ref());
         let checkpoint = self.checkpoint();
         let (data, model, optim, run, log) = (data?, model?, optim?, run?, log?);
+        self.unreached(&run, &cleanup, &checkpoint, &optim);
         // Only a plan that passed every other check is sized: a bad key's value would
         // make a meaningless (and doubled) finding.
         if !self.report.has_errors() {

@@ -259,6 +259,51 @@ impl<'a> Validator<'a> {
         }
     }
 
+    /// Cadences set in the recipe that the run never reaches make their knob do nothing:
+    /// said (as `run.validate`'s is), since a run that looks configured then is not.
+    pub(super) fn unreached(
+        &mut self,
+        run: &RunPlan,
+        cleanup: &CleanupPolicy,
+        checkpoint: &CheckpointPlan,
+        optim: &OptimPlan,
+    ) {
+        let total = run.total_steps;
+        if total == 0 {
+            return;
+        }
+        if let Every::Steps(n) = cleanup.every {
+            if n > total && self.l.is_set("cleanup.every") {
+                self.warn(
+                    "cleanup.every",
+                    format!("every {n} steps, but the run has {total}: no cleanup ever runs"),
+                    format!("use at most {total} steps, \"step\" or \"epoch\"; or \"never\" to measure without cleanup"),
+                );
+            }
+        }
+        if let Every::Steps(n) = checkpoint.every {
+            if n > total && self.l.is_set("checkpoint.every") {
+                self.warn(
+                    "checkpoint.every",
+                    format!("every {n} steps, but the run has {total}: no checkpoint is written on the way (SIGINT or SIGTERM still write one), so a run killed outright starts over"),
+                    format!("use at most {total} steps, or \"epoch\""),
+                );
+            }
+        }
+        let w = optim.schedule.warmup_steps;
+        if w > total && self.l.is_set("optim.lr_warmup_steps") {
+            self.warn(
+                "optim.lr_warmup_steps",
+                format!(
+                    "{w} warm-up steps, but the run has {total}: the learning rate never reaches optim.lr = {} (at most {:.3e})",
+                    optim.lr,
+                    optim.schedule.at(total - 1)
+                ),
+                format!("use at most {total}"),
+            );
+        }
+    }
+
     pub(super) fn checkpoint(&mut self) -> CheckpointPlan {
         let c = self.recipe().checkpoint.clone();
         if c.keep == 0 {

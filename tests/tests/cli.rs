@@ -659,3 +659,45 @@ fn a_leading_tilde_in_a_path_key_is_the_home() {
     expect_exit(&out, 2);
     assert!(String::from_utf8_lossy(&out.stderr).contains("data.train"));
 }
+
+/// A cadence set past the run's last step makes its knob do nothing: said for cleanup,
+/// checkpoints and the learning-rate warm-up (as it was for validation), not for a cadence
+/// the run reaches.
+#[test]
+fn knobs_whose_cadence_the_run_never_reaches_are_warned() {
+    let sets = [
+        "run.max_steps=40",
+        "cleanup.every=100000",
+        "cleanup.actions=[\"trim_host\"]",
+        "checkpoint.every=100000",
+        "optim.lr_warmup_steps=100000",
+    ];
+    let out = with_sets("validate", &root().join("recipes/quickstart.toml"), &sets);
+    expect_exit(&out, 0);
+    let err = String::from_utf8_lossy(&out.stderr);
+    for want in [
+        "cleanup.every: every 100000 steps, but the run has 40: no cleanup ever runs",
+        "checkpoint.every: every 100000 steps, but the run has 40: no checkpoint is written on the way",
+        "optim.lr_warmup_steps: 100000 warm-up steps, but the run has 40: the learning rate never reaches optim.lr",
+    ] {
+        assert!(err.contains(want), "{want}\n{err}");
+    }
+    let reached = [
+        "run.max_steps=40",
+        "cleanup.every=40",
+        "cleanup.actions=[\"trim_host\"]",
+        "checkpoint.every=40",
+        "optim.lr_warmup_steps=40",
+    ];
+    let out = with_sets(
+        "validate",
+        &root().join("recipes/quickstart.toml"),
+        &reached,
+    );
+    expect_exit(&out, 0);
+    assert!(
+        !String::from_utf8_lossy(&out.stderr).contains("warning"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
