@@ -134,19 +134,34 @@ pub fn read_jsonl(
     let text = String::from_utf8(bytes).map_err(|e| {
         let at = e.utf8_error().valid_up_to();
         let line = 1 + e.as_bytes()[..at].iter().filter(|&&b| b == b'\n').count();
-        let looks_binary = e.as_bytes().iter().take(4096).any(|&b| b == 0);
+        let b = e.as_bytes();
+        let head = &b[..b.len().min(4096)];
+        // UTF-16 (Windows PowerShell 5's `>`, Notepad's "Unicode") puts a zero byte beside
+        // every ASCII character; gzip starts 1f 8b: neither is a CIFAR-10 file.
+        let zeros_at = |odd: usize| {
+            let n = head.iter().skip(odd).step_by(2).filter(|&&x| x == 0).count();
+            n * 4 >= head.len() / 2 * 3
+        };
+        let help = if head.starts_with(&[0x1f, 0x8b]) {
+            "this is a gzip file: decompress it (gunzip -k FILE) and name the .jsonl"
+        } else if head.starts_with(&[0xff, 0xfe])
+            || head.starts_with(&[0xfe, 0xff])
+            || (head.len() >= 8 && (zeros_at(0) || zeros_at(1)))
+        {
+            "this looks like UTF-16 text (what Windows PowerShell 5 and Notepad's \"Unicode\" write): convert it (iconv -f utf-16 -t utf-8 FILE > FILE8)"
+        } else if head.contains(&0) {
+            "this looks like a binary file: is it a CIFAR-10 .bin given as format = \"jsonl\"?"
+        } else {
+            "JSON Lines are UTF-8: convert the file (e.g. iconv -f latin1 -t utf-8)"
+        };
         DataError::new(
             path,
             format!(
                 "line {line} is not UTF-8 text (byte 0x{:02x} at offset {at})",
-                e.as_bytes()[at]
+                b[at]
             ),
         )
-        .help(if looks_binary {
-            "this looks like a binary file: is it a CIFAR-10 .bin given as format = \"jsonl\"?"
-        } else {
-            "JSON Lines are UTF-8: convert the file (e.g. iconv -f latin1 -t utf-8)"
-        })
+        .help(help)
     })?;
     // A byte-order mark (some editors write one) is not part of the first object.
     let text = text.strip_prefix('\u{feff}').unwrap_or(&text);
@@ -245,11 +260,18 @@ fn parse_line(
         }
     }
     let obj: serde_json::Map<String, serde_json::Value> = entries.into_iter().collect();
+    // At most 10 names of at most 60 characters each: a one-line JSON object of 100,000
+    // keys (a dict given as data) made a message of a megabyte.
     let fields = || {
-        obj.keys()
-            .map(|k| format!("\"{k}\""))
-            .collect::<Vec<_>>()
-            .join(", ")
+        let name = |k: &String| match k.char_indices().nth(60) {
+            Some((at, _)) => format!("\"{}…\" ({} bytes)", &k[..at], k.len()),
+            None => format!("\"{k}\""),
+        };
+        let mut said = obj.keys().take(10).map(name).collect::<Vec<_>>();
+        if obj.len() > 10 {
+            said.push(format!("and {} more", obj.len() - 10));
+        }
+        said.join(", ")
     };
     let t = match obj.get(text_field) {
         Some(serde_json::Value::String(s)) => s.clone(),
@@ -502,6 +524,21 @@ impl Tokenizer {
         if t.kind == TokenizerKind::Byte && t.byte_ids.len() != 256 {
             return Err(format!("it has {} byte ids, not 256", t.byte_ids.len()));
         }
+        // `byte` lays the 256 bytes out on the ids 0..258 other than pad and unknown: an id
+        // past them (10^9 sized an embedding table of 64 GB and aborted), or a byte id
+        // shared with another byte or a reserved id, is not a tokenizer `byte` wrote.
+        if t.kind == TokenizerKind::Byte {
+            let mut seen = std::collections::HashSet::new();
+            if let Some((b, id)) =
+                t.byte_ids.iter().enumerate().find(|&(_, &id)| {
+                    id >= 258 || id == t.pad_id || id == t.unk_id || !seen.insert(id)
+                })
+            {
+                return Err(format!(
+                    "byte {b} has the id {id}, which is past the 258 ids of a byte tokenizer, reserved, or another byte's"
+                ));
+            }
+        }
         t.reindex();
         let words = t.vocab.iter().filter(|w| !w.is_empty()).count();
         if t.index.len() != words {
@@ -601,6 +638,26 @@ mod tests {
     }
 
     #[test]
+    fn a_byte_tokenizer_with_a_bad_byte_id_is_refused() {
+        let dir = std::env::temp_dir().join(format!("runner-tok-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let p = dir.join("tokenizer.json");
+        for pad in [0, 1, 300] {
+            let t = Tokenizer::byte(true, pad);
+            t.save(&p).unwrap();
+            assert_eq!(Tokenizer::load(&p).unwrap(), t, "pad_id {pad}");
+            for (b, id) in [(7, 1_000_000_000), (7, t.unk_id), (9, t.byte_ids[8])] {
+                let mut bad = t.clone();
+                bad.byte_ids[b] = id;
+                bad.save(&p).unwrap();
+                let e = Tokenizer::load(&p).unwrap_err();
+                assert!(e.contains(&format!("byte {b} has the id {id}")), "{e}");
+            }
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
     fn scans_are_remembered_until_the_file_changes() {
         let dir = std::env::temp_dir().join(format!("runner-text-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
@@ -681,5 +738,34 @@ mod tests {
                 .to_string();
             assert!(e.contains(want) && e.contains("t.jsonl"), "{e}");
         }
+        // Encoded files get the help that fits them.
+        let utf16: Vec<u8> = [0xff, 0xfe]
+            .into_iter()
+            .chain(
+                "{\"label\": 1, \"text\": \"ok\"}\n"
+                    .bytes()
+                    .flat_map(|c| [c, 0]),
+            )
+            .collect();
+        let gzip = [0x1f, 0x8b, 0x08, 0x00, 0xde, 0xad, 0xbe, 0xef];
+        for (bytes, want) in [(&utf16[..], "UTF-16"), (&gzip[..], "gzip file")] {
+            std::fs::write(&p, bytes).unwrap();
+            let e = read_jsonl(&p, "text", "label", Some(2), usize::MAX).unwrap_err();
+            assert!(e.help_text().contains(want), "{}", e.help_text());
+        }
+        // A dict of many keys as one line: the names said are few and short.
+        let keys: Vec<String> = (0..1000)
+            .map(|i| format!("\"{}{i}\": {i}", "k".repeat(100)))
+            .collect();
+        std::fs::write(&p, format!("{{{}}}\n", keys.join(", "))).unwrap();
+        let e = read_jsonl(&p, "text", "label", Some(2), usize::MAX)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.len() < 1500 && e.contains("and 990 more") && e.contains("(101 bytes)"),
+            "{} bytes: {}",
+            e.len(),
+            &e[..e.len().min(2000)]
+        );
     }
 }

@@ -276,6 +276,7 @@ impl<'a> Validator<'a> {
         let mut train_max = 0;
         let mut distinct = std::collections::BTreeSet::new();
         let mut counts = [0usize; 2];
+        let mut train_labels = std::collections::BTreeSet::new();
         let mut bad = false;
         let tokenizer = self.recipe().data.tokenizer.clone().unwrap_or_default();
         let mut seen = TextSeen {
@@ -297,6 +298,7 @@ impl<'a> Validator<'a> {
                     // The vocabulary is built from the training file.
                     if i == 0 {
                         seen.words = scan.distinct_words;
+                        train_labels = scan.labels.clone();
                     }
                     let top = scan.labels.last().map_or(0, |&l| l as usize);
                     max_label = max_label.max(top);
@@ -326,6 +328,21 @@ impl<'a> Validator<'a> {
                 ),
                 "check the test file's labels, or name the classes in labels.txt beside the training file",
             );
+        }
+        // Labels that train nothing useful, which the run would report in silence (a
+        // test accuracy of 100% for one class; a class 0 never seen).
+        match (train_labels.first(), train_labels.last()) {
+            (Some(&only), Some(&last)) if only == last => self.warn(
+                "data.train",
+                format!("every training label is {only}: the model learns one class, and its accuracy is that class's share of the test set"),
+                "check data.label_field and the file: classification needs at least two classes",
+            ),
+            (Some(&first), Some(&last)) if first > 0 && named.is_none() => self.warn(
+                "data.train",
+                format!("no training label is 0: labels run from {first} to {last}, so the model gets {classes} classes and class 0 is never trained"),
+                "labels are class indices from 0: subtract 1 from 1-based labels, or name the classes in labels.txt beside the file",
+            ),
+            _ => {}
         }
         if named.is_none() && classes > 10 && distinct.len() * 2 < classes {
             self.warn(

@@ -30,7 +30,9 @@ impl<'a> Validator<'a> {
         let hidden_size = m.hidden_size.unwrap_or(128);
         // The default of an out-of-range width stays in range: `4 * embed_dim` wrapped
         // past what TOML can hold.
-        let ff_dim = m.ff_dim.unwrap_or(4 * embed_dim.min(8192));
+        // Nor is an out-of-range embed_dim blamed twice: a default ff_dim of 0 named a key
+        // the recipe never set (and that only the Transformer has).
+        let ff_dim = m.ff_dim.unwrap_or(4 * embed_dim.clamp(1, 8192));
         let dropout = m.dropout.unwrap_or(0.1);
         for (key, v, hi) in [
             ("model.embed_dim", embed_dim, 8192),

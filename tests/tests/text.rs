@@ -218,6 +218,18 @@ fn text_recipes_are_checked_like_any_other() {
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert!(stderr.contains(want), "{set}: {stderr}");
     }
+    // An out-of-range width is one error, not also one for the ff_dim it defaults.
+    let out = runner_cmd()
+        .args(["validate", "recipes/text/rotten_tomatoes.toml"])
+        .args(["--set", "model.embed_dim=0"])
+        .output()
+        .unwrap();
+    expect_exit(&out, 2);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("model.embed_dim: 0 is out of range") && !stderr.contains("ff_dim"),
+        "{stderr}"
+    );
     // And through a grid's axis over a key under it (two cells of one run), said once.
     let dir = tempdir("not-for-images");
     for (axis, want) in [
@@ -384,4 +396,38 @@ fn the_memory_check_counts_the_texts_not_the_caps() {
         err.contains("loader.batch_size") && err.contains("padding.strategy = \"dynamic\""),
         "{err}"
     );
+}
+
+/// Labels that leave the run meaningless are said before it runs: one class only (its test
+/// accuracy was 100%), or 1-based labels (class 0 never trained, without a word).
+#[test]
+fn one_class_or_one_based_labels_are_warned() {
+    let dir = tempdir("label-warnings");
+    for (rows, want) in [
+        (
+            "{\"text\": \"a b\", \"label\": 0}\n{\"text\": \"c\", \"label\": 0}\n",
+            "data.train: every training label is 0: the model learns one class",
+        ),
+        (
+            "{\"text\": \"a b\", \"label\": 1}\n{\"text\": \"c\", \"label\": 3}\n",
+            "data.train: no training label is 0: labels run from 1 to 3, so the model gets 4 classes and class 0 is never trained",
+        ),
+        ("{\"text\": \"a b\", \"label\": 0}\n{\"text\": \"c\", \"label\": 1}\n", ""),
+    ] {
+        let file = dir.join("t.jsonl");
+        std::fs::write(&file, rows).unwrap();
+        let out = runner_cmd()
+            .args(["validate", "recipes/text/rotten_tomatoes.toml", "--set"])
+            .arg(format!("data.train=\"{}\"", file.display()))
+            .args(["--set", "~data.test", "--set", "run.eval=\"never\""])
+            .output()
+            .unwrap();
+        expect_exit(&out, 0);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        match want {
+            "" => assert!(!stderr.contains("data.train:"), "{stderr}"),
+            _ => assert!(stderr.contains(want), "{stderr}"),
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
 }
