@@ -165,6 +165,15 @@ pub fn read_jsonl(
     })?;
     // A byte-order mark (some editors write one) is not part of the first object.
     let text = text.strip_prefix('\u{feff}').unwrap_or(&text);
+    // Lines ended by a carriage return alone (classic Mac OS) read as one long line, and
+    // serde's "trailing characters at column 37" did not say why.
+    if !text.contains('\n') && text.trim_end().contains('\r') {
+        return Err(DataError::new(
+            path,
+            "ends its lines with a carriage return alone (CR, as classic Mac OS did), so it reads as one line",
+        )
+        .help("convert the line ends: tr '\\r' '\\n' < FILE > FILE.jsonl"));
+    }
     let fields = (text_field, label_field);
     let mut out = vec![];
     for (i, line) in text.lines().enumerate() {
@@ -303,12 +312,12 @@ fn parse_line(
                 )),
             )
         }
+        // As written in the line: serde_json reads an integer past u64 as a float, and
+        // "99999999999999999999999" was said as "1e+23", "-0" as "-0.0".
         Some(other) => {
-            return Err(at(format!(
-                "label {} is not a non-negative integer",
-                short(other)
-            ))
-            .help("labels are class indices 0, 1, ..."))
+            let written = label_text(line, label_field).unwrap_or_else(|| short(other));
+            return Err(at(format!("label {written} is not a non-negative integer"))
+                .help("labels are class indices 0, 1, ..."));
         }
         None => {
             return Err(at(format!(
@@ -335,6 +344,20 @@ fn parse_line(
         }
     }
     Ok((t, label))
+}
+
+/// The label's value as the line writes it, where it is a plain number (`"label": -0`):
+/// the text after the field's key up to the next `,` or `}`, at most 60 characters.
+fn label_text(line: &str, field: &str) -> Option<String> {
+    let key = serde_json::to_string(field).ok()?;
+    let after = &line[line.find(&key)? + key.len()..];
+    let value = after.trim_start().strip_prefix(':')?.trim_start();
+    let end = value.find([',', '}']).unwrap_or(value.len());
+    let v = value[..end].trim_end();
+    let number = !v.is_empty()
+        && v.len() <= 60
+        && v.chars().all(|c| c.is_ascii_digit() || "+-.eE".contains(c));
+    number.then(|| v.to_string())
 }
 
 /// Class names from `labels.txt` beside the file (one per line), if it is there.
@@ -725,6 +748,18 @@ mod tests {
                 "{\"label\": 4294967296, \"text\": \"x\"}\n",
                 "line 1: label 4294967296 is too large for a class index",
             ),
+            (
+                "{\"label\": 99999999999999999999999, \"text\": \"x\"}\n",
+                "line 1: label 99999999999999999999999 is not a non-negative integer",
+            ),
+            (
+                "{\"text\": \"x\", \"label\": -0}\n",
+                "line 1: label -0 is not a non-negative integer",
+            ),
+            (
+                "{\"label\": \"1\", \"text\": \"x\"}\n",
+                "line 1: label \"1\" is not a non-negative integer",
+            ),
             ("[1, 2]\n", "line 1: not a JSON object"),
             (
                 "{\"label\": 0, \"text\": \"a\", \"label\": 1}\n",
@@ -738,6 +773,13 @@ mod tests {
                 .to_string();
             assert!(e.contains(want) && e.contains("t.jsonl"), "{e}");
         }
+        std::fs::write(
+            &p,
+            "{\"label\": 1, \"text\": \"a\"}\r{\"label\": 0, \"text\": \"b\"}\r",
+        )
+        .unwrap();
+        let e = read_jsonl(&p, "text", "label", Some(2), usize::MAX).unwrap_err();
+        assert!(e.to_string().contains("carriage return alone"), "{e}");
         // Encoded files get the help that fits them.
         let utf16: Vec<u8> = [0xff, 0xfe]
             .into_iter()

@@ -91,7 +91,7 @@ impl<'a> Validator<'a> {
             self.err(
                 "optim.accumulation_steps",
                 "0 accumulation steps would never step the optimizer",
-                "use 1 for no accumulation, or N to sum N micro-batches per step",
+                "use 1 for no accumulation, or N to average the gradients of N micro-batches per step",
             );
         }
         self.schedule_knobs(min_lr, step_size, gamma);

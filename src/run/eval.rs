@@ -316,6 +316,16 @@ fn as_data_flag(
                 "the run's data.format is \"{format}\": --data must be a file of that format"
             ));
         }
+        // A trained model's classes are fixed: raising num_classes is no help here.
+        if e.help
+            .as_deref()
+            .is_some_and(|h| h.contains("raise model.num_classes"))
+        {
+            e.help = Some(
+                "a trained model's classes are fixed: --data must label its samples with the run's classes"
+                    .into(),
+            );
+        }
         if e.help
             .as_deref()
             .is_some_and(|h| h.starts_with("--set paths are relative to the working directory"))

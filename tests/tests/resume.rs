@@ -1340,6 +1340,18 @@ fn eval_of_a_text_run_uses_its_tokenizer_and_needs_no_training_data() {
         );
     }
     std::fs::write(&train, &lines).unwrap();
+    // A --data label past the run's classes: the fix is in the file, not in the recipe.
+    let other = dir.join("other.jsonl");
+    std::fs::write(&other, "{\"label\": 5, \"text\": \"a fine film\"}\n").unwrap();
+    let out = eval(&["--data".as_ref(), other.as_os_str()]);
+    expect_exit(&out, 2);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("label 5 is out of range")
+            && stderr.contains("a trained model's classes are fixed")
+            && !stderr.contains("raise model.num_classes"),
+        "{stderr}"
+    );
     // The tokenizer cut short: exit 2, naming it, nothing scored.
     let tokenizer = run.join("tokenizer.json");
     let saved = std::fs::read(&tokenizer).unwrap();
