@@ -400,31 +400,45 @@ fn expand_all(loaded: &Loaded, max_cells: usize) -> (Vec<Cell>, Diagnostics) {
 
 /// Each cell's name (`cell_name`). Values that differ only in characters a directory name
 /// cannot hold (`a/b.bin` and `a_b.bin`) would name two cells alike, and share their runs'
-/// directory and their row in a report: such cells are told apart by their index.
+/// directory and their row in a report: such cells are told apart by [`value_tag`].
 fn cell_names(base: &str, axes: &[Axis], picks: &[Vec<usize>]) -> Vec<String> {
-    let names: Vec<String> = picks
+    let (names, tags): (Vec<String>, Vec<String>) = picks
         .iter()
-        .enumerate()
-        .map(|(index, pick)| {
+        .map(|pick| {
             let assignments: Vec<(String, toml::Value)> = axes
                 .iter()
                 .zip(pick)
                 .map(|(a, &i)| (a.key.clone(), a.values[i].clone()))
                 .collect();
-            cell_name(base, axes, &assignments, index)
+            (
+                cell_name(base, axes, &assignments),
+                value_tag(base, &assignments),
+            )
         })
-        .collect();
+        .unzip();
     names
         .iter()
-        .enumerate()
-        .map(|(index, n)| {
+        .zip(&tags)
+        .map(|(n, tag)| {
             if names.iter().filter(|m| *m == n).count() > 1 {
-                format!("{n},cell={index}")
+                format!("{n},cell={tag}")
             } else {
                 n.clone()
             }
         })
         .collect()
+}
+
+/// 8 hex digits of the SHA-256 of the cell's keys and values as TOML (`x/y` and `x_y`
+/// differ there, not in a name): what tells a cell apart where its `key=value` name cannot.
+/// Not its index, which moves when an axis gains a value before its own: a grown grid's
+/// cells then took names its earlier cells had, and one directory held two cells' runs.
+fn value_tag(base: &str, assignments: &[(String, toml::Value)]) -> String {
+    let text: Vec<String> = assignments
+        .iter()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect();
+    short_sha(&format!("{base}/{}", text.join("\n")))[..8].to_string()
 }
 
 /// `base/label=value,...` of any length (a recipe without a grid: `base`): the name
@@ -441,23 +455,18 @@ fn id_name(base: &str, axes: &[Axis], assignments: &[(String, toml::Value)]) -> 
     format!("{base}/{}", parts.join(","))
 }
 
-/// `base/label=value,...`, or `base/cell-NNNN` where that would not make a readable
-/// directory name (too long for the file system, or control characters).
-fn cell_name(
-    base: &str,
-    axes: &[Axis],
-    assignments: &[(String, toml::Value)],
-    index: usize,
-) -> String {
+/// `base/label=value,...`, or `base/cell-<value tag>` where that would not make a
+/// readable directory name (too long for the file system, or control characters).
+fn cell_name(base: &str, axes: &[Axis], assignments: &[(String, toml::Value)]) -> String {
     if axes.is_empty() {
         return base.to_string();
     }
     let full = id_name(base, axes, assignments);
     let label = &full[base.len() + 1..];
     // A directory name must fit the file system (255 bytes) and stay readable; past that
-    // the cell is named by its index (the manifest maps it back).
+    // the cell is named by its values' tag (the manifest maps it back).
     if label.len() > MAX_LABEL || label.chars().any(char::is_control) {
-        format!("{base}/cell-{index:04}")
+        format!("{base}/cell-{}", value_tag(base, assignments))
     } else {
         format!("{base}/{label}")
     }

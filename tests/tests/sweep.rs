@@ -63,18 +63,17 @@ fn cells_whose_values_name_alike_are_told_apart() {
         "extends = \"base.toml\"\nname = \"g\"\n[sweep]\n\"backend.cache_dir\" = [\"x/y\", \"x_y\", \"z\"]\n",
     );
     let names: Vec<&str> = cells.iter().map(|c| c.name.as_str()).collect();
-    assert_eq!(
-        names,
-        [
-            "g/cache_dir=x_y,cell=0",
-            "g/cache_dir=x_y,cell=1",
-            "g/cache_dir=z"
-        ]
+    let tag = |n: &str| n.strip_prefix("g/cache_dir=x_y,cell=").map(str::to_string);
+    let (a, b) = (tag(names[0]).unwrap(), tag(names[1]).unwrap());
+    assert!(a != b && [&a, &b].iter().all(|t| t.len() == 8), "{names:?}");
+    assert_eq!(names[2], "g/cache_dir=z");
+    assert_eq!(cells[1].loaded.recipe.name.as_deref(), Some(names[1]));
+    // The tag is the values', not the index: a value added before them changes neither.
+    let grown = grid_cells(
+        "extends = \"base.toml\"\nname = \"g\"\n[sweep]\n\"backend.cache_dir\" = [\"w\", \"x/y\", \"x_y\", \"z\"]\n",
     );
-    assert_eq!(
-        cells[1].loaded.recipe.name.as_deref(),
-        Some("g/cache_dir=x_y,cell=1")
-    );
+    let again: Vec<&str> = grown.iter().map(|c| c.name.as_str()).collect();
+    assert_eq!(again[1..], names[..], "{again:?}");
 }
 
 #[test]
@@ -913,7 +912,12 @@ fn huge_sweep_values_make_short_cell_names() {
     )
     .unwrap();
     let cells = runner::sweep::expand(&l, 4).unwrap();
-    assert_eq!(cells[0].name, "g/cell-0000");
+    let tag = cells[0].name.strip_prefix("g/cell-").unwrap_or_default();
+    assert!(
+        tag.len() == 8 && tag.chars().all(|c| c.is_ascii_hexdigit()),
+        "{}",
+        cells[0].name
+    );
 }
 
 /// A value added to an axis changes the grid's id (a new sweep directory) but not the
@@ -980,9 +984,11 @@ fn resume_finds_done_cells_from_another_directory_and_after_a_move() {
 }
 
 /// The same where the cells' `key=value` names are too long for a directory and the
-/// cells are named by their index (`cell-0000`): the index moves when a value is added
-/// before theirs, their ids do not, so `--resume` still skips the cells done (it ran them
-/// all again: the id hashed the index-named name).
+/// cells are named by a tag of their values (`cell-1a2b3c4d`): the index moves when a value
+/// is added before theirs, their ids do not, so `--resume` still skips the cells done (it
+/// ran them all again: the id hashed the index-named name). Nor do their names move: named
+/// by index, the new cell took the name `cell-0000` of a done one, and one directory held
+/// the runs of two cells.
 #[test]
 fn resume_after_an_axis_gained_a_value_skips_done_cells_named_by_index() {
     let dir = tempdir("axis-gained-long");
@@ -994,9 +1000,35 @@ fn resume_after_an_axis_gained_a_value_skips_done_cells_named_by_index() {
     );
     let out = runner_cmd().arg(&two).arg("-q").output().unwrap();
     expect_exit(&out, 0);
-    assert!(dir.join("runs/g/cell-0000").is_dir(), "not named by index");
+    let cell_dirs = || -> Vec<(String, usize)> {
+        let mut v: Vec<(String, usize)> = std::fs::read_dir(dir.join("runs/g"))
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .filter(|p| {
+                p.file_name()
+                    .unwrap()
+                    .to_string_lossy()
+                    .starts_with("cell-")
+            })
+            .map(|p| {
+                let runs = std::fs::read_dir(&p).unwrap().count();
+                (p.file_name().unwrap().to_string_lossy().into_owned(), runs)
+            })
+            .collect();
+        v.sort();
+        v
+    };
+    let before = cell_dirs();
+    assert_eq!(before.len(), 2, "{before:?}");
     let three = grown(&two, "g3.toml", "[0.1, 0.2]", "[0.05, 0.1, 0.2]");
     resume_finds_two_cells_done_elsewhere(&three, "a value before the others");
+    let after = cell_dirs();
+    assert_eq!(after.len(), 3, "{after:?}");
+    assert!(after.iter().all(|(_, runs)| *runs == 1), "{after:?}");
+    assert!(
+        before.iter().all(|b| after.contains(b)),
+        "{before:?} {after:?}"
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }
 
