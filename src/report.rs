@@ -468,7 +468,8 @@ pub struct Row {
     /// The ratio compares time per sample, not per step (another batch size).
     pub per_sample: bool,
     /// The difference to the baseline is smaller than twice the combined spread.
-    pub within_noise: bool,
+    /// `None` where the row's or the baseline's spread is unknown (one timed step).
+    pub within_noise: Option<bool>,
     pub is_baseline: bool,
 }
 
@@ -519,11 +520,12 @@ pub fn rows(runs: &[Run], baseline: Option<&str>) -> Result<Vec<Row>, Error> {
                 f64::NAN
             } else {
                 let st = &t[0].iter_ms;
-                // Standard error of a median: 1.2533 σ / √n.
+                // Standard error of a median: 1.2533 σ / √n. One timed step has no spread
+                // to tell (it said 0.0, and any difference then read as real).
                 if st.count > 1 && m > 0.0 {
                     100.0 * 1.2533 * st.std / (st.count as f64).sqrt() / m
                 } else {
-                    0.0
+                    f64::NAN
                 }
             };
             Row {
@@ -560,7 +562,7 @@ pub fn rows(runs: &[Run], baseline: Option<&str>) -> Result<Vec<Row>, Error> {
                 ),
                 ratio: 1.0,
                 per_sample: false,
-                within_noise: true,
+                within_noise: Some(true),
                 is_baseline: false,
             }
         })
@@ -588,8 +590,13 @@ pub fn rows(runs: &[Run], baseline: Option<&str>) -> Result<Vec<Row>, Error> {
             (false, true) => r.ms_median / bm,
             _ => f64::NAN,
         };
+        // `None` where a spread is unknown: no claim either way.
         let noise = 2.0 * ((r.cv_pct / 100.0).powi(2) + (bcv / 100.0).powi(2)).sqrt();
-        r.within_noise = (r.ratio - 1.0).abs() < noise;
+        r.within_noise = if r.is_baseline {
+            Some(true)
+        } else {
+            (!noise.is_nan()).then(|| (r.ratio - 1.0).abs() <= noise)
+        };
     }
     Ok(out)
 }
@@ -699,7 +706,11 @@ fn cells(rows: &[Row]) -> (Vec<String>, Vec<Vec<String>>) {
                     "-".into()
                 } else {
                     let per = if r.per_sample { "/sample" } else { "" };
-                    let noise = if r.within_noise { " ≈" } else { "" };
+                    let noise = match r.within_noise {
+                        Some(true) => " ≈",
+                        Some(false) => "",
+                        None => " ?",
+                    };
                     format!("{:.2}x{per}{noise}", r.ratio)
                 },
             ]);
@@ -775,7 +786,7 @@ fn csv_rows(rows: &[Row]) -> String {
             startup_s_max: r.startup_s.map(|s| s.1),
             test_accuracy: r.test_accuracy,
             ratio: finite(r.ratio),
-            within_noise: r.ratio.is_finite().then_some(r.within_noise),
+            within_noise: r.within_noise.filter(|_| r.ratio.is_finite()),
             ratio_per: r
                 .ratio
                 .is_finite()
@@ -840,8 +851,9 @@ pub fn render(rows: &[Row], format: Format) -> String {
     }
     out.push_str(
         "\nms/iter: mean over the timed runs of each run's median step time after warm-up; ± %: spread of that \
-         median (coefficient of variation over repeats, or one run's standard error); ≈: the \
-         difference to the baseline is within twice the combined spread. vs baseline: the \
+         median (coefficient of variation over repeats, or one run's standard error; - for a \
+         single run of one timed step); ≈: the difference to the baseline is within twice the \
+         combined spread; ?: a spread is unknown, so noise cannot be told apart. vs baseline: the \
          row's ms/iter over the baseline's (above 1x: slower per iteration); a row whose \
          steps take another number of samples (batch × accumulation) is compared per sample \
          (x/sample: the baseline's samples/s over the row's).\n",
@@ -988,8 +1000,15 @@ mod tests {
         assert_eq!(r[0].runs, 2);
         assert_eq!(r[0].ms_median, 11.0);
         assert!((r[0].cv_pct - 100.0 * 2f64.sqrt() / 11.0).abs() < 1e-9);
-        assert!(!r[1].within_noise && (r[1].ratio - 20.0 / 11.0).abs() < 1e-12);
-        assert!(r[2].within_noise, "11.0 vs 11.0 ± 12.9%");
+        assert!(r[1].within_noise == Some(false) && (r[1].ratio - 20.0 / 11.0).abs() < 1e-12);
+        assert_eq!(r[2].within_noise, Some(true), "11.0 vs 11.0 ± 12.9%");
+        // One run of one timed step has no spread: none is claimed, nor any difference.
+        let one = vec![run("base", &[10.0]), run("other", &[20.0])];
+        let r = rows(&one, None).unwrap();
+        assert!(r[0].cv_pct.is_nan() && r[1].cv_pct.is_nan());
+        assert_eq!((r[0].within_noise, r[1].within_noise), (Some(true), None));
+        let (_, body) = cells(&r);
+        assert!(body[1].last().unwrap().ends_with("2.00x ?"), "{body:?}");
         // Every rendered row has a cell under every header, text columns included.
         let mut text = runs.clone();
         for r in &mut text {

@@ -25,8 +25,8 @@ fn report_recomputes_the_table_from_metrics_files() {
     assert_eq!(rows[0].runs, 2);
     assert!((rows[0].ms_median - 58.25).abs() < 1e-12);
     assert!((rows[1].ms_median - 112.5).abs() < 1e-12);
-    assert!((rows[1].ratio - 112.5 / 58.25).abs() < 1e-12 && !rows[1].within_noise);
-    assert!(rows[2].within_noise, "58.45 vs 58.25 is noise");
+    assert!((rows[1].ratio - 112.5 / 58.25).abs() < 1e-12 && rows[1].within_noise == Some(false));
+    assert_eq!(rows[2].within_noise, Some(true), "58.45 vs 58.25 is noise");
     // Cleanup share: 50 ms of each ~112.7 ms timed step.
     let cleanup = 100.0 * 50.0 * 6.0 / (112.0 + 113.0 + 112.0 + 114.0 + 112.0 + 113.0);
     assert!((rows[1].cleanup_pct - cleanup).abs() < 1e-9);
