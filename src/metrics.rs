@@ -157,23 +157,38 @@ impl StepRecord {
     }
 }
 
-/// Order statistics of a set of times.
+/// Order statistics of a set of times. Of no values, every figure is NaN, written `null`
+/// (it was 0.0: a run of no timed step read as one of 0 ms/iter to any tool but ours).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Stats {
     pub count: usize,
+    #[serde(deserialize_with = "nan_from_null")]
     pub median: f64,
+    #[serde(deserialize_with = "nan_from_null")]
     pub mean: f64,
+    #[serde(deserialize_with = "nan_from_null")]
     pub p95: f64,
+    #[serde(deserialize_with = "nan_from_null")]
     pub min: f64,
+    #[serde(deserialize_with = "nan_from_null")]
     pub max: f64,
     /// Standard deviation (sample, n-1).
+    #[serde(deserialize_with = "nan_from_null")]
     pub std: f64,
 }
 
 impl Stats {
     pub fn of(values: &[f64]) -> Self {
         if values.is_empty() {
-            return Self::default();
+            return Self {
+                count: 0,
+                median: f64::NAN,
+                mean: f64::NAN,
+                p95: f64::NAN,
+                min: f64::NAN,
+                max: f64::NAN,
+                std: f64::NAN,
+            };
         }
         let mut v = values.to_vec();
         v.sort_by(f64::total_cmp);
@@ -345,7 +360,8 @@ pub struct Summary {
     pub warmup_steps: u64,
     /// `iter_ms` over the timed steps (after warm-up).
     pub iter_ms: Stats,
-    /// Timed samples over timed time.
+    /// Timed samples over timed time (`null` without a timed step, as the two shares below).
+    #[serde(deserialize_with = "nan_from_null")]
     pub samples_per_s: f64,
     /// Host-side phase medians over the timed steps outside the profile window.
     pub phases: Option<Phases>,
@@ -370,7 +386,9 @@ pub struct Summary {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub early_stopped_at_step: Option<u64>,
     /// Cleanup time as a share of the timed steps' time, in percent.
+    #[serde(deserialize_with = "nan_from_null")]
     pub cleanup_pct: f64,
+    #[serde(deserialize_with = "nan_from_null")]
     pub data_wait_pct: f64,
     /// Sum over cleanups of (memory before − memory after), bytes.
     pub cleanup_freed_bytes: Option<u64>,
@@ -470,7 +488,7 @@ impl Summary {
         self.samples_per_s = if total_ms > 0.0 {
             timed_samples as f64 / (total_ms / 1e3)
         } else {
-            0.0
+            f64::NAN
         };
         self.cleanup_ms_total = records.iter().map(|r| r.cleanup_ms).sum();
         self.data_wait_ms_total = records.iter().map(|r| r.data_wait_ms).sum();
@@ -478,7 +496,7 @@ impl Summary {
             if total_ms > 0.0 {
                 100.0 * timed.iter().map(|r| f(r)).sum::<f64>() / total_ms
             } else {
-                0.0
+                f64::NAN
             }
         };
         self.cleanup_pct = pct(|r| r.cleanup_ms);

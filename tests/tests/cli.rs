@@ -701,3 +701,39 @@ fn knobs_whose_cadence_the_run_never_reaches_are_warned() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// A run with no timed step (all within warm-up, or one that failed first) writes its
+/// speed figures as `null`, not as 0 ms/iter, which any other tool read as a real time.
+#[test]
+fn a_run_without_a_timed_step_writes_null_speeds() {
+    let dir = tempdir("cli-untimed");
+    let recipe = tiny_recipe(&dir, "u", "");
+    let out = runner_cmd()
+        .arg(&recipe)
+        .args(["-q", "--set", "run.max_steps=1"])
+        .output()
+        .unwrap();
+    expect_exit(&out, 0);
+    let run = only_run(&dir.join("runs/u"));
+    let s = json(&run.join("summary.json"));
+    assert_eq!(s["iter_ms"]["count"], 0, "{s}");
+    for key in ["median", "mean", "p95", "min", "max", "std"] {
+        assert!(s["iter_ms"][key].is_null(), "{key}: {s}");
+    }
+    for key in ["samples_per_s", "cleanup_pct", "data_wait_pct"] {
+        assert!(s[key].is_null(), "{key}: {s}");
+    }
+    // And it reads back: report lists it untimed.
+    let out = runner_cmd()
+        .arg("report")
+        .arg(dir.join("runs"))
+        .output()
+        .unwrap();
+    expect_exit(&out, 0);
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("1 (0 timed)"),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
