@@ -554,7 +554,11 @@ fn stop_at_second_signal(
             if let Some(r) = &state.recorded {
                 summary.evals.clone_from(&r.evals);
                 summary.validations.clone_from(&r.validations);
+                summary.startup_s = summary.startup_s.or(r.startup_s);
+                summary.first_step_ms = summary.first_step_ms.or(r.first_step_ms);
             }
+            // (It said 0 however many epochs had ended.)
+            summary.epochs_completed = summary.epochs_completed.max(state.epochs_completed);
             summary.best_step = state.best.map(|b| b.0);
             summary.best_value = state.best.map(|b| b.1);
             summary.diverged_at_step = state.diverged_at_step;

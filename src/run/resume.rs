@@ -620,6 +620,12 @@ fn rewind(
         Some(r) => (r.evals.clone(), r.validations.clone()),
         None => (summary.evals.clone(), summary.validations.clone()),
     };
+    // The run's start-up is its first process's: where the summary lost it (kill -9 before
+    // it was written, a summary rebuilt), the checkpoint has it.
+    if let Some(r) = &state.recorded {
+        summary.startup_s = summary.startup_s.or(r.startup_s);
+        summary.first_step_ms = summary.first_step_ms.or(r.first_step_ms);
+    }
     let evals = evals.into_iter().filter(|e| e.step <= state.step).collect();
     summary.validations = validations
         .into_iter()

@@ -175,6 +175,8 @@ impl Sink for FileSink {
             validations: self.validations.clone(),
             checkpoints_before: self.checkpoints,
             checkpoint_ms_before: self.checkpoint_ms,
+            startup_s: self.startup_s,
+            first_step_ms: self.first_step_ms,
         }
     }
     fn moved(&mut self, to: &Path) {

@@ -89,6 +89,15 @@ pub struct Recorded {
     pub validations: Vec<crate::metrics::EvalRecord>,
     pub checkpoints_before: usize,
     pub checkpoint_ms_before: f64,
+    /// The run's start-up (`summary.json`'s `startup_s`, `first_step_ms`: its first
+    /// process's): a process killed outright before its summary said them lost them, and a
+    /// resume recorded its own, seconds on warm caches where the run's cold start took
+    /// minutes. `None` in checkpoints of earlier versions (left out, so their checksums
+    /// still hold).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub startup_s: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub first_step_ms: Option<f64>,
 }
 
 // A checkpoint file's size and CRC-32 when it was written: enough to find a file cut
@@ -609,6 +618,8 @@ mod tests {
                 evals,
                 checkpoints_before: 2,
                 checkpoint_ms_before: 1000.0 * next(),
+                startup_s: Some(next()),
+                first_step_ms: Some(next()),
             }),
             state_crc32: None,
         };

@@ -343,6 +343,13 @@ fn a_second_signal_keeps_the_checkpoints_and_evaluations_in_the_summary() {
     let (_, state) = runner::checkpoint::latest(&run).expect("the checkpoint of step 1");
     assert_eq!(state.step, 1);
     assert_eq!(s.checkpoints, 1, "{s:?}");
+    // The start-up and the epochs done, from the checkpoint: they said null and 0.
+    let recorded = state.recorded.clone().unwrap();
+    assert!(
+        s.startup_s.is_some() && s.startup_s == recorded.startup_s,
+        "{s:?}"
+    );
+    assert_eq!(s.epochs_completed, state.epochs_completed, "{s:?}");
     let own = whole_lines(&run)[0].checkpoint_ms;
     assert!(own > 0.0 && s.checkpoint_ms_total == own, "{s:?}");
     // The evaluation of epoch 1, before the checkpoint (the last epoch's was cut short).

@@ -243,6 +243,12 @@ fn a_resumed_run_ends_bitwise_where_the_uninterrupted_one_does() {
         assert_eq!(out.status.code(), None, "killed by a signal");
         let run = only_run(&killed_dir.join("r"));
         assert_eq!(summary(&run).status, RunStatus::Running);
+        // The dead process never said its start-up; its checkpoints did, and the resumed
+        // run's is that one (it was the resume's own).
+        assert_eq!(summary(&run).startup_s, None);
+        let (_, latest) = runner::checkpoint::list(&run).pop().unwrap();
+        let recorded = latest.recorded.clone().unwrap();
+        assert!(recorded.startup_s.is_some() && recorded.first_step_ms.is_some());
         // As if an older runner had started the run: its metrics.csv lacks a column.
         let csv_path = run.join("metrics.csv");
         let old = std::fs::read_to_string(&csv_path).unwrap();
@@ -264,6 +270,11 @@ fn a_resumed_run_ends_bitwise_where_the_uninterrupted_one_does() {
         // only the resumed part: the dead process never wrote its own).
         let (s, r) = (summary(&run), summary(&reference));
         assert_eq!(s.checkpoints, r.checkpoints, "after kill -9");
+        assert_eq!(
+            (s.startup_s, s.first_step_ms),
+            (recorded.startup_s, recorded.first_step_ms),
+            "after kill -9"
+        );
         // The test evaluations of the killed process too: they are on no metrics line,
         // and its summary was never written (they were lost).
         let evals = |s: &runner::metrics::Summary| -> Vec<(u64, u64)> {
