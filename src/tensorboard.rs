@@ -114,10 +114,9 @@ impl EventWriter {
     /// Scalars at one step, as one event.
     pub fn scalars(&mut self, step: u64, values: &[(&str, f64)]) -> std::io::Result<()> {
         let mut summary = vec![];
+        // A NaN or infinite loss is written as such (TensorBoard shows it): dropped, a
+        // diverged run's curve simply ended early, and its evaluation loss was missing.
         for (tag, v) in values {
-            if !v.is_finite() {
-                continue;
-            }
             let mut value = vec![];
             field_bytes(1, tag.as_bytes(), &mut value);
             value.push(0x15);

@@ -109,6 +109,37 @@ fn a_bad_profile_window_is_an_error() {
     assert_eq!(plan::parse_steps("0..3"), None);
 }
 
+/// A diverged run's losses are in its events as they are in metrics.jsonl, NaN included:
+/// they were dropped, so the curve ended early and no evaluation loss was shown.
+#[test]
+fn tensorboard_keeps_a_nan_loss() {
+    let dir = tempdir("tb-nan");
+    let recipe = tiny_recipe(&dir, "tbn", "[optim]\nlr = 1e9\n");
+    let out = runner_cmd()
+        .arg(&recipe)
+        .args(["-q", "--set", "run.stop_on_divergence=false"])
+        .output()
+        .unwrap();
+    expect_exit(&out, 0);
+    let run = only_run(&dir.join("runs/tbn"));
+    let recs = records(&run);
+    assert!(
+        recs.iter().any(|r| r.loss.is_nan()),
+        "the run did not diverge"
+    );
+    let tb = tb_losses(&run);
+    assert_eq!(tb.len(), recs.len());
+    for ((step, loss), r) in tb.iter().zip(&recs) {
+        assert_eq!(*step, r.step);
+        // (metrics.jsonl writes NaN and infinities alike, as null.)
+        assert!(
+            loss.to_bits() == (r.loss as f32).to_bits() || (!loss.is_finite() && r.loss.is_nan()),
+            "step {step}: {loss} against {}",
+            r.loss
+        );
+    }
+}
+
 #[test]
 fn tensorboard_events_and_csv_carry_the_metrics() {
     let dir = tempdir("tb");
