@@ -146,12 +146,13 @@ pub(crate) fn environment(plan: &Plan, p: &Prepared) -> Environment {
         command: std::env::args_os()
             .map(|a| a.to_string_lossy().into_owned())
             .collect(),
-        recipe: plan.recipe_path.display().to_string(),
+        // Absolute: the working directory they were relative to is not recorded.
+        recipe: absolute(&plan.recipe_path).display().to_string(),
         sources: plan
             .sources
             .iter()
             .map(|p| SourceInfo {
-                path: p.display().to_string(),
+                path: absolute(p).display().to_string(),
                 sha256: sha256_file(p),
                 git: git_info(p),
             })
@@ -162,4 +163,8 @@ pub(crate) fn environment(plan: &Plan, p: &Prepared) -> Environment {
         kernel_counts: None,
         data: data_files(plan),
     }
+}
+
+fn absolute(p: &Path) -> PathBuf {
+    std::path::absolute(p).unwrap_or_else(|_| p.to_path_buf())
 }

@@ -216,10 +216,12 @@ pub fn eval(
                 run_dir.display()
             ))
         })?;
+    // Absolute, as the resolved recipe's data paths: the working directory is not written.
+    let whole = |p: &Path| std::path::absolute(p).unwrap_or_else(|_| p.to_path_buf());
     let mut report = EvalReport {
-        run_dir: run_dir.to_path_buf(),
-        weights,
-        data,
+        run_dir: whole(run_dir),
+        weights: whole(&weights),
+        data: data.iter().map(|d| whole(d)).collect(),
         samples: e.samples,
         accuracy: e.accuracy,
         loss: e.loss,

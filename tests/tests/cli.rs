@@ -737,3 +737,46 @@ fn a_run_without_a_timed_step_writes_null_speeds() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// The paths a run records are absolute: typed relative, they named nothing once read from
+/// another directory (the working directory is not recorded).
+#[test]
+fn recorded_paths_are_absolute() {
+    let dir = tempdir("cli-abs");
+    tiny_recipe(&dir, "a", "");
+    let out = runner_cmd()
+        .current_dir(&dir)
+        .args(["a.toml", "-q"])
+        .output()
+        .unwrap();
+    expect_exit(&out, 0);
+    let run = only_run(&dir.join("runs/a"));
+    let env = json(&run.join("env.json"));
+    assert_eq!(env["recipe"], dir.join("a.toml").display().to_string());
+    assert_eq!(
+        env["sources"][0]["path"],
+        dir.join("a.toml").display().to_string()
+    );
+    let rel = run.strip_prefix(&dir).unwrap();
+    let out = runner_cmd()
+        .current_dir(&dir)
+        .arg("eval")
+        .arg(rel)
+        .output()
+        .unwrap();
+    expect_exit(&out, 0);
+    let report = std::fs::read_dir(&run)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| {
+            p.file_name()
+                .unwrap()
+                .to_string_lossy()
+                .starts_with("eval-")
+        })
+        .unwrap();
+    let e = json(&report);
+    assert_eq!(e["run_dir"], run.display().to_string());
+    assert!(e["weights"].as_str().unwrap().starts_with('/'), "{e}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
