@@ -284,9 +284,11 @@ pub struct ModelSection {
     pub stem: Option<Stem>,
     /// Output classes. Default: the dataset's class count.
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 2))]
     pub num_classes: Option<usize>,
     /// `small_cnn` only: channels of the first conv block (doubled in the second). Default 32.
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 1024))]
     pub width: Option<usize>,
     /// `mlp` and `bag`: sizes of the hidden layers. Default `[256]` (mlp), `[]` (bag).
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -308,6 +310,7 @@ pub struct ModelSection {
     pub ff_dim: Option<usize>,
     /// `transformer`: dropout in training. Default 0.1.
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0.0), extend("exclusiveMaximum" = 1.0))]
     pub dropout: Option<f64>,
 }
 
@@ -407,6 +410,7 @@ pub struct DataSection {
     /// It is evaluated every `run.validate` and drives `run.early_stop` and
     /// `model-best.safetensors`. Default: none.
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("exclusiveMinimum" = 0.0, "exclusiveMaximum" = 1.0))]
     pub validation: Option<f64>,
     /// A validation set of its own instead: a file (or, for `cifar10-bin`, a directory of
     /// `.bin` files) in the data's format, relative to the recipe. Default: none.
@@ -634,6 +638,7 @@ impl Default for SyntheticSection {
 #[serde(deny_unknown_fields, default)]
 pub struct LoaderSection {
     /// Samples per micro-batch (one forward/backward). Default 64.
+    #[schemars(range(min = 1))]
     pub batch_size: usize,
     /// Worker threads preparing batches; 0 prepares them on the training thread. Default 0.
     pub workers: usize,
@@ -645,6 +650,7 @@ pub struct LoaderSection {
     pub persistent_workers: bool,
     /// Batches each worker prepares ahead (PyTorch's `prefetch_factor`). Needs
     /// `workers > 0`. Default 2.
+    #[schemars(range(min = 1, max = 1024))]
     pub prefetch: usize,
     /// Reshuffle the training samples every epoch. Default true.
     pub shuffle: bool,
@@ -673,6 +679,7 @@ pub struct OptimSection {
     /// `sgd` or `adamw`. Default `sgd`.
     pub optimizer: OptimizerKind,
     /// Peak learning rate. Default 0.01.
+    #[schemars(extend("exclusiveMinimum" = 0.0))]
     pub lr: f64,
     /// SGD momentum (no dampening, as `torch.optim.SGD`). Default 0. SGD only.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -689,9 +696,11 @@ pub struct OptimSection {
     pub betas: Option<[f64; 2]>,
     /// AdamW epsilon. Default 1e-8 (PyTorch's; Burn's own default is 1e-5). AdamW only.
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("exclusiveMinimum" = 0.0))]
     pub eps: Option<f64>,
     /// Micro-batches whose gradients are summed (loss scaled by 1/N) before one optimizer
     /// step; the effective batch is `batch_size × accumulation_steps`. Default 1.
+    #[schemars(range(min = 1))]
     pub accumulation_steps: usize,
     /// `constant`, `cosine` (to `min_lr` at the last step) or `step` (× `gamma` every
     /// `step_size` optimizer steps). Default `constant`.
@@ -713,6 +722,7 @@ pub struct OptimSection {
     pub clip_grad_norm: Option<f64>,
     /// Label smoothing ε of the cross-entropy, as PyTorch's `label_smoothing`: targets
     /// `(1 − ε)·one_hot + ε / classes`. Default 0.
+    #[schemars(range(min = 0.0), extend("exclusiveMaximum" = 1.0))]
     pub label_smoothing: f64,
 }
 
@@ -857,9 +867,11 @@ pub enum CleanupAction {
 #[serde(deny_unknown_fields, default)]
 pub struct RunSection {
     /// Passes over the training data. Default 1.
+    #[schemars(range(min = 1))]
     pub epochs: usize,
     /// Stop after this many optimizer steps, whatever `epochs` says. Default: no limit.
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
     pub max_steps: Option<u64>,
     /// First optimizer steps left out of the timing summary (allocator and autotune
     /// warm-up). Default 5.
@@ -965,6 +977,7 @@ pub struct CheckpointSection {
     /// SIGTERM write one whatever this says. Default `"never"`.
     pub every: Every,
     /// Checkpoints kept, the latest. Default 2.
+    #[schemars(range(min = 1))]
     pub keep: usize,
     /// Save the trained weights as `model.safetensors` after the last step (before the final
     /// evaluation). Default true.
@@ -989,6 +1002,7 @@ pub struct LogSection {
     pub dir: String,
     /// Read losses back from the device every N optimizer steps (each read waits for the
     /// device) and write their `metrics.jsonl` lines then. Default 1.
+    #[schemars(range(min = 1))]
     pub every: u64,
     /// Show a progress bar on a terminal. Default true.
     pub progress: bool,

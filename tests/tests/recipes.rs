@@ -393,6 +393,62 @@ fn the_schema_accepts_every_shipped_recipe_and_rejects_a_wrong_one() {
             "the schema accepts tests/fixtures/invalid/{bad}.toml"
         );
     }
+    // A value out of one key's range is refused by the schema as by the runner, so an
+    // editor marks it (the schema took each of these, which validation refuses).
+    let quickstart = as_json(&root().join("recipes/quickstart.toml"));
+    for (table, key, value) in [
+        ("loader", "batch_size", "0"),
+        ("loader", "prefetch", "0"),
+        ("loader", "prefetch", "2000"),
+        ("run", "epochs", "0"),
+        ("run", "max_steps", "0"),
+        ("log", "every", "0"),
+        ("optim", "accumulation_steps", "0"),
+        ("optim", "lr", "-1.0"),
+        ("optim", "lr", "0.0"),
+        ("optim", "label_smoothing", "1.0"),
+        ("checkpoint", "keep", "0"),
+        ("model", "width", "0"),
+        ("model", "num_classes", "1"),
+        ("model", "dropout", "1.0"),
+        ("data", "validation", "1.5"),
+        ("data", "validation", "0.0"),
+    ] {
+        let mut v = quickstart.clone();
+        let parsed: serde_json::Value = serde_json::from_str(value).unwrap();
+        v.as_object_mut()
+            .unwrap()
+            .entry(table)
+            .or_insert_with(|| serde_json::json!({}))[key] = parsed;
+        assert!(
+            !validator.is_valid(&v),
+            "the schema accepts {table}.{key} = {value}"
+        );
+        let out = runner_cmd()
+            .args(["validate", "recipes/quickstart.toml", "--set"])
+            .arg(format!("{table}.{key}={value}"))
+            .output()
+            .unwrap();
+        expect_exit(&out, 2);
+    }
+    // And the edges it takes, the runner takes.
+    for (table, key, value) in [
+        ("loader", "prefetch", "1024"),
+        ("optim", "label_smoothing", "0.0"),
+        ("model", "dropout", "0.0"),
+        ("data", "validation", "0.5"),
+    ] {
+        let mut v = quickstart.clone();
+        let parsed: serde_json::Value = serde_json::from_str(value).unwrap();
+        v.as_object_mut()
+            .unwrap()
+            .entry(table)
+            .or_insert_with(|| serde_json::json!({}))[key] = parsed;
+        assert!(
+            validator.is_valid(&v),
+            "the schema refuses {table}.{key} = {value}"
+        );
+    }
 }
 
 /// A recipe that is not UTF-8 says where; a --set value that is TOML for several keys is
