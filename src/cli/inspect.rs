@@ -115,16 +115,34 @@ pub(crate) fn ls() -> ExitCode {
                         stack.push(p);
                     } else if p.extension().is_some_and(|e| e == "toml") && p.is_file() {
                         files.push(p);
+                    } else if kind.is_symlink()
+                        && p.extension().is_some_and(|e| e == "toml")
+                        && !p.exists()
+                    {
+                        // Listed, not left out in silence.
+                        files.push(p);
                     }
                 }
             }
             files.sort();
             let width = files.iter().map(|f| f.display().to_string().chars().count());
             let width = width.max().unwrap_or(0);
+            // Checked as `runner validate` checks (it said "does not validate" only of a
+            // file that was not TOML, and listed one missing model.arch as fine).
             for f in files {
-                let about = recipe::load(&f)
-                    .map(|l| l.recipe.description)
-                    .unwrap_or_else(|_| "(does not validate)".into());
+                let about = if !f.exists() {
+                    "(a link to nothing)".to_string()
+                } else {
+                    let checked = runner::sweep::check(&f, &[], &any_machine(), runner::sweep::DEFAULT_MAX_CELLS);
+                    match (recipe::load(&f), checked) {
+                        (Ok(l), Ok(_)) => l.recipe.description,
+                        (Ok(l), Err(_)) if !l.recipe.description.is_empty() => format!(
+                            "{} (does not validate: runner validate says why)",
+                            l.recipe.description
+                        ),
+                        _ => "(does not validate: runner validate says why)".into(),
+                    }
+                };
                 runner::outln!("  {:<width$}  {about}", f.display());
             }
         }

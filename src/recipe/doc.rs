@@ -225,6 +225,14 @@ impl Doc {
                             .at(&text, 0..text.len())
                             .help("e.g. --set '~model.width' removes model.width"),
                     );
+                } else if key == "extends" {
+                    // Followed when the file was read: its keys are merged in by then (it
+                    // said "not set by the recipe", of a file that sets it).
+                    report.push(
+                        Diagnostic::error(&name, "`extends` cannot be removed with --set")
+                            .at(&text, 0..text.len())
+                            .help("the file it names is read with the recipe; to run without it, write a recipe that does not extend it"),
+                    );
                 } else if !self.remove_key(&key) {
                     let swept = self
                         .get("sweep")

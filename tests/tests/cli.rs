@@ -220,6 +220,18 @@ fn set_tilde_removes_a_key_the_recipe_sets() {
         err.contains("it is a grid axis: remove the axis with --set '~sweep.\"cleanup.every\"'"),
         "{err}"
     );
+    // `extends` is followed as the file is read: not removable, and not "not set".
+    let out = runner_cmd()
+        .args(["validate", "--set", "~extends"])
+        .arg(&grid)
+        .output()
+        .unwrap();
+    expect_exit(&out, 2);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("`extends` cannot be removed with --set") && !err.contains("not set"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -778,5 +790,39 @@ fn recorded_paths_are_absolute() {
     let e = json(&report);
     assert_eq!(e["run_dir"], run.display().to_string());
     assert!(e["weights"].as_str().unwrap().starts_with('/'), "{e}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `runner ls` marks a recipe that does not validate as `runner validate` would (it marked
+/// only a file that was not TOML), and lists a link to nothing instead of leaving it out.
+#[test]
+fn ls_marks_what_does_not_validate() {
+    let dir = tempdir("cli-ls");
+    let recipes = dir.join("recipes");
+    std::fs::create_dir_all(&recipes).unwrap();
+    let good = tiny_recipe(&recipes, "good", "");
+    let text = std::fs::read_to_string(&good).unwrap();
+    std::fs::write(&good, format!("description = \"fine\"\n{text}")).unwrap();
+    std::fs::write(
+        recipes.join("bad.toml"),
+        "description = \"no model\"\n[data]\nformat = \"synthetic\"\n",
+    )
+    .unwrap();
+    std::os::unix::fs::symlink(dir.join("nowhere.toml"), recipes.join("gone.toml")).unwrap();
+    let out = runner_cmd().current_dir(&dir).arg("ls").output().unwrap();
+    expect_exit(&out, 0);
+    let text = String::from_utf8_lossy(&out.stdout);
+    let line = |name: &str| {
+        text.lines()
+            .find(|l| l.contains(name))
+            .unwrap_or_else(|| panic!("{name} not listed:\n{text}"))
+            .to_string()
+    };
+    assert!(line("good.toml").ends_with("fine"), "{text}");
+    assert!(
+        line("bad.toml").ends_with("no model (does not validate: runner validate says why)"),
+        "{text}"
+    );
+    assert!(line("gone.toml").ends_with("(a link to nothing)"), "{text}");
     let _ = std::fs::remove_dir_all(&dir);
 }
