@@ -40,6 +40,15 @@ fn check_whole(path: &Path, len: usize) -> Result<(), DataError> {
             .help("point at a data_batch_*.bin or test_batch.bin file"));
     }
     if !len.is_multiple_of(RECORD) {
+        // Text is no CIFAR-10 file cut short: cutting it to whole records (the help
+        // below) would make records of its characters.
+        if let Some(what) = looks_like_text(path) {
+            return Err(DataError::new(
+                path,
+                format!("is {what}, not CIFAR-10 binary records ({len} bytes)"),
+            )
+            .help("name a CIFAR-10 .bin file (data_batch_*.bin, test_batch.bin); text data is format = \"jsonl\""));
+        }
         let whole = len / RECORD;
         let offset = whole * RECORD;
         return Err(DataError::new(
@@ -59,6 +68,34 @@ fn check_whole(path: &Path, len: usize) -> Result<(), DataError> {
         }));
     }
     Ok(())
+}
+
+/// What a file is, where its start reads as text: JSON Lines, or other text (CIFAR-10
+/// records are pixel bytes, with NULs and bytes past 127 all through).
+fn looks_like_text(path: &Path) -> Option<&'static str> {
+    use std::io::Read;
+    let mut head = vec![0u8; 4096];
+    let n = std::fs::File::open(path).ok()?.read(&mut head).ok()?;
+    let head = &head[..n];
+    let text = std::str::from_utf8(head)
+        .or_else(|e| match e.error_len() {
+            // Cut inside a character at the end of the read.
+            None => std::str::from_utf8(&head[..e.valid_up_to()]),
+            Some(_) => Err(e),
+        })
+        .ok()?;
+    // Mostly printable: pixel bytes below 128 (a dark image) are control characters.
+    let control = text
+        .chars()
+        .filter(|c| c.is_control() && !matches!(c, '\n' | '\r' | '\t'))
+        .count();
+    if text.is_empty() || control * 100 > text.len() {
+        return None;
+    }
+    Some(match text.trim_start().starts_with('{') {
+        true => "text (JSON Lines, it seems)",
+        false => "text",
+    })
 }
 
 /// Record `i` holds a label over the class count.
