@@ -492,6 +492,31 @@ fn value_help(msg: &str) -> Option<String> {
             "write a number, without quotes, e.g. 0.1".into()
         });
     }
+    // A number where a whole number goes: `1e3` is a float to TOML.
+    if let Some(rest) = msg.strip_prefix("invalid type: floating point `") {
+        let (got, expected) = rest.split_once("`, expected ")?;
+        if friendly(&format!("expected {expected}")).contains("integer") {
+            return Some(match got.parse::<f64>() {
+                Ok(f) if f.is_finite() && f.fract() == 0.0 && f.abs() < 1e15 => format!(
+                    "write {}, without a point or an exponent (TOML reads 1e3 and 4.0 as fractional numbers)",
+                    f as i64
+                ),
+                _ => "write a whole number, e.g. 4".into(),
+            });
+        }
+    }
+    // One value where a list goes.
+    if msg.starts_with("invalid type: ")
+        && !msg.starts_with("invalid type: sequence")
+        && msg.ends_with("expected a sequence")
+    {
+        let got = msg
+            .strip_prefix("invalid type: ")
+            .and_then(|r| r.split_once('`'))
+            .and_then(|(_, r)| r.split_once('`'))
+            .map_or("...", |(v, _)| v);
+        return Some(format!("write an array, e.g. [{got}]"));
+    }
     let rest = msg.strip_prefix("unknown variant `")?;
     let (got, rest) = rest.split_once('`')?;
     let allowed: Vec<&str> = rest.split('`').skip(1).step_by(2).collect();
@@ -516,6 +541,18 @@ mod tests {
                 .collect(),
             Err(r) => r.errors().map(|d| d.to_string()).collect(),
         }
+    }
+
+    #[test]
+    fn a_float_for_an_integer_and_a_value_for_a_list_say_what_to_write() {
+        let e = errors("[loader]\nbatch_size = 1e3\n").join("\n");
+        assert!(
+            e.contains("expected a non-negative integer")
+                && e.contains("help: write 1000, without a point"),
+            "{e}"
+        );
+        let e = errors("[data.normalize]\nmean = 0.5\n").join("\n");
+        assert!(e.contains("help: write an array, e.g. [0.5]"), "{e}");
     }
 
     #[test]
