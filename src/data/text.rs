@@ -43,6 +43,22 @@ pub struct Scan {
     pub longest_bytes: usize,
     /// Distinct words of the file (so a word vocabulary built from it has at most these).
     pub distinct_words: usize,
+    /// Each text's length in words and in bytes (as `longest_*`), sorted: how many a
+    /// `max_length` cuts.
+    pub word_lengths: Vec<u32>,
+    pub byte_lengths: Vec<u32>,
+}
+
+impl Scan {
+    /// Texts longer than `max_length` tokens of the tokenizer `kind` (cut to it).
+    pub fn longer_than(&self, kind: TokenizerKind, max_length: usize) -> usize {
+        let lengths = match kind {
+            TokenizerKind::Word => &self.word_lengths,
+            TokenizerKind::Byte => &self.byte_lengths,
+        };
+        let max = u32::try_from(max_length).unwrap_or(u32::MAX);
+        lengths.len() - lengths.partition_point(|&l| l <= max)
+    }
 }
 
 /// [`read_jsonl`]'s checks, keeping only the counts. Remembered for the life of the
@@ -90,6 +106,8 @@ pub fn scan_jsonl(
     let rows = read_jsonl(path, text_field, label_field, classes, usize::MAX)?;
     let mut seen_words = std::collections::HashSet::new();
     let (mut longest_words, mut longest_bytes) = (1, 1);
+    let mut word_lengths = Vec::with_capacity(rows.len());
+    let mut byte_lengths = Vec::with_capacity(rows.len());
     for (text, _) in &rows {
         let lower;
         let t = if lowercase {
@@ -107,13 +125,20 @@ pub fn scan_jsonl(
             }
         }
         longest_words = longest_words.max(n);
+        // An empty text is one (unknown) token.
+        word_lengths.push(n.max(1) as u32);
+        byte_lengths.push(t.len().max(1) as u32);
     }
+    word_lengths.sort_unstable();
+    byte_lengths.sort_unstable();
     let scan = Scan {
         rows: rows.len(),
         labels: rows.iter().map(|(_, l)| *l).collect(),
         longest_words,
         longest_bytes,
         distinct_words: seen_words.len(),
+        word_lengths,
+        byte_lengths,
     };
     SEEN.lock()
         .unwrap_or_else(|p| p.into_inner())
@@ -707,6 +732,11 @@ mod tests {
         );
         let s = scan_jsonl(&p, "text", "label", None, false).unwrap();
         assert_eq!(s.distinct_words, 5);
+        assert_eq!(
+            [4, 5].map(|m| s.longer_than(TokenizerKind::Word, m)),
+            [1, 0]
+        );
+        assert_eq!(s.longer_than(TokenizerKind::Byte, 15), 1);
         std::fs::write(
             &p,
             "{\"label\": 1, \"text\": \"a\"}\n{\"label\": 3, \"text\": \"b\"}\n",

@@ -277,6 +277,8 @@ impl<'a> Validator<'a> {
         let mut distinct = std::collections::BTreeSet::new();
         let mut counts = [0usize; 2];
         let mut train_labels = std::collections::BTreeSet::new();
+        let max_length = self.recipe().padding.clone().unwrap_or_default().max_length;
+        let (mut cut, mut train_longest) = (0, 0);
         let mut bad = false;
         let tokenizer = self.recipe().data.tokenizer.clone().unwrap_or_default();
         let mut seen = TextSeen {
@@ -299,6 +301,8 @@ impl<'a> Validator<'a> {
                     if i == 0 {
                         seen.words = scan.distinct_words;
                         train_labels = scan.labels.clone();
+                        cut = scan.longer_than(tokenizer.kind, max_length);
+                        train_longest = seen.longest;
                     }
                     let top = scan.labels.last().map_or(0, |&l| l as usize);
                     max_label = max_label.max(top);
@@ -327,6 +331,20 @@ impl<'a> Validator<'a> {
                     "label {max_label} occurs in the test set, but training labels run up to {train_max}: the model gets {classes} classes, and those above {train_max} are never trained"
                 ),
                 "check the test file's labels, or name the classes in labels.txt beside the training file",
+            );
+        }
+        // Texts cut to max_length lose their ends in silence (and the run's token counts
+        // are of what is left): said, with how many.
+        if cut > 0 && (1..=MAX_TOKENS).contains(&max_length) {
+            self.warn(
+                "padding.max_length",
+                format!(
+                    "{cut} of the {} training texts ({:.1}%) are longer than {max_length} tokens (the longest has {}): each is cut to its first {max_length}",
+                    counts[0],
+                    100.0 * cut as f64 / counts[0].max(1) as f64,
+                    train_longest
+                ),
+                format!("raise padding.max_length (at most {MAX_TOKENS}) to keep them whole, if the cut matters; memory grows with it"),
             );
         }
         // Labels that train nothing useful, which the run would report in silence (a

@@ -350,10 +350,14 @@ fn a_grid_may_sweep_a_key_that_others_depend_on() {
             std::fs::write(&alone, &out.stdout).unwrap();
             let out = runner_cmd().arg("validate").arg(&alone).output().unwrap();
             expect_exit(&out, 0);
+            // No finding but the count of texts its max_length cuts (SpamAssassin's).
+            let stderr = String::from_utf8_lossy(&out.stderr);
             assert!(
-                out.stderr.is_empty(),
-                "{}",
-                String::from_utf8_lossy(&out.stderr)
+                stderr
+                    .lines()
+                    .filter(|l| l.starts_with("warning") || l.starts_with("error"))
+                    .all(|l| l.contains("padding.max_length: ") && l.contains("training texts")),
+                "{stderr}"
             );
         }
     }
@@ -430,4 +434,45 @@ fn one_class_or_one_based_labels_are_warned() {
         }
     }
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Texts cut to `padding.max_length` are counted before the run: the cut was silent, and
+/// the run's token counts were of what was left.
+#[test]
+fn texts_cut_by_max_length_are_counted() {
+    let out = runner_cmd()
+        .args(["validate", "recipes/text/rotten_tomatoes.toml"])
+        .args(["--set", "padding.max_length=20"])
+        .output()
+        .unwrap();
+    expect_exit(&out, 0);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    // Counted independently: words as the tokenizer splits them (letters and digits, or
+    // any other non-space character alone), lower-cased.
+    let text =
+        std::fs::read_to_string(root().join("datasets/rotten_tomatoes/train.jsonl")).unwrap();
+    let lens: Vec<usize> = text
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| {
+            let v: serde_json::Value = serde_json::from_str(l).unwrap();
+            runner::data::text::words(&v["text"].as_str().unwrap().to_lowercase()).count()
+        })
+        .collect();
+    let cut = lens.iter().filter(|&&n| n > 20).count();
+    let longest = lens.iter().max().unwrap();
+    assert!(cut > 0);
+    assert!(
+        stderr.contains(&format!(
+            "padding.max_length: {cut} of the {} training texts",
+            lens.len()
+        )) && stderr.contains(&format!("(the longest has {longest})")),
+        "{stderr}"
+    );
+    let out = runner_cmd()
+        .args(["validate", "recipes/text/rotten_tomatoes.toml"])
+        .output()
+        .unwrap();
+    expect_exit(&out, 0);
+    assert!(!String::from_utf8_lossy(&out.stderr).contains("padding.max_length"));
 }
