@@ -209,25 +209,22 @@ fn set_tilde_removes_a_key_the_recipe_sets() {
     );
     // A grid axis is removed as one, and said so where its key alone is given.
     let grid = root().join("recipes/article_grid.toml");
-    let out = runner_cmd()
-        .args(["validate", "--set", "~cleanup.every"])
-        .arg(&grid)
-        .output()
-        .unwrap();
-    expect_exit(&out, 2);
-    let err = String::from_utf8_lossy(&out.stderr);
+    let refused = |set: &str| {
+        let out = runner_cmd()
+            .args(["validate", "--set", set])
+            .arg(&grid)
+            .output()
+            .unwrap();
+        expect_exit(&out, 2);
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let err = refused("~cleanup.every");
     assert!(
         err.contains("it is a grid axis: remove the axis with --set '~sweep.\"cleanup.every\"'"),
         "{err}"
     );
     // `extends` is followed as the file is read: not removable, and not "not set".
-    let out = runner_cmd()
-        .args(["validate", "--set", "~extends"])
-        .arg(&grid)
-        .output()
-        .unwrap();
-    expect_exit(&out, 2);
-    let err = String::from_utf8_lossy(&out.stderr);
+    let err = refused("~extends");
     assert!(
         err.contains("`extends` cannot be removed with --set") && !err.contains("not set"),
         "{err}"

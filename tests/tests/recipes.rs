@@ -396,6 +396,15 @@ fn the_schema_accepts_every_shipped_recipe_and_rejects_a_wrong_one() {
     // A value out of one key's range is refused by the schema as by the runner, so an
     // editor marks it (the schema took each of these, which validation refuses).
     let quickstart = as_json(&root().join("recipes/quickstart.toml"));
+    let with = |table: &str, key: &str, value: &str| {
+        let mut v = quickstart.clone();
+        let parsed: serde_json::Value = serde_json::from_str(value).unwrap();
+        v.as_object_mut()
+            .unwrap()
+            .entry(table)
+            .or_insert_with(|| serde_json::json!({}))[key] = parsed;
+        v
+    };
     for (table, key, value) in [
         ("loader", "batch_size", "0"),
         ("loader", "prefetch", "0"),
@@ -414,12 +423,7 @@ fn the_schema_accepts_every_shipped_recipe_and_rejects_a_wrong_one() {
         ("data", "validation", "1.5"),
         ("data", "validation", "0.0"),
     ] {
-        let mut v = quickstart.clone();
-        let parsed: serde_json::Value = serde_json::from_str(value).unwrap();
-        v.as_object_mut()
-            .unwrap()
-            .entry(table)
-            .or_insert_with(|| serde_json::json!({}))[key] = parsed;
+        let v = with(table, key, value);
         assert!(
             !validator.is_valid(&v),
             "the schema accepts {table}.{key} = {value}"
@@ -438,12 +442,7 @@ fn the_schema_accepts_every_shipped_recipe_and_rejects_a_wrong_one() {
         ("model", "dropout", "0.0"),
         ("data", "validation", "0.5"),
     ] {
-        let mut v = quickstart.clone();
-        let parsed: serde_json::Value = serde_json::from_str(value).unwrap();
-        v.as_object_mut()
-            .unwrap()
-            .entry(table)
-            .or_insert_with(|| serde_json::json!({}))[key] = parsed;
+        let v = with(table, key, value);
         assert!(
             validator.is_valid(&v),
             "the schema refuses {table}.{key} = {value}"
