@@ -556,6 +556,9 @@ fn stop_at_second_signal(
                 summary.validations.clone_from(&r.validations);
                 summary.startup_s = summary.startup_s.or(r.startup_s);
                 summary.first_step_ms = summary.first_step_ms.or(r.first_step_ms);
+                summary.loader_workers_started = summary
+                    .loader_workers_started
+                    .max(r.loader_workers_started.unwrap_or(0));
             }
             // (It said 0 however many epochs had ended.)
             summary.epochs_completed = summary.epochs_completed.max(state.epochs_completed);

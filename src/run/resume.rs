@@ -625,6 +625,10 @@ fn rewind(
     if let Some(r) = &state.recorded {
         summary.startup_s = summary.startup_s.or(r.startup_s);
         summary.first_step_ms = summary.first_step_ms.or(r.first_step_ms);
+        // A process that died without its summary did not add its workers to it.
+        summary.loader_workers_started = summary
+            .loader_workers_started
+            .max(r.loader_workers_started.unwrap_or(0));
     }
     let evals = evals.into_iter().filter(|e| e.step <= state.step).collect();
     summary.validations = validations

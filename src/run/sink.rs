@@ -21,6 +21,8 @@ pub(super) struct FileSink {
     startup_s: Option<f64>,
     origin: Instant,
     first_step_ms: Option<f64>,
+    /// Loader workers the run's earlier processes started.
+    workers_before: usize,
     /// CubeCL's counters when the run started (a process may run several).
     counts_at_start: KernelCounts,
     /// Lines written to `metrics.jsonl` (those of earlier processes included).
@@ -177,6 +179,8 @@ impl Sink for FileSink {
             checkpoint_ms_before: self.checkpoint_ms,
             startup_s: self.startup_s,
             first_step_ms: self.first_step_ms,
+            // This process's own are added by the loop, which has the loader.
+            loader_workers_started: Some(self.workers_before),
         }
     }
     fn moved(&mut self, to: &Path) {
@@ -256,6 +260,7 @@ impl FileSink {
             io_error: None,
             startup_s: summary.startup_s,
             first_step_ms: summary.first_step_ms,
+            workers_before: summary.loader_workers_started,
             origin,
             counts_at_start,
             checkpoints: summary.checkpoints,

@@ -98,6 +98,10 @@ pub struct Recorded {
     pub startup_s: Option<f64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub first_step_ms: Option<f64>,
+    /// Loader workers started so far, over all the run's processes (`summary.json`'s
+    /// `loader_workers_started`, which a process killed outright did not add to).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub loader_workers_started: Option<usize>,
 }
 
 // A checkpoint file's size and CRC-32 when it was written: enough to find a file cut
@@ -620,6 +624,7 @@ mod tests {
                 checkpoint_ms_before: 1000.0 * next(),
                 startup_s: Some(next()),
                 first_step_ms: Some(next()),
+                loader_workers_started: Some(7),
             }),
             state_crc32: None,
         };

@@ -267,6 +267,7 @@ pub fn train<B: TrainBackend>(
     };
     let make = batch_maker::<B>(&batcher, &train, plan.loader.pin_memory, &t.io.device);
     let mut loader = Loader::new(loader_config(plan, &train), train.len(), make);
+    t.loader_stats = Some(Arc::clone(&loader.stats));
     let mut stopped: Option<Stop> = None;
     for epoch in start.epoch..plan.run.epochs {
         let skip = if epoch == start.epoch { start.batch } else { 0 };

@@ -67,6 +67,8 @@ pub(crate) struct Trainer<'a, B: TrainBackend> {
     /// The trained weights, saved after the last step (before the final evaluation, so
     /// that a second signal during it keeps them): not tried yet, saved, or why not.
     final_weights: Option<Result<(), Stop>>,
+    /// The loader's counts (its workers started), for the checkpoints to record.
+    pub loader_stats: Option<Arc<crate::loader::LoaderStats>>,
 }
 
 /// Times `f` as a phase: in the profile window the phase ends with a device sync, so its
@@ -146,6 +148,7 @@ impl<'a, B: TrainBackend> Trainer<'a, B> {
             first_step: step + 1,
             early: false,
             final_weights: None,
+            loader_stats: None,
         };
         Ok((trainer, start))
     }
@@ -208,7 +211,16 @@ impl<'a, B: TrainBackend> Trainer<'a, B> {
             since_best: self.watching.since_best,
             diverged_at_step: self.diverged.map(|d| d.0),
             files: Default::default(),
-            recorded: Some(sink.recorded()),
+            recorded: Some({
+                // The run's loader workers so far: earlier processes' and this one's (a
+                // process killed outright lost its count).
+                let mut r = sink.recorded();
+                let here = self.loader_stats.as_ref().map_or(0, |s| {
+                    s.workers_started.load(std::sync::atomic::Ordering::Relaxed)
+                });
+                r.loader_workers_started = r.loader_workers_started.map(|before| before + here);
+                r
+            }),
             state_crc32: None,
         };
         let t = Instant::now();

@@ -275,6 +275,14 @@ fn a_resumed_run_ends_bitwise_where_the_uninterrupted_one_does() {
             (recorded.startup_s, recorded.first_step_ms),
             "after kill -9"
         );
+        // The killed process's loader workers count too (its epoch in progress is started
+        // again by the resume, so there may be more than uninterrupted).
+        assert!(
+            s.loader_workers_started >= r.loader_workers_started,
+            "{} < {}, workers = {workers}",
+            s.loader_workers_started,
+            r.loader_workers_started
+        );
         // The test evaluations of the killed process too: they are on no metrics line,
         // and its summary was never written (they were lost).
         let evals = |s: &runner::metrics::Summary| -> Vec<(u64, u64)> {
