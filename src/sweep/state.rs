@@ -374,6 +374,17 @@ pub fn execute(
             out.skipped.push(c.index);
             continue;
         }
+        // Stopped here, then finished by `runner resume` of its run directory: done, and
+        // marked so (it was resumed again, to no end, and counted as run, not skipped).
+        if let Some(dir) = sweep
+            .status(c)
+            .and_then(|s| s.run_dir)
+            .filter(|d| sel.resume && completed(d))
+        {
+            sweep.mark(c, State::Done, Some(&dir), None)?;
+            out.skipped.push(c.index);
+            continue;
+        }
         // Cells timed side by side on one machine are each slower than alone: said once,
         // as the table that follows would not. (Not for `--cell` and `--shard`, which
         // split a grid on purpose: Slurm's tasks on a node, each on a GPU of its own.)
