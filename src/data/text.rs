@@ -161,19 +161,14 @@ pub fn read_jsonl(
         let line = 1 + e.as_bytes()[..at].iter().filter(|&&b| b == b'\n').count();
         let b = e.as_bytes();
         let head = &b[..b.len().min(4096)];
-        // UTF-16 (Windows PowerShell 5's `>`, Notepad's "Unicode") puts a zero byte beside
-        // every ASCII character; gzip starts 1f 8b: neither is a CIFAR-10 file.
-        let zeros_at = |odd: usize| {
-            let n = head.iter().skip(odd).step_by(2).filter(|&&x| x == 0).count();
-            n * 4 >= head.len() / 2 * 3
-        };
+        // gzip starts 1f 8b: neither it nor UTF-16 is a CIFAR-10 file.
         let help = if head.starts_with(&[0x1f, 0x8b]) {
             "this is a gzip file: decompress it (gunzip -k FILE) and name the .jsonl"
         } else if head.starts_with(&[0xff, 0xfe])
             || head.starts_with(&[0xfe, 0xff])
-            || (head.len() >= 8 && (zeros_at(0) || zeros_at(1)))
+            || utf16_zeros(head)
         {
-            "this looks like UTF-16 text (what Windows PowerShell 5 and Notepad's \"Unicode\" write): convert it (iconv -f utf-16 -t utf-8 FILE > FILE8)"
+            UTF16_HELP
         } else if head.contains(&0) {
             "this looks like a binary file: is it a CIFAR-10 .bin given as format = \"jsonl\"?"
         } else {
@@ -188,6 +183,11 @@ pub fn read_jsonl(
         )
         .help(help)
     })?;
+    // UTF-16 without a byte-order mark is valid UTF-8 where it is ASCII (a NUL beside every
+    // character), and failed as JSON on every line: said as what it is.
+    if utf16_zeros(&text.as_bytes()[..text.len().min(4096)]) {
+        return Err(DataError::new(path, "is UTF-16 text, not UTF-8").help(UTF16_HELP));
+    }
     // A byte-order mark (some editors write one) is not part of the first object.
     let text = text.strip_prefix('\u{feff}').unwrap_or(&text);
     // Lines ended by a carriage return alone (classic Mac OS) read as one long line, and
@@ -371,18 +371,59 @@ fn parse_line(
     Ok((t, label))
 }
 
+const UTF16_HELP: &str = "this looks like UTF-16 text (what Windows PowerShell 5 and Notepad's \"Unicode\" write): convert it (iconv -f utf-16 -t utf-8 FILE > FILE8)";
+
+/// Whether `head` has a zero byte beside (nearly) every other byte: UTF-16 (Windows
+/// PowerShell 5's `>`, Notepad's "Unicode") of mostly ASCII text.
+fn utf16_zeros(head: &[u8]) -> bool {
+    let zeros_at = |odd: usize| {
+        let n = head
+            .iter()
+            .skip(odd)
+            .step_by(2)
+            .filter(|&&x| x == 0)
+            .count();
+        n * 4 >= head.len() / 2 * 3
+    };
+    head.len() >= 8 && (zeros_at(0) || zeros_at(1))
+}
+
 /// The label's value as the line writes it, where it is a plain number (`"label": -0`):
-/// the text after the field's key up to the next `,` or `}`, at most 60 characters.
+/// the text after the top-level key `field` up to the next `,` or `}`, at most 60
+/// characters. Only the object's own keys count (a `"label"` in a nested object, or inside
+/// a string, is not it).
 fn label_text(line: &str, field: &str) -> Option<String> {
     let key = serde_json::to_string(field).ok()?;
-    let after = &line[line.find(&key)? + key.len()..];
-    let value = after.trim_start().strip_prefix(':')?.trim_start();
-    let end = value.find([',', '}']).unwrap_or(value.len());
-    let v = value[..end].trim_end();
-    let number = !v.is_empty()
-        && v.len() <= 60
-        && v.chars().all(|c| c.is_ascii_digit() || "+-.eE".contains(c));
-    number.then(|| v.to_string())
+    let bytes = line.as_bytes();
+    let (mut depth, mut i) = (0usize, 0usize);
+    while i < bytes.len() {
+        match bytes[i] {
+            b'"' => {
+                // A string: the key itself where it stands at depth 1, else skipped whole.
+                if depth == 1 && line[i..].starts_with(&key) {
+                    let after = line[i + key.len()..].trim_start();
+                    if let Some(value) = after.strip_prefix(':') {
+                        let value = value.trim_start();
+                        let end = value.find([',', '}']).unwrap_or(value.len());
+                        let v = value[..end].trim_end();
+                        let number = !v.is_empty()
+                            && v.len() <= 60
+                            && v.chars().all(|c| c.is_ascii_digit() || "+-.eE".contains(c));
+                        return number.then(|| v.to_string());
+                    }
+                }
+                i += 1;
+                while i < bytes.len() && bytes[i] != b'"' {
+                    i += if bytes[i] == b'\\' { 2 } else { 1 };
+                }
+            }
+            b'{' | b'[' => depth += 1,
+            b'}' | b']' => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+        i += 1;
+    }
+    None
 }
 
 /// Class names from `labels.txt` beside the file (one per line), if it is there.
@@ -787,6 +828,10 @@ mod tests {
                 "line 1: label -0 is not a non-negative integer",
             ),
             (
+                "{\"meta\": {\"label\": 3}, \"text\": \"\\\"label\\\": 4\", \"label\": -1}\n",
+                "line 1: label -1 is not a non-negative integer",
+            ),
+            (
                 "{\"label\": \"1\", \"text\": \"x\"}\n",
                 "line 1: label \"1\" is not a non-negative integer",
             ),
@@ -820,7 +865,12 @@ mod tests {
             )
             .collect();
         let gzip = [0x1f, 0x8b, 0x08, 0x00, 0xde, 0xad, 0xbe, 0xef];
-        for (bytes, want) in [(&utf16[..], "UTF-16"), (&gzip[..], "gzip file")] {
+        let no_bom = &utf16[2..];
+        for (bytes, want) in [
+            (&utf16[..], "UTF-16"),
+            (no_bom, "UTF-16"),
+            (&gzip[..], "gzip file"),
+        ] {
             std::fs::write(&p, bytes).unwrap();
             let e = read_jsonl(&p, "text", "label", Some(2), usize::MAX).unwrap_err();
             assert!(e.help_text().contains(want), "{}", e.help_text());
