@@ -410,27 +410,54 @@ fn cell_names(base: &str, axes: &[Axis], picks: &[Vec<usize>]) -> Vec<String> {
                 .zip(pick)
                 .map(|(a, &i)| (a.key.clone(), a.values[i].clone()))
                 .collect();
-            (
-                cell_name(base, axes, &assignments),
-                value_tag(base, &assignments),
-            )
+            let tag = value_tag(base, &assignments);
+            (cell_name(base, axes, &assignments, &tag[..8]), tag)
         })
         .unzip();
-    names
+    let mut out: Vec<String> = names
         .iter()
         .zip(&tags)
         .map(|(n, tag)| {
             if names.iter().filter(|m| *m == n).count() > 1 {
-                format!("{n},cell={tag}")
+                format!("{n},cell={}", &tag[..8])
             } else {
                 n.clone()
             }
         })
-        .collect()
+        .collect();
+    // Two tags of 8 hex digits meet in about 1 grid of 10,000 long-named cells in 100: such
+    // cells take 16 (which a grid of any size allowed does not meet), so no two cells share
+    // a directory, as with the index.
+    let seen = |out: &[String], n: &str| out.iter().filter(|m| *m == n).count();
+    let twice: Vec<usize> = (0..out.len())
+        .filter(|&i| seen(&out, &out[i]) > 1)
+        .collect();
+    for i in twice {
+        // (Both forms end in the 8 digits.)
+        let kept = out[i].len() - 8;
+        out[i] = format!("{}{}", &out[i][..kept], &tags[i][..16]);
+    }
+    out
 }
 
-/// 8 hex digits of the SHA-256 of the cell's keys and values as TOML (`x/y` and `x_y`
-/// differ there, not in a name): what tells a cell apart where its `key=value` name cannot.
+/// The name a cell had before its values' tag replaced its index (2026-12-06):
+/// `base/cell-0003` for `base/cell-<tag>`, `...,cell=3` for `...,cell=<tag>`; other names
+/// are as they were.
+fn index_name(name: &str, index: usize) -> String {
+    let tagged = |rest: &str| {
+        (rest.len() == 8 || rest.len() == 16) && rest.chars().all(|c| c.is_ascii_hexdigit())
+    };
+    if let Some((head, _)) = name.rsplit_once("/cell-").filter(|(_, t)| tagged(t)) {
+        return format!("{head}/cell-{index:04}");
+    }
+    if let Some((head, _)) = name.rsplit_once(",cell=").filter(|(_, t)| tagged(t)) {
+        return format!("{head},cell={index}");
+    }
+    name.to_string()
+}
+
+/// The SHA-256 (hex) of the cell's keys and values as TOML (`x/y` and `x_y` differ there,
+/// not in a name); its first 8 digits tell a cell apart where its `key=value` name cannot.
 /// Not its index, which moves when an axis gains a value before its own: a grown grid's
 /// cells then took names its earlier cells had, and one directory held two cells' runs.
 fn value_tag(base: &str, assignments: &[(String, toml::Value)]) -> String {
@@ -438,7 +465,7 @@ fn value_tag(base: &str, assignments: &[(String, toml::Value)]) -> String {
         .iter()
         .map(|(k, v)| format!("{k}={v}"))
         .collect();
-    short_sha(&format!("{base}/{}", text.join("\n")))[..8].to_string()
+    sha256_hex(format!("{base}/{}", text.join("\n")).as_bytes())
 }
 
 /// `base/label=value,...` of any length (a recipe without a grid: `base`): the name
@@ -457,7 +484,12 @@ fn id_name(base: &str, axes: &[Axis], assignments: &[(String, toml::Value)]) -> 
 
 /// `base/label=value,...`, or `base/cell-<value tag>` where that would not make a
 /// readable directory name (too long for the file system, or control characters).
-fn cell_name(base: &str, axes: &[Axis], assignments: &[(String, toml::Value)]) -> String {
+fn cell_name(
+    base: &str,
+    axes: &[Axis],
+    assignments: &[(String, toml::Value)],
+    tag: &str,
+) -> String {
     if axes.is_empty() {
         return base.to_string();
     }
@@ -466,7 +498,7 @@ fn cell_name(base: &str, axes: &[Axis], assignments: &[(String, toml::Value)]) -
     // A directory name must fit the file system (255 bytes) and stay readable; past that
     // the cell is named by its values' tag (the manifest maps it back).
     if label.len() > MAX_LABEL || label.chars().any(char::is_control) {
-        format!("{base}/cell-{}", value_tag(base, assignments))
+        format!("{base}/cell-{tag}")
     } else {
         format!("{base}/{label}")
     }
@@ -557,9 +589,12 @@ pub fn check_loaded(
         named.name = Some(c.id_name.clone());
         c.id = cell_id(&named, &c.loaded.recipe);
         c.earlier_ids = earlier_cell_ids(&named, &c.loaded.recipe);
-        // Before 2026-12-05 the id held the name as given, its index where too long: the
-        // same while the grid has not grown.
-        let by_index = cell_id(&p.resolved, &c.loaded.recipe);
+        // Before 2026-12-05 the id held the name as given, its index where too long (or
+        // where names met): the same while the grid has not grown. That name is no longer
+        // the cell's (its values' tag is), so it is made again from the index.
+        let mut as_named = p.resolved.clone();
+        as_named.name = Some(index_name(&c.name, c.index));
+        let by_index = cell_id(&as_named, &c.loaded.recipe);
         if by_index != c.id && !c.earlier_ids.contains(&by_index) {
             c.earlier_ids.push(by_index);
         }
@@ -577,7 +612,7 @@ pub fn check_loaded(
     })
 }
 
-/// The longest `key=value,...` part of a cell's name; longer ones become `cell-NNNN`.
+/// The longest `key=value,...` part of a cell's name; longer ones become `cell-<tag>`.
 const MAX_LABEL: usize = 120;
 
 /// A grid repeats one mistake in many cells: say it once.

@@ -1043,6 +1043,19 @@ fn resume_after_an_axis_gained_a_value_skips_done_cells_named_by_index() {
     };
     let before = cell_dirs();
     assert_eq!(before.len(), 2, "{before:?}");
+    // A grid run before the tags (2026-12-06) named these cells by index, and their ids
+    // hashed that name: each cell still knows that id, so --resume finds them done.
+    let checked = runner::sweep::check(&two, &[], &Machine::cpu_only(), 256).unwrap();
+    for (i, (cell, plan)) in checked.cells.iter().zip(&checked.plans).enumerate() {
+        let mut named = plan.resolved.clone();
+        named.name = Some(format!("g/cell-{i:04}"));
+        let old = runner::sweep::cell_id(&named, &cell.loaded.recipe);
+        assert!(
+            cell.earlier_ids.contains(&old),
+            "cell {i}: {old} not among {:?}",
+            cell.earlier_ids
+        );
+    }
     let three = grown(&two, "g3.toml", "[0.1, 0.2]", "[0.05, 0.1, 0.2]");
     resume_finds_two_cells_done_elsewhere(&three, "a value before the others");
     let after = cell_dirs();
