@@ -282,7 +282,7 @@ pub fn execute(plan: &Plan, opts: &RunOptions) -> Result<Finished, RunError> {
     // Both are rewritten at the end: room is kept for that on a disk that fills up.
     write_json_keeping_room(&dir.join("env.json"), &env, KEPT_ROOM)
         .map_err(|e| fail(format!("env.json: {e}")))?;
-    let summary = Summary {
+    let mut summary = Summary {
         name: plan.name.clone(),
         run_id: run_id.clone(),
         status: RunStatus::Running,
@@ -293,6 +293,9 @@ pub fn execute(plan: &Plan, opts: &RunOptions) -> Result<Finished, RunError> {
         device: prepared.device_name.clone(),
         ..Default::default()
     };
+    // No step yet: the speed figures are null, as for a run with no timed step (0.0 read
+    // as a real time to any tool but ours, for a run going on or killed outright).
+    summary.absorb(&[], plan.run.warmup_steps);
     write_json_keeping_room(&dir.join("summary.json"), &summary, KEPT_ROOM)
         .map_err(|e| fail(format!("summary.json: {e}")))?;
     let metrics = JsonLines::create(&dir.join("metrics.jsonl"))

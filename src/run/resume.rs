@@ -298,7 +298,7 @@ fn rebuilt_summary(run_dir: &Path, plan: &Plan, prepared: &Prepared, why: &str) 
     );
     // (`runner resume .` names the run by its path's last part, which `.` has not.)
     let dir = std::fs::canonicalize(run_dir).unwrap_or_else(|_| run_dir.to_path_buf());
-    Summary {
+    let mut summary = Summary {
         name: plan.name.clone(),
         run_id: dir
             .file_name()
@@ -307,7 +307,10 @@ fn rebuilt_summary(run_dir: &Path, plan: &Plan, prepared: &Prepared, why: &str) 
         backend: prepared.backend_name.clone(),
         device: prepared.device_name.clone(),
         ..Default::default()
-    }
+    };
+    // Its figures come from the lines when the run ends; null until then.
+    summary.absorb(&[], plan.run.warmup_steps);
+    summary
 }
 
 /// `env.json` written again where it is missing or unreadable (without it the data could

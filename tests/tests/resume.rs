@@ -244,8 +244,13 @@ fn a_resumed_run_ends_bitwise_where_the_uninterrupted_one_does() {
         let run = only_run(&killed_dir.join("r"));
         assert_eq!(summary(&run).status, RunStatus::Running);
         // The dead process never said its start-up; its checkpoints did, and the resumed
-        // run's is that one (it was the resume's own).
+        // run's is that one (it was the resume's own). Nor its speed: null, not 0.
         assert_eq!(summary(&run).startup_s, None);
+        let at_start = json(&run.join("summary.json"));
+        assert!(
+            at_start["iter_ms"]["median"].is_null() && at_start["samples_per_s"].is_null(),
+            "{at_start}"
+        );
         let (_, latest) = runner::checkpoint::list(&run).pop().unwrap();
         let recorded = latest.recorded.clone().unwrap();
         assert!(recorded.startup_s.is_some() && recorded.first_step_ms.is_some());
