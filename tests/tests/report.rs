@@ -169,16 +169,21 @@ fn a_diverged_run_fails_at_that_step_and_report_keeps_it_apart() {
         .output()
         .unwrap();
     expect_exit(&out, 0);
+    // `runner report --format csv` of every run: one row (and the header), and what it
+    // said on stderr.
+    let one_row = || {
+        let out = runner_cmd()
+            .args(["report", "--format", "csv"])
+            .arg(dir.join("runs"))
+            .output()
+            .unwrap();
+        expect_exit(&out, 0);
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert_eq!(stdout.lines().count(), 2, "header and one row: {stdout}");
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
     // report: only the completed one is in the table; the failed one is listed apart.
-    let out = runner_cmd()
-        .args(["report", "--format", "csv"])
-        .arg(dir.join("runs"))
-        .output()
-        .unwrap();
-    expect_exit(&out, 0);
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert_eq!(stdout.lines().count(), 2, "header and one row: {stdout}");
-    let stderr = String::from_utf8_lossy(&out.stderr);
+    let stderr = one_row();
     assert!(
         stderr.contains("not in the table (1 run(s); each with why)")
             && stderr.contains(&format!("{}: failed: diverged at step", run.display())),
@@ -192,18 +197,6 @@ fn a_diverged_run_fails_at_that_step_and_report_keeps_it_apart() {
     std::fs::create_dir_all(&broken).unwrap();
     std::fs::write(broken.join("summary.json"), "{ not json").unwrap();
     std::fs::write(broken.join("metrics.jsonl"), "").unwrap();
-    // `runner report --format csv` of every run: one row (and the header), and what it
-    // said on stderr.
-    let one_row = || {
-        let out = runner_cmd()
-            .args(["report", "--format", "csv"])
-            .arg(dir.join("runs"))
-            .output()
-            .unwrap();
-        expect_exit(&out, 0);
-        assert_eq!(String::from_utf8_lossy(&out.stdout).lines().count(), 2);
-        String::from_utf8_lossy(&out.stderr).into_owned()
-    };
     let stderr = one_row();
     assert!(
         stderr.contains("(2 run(s); each with why)")
