@@ -109,7 +109,7 @@ pub struct TextPlan {
     pub seen: TextSeen,
 }
 
-/// The longest text of the training and test files in tokens (before the cut to
+/// The longest text of the training, test and validation files in tokens (before the cut to
 /// `max_length`), and the distinct words of the training file (a word vocabulary's most).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct TextSeen {

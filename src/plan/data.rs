@@ -58,7 +58,7 @@ impl<'a> Validator<'a> {
             DataFormat::Synthetic => self.synthetic_data()?,
         };
         let (train_len, validation_len) = self.split(train_total);
-        let (validation_len, validation_files) =
+        let (validation_len, validation_files, validation_longest) =
             self.validation_file(format, classes, validation_len)?;
         let test_len = d.test_limit.map_or(test_total, |n| n.min(test_total));
         if d.test_limit.is_some() && test_total == 0 {
@@ -99,11 +99,19 @@ impl<'a> Validator<'a> {
                 test_samples,
                 image,
             },
-            Files::Jsonl { train, test, seen } => DataSource::Jsonl {
+            Files::Jsonl {
                 train,
                 test,
-                text: self.text_plan(seen),
-            },
+                mut seen,
+            } => {
+                // Validation batches are padded as training's are: their longest row counts.
+                seen.longest = seen.longest.max(validation_longest);
+                DataSource::Jsonl {
+                    train,
+                    test,
+                    text: self.text_plan(seen),
+                }
+            }
         };
         Some(DataPlan {
             source,
@@ -479,15 +487,17 @@ impl<'a> Validator<'a> {
     }
 
     /// `data.validation_file`: a validation set of its own, checked as the test set is
-    /// (records, labels). Returns (validation samples, the set's files).
+    /// (records, labels). Returns (validation samples, the set's files, the longest text
+    /// of a JSONL file in tokens, else 0).
     fn validation_file(
         &mut self,
         format: DataFormat,
         classes: usize,
         held_out: usize,
-    ) -> Option<(usize, Vec<PathBuf>)> {
+    ) -> Option<(usize, Vec<PathBuf>, usize)> {
         let d = &self.recipe().data;
         let mut validation_files = vec![];
+        let mut longest = 0;
         let validation_len = match (&d.validation_file, format) {
             (None, _) => held_out,
             (Some(_), _) if d.validation.is_some() => {
@@ -526,15 +536,20 @@ impl<'a> Validator<'a> {
                     .num_classes
                     .unwrap_or(classes)
                     .max(classes);
-                let lowercase = self
-                    .recipe()
-                    .data
-                    .tokenizer
-                    .as_ref()
-                    .is_none_or(|t| t.lowercase);
-                match crate::data::text::scan_jsonl(&path, &tf, &lf, Some(limit), lowercase) {
+                let tokenizer = self.recipe().data.tokenizer.clone().unwrap_or_default();
+                match crate::data::text::scan_jsonl(
+                    &path,
+                    &tf,
+                    &lf,
+                    Some(limit),
+                    tokenizer.lowercase,
+                ) {
                     Ok(scan) => {
                         validation_files = vec![path];
+                        longest = match tokenizer.kind {
+                            crate::recipe::TokenizerKind::Word => scan.longest_words,
+                            crate::recipe::TokenizerKind::Byte => scan.longest_bytes,
+                        };
                         scan.rows
                     }
                     Err(e) => {
@@ -544,7 +559,7 @@ impl<'a> Validator<'a> {
                 }
             }
         };
-        Some((validation_len, validation_files))
+        Some((validation_len, validation_files, longest))
     }
 
     /// `data.normalize`: one value per channel (a single value is used for all).

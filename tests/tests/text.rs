@@ -399,6 +399,35 @@ fn the_memory_check_counts_the_texts_not_the_caps() {
     assert!(
         err.contains("loader.batch_size") && err.contains("padding.strategy = \"dynamic\""),
         "{err}"
+    ); // A validation file's batches are padded as training's are: its longest text counts
+       // (a 65,536-word review there needs what max_length = 65536 does).
+    let dir = tempdir("longest-validation");
+    let long = dir.join("validation.jsonl");
+    let text = "word ".repeat(65536);
+    std::fs::write(
+        &long,
+        format!("{{\"label\": 1, \"text\": \"{text}\"}}\n{{\"label\": 0, \"text\": \"short\"}}\n"),
+    )
+    .unwrap();
+    let out = validate(&[
+        "padding.max_length=65536",
+        &format!("data.validation_file={:?}", long.display().to_string()),
+    ]);
+    expect_exit(&out, 2);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("loader.batch_size"), "{err}");
+    // The same file with that text cut to one word fits.
+    std::fs::write(
+        &long,
+        "{\"label\": 1, \"text\": \"word\"}\n{\"label\": 0, \"text\": \"short\"}\n",
+    )
+    .unwrap();
+    expect_exit(
+        &validate(&[
+            "padding.max_length=65536",
+            &format!("data.validation_file={:?}", long.display().to_string()),
+        ]),
+        0,
     );
 }
 
