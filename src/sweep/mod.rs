@@ -414,12 +414,22 @@ fn cell_names(base: &str, axes: &[Axis], picks: &[Vec<usize>]) -> Vec<String> {
             (cell_name(base, axes, &assignments, &tag[..8]), tag)
         })
         .unzip();
+    told_apart(&names, &tags)
+}
+
+/// `names` made distinct by the cells' value `tags` (hex): a name two cells share gains
+/// `,cell=` and 8 digits of its tag (`cell-<8 digits>` takes 16); names still alike take 16.
+fn told_apart(names: &[String], tags: &[String]) -> Vec<String> {
     let mut out: Vec<String> = names
         .iter()
-        .zip(&tags)
+        .zip(tags)
         .map(|(n, tag)| {
             if names.iter().filter(|m| *m == n).count() > 1 {
-                format!("{n},cell={}", &tag[..8])
+                // A name that is its tag already (`cell-<8 digits>`) takes 16.
+                match n.strip_suffix(&tag[..8]).filter(|h| h.ends_with("/cell-")) {
+                    Some(head) => format!("{head}{}", &tag[..16]),
+                    None => format!("{n},cell={}", &tag[..8]),
+                }
             } else {
                 n.clone()
             }
@@ -765,6 +775,54 @@ pub use state::*;
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Names two cells share are told apart by their tags' first 8 digits, and by 16 where
+    /// those 8 meet too; a name of one cell is kept, and so is its legacy index name.
+    #[test]
+    fn cells_whose_tags_meet_take_longer_tags() {
+        let own = |s: &[&str]| s.iter().map(|x| x.to_string()).collect::<Vec<_>>();
+        let tag = |head: &str, tail: &str| format!("{head}{tail}{}", "0".repeat(48));
+        let names = own(&[
+            "g/cell-aaaaaaaa",
+            "g/cell-aaaaaaaa",
+            "g/x=a_b",
+            "g/x=a_b",
+            "g/y=1",
+        ]);
+        let tags = [
+            tag("aaaaaaaa", "11111111"),
+            tag("aaaaaaaa", "22222222"),
+            tag("bbbbbbbb", "33333333"),
+            tag("cccccccc", "44444444"),
+            tag("dddddddd", "55555555"),
+        ];
+        assert_eq!(
+            told_apart(&names, &tags),
+            own(&[
+                "g/cell-aaaaaaaa11111111",
+                "g/cell-aaaaaaaa22222222",
+                "g/x=a_b,cell=bbbbbbbb",
+                "g/x=a_b,cell=cccccccc",
+                "g/y=1",
+            ])
+        );
+        // Values alike in a name and in the first 8 digits of their tags.
+        let names = own(&["g/x=a_b", "g/x=a_b"]);
+        let tags = [tag("eeeeeeee", "66666666"), tag("eeeeeeee", "77777777")];
+        assert_eq!(
+            told_apart(&names, &tags),
+            own(&[
+                "g/x=a_b,cell=eeeeeeee66666666",
+                "g/x=a_b,cell=eeeeeeee77777777"
+            ])
+        );
+        // The 16-digit forms still map back to the index names of earlier versions.
+        assert_eq!(
+            index_name("g/x=a_b,cell=eeeeeeee66666666", 3),
+            "g/x=a_b,cell=3"
+        );
+        assert_eq!(index_name("g/cell-aaaaaaaa11111111", 7), "g/cell-0007");
+    }
 
     #[test]
     fn labels_are_short_but_unambiguous() {
