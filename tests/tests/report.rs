@@ -1,7 +1,7 @@
 //! `runner report`: the table recomputed from the runs it finds, and the plot.
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Command, Output};
 
 use runner::metrics::RunStatus;
 
@@ -11,6 +11,15 @@ use crate::common::{
 };
 
 // ---------------------------------------------------------------- measurement and report
+
+/// `runner report --format csv PATHS`, as run by the tests that read its rows.
+fn csv_report<P: AsRef<std::ffi::OsStr>>(paths: impl IntoIterator<Item = P>) -> Output {
+    runner_cmd()
+        .args(["report", "--format", "csv"])
+        .args(paths)
+        .output()
+        .unwrap()
+}
 
 #[test]
 fn report_recomputes_the_table_from_metrics_files() {
@@ -172,11 +181,7 @@ fn a_diverged_run_fails_at_that_step_and_report_keeps_it_apart() {
     // `runner report --format csv` of every run: one row (and the header), and what it
     // said on stderr.
     let one_row = || {
-        let out = runner_cmd()
-            .args(["report", "--format", "csv"])
-            .arg(dir.join("runs"))
-            .output()
-            .unwrap();
+        let out = csv_report([dir.join("runs")]);
         expect_exit(&out, 0);
         let stdout = String::from_utf8_lossy(&out.stdout);
         assert_eq!(stdout.lines().count(), 2, "header and one row: {stdout}");
@@ -289,11 +294,7 @@ fn report_finds_a_run_inside_another_runs_directory() {
         .output()
         .unwrap();
     expect_exit(&out, 0);
-    let out = runner_cmd()
-        .args(["report", "--format", "csv"])
-        .arg(dir.join("runs"))
-        .output()
-        .unwrap();
+    let out = csv_report([dir.join("runs")]);
     expect_exit(&out, 0);
     let csv = String::from_utf8_lossy(&out.stdout);
     assert!(
@@ -335,11 +336,7 @@ fn report_counts_linked_runs_once_and_names_unreadable_ones() {
     };
     // `runner report --format csv PATHS`: one row for both runs of `rl`; its stderr.
     let two_runs = |paths: &[&Path]| {
-        let out = runner_cmd()
-            .args(["report", "--format", "csv"])
-            .args(paths)
-            .output()
-            .unwrap();
+        let out = csv_report(paths);
         expect_exit(&out, 0);
         let (text, line) = csv(&out);
         assert!(line.starts_with("rl,2,"), "{text}");
@@ -424,11 +421,7 @@ fn report_counts_linked_runs_once_and_names_unreadable_ones() {
         .status()
         .unwrap()
         .success());
-    let out = runner_cmd()
-        .args(["report", "--format", "csv"])
-        .arg(&runs)
-        .output()
-        .unwrap();
+    let out = csv_report([&runs]);
     let (text, line) = csv(&out);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(line.starts_with("rl,1,"), "{text}");
@@ -458,11 +451,7 @@ fn report_keeps_different_recipes_of_one_name_apart_in_the_order_given() {
     let other = tiny_recipe(&dir, "zz", "");
     expect_exit(&runner_cmd().arg(&other).arg("-q").output().unwrap(), 0);
     let csv = |paths: &[&str]| {
-        let out = runner_cmd()
-            .args(["report", "--format", "csv"])
-            .args(paths.iter().map(|p| dir.join("runs").join(p)))
-            .output()
-            .unwrap();
+        let out = csv_report(paths.iter().map(|p| dir.join("runs").join(p)));
         expect_exit(&out, 0);
         String::from_utf8_lossy(&out.stdout).into_owned()
     };
@@ -494,11 +483,7 @@ fn report_keeps_each_grids_cells_together() {
         let grid = tiny_recipe(&dir, g, "[sweep]\n\"optim.lr\" = [0.1, 0.2]\n");
         expect_exit(&runner_cmd().arg(&grid).arg("-q").output().unwrap(), 0);
     }
-    let out = runner_cmd()
-        .args(["report", "--format", "csv"])
-        .arg(dir.join("runs"))
-        .output()
-        .unwrap();
+    let out = csv_report([dir.join("runs")]);
     expect_exit(&out, 0);
     let stdout = String::from_utf8_lossy(&out.stdout);
     let rows: Vec<&str> = stdout
