@@ -17,9 +17,9 @@ pub struct Run {
     /// What the run ran, as `(key, value)` pairs: its resolved `recipe.toml` flattened to
     /// dotted keys, without what changes nothing that runs (`[log]`, `description`,
     /// `backend.cache_dir`) and with the data files by content (their size and CRC-32 from
-    /// `env.json`) instead of by path, so the same recipe run from two clones is the same.
-    /// Runs of one name are repeats only where these are equal. Empty when the run has no
-    /// `recipe.toml`.
+    /// `env.json`) instead of by path, so the same recipe run from two clones is the same,
+    /// and the device it ran on (`device`, from `summary.json`). Runs of one name are
+    /// repeats only where these are equal. Empty when the run has no `recipe.toml`.
     pub recipe: Vec<(String, String)>,
     pub records: Vec<StepRecord>,
     /// Recomputed from `records` (and `summary.json` for what metrics lines lack).
@@ -313,10 +313,16 @@ pub fn load_run(dir: &Path) -> Result<Run, Error> {
         ..Default::default()
     };
     summary.absorb(&records, stored.warmup_steps);
+    // What it ran on, too: one recipe on an H100 and an H200 (or two CPUs) is no repeat,
+    // and their mean is neither machine's figure.
+    let mut recipe = what_ran(dir);
+    if !recipe.is_empty() && !stored.device.is_empty() {
+        recipe.push(("device".into(), stored.device.clone()));
+    }
     Ok(Run {
         dir: dir.to_path_buf(),
         name: stored.name,
-        recipe: what_ran(dir),
+        recipe,
         records,
         summary,
     })

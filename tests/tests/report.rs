@@ -470,6 +470,30 @@ fn report_keeps_different_recipes_of_one_name_apart_in_the_order_given() {
     let table = csv(&["zz", "ab"]);
     let first = table.lines().nth(1).unwrap();
     assert!(first.starts_with("zz,1,"), "{table}");
+    // The same recipe on another device (another GPU model, another CPU) is no repeat.
+    expect_exit(&runner_cmd().arg(&other).arg("-q").output().unwrap(), 0);
+    assert!(csv(&["zz"]).lines().nth(1).unwrap().starts_with("zz,2,"));
+    let moved = std::fs::read_dir(dir.join("runs/zz"))
+        .unwrap()
+        .map(|e| e.unwrap().path().join("summary.json"))
+        .max()
+        .unwrap();
+    let mut s = json(&moved);
+    let here = s["device"].as_str().unwrap().to_string();
+    s["device"] = "Other CPU".into();
+    std::fs::write(&moved, serde_json::to_string(&s).unwrap()).unwrap();
+    let table = csv(&["zz"]);
+    let rows: Vec<&str> = table.lines().skip(1).collect();
+    assert_eq!(rows.len(), 2, "{table}");
+    for label in [
+        format!("zz [device={here}],1,"),
+        "zz [device=Other CPU],1,".into(),
+    ] {
+        assert!(
+            rows.iter().any(|r| r.starts_with(&label)),
+            "{label}: {table}"
+        );
+    }
     let _ = std::fs::remove_dir_all(&dir);
 }
 
