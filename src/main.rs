@@ -249,7 +249,16 @@ fn check_all(args: &CheckArgs, machine: &Machine) -> Option<Vec<Checked>> {
                 out.push(c);
             }
             Err(report) => {
-                runner::errln!("{report}");
+                // The --set options go to every recipe of the call: which one refused it.
+                if args.recipes.len() > 1
+                    && report
+                        .errors()
+                        .any(|e| e.file == std::path::Path::new("--set"))
+                {
+                    runner::errln!("{report}, applied to {}", path.display());
+                } else {
+                    runner::errln!("{report}");
+                }
                 ok = false;
             }
         }

@@ -24,22 +24,26 @@ pub(crate) fn validate(args: &CheckArgs) -> ExitCode {
     }
     for c in all {
         if c.grid {
+            // The first cells by name; `runner show` lists them all (a 100 × 100 grid's
+            // line was 377 KB).
+            let mut names: Vec<&str> = c.cells.iter().take(8).map(|c| c.name.as_str()).collect();
+            let more = c.cells.len().saturating_sub(names.len());
+            let rest = format!("{more} more: runner show lists them");
+            if more > 0 {
+                names.push(&rest);
+            }
             runner::outln!(
                 "ok: {} (grid of {} cell{}: {})",
                 c.path.display(),
                 c.cells.len(),
                 if c.cells.len() == 1 { "" } else { "s" },
-                c.cells
-                    .iter()
-                    .map(|c| c.name.as_str())
-                    .collect::<Vec<_>>()
-                    .join(" | ")
+                names.join(" | ")
             );
         } else {
             let p = &c.plans[0];
             // What a step holds, not what the recipe asks (a batch larger than the data
             // holds the data; accumulation stops at the epoch's end).
-            let batch = p.loader.batch_size.min(p.data.train_len.max(1));
+            let batch = p.batch_rows();
             let acc = (p.optim.accumulation_steps as u64).min(p.run.micro_batches_per_epoch.max(1));
             runner::outln!(
                 "ok: {} ({}: {} optimizer step{} of {} × {} samples)",

@@ -523,6 +523,13 @@ impl<'a> Validator<'a> {
                 format!("ignored in the cells it does not apply to (it only applies {why})"),
                 "nothing to do if other cells use it",
             );
+        } else if self.l.set_on_command_line(key) {
+            // ('~KEY' would take back the user's own --set.)
+            self.err(
+                key,
+                format!("only applies {why}"),
+                "leave this --set out, or give it only with the recipes it applies to (a --set goes to every recipe of the command)",
+            );
         } else {
             self.err(
                 key,
@@ -604,9 +611,17 @@ impl<'a> Validator<'a> {
             || name.chars().any(char::is_control)
             || name.split('/').any(bad_part)
         {
+            // A grid cell's name is `base/<cell>`: the user wrote the base, which every
+            // cell would repeat (said once per cell, each with its own name).
+            let written = match &self.l.sweep {
+                Some(_) => name
+                    .rsplit_once('/')
+                    .map_or(name.as_str(), |(base, _)| base),
+                None => name.as_str(),
+            };
             self.err(
                 "name",
-                format!("{name:?} cannot name a run directory"),
+                format!("{written:?} cannot name a run directory"),
                 "any printable characters but '\\' will do, with '/' only between parts and no part empty or starting with '.'",
             );
         } else if name.split('/').any(|p| p.len() > 200) {
@@ -648,6 +663,12 @@ fn absolute(p: &Path) -> PathBuf {
 }
 
 impl Plan {
+    /// The rows of a training batch: `loader.batch_size`, or the training set where that
+    /// is smaller (its one batch holds it all). Evaluation batches take the same shape.
+    pub fn batch_rows(&self) -> usize {
+        resources::batch_rows(&self.loader, &self.data)
+    }
+
     /// The learning-rate schedule with the run's length filled in.
     pub fn lr_schedule(&self) -> crate::schedule::LrSchedule {
         crate::schedule::LrSchedule {

@@ -156,6 +156,11 @@ fn activations_per_input(m: &ModelPlan) -> u64 {
     }
 }
 
+/// The rows of a training batch (see [`super::Plan::batch_rows`]).
+pub fn batch_rows(loader: &LoaderPlan, data: &DataPlan) -> usize {
+    loader.batch_size.min(data.train_len.max(1))
+}
+
 /// The plan's footprint. Text data is counted by its files' sizes (tokens take about as
 /// much as the text they come from); images as the bytes of their pixels.
 pub fn estimate(
@@ -166,6 +171,9 @@ pub fn estimate(
     text_bytes: u64,
 ) -> Footprint {
     let params = parameters(model, data);
+    // A batch_size past the training set is the set (20,000 of 2,000 samples was counted
+    // as 29 GiB of activations, and refused, for a run that needs 3).
+    let rows = batch_rows(loader, data) as u64;
     let states = match optim.optimizer {
         OptimizerKind::Sgd if optim.momentum > 0.0 => 1,
         OptimizerKind::Sgd => 0,
@@ -193,7 +201,7 @@ pub fn estimate(
         w => (w as u64).saturating_mul((loader.prefetch as u64).saturating_add(1)),
     };
     let loader_bytes = batches_ahead
-        .saturating_mul(loader.batch_size as u64)
+        .saturating_mul(rows)
         .saturating_mul(per_input)
         .saturating_mul(element_bytes);
     // A Transformer's attention keeps, per layer, its score matrices (batch × heads × L ×
@@ -201,7 +209,7 @@ pub fn estimate(
     // L, which the per-token count misses. (At 8,192 tokens, batch 32 and 4 heads, one
     // matrix is 32 GiB: such a run passed the check and aborted at its first allocation.)
     let attention_bytes = match &model.net {
-        NetPlan::Transformer(t) => (loader.batch_size as u64)
+        NetPlan::Transformer(t) => rows
             .saturating_mul(t.heads as u64)
             .saturating_mul(per_input)
             .saturating_mul(per_input)
@@ -209,7 +217,7 @@ pub fn estimate(
             .saturating_mul(t.layers as u64),
         _ => 0,
     };
-    let activation_bytes = (loader.batch_size as u64)
+    let activation_bytes = rows
         .saturating_mul(per_input)
         .saturating_mul(activations_per_input(model))
         .saturating_mul(4)

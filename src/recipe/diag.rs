@@ -77,7 +77,7 @@ impl Diagnostic {
         let width = source[start..end].chars().count().max(1);
         self.line = Some(line_no);
         self.col = Some(col_chars + 1);
-        self.snippet = Some((text.to_string(), col_chars..col_chars + width));
+        self.snippet = Some(window(text, col_chars, width));
         self
     }
 
@@ -85,6 +85,28 @@ impl Diagnostic {
         self.severity == Severity::Error
     }
 }
+
+/// The part of a source `line` shown under a finding at char `col`, `width` chars wide,
+/// and the span's chars there: a long line (a 3 MB description) is cut to
+/// [`SNIPPET_CHARS`] around the span, with `…` where it was cut, and a long span is
+/// underlined for that many chars.
+fn window(line: &str, col: usize, width: usize) -> (String, Range<usize>) {
+    let chars: Vec<char> = line.chars().collect();
+    if chars.len() <= SNIPPET_CHARS {
+        return (line.to_string(), col..col + width);
+    }
+    let width = width.min(SNIPPET_CHARS / 2);
+    let from = col.saturating_sub(SNIPPET_CHARS / 4);
+    let to = (from + SNIPPET_CHARS).min(chars.len());
+    let head = if from > 0 { "…" } else { "" };
+    let tail = if to < chars.len() { "…" } else { "" };
+    let shown: String = chars[from..to].iter().collect();
+    let start = col - from + head.chars().count();
+    (format!("{head}{shown}{tail}"), start..start + width)
+}
+
+/// The most chars of a source line a finding shows.
+const SNIPPET_CHARS: usize = 120;
 
 impl fmt::Display for Diagnostic {
     /// `error: recipes/x.toml:12:9: loader.wokers: unknown key`, the source line with a
@@ -184,6 +206,37 @@ pub fn did_you_mean<'a>(word: &str, candidates: &[&'a str]) -> Option<&'a str> {
         .map(|(_, c)| c)
 }
 
+/// The key of `keys` a mistyped or misremembered `word` most likely meant: a typo of it
+/// (`wokers`), its initials (`wd` for `weight_decay`), or a key that holds it whole
+/// (`warmup_steps` in `lr_warmup_steps`, `warmup` in `warmup_steps`). Two letters are too
+/// few to tell a typo by distance (`wd` is 2 from `lr`): there only a swap counts.
+pub fn near_key<'a>(word: &str, keys: &[&'a str]) -> Option<&'a str> {
+    let word = word.to_lowercase();
+    let n = word.chars().count();
+    let limit = if n <= 2 { 1 } else { (n / 3).max(1) + 1 };
+    let typo = keys
+        .iter()
+        .map(|c| (edit_distance(&word, c), *c))
+        .filter(|(d, _)| *d <= limit)
+        .min_by_key(|(d, _)| *d)
+        .map(|(_, c)| c);
+    let initials = || {
+        keys.iter().copied().find(|k| {
+            k.contains('_')
+                && k.split('_')
+                    .filter_map(|p| p.chars().next())
+                    .eq(word.chars())
+        })
+    };
+    let holds = || {
+        keys.iter()
+            .copied()
+            .filter(|k| n >= 3 && k.split('_').count() > 1 && k.contains(word.as_str()))
+            .min_by_key(|k| k.len())
+    };
+    typo.or_else(initials).or_else(holds)
+}
+
 /// Damerau–Levenshtein distance (optimal string alignment): a swap of neighbours costs 1.
 pub fn edit_distance(a: &str, b: &str) -> usize {
     let a: Vec<char> = a.chars().collect();
@@ -220,6 +273,45 @@ mod tests {
         assert_eq!(did_you_mean("batchsize", &keys), Some("batch_size"));
         assert_eq!(did_you_mean("pin_memroy", &keys), Some("pin_memory"));
         assert_eq!(did_you_mean("colour", &keys), None);
+        let optim = [
+            "lr",
+            "momentum",
+            "weight_decay",
+            "lr_warmup_steps",
+            "step_size",
+        ];
+        assert_eq!(near_key("warmup_steps", &optim), Some("lr_warmup_steps"));
+        assert_eq!(near_key("wd", &optim), Some("weight_decay"));
+        assert_eq!(near_key("rl", &optim), Some("lr"));
+        assert_eq!(near_key("xy", &optim), None);
+        let run = ["max_steps", "warmup_steps", "epochs", "eval"];
+        assert_eq!(near_key("warmup", &run), Some("warmup_steps"));
+        assert_eq!(near_key("steps", &run), Some("max_steps"));
+        assert_eq!(near_key("colour", &run), None);
+    }
+
+    #[test]
+    fn long_lines_are_cut_around_the_span() {
+        let line = format!("description = \"{}\" x", "y".repeat(100_000));
+        let at = line.len() - 1;
+        let d = Diagnostic::error(Path::new("r.toml"), "expected newline").at(&line, at..at + 1);
+        let text = d.to_string();
+        assert!(text.len() < 400, "{text}");
+        assert!(
+            text.contains("| …yyy") && text.contains("yyy\" x\n"),
+            "{text}"
+        );
+        // The caret stands under the `x`.
+        let lines: Vec<&str> = text.lines().collect();
+        let (shown, caret) = (lines[2], lines[3]);
+        assert_eq!(
+            shown.chars().nth(caret.chars().count() - 1),
+            Some('x'),
+            "{text}"
+        );
+        // Short lines are whole.
+        let d = Diagnostic::error(Path::new("r.toml"), "m").at("a = 1", 4..5);
+        assert!(d.to_string().contains("1 | a = 1\n  |     ^"), "{d}");
     }
 
     #[test]

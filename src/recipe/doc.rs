@@ -207,6 +207,9 @@ impl Doc {
     /// `"step"`, `[1, 2]`, `true`); a bare word that is not TOML is taken as a string.
     pub fn apply_sets(&mut self, sets: &[String], report: &mut Diagnostics) {
         let mut sources = (*self.sources).clone();
+        // Each key set (a table's leaves), its value, its argument and where the value
+        // starts there.
+        let mut set_leaves: Vec<(String, toml::Value, String, usize)> = vec![];
         for arg in sets {
             let text = arg.clone();
             let name = PathBuf::from("--set");
@@ -333,6 +336,20 @@ impl Doc {
                 );
                 continue;
             }
+            // A value that opens as TOML does (an array, a table, a quoted string) but does
+            // not parse is a typo, not a string: `[128, 64` would be refused as "a string,
+            // expected an array", and `"a" b` taken as the name `"a" b`, quotes and all.
+            if let Err(e) = &parsed {
+                if raw.starts_with(['[', '{', '"', '\'']) {
+                    let what = e.message().trim_end_matches('\n').replace('\n', "; ");
+                    report.push(
+                        Diagnostic::error(&name, format!("{key}: {raw} is not a TOML value: {what}"))
+                            .at(&text, at..text.len())
+                            .help("close the array, table or string; a string with no quotes in it may go unquoted: --set name=my-run, or in single quotes for the shell: --set 'name=\"my run\"'"),
+                    );
+                    continue;
+                }
+            }
             // TOML if it parses as TOML, else the text as a string (as `parse_value`).
             let value = parsed
                 .ok()
@@ -370,11 +387,43 @@ impl Doc {
                 }
                 continue;
             }
+            let mut leaves = vec![];
+            axis_leaves(key, value.clone(), &mut leaves);
+            set_leaves.extend(leaves.into_iter().map(|(k, v)| (k, v, text.clone(), at)));
             if let Err(e) = self.set_merged(key, value, origin) {
                 report.push(Diagnostic::error(&name, e).key(key).at(&text, 0..at));
             }
         }
         self.sources = Arc::new(sources);
+        // A key the grid sweeps takes each cell's value: a --set of it would be overridden
+        // in every cell, in silence (the run is not what was asked).
+        for (key, value, text, at) in set_leaves {
+            if !self.is_axis(&key) {
+                continue;
+            }
+            report.push(
+                Diagnostic::error(
+                    Path::new("--set"),
+                    format!("set to {value}, but it is an axis of the recipe's grid, whose cells each take their own value from [sweep]: this --set would change no cell"),
+                )
+                .key(&key)
+                .at(&text, at..text.len())
+                .help(format!(
+                    "to run the grid with this value only: --set 'sweep.\"{key}\"=[{value}]'; to drop the axis and set the key: --set '~sweep.\"{key}\"' --set '{key}={value}'"
+                )),
+            );
+        }
+    }
+
+    /// Whether `key` (dotted) is an axis of the recipe's grid, written quoted
+    /// (`"loader.workers" = [..]` under [sweep]) or as nested tables.
+    fn is_axis(&self, key: &str) -> bool {
+        self.get("sweep")
+            .and_then(|s| s.as_table())
+            .is_some_and(|s| s.contains_key(key))
+            || self
+                .get(&format!("sweep.{key}"))
+                .is_some_and(|v| !v.is_table())
     }
 }
 
@@ -493,9 +542,12 @@ fn load_chain(
         );
         return None;
     }
-    // (`.` came out as the empty path, said to be "no such file".)
+    // (`.` came out as the empty path, said to be "no such file".) `..` after a folder
+    // that is a symbolic link leaves the link's target, as the OS has it: where folding
+    // it away finds no file, the path is taken as written.
     let parent_path = match super::lexical(&dir.join(parent)) {
         p if p.as_os_str().is_empty() => PathBuf::from("."),
+        p if !p.exists() && dir.join(parent).exists() => dir.join(parent),
         p => p,
     };
     let canonical = std::fs::canonicalize(&parent_path).unwrap_or_else(|_| parent_path.clone());

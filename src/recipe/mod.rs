@@ -322,11 +322,21 @@ fn check_unknown_keys(
                 }
                 None => d,
             };
+            // A key of the same name elsewhere may mean something else (`run.warmup_steps`
+            // times nothing that `optim.lr_warmup_steps` warms up): a near key of this
+            // table comes first, the other table's is said beside it.
             let home = tables
                 .iter()
-                .find(|(p, f)| !p.is_empty() && p != table_path && f.contains(&key.as_str()));
-            let d = match (home, did_you_mean(&key, allowed)) {
-                (Some((other, _)), _) => d.help(format!("`{key}` belongs in [{other}]")),
+                .find(|(p, f)| p != table_path && f.contains(&key.as_str()))
+                .map(|(p, _)| match *p {
+                    "" => "at the top level, above every [table]".to_string(),
+                    p => format!("in [{p}]"),
+                });
+            let d = match (home, diag::near_key(&key, allowed)) {
+                (Some(home), Some(s)) => d.help(format!(
+                    "did you mean `{s}`? (there is a key `{key}` {home}, too)"
+                )),
+                (Some(home), None) => d.help(format!("`{key}` belongs {home}")),
                 (None, Some(s)) => d.help(format!("did you mean `{s}`?")),
                 (None, None) => d.help(format!("known keys {where_}: {}", allowed.join(", "))),
             };

@@ -50,7 +50,7 @@ pub(crate) fn evaluate<B: crate::ops::ModelBackend>(
     let n = idx.len();
     let mut correct: Option<Tensor<B, 1, Int>> = None;
     let mut loss_total: Option<Tensor<B, 1>> = None;
-    for (batch, real) in eval_batches(idx, plan.loader.batch_size) {
+    for (batch, real) in eval_batches(idx, plan.batch_rows()) {
         let rows = batch.len();
         let (x, y) = batcher.to_device::<B>(batcher.host(test, &batch, 0, false), device);
         let logits = model.forward(x);

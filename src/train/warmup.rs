@@ -165,7 +165,7 @@ pub fn warm_up<B: TrainBackend>(
     let mut seen = HashSet::new();
     for data in sets.into_iter().flatten().filter(|d| !d.is_empty()) {
         let all: Vec<usize> = (0..data.len()).collect();
-        let batches: Vec<Vec<usize>> = eval_batches(&all, plan.loader.batch_size)
+        let batches: Vec<Vec<usize>> = eval_batches(&all, plan.batch_rows())
             .into_iter()
             .map(|(b, _)| b)
             .collect();

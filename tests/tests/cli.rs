@@ -823,3 +823,171 @@ fn ls_marks_what_does_not_validate() {
     assert!(line("gone.toml").ends_with("(a link to nothing)"), "{text}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A `--set` is what a user asked of the run: one that a grid axis would override in every
+/// cell, a value that opens as TOML but does not parse, and a key in the wrong table are
+/// each refused with what to write instead (the first two ran, silently other than asked).
+#[test]
+fn a_set_the_run_would_not_honour_is_refused_with_the_fix() {
+    let grid = root().join("recipes/article_grid.toml");
+    let quick = root().join("recipes/quickstart.toml");
+    let stderr = |out: &std::process::Output| String::from_utf8_lossy(&out.stderr).into_owned();
+    // A key the grid sweeps: the --set would change no cell (it ran each cell's own value).
+    let out = with_sets("show", &grid, &["loader.workers=4"]);
+    expect_exit(&out, 2);
+    let err = stderr(&out);
+    assert!(
+        err.contains("loader.workers: set to 4, but it is an axis of the recipe's grid")
+            && err.contains(r#"--set 'sweep."loader.workers"=[4]'"#),
+        "{err}"
+    );
+    // As a table's leaf too, and for one cell; with the axis removed, it is the key's value.
+    expect_exit(&with_sets("show", &grid, &["loader={workers=4}"]), 2);
+    let mut one = runner_cmd();
+    one.args(["show", "--cell", "0"])
+        .arg(&grid)
+        .args(["--set", "loader.workers=4"]);
+    expect_exit(&one.output().unwrap(), 2);
+    let out = with_sets(
+        "show",
+        &grid,
+        &["loader.workers=4", "~sweep.\"loader.workers\""],
+    );
+    expect_exit(&out, 0);
+    assert!(String::from_utf8_lossy(&out.stdout).contains("a grid of 4 cells"));
+    // A value that opens as an array, a table or a string but does not close.
+    for (set, said) in [
+        ("optim.betas=[0.9, 0.99", "unclosed array"),
+        ("run={max_steps=3", "run: {max_steps=3 is not a TOML value"),
+        ("name=\"a\" b", "name: \"a\" b is not a TOML value"),
+    ] {
+        let out = with_sets("validate", &quick, &[set]);
+        expect_exit(&out, 2);
+        assert!(stderr(&out).contains(said), "{set}: {}", stderr(&out));
+    }
+    // A bare word is still a string.
+    expect_exit(&with_sets("validate", &quick, &["name=my-run"]), 0);
+    // A key of the same name in another table is named beside the near key of this one,
+    // not in its place (`run.warmup_steps` times nothing that lr_warmup_steps warms up).
+    for (set, said) in [
+        (
+            "optim.warmup_steps=10",
+            "did you mean `lr_warmup_steps`? (there is a key `warmup_steps` in [run], too)",
+        ),
+        ("optim.wd=0.1", "did you mean `weight_decay`?"),
+        ("run.seed=3", "`seed` belongs at the top level"),
+        ("loader.lr=0.1", "`lr` belongs in [optim]"),
+    ] {
+        let out = with_sets("validate", &quick, &[set]);
+        expect_exit(&out, 2);
+        assert!(stderr(&out).contains(said), "{set}: {}", stderr(&out));
+    }
+}
+
+/// With several recipes, a --set error says which recipe refused it, and does not tell the
+/// user to take the --set back with '~KEY'.
+#[test]
+fn a_set_refused_by_one_of_several_recipes_names_it() {
+    let out = runner_cmd()
+        .arg("validate")
+        .arg(root().join("recipes/quickstart.toml"))
+        .arg(root().join("recipes/text/rotten_tomatoes.toml"))
+        .args(["--set", "model.width=16"])
+        .output()
+        .unwrap();
+    expect_exit(&out, 2);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("1 error in --set, applied to ")
+            && err.contains("recipes/text/rotten_tomatoes.toml")
+            && err.contains("leave this --set out, or give it only with the recipes it applies to")
+            && !err.contains("'~model.width'"),
+        "{err}"
+    );
+}
+
+/// A grid's bad name is said once, as written (it was said for each cell, with the cell's
+/// name); `validate` lists a big grid's first cells, not a line of every one.
+#[test]
+fn a_grid_says_its_mistakes_and_its_cells_in_proportion() {
+    let grid = root().join("recipes/article_grid.toml");
+    let out = with_sets("validate", &grid, &["name=\"exp/\""]);
+    expect_exit(&out, 2);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(
+        err.matches("cannot name a run directory").count(),
+        1,
+        "{err}"
+    );
+    assert!(err.contains("name: \"exp/\" cannot name"), "{err}");
+    let out = with_sets(
+        "validate",
+        &grid,
+        &["sweep.seed=[1, 2, 3, 4, 5, 6, 7, 8, 9, 10]"],
+    );
+    expect_exit(&out, 0);
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        said.contains("(grid of 80 cells: ")
+            && said.contains(" | 72 more: runner show lists them)")
+            && said.matches(" | ").count() == 8,
+        "{said}"
+    );
+}
+
+/// `extends = "../../x.toml"` from a folder reached through a symbolic link goes where the
+/// OS takes `..`: to the link's target's parents (it said "no such file" of a file there).
+#[test]
+fn extends_through_a_linked_folder_follows_the_link() {
+    let dir = tempdir("extends-link");
+    let real = dir.join("proj/exps");
+    std::fs::create_dir_all(&real).unwrap();
+    std::fs::create_dir_all(dir.join("proj/recipes")).unwrap();
+    std::fs::copy(
+        root().join("recipes/quickstart.toml"),
+        dir.join("proj/recipes/base.toml"),
+    )
+    .unwrap();
+    let text = std::fs::read_to_string(dir.join("proj/recipes/base.toml")).unwrap();
+    // The base's data path, absolute: its own folder is a copy's.
+    let data = root().join("datasets").display().to_string();
+    std::fs::write(
+        dir.join("proj/recipes/base.toml"),
+        text.replace("../datasets", &data),
+    )
+    .unwrap();
+    std::fs::write(
+        real.join("e1.toml"),
+        "extends = \"../recipes/base.toml\"\nname = \"e1\"\n",
+    )
+    .unwrap();
+    std::fs::create_dir_all(dir.join("z/deep")).unwrap();
+    std::os::unix::fs::symlink(&real, dir.join("z/deep/exps")).unwrap();
+    for path in [real.join("e1.toml"), dir.join("z/deep/exps/e1.toml")] {
+        let out = runner_cmd().arg("validate").arg(&path).output().unwrap();
+        expect_exit(&out, 0);
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A batch_size past the training set is the set, for the memory check as for the run
+/// (20,000 of 2,000 samples was refused as 29 GiB); the run takes one batch of it all.
+#[test]
+fn a_batch_larger_than_the_data_is_sized_as_the_data() {
+    let dir = tempdir("big-batch");
+    let mut c = runner_cmd();
+    c.arg(root().join("recipes/quickstart.toml")).arg("-q");
+    for s in [
+        "loader.batch_size=2000000".to_string(),
+        "run.max_steps=1".to_string(),
+        format!("log.dir={:?}", dir.display().to_string()),
+    ] {
+        c.args(["--set", &s]);
+    }
+    let out = c.output().unwrap();
+    expect_exit(&out, 0);
+    let run = only_run(&dir.join("quickstart"));
+    let s = summary(&run);
+    assert_eq!((s.steps, s.samples), (1, 2000), "{s:?}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
