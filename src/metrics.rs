@@ -653,6 +653,7 @@ impl JsonLines {
     /// Appends one line of text (without its newline), as `write` does.
     pub fn write_line(&mut self, mut line: String) -> std::io::Result<()> {
         use std::io::{Seek, SeekFrom};
+        self.keep_named()?;
         line.push('\n');
         match self
             .file
@@ -673,6 +674,66 @@ impl JsonLines {
 
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// The file, removed while it was written (a temp-folder cleaner, an `rm` of the
+    /// wrong run, an editor's save over it), is written again where it was from the copy
+    /// this process holds open, and the run writes on there: its lines went to a file no
+    /// name led to, and the run called itself completed with none on disk. A file put in
+    /// its place is moved aside first, not lost. One check per line (an `fstat`).
+    #[cfg(target_os = "linux")]
+    fn keep_named(&mut self) -> std::io::Result<()> {
+        use std::os::fd::AsRawFd;
+        use std::os::unix::fs::MetadataExt;
+        if self.file.metadata()?.nlink() > 0 {
+            return Ok(());
+        }
+        let fd = format!("/proc/self/fd/{}", self.file.as_raw_fd());
+        // "<where it was> (deleted)": the run directory's path now, were it moved.
+        let was = std::fs::read_link(&fd)?;
+        let was = was.to_string_lossy();
+        let Some(was) = was.strip_suffix(" (deleted)").map(PathBuf::from) else {
+            return Ok(());
+        };
+        if !was.parent().is_some_and(Path::is_dir) {
+            // The whole directory is gone: the run stops on that (`RunDir::now`).
+            return Ok(());
+        }
+        let mut aside = None;
+        if was.symlink_metadata().is_ok() {
+            let stamp = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs());
+            let to = PathBuf::from(format!("{}.replaced-{stamp}", was.display()));
+            std::fs::rename(&was, &to)?;
+            aside = Some(to);
+        }
+        let mut copy = File::open(&fd)?;
+        let mut again = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&was)?;
+        std::io::copy(&mut copy, &mut again)?;
+        again.flush()?;
+        let file = std::fs::OpenOptions::new().append(true).open(&was)?;
+        self.len = file.metadata()?.len();
+        self.file = file;
+        self.path = was;
+        crate::errln!(
+            "warning: {} was removed while the run wrote it: written again from the run's own copy ({} bytes){}",
+            self.path.display(),
+            self.len,
+            aside.map_or(String::new(), |a| format!(
+                "; the file put in its place is now {}",
+                a.display()
+            ))
+        );
+        Ok(())
+    }
+
+    #[cfg(not(target_os = "linux"))]
+    fn keep_named(&mut self) -> std::io::Result<()> {
+        Ok(())
     }
 }
 
@@ -810,6 +871,36 @@ pub fn rss_bytes() -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A lines file removed, or replaced by another, while it is written is written again
+    /// from the open copy; the replacement is moved aside, not lost.
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn a_lines_file_removed_or_replaced_is_written_again() {
+        let dir = std::env::temp_dir().join(format!("runner-lines-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("m.jsonl");
+        let mut lines = JsonLines::create(&path).unwrap();
+        lines.write_line("1".into()).unwrap();
+        std::fs::remove_file(&path).unwrap();
+        lines.write_line("2".into()).unwrap();
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), "1\n2\n");
+        // Another file renamed over it (an editor's save).
+        let other = dir.join("other");
+        std::fs::write(&other, "theirs\n").unwrap();
+        std::fs::rename(&other, &path).unwrap();
+        lines.write_line("3".into()).unwrap();
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), "1\n2\n3\n");
+        let aside: Vec<_> = std::fs::read_dir(&dir)
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .filter(|p| p.to_string_lossy().contains("m.jsonl.replaced-"))
+            .collect();
+        assert_eq!(aside.len(), 1);
+        assert_eq!(std::fs::read_to_string(&aside[0]).unwrap(), "theirs\n");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 
     #[test]
     fn a_file_not_utf8_is_said_with_the_line_and_column() {

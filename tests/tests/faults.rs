@@ -912,3 +912,36 @@ fn limit_address_space(cmd: &mut Command, bytes: u64) {
         });
     }
 }
+
+/// `metrics.jsonl` and `metrics.csv` removed while the run writes them (a temp-folder
+/// cleaner, an `rm` of the wrong run) are written again from the copies the run holds
+/// open, and said: the lines went to files no name led to, and the run said it completed.
+#[test]
+fn metrics_removed_mid_run_are_written_again() {
+    let dir = tempdir("metrics-removed");
+    let cmd = long_synthetic(&dir, "gone", "", &["run.epochs=4", "log.csv=true"]);
+    let (child, run) = started(cmd, &dir.join("runs"));
+    std::fs::remove_file(run.join("metrics.jsonl")).unwrap();
+    let _ = std::fs::remove_file(run.join("metrics.csv"));
+    let out = child.wait_with_output().unwrap();
+    expect_exit(&out, 0);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("metrics.jsonl was removed while the run wrote it: written again"),
+        "{stderr}"
+    );
+    let s = summary(&run);
+    assert_eq!(s.status, RunStatus::Completed);
+    let lines = whole_lines(&run);
+    assert_eq!(
+        lines.len() as u64,
+        s.steps,
+        "every step's line, the first ones too"
+    );
+    assert_eq!(lines[0].step, 1);
+    let csv = std::fs::read_to_string(run.join("metrics.csv")).unwrap();
+    assert_eq!(csv.lines().count() as u64, s.steps + 1, "{csv}");
+    let report = runner_cmd().arg("report").arg(&run).output().unwrap();
+    expect_exit(&report, 0);
+    let _ = std::fs::remove_dir_all(&dir);
+}
