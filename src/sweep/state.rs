@@ -490,9 +490,31 @@ impl CellLock {
                         }));
                     }
                     // Stale: remove and try again (another process may win the race).
+                    // Two processes that both found it stale took turns: the second
+                    // removed the lock the first had just made, and both ran the same
+                    // run. Only the holder of `<lock>.takeover` removes a stale lock, and
+                    // only if it is still the one it judged.
+                    let guard = PathBuf::from(format!("{}.takeover", path.display()));
+                    match Self::takeover(&guard) {
+                        Ok(true) => {}
+                        Ok(false) => {
+                            return Ok(Err(
+                                "another process (it is taking over a stale lock)".into()
+                            ))
+                        }
+                        Err(e) => return Err(e),
+                    }
+                    let again = std::fs::read_to_string(path);
+                    let same = again.as_ref().is_ok_and(|t| *t == text);
+                    let removed = if same && Self::stale(path, &text, &host) {
+                        std::fs::remove_file(path)
+                    } else {
+                        Ok(())
+                    };
+                    let _ = std::fs::remove_file(&guard);
                     // One this user may not remove (another user's, in a sticky `locks/`)
                     // would block the cell for good while each try said it was busy.
-                    match std::fs::remove_file(path) {
+                    match removed {
                         Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
                             let owner = if owner.is_empty() {
                                 "no process"
@@ -518,6 +540,34 @@ impl CellLock {
         Ok(Err(
             "another process (the lock changed hands while this one looked)".into(),
         ))
+    }
+
+    /// Takes `guard`, the right to remove a stale lock: false while another process holds
+    /// it. A guard left by a process that died while it held it (it holds it for a few
+    /// system calls) is stale after `LOCK_STALE_AFTER`.
+    fn takeover(guard: &Path) -> std::io::Result<bool> {
+        for _ in 0..2 {
+            match std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .open(guard)
+            {
+                Ok(_) => return Ok(true),
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                    let old = std::fs::metadata(guard)
+                        .and_then(|m| m.modified())
+                        .ok()
+                        .and_then(|t| t.elapsed().ok())
+                        .is_some_and(|a| a > LOCK_STALE_AFTER);
+                    if !old {
+                        return Ok(false);
+                    }
+                    let _ = std::fs::remove_file(guard);
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(false)
     }
 
     /// A lock's owner in words, `host pid 123`, or "" (an owner that is starting).
@@ -596,5 +646,56 @@ impl Drop for CellLock {
         if let Ok(path) = self.at.now() {
             let _ = std::fs::remove_file(path);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A stale lock is taken over by the one process that holds `<lock>.takeover`: a
+    /// second that found it stale too waits its turn instead of removing the new lock.
+    #[test]
+    fn a_stale_lock_is_taken_over_by_one_process() {
+        let dir = std::env::temp_dir().join(format!("runner-takeover-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let lock = dir.join("run.lock");
+        let host = crate::clock::hostname().unwrap_or_else(|| "unnamed-host".into());
+        // A pid above any pid_max: no such process.
+        let dead = format!("{host} 4294967 {}\n", pid_namespace().unwrap_or_default());
+        std::fs::write(&lock, &dead).unwrap();
+        let guard = dir.join("run.lock.takeover");
+        std::fs::write(&guard, "").unwrap();
+        let busy = CellLock::acquire(&lock).unwrap();
+        assert!(
+            busy.as_ref()
+                .is_err_and(|w| w.contains("taking over a stale lock")),
+            "{:?}",
+            busy.err()
+        );
+        assert_eq!(
+            std::fs::read_to_string(&lock).unwrap(),
+            dead,
+            "left as it was"
+        );
+        // A guard its holder left behind, older than a stale lock, is no obstacle.
+        let old = std::time::SystemTime::now() - LOCK_STALE_AFTER * 2;
+        std::fs::File::options()
+            .write(true)
+            .open(&guard)
+            .unwrap()
+            .set_modified(old)
+            .unwrap();
+        let held = CellLock::acquire(&lock).unwrap();
+        assert!(held.is_ok(), "{:?}", held.err());
+        assert!(!guard.exists());
+        let mine = std::fs::read_to_string(&lock).unwrap();
+        assert!(
+            mine.contains(&format!(" {} ", std::process::id())),
+            "{mine}"
+        );
+        drop(held);
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }
