@@ -23,7 +23,11 @@ pub fn resume(
     let moved = same_recipe(run_dir, &recipe_path, &plan, (&ckpt_dir, &state))?;
     refuse_unwritable(run_dir, &plan)?;
     // Nothing is changed while the data loads: a signal then ends the process at once.
-    let loading = crate::signals::exit_before_first_step(|_| {
+    // The process exits without unwinding: the lock this resume took goes here (left, it
+    // refused a resume from another node or container for a minute).
+    let lock_path = run_dir.join(RUN_LOCK);
+    let loading = crate::signals::exit_before_first_step(move |_| {
+        let _ = std::fs::remove_file(&lock_path);
         "exiting now, before the resume started: the run is as it was, to resume again".into()
     });
     let prepared = prepare(&plan, opts)?;

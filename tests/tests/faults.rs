@@ -430,6 +430,9 @@ fn a_signal_while_a_resume_loads_its_data_exits_at_once_leaving_the_run_as_it_wa
         "the summary was rewritten"
     );
     assert_eq!(runner::checkpoint::list(&run).len(), checkpoints);
+    // As it was: no `run.lock` of the process that is gone (from another node it refused
+    // a resume for a minute).
+    assert!(!run.join("run.lock").exists());
 }
 
 /// `runner resume` checks every file and folder it will write before it trains: a
