@@ -19,7 +19,7 @@ pub fn resume(
     let _lock = take_run_lock(run_dir)?;
     let plan = resume_plan(&recipe_path, machine)?;
     let metrics_path = run_dir.join("metrics.jsonl");
-    let (ckpt_dir, state) = latest_checkpoint(run_dir, &metrics_path)?;
+    let (ckpt_dir, state, passed_over) = latest_checkpoint(run_dir, &metrics_path)?;
     let moved = same_recipe(run_dir, &recipe_path, &plan, (&ckpt_dir, &state))?;
     refuse_unwritable(run_dir, &plan)?;
     // Nothing is changed while the data loads: a signal then ends the process at once.
@@ -65,6 +65,7 @@ pub fn resume(
                 metrics_path.display()
             ))
         })?;
+    set_aside(&passed_over);
     let mut summary =
         read_summary.unwrap_or_else(|why| rebuilt_summary(run_dir, &plan, &prepared, &why));
     let evals = rewind(&mut summary, &state, &records);
@@ -456,22 +457,26 @@ type Unusable = (u64, PathBuf, String);
 /// written) and whose metrics lines are all there (a crash between writing a checkpoint
 /// and its step's line leaves one line short). A later one that is not is said, with why,
 /// and the one before it is used (what `checkpoint.keep` > 1 is for).
+/// The latest checkpoint a resume can use, and the unusable ones after it (which the
+/// resume sets aside: see [`set_aside`]).
 fn latest_checkpoint(
     run_dir: &Path,
     metrics_path: &Path,
-) -> Result<(PathBuf, crate::checkpoint::State), RunError> {
+) -> Result<(PathBuf, crate::checkpoint::State, Vec<PathBuf>), RunError> {
     let (chosen, unusable) = pick_checkpoint(run_dir, metrics_path);
     let said = |u: &Unusable| format!("{}: {}", u.1.display(), u.2);
     match chosen {
         Some((dir, state)) => {
+            let mut later = vec![];
             for u in unusable.iter().filter(|u| u.0 > state.step) {
                 crate::errln!(
                     "warning: checkpoint {}; resuming from the one before it (step {})",
                     said(u),
                     state.step
                 );
+                later.push(u.1.clone());
             }
-            Ok((dir, state))
+            Ok((dir, state, later))
         }
         None => {
             let mut text = format!(
@@ -487,6 +492,36 @@ fn latest_checkpoint(
                 false => "\n  = help: checkpoints are written by [checkpoint] every = N (or \"epoch\"), and when SIGINT/SIGTERM stops a run; the notes say why each one here cannot be used (restore what they name, or start the run again)",
             };
             Err(RunError::Input(text))
+        }
+    }
+}
+
+/// Renames the unusable checkpoints after the one a resume starts from to
+/// `damaged-step-...`, beside them: counted as checkpoints, they took the place of good
+/// ones when the resumed run pruned (with `keep = 2`, the step-100 it resumed from was
+/// removed and the damaged step-102 kept). The resumed run writes its own steps after its
+/// checkpoint's; these are kept for a look, not for a resume.
+fn set_aside(passed_over: &[PathBuf]) {
+    for dir in passed_over {
+        let Some(name) = dir.file_name().map(|n| n.to_string_lossy().into_owned()) else {
+            continue;
+        };
+        let mut to = dir.with_file_name(format!("damaged-{name}"));
+        let mut n = 1;
+        while to.symlink_metadata().is_ok() {
+            n += 1;
+            to = dir.with_file_name(format!("damaged-{name}-{n}"));
+        }
+        match std::fs::rename(dir, &to) {
+            Ok(()) => crate::errln!(
+                "warning: {} set aside as {} (the resumed run writes its own steps after its checkpoint's; remove it when you have looked)",
+                dir.display(),
+                to.display()
+            ),
+            Err(e) => crate::errln!(
+                "warning: {} could not be set aside ({e}): the run's pruning may count it as a checkpoint",
+                dir.display()
+            ),
         }
     }
 }

@@ -391,6 +391,15 @@ fn resume_skips_a_damaged_checkpoint_and_runs_once() {
             && stderr.contains(&resumed_before),
         "{stderr}"
     );
+    // Set aside, so that pruning does not count it as a checkpoint (it kept it and removed
+    // the good one the resume started from).
+    let aside = run
+        .join("checkpoints")
+        .join(format!("damaged-{}", step_dir(latest)));
+    assert!(
+        aside.join("model.bin").is_file() && stderr.contains("set aside as"),
+        "{stderr}"
+    );
     assert_eq!(losses(&run), losses(&reference));
     assert!(differing(
         &run.join("model.safetensors"),
