@@ -89,8 +89,13 @@ pub fn git_info(file: &Path) -> Option<GitInfo> {
         Some(p) if !p.as_os_str().is_empty() => p,
         _ => Path::new("."),
     };
+    // `git status` refreshes the index under `.git/index.lock` unless told not to: a
+    // `git add` of the user's at that moment failed ("index.lock: File exists"), and a
+    // run killed then (scancel, the OOM killer) left the lock to break the repository.
     let git = |args: &[&str]| {
         std::process::Command::new("git")
+            .env("GIT_OPTIONAL_LOCKS", "0")
+            .arg("--no-optional-locks")
             .arg("-C")
             .arg(dir)
             .args(args)
