@@ -270,7 +270,16 @@ fn same_recipe(
 fn refuse_unwritable(run_dir: &Path, plan: &Plan) -> Result<(), RunError> {
     let input = |m: String| RunError::Input(m);
     let metrics_path = run_dir.join("metrics.jsonl");
-    let mut outputs = vec![metrics_path.clone(), run_dir.join("samples.jsonl")];
+    // summary.json and env.json are rewritten, model.safetensors written anew at the end
+    // (a summary.json made immutable failed the resume at its first write, as a failed
+    // run).
+    let mut outputs = vec![
+        metrics_path.clone(),
+        run_dir.join("samples.jsonl"),
+        run_dir.join("summary.json"),
+        run_dir.join("env.json"),
+        run_dir.join("model.safetensors"),
+    ];
     if plan.log.csv {
         outputs.push(run_dir.join("metrics.csv"));
     }
@@ -286,6 +295,8 @@ fn refuse_unwritable(run_dir: &Path, plan: &Plan) -> Result<(), RunError> {
             return Err(cannot(path, e));
         }
     }
+    // Its files are written whole to a new name first, then renamed.
+    crate::metrics::takes_new_file(run_dir).map_err(|e| cannot(run_dir, e))?;
     let checkpoints = run_dir.join("checkpoints");
     if checkpoints.is_dir() {
         crate::metrics::takes_new_file(&checkpoints).map_err(|e| cannot(&checkpoints, e))?;
@@ -450,8 +461,16 @@ pub fn resumable(run_dir: &Path) -> bool {
         .is_some()
 }
 
-/// A checkpoint that cannot be resumed from: (its step, its directory, why).
-type Unusable = (u64, PathBuf, String);
+/// A checkpoint that cannot be resumed from: (its step, its directory, why, which kind).
+type Unusable = (u64, PathBuf, String, Kind);
+
+/// Why a checkpoint is passed over: `Ahead`, whole but of steps whose metrics lines are not
+/// on disk (killed between a checkpoint and its line); `Damaged`, anything else.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Kind {
+    Ahead,
+    Damaged,
+}
 
 /// The latest checkpoint that is whole (its files as its `state.json` says they were
 /// written) and whose metrics lines are all there (a crash between writing a checkpoint
@@ -462,7 +481,7 @@ type Unusable = (u64, PathBuf, String);
 fn latest_checkpoint(
     run_dir: &Path,
     metrics_path: &Path,
-) -> Result<(PathBuf, crate::checkpoint::State, Vec<PathBuf>), RunError> {
+) -> Result<(PathBuf, crate::checkpoint::State, Vec<(PathBuf, Kind)>), RunError> {
     let (chosen, unusable) = pick_checkpoint(run_dir, metrics_path);
     let said = |u: &Unusable| format!("{}: {}", u.1.display(), u.2);
     match chosen {
@@ -474,7 +493,7 @@ fn latest_checkpoint(
                     said(u),
                     state.step
                 );
-                later.push(u.1.clone());
+                later.push((u.1.clone(), u.3));
             }
             Ok((dir, state, later))
         }
@@ -496,13 +515,18 @@ fn latest_checkpoint(
     }
 }
 
-/// Renames the unusable checkpoints after the one a resume starts from to
-/// `damaged-step-...`, beside them: counted as checkpoints, they took the place of good
-/// ones when the resumed run pruned (with `keep = 2`, the step-100 it resumed from was
-/// removed and the damaged step-102 kept). The resumed run writes its own steps after its
-/// checkpoint's; these are kept for a look, not for a resume.
-fn set_aside(passed_over: &[PathBuf]) {
-    for dir in passed_over {
+/// The unusable checkpoints after the one a resume starts from, out of the way: counted
+/// as checkpoints, they took the place of good ones when the resumed run pruned (with
+/// `keep = 2`, the step-100 it resumed from was removed and a damaged step-102 kept). The
+/// resumed run writes its own steps after its checkpoint's. One that is whole but ahead of
+/// the metrics lines is removed (the resumed run writes it again, bit for bit); a damaged
+/// one is renamed `damaged-step-...` beside them, for a look at what damaged it.
+fn set_aside(passed_over: &[(PathBuf, Kind)]) {
+    for (dir, kind) in passed_over {
+        if *kind == Kind::Ahead {
+            let _ = std::fs::remove_dir_all(dir);
+            continue;
+        }
         let Some(name) = dir.file_name().map(|n| n.to_string_lossy().into_owned()) else {
             continue;
         };
@@ -559,7 +583,7 @@ fn pick_checkpoint(
     };
     let mut unusable: Vec<Unusable> = bad
         .into_iter()
-        .map(|(p, why)| (step_of(&p), p, why))
+        .map(|(p, why)| (step_of(&p), p, why, Kind::Damaged))
         .collect();
     let mut chosen = None;
     for (dir, state) in good.into_iter().rev() {
@@ -568,7 +592,7 @@ fn pick_checkpoint(
                 "metrics.jsonl has {lines} whole lines, it follows line {}",
                 state.metrics_lines
             );
-            unusable.push((state.step, dir, why));
+            unusable.push((state.step, dir, why, Kind::Ahead));
             continue;
         }
         // Its last line is of its step or before it, the next one after it: otherwise a
@@ -593,7 +617,7 @@ fn pick_checkpoint(
         if let Some(why) = out_of_line {
             let why =
                 format!("{why} (metrics.jsonl lost or gained a line, or state.json was changed)");
-            unusable.push((state.step, dir, why));
+            unusable.push((state.step, dir, why, Kind::Damaged));
             continue;
         }
         match crate::checkpoint::verify(&dir, &state) {
@@ -601,7 +625,7 @@ fn pick_checkpoint(
                 chosen = Some((dir, state));
                 break;
             }
-            Err(why) => unusable.push((state.step, dir, why)),
+            Err(why) => unusable.push((state.step, dir, why, Kind::Damaged)),
         }
     }
     unusable.sort_by_key(|u| u.0);

@@ -502,7 +502,9 @@ impl CellLock {
                                 "another process (it is taking over a stale lock)".into()
                             ))
                         }
-                        Err(e) => return Err(e),
+                        // A folder this user may not write (another user's sticky
+                        // `locks/`): the removal below fails too, and says so.
+                        Err(_) => {}
                     }
                     let again = std::fs::read_to_string(path);
                     let same = again.as_ref().is_ok_and(|t| *t == text);
