@@ -13,8 +13,8 @@ pub(crate) fn validate(args: &CheckArgs) -> ExitCode {
     };
     // On this machine, as a run would find it: said, not refused, since the recipe may be
     // meant for another machine (a cluster's scratch folder linked from here).
-    for (recipe, dir) in crate::cli::run::log_dirs(&all) {
-        if let Some(why) = crate::cli::run::log_dir_problem(dir) {
+    for (recipe, dir, runs) in crate::cli::run::log_dirs(&all) {
+        if let Some(why) = crate::cli::run::log_dir_problem(&runs) {
             runner::errln!(
                 "warning: {}: log.dir: {} {why}\n  = help: a run of it on this machine is refused; point log.dir (or --set log.dir=...) at a folder this user can write",
                 recipe.display(),

@@ -68,8 +68,8 @@ pub(crate) fn run_all(args: &RunArgs) -> ExitCode {
     // Where every run will be written, before the first one trains: with several recipes,
     // a later one's log.dir that cannot be written was found only after the earlier ones
     // had run.
-    for (recipe, dir) in log_dirs(&all) {
-        if let Some(why) = log_dir_problem(dir) {
+    for (recipe, dir, runs) in log_dirs(&all) {
+        if let Some(why) = log_dir_problem(&runs) {
             runner::errln!(
                 "error: {}: log.dir: {} {why}\n  = help: point log.dir (or --set log.dir=...) at a folder this user can write; nothing was run",
                 recipe.display(),
@@ -906,18 +906,24 @@ pub(crate) fn slurm(args: &SweepArgs) -> ExitCode {
     ExitCode::SUCCESS
 }
 
-/// Each recipe's `log.dir`s (a grid's cells may have several), with the recipe, once each
-/// where consecutive.
-pub(crate) fn log_dirs(all: &[Checked]) -> Vec<(&Path, &Path)> {
-    let mut dirs: Vec<(&Path, &Path)> = all
+/// Each recipe's `log.dir`s (a grid's cells may have several), with the recipe and the
+/// folder its runs go in (`<log.dir>/<name>`, which may exist already: a file there, or a
+/// read-only mount, was found only when the run was to start, after its data had loaded),
+/// once each where consecutive.
+pub(crate) fn log_dirs(all: &[Checked]) -> Vec<(&Path, &Path, PathBuf)> {
+    let mut dirs: Vec<(&Path, &Path, PathBuf)> = all
         .iter()
         .flat_map(|c| {
-            c.plans
-                .iter()
-                .map(|p| (c.path.as_path(), p.log.dir.as_path()))
+            c.plans.iter().map(|p| {
+                (
+                    c.path.as_path(),
+                    p.log.dir.as_path(),
+                    p.log.dir.join(&p.name),
+                )
+            })
         })
         .collect();
-    dirs.dedup_by(|a, b| a.1 == b.1);
+    dirs.dedup_by(|a, b| a.2 == b.2);
     dirs
 }
 

@@ -65,9 +65,35 @@ pub struct Finished {
 }
 
 /// Creates `<dir>/<name>/<run-id>`; the id is the UTC start time, with a suffix if taken.
-fn create_run_dir(root: &Path, name: &str) -> std::io::Result<(PathBuf, String)> {
+/// `<root>/<name>/<time>` made, and its time; else the path that could not be made, and
+/// why (a file where a folder goes said "File exists").
+fn create_run_dir(root: &Path, name: &str) -> Result<(PathBuf, String), (PathBuf, String)> {
     let parent = root.join(name);
-    std::fs::create_dir_all(&parent)?;
+    if let Err(e) = std::fs::create_dir_all(&parent) {
+        // The first path on the way that is not a folder, if that is why.
+        let mut at = parent.as_path();
+        let mut not_folder = None;
+        loop {
+            if at.symlink_metadata().is_ok() && !at.is_dir() {
+                not_folder = Some(at.to_path_buf());
+            }
+            match at.parent() {
+                Some(up) if !up.as_os_str().is_empty() => at = up,
+                _ => break,
+            }
+        }
+        return Err(match not_folder {
+            Some(p) => {
+                let what = match crate::recipe::odd_kind(&p) {
+                    Some(kind) => format!("it is {kind}, not a folder"),
+                    None if p.exists() => "it is a file, not a folder".into(),
+                    None => crate::recipe::why_missing(&p),
+                };
+                (p, what)
+            }
+            None => (parent, e.to_string()),
+        });
+    }
     let stamp: String = utc_now()
         .chars()
         .filter(|c| c.is_ascii_digit() || *c == 'T')
@@ -81,10 +107,13 @@ fn create_run_dir(root: &Path, name: &str) -> std::io::Result<(PathBuf, String)>
         match std::fs::create_dir(parent.join(&id)) {
             Ok(()) => return Ok((parent.join(&id), id)),
             Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
-            Err(e) => return Err(e),
+            Err(e) => return Err((parent.join(&id), e.to_string())),
         }
     }
-    Err(std::io::Error::other("no free run id"))
+    Err((
+        parent,
+        "no free run id: 1,000 runs started this second".into(),
+    ))
 }
 
 /// The kernel settings a plan runs with: CubeCL configured for CUDA, recorded for the CPU.
@@ -243,10 +272,10 @@ pub fn execute(plan: &Plan, opts: &RunOptions) -> Result<Finished, RunError> {
     });
     let prepared = prepare(plan, opts)?;
     drop(loading);
-    let (dir, run_id) = create_run_dir(&plan.log.dir, &plan.name).map_err(|e| {
+    let (dir, run_id) = create_run_dir(&plan.log.dir, &plan.name).map_err(|(at, e)| {
         RunError::Input(format!(
-            "error: cannot create a run directory under {}: {e}\n  = help: check log.dir",
-            plan.log.dir.display()
+            "error: cannot create the run directory {}: {e}\n  = help: runs go in <log.dir>/<name>/<time>; point log.dir (or --set log.dir=...) at a folder this user can write",
+            at.display()
         ))
     })?;
     if let Some(started) = &opts.started {

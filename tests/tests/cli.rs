@@ -991,3 +991,31 @@ fn a_batch_larger_than_the_data_is_sized_as_the_data() {
     assert_eq!((s.steps, s.samples), (1, 2000), "{s:?}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A file where the runs' folder `<log.dir>/<name>` goes is refused before anything runs,
+/// named (it said "cannot create a run directory under <log.dir>: File exists", after the
+/// data had loaded).
+#[test]
+fn a_file_where_the_runs_folder_goes_is_named_before_the_run() {
+    let dir = tempdir("runs-folder-file");
+    let recipe = tiny_recipe(&dir, "clash", "");
+    std::fs::create_dir_all(dir.join("runs")).unwrap();
+    std::fs::write(dir.join("runs/clash"), "not a folder").unwrap();
+    for command in ["run", "validate"] {
+        let out = runner_cmd().arg(command).arg(&recipe).output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains(&format!(
+                "{} is not a folder",
+                dir.join("runs/clash").display()
+            )),
+            "{command}: {err}"
+        );
+        expect_exit(&out, if command == "run" { 2 } else { 0 });
+    }
+    assert_eq!(
+        std::fs::read_to_string(dir.join("runs/clash")).unwrap(),
+        "not a folder"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
