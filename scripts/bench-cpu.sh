@@ -2,7 +2,8 @@
 # CPU benchmarks for BENCHMARKS.md: the quickstart and ResNet-18 (batch 32) recipes,
 # REPEATS times each, then the comparison table; and the runner's per-step overhead.
 #
-#   scripts/bench-cpu.sh            (about 8 minutes on 2 cores; REPEATS=1 for ~3)
+#   scripts/bench-cpu.sh            (about 8 minutes on 2 cores; REPEATS=1 for ~3; after the
+#                                   release build it starts with: ~5 minutes from a cold target)
 #
 # Runs go to a scratch directory; the table is printed as Markdown.
 set -euo pipefail

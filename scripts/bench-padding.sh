@@ -3,7 +3,8 @@
 # padding strategies, same model, data, seed and schedule, REPEATS times each; then the
 # comparison (Markdown): padding tokens, waste, real tokens/s, ms/iter, test accuracy.
 #
-#   scripts/bench-padding.sh          (about 10 seconds on 2 cores)
+#   scripts/bench-padding.sh          (about 10 seconds on 2 cores, after the release build
+#                                     it starts with: ~5 minutes from a cold target folder)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 REPEATS=${REPEATS:-2}

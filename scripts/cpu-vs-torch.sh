@@ -2,7 +2,8 @@
 # The CPU side by side: the same recipes trained by runner (Flex backend) and by PyTorch on
 # the CPU (scripts/torch_ref.py), alternating, REPEATS times each, on THREADS threads; prints
 # one Markdown table with each one's median ms/iter and their ratio (runner / PyTorch).
-# Not part of CI (about 6 minutes on 2 cores with the defaults).
+# Not part of CI (about 6 minutes on 2 cores with the defaults, after the release build it
+# starts with: ~5 minutes from a cold target folder).
 #
 #   python3 -m venv /tmp/torchenv && /tmp/torchenv/bin/pip install torch torchvision
 #   PYTHON=/tmp/torchenv/bin/python scripts/cpu-vs-torch.sh

@@ -396,6 +396,7 @@ impl<'a> Validator<'a> {
         self.only_for("data.train", "to format = \"cifar10-bin\" or \"jsonl\"");
         self.only_for("data.test", "to format = \"cifar10-bin\" or \"jsonl\"");
         let s = d.synthetic.clone().unwrap_or_default();
+        let mut in_range = true;
         for (key, v, lo, hi) in [
             ("data.synthetic.samples", s.samples, 1, 10_000_000),
             ("data.synthetic.test_samples", s.test_samples, 0, 10_000_000),
@@ -409,7 +410,13 @@ impl<'a> Validator<'a> {
                     format!("{v} is out of range"),
                     format!("use {lo} to {hi}"),
                 );
+                in_range = false;
             }
+        }
+        // The checks that build on them would only echo it under other keys (0 samples
+        // as "data.train: holds no training samples", 1 class as model.num_classes).
+        if !in_range {
+            return None;
         }
         Some(Found {
             files: Files::Synthetic {

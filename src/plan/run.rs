@@ -302,6 +302,49 @@ impl<'a> Validator<'a> {
                 format!("use at most {total}"),
             );
         }
+        // The first decay comes `step_size` steps after the warm-up.
+        let sched = &optim.schedule;
+        if sched.kind == crate::recipe::Schedule::Step
+            && sched.warmup_steps.saturating_add(sched.step_size) >= total
+        {
+            self.warn(
+                "optim.step_size",
+                format!(
+                    "the first decay would come after {} optimizer steps, but the run has {total}: the learning rate stays optim.lr = {} (a constant schedule)",
+                    sched.warmup_steps.saturating_add(sched.step_size),
+                    optim.lr
+                ),
+                format!(
+                    "use a step_size under {} for a decay, or schedule = \"constant\"",
+                    total.saturating_sub(sched.warmup_steps).max(1)
+                ),
+            );
+        }
+        // Patience counts validations: with none (or fewer than it takes), no early stop.
+        if let Some(patience) = run.watch.as_ref().and_then(|w| w.patience) {
+            let validations = match run.validate {
+                Every::Never => Some(0),
+                Every::Steps(n) => Some(total / n.max(1)),
+                Every::Step => Some(total),
+                Every::Epoch => None,
+            };
+            if validations.is_some_and(|v| v <= patience) {
+                self.warn(
+                    "run.early_stop",
+                    format!(
+                        "patience is {patience} validations, but run.validate = {} gives {}: the run never stops early",
+                        match run.validate {
+                            Every::Never => "\"never\"".to_string(),
+                            Every::Step => "\"step\"".into(),
+                            Every::Epoch => "\"epoch\"".into(),
+                            Every::Steps(n) => n.to_string(),
+                        },
+                        validations.unwrap_or(0)
+                    ),
+                    "validate more often (run.validate), or lower run.early_stop.patience",
+                );
+            }
+        }
     }
 
     pub(super) fn checkpoint(&mut self) -> CheckpointPlan {

@@ -709,6 +709,64 @@ fn knobs_whose_cadence_the_run_never_reaches_are_warned() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
+    // A step schedule whose first decay is past the end, and early stopping with fewer
+    // validations than its patience: said, as the cadences above (both were silent).
+    let never = [
+        "run.max_steps=40",
+        "optim.schedule=\"step\"",
+        "optim.lr_warmup_steps=10",
+        "optim.step_size=30",
+        "data.validation=0.1",
+        "run.validate=10",
+        "run.early_stop={patience=4}",
+    ];
+    let out = with_sets("validate", &root().join("recipes/quickstart.toml"), &never);
+    expect_exit(&out, 0);
+    let err = String::from_utf8_lossy(&out.stderr);
+    for want in [
+        "optim.step_size: the first decay would come after 40 optimizer steps, but the run has 40",
+        "run.early_stop: patience is 4 validations, but run.validate = 10 gives 4: the run never stops early",
+    ] {
+        assert!(err.contains(want), "{want}\n{err}");
+    }
+    let reached = [
+        "run.max_steps=40",
+        "optim.schedule=\"step\"",
+        "optim.lr_warmup_steps=10",
+        "optim.step_size=29",
+        "data.validation=0.1",
+        "run.validate=10",
+        "run.early_stop={patience=3}",
+    ];
+    let out = with_sets(
+        "validate",
+        &root().join("recipes/quickstart.toml"),
+        &reached,
+    );
+    expect_exit(&out, 0);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!err.contains("warning"), "{err}");
+}
+
+/// A synthetic size out of range is said once, at its key (0 samples was also said as
+/// "data.train: holds no training samples", of a recipe that has no data.train).
+#[test]
+fn a_synthetic_value_out_of_range_is_said_once() {
+    let dir = tempdir("synthetic-range");
+    let recipe = tiny_recipe(&dir, "s", "");
+    for (set, key) in [
+        ("data.synthetic.samples=0", "data.synthetic.samples"),
+        ("data.synthetic.classes=1", "data.synthetic.classes"),
+    ] {
+        let out = with_sets("validate", &recipe, &[set]);
+        expect_exit(&out, 2);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains(&format!("{key}: ")) && err.matches("error:").count() == 1,
+            "{err}"
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// A run with no timed step (all within warm-up, or one that failed first) writes its
