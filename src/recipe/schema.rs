@@ -295,18 +295,23 @@ pub struct ModelSection {
     pub hidden: Option<Vec<usize>>,
     /// Text models: size of the token embeddings (the Transformer's model width). Default 64.
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 8192))]
     pub embed_dim: Option<usize>,
     /// `lstm`: hidden state size. Default 128.
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 8192))]
     pub hidden_size: Option<usize>,
     /// `lstm` and `transformer`: stacked layers. Default 1 (lstm), 2 (transformer).
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 64))]
     pub layers: Option<usize>,
     /// `transformer`: attention heads (must divide `embed_dim`). Default 4.
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 256))]
     pub heads: Option<usize>,
     /// `transformer`: feed-forward width. Default 4 × `embed_dim`.
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 65536))]
     pub ff_dim: Option<usize>,
     /// `transformer`: dropout in training. Default 0.1.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -447,6 +452,7 @@ pub struct TokenizerSection {
     /// vocabulary to build). Default `word`.
     pub kind: TokenizerKind,
     /// `word`: the most frequent words kept (ties by first appearance). Default 20000.
+    #[schemars(range(min = 1))]
     pub max_vocab: usize,
     /// `word`: words seen fewer times are unknown. Default 1.
     pub min_freq: usize,
@@ -496,8 +502,10 @@ pub struct PaddingSection {
     /// length, then padded to their longest). Default `dynamic`.
     pub strategy: PaddingStrategy,
     /// Sequences are cut to this many tokens; `max_length` pads every batch to it. Default 256.
+    #[schemars(range(min = 1, max = 65536))]
     pub max_length: usize,
     /// Padded lengths are rounded up to a multiple of this (8 suits tensor cores). Default 1.
+    #[schemars(range(min = 1))]
     pub multiple_of: usize,
     /// The token id of padding; the tokenizer keeps it free. Default 0.
     pub pad_id: u32,
@@ -610,14 +618,19 @@ pub struct AugmentSection {
 #[serde(deny_unknown_fields, default)]
 pub struct SyntheticSection {
     /// Training samples. Default 1024.
+    #[schemars(range(min = 1, max = 10000000))]
     pub samples: usize,
     /// Test samples. Default 256.
+    #[schemars(range(max = 10000000))]
     pub test_samples: usize,
     /// Classes. Default 10.
+    #[schemars(range(min = 2, max = 100000))]
     pub classes: usize,
     /// Image side in pixels. Default 32.
+    #[schemars(range(min = 1, max = 1024))]
     pub image_size: usize,
     /// Channels. Default 3.
+    #[schemars(range(min = 1, max = 64))]
     pub channels: usize,
 }
 
@@ -641,6 +654,7 @@ pub struct LoaderSection {
     #[schemars(range(min = 1))]
     pub batch_size: usize,
     /// Worker threads preparing batches; 0 prepares them on the training thread. Default 0.
+    #[schemars(range(max = 256))]
     pub workers: usize,
     /// Stage each batch for a fast host-to-device copy (pinned memory on CUDA); does
     /// nothing on the CPU backend or WebGPU (a warning says so). Default false.
@@ -705,13 +719,15 @@ pub struct OptimSection {
     /// `constant`, `cosine` (to `min_lr` at the last step) or `step` (× `gamma` every
     /// `step_size` optimizer steps). Default `constant`.
     pub schedule: Schedule,
-    /// Linear learning-rate warm-up from 0 over this many optimizer steps. Default 0.
+    /// Linear learning-rate warm-up over this many optimizer steps (step k of W takes
+    /// lr · k / W); the schedule counts its steps from the warm-up's end. Default 0.
     pub lr_warmup_steps: u64,
     /// `cosine`: final learning rate. Default 0.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub min_lr: Option<f64>,
     /// `step`: optimizer steps between decays. Default 1000.
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
     pub step_size: Option<u64>,
     /// `step`: decay factor. Default 0.1.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -885,8 +901,8 @@ pub struct RunSection {
     /// Stop a diverged run at the step it was seen (status `failed`, exit 1). With false
     /// the run goes on and `summary.json` records where it diverged. Default true.
     pub stop_on_divergence: bool,
-    /// With `data.validation`: when to evaluate on it, `"epoch"` or every N optimizer
-    /// steps. Default `"epoch"`.
+    /// With `data.validation`: when to evaluate on it, `"epoch"`, `"step"`, every N
+    /// optimizer steps, or `"never"`. Default `"epoch"`.
     pub validate: Every,
     /// With `data.validation`: stop when the validation metric has not improved for
     /// `patience` evaluations. Default: none (train all epochs).
@@ -973,8 +989,8 @@ impl EvalWhen {
 #[serde(deny_unknown_fields, default)]
 pub struct CheckpointSection {
     /// When to write a checkpoint (model, optimizer state, position in the data) into the
-    /// run's `checkpoints/`: `"never"`, `"epoch"`, or every N optimizer steps. SIGINT and
-    /// SIGTERM write one whatever this says. Default `"never"`.
+    /// run's `checkpoints/`: `"never"`, `"epoch"`, or every N optimizer steps. SIGINT,
+    /// SIGTERM and SIGHUP write one whatever this says. Default `"never"`.
     pub every: Every,
     /// Checkpoints kept, the latest. Default 2.
     #[schemars(range(min = 1))]
@@ -1004,7 +1020,8 @@ pub struct LogSection {
     /// device) and write their `metrics.jsonl` lines then. Default 1.
     #[schemars(range(min = 1))]
     pub every: u64,
-    /// Show a progress bar on a terminal. Default true.
+    /// Show a progress bar on a terminal; without one (a Slurm log, `nohup`), a line every
+    /// 30 s. Default true.
     pub progress: bool,
     /// Also write each step's record to `metrics.csv` (the same fields as
     /// `metrics.jsonl`). Default true.

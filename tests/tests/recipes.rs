@@ -422,6 +422,15 @@ fn the_schema_accepts_every_shipped_recipe_and_rejects_a_wrong_one() {
         ("model", "dropout", "1.0"),
         ("data", "validation", "1.5"),
         ("data", "validation", "0.0"),
+        ("model", "embed_dim", "0"),
+        ("model", "embed_dim", "8193"),
+        ("model", "layers", "65"),
+        ("model", "heads", "257"),
+        ("model", "ff_dim", "0"),
+        ("loader", "workers", "257"),
+        ("padding", "max_length", "0"),
+        ("padding", "max_length", "65537"),
+        ("padding", "multiple_of", "0"),
     ] {
         let v = with(table, key, value);
         assert!(
@@ -441,6 +450,9 @@ fn the_schema_accepts_every_shipped_recipe_and_rejects_a_wrong_one() {
         ("optim", "label_smoothing", "0.0"),
         ("model", "dropout", "0.0"),
         ("data", "validation", "0.5"),
+        ("loader", "workers", "256"),
+        ("model", "layers", "64"),
+        ("padding", "max_length", "65536"),
     ] {
         let v = with(table, key, value);
         assert!(
