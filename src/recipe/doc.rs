@@ -109,6 +109,25 @@ impl Doc {
         v
     }
 
+    /// Removes `leaf`, a key of the table at `parent` (dotted), taken whole: a quoted key
+    /// with dots in it (`"loader.workers" = 1`) is one key, which `remove` would split.
+    pub fn remove_in(&mut self, parent: &str, leaf: &str) -> Option<toml::Value> {
+        let t = if parent.is_empty() {
+            Some(&mut self.table)
+        } else {
+            table_mut(&mut self.table, parent, false)
+        };
+        let v = t?.remove(leaf);
+        let key = if parent.is_empty() {
+            leaf.to_string()
+        } else {
+            format!("{parent}.{leaf}")
+        };
+        self.origins
+            .retain(|k, _| *k != key && !k.starts_with(&format!("{key}.")));
+        v
+    }
+
     /// Sets grid axis `axis` (dotted) where the recipe has it: under `[sweep]` as a quoted
     /// key (`"loader.workers" = [0, 2]`, as the shipped grids write it) it is replaced in
     /// place; else set as nested tables.
@@ -705,7 +724,15 @@ fn parse(
 ) -> Option<(toml::Table, BTreeMap<String, Origin>)> {
     let (de, syntax) = DeTable::parse_recoverable(text);
     if !syntax.is_empty() {
+        // The recovering parser may meet one mistake twice (an inline table extended by a
+        // later header): said once.
+        let mut said: Vec<(String, Option<std::ops::Range<usize>>)> = vec![];
         for e in syntax {
+            let key = (e.message().trim().to_string(), e.span());
+            if said.contains(&key) {
+                continue;
+            }
+            said.push(key);
             let d = Diagnostic::error(path, format!("TOML syntax: {}", e.message().trim()));
             let d = match e.span() {
                 Some(s) => d.at(text, s),

@@ -340,8 +340,24 @@ fn check_unknown_keys(
                 (None, Some(s)) => d.help(format!("did you mean `{s}`?")),
                 (None, None) => d.help(format!("known keys {where_}: {}", allowed.join(", "))),
             };
+            // A quoted key holding dots (`"loader.workers" = 1`) is one key of this table,
+            // not a path: said, and removed whole (split, it was left for serde to refuse
+            // again with no place).
+            let meant = key.rsplit_once('.').filter(|(head, tail)| {
+                let table = join(table_path, head);
+                tables
+                    .iter()
+                    .any(|(p, f)| *p == table.as_str() && f.contains(tail))
+            });
+            let d = match meant {
+                Some((head, tail)) => d.help(format!(
+                    "quoted, \"{key}\" is one key with dots in its name; for `{tail}` in [{}], write it unquoted: {key} = ...",
+                    join(table_path, head)
+                )),
+                None => d,
+            };
             report.push(d);
-            doc.remove(&full);
+            doc.remove_in(table_path, &key);
             dropped.push(full);
         }
     }
