@@ -319,6 +319,17 @@ pub fn load_run(dir: &Path) -> Result<Run, Error> {
     if !recipe.is_empty() && !stored.device.is_empty() {
         recipe.push(("device".into(), stored.device.clone()));
     }
+    // On the CPU, the threads it ran on (`threads = 0` is one per core, which differs
+    // between machines): its speed, and the bits of its sums, follow them.
+    if !recipe.is_empty() && stored.backend.contains("cpu") {
+        let threads = std::fs::read_to_string(dir.join("env.json"))
+            .ok()
+            .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
+            .and_then(|e| e.get("threads").and_then(|n| n.as_u64()));
+        if let Some(n) = threads {
+            recipe.push(("cpu threads".into(), n.to_string()));
+        }
+    }
     Ok(Run {
         dir: dir.to_path_buf(),
         name: stored.name,

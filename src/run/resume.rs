@@ -17,7 +17,8 @@ pub fn resume(
     refuse_odd_files(run_dir)?;
     let read_summary = read_summary(run_dir)?;
     let _lock = take_run_lock(run_dir)?;
-    let plan = resume_plan(&recipe_path, machine)?;
+    let mut plan = resume_plan(&recipe_path, machine)?;
+    let threads_at_start = pin_cpu_threads(run_dir, &mut plan);
     let metrics_path = run_dir.join("metrics.jsonl");
     let (ckpt_dir, state, passed_over) = latest_checkpoint(run_dir, &metrics_path)?;
     let moved = same_recipe(run_dir, &recipe_path, &plan, (&ckpt_dir, &state))?;
@@ -32,6 +33,13 @@ pub fn resume(
     });
     let prepared = prepare(&plan, opts)?;
     drop(loading);
+    if let Some(n) = threads_at_start.filter(|&n| n != prepared.threads) {
+        crate::errln!(
+            "warning: {}: the run started on {n} CPU threads, this resume runs on {}: the CPU's sums are split per thread, so its steps will not be bitwise those of the uninterrupted run",
+            run_dir.display(),
+            prepared.threads
+        );
+    }
     let fail = |message: String| RunError::Failed {
         dir: run_dir.to_path_buf(),
         message,
@@ -92,6 +100,24 @@ pub fn resume(
         resume: Some((ckpt_dir, state)),
     };
     drive(&plan, opts, prepared, files)
+}
+
+/// On the CPU with `backend.threads = 0` (one per core), the thread count the run started
+/// with (`env.json`'s `threads`), taken by this resume: the convolutions' weight gradients
+/// add one partial sum per thread, so another count gives other bits, and a resume on a
+/// machine with more cores (or under `taskset`) drifted from its uninterrupted twin in
+/// silence. Returns that count, where the run recorded one.
+fn pin_cpu_threads(run_dir: &Path, plan: &mut Plan) -> Option<usize> {
+    if !matches!(plan.device, crate::plan::Device::Cpu) {
+        return None;
+    }
+    let env: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(run_dir.join("env.json")).ok()?).ok()?;
+    let n = usize::try_from(env.get("threads")?.as_u64()?).ok()?;
+    if plan.threads == 0 && (1..=crate::plan::MAX_THREADS).contains(&n) {
+        plan.threads = n;
+    }
+    Some(n)
 }
 
 /// The run's own files are read, or opened to go on writing: one that is there but is not

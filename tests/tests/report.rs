@@ -494,6 +494,21 @@ fn report_keeps_different_recipes_of_one_name_apart_in_the_order_given() {
             "{label}: {table}"
         );
     }
+    // So is the same CPU with another thread count (`threads = 0` is one per core).
+    s["device"] = here.into();
+    std::fs::write(&moved, serde_json::to_string(&s).unwrap()).unwrap();
+    let env_path = moved.with_file_name("env.json");
+    let mut env = json(&env_path);
+    let threads = env["threads"].as_u64().unwrap();
+    env["threads"] = (threads + 7).into();
+    std::fs::write(&env_path, serde_json::to_string(&env).unwrap()).unwrap();
+    let table = csv(&["zz"]);
+    for label in [
+        format!("zz [cpu threads={threads}],1,"),
+        format!("zz [cpu threads={}],1,", threads + 7),
+    ] {
+        assert!(table.contains(&format!("\n{label}")), "{label}: {table}");
+    }
     let _ = std::fs::remove_dir_all(&dir);
 }
 

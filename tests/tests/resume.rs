@@ -1681,3 +1681,55 @@ fn eval_says_why_a_run_has_no_weights_and_what_data_it_takes() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A CPU run's sums follow its thread count (the convolutions' weight gradients add a
+/// partial sum per thread): a resume takes the count the run started with, so a run begun
+/// on one thread and resumed where two are the default ends bitwise where its
+/// uninterrupted one-thread twin ends (it drifted in silence from the step after the
+/// checkpoint).
+#[test]
+fn a_cpu_resume_takes_the_thread_count_the_run_started_with() {
+    let dir = tempdir("resume-threads");
+    let recipe = long_recipe(&dir, "t", "");
+    let run_on = |threads: Option<&str>, logs: &str| {
+        let mut c = runner_cmd();
+        c.arg(&recipe)
+            .args(["-q", "--set"])
+            .arg(format!("log.dir=\"{}\"", dir.join(logs).display()));
+        if let Some(n) = threads {
+            c.env("RAYON_NUM_THREADS", n);
+        }
+        c
+    };
+    let one = run_on(Some("1"), "one").output().unwrap();
+    expect_exit(&one, 0);
+    let one = only_run(&dir.join("one/t"));
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    if cores > 1 {
+        let many = run_on(None, "many").output().unwrap();
+        expect_exit(&many, 0);
+        assert_ne!(
+            losses(&one),
+            losses(&only_run(&dir.join("many/t"))),
+            "the thread count changes nothing here: this test shows nothing"
+        );
+    }
+    // Begun on one thread, stopped, resumed with the default count.
+    let (child, _) = spawn_until(run_on(Some("1"), "runs"), &dir.join("runs"), |p| {
+        p.ends_with("metrics.jsonl")
+            && std::fs::read_to_string(p).is_ok_and(|t| t.lines().count() >= 20)
+    });
+    signal_pid("-INT", child.id());
+    let out = child.wait_with_output().unwrap();
+    expect_exit(&out, 130);
+    let run = only_run(&dir.join("runs/t"));
+    let out = resume_quietly(&run);
+    expect_exit(&out, 0);
+    assert!(
+        !String::from_utf8_lossy(&out.stderr).contains("CPU threads"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(losses(&run), losses(&one));
+    let _ = std::fs::remove_dir_all(&dir);
+}
