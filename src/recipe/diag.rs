@@ -211,6 +211,13 @@ pub fn did_you_mean<'a>(word: &str, candidates: &[&'a str]) -> Option<&'a str> {
 /// (`warmup_steps` in `lr_warmup_steps`, `warmup` in `warmup_steps`). Two letters are too
 /// few to tell a typo by distance (`wd` is 2 from `lr`): there only a swap counts.
 pub fn near_key<'a>(word: &str, keys: &[&'a str]) -> Option<&'a str> {
+    near_key_by(word, keys).map(|(k, _)| k)
+}
+
+/// [`near_key`], and whether the match is by more than spelling (initials, or a key that
+/// holds the word): a guess by edit distance alone (`epochs` for `eps`) loses to the same
+/// key in another table.
+pub fn near_key_by<'a>(word: &str, keys: &[&'a str]) -> Option<(&'a str, bool)> {
     let word = word.to_lowercase();
     let n = word.chars().count();
     let limit = if n <= 2 { 1 } else { (n / 3).max(1) + 1 };
@@ -234,7 +241,11 @@ pub fn near_key<'a>(word: &str, keys: &[&'a str]) -> Option<&'a str> {
             .filter(|k| n >= 3 && k.split('_').count() > 1 && k.contains(word.as_str()))
             .min_by_key(|k| k.len())
     };
-    typo.or_else(initials).or_else(holds)
+    match (initials().or_else(holds), typo) {
+        (Some(k), _) => Some((k, true)),
+        (None, Some(k)) => Some((k, false)),
+        (None, None) => None,
+    }
 }
 
 /// Damerau–Levenshtein distance (optimal string alignment): a swap of neighbours costs 1.

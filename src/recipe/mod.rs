@@ -325,19 +325,44 @@ fn check_unknown_keys(
             // A key of the same name elsewhere may mean something else (`run.warmup_steps`
             // times nothing that `optim.lr_warmup_steps` warms up): a near key of this
             // table comes first, the other table's is said beside it.
+            // A table's name is a table, not a key of the top level.
+            let is_table = tables.iter().any(|(p, _)| *p == key.as_str());
             let home = tables
                 .iter()
                 .find(|(p, f)| p != table_path && f.contains(&key.as_str()))
                 .map(|(p, _)| match *p {
+                    "" if is_table => format!("a table of its own, [{key}]"),
                     "" => "at the top level, above every [table]".to_string(),
                     p => format!("in [{p}]"),
                 });
-            let d = match (home, diag::near_key(&key, allowed)) {
-                (Some(home), Some(s)) => d.help(format!(
+            // A table under an unknown name (`[optimizer]`) meant a table: a key of the
+            // same name elsewhere (`optim.optimizer`, a string) is no help.
+            let tables_here: Vec<&str> = tables
+                .iter()
+                .filter_map(|(p, _)| match *table_path {
+                    "" => Some(*p).filter(|p| !p.is_empty() && !p.contains('.')),
+                    t => p
+                        .strip_prefix(t)
+                        .and_then(|r| r.strip_prefix('.'))
+                        .filter(|r| !r.contains('.')),
+                })
+                .collect();
+            let written_as_table = table_at(&doc.table, &full).is_some();
+            let near_table = written_as_table
+                .then(|| diag::near_key(&key, &tables_here))
+                .flatten();
+            let d = match (home, diag::near_key_by(&key, allowed)) {
+                _ if near_table.is_some() => d.help(format!(
+                    "did you mean [{}]?",
+                    join(table_path, near_table.unwrap_or_default())
+                )),
+                // Near by more than spelling: said first, the other table's beside it.
+                (Some(home), Some((s, true))) => d.help(format!(
                     "did you mean `{s}`? (there is a key `{key}` {home}, too)"
                 )),
-                (Some(home), None) => d.help(format!("`{key}` belongs {home}")),
-                (None, Some(s)) => d.help(format!("did you mean `{s}`?")),
+                (Some(home), _) if is_table => d.help(format!("`{key}` is {home}")),
+                (Some(home), _) => d.help(format!("`{key}` belongs {home}")),
+                (None, Some((s, _))) => d.help(format!("did you mean `{s}`?")),
                 (None, None) => d.help(format!("known keys {where_}: {}", allowed.join(", "))),
             };
             // A quoted key holding dots (`"loader.workers" = 1`) is one key of this table,

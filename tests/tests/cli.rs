@@ -934,6 +934,10 @@ fn a_set_the_run_would_not_honour_is_refused_with_the_fix() {
         ),
         ("optim.wd=0.1", "did you mean `weight_decay`?"),
         ("run.seed=3", "`seed` belongs at the top level"),
+        // A guess by spelling alone (`eps`) does not hide where the key is.
+        ("optim.epochs=3", "`epochs` belongs in [run]"),
+        ("run.lr_warmup_steps=3", "`lr_warmup_steps` belongs in [optim]"),
+        ("loader.model=3", "`model` is a table of its own, [model]"),
         ("loader.lr=0.1", "`lr` belongs in [optim]"),
     ] {
         let out = with_sets("validate", &quick, &[set]);
