@@ -737,6 +737,36 @@ impl JsonLines {
     }
 }
 
+/// Whether `path` is marked immutable or append-only (`chattr +i` / `+a`): no rename may
+/// replace it, whatever its permissions say. False where that cannot be asked.
+pub fn immutable(path: &Path) -> bool {
+    #[cfg(all(
+        target_os = "linux",
+        any(target_arch = "x86_64", target_arch = "aarch64")
+    ))]
+    {
+        use std::os::fd::AsRawFd;
+        // _IOR('f', 1, long); FS_IMMUTABLE_FL | FS_APPEND_FL.
+        const FS_IOC_GETFLAGS: libc::c_ulong = 0x8008_6601;
+        const FIXED: libc::c_long = 0x10 | 0x20;
+        let Ok(f) = File::open(path) else {
+            return false;
+        };
+        let mut flags: libc::c_long = 0;
+        // SAFETY: the ioctl writes one `long` through the pointer, which outlives the call.
+        let ok = unsafe { libc::ioctl(f.as_raw_fd(), FS_IOC_GETFLAGS, &mut flags) } == 0;
+        ok && flags & FIXED != 0
+    }
+    #[cfg(not(all(
+        target_os = "linux",
+        any(target_arch = "x86_64", target_arch = "aarch64")
+    )))]
+    {
+        let _ = path;
+        false
+    }
+}
+
 /// A text file read whole. One that is not UTF-8 is an error saying where (`not_utf8`):
 /// "stream did not contain valid UTF-8" named no place.
 pub fn read_utf8(path: &Path) -> std::io::Result<String> {

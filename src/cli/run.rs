@@ -915,11 +915,10 @@ pub(crate) fn log_dirs(all: &[Checked]) -> Vec<(&Path, &Path, PathBuf)> {
         .iter()
         .flat_map(|c| {
             c.plans.iter().map(|p| {
-                (
-                    c.path.as_path(),
-                    p.log.dir.as_path(),
-                    p.log.dir.join(&p.name),
-                )
+                // A grid's cells are `<base>/<cell>`: their base is checked, once (each
+                // cell's folder was probed: one file made per cell, a Slurm task each).
+                let base = p.name.split('/').next().unwrap_or(&p.name);
+                (c.path.as_path(), p.log.dir.as_path(), p.log.dir.join(base))
             })
         })
         .collect();
@@ -950,12 +949,18 @@ pub(crate) fn log_dir_problem(dir: &Path) -> Option<String> {
                     format!("cannot be written: {} takes no new file: {e}", at.display())
                 });
             }
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => match at.parent() {
-                Some(up) if !up.as_os_str().is_empty() => at = up,
-                // A relative path with nothing above it: the working directory.
-                _ if at != Path::new(".") => at = Path::new("."),
-                _ => return Some("cannot be created: the working directory is gone".into()),
-            },
+            // A file on the way (ENOTDIR): the walk goes up to it, and names it.
+            Err(e)
+                if e.kind() == std::io::ErrorKind::NotFound
+                    || e.kind() == std::io::ErrorKind::NotADirectory =>
+            {
+                match at.parent() {
+                    Some(up) if !up.as_os_str().is_empty() => at = up,
+                    // A relative path with nothing above it: the working directory.
+                    _ if at != Path::new(".") => at = Path::new("."),
+                    _ => return Some("cannot be created: the working directory is gone".into()),
+                }
+            }
             Err(e) => return Some(format!("cannot be reached: {e}")),
         }
     }

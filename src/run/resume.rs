@@ -296,16 +296,7 @@ fn same_recipe(
 fn refuse_unwritable(run_dir: &Path, plan: &Plan) -> Result<(), RunError> {
     let input = |m: String| RunError::Input(m);
     let metrics_path = run_dir.join("metrics.jsonl");
-    // summary.json and env.json are rewritten, model.safetensors written anew at the end
-    // (a summary.json made immutable failed the resume at its first write, as a failed
-    // run).
-    let mut outputs = vec![
-        metrics_path.clone(),
-        run_dir.join("samples.jsonl"),
-        run_dir.join("summary.json"),
-        run_dir.join("env.json"),
-        run_dir.join("model.safetensors"),
-    ];
+    let mut outputs = vec![metrics_path.clone(), run_dir.join("samples.jsonl")];
     if plan.log.csv {
         outputs.push(run_dir.join("metrics.csv"));
     }
@@ -321,8 +312,19 @@ fn refuse_unwritable(run_dir: &Path, plan: &Plan) -> Result<(), RunError> {
             return Err(cannot(path, e));
         }
     }
-    // Its files are written whole to a new name first, then renamed.
+    // summary.json, env.json and model.safetensors are written whole to a new name, then
+    // renamed over the old: a read-only one is replaced (an archived run's), an immutable
+    // one (chattr +i) is not, and failed the resume at its first write, as a failed run.
     crate::metrics::takes_new_file(run_dir).map_err(|e| cannot(run_dir, e))?;
+    for name in ["summary.json", "env.json", "model.safetensors"] {
+        let path = run_dir.join(name);
+        if crate::metrics::immutable(&path) {
+            return Err(cannot(
+                &path,
+                std::io::Error::other("it is immutable or append-only (chattr +i / +a)"),
+            ));
+        }
+    }
     let checkpoints = run_dir.join("checkpoints");
     if checkpoints.is_dir() {
         crate::metrics::takes_new_file(&checkpoints).map_err(|e| cannot(&checkpoints, e))?;

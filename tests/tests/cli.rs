@@ -936,7 +936,10 @@ fn a_set_the_run_would_not_honour_is_refused_with_the_fix() {
         ("run.seed=3", "`seed` belongs at the top level"),
         // A guess by spelling alone (`eps`) does not hide where the key is.
         ("optim.epochs=3", "`epochs` belongs in [run]"),
-        ("run.lr_warmup_steps=3", "`lr_warmup_steps` belongs in [optim]"),
+        (
+            "run.lr_warmup_steps=3",
+            "`lr_warmup_steps` belongs in [optim]",
+        ),
         ("loader.model=3", "`model` is a table of its own, [model]"),
         ("loader.lr=0.1", "`lr` belongs in [optim]"),
     ] {
@@ -1079,5 +1082,14 @@ fn a_file_where_the_runs_folder_goes_is_named_before_the_run() {
         std::fs::read_to_string(dir.join("runs/clash")).unwrap(),
         "not a folder"
     );
+    // A grid's cells go under <log.dir>/<grid>: the file there is named (it said the
+    // log.dir "cannot be reached: Not a directory"), and said once, not once per cell.
+    let grid = tiny_recipe(&dir, "g", "[sweep]\n\"optim.lr\" = [0.1, 0.2, 0.3]\n");
+    std::fs::write(dir.join("runs/g"), "not a folder").unwrap();
+    let out = runner_cmd().arg("validate").arg(&grid).output().unwrap();
+    expect_exit(&out, 0);
+    let err = String::from_utf8_lossy(&out.stderr);
+    let said = format!("{} is not a folder", dir.join("runs/g").display());
+    assert_eq!(err.matches(&said).count(), 1, "{err}");
     let _ = std::fs::remove_dir_all(&dir);
 }

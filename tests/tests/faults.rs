@@ -452,16 +452,13 @@ fn resume_refuses_at_once_what_it_could_not_write_later() {
     writable_by_other(&run, true, true);
     let before = std::fs::read_to_string(run.join("summary.json")).unwrap();
     let resume = || {
-        as_other(&dir)
-            .arg("resume")
-            .arg(&run)
-            .arg("-q")
-            .output()
-            .unwrap()
+        let mut c = as_other(&dir);
+        c.arg("resume").arg(&run).arg("-q");
+        c
     };
     for blocked in ["checkpoints", "samples.jsonl"] {
         writable_by_other(&run.join(blocked), false, false);
-        let out = resume();
+        let out = resume().output().unwrap();
         expect_exit(&out, 2);
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert!(
@@ -475,6 +472,48 @@ fn resume_refuses_at_once_what_it_could_not_write_later() {
         assert_eq!(after, before, "{blocked}: the summary changed");
         writable_by_other(&run.join(blocked), true, false);
     }
+    // An immutable summary.json (chattr +i) is refused at once too (the resume trained,
+    // then failed at its first write), where the file system can mark one.
+    let summary_path = run.join("summary.json");
+    let marked = Command::new("chattr")
+        .arg("+i")
+        .arg(&summary_path)
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if marked {
+        let out = resume().output().unwrap();
+        let _ = Command::new("chattr").arg("-i").arg(&summary_path).status();
+        expect_exit(&out, 2);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            stderr.contains("summary.json: it is immutable or append-only"),
+            "{stderr}"
+        );
+    }
+    // A read-only summary.json, env.json and weights (an archived run's) are replaced as
+    // they always were (written to a new name, renamed over): no refusal.
+    for f in ["summary.json", "env.json"] {
+        let p = run.join(f);
+        let mut perm = std::fs::metadata(&p).unwrap().permissions();
+        std::os::unix::fs::PermissionsExt::set_mode(&mut perm, 0o444);
+        std::fs::set_permissions(&p, perm).unwrap();
+    }
+    // (The run is long: it is stopped once it trains again.)
+    let lines =
+        || std::fs::read_to_string(run.join("metrics.jsonl")).map_or(0, |t| t.lines().count());
+    let at_start = lines();
+    let child = resume()
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while lines() <= at_start + 2 && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    send("-INT", &child);
+    let out = child.wait_with_output().unwrap();
+    expect_exit(&out, 130);
     let _ = std::fs::remove_dir_all(&dir);
 }
 
