@@ -552,6 +552,19 @@ pub struct JsonLines {
     path: PathBuf,
     /// Bytes of whole lines written: a failed write is cut back to this.
     len: u64,
+    /// The device and inode of the folder it was opened in: a file removed with its
+    /// folder is not written again into another folder made at that path.
+    folder: Option<(u64, u64)>,
+}
+
+/// The device and inode of the folder holding `path`.
+fn folder_of(path: &Path) -> Option<(u64, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    let parent = match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    };
+    std::fs::metadata(parent).ok().map(|m| (m.dev(), m.ino()))
 }
 
 impl JsonLines {
@@ -560,6 +573,7 @@ impl JsonLines {
             file: File::create(path)?,
             path: path.to_path_buf(),
             len: 0,
+            folder: folder_of(path),
         })
     }
 
@@ -574,6 +588,7 @@ impl JsonLines {
             file,
             path: path.to_path_buf(),
             len,
+            folder: folder_of(path),
         })
     }
 
@@ -688,15 +703,17 @@ impl JsonLines {
         if self.file.metadata()?.nlink() > 0 {
             return Ok(());
         }
+        use std::os::unix::ffi::{OsStrExt, OsStringExt};
         let fd = format!("/proc/self/fd/{}", self.file.as_raw_fd());
         // "<where it was> (deleted)": the run directory's path now, were it moved.
-        let was = std::fs::read_link(&fd)?;
-        let was = was.to_string_lossy();
-        let Some(was) = was.strip_suffix(" (deleted)").map(PathBuf::from) else {
+        let link = std::fs::read_link(&fd)?.into_os_string().into_vec();
+        let Some(was) = link.strip_suffix(b" (deleted)") else {
             return Ok(());
         };
-        if !was.parent().is_some_and(Path::is_dir) {
-            // The whole directory is gone: the run stops on that (`RunDir::now`).
+        let was = PathBuf::from(std::ffi::OsStr::from_bytes(was));
+        if self.folder.is_none() || folder_of(&was) != self.folder {
+            // The whole folder is gone (or another made in its place): the run stops on
+            // that (`RunDir::now`), and writes nothing into a folder that is not its own.
             return Ok(());
         }
         let mut aside = None;
@@ -704,7 +721,12 @@ impl JsonLines {
             let stamp = std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
                 .map_or(0, |d| d.as_secs());
-            let to = PathBuf::from(format!("{}.replaced-{stamp}", was.display()));
+            let mut to = PathBuf::from(format!("{}.replaced-{stamp}", was.display()));
+            let mut n = 1;
+            while to.symlink_metadata().is_ok() {
+                n += 1;
+                to = PathBuf::from(format!("{}.replaced-{stamp}-{n}", was.display()));
+            }
             std::fs::rename(&was, &to)?;
             aside = Some(to);
         }
@@ -916,6 +938,15 @@ mod tests {
         std::fs::remove_file(&path).unwrap();
         lines.write_line("2".into()).unwrap();
         assert_eq!(std::fs::read_to_string(&path).unwrap(), "1\n2\n");
+        // Its folder removed and another made at its path: nothing is written there.
+        let sub = dir.join("run");
+        std::fs::create_dir_all(&sub).unwrap();
+        let mut inner = JsonLines::create(&sub.join("m.jsonl")).unwrap();
+        inner.write_line("1".into()).unwrap();
+        std::fs::remove_dir_all(&sub).unwrap();
+        std::fs::create_dir_all(&sub).unwrap();
+        let _ = inner.write_line("2".into());
+        assert!(!sub.join("m.jsonl").exists());
         // Another file renamed over it (an editor's save).
         let other = dir.join("other");
         std::fs::write(&other, "theirs\n").unwrap();

@@ -618,17 +618,28 @@ pub fn rows(runs: &[Run], baseline: Option<&str>) -> Result<Vec<Row>, Error> {
             }
         })
         .collect();
-    let base =
-        match baseline {
-            // The first recipe with a timed run: an untimed one has no time to compare with.
-            None => out.iter().position(|r| r.timed > 0).unwrap_or(0),
-            Some(b) => out.iter().position(|r| r.recipe == b).ok_or_else(|| {
-                Error::Input(format!(
-                "error: --baseline {b}: no run of that recipe\n  = help: the recipes here are: {}",
-                out.iter().map(|r| r.recipe.as_str()).collect::<Vec<_>>().join(", ")
-            ))
-            })?,
-        };
+    let base = match baseline {
+        // The first recipe with a timed run: an untimed one has no time to compare with.
+        None => out.iter().position(|r| r.timed > 0).unwrap_or(0),
+        Some(b) => {
+            // A recipe's name where its runs are rows of their own (`name [device=...]`):
+            // the first of them, as the default takes the first row.
+            let labelled = |r: &Row| {
+                r.recipe
+                    .strip_prefix(b)
+                    .is_some_and(|rest| rest.starts_with(" ["))
+            };
+            out.iter()
+                    .position(|r| r.recipe == b)
+                    .or_else(|| out.iter().position(labelled))
+                    .ok_or_else(|| {
+                        Error::Input(format!(
+                            "error: --baseline {b}: no run of that recipe\n  = help: the recipes here are: {}",
+                            out.iter().map(|r| r.recipe.as_str()).collect::<Vec<_>>().join(", ")
+                        ))
+                    })?
+        }
+    };
     out[base].is_baseline = true;
     let (bm, bcv) = (out[base].ms_median, out[base].cv_pct);
     let (bn, bs) = (out[base].samples_per_step, out[base].samples_per_s);

@@ -395,8 +395,7 @@ impl<'a> Validator<'a> {
         let d = &self.recipe().data;
         self.only_for("data.train", "to format = \"cifar10-bin\" or \"jsonl\"");
         self.only_for("data.test", "to format = \"cifar10-bin\" or \"jsonl\"");
-        let s = d.synthetic.clone().unwrap_or_default();
-        let mut in_range = true;
+        let mut s = d.synthetic.clone().unwrap_or_default();
         for (key, v, lo, hi) in [
             ("data.synthetic.samples", s.samples, 1, 10_000_000),
             ("data.synthetic.test_samples", s.test_samples, 0, 10_000_000),
@@ -410,14 +409,17 @@ impl<'a> Validator<'a> {
                     format!("{v} is out of range"),
                     format!("use {lo} to {hi}"),
                 );
-                in_range = false;
             }
         }
-        // The checks that build on them would only echo it under other keys (0 samples
-        // as "data.train: holds no training samples", 1 class as model.num_classes).
-        if !in_range {
-            return None;
-        }
+        // The checks that build on them go on with values in range: out of it they only
+        // echoed the error under other keys (0 samples as "data.train: holds no training
+        // samples", 1 class as model.num_classes), while a key the user set wrong
+        // themselves (model.num_classes = 1) is still said.
+        s.samples = s.samples.clamp(1, 10_000_000);
+        s.test_samples = s.test_samples.min(10_000_000);
+        s.classes = s.classes.clamp(2, 100_000);
+        s.image_size = s.image_size.clamp(1, 1024);
+        s.channels = s.channels.clamp(1, 64);
         Some(Found {
             files: Files::Synthetic {
                 samples: s.samples,

@@ -105,6 +105,15 @@ fn window(line: &str, col: usize, width: usize) -> (String, Range<usize>) {
     (format!("{head}{shown}{tail}"), start..start + width)
 }
 
+/// `text` cut to its first `chars` characters, with `…` where it was cut: a value echoed
+/// in a message (a 3,000-element array) stays a line.
+pub fn shorten(text: &str, chars: usize) -> String {
+    match text.char_indices().nth(chars) {
+        Some((at, _)) => format!("{}…", &text[..at]),
+        None => text.to_string(),
+    }
+}
+
 /// The most chars of a source line a finding shows.
 const SNIPPET_CHARS: usize = 120;
 

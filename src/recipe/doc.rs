@@ -358,11 +358,14 @@ impl Doc {
             // A value that opens as TOML does (an array, a table, a quoted string) but does
             // not parse is a typo, not a string: `[128, 64` would be refused as "a string,
             // expected an array", and `"a" b` taken as the name `"a" b`, quotes and all.
+            // A text key (`description`, `name`, a path) takes such a value as its text, as
+            // it always did (`description=[wip] adam`).
             if let Err(e) = &parsed {
-                if raw.starts_with(['[', '{', '"', '\'']) {
+                if raw.starts_with(['[', '{', '"', '\'']) && !super::schema::is_text_key(key) {
                     let what = e.message().trim_end_matches('\n').replace('\n', "; ");
+                    let shown = super::diag::shorten(raw, 60);
                     report.push(
-                        Diagnostic::error(&name, format!("{key}: {raw} is not a TOML value: {what}"))
+                        Diagnostic::error(&name, format!("{key}: {shown} is not a TOML value: {what}"))
                             .at(&text, at..text.len())
                             .help("close the array, table or string; a string with no quotes in it may go unquoted: --set name=my-run, or in single quotes for the shell: --set 'name=\"my run\"'"),
                     );
@@ -434,15 +437,14 @@ impl Doc {
         }
     }
 
-    /// Whether `key` (dotted) is an axis of the recipe's grid, written quoted
-    /// (`"loader.workers" = [..]` under [sweep]) or as nested tables.
+    /// Whether `key` (dotted) is an axis of the recipe's grid, however [sweep] writes it:
+    /// quoted (`"loader.workers" = [..]`), as nested tables, or both (`[sweep.data]`
+    /// `"normalize.on" = [..]`).
     fn is_axis(&self, key: &str) -> bool {
-        self.get("sweep")
+        self.table
+            .get("sweep")
             .and_then(|s| s.as_table())
-            .is_some_and(|s| s.contains_key(key))
-            || self
-                .get(&format!("sweep.{key}"))
-                .is_some_and(|v| !v.is_table())
+            .is_some_and(|s| crate::sweep::swept_keys(s).iter().any(|k| k == key))
     }
 }
 

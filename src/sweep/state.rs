@@ -498,9 +498,16 @@ impl CellLock {
                     match Self::takeover(&guard) {
                         Ok(true) => {}
                         Ok(false) => {
-                            return Ok(Err(
-                                "another process (it is taking over a stale lock)".into()
-                            ))
+                            let age = std::fs::metadata(&guard)
+                                .and_then(|m| m.modified())
+                                .ok()
+                                .and_then(|t| t.elapsed().ok())
+                                .map_or(0, |a| a.as_secs());
+                            return Ok(Err(format!(
+                                "another process (one taking over a stale lock: it holds {}, made {age} s ago; left by a process that was killed, it is stale after {} s, or remove it)",
+                                guard.display(),
+                                LOCK_STALE_AFTER.as_secs()
+                            )));
                         }
                         // A folder this user may not write (another user's sticky
                         // `locks/`): the removal below fails too, and says so.

@@ -766,6 +766,15 @@ fn a_synthetic_value_out_of_range_is_said_once() {
             "{err}"
         );
     }
+    // A key set wrong beside it is still said.
+    let out = with_sets(
+        "validate",
+        &recipe,
+        &["data.synthetic.samples=0", "model.num_classes=1"],
+    );
+    expect_exit(&out, 2);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("model.num_classes: 1 class: too few"), "{err}");
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -906,6 +915,22 @@ fn a_set_the_run_would_not_honour_is_refused_with_the_fix() {
         .arg(&grid)
         .args(["--set", "loader.workers=4"]);
     expect_exit(&one.output().unwrap(), 2);
+    // An axis written half as a table, half quoted (`[sweep.data]` `"normalize.on"`).
+    let dir = tempdir("set-axis-mixed");
+    let mixed = dir.join("mixed.toml");
+    std::fs::write(
+        &mixed,
+        format!(
+            "extends = {:?}\n[sweep.data]\n\"normalize.on\" = [\"host\", \"device\"]\n",
+            quick.display().to_string()
+        ),
+    )
+    .unwrap();
+    expect_exit(
+        &with_sets("validate", &mixed, &["data.normalize.on=\"device\""]),
+        2,
+    );
+    let _ = std::fs::remove_dir_all(&dir);
     let out = with_sets(
         "show",
         &grid,
@@ -917,14 +942,25 @@ fn a_set_the_run_would_not_honour_is_refused_with_the_fix() {
     for (set, said) in [
         ("optim.betas=[0.9, 0.99", "unclosed array"),
         ("run={max_steps=3", "run: {max_steps=3 is not a TOML value"),
-        ("name=\"a\" b", "name: \"a\" b is not a TOML value"),
+        (
+            "loader.workers=[1",
+            "loader.workers: [1 is not a TOML value",
+        ),
     ] {
         let out = with_sets("validate", &quick, &[set]);
         expect_exit(&out, 2);
         assert!(stderr(&out).contains(said), "{set}: {}", stderr(&out));
     }
-    // A bare word is still a string.
-    expect_exit(&with_sets("validate", &quick, &["name=my-run"]), 0);
+    // A bare word is still a string, and so is any value of a text key (a name, a
+    // description, a path), as it always was.
+    for set in [
+        "name=my-run",
+        "description=[wip] adam",
+        "description=\"Adam\" vs SGD",
+        "name=[exp1]",
+    ] {
+        expect_exit(&with_sets("validate", &quick, &[set]), 0);
+    }
     // A key of the same name in another table is named beside the near key of this one,
     // not in its place (`run.warmup_steps` times nothing that lr_warmup_steps warms up).
     for (set, said) in [

@@ -494,6 +494,13 @@ fn report_keeps_different_recipes_of_one_name_apart_in_the_order_given() {
             "{label}: {table}"
         );
     }
+    // --baseline by the recipe's name takes the first of its rows.
+    let out = runner_cmd()
+        .args(["report", "--baseline", "zz"])
+        .arg(dir.join("runs/zz"))
+        .output()
+        .unwrap();
+    expect_exit(&out, 0);
     // So is the same CPU with another thread count (`threads = 0` is one per core).
     s["device"] = here.into();
     std::fs::write(&moved, serde_json::to_string(&s).unwrap()).unwrap();
