@@ -17,6 +17,10 @@ pub struct Environment {
     pub arch: String,
     pub hostname: Option<String>,
     pub command: Vec<String>,
+    /// The working directory the command ran in: its relative paths (the recipe, `--set`
+    /// paths, `log.dir`) are relative to it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cwd: Option<String>,
     pub recipe: String,
     /// Every file that made the recipe (it, then what it extends), each with its hash and
     /// git state, so a colleague can check out the same recipe.
@@ -76,9 +80,10 @@ pub struct SourceInfo {
 pub struct GitInfo {
     /// HEAD of the repository holding the file.
     pub commit: String,
-    /// The file differs from that commit, or is not tracked.
+    /// The file differs from that commit, or is not tracked (ignored files included).
     pub dirty: bool,
-    /// When dirty: `git diff HEAD` of the file (its whole text when untracked).
+    /// When dirty: `git diff HEAD` of the file, as `git apply` takes it (its whole text
+    /// when untracked).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub diff: Option<String>,
 }
@@ -92,9 +97,14 @@ pub fn git_info(file: &Path) -> Option<GitInfo> {
     // `git status` refreshes the index under `.git/index.lock` unless told not to: a
     // `git add` of the user's at that moment failed ("index.lock: File exists"), and a
     // run killed then (scancel, the OOM killer) left the lock to break the repository.
-    let git = |args: &[&str]| {
+    // The repository is the one holding the file: a GIT_DIR or GIT_WORK_TREE of the
+    // caller's named another (its commit was recorded for this recipe).
+    let git_raw = |args: &[&str]| {
         std::process::Command::new("git")
             .env("GIT_OPTIONAL_LOCKS", "0")
+            .env_remove("GIT_DIR")
+            .env_remove("GIT_WORK_TREE")
+            .env_remove("GIT_INDEX_FILE")
             .arg("--no-optional-locks")
             .arg("-C")
             .arg(dir)
@@ -102,17 +112,21 @@ pub fn git_info(file: &Path) -> Option<GitInfo> {
             .output()
             .ok()
             .filter(|o| o.status.success())
-            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+            .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
     };
+    let git = |args: &[&str]| git_raw(args).map(|s| s.trim().to_string());
     let commit = git(&["rev-parse", "HEAD"])?;
     let name = file.file_name()?.to_str()?;
-    let status = git(&["status", "--porcelain", "--", name]).unwrap_or_default();
+    // `--ignored`: a recipe in an ignored folder (a run's own recipe.toml under runs/) is
+    // not in the commit, and `git status` alone listed it as clean.
+    let status = git(&["status", "--porcelain", "--ignored", "--", name]).unwrap_or_default();
     let dirty = !status.is_empty();
     let diff = dirty.then(|| {
-        if status.starts_with("??") {
+        if status.starts_with("??") || status.starts_with("!!") {
             std::fs::read_to_string(file).unwrap_or_default()
         } else {
-            git(&["diff", "HEAD", "--", name]).unwrap_or_default()
+            // Whole, with its last newline: trimmed, `git apply` called it corrupt.
+            git_raw(&["diff", "HEAD", "--", name]).unwrap_or_default()
         }
     });
     Some(GitInfo {
@@ -151,7 +165,10 @@ pub(crate) fn environment(plan: &Plan, p: &Prepared) -> Environment {
         command: std::env::args_os()
             .map(|a| a.to_string_lossy().into_owned())
             .collect(),
-        // Absolute: the working directory they were relative to is not recorded.
+        cwd: std::env::current_dir()
+            .ok()
+            .map(|d| d.display().to_string()),
+        // Absolute, as every path here, whatever the working directory.
         recipe: absolute(&plan.recipe_path).display().to_string(),
         sources: plan
             .sources

@@ -1,5 +1,7 @@
 //! The binary as a user meets it: exit codes, messages, what is written and what is not.
 
+use std::path::Path;
+
 use runner::metrics::RunStatus;
 
 use crate::common::{
@@ -829,6 +831,8 @@ fn recorded_paths_are_absolute() {
     let run = only_run(&dir.join("runs/a"));
     let env = json(&run.join("env.json"));
     assert_eq!(env["recipe"], dir.join("a.toml").display().to_string());
+    // The working directory, which the command line's relative paths are relative to.
+    assert_eq!(env["cwd"], dir.display().to_string());
     assert_eq!(
         env["sources"][0]["path"],
         dir.join("a.toml").display().to_string()
@@ -1127,5 +1131,82 @@ fn a_file_where_the_runs_folder_goes_is_named_before_the_run() {
     let err = String::from_utf8_lossy(&out.stderr);
     let said = format!("{} is not a folder", dir.join("runs/g").display());
     assert_eq!(err.matches(&said).count(), 1, "{err}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// env.json's git record is of the recipe's own repository and true of the file: a recipe
+/// in a git-ignored folder is not "clean" (the commit does not hold it), a GIT_DIR in the
+/// environment does not name another repository, and the recorded diff applies.
+#[test]
+fn the_git_record_is_true_of_the_recipe() {
+    let dir = tempdir("git-record");
+    let git = |repo: &Path, args: &[&str]| {
+        let ok = std::process::Command::new("git")
+            .args(["-c", "user.name=t", "-c", "user.email=t@t", "-C"])
+            .arg(repo)
+            .args(args)
+            .env_remove("GIT_DIR")
+            .output()
+            .unwrap();
+        assert!(
+            ok.status.success(),
+            "{}",
+            String::from_utf8_lossy(&ok.stderr)
+        );
+        String::from_utf8_lossy(&ok.stdout).trim().to_string()
+    };
+    let (repo, other) = (dir.join("repo"), dir.join("other"));
+    for r in [&repo, &other] {
+        std::fs::create_dir_all(r).unwrap();
+        git(r, &["init", "-q"]);
+        std::fs::write(r.join("README"), "x\n").unwrap();
+        git(r, &["add", "README"]);
+        git(r, &["commit", "-qm", "x"]);
+    }
+    std::fs::write(repo.join(".gitignore"), "scratch/\n").unwrap();
+    std::fs::create_dir_all(repo.join("scratch")).unwrap();
+    let tracked = tiny_recipe(&repo, "t", "");
+    git(&repo, &["add", ".gitignore", "t.toml"]);
+    git(&repo, &["commit", "-qm", "t"]);
+    let head = git(&repo, &["rev-parse", "HEAD"]);
+    let ignored = tiny_recipe(&repo.join("scratch"), "s", "");
+    // The tracked file edited: its diff applies to the commit.
+    let text = std::fs::read_to_string(&tracked).unwrap();
+    std::fs::write(&tracked, format!("{text}# edited\n")).unwrap();
+    let env_of = |recipe: &Path, name: &str, logs: &Path| {
+        let out = runner_cmd()
+            .arg(recipe)
+            .args(["-q", "--set"])
+            .arg(format!("log.dir={:?}", logs.display().to_string()))
+            .env("GIT_DIR", other.join(".git"))
+            .output()
+            .unwrap();
+        expect_exit(&out, 0);
+        json(&only_run(&logs.join(name)).join("env.json"))
+    };
+    let env = env_of(&ignored, "s", &dir.join("runs-s"));
+    let g = &env["sources"][0]["git"];
+    assert_eq!(
+        g["commit"], head,
+        "the recipe's repository, not GIT_DIR's: {env}"
+    );
+    assert_eq!(
+        g["dirty"], true,
+        "an ignored file is not in the commit: {env}"
+    );
+    let env = env_of(&tracked, "t", &dir.join("runs-t"));
+    let g = &env["sources"][0]["git"];
+    assert_eq!(
+        (g["commit"].as_str(), g["dirty"].as_bool()),
+        (Some(head.as_str()), Some(true))
+    );
+    let patch = dir.join("p.diff");
+    std::fs::write(&patch, g["diff"].as_str().unwrap()).unwrap();
+    git(&repo, &["stash", "-q"]);
+    git(&repo, &["apply", patch.to_str().unwrap()]);
+    assert_eq!(
+        std::fs::read_to_string(&tracked).unwrap(),
+        format!("{text}# edited\n")
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }
