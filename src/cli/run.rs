@@ -217,6 +217,16 @@ fn grid_again(c: &Checked, args: &RunArgs) -> String {
 
 pub(crate) fn run_grid(c: &Checked, sel: Selection, opts: &RunOptions) -> Result<(), RunError> {
     let root = &c.plans[0].log.dir;
+    // --resume where no sweep of this grid ran (log.dir is relative to the working
+    // directory: from another one, it started the grid over in silence).
+    if sel.resume && !root.join(&c.base).join("sweeps").is_dir() {
+        runner::errln!(
+            "warning: --resume: no earlier sweep of {} under {} (log.dir; a relative one is relative to the working directory{}): every cell runs\n  = help: to continue a grid started elsewhere, run from the folder it was started in, or --set log.dir to the folder its runs are in",
+            c.base,
+            root.display(),
+            std::env::current_dir().map_or(String::new(), |d| format!(", here {}", d.display()))
+        );
+    }
     let dir = SweepDir::open(root, &c.base, &c.path, &c.cells).map_err(|e| {
         RunError::Input(format!(
             "error: cannot create the sweep directory under {}: {e}\n  = help: check log.dir; the runner makes the sweep directory's files and folders itself: move aside what is in their way",

@@ -394,8 +394,25 @@ fn resume_reruns_only_what_was_not_done() {
             && ran[1].starts_with("tiny_grid/workers=1,optim.lr=0.01:"),
         "{ran:?}"
     );
-    assert!(String::from_utf8_lossy(&out.stderr).contains("2 cell(s) already done were skipped"));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("2 cell(s) already done were skipped"));
+    assert!(!stderr.contains("no earlier sweep"), "{stderr}");
     assert!(statuses(&dir).iter().all(|(_, s)| s == "done"));
+    // --resume where no sweep of the grid ran (another log.dir, or from another working
+    // directory with a relative one) says so: it started the grid over in silence.
+    let elsewhere = tempdir("resume-elsewhere");
+    let out = runner_logged(
+        &elsewhere,
+        &["tests/fixtures/sweep/tiny_grid.toml", "--quiet"],
+        &["--resume"],
+    );
+    assert_eq!(out.status.code(), Some(0));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("warning: --resume: no earlier sweep of tiny_grid under"),
+        "{stderr}"
+    );
+    let _ = std::fs::remove_dir_all(&elsewhere);
     // A status file that cannot be read is said, with the cell it leaves to run again
     // (it ran again without a word).
     let p0 = dir.join("cells").join(&files[0]);
