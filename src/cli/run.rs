@@ -296,21 +296,31 @@ pub(crate) fn run_grid(c: &Checked, sel: Selection, opts: &RunOptions) -> Result
                 if !opts.quiet {
                     runner::errln!("{}: resuming {}", cell.name, run_dir.display());
                 }
-                run::resume(&run_dir, opts, &runner::backend::probe())
-                    .map(|f| {
+                match run::resume(&run_dir, opts, &runner::backend::probe()) {
+                    Ok(f) => {
                         runner::outln!("{}", summary_line(&f.summary, &f.dir));
-                        f.dir
-                    })
-                    // What keeps this cell's run from going on (its data changed, another
-                    // process resuming it) is the cell's, not every cell's: it fails,
-                    // and the sweep goes on.
-                    .map_err(|e| match e {
-                        RunError::Input(message) => RunError::Failed {
-                            dir: run_dir.clone(),
-                            message,
-                        },
-                        e => e,
-                    })
+                        Ok(f.dir)
+                    }
+                    // What keeps this cell's run from going on (its data not where its
+                    // recipe.toml names it, another process resuming it) is the cell's,
+                    // not every cell's, and changed nothing: the sweep goes on, and the
+                    // cell stays interrupted with its run, so a later --resume continues
+                    // it once that is put right (marked failed, the next --resume started
+                    // it over and left its checkpoint behind).
+                    Err(RunError::Input(message)) => {
+                        runner::errln!("{message}");
+                        return Err(CellEnd {
+                            dir: Some(run_dir.clone()),
+                            message: format!(
+                                "its run {} could not be resumed (said above); it is kept, with its checkpoint, for the next --resume",
+                                run_dir.display()
+                            ),
+                            state: State::Interrupted,
+                            stop_sweep: false,
+                        });
+                    }
+                    Err(e) => Err(e),
+                }
             }
             (Some(run_dir), None) => {
                 // Stopped before any checkpoint it can continue from (killed before its

@@ -3,13 +3,15 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use runner::metrics::RunStatus;
 use runner::plan::Machine;
 use runner::recipe;
 
 use crate::common::{
-    as_other, expect_exit, has_a_line, invalid_quickstart_grid, json, only_run, records,
-    resume_quietly, root, runner_cmd, runner_logged, says_running, send, spawn_until, statuses,
-    summary, tempdir, tiny_recipe, walk_files, with_sets, writable_by_other, SLOW_FIRST_STEP,
+    as_other, expect_exit, has_a_line, invalid_quickstart_grid, json, long_recipe, only_run,
+    records, resume_quietly, root, runner_cmd, runner_logged, says_running, send, spawn_until,
+    statuses, summary, tempdir, tiny_recipe, walk_files, with_sets, writable_by_other,
+    SLOW_FIRST_STEP,
 };
 
 // ---------------------------------------------------------------- sweeps and sharing
@@ -1457,5 +1459,60 @@ fn a_grid_with_a_failed_cell_says_so_after_its_table() {
             && last.contains("diverged at step"),
         "{stderr}"
     );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A cell whose run cannot be resumed (here its recipe.toml was edited) is said, and kept
+/// interrupted with its run: the next --resume, once that is put right, continues it from
+/// its checkpoint. Marked failed, the next --resume started it over in a new run directory
+/// and left the checkpoint behind (a grid continued from another clone, whose run named
+/// the first clone's data by absolute path).
+#[test]
+fn a_cell_whose_resume_is_refused_keeps_its_run_for_the_next_resume() {
+    let dir = tempdir("cell-refused");
+    let grid = long_recipe(
+        &dir,
+        "g",
+        "[checkpoint]\nevery = 5\n[sweep]\n\"optim.lr\" = [0.05, 0.1]\n",
+    );
+    let cell0 = |extra: &[&str]| {
+        let mut c = runner_cmd();
+        c.arg(&grid).args(["-q", "--cell", "0"]).args(extra);
+        c
+    };
+    let (child, _) = spawn_until(cell0(&[]), &dir.join("runs"), |p| {
+        p.ends_with("metrics.jsonl")
+            && std::fs::read_to_string(p).is_ok_and(|t| t.lines().count() >= 12)
+    });
+    send("-INT", &child);
+    expect_exit(&child.wait_with_output().unwrap(), 130);
+    let runs: Vec<PathBuf> = walk_files(&dir.join("runs"))
+        .into_iter()
+        .filter(|p| p.ends_with("recipe.toml"))
+        .collect();
+    let [recipe] = &runs[..] else {
+        panic!("one run: {runs:?}")
+    };
+    let run = recipe.parent().unwrap().to_path_buf();
+    let text = std::fs::read_to_string(recipe).unwrap();
+    std::fs::write(recipe, format!("{text}# edited\n")).unwrap();
+    let out = cell0(&["--resume"]).output().unwrap();
+    expect_exit(&out, 1);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("was changed after") && stderr.contains("kept, with its checkpoint"),
+        "{stderr}"
+    );
+    let sweep = only_run(&dir.join("runs/g/sweeps"));
+    let states = statuses(&sweep);
+    assert_eq!(states.len(), 1, "{states:?}");
+    assert_eq!(states[0].1, "interrupted", "{states:?}");
+    // Put right: continued from its checkpoint, in its own directory.
+    std::fs::write(recipe, &text).unwrap();
+    let out = cell0(&["--resume"]).output().unwrap();
+    expect_exit(&out, 0);
+    assert_eq!(statuses(&sweep)[0].1, "done");
+    let s = summary(&run);
+    assert_eq!((s.resumes, s.status), (1, RunStatus::Completed), "{s:?}");
     let _ = std::fs::remove_dir_all(&dir);
 }
