@@ -239,6 +239,38 @@ pub(crate) fn run_grid(c: &Checked, sel: Selection, opts: &RunOptions) -> Result
         c.cells.len(),
         dir.dir.display()
     );
+    // A cell's id names its data by path: a done cell whose run trained on other files at
+    // those paths (a git pull, a --set path from another working directory) is not this
+    // grid's cell done, and runs again (it was skipped as done).
+    if sel.resume {
+        for cell in &c.cells {
+            let Some(run_dir) = dir
+                .status(cell)
+                .filter(|_| dir.is_done(cell))
+                .and_then(|s| s.run_dir)
+            else {
+                continue;
+            };
+            if let Some(why) = run::other_data(&run_dir, &c.plans[cell.index]) {
+                runner::errln!(
+                    "{}: its run {} trained on other data ({why}): the cell runs again",
+                    cell.name,
+                    run_dir.display()
+                );
+                // (Its run directory left unnamed: a status naming a completed run is
+                // taken as done.)
+                let _ = dir.mark(
+                    cell,
+                    State::Failed,
+                    None,
+                    Some(format!(
+                        "its run {} trained on other data: {why}",
+                        run_dir.display()
+                    )),
+                );
+            }
+        }
+    }
     let mut stop: Option<RunError> = None;
     let resuming = sel.resume;
     let outcome = sweep::execute(&dir, &c.cells, sel, |cell, previous| {

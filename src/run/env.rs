@@ -46,11 +46,41 @@ pub struct DataFile {
     pub crc32: String,
 }
 
+/// How the data files `plan` reads differ by content from those the run in `run_dir`
+/// trained on (its env.json's `data`), in words; `None` where they are the same, or where
+/// env.json does not say. Paths do not count: the same files elsewhere are the same data.
+pub fn other_data(run_dir: &Path, plan: &Plan) -> Option<String> {
+    let env: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(run_dir.join("env.json")).ok()?).ok()?;
+    let then: Vec<DataFile> = serde_json::from_value(env.get("data")?.clone()).ok()?;
+    let now = data_files(plan);
+    let key = |f: &DataFile| (f.bytes, f.crc32.clone());
+    let (mut a, mut b): (Vec<_>, Vec<_>) = (
+        then.iter().map(key).collect(),
+        now.iter().map(key).collect(),
+    );
+    a.sort();
+    b.sort();
+    if a == b {
+        return None;
+    }
+    let gone = then.iter().find(|f| !b.contains(&key(f)));
+    let new = now.iter().find(|f| !a.contains(&key(f)));
+    Some(match (gone, new) {
+        (_, Some(n)) => format!(
+            "{} is {} bytes, CRC-32 {}, which it did not train on",
+            n.path, n.bytes, n.crc32
+        ),
+        (Some(g), None) => format!("it trained on {}, which this recipe does not read", g.path),
+        (None, None) => "its data files differ".into(),
+    })
+}
+
 /// Each data file of the plan with its size and CRC-32 (one that cannot be read has
 /// none: it was read moments ago, and the run says so if it is gone). The sum is the one
 /// taken as the checks or the load read the file, if it is still that file; only a file
 /// they did not read whole (past `data.limit`) or that changed since is read again.
-pub(crate) fn data_files(plan: &Plan) -> Vec<DataFile> {
+pub fn data_files(plan: &Plan) -> Vec<DataFile> {
     plan.data
         .files()
         .iter()

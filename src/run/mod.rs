@@ -13,8 +13,8 @@ use sink::{finish_sampler, open_exports, record, record_kernels, start_sampler, 
 pub use crate::clock::panic_message;
 /// The run layer's name for the crate's one error type.
 pub use crate::error::Error as RunError;
+pub use env::{data_files, git_info, other_data, Environment, GitInfo, SourceInfo};
 use env::{environment, sha256_file};
-pub use env::{git_info, Environment, GitInfo, SourceInfo};
 pub use eval::{eval, EvalReport};
 pub use resume::{resumable, resume};
 pub use warmup::{warmup, Warmup};

@@ -1516,3 +1516,54 @@ fn a_cell_whose_resume_is_refused_keeps_its_run_for_the_next_resume() {
     assert_eq!((s.resumes, s.status), (1, RunStatus::Completed), "{s:?}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A grid cell's id names its data by path: `--resume` after the file at that path
+/// changed (a git pull, another clone's file) runs the cells again, saying why, rather
+/// than skip them as done on other data.
+#[test]
+fn resume_runs_again_the_cells_done_on_other_data() {
+    let dir = tempdir("resume-other-data");
+    let data = root().join("datasets/fashion_mnist");
+    let train = dir.join("train.bin");
+    std::fs::copy(data.join("test_batch.bin"), &train).unwrap();
+    let grid = dir.join("g.toml");
+    std::fs::write(
+        &grid,
+        format!(
+            "name = \"g\"\n[model]\narch = \"mlp\"\nhidden = [16]\n[data]\nformat = \"cifar10-bin\"\ntrain = \"train.bin\"\ntest = {:?}\n[run]\nmax_steps = 2\nwarmup_steps = 0\n[log]\ndir = {:?}\n[sweep]\n\"optim.lr\" = [0.1, 0.2]\n",
+            data.join("test_batch.bin").display().to_string(),
+            dir.join("runs").display().to_string()
+        ),
+    )
+    .unwrap();
+    let run = |extra: &[&str]| {
+        runner_cmd()
+            .arg(&grid)
+            .arg("-q")
+            .args(extra)
+            .output()
+            .unwrap()
+    };
+    expect_exit(&run(&[]), 0);
+    let out = run(&["--resume"]);
+    expect_exit(&out, 0);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("2 cell(s) already done were skipped"));
+    // The same path, other records: the first 100 images.
+    let bytes = std::fs::read(&train).unwrap();
+    std::fs::write(&train, &bytes[..3073 * 100]).unwrap();
+    let out = run(&["--resume"]);
+    expect_exit(&out, 0);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(
+        stderr.matches("trained on other data").count(),
+        2,
+        "{stderr}"
+    );
+    assert!(!stderr.contains("already done were skipped"), "{stderr}");
+    let ran = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter(|l| l.contains(" steps, median "))
+        .count();
+    assert_eq!(ran, 2);
+    let _ = std::fs::remove_dir_all(&dir);
+}
