@@ -189,6 +189,15 @@ pub fn eval(
         tokenizer.as_ref(),
     )
     .map_err(|e| input(format!("error: {e}\n  = help: {}", e.help_text())))?;
+    // The run's own test set, changed since the run read it (cut short, replaced at its
+    // path): the score is of other data, which it said nothing of.
+    if data_file.is_none() {
+        if let Some(why) = test_data_changed(run_dir, &data) {
+            crate::errln!(
+                "warning: {why}: this score is not on the data the run was scored on\n  = help: put the run's test file back to compare with its summary; --data FILE scores other data on purpose"
+            );
+        }
+    }
     let vocab = tokenizer.as_ref().map_or(0, |t| t.vocab_size());
     let batcher = train::Batcher::new(&plan, vocab);
     backend::set_cpu_threads(plan.threads);
@@ -381,4 +390,28 @@ mod tests {
         );
         std::fs::remove_dir_all(&dir).unwrap();
     }
+}
+
+/// How a test file differs from every data file the run in `run_dir` read (env.json's
+/// `data`, by size and CRC-32), if one does; `None` where they match or env.json does not
+/// say.
+fn test_data_changed(run_dir: &Path, files: &[std::path::PathBuf]) -> Option<String> {
+    let env: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(run_dir.join("env.json")).ok()?).ok()?;
+    let then: Vec<super::env::DataFile> = serde_json::from_value(env.get("data")?.clone()).ok()?;
+    for f in files {
+        let sum = crate::data::sums::recorded(f).or_else(|| crate::data::sums::file_sum(f).ok())?;
+        if !then
+            .iter()
+            .any(|d| d.bytes == sum.bytes && d.crc32 == sum.crc32)
+        {
+            return Some(format!(
+                "{}: {} bytes, CRC-32 {}, is not a file the run read (env.json's data)",
+                f.display(),
+                sum.bytes,
+                sum.crc32
+            ));
+        }
+    }
+    None
 }

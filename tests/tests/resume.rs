@@ -1733,3 +1733,40 @@ fn a_cpu_resume_takes_the_thread_count_the_run_started_with() {
     assert_eq!(losses(&run), losses(&one));
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `runner eval RUN` of a run whose test file changed since it ran (cut short, replaced
+/// at its path) says so: the score is of other data, and it said nothing.
+#[test]
+fn eval_says_when_the_test_data_is_not_what_the_run_read() {
+    let dir = tempdir("eval-test-changed");
+    let data = root().join("datasets/fashion_mnist");
+    let test = dir.join("test.bin");
+    std::fs::copy(data.join("test_batch.bin"), &test).unwrap();
+    let recipe = dir.join("e.toml");
+    std::fs::write(
+        &recipe,
+        format!(
+            "name = \"e\"\n[model]\narch = \"mlp\"\nhidden = [16]\n[data]\nformat = \"cifar10-bin\"\ntrain = {:?}\ntest = \"test.bin\"\nlimit = 200\n[run]\nmax_steps = 2\n[log]\ndir = {:?}\n",
+            data.join("data_batch.bin").display().to_string(),
+            dir.join("runs").display().to_string()
+        ),
+    )
+    .unwrap();
+    expect_exit(&runner_cmd().arg(&recipe).arg("-q").output().unwrap(), 0);
+    let run = only_run(&dir.join("runs/e"));
+    let eval = || runner_cmd().arg("eval").arg(&run).output().unwrap();
+    let out = eval();
+    expect_exit(&out, 0);
+    assert!(!String::from_utf8_lossy(&out.stderr).contains("warning"));
+    let bytes = std::fs::read(&test).unwrap();
+    std::fs::write(&test, &bytes[..3073 * 100]).unwrap();
+    let out = eval();
+    expect_exit(&out, 0);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("is not a file the run read")
+            && stderr.contains("this score is not on the data"),
+        "{stderr}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
