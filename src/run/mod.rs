@@ -616,8 +616,22 @@ fn stop_at_second_signal(
         if let Some(hook) = &hook {
             hook(&d);
         }
-        // The process exits without unwinding: the lock is let go of here.
+        // The process exits without unwinding: the lock is let go of here, and a weights
+        // file cut short by this exit (`*.safetensors.tmp`, which nothing would read or
+        // remove) with it.
         let _ = std::fs::remove_file(d.join(RUN_LOCK));
+        for weights in [crate::train::WEIGHTS, "model-best.safetensors"] {
+            let _ = std::fs::remove_file(d.join(weights).with_extension("safetensors.tmp"));
+        }
+        // What is on disk now: the training thread went on meanwhile, and may have
+        // finished a checkpoint since `latest` was read (it said "no checkpoint: run the
+        // recipe again", of a run `runner resume` then continued).
+        let latest = crate::checkpoint::list(&d).pop().or(latest);
+        let being_written = std::fs::read_dir(d.join("checkpoints"))
+            .into_iter()
+            .flatten()
+            .flatten()
+            .any(|e| e.file_name().to_string_lossy().starts_with(".tmp-step-"));
         let resume = latest.map(|(_, state)| {
             format!(
                 "resume it from its checkpoint of step {} with: runner resume {}",
@@ -637,6 +651,10 @@ fn stop_at_second_signal(
             (Some(w), Some(r)) => format!("{w}, or {r}"),
             (Some(w), None) => w,
             (None, Some(r)) => r,
+            (None, None) if being_written => format!(
+                "a checkpoint was being written as it exited: `runner resume {}` takes it if it was completed, else says so",
+                crate::slurm::shell_word(&d.display().to_string())
+            ),
             (None, None) => "it has no checkpoint: run the recipe again to start over".into(),
         };
         format!(
