@@ -370,28 +370,6 @@ fn free_name(run_dir: &Path, stamp: &str) -> Result<PathBuf, String> {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn evaluations_in_the_same_second_keep_both_files() {
-        let dir = std::env::temp_dir().join(format!("runner-eval-name-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let names: Vec<String> = (0..3)
-            .map(|_| super::free_name(&dir, "20261201T070000").unwrap())
-            .map(|p| p.file_name().unwrap().to_string_lossy().into_owned())
-            .collect();
-        assert_eq!(
-            names,
-            [
-                "eval-20261201T070000.json",
-                "eval-20261201T070000-2.json",
-                "eval-20261201T070000-3.json"
-            ]
-        );
-        std::fs::remove_dir_all(&dir).unwrap();
-    }
-}
-
 /// How a test file differs from every data file the run in `run_dir` read (env.json's
 /// `data`, by size and CRC-32), if one does; `None` where they match or env.json does not
 /// say.
@@ -414,4 +392,26 @@ fn test_data_changed(run_dir: &Path, files: &[std::path::PathBuf]) -> Option<Str
         }
     }
     None
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn evaluations_in_the_same_second_keep_both_files() {
+        let dir = std::env::temp_dir().join(format!("runner-eval-name-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let names: Vec<String> = (0..3)
+            .map(|_| super::free_name(&dir, "20261201T070000").unwrap())
+            .map(|p| p.file_name().unwrap().to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(
+            names,
+            [
+                "eval-20261201T070000.json",
+                "eval-20261201T070000-2.json",
+                "eval-20261201T070000-3.json"
+            ]
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 }

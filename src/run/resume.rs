@@ -504,12 +504,12 @@ enum Kind {
 /// written) and whose metrics lines are all there (a crash between writing a checkpoint
 /// and its step's line leaves one line short). A later one that is not is said, with why,
 /// and the one before it is used (what `checkpoint.keep` > 1 is for).
+/// A checkpoint's directory and state, and the unusable checkpoints after it.
+type Picked = (PathBuf, crate::checkpoint::State, Vec<(PathBuf, Kind)>);
+
 /// The latest checkpoint a resume can use, and the unusable ones after it (which the
 /// resume sets aside: see [`set_aside`]).
-fn latest_checkpoint(
-    run_dir: &Path,
-    metrics_path: &Path,
-) -> Result<(PathBuf, crate::checkpoint::State, Vec<(PathBuf, Kind)>), RunError> {
+fn latest_checkpoint(run_dir: &Path, metrics_path: &Path) -> Result<Picked, RunError> {
     let (chosen, unusable) = pick_checkpoint(run_dir, metrics_path);
     let said = |u: &Unusable| format!("{}: {}", u.1.display(), u.2);
     match chosen {
