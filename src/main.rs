@@ -173,6 +173,7 @@ fn main() -> ExitCode {
     runner::kernels::observe_cubecl();
     let cli = Cli::parse();
     match cli.command {
+        None if mistyped_command(&cli.run) => ExitCode::from(2),
         None => run_all(&cli.run),
         Some(Command::Run(args)) => run_all(&args),
         Some(Command::Sweep(args)) if args.slurm => slurm(&args),
@@ -199,6 +200,30 @@ fn main() -> ExitCode {
             format,
             plot.as_deref(),
         )),
+    }
+}
+
+/// `runner valdiate r.toml`: a first word that is no file and is close to a command's name
+/// is said as a mistyped command (it read as a recipe that does not exist).
+fn mistyped_command(args: &RunArgs) -> bool {
+    const COMMANDS: [&str; 10] = [
+        "run", "sweep", "validate", "warmup", "resume", "eval", "show", "ls", "schema", "report",
+    ];
+    let Some(first) = args.check.recipes.first() else {
+        return false;
+    };
+    let word = first.to_string_lossy();
+    if first.symlink_metadata().is_ok() || word.contains(['/', '.']) {
+        return false;
+    }
+    match runner::recipe::did_you_mean(&word, &COMMANDS) {
+        Some(c) => {
+            runner::errln!(
+                "error: `{word}` is neither a recipe file nor a command\n  = help: did you mean `runner {c}`? (`runner --help` lists the commands)"
+            );
+            true
+        }
+        None => false,
     }
 }
 

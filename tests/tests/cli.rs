@@ -1210,3 +1210,23 @@ fn the_git_record_is_true_of_the_recipe() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A mistyped command (`runner valdiate r.toml`) is said as one: it read as a recipe file
+/// that does not exist. A missing recipe is still a missing recipe.
+#[test]
+fn a_mistyped_command_is_said_as_one() {
+    let out = runner_cmd()
+        .args(["valdiate", "recipes/quickstart.toml"])
+        .output()
+        .unwrap();
+    expect_exit(&out, 2);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("`valdiate` is neither a recipe file nor a command")
+            && err.contains("did you mean `runner validate`?"),
+        "{err}"
+    );
+    let out = runner_cmd().arg("nothere.toml").output().unwrap();
+    expect_exit(&out, 2);
+    assert!(!String::from_utf8_lossy(&out.stderr).contains("did you mean `runner"));
+}
