@@ -625,7 +625,25 @@ fn load_chain(
         );
         return None;
     }
-    let (mut base, mut base_origins) = load_chain(&parent_path, None, stack, sources, report)?;
+    let before = report.0.len();
+    let Some((mut base, mut base_origins)) = load_chain(&parent_path, None, stack, sources, report)
+    else {
+        // A file that cannot be read as a recipe (a data file, too large) is one the user
+        // never named: where this recipe names it is said with it.
+        let at = Diagnostic::error(path, "").at(&text, here("extends").0);
+        let whence = format!(
+            "it is what {}:{}:{} extends",
+            path.display(),
+            at.line.unwrap_or(1),
+            at.col.unwrap_or(1)
+        );
+        for d in report.0[before..].iter_mut() {
+            if d.file == parent_path && d.line.is_none() && d.note.is_none() {
+                d.note = Some(whence.clone());
+            }
+        }
+        return None;
+    };
     stack.pop();
     origins.remove("extends");
     merge(&mut base, &mut base_origins, table, origins, "");
