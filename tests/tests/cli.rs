@@ -676,16 +676,20 @@ fn a_leading_tilde_in_a_path_key_is_the_home() {
 /// the run reaches.
 #[test]
 fn knobs_whose_cadence_the_run_never_reaches_are_warned() {
-    let sets = [
+    let quick = root().join("recipes/quickstart.toml");
+    // `runner validate` of the quickstart with `sets`: it passes; its stderr.
+    let validate = |sets: &[&str]| {
+        let out = with_sets("validate", &quick, sets);
+        expect_exit(&out, 0);
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let err = validate(&[
         "run.max_steps=40",
         "cleanup.every=100000",
         "cleanup.actions=[\"trim_host\"]",
         "checkpoint.every=100000",
         "optim.lr_warmup_steps=100000",
-    ];
-    let out = with_sets("validate", &root().join("recipes/quickstart.toml"), &sets);
-    expect_exit(&out, 0);
-    let err = String::from_utf8_lossy(&out.stderr);
+    ]);
     for want in [
         "cleanup.every: every 100000 steps, but the run has 40: no cleanup ever runs",
         "checkpoint.every: every 100000 steps, but the run has 40: no checkpoint is written on the way",
@@ -693,60 +697,35 @@ fn knobs_whose_cadence_the_run_never_reaches_are_warned() {
     ] {
         assert!(err.contains(want), "{want}\n{err}");
     }
-    let reached = [
+    let err = validate(&[
         "run.max_steps=40",
         "cleanup.every=40",
         "cleanup.actions=[\"trim_host\"]",
         "checkpoint.every=40",
         "optim.lr_warmup_steps=40",
-    ];
-    let out = with_sets(
-        "validate",
-        &root().join("recipes/quickstart.toml"),
-        &reached,
-    );
-    expect_exit(&out, 0);
-    assert!(
-        !String::from_utf8_lossy(&out.stderr).contains("warning"),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    ]);
+    assert!(!err.contains("warning"), "{err}");
     // A step schedule whose first decay is past the end, and early stopping with fewer
     // validations than its patience: said, as the cadences above (both were silent).
-    let never = [
-        "run.max_steps=40",
-        "optim.schedule=\"step\"",
-        "optim.lr_warmup_steps=10",
-        "optim.step_size=30",
-        "data.validation=0.1",
-        "run.validate=10",
-        "run.early_stop={patience=4}",
-    ];
-    let out = with_sets("validate", &root().join("recipes/quickstart.toml"), &never);
-    expect_exit(&out, 0);
-    let err = String::from_utf8_lossy(&out.stderr);
+    let step_and_stop = |step_size: &str, patience: &str| {
+        validate(&[
+            "run.max_steps=40",
+            "optim.schedule=\"step\"",
+            "optim.lr_warmup_steps=10",
+            &format!("optim.step_size={step_size}"),
+            "data.validation=0.1",
+            "run.validate=10",
+            &format!("run.early_stop={{patience={patience}}}"),
+        ])
+    };
+    let err = step_and_stop("30", "4");
     for want in [
         "optim.step_size: the first decay would come after 40 optimizer steps, but the run has 40",
         "run.early_stop: patience is 4 validations, but run.validate = 10 gives 4: the run never stops early",
     ] {
         assert!(err.contains(want), "{want}\n{err}");
     }
-    let reached = [
-        "run.max_steps=40",
-        "optim.schedule=\"step\"",
-        "optim.lr_warmup_steps=10",
-        "optim.step_size=29",
-        "data.validation=0.1",
-        "run.validate=10",
-        "run.early_stop={patience=3}",
-    ];
-    let out = with_sets(
-        "validate",
-        &root().join("recipes/quickstart.toml"),
-        &reached,
-    );
-    expect_exit(&out, 0);
-    let err = String::from_utf8_lossy(&out.stderr);
+    let err = step_and_stop("29", "3");
     assert!(!err.contains("warning"), "{err}");
 }
 

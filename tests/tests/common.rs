@@ -290,6 +290,33 @@ pub fn as_other(dir: &Path) -> Command {
 
 // ---------------------------------------------------------------- long runs
 
+/// A two-step MLP recipe `name.toml` in `dir` over Fashion-MNIST's test file, one side
+/// (`data.<local>`: "train" or "test") read from a copy in `dir` that a test may change,
+/// the other from the shipped file; `extra` appended. Returns the recipe and the copy.
+pub fn mlp_over_a_copy(dir: &Path, name: &str, local: &str, extra: &str) -> (PathBuf, PathBuf) {
+    let shipped = root().join("datasets/fashion_mnist/test_batch.bin");
+    let copy = dir.join(format!("{local}.bin"));
+    std::fs::copy(&shipped, &copy).unwrap();
+    let other = if local == "train" { "test" } else { "train" };
+    let recipe = dir.join(format!("{name}.toml"));
+    std::fs::write(
+        &recipe,
+        format!(
+            "name = \"{name}\"\n[model]\narch = \"mlp\"\nhidden = [16]\n[data]\nformat = \"cifar10-bin\"\n{local} = \"{local}.bin\"\n{other} = {:?}\n[run]\nmax_steps = 2\nwarmup_steps = 0\n[log]\ndir = {:?}\n{extra}",
+            shipped.display().to_string(),
+            dir.join("runs").display().to_string()
+        ),
+    )
+    .unwrap();
+    (recipe, copy)
+}
+
+/// Cuts a file of CIFAR-10 records (3,073 bytes each) to its first `n`.
+pub fn cut_records(path: &Path, n: usize) {
+    let bytes = std::fs::read(path).unwrap();
+    std::fs::write(path, &bytes[..3073 * n]).unwrap();
+}
+
 /// A Fashion-MNIST recipe long enough to interrupt (80 optimizer steps, ~2 s).
 pub fn long_recipe(dir: &Path, name: &str, extra: &str) -> PathBuf {
     let recipe = dir.join(format!("{name}.toml"));

@@ -6,8 +6,9 @@ use std::process::Command;
 use runner::metrics::RunStatus;
 
 use crate::common::{
-    expect_exit, json, long_recipe, losses, only_run, records, resume_quietly, root, runner_cmd,
-    signal_pid, spawn_until, summary, tb_losses, tempdir, tiny_recipe, walk_files,
+    cut_records, expect_exit, json, long_recipe, losses, mlp_over_a_copy, only_run, records,
+    resume_quietly, root, runner_cmd, signal_pid, spawn_until, summary, tb_losses, tempdir,
+    tiny_recipe, walk_files,
 };
 
 /// Starts `runner args`, waits until a metrics file under `runs` has `lines` lines, sends
@@ -1739,27 +1740,14 @@ fn a_cpu_resume_takes_the_thread_count_the_run_started_with() {
 #[test]
 fn eval_says_when_the_test_data_is_not_what_the_run_read() {
     let dir = tempdir("eval-test-changed");
-    let data = root().join("datasets/fashion_mnist");
-    let test = dir.join("test.bin");
-    std::fs::copy(data.join("test_batch.bin"), &test).unwrap();
-    let recipe = dir.join("e.toml");
-    std::fs::write(
-        &recipe,
-        format!(
-            "name = \"e\"\n[model]\narch = \"mlp\"\nhidden = [16]\n[data]\nformat = \"cifar10-bin\"\ntrain = {:?}\ntest = \"test.bin\"\nlimit = 200\n[run]\nmax_steps = 2\n[log]\ndir = {:?}\n",
-            data.join("data_batch.bin").display().to_string(),
-            dir.join("runs").display().to_string()
-        ),
-    )
-    .unwrap();
+    let (recipe, test) = mlp_over_a_copy(&dir, "e", "test", "");
     expect_exit(&runner_cmd().arg(&recipe).arg("-q").output().unwrap(), 0);
     let run = only_run(&dir.join("runs/e"));
     let eval = || runner_cmd().arg("eval").arg(&run).output().unwrap();
     let out = eval();
     expect_exit(&out, 0);
     assert!(!String::from_utf8_lossy(&out.stderr).contains("warning"));
-    let bytes = std::fs::read(&test).unwrap();
-    std::fs::write(&test, &bytes[..3073 * 100]).unwrap();
+    cut_records(&test, 100);
     let out = eval();
     expect_exit(&out, 0);
     let stderr = String::from_utf8_lossy(&out.stderr);

@@ -8,10 +8,10 @@ use runner::plan::Machine;
 use runner::recipe;
 
 use crate::common::{
-    as_other, expect_exit, has_a_line, invalid_quickstart_grid, json, long_recipe, only_run,
-    records, resume_quietly, root, runner_cmd, runner_logged, says_running, send, spawn_until,
-    statuses, summary, tempdir, tiny_recipe, walk_files, with_sets, writable_by_other,
-    SLOW_FIRST_STEP,
+    as_other, cut_records, expect_exit, has_a_line, invalid_quickstart_grid, json, long_recipe,
+    mlp_over_a_copy, only_run, records, resume_quietly, root, runner_cmd, runner_logged,
+    says_running, send, spawn_until, statuses, summary, tempdir, tiny_recipe, walk_files,
+    with_sets, writable_by_other, SLOW_FIRST_STEP,
 };
 
 // ---------------------------------------------------------------- sweeps and sharing
@@ -1523,19 +1523,7 @@ fn a_cell_whose_resume_is_refused_keeps_its_run_for_the_next_resume() {
 #[test]
 fn resume_runs_again_the_cells_done_on_other_data() {
     let dir = tempdir("resume-other-data");
-    let data = root().join("datasets/fashion_mnist");
-    let train = dir.join("train.bin");
-    std::fs::copy(data.join("test_batch.bin"), &train).unwrap();
-    let grid = dir.join("g.toml");
-    std::fs::write(
-        &grid,
-        format!(
-            "name = \"g\"\n[model]\narch = \"mlp\"\nhidden = [16]\n[data]\nformat = \"cifar10-bin\"\ntrain = \"train.bin\"\ntest = {:?}\n[run]\nmax_steps = 2\nwarmup_steps = 0\n[log]\ndir = {:?}\n[sweep]\n\"optim.lr\" = [0.1, 0.2]\n",
-            data.join("test_batch.bin").display().to_string(),
-            dir.join("runs").display().to_string()
-        ),
-    )
-    .unwrap();
+    let (grid, train) = mlp_over_a_copy(&dir, "g", "train", "[sweep]\n\"optim.lr\" = [0.1, 0.2]\n");
     let run = |extra: &[&str]| {
         runner_cmd()
             .arg(&grid)
@@ -1549,8 +1537,7 @@ fn resume_runs_again_the_cells_done_on_other_data() {
     expect_exit(&out, 0);
     assert!(String::from_utf8_lossy(&out.stderr).contains("2 cell(s) already done were skipped"));
     // The same path, other records: the first 100 images.
-    let bytes = std::fs::read(&train).unwrap();
-    std::fs::write(&train, &bytes[..3073 * 100]).unwrap();
+    cut_records(&train, 100);
     let out = run(&["--resume"]);
     expect_exit(&out, 0);
     let stderr = String::from_utf8_lossy(&out.stderr);
