@@ -213,7 +213,8 @@ fn mistyped_command(args: &RunArgs) -> bool {
         return false;
     };
     let word = first.to_string_lossy();
-    if first.symlink_metadata().is_ok() || word.contains(['/', '.']) {
+    // (Three letters at least: any short word was "did you mean `runner ls`?".)
+    if first.symlink_metadata().is_ok() || word.contains(['/', '.']) || word.chars().count() < 3 {
         return false;
     }
     match runner::recipe::did_you_mean(&word, &COMMANDS) {

@@ -221,7 +221,7 @@ pub(crate) fn run_grid(c: &Checked, sel: Selection, opts: &RunOptions) -> Result
     // directory: from another one, it started the grid over in silence).
     if sel.resume && !root.join(&c.base).join("sweeps").is_dir() {
         runner::errln!(
-            "warning: --resume: no earlier sweep of {} under {} (log.dir; a relative one is relative to the working directory{}): every cell runs\n  = help: to continue a grid started elsewhere, run from the folder it was started in, or --set log.dir to the folder its runs are in",
+            "warning: --resume: no earlier sweep of {} under {} (log.dir; a relative one is relative to the working directory{}): the cells asked for run from their start\n  = help: to continue a grid started elsewhere, run from the folder it was started in, or --set log.dir to the folder its runs are in",
             c.base,
             root.display(),
             std::env::current_dir().map_or(String::new(), |d| format!(", here {}", d.display()))
@@ -243,7 +243,7 @@ pub(crate) fn run_grid(c: &Checked, sel: Selection, opts: &RunOptions) -> Result
     // those paths (a git pull, a --set path from another working directory) is not this
     // grid's cell done, and runs again (it was skipped as done).
     if sel.resume {
-        for cell in &c.cells {
+        for cell in c.cells.iter().filter(|cell| sel.takes(cell.index)) {
             let Some(run_dir) = dir
                 .status(cell)
                 .filter(|_| dir.is_done(cell))
@@ -308,6 +308,7 @@ pub(crate) fn run_grid(c: &Checked, sel: Selection, opts: &RunOptions) -> Result
             started: mark(State::Running, None),
             interrupted: Some(interrupted),
             again: opts.again.clone(),
+            pin_threads: false,
         };
         // With --resume, a cell whose run stopped (a signal, a killed process: this process
         // holds its lock now) continues from its checkpoint rather than starting over.
@@ -339,18 +340,27 @@ pub(crate) fn run_grid(c: &Checked, sel: Selection, opts: &RunOptions) -> Result
                     // cell stays interrupted with its run, so a later --resume continues
                     // it once that is put right (marked failed, the next --resume started
                     // it over and left its checkpoint behind).
-                    Err(RunError::Input(message)) => {
+                    // Data whose content changed since the run started cannot be put right
+                    // by every user (a git pull): such a cell fails as before, and the next
+                    // --resume starts it over on the data as it is.
+                    Err(RunError::Input(message))
+                        if !message.contains("changed since the run started") =>
+                    {
                         runner::errln!("{message}");
                         return Err(CellEnd {
                             dir: Some(run_dir.clone()),
                             message: format!(
-                                "its run {} could not be resumed (said above); it is kept, with its checkpoint, for the next --resume",
+                                "its run {} could not be resumed (said above); it is kept, with its checkpoint, for the next --resume once that is put right (to start the cell over instead: move that run directory away, then --resume)",
                                 run_dir.display()
                             ),
                             state: State::Interrupted,
                             stop_sweep: false,
                         });
                     }
+                    Err(RunError::Input(message)) => Err(RunError::Failed {
+                        dir: run_dir.clone(),
+                        message,
+                    }),
                     Err(e) => Err(e),
                 }
             }
@@ -471,6 +481,7 @@ pub(crate) fn resume(run_dir: &Path, quiet: bool) -> ExitCode {
     runner::signals::install();
     let opts = RunOptions {
         quiet,
+        pin_threads: true,
         ..Default::default()
     };
     let result = run::resume(run_dir, &opts, &runner::backend::probe());
@@ -969,8 +980,12 @@ pub(crate) fn log_dirs(all: &[Checked]) -> Vec<(&Path, &Path, PathBuf)> {
             c.plans.iter().map(|p| {
                 // A grid's cells are `<base>/<cell>`: their base is checked, once (each
                 // cell's folder was probed: one file made per cell, a Slurm task each).
-                let base = p.name.split('/').next().unwrap_or(&p.name);
-                (c.path.as_path(), p.log.dir.as_path(), p.log.dir.join(base))
+                let name = if c.grid {
+                    c.base.as_str()
+                } else {
+                    p.name.as_str()
+                };
+                (c.path.as_path(), p.log.dir.as_path(), p.log.dir.join(name))
             })
         })
         .collect();

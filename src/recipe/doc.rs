@@ -358,10 +358,12 @@ impl Doc {
             // A value that opens as TOML does (an array, a table, a quoted string) but does
             // not parse is a typo, not a string: `[128, 64` would be refused as "a string,
             // expected an array", and `"a" b` taken as the name `"a" b`, quotes and all.
-            // A text key (`description`, `name`, a path) takes such a value as its text, as
-            // it always did (`description=[wip] adam`).
+            // Free text (`name`, `description`) may open with a bracket, as it always
+            // could (`description=[wip] adam`); a quote that does not close is a typo
+            // everywhere (`log.dir="/x` made a folder named `"`).
             if let Err(e) = &parsed {
-                if raw.starts_with(['[', '{', '"', '\'']) && !super::schema::is_text_key(key) {
+                let free_text = matches!(key.as_str(), "name" | "description");
+                if raw.starts_with(['"', '\'']) || (raw.starts_with(['[', '{']) && !free_text) {
                     let what = e.message().trim_end_matches('\n').replace('\n', "; ");
                     let shown = super::diag::shorten(raw, 60);
                     report.push(

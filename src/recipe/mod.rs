@@ -347,6 +347,11 @@ fn check_unknown_keys(
                         .filter(|r| !r.contains('.')),
                 })
                 .collect();
+            // ([sweep] is a table too, though not one of the format's sections.)
+            let mut tables_here = tables_here;
+            if table_path.is_empty() {
+                tables_here.push("sweep");
+            }
             let written_as_table = table_at(&doc.table, &full).is_some();
             let near_table = written_as_table
                 .then(|| diag::near_key(&key, &tables_here))

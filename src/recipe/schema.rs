@@ -1195,36 +1195,6 @@ fn fields_of<T: serde::de::DeserializeOwned>() -> &'static [&'static str] {
 /// The JSON Schema of the recipe format (draft 2020-12), for editors (taplo, VS Code's Even
 /// Better TOML) and CI of recipe repositories. `extends` and `[sweep]` are read before the
 /// typed tables, so they are added by hand.
-/// Whether the dotted recipe `key` holds text (`name`, `description`, paths): a value
-/// given for it with `--set` that is not TOML is that text.
-pub fn is_text_key(key: &str) -> bool {
-    let schema = json_schema();
-    let defs = &schema["$defs"];
-    let mut node = &schema;
-    for part in key.split('.') {
-        let props = match node.get("$ref").and_then(|r| r.as_str()) {
-            Some(r) => &defs[r.trim_start_matches("#/$defs/")]["properties"],
-            None => &node["properties"],
-        };
-        node = &props[part];
-        // `Option<Table>` is `anyOf: [{$ref}, null]`.
-        if let Some(r) = node["anyOf"]
-            .as_array()
-            .and_then(|a| a.iter().find(|v| v.get("$ref").is_some()))
-        {
-            node = r;
-        }
-        if node.is_null() {
-            return false;
-        }
-    }
-    match &node["type"] {
-        serde_json::Value::String(t) => t == "string",
-        serde_json::Value::Array(ts) => ts.iter().any(|t| t == "string"),
-        _ => false,
-    }
-}
-
 pub fn json_schema() -> serde_json::Value {
     let mut schema = serde_json::to_value(schemars::schema_for!(Recipe)).expect("schema is JSON");
     let props = schema["properties"]

@@ -155,8 +155,23 @@ pub fn git_info(file: &Path) -> Option<GitInfo> {
         if status.starts_with("??") || status.starts_with("!!") {
             std::fs::read_to_string(file).unwrap_or_default()
         } else {
-            // Whole, with its last newline: trimmed, `git apply` called it corrupt.
-            git_raw(&["diff", "HEAD", "--", name]).unwrap_or_default()
+            // Whole, with its last newline (trimmed, `git apply` called it corrupt), and
+            // in git's own form whatever the user's config says (colour, no prefixes, an
+            // external diff tool made a patch `git apply` refuses).
+            git_raw(&[
+                "-c",
+                "color.ui=never",
+                "diff",
+                "--no-color",
+                "--no-ext-diff",
+                "--no-textconv",
+                "--src-prefix=a/",
+                "--dst-prefix=b/",
+                "HEAD",
+                "--",
+                name,
+            ])
+            .unwrap_or_default()
         }
     });
     Some(GitInfo {

@@ -54,6 +54,10 @@ pub struct RunOptions {
     /// The command that continues this run's work after an interruption, when it is not
     /// `runner resume RUN_DIR` (a grid's cell: the grid with `--resume`).
     pub again: Option<String>,
+    /// `runner resume` alone in its process: it builds the CPU's thread pool with the count
+    /// its run started with. (A grid's `--resume` runs several runs in one process, whose
+    /// pool is built once: pinned for one resumed cell, every later cell ran on its count.)
+    pub pin_threads: bool,
 }
 
 /// See [`RunOptions::started`].

@@ -18,7 +18,7 @@ pub fn resume(
     let read_summary = read_summary(run_dir)?;
     let _lock = take_run_lock(run_dir)?;
     let mut plan = resume_plan(&recipe_path, machine)?;
-    let threads_at_start = pin_cpu_threads(run_dir, &mut plan);
+    let threads_at_start = pin_cpu_threads(run_dir, &mut plan, opts.pin_threads);
     let metrics_path = run_dir.join("metrics.jsonl");
     let (ckpt_dir, state, passed_over) = latest_checkpoint(run_dir, &metrics_path)?;
     let moved = same_recipe(run_dir, &recipe_path, &plan, (&ckpt_dir, &state))?;
@@ -33,12 +33,23 @@ pub fn resume(
     });
     let prepared = prepare(&plan, opts)?;
     drop(loading);
-    if let Some(n) = threads_at_start.filter(|&n| n != prepared.threads) {
-        crate::errln!(
-            "warning: {}: the run started on {n} CPU threads, this resume runs on {}: the CPU's sums are split per thread, so its steps will not be bitwise those of the uninterrupted run",
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    match threads_at_start {
+        Some(n) if n != prepared.threads => crate::errln!(
+            "warning: {}: the run started on {n} CPU threads, this resume runs on {}: the CPU's sums are split per thread, so its steps will not be bitwise those of the uninterrupted run{}",
             run_dir.display(),
-            prepared.threads
-        );
+            prepared.threads,
+            if opts.pin_threads {
+                ""
+            } else {
+                " (a grid's cells share one process's threads: `runner resume RUN_DIR` takes the run's own count)"
+            }
+        ),
+        Some(n) if n > cores => crate::errln!(
+            "note: {}: resuming on {n} CPU threads as the run started, on {cores} cores here (slower than one per core; the same bits)",
+            run_dir.display()
+        ),
+        _ => {}
     }
     let fail = |message: String| RunError::Failed {
         dir: run_dir.to_path_buf(),
@@ -107,14 +118,16 @@ pub fn resume(
 /// add one partial sum per thread, so another count gives other bits, and a resume on a
 /// machine with more cores (or under `taskset`) drifted from its uninterrupted twin in
 /// silence. Returns that count, where the run recorded one.
-fn pin_cpu_threads(run_dir: &Path, plan: &mut Plan) -> Option<usize> {
+fn pin_cpu_threads(run_dir: &Path, plan: &mut Plan, pin: bool) -> Option<usize> {
     if !matches!(plan.device, crate::plan::Device::Cpu) {
         return None;
     }
     let env: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(run_dir.join("env.json")).ok()?).ok()?;
-    let n = usize::try_from(env.get("threads")?.as_u64()?).ok()?;
-    if plan.threads == 0 && (1..=crate::plan::MAX_THREADS).contains(&n) {
+    let n = usize::try_from(env.get("threads")?.as_u64()?)
+        .ok()
+        .filter(|n| (1..=crate::plan::MAX_THREADS).contains(n))?;
+    if pin && plan.threads == 0 {
         plan.threads = n;
     }
     Some(n)

@@ -1554,3 +1554,47 @@ fn resume_runs_again_the_cells_done_on_other_data() {
     assert_eq!(ran, 2);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A grid's `--resume` runs its cells in one process, whose CPU thread pool is built once:
+/// a resumed cell does not pin it to its run's count (every later cell ran on that count,
+/// and said so nowhere); it says it runs on another.
+#[test]
+fn a_grid_resume_keeps_the_process_thread_count_for_every_cell() {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    if cores < 2 {
+        return;
+    }
+    let dir = tempdir("grid-threads");
+    let grid = long_recipe(
+        &dir,
+        "g",
+        "[checkpoint]\nevery = 5\n[sweep]\n\"optim.lr\" = [0.05, 0.1]\n",
+    );
+    let mut first = runner_cmd();
+    first
+        .arg(&grid)
+        .args(["-q", "--cell", "0"])
+        .env("RAYON_NUM_THREADS", "1");
+    let (child, _) = spawn_until(first, &dir.join("runs"), |p| {
+        p.ends_with("metrics.jsonl")
+            && std::fs::read_to_string(p).is_ok_and(|t| t.lines().count() >= 12)
+    });
+    send("-INT", &child);
+    expect_exit(&child.wait_with_output().unwrap(), 130);
+    let out = runner_cmd()
+        .arg(&grid)
+        .args(["-q", "--resume"])
+        .output()
+        .unwrap();
+    expect_exit(&out, 0);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("the run started on 1 CPU threads")
+            && stderr.contains("a grid's cells share one process's threads"),
+        "{stderr}"
+    );
+    let cell1 = only_run(&dir.join("runs/g/optim.lr=0.1"));
+    let env = json(&cell1.join("env.json"));
+    assert_eq!(env["threads"].as_u64(), Some(cores as u64), "{env}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
