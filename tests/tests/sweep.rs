@@ -1462,6 +1462,27 @@ fn a_grid_with_a_failed_cell_says_so_after_its_table() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// A two-cell grid `g` over the long Fashion-MNIST recipe (a checkpoint every 5 steps) in
+/// `dir`, its cell 0 run with `env` and stopped by SIGINT after 12 steps; the grid.
+fn cell0_interrupted(dir: &Path, env: &[(&str, &str)]) -> PathBuf {
+    let grid = long_recipe(
+        dir,
+        "g",
+        "[checkpoint]\nevery = 5\n[sweep]\n\"optim.lr\" = [0.05, 0.1]\n",
+    );
+    let mut cmd = runner_cmd();
+    cmd.arg(&grid)
+        .args(["-q", "--cell", "0"])
+        .envs(env.iter().copied());
+    let (child, _) = spawn_until(cmd, &dir.join("runs"), |p| {
+        p.ends_with("metrics.jsonl")
+            && std::fs::read_to_string(p).is_ok_and(|t| t.lines().count() >= 12)
+    });
+    send("-INT", &child);
+    expect_exit(&child.wait_with_output().unwrap(), 130);
+    grid
+}
+
 /// A cell whose run cannot be resumed (here its recipe.toml was edited) is said, and kept
 /// interrupted with its run: the next --resume, once that is put right, continues it from
 /// its checkpoint. Marked failed, the next --resume started it over in a new run directory
@@ -1470,22 +1491,12 @@ fn a_grid_with_a_failed_cell_says_so_after_its_table() {
 #[test]
 fn a_cell_whose_resume_is_refused_keeps_its_run_for_the_next_resume() {
     let dir = tempdir("cell-refused");
-    let grid = long_recipe(
-        &dir,
-        "g",
-        "[checkpoint]\nevery = 5\n[sweep]\n\"optim.lr\" = [0.05, 0.1]\n",
-    );
+    let grid = cell0_interrupted(&dir, &[]);
     let cell0 = |extra: &[&str]| {
         let mut c = runner_cmd();
         c.arg(&grid).args(["-q", "--cell", "0"]).args(extra);
         c
     };
-    let (child, _) = spawn_until(cell0(&[]), &dir.join("runs"), |p| {
-        p.ends_with("metrics.jsonl")
-            && std::fs::read_to_string(p).is_ok_and(|t| t.lines().count() >= 12)
-    });
-    send("-INT", &child);
-    expect_exit(&child.wait_with_output().unwrap(), 130);
     let runs: Vec<PathBuf> = walk_files(&dir.join("runs"))
         .into_iter()
         .filter(|p| p.ends_with("recipe.toml"))
@@ -1565,22 +1576,7 @@ fn a_grid_resume_keeps_the_process_thread_count_for_every_cell() {
         return;
     }
     let dir = tempdir("grid-threads");
-    let grid = long_recipe(
-        &dir,
-        "g",
-        "[checkpoint]\nevery = 5\n[sweep]\n\"optim.lr\" = [0.05, 0.1]\n",
-    );
-    let mut first = runner_cmd();
-    first
-        .arg(&grid)
-        .args(["-q", "--cell", "0"])
-        .env("RAYON_NUM_THREADS", "1");
-    let (child, _) = spawn_until(first, &dir.join("runs"), |p| {
-        p.ends_with("metrics.jsonl")
-            && std::fs::read_to_string(p).is_ok_and(|t| t.lines().count() >= 12)
-    });
-    send("-INT", &child);
-    expect_exit(&child.wait_with_output().unwrap(), 130);
+    let grid = cell0_interrupted(&dir, &[("RAYON_NUM_THREADS", "1")]);
     let out = runner_cmd()
         .arg(&grid)
         .args(["-q", "--resume"])
