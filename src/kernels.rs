@@ -580,11 +580,8 @@ mod tests {
         assert_eq!(d.dir, PathBuf::from("/h/k"));
     }
 
-    fn scratch(tag: &str) -> PathBuf {
-        let d = std::env::temp_dir().join(format!("runner-unit-{tag}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&d);
-        std::fs::create_dir_all(&d).unwrap();
-        d
+    fn scratch(tag: &str) -> crate::scratch::Scratch {
+        crate::scratch::Scratch::new(&format!("unit-{tag}"))
     }
 
     fn wanted(dir: &Path) -> CacheDir {
@@ -641,8 +638,6 @@ mod tests {
         let (used, _) = usable_cache(wanted(bad), &tmp2).unwrap();
         let pid = std::process::id();
         assert_eq!(used.dir, tmp2.join(format!("runner-kernels-{uid}-{pid}")));
-        let _ = std::fs::remove_dir_all(&tmp);
-        let _ = std::fs::remove_dir_all(&tmp2);
     }
 
     /// The files a fallback lacks are copied in with their paths; lock files are not, and
@@ -669,7 +664,6 @@ mod tests {
         assert_eq!(read("autotune/0.10.0/dev/matmul.json.log"), "shared matmul");
         assert_eq!(read("autotune/0.10.0/dev/conv.json.log"), "mine");
         assert!(!to.join("autotune/0.10.0/dev/conv.json.log.lock").exists());
-        let _ = std::fs::remove_dir_all(&tmp);
     }
 
     #[test]

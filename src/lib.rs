@@ -86,6 +86,8 @@ pub mod run;
 pub mod rundir;
 pub mod sampler;
 pub mod schedule;
+#[cfg(test)]
+pub(crate) mod scratch;
 pub mod signals;
 pub mod slurm;
 pub mod sweep;

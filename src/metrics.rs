@@ -929,9 +929,7 @@ mod tests {
     #[cfg(target_os = "linux")]
     #[test]
     fn a_lines_file_removed_or_replaced_is_written_again() {
-        let dir = std::env::temp_dir().join(format!("runner-lines-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
+        let dir = crate::scratch::Scratch::new("lines");
         let path = dir.join("m.jsonl");
         let mut lines = JsonLines::create(&path).unwrap();
         lines.write_line("1".into()).unwrap();
@@ -960,12 +958,12 @@ mod tests {
             .collect();
         assert_eq!(aside.len(), 1);
         assert_eq!(std::fs::read_to_string(&aside[0]).unwrap(), "theirs\n");
-        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]
     fn a_file_not_utf8_is_said_with_the_line_and_column() {
-        let path = std::env::temp_dir().join(format!("runner-utf8-{}", std::process::id()));
+        let scratch = crate::scratch::Scratch::new("utf8-lines");
+        let path = scratch.join("m.jsonl");
         std::fs::write(&path, b"{\"step\":1}\nab\xc3\xa9\xff\n").unwrap();
         let e = read_utf8(&path).unwrap_err();
         assert_eq!(
@@ -974,7 +972,6 @@ mod tests {
         );
         std::fs::write(&path, "fine\n").unwrap();
         assert_eq!(read_utf8(&path).unwrap(), "fine\n");
-        let _ = std::fs::remove_file(&path);
     }
 
     #[test]

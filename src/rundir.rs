@@ -74,8 +74,7 @@ mod tests {
 
     #[test]
     fn follows_a_move_and_says_when_it_was_removed() {
-        let root = std::env::temp_dir().join(format!("runner-rundir-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&root);
+        let root = crate::scratch::Scratch::new("rundir");
         let a = root.join("a");
         std::fs::create_dir_all(&a).unwrap();
         let held = RunDir::open(&a).unwrap();
@@ -89,6 +88,5 @@ mod tests {
         std::fs::remove_dir(&b).unwrap();
         let err = held.now().unwrap_err();
         assert!(err.contains("was removed"), "{err}");
-        let _ = std::fs::remove_dir_all(&root);
     }
 }

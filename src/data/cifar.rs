@@ -192,19 +192,19 @@ pub fn read(files: &[PathBuf], limit: usize, classes: usize) -> Result<Images, D
 mod tests {
     use super::*;
 
-    fn write(name: &str, bytes: &[u8]) -> PathBuf {
-        let dir = std::env::temp_dir().join(format!("runner-cifar-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
+    /// `name` holding `bytes`, in a scratch directory of its own that goes with the test.
+    fn write(name: &str, bytes: &[u8]) -> (crate::scratch::Scratch, PathBuf) {
+        let dir = crate::scratch::Scratch::new(&format!("cifar-{name}"));
         let p = dir.join(name);
         std::fs::write(&p, bytes).unwrap();
-        p
+        (dir, p)
     }
 
     #[test]
     fn reads_planar_records() {
         let mut rec = vec![7u8];
         rec.extend((0..PIXELS).map(|i| (i / 1024) as u8 * 100 + (i % 3) as u8));
-        let p = write("one.bin", &rec);
+        let (_dir, p) = write("one.bin", &rec);
         let img = read(&[p], 10, 10).unwrap();
         assert_eq!(img.labels, vec![7]);
         assert_eq!(img.pixels[0], 0);
@@ -214,7 +214,7 @@ mod tests {
 
     #[test]
     fn truncation_names_the_offset() {
-        let p = write("short.bin", &vec![1u8; RECORD * 2 + 100]);
+        let (_dir, p) = write("short.bin", &vec![1u8; RECORD * 2 + 100]);
         let e = count_records(&p).unwrap_err().to_string();
         assert!(
             e.contains("record 2 starts at byte offset 6146 and has only 100 of its 3073 bytes"),
@@ -225,7 +225,8 @@ mod tests {
     /// A directory named like a batch file is not read as 4096 truncated bytes.
     #[test]
     fn a_directory_is_not_a_truncated_file() {
-        let p = write("x.bin", b"").with_file_name("data_batch_2.bin");
+        let (_dir, p) = write("x.bin", b"");
+        let p = p.with_file_name("data_batch_2.bin");
         std::fs::create_dir_all(&p).unwrap();
         let e = count_records(&p).unwrap_err().to_string();
         assert!(e.contains("is a directory, not a file"), "{e}");
@@ -234,7 +235,8 @@ mod tests {
     /// Nor a named pipe as an empty file (nor is it opened, which would wait for ever).
     #[test]
     fn a_named_pipe_is_said_as_one() {
-        let p = write("y.bin", b"").with_file_name("data_batch_3.bin");
+        let (_dir, p) = write("y.bin", b"");
+        let p = p.with_file_name("data_batch_3.bin");
         let _ = std::fs::remove_file(&p);
         let c = std::ffi::CString::new(p.to_str().unwrap()).unwrap();
         // SAFETY: a NUL-terminated path and a mode.
@@ -253,7 +255,7 @@ mod tests {
         for i in [3, 4, 8] {
             bytes[RECORD * i] = 10;
         }
-        let p = write("labels3.bin", &bytes);
+        let (_dir, p) = write("labels3.bin", &bytes);
         let e = check_labels(&p, 10).unwrap_err().to_string();
         assert!(
             e.contains("record 3 (byte offset 9219) has label 10"),
@@ -268,7 +270,7 @@ mod tests {
     fn bad_label_names_record_and_offset() {
         let mut bytes = vec![0u8; RECORD * 2];
         bytes[RECORD] = 12;
-        let p = write("label.bin", &bytes);
+        let (_dir, p) = write("label.bin", &bytes);
         let e = read(&[p], 10, 10).unwrap_err().to_string();
         assert!(
             e.contains("record 1 (byte offset 3073) has label 12"),

@@ -620,9 +620,7 @@ mod tests {
     /// count from elsewhere (10, or the largest label + 1), nor read with lines dropped.
     #[test]
     fn class_name_files_are_used_whole_or_refused() {
-        let dir = std::env::temp_dir().join(format!("runner-names-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
+        let dir = crate::scratch::Scratch::new("names");
         let data = dir.join("data_batch.bin");
         let names = |bytes: &[u8]| {
             let f = dir.join("batches.meta.txt");
@@ -651,7 +649,6 @@ mod tests {
         std::fs::create_dir(dir.join("batches.meta.txt")).unwrap();
         let e = names_beside(&data, "batches.meta.txt").unwrap_err();
         assert!(e.message.contains("is a directory"), "{}", e.message);
-        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     fn tiny() -> Images {

@@ -144,15 +144,10 @@ pub fn recorded(path: &Path) -> Option<FileSum> {
 mod tests {
     use super::*;
 
-    fn dir() -> PathBuf {
-        let d = std::env::temp_dir().join(format!("runner-sums-{}", std::process::id()));
-        std::fs::create_dir_all(&d).unwrap();
-        d
-    }
-
     #[test]
     fn a_read_file_is_summed_until_it_changes() {
-        let p = dir().join("a.bin");
+        let dir = crate::scratch::Scratch::new("sums-a");
+        let p = dir.join("a.bin");
         std::fs::write(&p, b"123456789").unwrap();
         assert_eq!(recorded(&p), None, "nothing read yet");
         assert_eq!(read(&p).unwrap(), b"123456789");
@@ -161,7 +156,7 @@ mod tests {
         // CRC-32's standard check value.
         assert_eq!(sum.crc32, "cbf43926");
         // Another file put in its place: a new inode, though the size is the same.
-        let q = dir().join("a.bin.new");
+        let q = dir.join("a.bin.new");
         std::fs::write(&q, b"987654321").unwrap();
         std::fs::rename(&q, &p).unwrap();
         assert_eq!(recorded(&p), None, "the file was replaced");
@@ -169,7 +164,8 @@ mod tests {
 
     #[test]
     fn a_streamed_file_is_summed_only_when_read_to_its_end() {
-        let p = dir().join("b.bin");
+        let dir = crate::scratch::Scratch::new("sums-b");
+        let p = dir.join("b.bin");
         std::fs::write(&p, vec![7u8; 10_000]).unwrap();
         let mut r = Summing::open(&p).unwrap();
         let mut half = vec![0u8; 5_000];

@@ -667,8 +667,7 @@ mod tests {
     /// Text that is not UTF-8 is named by its line, and a binary file is told apart.
     #[test]
     fn a_bad_line_says_how_many_more_are_bad() {
-        let dir = std::env::temp_dir().join(format!("runner-morebad-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
+        let dir = crate::scratch::Scratch::new("morebad");
         let p = dir.join("bad.jsonl");
         let good = r#"{"text": "a", "label": 0}"#;
         let mut lines = vec![good; 20];
@@ -693,13 +692,11 @@ mod tests {
             "{}",
             e.message
         );
-        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]
     fn non_utf8_lines_are_named() {
-        let dir = std::env::temp_dir().join(format!("runner-utf8-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
+        let dir = crate::scratch::Scratch::new("utf8");
         let latin1 = dir.join("latin1.jsonl");
         std::fs::write(
             &latin1,
@@ -716,7 +713,6 @@ mod tests {
         std::fs::write(&binary, [7u8, 0, 0, 255, 0]).unwrap();
         let e = read_jsonl(&binary, "text", "label", None, usize::MAX).unwrap_err();
         assert!(e.help_text().contains("binary file"), "{}", e.help_text());
-        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]
@@ -728,8 +724,7 @@ mod tests {
 
     #[test]
     fn a_byte_tokenizer_with_a_bad_byte_id_is_refused() {
-        let dir = std::env::temp_dir().join(format!("runner-tok-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
+        let dir = crate::scratch::Scratch::new("tok");
         let p = dir.join("tokenizer.json");
         for pad in [0, 1, 300] {
             let t = Tokenizer::byte(true, pad);
@@ -743,13 +738,11 @@ mod tests {
                 assert!(e.contains(&format!("byte {b} has the id {id}")), "{e}");
             }
         }
-        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]
     fn scans_are_remembered_until_the_file_changes() {
-        let dir = std::env::temp_dir().join(format!("runner-text-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
+        let dir = crate::scratch::Scratch::new("text");
         let p = dir.join("scan.jsonl");
         std::fs::write(
             &p,
@@ -795,8 +788,7 @@ mod tests {
 
     #[test]
     fn bad_lines_name_the_file_and_line() {
-        let dir = std::env::temp_dir().join(format!("runner-text-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
+        let dir = crate::scratch::Scratch::new("text2");
         let p = dir.join("t.jsonl");
         let cases = [
             (

@@ -331,8 +331,7 @@ mod host_tests {
 
     #[test]
     fn the_least_cgroup_limit_above_this_process_counts() {
-        let root = std::env::temp_dir().join(format!("runner-cgroup-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&root);
+        let root = crate::scratch::Scratch::new("cgroup");
         let job = root.join("slurm/uid_0/job_7");
         std::fs::create_dir_all(&job).unwrap();
         std::fs::write(root.join("slurm/memory.max"), "4294967296\n").unwrap();
@@ -361,6 +360,5 @@ mod host_tests {
         );
         assert_eq!(cgroup_limit("0::/\n", &root.join("none")), None);
         assert_eq!(meminfo_total("MemTotal:  1024 kB\n"), Some(1 << 20));
-        let _ = std::fs::remove_dir_all(&root);
     }
 }

@@ -398,8 +398,7 @@ fn test_data_changed(run_dir: &Path, files: &[std::path::PathBuf]) -> Option<Str
 mod tests {
     #[test]
     fn evaluations_in_the_same_second_keep_both_files() {
-        let dir = std::env::temp_dir().join(format!("runner-eval-name-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
+        let dir = crate::scratch::Scratch::new("eval-name");
         let names: Vec<String> = (0..3)
             .map(|_| super::free_name(&dir, "20261201T070000").unwrap())
             .map(|p| p.file_name().unwrap().to_string_lossy().into_owned())
@@ -412,6 +411,5 @@ mod tests {
                 "eval-20261201T070000-3.json"
             ]
         );
-        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -666,9 +666,7 @@ mod tests {
     /// second that found it stale too waits its turn instead of removing the new lock.
     #[test]
     fn a_stale_lock_is_taken_over_by_one_process() {
-        let dir = std::env::temp_dir().join(format!("runner-takeover-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
+        let dir = crate::scratch::Scratch::new("takeover");
         let lock = dir.join("run.lock");
         let host = crate::clock::hostname().unwrap_or_else(|| "unnamed-host".into());
         // A pid above any pid_max: no such process.
@@ -705,6 +703,5 @@ mod tests {
             "{mine}"
         );
         drop(held);
-        let _ = std::fs::remove_dir_all(&dir);
     }
 }
