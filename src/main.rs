@@ -107,8 +107,9 @@ enum Command {
         /// Run directories, or folders holding them at any depth.
         #[arg(default_value = "runs")]
         paths: Vec<PathBuf>,
-        /// The row the others are compared with, by its label as printed (default: the
-        /// first row with a timed run).
+        /// The row the others are compared with, by its label as printed, or by its
+        /// recipe's name: the first of that recipe's rows (default: the first row with a
+        /// timed run).
         #[arg(long)]
         baseline: Option<String>,
         #[arg(long, value_enum, default_value = "table")]

@@ -533,6 +533,40 @@ fn mean_opt(v: impl Iterator<Item = Option<f64>>) -> Option<f64> {
     (!v.is_empty()).then(|| mean(&v))
 }
 
+/// Whether `row` is one of the rows of recipe `name` told apart by what they ran
+/// (`name [device=...]`, `name [optim.lr=0.5]`).
+fn labelled(row: &Row, name: &str) -> bool {
+    row.recipe
+        .strip_prefix(name)
+        .is_some_and(|rest| rest.starts_with(" ["))
+}
+
+/// What `--baseline NAME` left to chance: where NAME is no row's whole label but the name of
+/// several rows' recipe, the note says which row was taken and how to name another.
+pub fn baseline_note(rows: &[Row], name: &str) -> Option<String> {
+    if rows.iter().any(|r| r.recipe == name) {
+        return None;
+    }
+    let of: Vec<&str> = rows
+        .iter()
+        .filter(|r| labelled(r, name))
+        .map(|r| r.recipe.as_str())
+        .collect();
+    (of.len() > 1).then(|| {
+        format!(
+            "note: --baseline {name}: {} rows are runs of that recipe; the first, `{}`, is the \
+             baseline\n  = help: to compare with another, name its whole row: {}",
+            of.len(),
+            of[0],
+            of[1..]
+                .iter()
+                .map(|r| format!("--baseline '{r}'"))
+                .collect::<Vec<_>>()
+                .join(" or ")
+        )
+    })
+}
+
 /// Groups runs by recipe (its name, and what it ran: [`Run::recipe`]), in order of first
 /// appearance, and compares each group with the baseline: `baseline` names a row, or the
 /// first timed row is the baseline.
@@ -624,14 +658,9 @@ pub fn rows(runs: &[Run], baseline: Option<&str>) -> Result<Vec<Row>, Error> {
         Some(b) => {
             // A recipe's name where its runs are rows of their own (`name [device=...]`):
             // the first of them, as the default takes the first row.
-            let labelled = |r: &Row| {
-                r.recipe
-                    .strip_prefix(b)
-                    .is_some_and(|rest| rest.starts_with(" ["))
-            };
             out.iter()
                     .position(|r| r.recipe == b)
-                    .or_else(|| out.iter().position(labelled))
+                    .or_else(|| out.iter().position(|r| labelled(r, b)))
                     .ok_or_else(|| {
                         Error::Input(format!(
                             "error: --baseline {b}: no run of that recipe\n  = help: the recipes here are: {}",

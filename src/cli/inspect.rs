@@ -315,6 +315,9 @@ pub(crate) fn report_cmd(
             return Ok(false);
         }
         let rows = report::rows(&runs, baseline)?;
+        if let Some(note) = baseline.and_then(|b| report::baseline_note(&rows, b)) {
+            runner::errln!("{note}");
+        }
         runner::out!("{}", report::render(&rows, format));
         if let Some(p) = plot {
             runner::plot::draw(p, &runs, &rows).map_err(|e| {

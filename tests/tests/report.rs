@@ -494,13 +494,35 @@ fn report_keeps_different_recipes_of_one_name_apart_in_the_order_given() {
             "{label}: {table}"
         );
     }
-    // --baseline by the recipe's name takes the first of its rows.
+    // --baseline by the recipe's name takes the first of its rows, and says so; the whole
+    // label of the other takes that one, without a note.
     let out = runner_cmd()
-        .args(["report", "--baseline", "zz"])
+        .args(["report", "--baseline", "zz", "--format", "csv"])
         .arg(dir.join("runs/zz"))
         .output()
         .unwrap();
     expect_exit(&out, 0);
+    let (first, second) = (
+        rows[0].split(',').next().unwrap(),
+        rows[1].split(',').next().unwrap(),
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains(&format!(
+            "note: --baseline zz: 2 rows are runs of that recipe; the first, `{first}`, is the baseline"
+        )) && stderr.contains(&format!("--baseline '{second}'")),
+        "{stderr}"
+    );
+    let out = runner_cmd()
+        .args(["report", "--baseline", second])
+        .arg(dir.join("runs/zz"))
+        .output()
+        .unwrap();
+    expect_exit(&out, 0);
+    assert!(!String::from_utf8_lossy(&out.stderr).contains("note:"));
+    let table = String::from_utf8_lossy(&out.stdout);
+    let base = table.lines().find(|l| l.starts_with(second)).unwrap();
+    assert!(base.trim_end().ends_with("baseline"), "{table}");
     // So is the same CPU with another thread count (`threads = 0` is one per core).
     s["device"] = here.into();
     std::fs::write(&moved, serde_json::to_string(&s).unwrap()).unwrap();
