@@ -39,6 +39,44 @@ pub struct Environment {
     pub data: Vec<DataFile>,
 }
 
+/// One `runner resume` of the run (or a grid's `--resume` of its cell), in env.json's
+/// `resumes`: the fields above are the first process's, and a resume may run on another
+/// machine, device, thread count or runner version.
+#[derive(Debug, Clone, Serialize)]
+pub struct Resumed {
+    pub started_at: String,
+    /// The checkpoint's step: the steps after it are this process's.
+    pub from_step: u64,
+    pub runner_version: String,
+    pub backend: String,
+    pub device: String,
+    pub threads: usize,
+    pub hostname: Option<String>,
+    pub command: Vec<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cwd: Option<String>,
+    /// On CUDA and WebGPU, what this process compiled and tuned (filled in at its end).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kernel_counts: Option<crate::kernels::KernelCounts>,
+}
+
+impl Resumed {
+    pub fn of(env: &Environment, from_step: u64) -> Resumed {
+        Resumed {
+            started_at: env.started_at.clone(),
+            from_step,
+            runner_version: env.runner_version.clone(),
+            backend: env.backend.clone(),
+            device: env.device.clone(),
+            threads: env.threads,
+            hostname: env.hostname.clone(),
+            command: env.command.clone(),
+            cwd: env.cwd.clone(),
+            kernel_counts: None,
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, serde::Deserialize)]
 pub struct DataFile {
     pub path: String,

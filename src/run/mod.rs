@@ -446,7 +446,7 @@ fn drive(
     summary.util_source = finish_sampler(&mut sink, &dir);
     summary.wall_s += wall.elapsed().as_secs_f64();
     record(&mut summary, &sink, plan);
-    record_kernels(env, &mut summary, &mut sink, &dir);
+    record_kernels(env, &mut summary, &mut sink, &dir, resumed_at.is_some());
     let stop = ending(outcome, &mut summary, &sink);
     let summary_path = dir.join("summary.json");
     if let Err(e) = at_second.disarm_while(|| write_json_atomic(&summary_path, &summary)) {

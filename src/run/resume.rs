@@ -90,7 +90,7 @@ pub fn resume(
     let evals = rewind(&mut summary, &state, &records);
     write_json_keeping_room(&run_dir.join("summary.json"), &summary, KEPT_ROOM)
         .map_err(|e| fail(format!("summary.json: {e}")))?;
-    update_env(run_dir, &env, &moved).map_err(fail)?;
+    update_env(run_dir, &env, &moved, state.step).map_err(fail)?;
     if !opts.quiet {
         crate::errln!(
             "{}: resuming from {} (step {}, epoch {}, batch {})",
@@ -370,11 +370,17 @@ fn rebuilt_summary(run_dir: &Path, plan: &Plan, prepared: &Prepared, why: &str) 
     summary
 }
 
-/// `env.json` written again where it is missing or unreadable (without it the data could
-/// not be checked, and the finished run would have no versions, host or data checksums),
-/// or with the data at its new paths where files moved (a later resume compares with
-/// these).
-fn update_env(run_dir: &Path, env: &Environment, moved: &[(String, String)]) -> Result<(), String> {
+/// This resume added to `env.json`'s `resumes` (its machine, device, threads, command: the
+/// top-level fields stay the first process's), with the data at its new paths where files
+/// moved (a later resume compares with these). A file missing or unreadable is written
+/// again from this machine (without it the data could not be checked, and the finished
+/// run would have no versions, host or data checksums).
+fn update_env(
+    run_dir: &Path,
+    env: &Environment,
+    moved: &[(String, String)],
+    from_step: u64,
+) -> Result<(), String> {
     let env_path = run_dir.join("env.json");
     let start = std::fs::read_to_string(&env_path)
         .map_err(|e| match env_path.exists() {
@@ -387,7 +393,7 @@ fn update_env(run_dir: &Path, env: &Environment, moved: &[(String, String)]) -> 
                 .filter(serde_json::Value::is_object)
                 .ok_or_else(|| "unreadable (not a JSON object)".to_string())
         });
-    match start {
+    let mut start = match start {
         Err(why) => {
             // (It was checked in silence: an env.json of junk let the run go on,
             // unchecked, on changed data.)
@@ -395,17 +401,22 @@ fn update_env(run_dir: &Path, env: &Environment, moved: &[(String, String)]) -> 
                 "warning: {}: {why}, so the data could not be checked against the run's start; written again from this machine and the data as they are now",
                 env_path.display()
             );
-            write_json_keeping_room(&env_path, env, KEPT_ROOM)
-                .map_err(|e| format!("env.json: {e}"))?;
+            serde_json::to_value(env).map_err(|e| format!("env.json: {e}"))?
         }
-        Ok(mut start) if !moved.is_empty() => {
-            start["data"] = serde_json::to_value(&env.data).unwrap_or_default();
-            write_json_keeping_room(&env_path, &start, KEPT_ROOM)
-                .map_err(|e| format!("env.json: {e}"))?;
+        Ok(mut start) => {
+            if !moved.is_empty() {
+                start["data"] = serde_json::to_value(&env.data).unwrap_or_default();
+            }
+            start
         }
-        Ok(_) => {}
+    };
+    let this = serde_json::to_value(super::env::Resumed::of(env, from_step))
+        .map_err(|e| format!("env.json: {e}"))?;
+    match start.get_mut("resumes").and_then(|r| r.as_array_mut()) {
+        Some(resumes) => resumes.push(this),
+        None => start["resumes"] = serde_json::Value::Array(vec![this]),
     }
-    Ok(())
+    write_json_keeping_room(&env_path, &start, KEPT_ROOM).map_err(|e| format!("env.json: {e}"))
 }
 
 /// The data files env.json says the run started on.

@@ -363,23 +363,47 @@ pub(super) fn record(summary: &mut Summary, sink: &FileSink, plan: &Plan) {
     summary.early_stopped_at_step = sink.early_stopped;
 }
 
-/// On CUDA, the kernels compiled and tuned during the run, into the summary and env.json.
+/// On CUDA, the kernels compiled and tuned during the run, into the summary and env.json:
+/// the run's whole environment where this process started it, else (a resume) only the
+/// counts, into its entry of `resumes`, the rest of env.json left as the run's start wrote
+/// it.
 pub(super) fn record_kernels(
     env: Environment,
     summary: &mut Summary,
     sink: &mut FileSink,
     dir: &Path,
+    resumed: bool,
 ) {
     if !env.kernels.used {
         return;
     }
     let counts = kernels::counts().since(sink.counts_at_start);
     summary.kernels = Some(counts);
-    let env = Environment {
-        kernel_counts: Some(counts),
-        ..env
+    let path = dir.join("env.json");
+    let written = if resumed {
+        (|| -> std::io::Result<()> {
+            let mut v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path)?)
+                .map_err(std::io::Error::other)?;
+            if let Some(this) = v
+                .get_mut("resumes")
+                .and_then(|r| r.as_array_mut())
+                .and_then(|r| r.last_mut())
+            {
+                this["kernel_counts"] =
+                    serde_json::to_value(counts).map_err(std::io::Error::other)?;
+            }
+            write_json_atomic(&path, &v)
+        })()
+    } else {
+        write_json_atomic(
+            &path,
+            &Environment {
+                kernel_counts: Some(counts),
+                ..env
+            },
+        )
     };
-    if let Err(e) = write_json_atomic(&dir.join("env.json"), &env) {
+    if let Err(e) = written {
         sink.io_error.get_or_insert(format!("env.json: {e}"));
     }
 }

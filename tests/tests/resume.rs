@@ -178,6 +178,18 @@ fn a_resumed_run_ends_bitwise_where_the_uninterrupted_one_does() {
         expect_exit(&out, 0);
         let s = summary(&run);
         assert_eq!((s.status, s.resumes), (RunStatus::Completed, 1));
+        // env.json stays the start's (its command, its time), the resume in `resumes`.
+        let env = json(&run.join("env.json"));
+        assert_eq!(env["command"][1], recipe.display().to_string(), "{env}");
+        let resumes = env["resumes"].as_array().unwrap();
+        assert_eq!(resumes.len(), 1, "{env}");
+        assert_eq!(resumes[0]["from_step"], state.step, "{env}");
+        assert_eq!(resumes[0]["command"][1], "resume", "{env}");
+        assert_eq!(resumes[0]["threads"], env["threads"], "{env}");
+        assert!(
+            resumes[0]["started_at"].as_str().unwrap() >= env["started_at"].as_str().unwrap(),
+            "{env}"
+        );
         // The run's start-up is its first process's (it was the resume's first step), and
         // the loader's workers are counted over both processes (the resume's alone).
         assert!(stopped.startup_s.is_some(), "{stopped:?}");

@@ -411,3 +411,36 @@ fn wgpu_a_grid_over_autotune_levels_is_one_process_per_level() {
         "{stderr}"
     );
 }
+
+/// A resume on a CubeCL backend leaves env.json as the run's start wrote it (its command,
+/// its time, its kernel counts) and puts its own in `resumes`: the end of the resume wrote
+/// its whole environment over the start's.
+#[test]
+fn wgpu_a_resume_keeps_the_start_s_env_json() {
+    let dir = tempdir("wgpu-resume-env");
+    let recipe = crate::common::tiny_recipe(&dir, "r", "");
+    let mut cmd = runner_cmd();
+    cmd.arg(&recipe)
+        .args(["-q", "--set", "backend.kind=\"wgpu\""])
+        .args(["--set", "run.epochs=100", "--set", "run.max_steps=200"])
+        .env("RUNNER_CACHE_DIR", dir.join("kc"));
+    let (child, metrics) = crate::common::spawn_until(cmd, &dir.join("runs"), |p| {
+        p.ends_with("metrics.jsonl")
+            && std::fs::read_to_string(p).is_ok_and(|t| t.lines().count() >= 3)
+    });
+    crate::common::signal_pid("-TERM", child.id());
+    expect_exit(&child.wait_with_output().unwrap(), 143);
+    let run = metrics.parent().unwrap();
+    let start = json(&run.join("env.json"));
+    assert!(start["kernel_counts"]["compiled"].as_u64().unwrap() > 0, "{start}");
+    let out = crate::common::resume_quietly(run);
+    expect_exit(&out, 0);
+    let env = json(&run.join("env.json"));
+    for key in ["command", "started_at", "kernel_counts", "sources"] {
+        assert_eq!(env[key], start[key], "{key}: {env}");
+    }
+    let resumes = env["resumes"].as_array().unwrap();
+    assert_eq!(resumes.len(), 1, "{env}");
+    assert_eq!(resumes[0]["command"][1], "resume", "{env}");
+    assert!(resumes[0]["kernel_counts"].is_object(), "{env}");
+}
