@@ -1,6 +1,6 @@
 //! The report's figure (SVG, drawn with plotters): per-step iteration time of every run on
-//! top, and bars of the main columns below, one colour per recipe throughout, so the
-//! comparison reads without reading numbers. No Burn here.
+//! top, bars of the main columns below, and a key: one colour (and number) per row of the
+//! table throughout, so the comparison reads without reading numbers. No Burn here.
 
 use std::path::Path;
 
@@ -10,7 +10,10 @@ use plotters::prelude::*;
 use crate::report::{Row, Run};
 
 const W: u32 = 1200;
+/// The two panels' height; the key below them grows with the rows.
 const H: u32 = 820;
+/// A line of the key.
+const KEY_LINE: u32 = 20;
 
 fn colour(i: usize) -> RGBColor {
     // Okabe–Ito: distinguishable with the common colour-vision deficiencies.
@@ -28,6 +31,12 @@ fn colour(i: usize) -> RGBColor {
     RGBColor(r, g, b)
 }
 
+/// Rows past the palette's eight repeat its colours, with dashed lines (bars are told
+/// apart by their number, the key's).
+fn dashed(i: usize) -> bool {
+    (i / 8) % 2 == 1
+}
+
 /// Draws the figure to `path` (SVG).
 pub fn draw(path: &Path, runs: &[Run], rows: &[Row]) -> Result<(), String> {
     let err = |e: &dyn std::fmt::Display| format!("{}: {e}", path.display());
@@ -36,11 +45,14 @@ pub fn draw(path: &Path, runs: &[Run], rows: &[Row]) -> Result<(), String> {
     tmp.push(".tmp");
     let tmp = std::path::PathBuf::from(tmp);
     let drawn = (|| {
-        let root = SVGBackend::new(&tmp, (W, H)).into_drawing_area();
+        let key_h = 24 + KEY_LINE * rows.len() as u32;
+        let root = SVGBackend::new(&tmp, (W, H + key_h)).into_drawing_area();
         root.fill(&WHITE).map_err(|e| err(&e))?;
-        let (top, bottom) = root.split_vertically(440);
+        let (top, rest) = root.split_vertically(440);
+        let (bottom, below) = rest.split_vertically(H - 440);
         step_times(&top, runs, rows, &err)?;
         bars(&bottom, rows, &err)?;
+        key(&below, rows, &err)?;
         root.present().map_err(|e| err(&e))
     })();
     match drawn.and_then(|()| std::fs::rename(&tmp, path).map_err(|e| err(&e))) {
@@ -93,9 +105,12 @@ pub fn check_target(path: &Path) -> Result<(), String> {
 type Area<'a> = DrawingArea<SVGBackend<'a>, Shift>;
 type Err<'e> = &'e dyn Fn(&dyn std::fmt::Display) -> String;
 
-/// The top panel: every run's step times, one colour per recipe.
+/// The top panel: every run's step times, in its row's colour.
 fn step_times(top: &Area, runs: &[Run], rows: &[Row], err: Err) -> Result<(), String> {
-    let index = |name: &str| rows.iter().position(|r| r.recipe == name).unwrap_or(0);
+    // Each run's row: the table's label of it (a recipe's runs that ran different settings,
+    // devices or thread counts are rows of their own).
+    let label = crate::report::labels(runs);
+    let index = |l: &str| rows.iter().position(|r| r.recipe == l).unwrap_or(0);
     // Per-step time, clipped above at 1.5 × the largest p95 so one slow first step (autotune,
     // allocation) does not flatten the rest.
     let steps = runs
@@ -124,32 +139,53 @@ fn step_times(top: &Area, runs: &[Run], rows: &[Row], err: Err) -> Result<(), St
         .light_line_style(WHITE.mix(0.0))
         .draw()
         .map_err(|e| err(&e))?;
-    let mut labelled = vec![];
-    for run in runs {
-        let i = index(&run.name);
-        let c = colour(i);
+    for (run, l) in runs.iter().zip(&label) {
+        let i = index(l);
+        let style = colour(i).stroke_width(1);
         let points = run
             .records
             .iter()
             .map(|r| (r.step as f64, r.iter_ms.min(ymax)));
-        let series = chart
-            .draw_series(LineSeries::new(points, c.stroke_width(1)))
-            .map_err(|e| err(&e))?;
-        if !labelled.contains(&i) {
-            labelled.push(i);
-            series.label(run.name.clone()).legend(move |(x, y)| {
-                PathElement::new(vec![(x, y), (x + 24, y)], c.stroke_width(3))
-            });
+        if dashed(i) {
+            chart.draw_series(DashedLineSeries::new(points, 6, 4, style))
+        } else {
+            chart.draw_series(LineSeries::new(points, style))
         }
-    }
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::UpperRight)
-        .background_style(WHITE.mix(0.85))
-        .border_style(BLACK.mix(0.3))
-        .label_font(("sans-serif", 15))
-        .draw()
         .map_err(|e| err(&e))?;
+    }
+    Ok(())
+}
+
+/// Below the panels, the rows by number, colour and label, as the table has them.
+fn key(area: &Area, rows: &[Row], err: Err) -> Result<(), String> {
+    let font = ("sans-serif", 14).into_font();
+    for (i, r) in rows.iter().enumerate() {
+        let y = 12 + (KEY_LINE as usize * i) as i32;
+        let c = colour(i);
+        let (x0, x1) = (24, 60);
+        let line = if dashed(i) {
+            // Two dashes.
+            vec![
+                PathElement::new(vec![(x0, y), (x0 + 14, y)], c.stroke_width(3)),
+                PathElement::new(vec![(x0 + 22, y), (x1, y)], c.stroke_width(3)),
+            ]
+        } else {
+            vec![PathElement::new(vec![(x0, y), (x1, y)], c.stroke_width(3))]
+        };
+        for p in line {
+            area.draw(&p).map_err(|e| err(&e))?;
+        }
+        let mut label: String = r.recipe.chars().take(150).collect();
+        if r.recipe.chars().count() > 150 {
+            label.push('…');
+        }
+        area.draw(&Text::new(
+            format!("{}  {label}", i + 1),
+            (x1 + 10, y - 8),
+            font.clone(),
+        ))
+        .map_err(|e| err(&e))?;
+    }
     Ok(())
 }
 
@@ -192,19 +228,47 @@ fn bars(bottom: &Area, rows: &[Row], err: Err) -> Result<(), String> {
     for (area, (title, values)) in areas.iter().zip(panels) {
         let top_v = values.iter().cloned().fold(0.0, f64::max).max(1e-9) * 1.15;
         let n = rows.len() as f64;
+        // Room under the axis for each bar's number (the key's): the values' axis starts
+        // below 0, its labels there left out.
+        let floor = -top_v * 0.08;
+        // The values' labels to the digits their scale needs (the key points are sums of
+        // floats: 0.060000000000000005 otherwise).
+        let decimals = match top_v {
+            v if v >= 10.0 => 0,
+            v if v >= 1.0 => 1,
+            v if v >= 0.1 => 2,
+            _ => 3,
+        };
         let mut c = ChartBuilder::on(area)
             .caption(title, ("sans-serif", 16))
             .margin(10)
-            .x_label_area_size(30)
+            .x_label_area_size(10)
             .y_label_area_size(50)
-            .build_cartesian_2d(0f64..n, 0f64..top_v)
+            .build_cartesian_2d(0f64..n, floor..top_v)
             .map_err(|e| err(&e))?;
         c.configure_mesh()
             .disable_x_mesh()
             .x_labels(0)
+            .y_label_formatter(&|y| match *y {
+                y if y < 0.0 => String::new(),
+                y => format!("{y:.*}", decimals),
+            })
             .light_line_style(WHITE.mix(0.0))
             .draw()
             .map_err(|e| err(&e))?;
+        c.draw_series(std::iter::once(PathElement::new(
+            vec![(0.0, 0.0), (n, 0.0)],
+            BLACK.mix(0.4).stroke_width(1),
+        )))
+        .map_err(|e| err(&e))?;
+        c.draw_series((0..rows.len()).map(|i| {
+            Text::new(
+                format!("{}", i + 1),
+                (i as f64 + 0.3, floor * 0.85),
+                ("sans-serif", if rows.len() > 12 { 9 } else { 12 }),
+            )
+        }))
+        .map_err(|e| err(&e))?;
         // A recipe with no timed step (or no reading) has no bar, and `-` for its value.
         c.draw_series(
             values
@@ -217,19 +281,28 @@ fn bars(bottom: &Area, rows: &[Row], err: Err) -> Result<(), String> {
                 }),
         )
         .map_err(|e| err(&e))?;
-        c.draw_series(values.iter().enumerate().map(|(i, v)| {
-            let (label, y) = if v.is_finite() {
-                (format!("{v:.1}"), *v)
-            } else {
-                ("-".to_string(), 0.0)
-            };
-            Text::new(
-                label,
-                (i as f64 + 0.2, y + top_v * 0.035),
-                ("sans-serif", 13),
-            )
-        }))
-        .map_err(|e| err(&e))?;
+        // Each bar's value over it, while there is room (past 16 bars they overlap: the
+        // table has the numbers).
+        let value_font = match rows.len() {
+            0..=8 => 13,
+            9..=16 => 10,
+            _ => 0,
+        };
+        if value_font > 0 {
+            c.draw_series(values.iter().enumerate().map(|(i, v)| {
+                let (label, y) = if v.is_finite() {
+                    (format!("{v:.*}", decimals.max(1)), *v)
+                } else {
+                    ("-".to_string(), 0.0)
+                };
+                Text::new(
+                    label,
+                    (i as f64 + 0.15, y + top_v * 0.035),
+                    ("sans-serif", value_font),
+                )
+            }))
+            .map_err(|e| err(&e))?;
+        }
     }
     Ok(())
 }

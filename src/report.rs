@@ -402,7 +402,7 @@ fn flatten(prefix: &str, table: &toml::Table, out: &mut Vec<(String, String)>) {
 /// a row of its own, `name [recipe.toml unreadable]`: compared with them key by key, it
 /// differed in every key, and every row's label listed them all. The keys are found once
 /// per name (it compared every pair of runs: 24 s for 2,000 repeats).
-fn labels(runs: &[Run]) -> Vec<String> {
+pub(crate) fn labels(runs: &[Run]) -> Vec<String> {
     use std::collections::{BTreeMap, BTreeSet, HashMap};
     let maps: Vec<HashMap<&str, &str>> = runs
         .iter()

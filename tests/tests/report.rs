@@ -523,6 +523,30 @@ fn report_keeps_different_recipes_of_one_name_apart_in_the_order_given() {
     let table = String::from_utf8_lossy(&out.stdout);
     let base = table.lines().find(|l| l.starts_with(second)).unwrap();
     assert!(base.trim_end().ends_with("baseline"), "{table}");
+    // The plot draws each row's runs in its own colour and keys them by the row's label
+    // (the runs' name matched no label: both were drawn in the first's colour, keyed
+    // `zz` once).
+    let svg = dir.join("zz.svg");
+    let out = runner_cmd()
+        .arg("report")
+        .arg(dir.join("runs/zz"))
+        .arg("--plot")
+        .arg(&svg)
+        .output()
+        .unwrap();
+    expect_exit(&out, 0);
+    let picture = std::fs::read_to_string(&svg).unwrap();
+    for (n, (label, colour)) in [(first, "#0072B2"), (second, "#E69F00")].iter().enumerate() {
+        assert!(
+            picture.contains(&format!("{}  {label}", n + 1)),
+            "{label} not in the key"
+        );
+        // A step-time line (1 px) of that colour.
+        assert!(
+            picture.contains(&format!("stroke=\"{colour}\" stroke-width=\"1\"")),
+            "no run drawn in {colour}"
+        );
+    }
     // So is the same CPU with another thread count (`threads = 0` is one per core).
     s["device"] = here.into();
     std::fs::write(&moved, serde_json::to_string(&s).unwrap()).unwrap();

@@ -432,7 +432,10 @@ fn wgpu_a_resume_keeps_the_start_s_env_json() {
     expect_exit(&child.wait_with_output().unwrap(), 143);
     let run = metrics.parent().unwrap();
     let start = json(&run.join("env.json"));
-    assert!(start["kernel_counts"]["compiled"].as_u64().unwrap() > 0, "{start}");
+    assert!(
+        start["kernel_counts"]["compiled"].as_u64().unwrap() > 0,
+        "{start}"
+    );
     let out = crate::common::resume_quietly(run);
     expect_exit(&out, 0);
     let env = json(&run.join("env.json"));
