@@ -327,13 +327,16 @@ impl Progress {
     /// Starts the display, in its start-up phase (`cache`: where kernels are cached, for
     /// the lines that say so; `None` on the CPU).
     pub fn new(plan: &Plan, quiet: bool, cache: Option<PathBuf>) -> Self {
-        let show_bar =
-            !quiet && plan.log.progress && std::io::IsTerminal::is_terminal(&std::io::stderr());
+        // A bar where indicatif draws one: on a terminal, not a dumb one (TERM=dumb or
+        // unset: Emacs' shell, some CI terminals), where it draws nothing and every line
+        // sent through it was lost; there the lines are printed as into a file.
+        let target = ProgressDrawTarget::stderr_with_hz(4);
+        let show_bar = !quiet
+            && plan.log.progress
+            && std::io::IsTerminal::is_terminal(&std::io::stderr())
+            && !target.is_hidden();
         let bar = show_bar.then(|| {
-            let b = ProgressBar::with_draw_target(
-                Some(plan.run.total_steps),
-                ProgressDrawTarget::stderr_with_hz(4),
-            );
+            let b = ProgressBar::with_draw_target(Some(plan.run.total_steps), target);
             b.set_style(
                 ProgressStyle::with_template(
                     "{prefix} [{bar:30}] {pos}/{len} steps  {msg}  eta {eta}",

@@ -278,3 +278,76 @@ fn warmup_covers_the_shapes_of_every_epoch_a_text_run_reaches() {
         "{stdout} (the first {steps} steps had {taken} shapes)"
     );
 }
+
+/// `cmd` with its stderr on a pseudo-terminal (`TERM` as given, or unset): its exit and
+/// what the terminal received.
+#[cfg(target_os = "linux")]
+fn on_a_terminal(mut cmd: std::process::Command, term: Option<&str>) -> (i32, String) {
+    use std::io::Read;
+    use std::os::fd::FromRawFd;
+    let (mut master, mut slave) = (0, 0);
+    // SAFETY: two out-pointers to ints; no name, default settings and size.
+    let opened = unsafe {
+        libc::openpty(
+            &mut master,
+            &mut slave,
+            std::ptr::null_mut(),
+            std::ptr::null(),
+            std::ptr::null(),
+        )
+    };
+    assert_eq!(opened, 0, "openpty");
+    // SAFETY: both descriptors were just opened for this test, each owned once.
+    let (mut master, slave) = unsafe {
+        (
+            std::fs::File::from_raw_fd(master),
+            std::os::fd::OwnedFd::from_raw_fd(slave),
+        )
+    };
+    match term {
+        Some(t) => cmd.env("TERM", t),
+        None => cmd.env_remove("TERM"),
+    };
+    cmd.stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::from(slave));
+    let mut child = cmd.spawn().unwrap();
+    // The terminal's other end is the child's alone now: its exit ends the reading.
+    drop(cmd);
+    let mut seen = vec![];
+    let mut buf = [0u8; 4096];
+    // Linux says EIO once no process holds the terminal.
+    while let Ok(n @ 1..) = master.read(&mut buf) {
+        seen.extend_from_slice(&buf[..n]);
+    }
+    let status = child.wait().unwrap();
+    (
+        status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&seen).into_owned(),
+    )
+}
+
+/// On a terminal the start-up, epoch and test lines are printed, whatever the terminal:
+/// on a dumb one (`TERM=dumb` or unset: Emacs' shell, some CI terminals), where no bar is
+/// drawn, every line went into the hidden bar and was lost.
+#[cfg(target_os = "linux")]
+#[test]
+fn progress_lines_reach_any_terminal() {
+    let dir = tempdir("pty");
+    let recipe = tiny_recipe(&dir, "pty", "");
+    for term in [Some("xterm-256color"), Some("dumb"), None] {
+        let mut cmd = runner_cmd();
+        cmd.arg(&recipe);
+        let (code, seen) = on_a_terminal(cmd, term);
+        assert_eq!(code, 0, "TERM={term:?}: {seen}");
+        for line in [
+            "pty: first step done",
+            "epoch 1/1: 4 steps",
+            "test: accuracy",
+        ] {
+            assert!(
+                seen.contains(line),
+                "TERM={term:?}: no {line:?} in {seen:?}"
+            );
+        }
+    }
+}
