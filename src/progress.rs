@@ -359,7 +359,8 @@ impl Progress {
         Self {
             bar,
             quiet,
-            epochs: plan.run.epochs,
+            // Those the run reaches: `run.max_steps` can end it sooner.
+            epochs: plan.run.epochs_reached(),
             name: plan.name.clone(),
             ticker,
             watch,
@@ -441,7 +442,14 @@ impl Progress {
 
     /// The epoch's line, from its records and its last step's if that one's line is still
     /// `held` (for the checkpoint at the epoch's end).
-    pub fn epoch_end(&mut self, epoch: usize, records: &[StepRecord], held: Option<&StepRecord>) {
+    /// `cut_short`: `run.max_steps` ended the run inside this epoch.
+    pub fn epoch_end(
+        &mut self,
+        epoch: usize,
+        records: &[StepRecord],
+        held: Option<&StepRecord>,
+        cut_short: bool,
+    ) {
         let this: Vec<&StepRecord> = records
             .iter()
             .chain(held)
@@ -453,10 +461,15 @@ impl Progress {
         let loss = this.iter().map(|r| r.loss).sum::<f64>() / this.len() as f64;
         let iters: Vec<f64> = this.iter().map(|r| r.iter_ms).collect();
         self.line(format!(
-            "epoch {}/{}: {} steps, mean loss {loss:.4}, median {:.1} ms/iter",
+            "epoch {}/{}: {} steps{}, mean loss {loss:.4}, median {:.1} ms/iter",
             epoch + 1,
             self.epochs,
             this.len(),
+            if cut_short {
+                " (the run's last: run.max_steps ended it inside the epoch)"
+            } else {
+                ""
+            },
             Stats::of(&iters).median
         ));
     }

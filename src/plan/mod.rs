@@ -394,6 +394,15 @@ pub struct RunPlan {
     pub watch: Option<Watch>,
 }
 
+impl RunPlan {
+    /// The epochs the run reaches: `epochs`, or fewer where `max_steps` ends it sooner (at
+    /// least one; the last may be cut short).
+    pub fn epochs_reached(&self) -> usize {
+        let reached = self.total_steps.div_ceil(self.steps_per_epoch.max(1)) as usize;
+        self.epochs.min(reached).max(1)
+    }
+}
+
 /// The validation metric a run watches: the best model is kept (`model-best.safetensors`)
 /// and, with `patience`, the run stops when it no longer improves.
 #[derive(Debug, Clone, PartialEq)]

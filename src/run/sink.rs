@@ -134,8 +134,9 @@ impl Sink for FileSink {
             &[("eval/accuracy", e.accuracy), ("eval/loss", e.loss)],
         );
     }
-    fn epoch_end(&mut self, epoch: usize, held: Option<&StepRecord>) {
-        self.progress.epoch_end(epoch, &self.records, held);
+    fn epoch_end(&mut self, epoch: usize, held: Option<&StepRecord>, cut_short: bool) {
+        self.progress
+            .epoch_end(epoch, &self.records, held, cut_short);
     }
     fn phase(&mut self, what: &str) {
         self.progress.phase(what);

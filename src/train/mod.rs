@@ -44,8 +44,9 @@ pub trait Sink {
     /// Each optimizer step's record, in order (written when its loss has been read back).
     fn step(&mut self, record: &StepRecord);
     fn eval(&mut self, eval: &EvalRecord);
-    /// `held`: the epoch's last step, if its line waits for the checkpoint at its end.
-    fn epoch_end(&mut self, epoch: usize, held: Option<&StepRecord>);
+    /// `held`: the epoch's last step, if its line waits for the checkpoint at its end;
+    /// `cut_short`: `run.max_steps` ended the run inside the epoch.
+    fn epoch_end(&mut self, epoch: usize, held: Option<&StepRecord>, cut_short: bool);
     /// What the start-up phase is doing (before the first step is done).
     fn phase(&mut self, _what: &str) {}
     /// The first step is done on the device (its kernels compiled and tuned); `step_ms`

@@ -475,8 +475,8 @@ impl<'a, B: TrainBackend> Trainer<'a, B> {
         let plan = self.io.plan;
         if !cut_short {
             self.epochs_completed = epoch + 1;
-            sink.epoch_end(epoch, self.held.as_ref());
         }
+        sink.epoch_end(epoch, self.held.as_ref(), cut_short);
         // Validation every epoch, or every N steps where the N-th is the epoch's last (the
         // step itself leaves that one to the epoch's end, which comes next).
         let cadence = self.cadence();

@@ -94,9 +94,7 @@ pub fn kernel_signature(p: &Plan) -> String {
 /// The epochs a run of `plan` reaches: `run.epochs`, or fewer where `run.max_steps` ends
 /// it sooner (at least one).
 pub fn epochs_reached(plan: &Plan) -> usize {
-    let r = &plan.run;
-    let reached = r.total_steps.div_ceil(r.steps_per_epoch.max(1)) as usize;
-    r.epochs.min(reached).max(1)
+    plan.run.epochs_reached()
 }
 
 /// Runs once each computation a run of `plan` will run, so that its kernels are compiled

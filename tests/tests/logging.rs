@@ -301,3 +301,28 @@ fn a_checkpoint_is_not_part_of_its_steps_time() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Where `run.max_steps` ends a run inside an epoch, the epoch lines count the epochs the
+/// run reaches, and the cut epoch has its line, saying so (it said "epoch 1/3" of a run
+/// of 1.5 epochs, and nothing of the half epoch, whose test line then stood alone).
+#[test]
+fn epoch_lines_count_the_epochs_max_steps_leaves() {
+    let dir = tempdir("epoch-lines");
+    // 100 samples in batches of 32: 4 steps an epoch; 6 steps end the run in the second.
+    let recipe = tiny_recipe(&dir, "cut", "");
+    let out = runner_cmd()
+        .arg(&recipe)
+        .args(["--set", "run.epochs=3", "--set", "run.max_steps=6"])
+        .output()
+        .unwrap();
+    expect_exit(&out, 0);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("epoch 1/2: 4 steps, mean loss"), "{err}");
+    assert!(
+        err.contains(
+            "epoch 2/2: 2 steps (the run's last: run.max_steps ended it inside the epoch), mean loss"
+        ),
+        "{err}"
+    );
+    assert!(!err.contains("epoch 3"), "{err}");
+}
