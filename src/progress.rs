@@ -33,6 +33,23 @@ pub struct Progress {
     total_steps: u64,
     /// Without a terminal (a Slurm log, `nohup`): a step line every `STEP_LINE_EVERY`.
     step_lines: Option<StepLines>,
+    /// The bar's last steps' times, for its ms/iter (one step's time jumps about).
+    recent_ms: std::collections::VecDeque<f64>,
+}
+
+/// The bar's ms/iter is the median of this many last steps.
+const RECENT_STEPS: usize = 20;
+
+/// The bar's prefix: the run's name, its end where it is long (a grid cell's name ends in
+/// the values that tell it from the others), so that the bar keeps to one line.
+fn bar_prefix(name: &str) -> String {
+    const MAX: usize = 36;
+    let n = name.chars().count();
+    if n <= MAX {
+        return name.to_string();
+    }
+    let tail: String = name.chars().skip(n - (MAX - 1)).collect();
+    format!("…{tail}")
 }
 
 /// Without a terminal there is no bar: a line every this long says where training is
@@ -338,13 +355,15 @@ impl Progress {
         let bar = show_bar.then(|| {
             let b = ProgressBar::with_draw_target(Some(plan.run.total_steps), target);
             b.set_style(
+                // The message last, cut to the terminal's width (it wrapped at 80 columns,
+                // every redraw a line more).
                 ProgressStyle::with_template(
-                    "{prefix} [{bar:30}] {pos}/{len} steps  {msg}  eta {eta}",
+                    "{prefix} [{bar:16}] {pos}/{len} eta {eta}  {wide_msg}",
                 )
                 .expect("valid template")
                 .progress_chars("=> "),
             );
-            b.set_prefix(plan.name.clone());
+            b.set_prefix(bar_prefix(&plan.name));
             b
         });
         let watch = cache.is_some();
@@ -367,6 +386,7 @@ impl Progress {
             started: false,
             total_steps: plan.run.total_steps,
             step_lines,
+            recent_ms: Default::default(),
         }
     }
 
@@ -415,12 +435,18 @@ impl Progress {
             }
         }
         if let Some(b) = &self.bar {
+            if self.recent_ms.len() == RECENT_STEPS {
+                self.recent_ms.pop_front();
+            }
+            self.recent_ms.push_back(r.iter_ms);
+            let recent: Vec<f64> = self.recent_ms.iter().copied().collect();
             b.set_position(r.step);
             b.set_message(format!(
-                "epoch {}  loss {:.4}  {:.1} ms/iter",
+                "epoch {}/{}  loss {:.4}  {:.1} ms/iter",
                 r.epoch + 1,
+                self.epochs,
                 r.loss,
-                r.iter_ms
+                Stats::of(&recent).median
             ));
         }
     }
@@ -466,7 +492,7 @@ impl Progress {
             self.epochs,
             this.len(),
             if cut_short {
-                " (the run's last: run.max_steps ended it inside the epoch)"
+                " (cut short by run.max_steps)"
             } else {
                 ""
             },

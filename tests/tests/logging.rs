@@ -319,9 +319,7 @@ fn epoch_lines_count_the_epochs_max_steps_leaves() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("epoch 1/2: 4 steps, mean loss"), "{err}");
     assert!(
-        err.contains(
-            "epoch 2/2: 2 steps (the run's last: run.max_steps ended it inside the epoch), mean loss"
-        ),
+        err.contains("epoch 2/2: 2 steps (cut short by run.max_steps), mean loss"),
         "{err}"
     );
     assert!(!err.contains("epoch 3"), "{err}");

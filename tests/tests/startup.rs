@@ -279,21 +279,27 @@ fn warmup_covers_the_shapes_of_every_epoch_a_text_run_reaches() {
     );
 }
 
-/// `cmd` with its stderr on a pseudo-terminal (`TERM` as given, or unset): its exit and
-/// what the terminal received.
+/// `cmd` with its stderr on a pseudo-terminal of 80 columns (`TERM` as given, or unset):
+/// its exit and what the terminal received.
 #[cfg(target_os = "linux")]
 fn on_a_terminal(mut cmd: std::process::Command, term: Option<&str>) -> (i32, String) {
     use std::io::Read;
     use std::os::fd::FromRawFd;
     let (mut master, mut slave) = (0, 0);
-    // SAFETY: two out-pointers to ints; no name, default settings and size.
+    let size = libc::winsize {
+        ws_row: 24,
+        ws_col: 80,
+        ws_xpixel: 0,
+        ws_ypixel: 0,
+    };
+    // SAFETY: two out-pointers to ints, no name, default settings, an 80 × 24 window.
     let opened = unsafe {
         libc::openpty(
             &mut master,
             &mut slave,
             std::ptr::null_mut(),
             std::ptr::null(),
-            std::ptr::null(),
+            &size,
         )
     };
     assert_eq!(opened, 0, "openpty");
@@ -328,25 +334,67 @@ fn on_a_terminal(mut cmd: std::process::Command, term: Option<&str>) -> (i32, St
 
 /// On a terminal the start-up, epoch and test lines are printed, whatever the terminal:
 /// on a dumb one (`TERM=dumb` or unset: Emacs' shell, some CI terminals), where no bar is
-/// drawn, every line went into the hidden bar and was lost.
+/// drawn, every line went into the hidden bar and was lost. The bar keeps to the
+/// terminal's width, a long name too (it wrapped at 80 columns, a line more each redraw).
 #[cfg(target_os = "linux")]
 #[test]
 fn progress_lines_reach_any_terminal() {
     let dir = tempdir("pty");
+    let name = "a_grid_with_a_long_name/cleanup.every=never,loader.workers=2";
     let recipe = tiny_recipe(&dir, "pty", "");
     for term in [Some("xterm-256color"), Some("dumb"), None] {
         let mut cmd = runner_cmd();
-        cmd.arg(&recipe);
+        cmd.arg(&recipe)
+            .args(["--set", "run.epochs=40", "--set", "run.max_steps=150"])
+            .args(["--set", &format!("name=\"{name}\"")]);
         let (code, seen) = on_a_terminal(cmd, term);
         assert_eq!(code, 0, "TERM={term:?}: {seen}");
         for line in [
-            "pty: first step done",
-            "epoch 1/1: 4 steps",
+            &format!("{name}: first step done"),
+            "epoch 1/38: 4 steps",
             "test: accuracy",
         ] {
             assert!(
                 seen.contains(line),
                 "TERM={term:?}: no {line:?} in {seen:?}"
+            );
+        }
+        // What the terminal shows between cursor moves and line ends: the bar's draws.
+        let mut plain = String::new();
+        let mut chars = seen.chars();
+        while let Some(c) = chars.next() {
+            if c == '\x1b' {
+                // CSI: ESC [ parameters, then a letter.
+                chars.next();
+                for d in chars.by_ref() {
+                    if d.is_ascii_alphabetic() {
+                        break;
+                    }
+                }
+                plain.push('\n');
+            } else {
+                plain.push(c);
+            }
+        }
+        // A line indicatif prints is padded to the width, the bar drawn after it: each
+        // draw from the bar's prefix (the name's end) on.
+        let prefix: String = {
+            let n = name.chars().count();
+            format!("…{}", name.chars().skip(n - 35).collect::<String>())
+        };
+        let bars: Vec<&str> = plain
+            .split(['\r', '\n'])
+            .filter_map(|l| l.find(&prefix).map(|at| l[at..].trim_end()))
+            .filter(|l| l.contains(" eta "))
+            .collect();
+        if term == Some("xterm-256color") {
+            assert!(!bars.is_empty(), "no bar drawn: {seen:?}");
+        }
+        for b in bars {
+            assert!(
+                b.chars().count() <= 80,
+                "{} columns: {b:?}",
+                b.chars().count()
             );
         }
     }
