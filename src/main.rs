@@ -24,6 +24,7 @@ use runner::sweep::{self, Checked};
     version,
     about = "Declarative experiment runner for deep-learning training on Burn",
     args_conflicts_with_subcommands = true,
+    arg_required_else_help = true,
     subcommand_negates_reqs = true
 )]
 struct Cli {

@@ -947,7 +947,9 @@ pub fn render(rows: &[Row], format: Format) -> String {
          combined spread; ?: a spread is unknown, so noise cannot be told apart. vs baseline: the \
          row's ms/iter over the baseline's (above 1x: slower per iteration); a row whose \
          steps take another number of samples (batch × accumulation) is compared per sample \
-         (x/sample: the baseline's samples/s over the row's).\n",
+         (x/sample: the baseline's samples/s over the row's). p95 ms, samples/s, data wait % and \
+         cleanup %: means over the timed runs; GPU/CPU util % and test acc %: means over the runs \
+         (CPU util: of all the machine's cores); memory: the largest over the runs.\n",
     );
     out
 }

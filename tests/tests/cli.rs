@@ -1209,3 +1209,15 @@ fn a_mistyped_command_is_said_as_one() {
     expect_exit(&out, 2);
     assert!(!String::from_utf8_lossy(&out.stderr).contains("did you mean `runner"));
 }
+
+/// `runner` alone shows what it can do (its commands and options), exit 2; it said only
+/// that a recipe was required.
+#[test]
+fn runner_alone_shows_its_help() {
+    let out = runner_cmd().output().unwrap();
+    expect_exit(&out, 2);
+    let err = String::from_utf8_lossy(&out.stderr);
+    for want in ["Usage: runner", "Commands:", "validate", "report", "--set"] {
+        assert!(err.contains(want), "{want}: {err}");
+    }
+}
