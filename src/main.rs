@@ -262,17 +262,31 @@ fn check_all(args: &CheckArgs, machine: &Machine) -> Option<Vec<Checked>> {
     }
     let mut out = vec![];
     let mut ok = true;
+    // Once per call: the recipes that extend one file share its findings (a warning of
+    // spamassassin.toml was said three times, for it and the two that extend it).
+    let mut warned = vec![];
     for path in &args.recipes {
         let result = sweep::check(path, &args.sets, machine, args.max_cells);
         match result {
             Ok(c) => {
-                let mut warned = vec![];
                 for w in c.plans.iter().flat_map(|p| &p.warnings) {
                     let text = w.to_string();
-                    if !warned.contains(&text) {
-                        runner::errln!("{text}");
-                        warned.push(text);
+                    if warned.contains(&text) {
+                        continue;
                     }
+                    warned.push(text);
+                    // Found in a file the recipe extends: which recipe brought it here.
+                    let mut shown = w.clone();
+                    let elsewhere =
+                        w.file != *path && w.file.extension().is_some_and(|e| e == "toml");
+                    if elsewhere {
+                        let by = format!("{} extends it", path.display());
+                        shown.note = Some(match &w.note {
+                            Some(n) => format!("{n}; {by}"),
+                            None => by,
+                        });
+                    }
+                    runner::errln!("{shown}");
                 }
                 out.push(c);
             }

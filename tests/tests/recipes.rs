@@ -969,3 +969,33 @@ fn a_validation_cadence_past_the_run_is_warned_of() {
     let stderr = validate("20");
     assert!(!stderr.contains("never evaluated"), "{stderr}");
 }
+
+/// A warning found in a file that several recipes of one call extend is said once, with
+/// the recipe that brought it (it was said once per recipe, none named).
+#[test]
+fn a_shared_warning_is_said_once_naming_the_recipe_that_extends_it() {
+    let out = runner_cmd()
+        .args([
+            "validate",
+            "recipes/text/spamassassin_bucket.toml",
+            "recipes/text/spamassassin.toml",
+        ])
+        .output()
+        .unwrap();
+    expect_exit(&out, 0);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(
+        err.matches("warning: recipes/text/spamassassin.toml:")
+            .count(),
+        1,
+        "{err}"
+    );
+    assert!(
+        err.contains("= note: recipes/text/spamassassin_bucket.toml extends it"),
+        "{err}"
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).matches("ok: ").count(),
+        2
+    );
+}
