@@ -567,6 +567,19 @@ fn folder_of(path: &Path) -> Option<(u64, u64)> {
     std::fs::metadata(parent).ok().map(|m| (m.dev(), m.ino()))
 }
 
+/// Held while a line is written to any [`JsonLines`], and for good by a process about to
+/// exit at a second signal ([`stop_line_writes`]): the summary it writes counts the lines
+/// on disk, and the training thread, going on meanwhile, wrote one more (a summary of 49
+/// steps beside 50 lines).
+static LINE_WRITES: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// No line is written to any [`JsonLines`] of this process from now on (one being written
+/// is finished first); a writer waits until the process exits. For the second signal's
+/// exit only.
+pub fn stop_line_writes() {
+    std::mem::forget(LINE_WRITES.lock().unwrap_or_else(|e| e.into_inner()));
+}
+
 impl JsonLines {
     pub fn create(path: &Path) -> std::io::Result<Self> {
         Ok(Self {
@@ -668,6 +681,7 @@ impl JsonLines {
     /// Appends one line of text (without its newline), as `write` does.
     pub fn write_line(&mut self, mut line: String) -> std::io::Result<()> {
         use std::io::{Seek, SeekFrom};
+        let _writing = LINE_WRITES.lock().unwrap_or_else(|e| e.into_inner());
         self.keep_named()?;
         line.push('\n');
         match self

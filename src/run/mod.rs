@@ -570,7 +570,9 @@ fn stop_at_second_signal(
         let Ok(d) = held.now() else {
             return "exiting now; the run directory is gone".into();
         };
-        // The lines written so far (one being written is not yet a line).
+        // The lines written so far, and no more after them: the summary counts these (one
+        // being written is finished first).
+        crate::metrics::stop_line_writes();
         let text = std::fs::read_to_string(d.join("metrics.jsonl")).unwrap_or_default();
         let records: Vec<StepRecord> = JsonLines::records(&text).unwrap_or_default();
         summary.absorb(&records, warmup);
