@@ -423,6 +423,10 @@ pub struct Summary {
     /// run, and how long the tuning took.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub kernels: Option<KernelCounts>,
+    /// `model.safetensors`'s SHA-256 as the run saved it: `runner eval` checks the file
+    /// against it, and two runs' weights compare by it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub weights_sha256: Option<String>,
 }
 
 impl Summary {

@@ -107,6 +107,23 @@ impl backend::Job for Job<'_> {
     }
 }
 
+/// How `weights` differs from the file the run saved (the summary's SHA-256); `None`
+/// where it is the same, or the summary does not say (runs of earlier versions).
+fn weights_changed(run_dir: &Path, weights: &Path) -> Option<String> {
+    let summary: crate::metrics::Summary =
+        serde_json::from_str(&std::fs::read_to_string(run_dir.join("summary.json")).ok()?).ok()?;
+    let saved = summary.weights_sha256?;
+    let now = crate::checkpoint::sha256_of(weights).ok()?;
+    (now != saved).then(|| {
+        format!(
+            "{} is not the file the run saved (SHA-256 {}…, the run's {}…)",
+            weights.display(),
+            &now[..12],
+            &saved[..12.min(saved.len())]
+        )
+    })
+}
+
 /// Evaluates `run_dir/model.safetensors` without training. `data` replaces the recipe's
 /// test set (it is checked as `data.test` would be: format, records, labels).
 pub fn eval(
@@ -225,6 +242,15 @@ pub fn eval(
                 run_dir.display()
             ))
         })?;
+    // Weights that load but are not those the run saved (a byte changed on disk, another
+    // run's file copied in): scored, and said.
+    if !best {
+        if let Some(why) = weights_changed(run_dir, &weights) {
+            crate::errln!(
+                "warning: {why}: damaged or replaced since\n  = help: this score is not of the weights the run saved; restore them from a copy, or train again"
+            );
+        }
+    }
     // Absolute, as the resolved recipe's data paths: the working directory is not written.
     let whole = |p: &Path| std::path::absolute(p).unwrap_or_else(|_| p.to_path_buf());
     let mut report = EvalReport {

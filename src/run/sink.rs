@@ -38,6 +38,8 @@ pub(super) struct FileSink {
     validations: Vec<EvalRecord>,
     best: Option<(u64, f64)>,
     early_stopped: Option<u64>,
+    /// The final weights' SHA-256, once saved.
+    weights_sha256: Option<String>,
 }
 
 impl FileSink {
@@ -222,7 +224,8 @@ impl Sink for FileSink {
         crate::signals::say_received();
         Some(train::Stop::Signal(stop))
     }
-    fn weights_saved(&mut self) {
+    fn weights_saved(&mut self, sha256: &str) {
+        self.weights_sha256 = Some(sha256.to_string());
         crate::signals::final_weights_saved();
     }
     fn first_step(&mut self, step_ms: f64) {
@@ -272,6 +275,7 @@ impl FileSink {
             validations: summary.validations.clone(),
             best: summary.best_step.zip(summary.best_value),
             early_stopped: None,
+            weights_sha256: None,
         }
     }
 }
@@ -362,6 +366,9 @@ pub(super) fn record(summary: &mut Summary, sink: &FileSink, plan: &Plan) {
     summary.best_step = sink.best.map(|b| b.0);
     summary.best_value = sink.best.map(|b| b.1);
     summary.early_stopped_at_step = sink.early_stopped;
+    if let Some(sum) = &sink.weights_sha256 {
+        summary.weights_sha256 = Some(sum.clone());
+    }
 }
 
 /// On CUDA, the kernels compiled and tuned during the run, into the summary and env.json:

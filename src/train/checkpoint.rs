@@ -488,11 +488,12 @@ fn shapes<B: crate::ops::ModelBackend>(model: &Net<B>) -> Vec<Vec<usize>> {
     s.0
 }
 
-/// Saves the weights as safetensors (burn-store), written under a temporary name first.
+/// Saves the weights as safetensors (burn-store), written under a temporary name first;
+/// returns the file's SHA-256 (hex), which the summary keeps.
 pub fn save_weights<B: crate::ops::ModelBackend>(
     model: &Net<B>,
     path: &Path,
-) -> Result<(), String> {
+) -> Result<String, String> {
     use burn_store::{ModuleSnapshot, SafetensorsStore};
     let tmp = path.with_extension("safetensors.tmp");
     // One metadata entry: Burn's three are kept in a HashMap, written in a random order, so
@@ -505,12 +506,33 @@ pub fn save_weights<B: crate::ops::ModelBackend>(
     let saved = model
         .save_into(&mut store)
         .map_err(|e| format!("{}: {e}", path.display()))
-        .and_then(|()| std::fs::rename(&tmp, path).map_err(|e| format!("{}: {e}", path.display())));
+        .and_then(|()| sha256_of(&tmp).map_err(|e| format!("{}: {e}", path.display())))
+        .and_then(|sum| {
+            std::fs::rename(&tmp, path)
+                .map(|()| sum)
+                .map_err(|e| format!("{}: {e}", path.display()))
+        });
     if saved.is_err() {
         // On a full disk, the space it held is what the summary needs next.
         let _ = std::fs::remove_file(&tmp);
     }
     saved
+}
+
+/// A file's SHA-256, in hex, read in pieces (a ResNet-50's weights are 94 MB).
+pub fn sha256_of(path: &Path) -> std::io::Result<String> {
+    use sha2::{Digest, Sha256};
+    use std::io::Read;
+    let mut f = std::fs::File::open(path)?;
+    let mut h = Sha256::new();
+    let mut buf = vec![0u8; 1 << 20];
+    loop {
+        match f.read(&mut buf)? {
+            0 => break,
+            n => h.update(&buf[..n]),
+        }
+    }
+    Ok(h.finalize().iter().map(|x| format!("{x:02x}")).collect())
 }
 
 /// Loads weights saved by `save_weights` into a model of the same recipe.

@@ -65,7 +65,8 @@ pub trait Sink {
     /// A line for the person watching (the progress display's, or stderr's).
     fn note(&mut self, _line: &str) {}
     /// The trained weights are saved (`model.safetensors`), before the final evaluation.
-    fn weights_saved(&mut self) {}
+    /// The final weights are saved, their file's SHA-256 `sha256`.
+    fn weights_saved(&mut self, _sha256: &str) {}
     /// An evaluation on the validation set (`data.validation`).
     fn validation(&mut self, _eval: &EvalRecord) {}
     /// A new best validation metric (its weights are in `model-best.safetensors`).

@@ -543,10 +543,10 @@ impl<'a, B: TrainBackend> Trainer<'a, B> {
         let saved = p.dir(sink).and_then(|dir| {
             checkpoint::save_weights(&self.model.valid(), &dir.join(WEIGHTS)).map_err(Stop::Failed)
         });
-        if saved.is_ok() {
-            sink.weights_saved();
+        if let Ok(sum) = &saved {
+            sink.weights_saved(sum);
         }
-        self.final_weights = Some(saved);
+        self.final_weights = Some(saved.map(|_| ()));
     }
 
     /// The run's end: what is pending is written whatever stopped the loop, and a

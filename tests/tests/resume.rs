@@ -1770,3 +1770,35 @@ fn eval_says_when_the_test_data_is_not_what_the_run_read() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// The summary keeps the saved weights' SHA-256, and `runner eval` of a file that is no
+/// longer the one saved (a flipped byte in a tensor: it still loads) says so and scores it.
+#[test]
+fn eval_says_when_the_weights_are_not_those_the_run_saved() {
+    let dir = tempdir("eval-sha");
+    let recipe = tiny_recipe(&dir, "w", "");
+    expect_exit(&runner_cmd().arg(&recipe).arg("-q").output().unwrap(), 0);
+    let run = only_run(&dir.join("runs/w"));
+    let weights = run.join("model.safetensors");
+    let saved = summary(&run).weights_sha256.expect("weights_sha256");
+    assert_eq!(saved, runner::checkpoint::sha256_of(&weights).unwrap());
+    let out = runner_cmd().arg("eval").arg(&run).output().unwrap();
+    expect_exit(&out, 0);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!stderr.contains("not the file the run saved"), "{stderr}");
+    // One byte of the last tensor's data (the header, at the start, is left whole).
+    let mut bytes = std::fs::read(&weights).unwrap();
+    let at = bytes.len() - 3;
+    bytes[at] ^= 0x40;
+    std::fs::write(&weights, &bytes).unwrap();
+    let out = runner_cmd().arg("eval").arg(&run).output().unwrap();
+    expect_exit(&out, 0);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains(&format!(
+            "warning: {} is not the file the run saved (SHA-256 ",
+            weights.display()
+        )) && stderr.contains(&format!("the run's {}…)", &saved[..12])),
+        "{stderr}"
+    );
+}
