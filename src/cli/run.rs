@@ -239,41 +239,13 @@ pub(crate) fn run_grid(c: &Checked, sel: Selection, opts: &RunOptions) -> Result
         c.cells.len(),
         dir.dir.display()
     );
+    let mut stop: Option<RunError> = None;
+    let resuming = sel.resume;
     // A cell's id names its data by path: a done cell whose run trained on other files at
     // those paths (a git pull, a --set path from another working directory) is not this
     // grid's cell done, and runs again (it was skipped as done).
-    if sel.resume {
-        for cell in c.cells.iter().filter(|cell| sel.takes(cell.index)) {
-            let Some(run_dir) = dir
-                .status(cell)
-                .filter(|_| dir.is_done(cell))
-                .and_then(|s| s.run_dir)
-            else {
-                continue;
-            };
-            if let Some(why) = run::other_data(&run_dir, &c.plans[cell.index]) {
-                runner::errln!(
-                    "{}: its run {} trained on other data ({why}): the cell runs again",
-                    cell.name,
-                    run_dir.display()
-                );
-                // (Its run directory left unnamed: a status naming a completed run is
-                // taken as done.)
-                let _ = dir.mark(
-                    cell,
-                    State::Failed,
-                    None,
-                    Some(format!(
-                        "its run {} trained on other data: {why}",
-                        run_dir.display()
-                    )),
-                );
-            }
-        }
-    }
-    let mut stop: Option<RunError> = None;
-    let resuming = sel.resume;
-    let outcome = sweep::execute(&dir, &c.cells, sel, |cell, previous| {
+    let stale = |cell: &sweep::Cell, run_dir: &Path| run::other_data(run_dir, &c.plans[cell.index]);
+    let outcome = sweep::execute(&dir, &c.cells, sel, stale, |cell, previous| {
         // The cell's status names its run directory from the start.
         let mark = |state: State, message: Option<&'static str>| {
             let (sweep_dir, this) = (dir.dir.clone(), cell.clone());

@@ -222,11 +222,15 @@ impl SweepDir {
     /// Whether the cell is done in another sweep directory of this grid; if so it is
     /// marked done here too, with that run. (`--resume` ran every done cell again when an
     /// axis gained a value.)
-    pub fn adopt_done_elsewhere(&self, c: &Cell) -> std::io::Result<bool> {
-        let done = self
-            .elsewhere(c)
-            .into_iter()
-            .find_map(|(s, _)| s.run_dir.filter(|d| s.state == State::Done && completed(d)));
+    pub fn adopt_done_elsewhere(
+        &self,
+        c: &Cell,
+        current: impl Fn(&Path) -> bool,
+    ) -> std::io::Result<bool> {
+        let done = self.elsewhere(c).into_iter().find_map(|(s, _)| {
+            s.run_dir
+                .filter(|d| s.state == State::Done && completed(d) && current(d))
+        });
         match done {
             Some(run_dir) => self
                 .mark(c, State::Done, Some(&run_dir), None)
@@ -282,8 +286,15 @@ impl SweepDir {
 
     /// Done means: marked done, and the run directory's summary says completed.
     pub fn is_done(&self, c: &Cell) -> bool {
+        self.done_run(c).is_some()
+    }
+
+    /// The run of a cell marked done here, where its summary says it completed.
+    pub fn done_run(&self, c: &Cell) -> Option<PathBuf> {
         self.status(c)
-            .is_some_and(|s| s.state == State::Done && s.run_dir.as_deref().is_some_and(completed))
+            .filter(|s| s.state == State::Done)
+            .and_then(|s| s.run_dir)
+            .filter(|d| completed(d))
     }
 }
 
@@ -331,20 +342,39 @@ pub struct CellEnd {
 /// left to it. A cell is marked running before it starts and done only after `run`
 /// returned its completed run directory; a cell whose run fails is marked failed (or
 /// interrupted) and the sweep goes on unless `stop_sweep`. With `resume`, cells already
-/// done are skipped.
+/// done are skipped, unless `stale` says why a done cell's run is not the cell as it
+/// stands now (it trained on other data than the files its recipe names now): such a cell
+/// runs again, and the reason is said. Every such judgement is made again under the cell's
+/// lock.
 pub fn execute(
     sweep: &SweepDir,
     cells: &[Cell],
     sel: Selection,
+    stale: impl Fn(&Cell, &Path) -> Option<String>,
     mut run: impl FnMut(&Cell, Option<CellStatus>) -> Result<PathBuf, CellEnd>,
 ) -> std::io::Result<SweepOutcome> {
     let mut out = SweepOutcome::default();
     let mut said_beside = false;
+    // Which cells' stale runs were said (each once, though judged twice).
+    let said_stale = std::cell::RefCell::new(std::collections::HashSet::new());
+    let current = |c: &Cell, run_dir: &Path| match stale(c, run_dir) {
+        None => true,
+        Some(why) => {
+            if said_stale.borrow_mut().insert(c.index) {
+                crate::errln!(
+                    "{}: its run {} trained on other data ({why}): the cell runs again",
+                    c.name,
+                    run_dir.display()
+                );
+            }
+            false
+        }
+    };
     for c in cells {
         if !sel.takes(c.index) {
             continue;
         }
-        if sel.resume && sweep.is_done(c) {
+        if sel.resume && sweep.done_run(c).is_some_and(|d| current(c, &d)) {
             out.skipped.push(c.index);
             continue;
         }
@@ -357,7 +387,7 @@ pub fn execute(
                 c.name
             );
         }
-        if sel.resume && sweep.adopt_done_elsewhere(c)? {
+        if sel.resume && sweep.adopt_done_elsewhere(c, |d| current(c, d))? {
             out.skipped.push(c.index);
             out.adopted += 1;
             continue;
@@ -370,7 +400,7 @@ pub fn execute(
             }
         };
         // Checked again under the lock: another process may have finished it meanwhile.
-        if sel.resume && sweep.is_done(c) {
+        if sel.resume && sweep.done_run(c).is_some_and(|d| current(c, &d)) {
             out.skipped.push(c.index);
             continue;
         }
@@ -378,8 +408,9 @@ pub fn execute(
         // marked so (it was resumed again, to no end, and counted as run, not skipped).
         if let Some(dir) = sweep
             .status(c)
+            .filter(|s| s.state != State::Done)
             .and_then(|s| s.run_dir)
-            .filter(|d| sel.resume && completed(d))
+            .filter(|d| sel.resume && completed(d) && current(c, d))
         {
             sweep.mark(c, State::Done, Some(&dir), None)?;
             out.skipped.push(c.index);

@@ -440,17 +440,23 @@ fn a_cell_is_never_marked_done_before_its_run_completes() {
         runner::sweep::SweepDir::open(&logs, "tiny_grid", Path::new("tiny_grid.toml"), &cells)
             .unwrap();
     let killed = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        runner::sweep::execute(&dir, &cells, Default::default(), |c, _| {
-            if c.index == 1 {
-                panic!("killed while running cell 1");
-            }
-            Err(runner::sweep::CellEnd {
-                dir: None,
-                message: "failed on purpose".into(),
-                state: runner::sweep::State::Failed,
-                stop_sweep: false,
-            })
-        })
+        runner::sweep::execute(
+            &dir,
+            &cells,
+            Default::default(),
+            |_, _| None,
+            |c, _| {
+                if c.index == 1 {
+                    panic!("killed while running cell 1");
+                }
+                Err(runner::sweep::CellEnd {
+                    dir: None,
+                    message: "failed on purpose".into(),
+                    state: runner::sweep::State::Failed,
+                    stop_sweep: false,
+                })
+            },
+        )
     }));
     assert!(killed.is_err());
     let s: Vec<String> = statuses(&dir.dir).into_iter().map(|(_, s)| s).collect();
@@ -1592,5 +1598,51 @@ fn a_grid_resume_keeps_the_process_thread_count_for_every_cell() {
     let cell1 = only_run(&dir.join("runs/g/optim.lr=0.1"));
     let env = json(&cell1.join("env.json"));
     assert_eq!(env["threads"].as_u64(), Some(cores as u64), "{env}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A done cell of an earlier version of the grid (an axis has gained a value since) is
+/// taken over by `--resume` only where its run trained on the data the recipe names now:
+/// adopted on other data, it was skipped as done.
+#[test]
+fn resume_adopts_an_earlier_sweep_s_done_cell_only_on_the_same_data() {
+    let dir = tempdir("adopt-other-data");
+    let (grid, train) = mlp_over_a_copy(&dir, "g", "train", "[sweep]\n\"optim.lr\" = [0.1]\n");
+    let run = || {
+        runner_cmd()
+            .arg(&grid)
+            .args(["-q", "--resume"])
+            .output()
+            .unwrap()
+    };
+    expect_exit(&run(), 0);
+    // Another value on the axis: a new sweep directory, which adopts the done cell...
+    let text = std::fs::read_to_string(&grid).unwrap();
+    let wider = text.replace("[0.1]", "[0.1, 0.2]");
+    assert_ne!(wider, text);
+    std::fs::write(&grid, &wider).unwrap();
+    // ...unless the data changed meanwhile.
+    cut_records(&train, 100);
+    let out = run();
+    expect_exit(&out, 0);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(
+        stderr.matches("trained on other data").count(),
+        1,
+        "{stderr}"
+    );
+    let ran = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter(|l| l.contains(" steps, median "))
+        .count();
+    assert_eq!(ran, 2, "{stderr}");
+    // Both done now, on this data: nothing runs again.
+    let out = run();
+    expect_exit(&out, 0);
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("2 cell(s) already done were skipped"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }
