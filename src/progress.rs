@@ -40,16 +40,46 @@ pub struct Progress {
 /// The bar's ms/iter is the median of this many last steps.
 const RECENT_STEPS: usize = 20;
 
-/// The bar's prefix: the run's name, its end where it is long (a grid cell's name ends in
-/// the values that tell it from the others), so that the bar keeps to one line.
-fn bar_prefix(name: &str) -> String {
-    const MAX: usize = 36;
-    let n = name.chars().count();
-    if n <= MAX {
-        return name.to_string();
+/// The bar's template and prefix for a terminal of `cols` columns: the message (epoch,
+/// loss, ms/iter) in full where it fits, the run's name in what is left (its end, where a
+/// grid cell's name holds the values that tell it from the others), and on a narrow
+/// terminal the count and message alone, so that the bar keeps to one line (it wrapped at
+/// 80 columns, every redraw a line more; a fixed-width name left the message no room).
+fn bar_layout(name: &str, cols: usize) -> (&'static str, String) {
+    // ` [` + 12 + `] ` + `9999/9999` + ` eta 10m` + two spaces, and the message.
+    const FIXED: usize = 2 + 12 + 2 + 9 + 8 + 2;
+    const MESSAGE: usize = 38;
+    let room = cols.saturating_sub(FIXED + MESSAGE + 1);
+    if cols < FIXED + 24 {
+        return ("{pos}/{len}  {wide_msg}", String::new());
     }
-    let tail: String = name.chars().skip(n - (MAX - 1)).collect();
-    format!("…{tail}")
+    let n = name.chars().count();
+    let prefix = if n <= room {
+        name.to_string()
+    } else if room >= 8 {
+        let tail: String = name.chars().skip(n - (room - 1)).collect();
+        format!("…{tail}")
+    } else {
+        String::new()
+    };
+    let template = if prefix.is_empty() {
+        "[{bar:12}] {pos}/{len} eta {eta}  {wide_msg}"
+    } else {
+        "{prefix} [{bar:12}] {pos}/{len} eta {eta}  {wide_msg}"
+    };
+    (template, prefix)
+}
+
+/// Columns of the terminal on stderr (80 where it does not say).
+fn terminal_columns() -> usize {
+    // SAFETY: TIOCGWINSZ fills a winsize; a failure leaves it zeroed.
+    let mut size: libc::winsize = unsafe { std::mem::zeroed() };
+    let ok = unsafe { libc::ioctl(libc::STDERR_FILENO, libc::TIOCGWINSZ, &mut size) } == 0;
+    if ok && size.ws_col > 0 {
+        usize::from(size.ws_col)
+    } else {
+        80
+    }
 }
 
 /// Without a terminal there is no bar: a line every this long says where training is
@@ -354,16 +384,14 @@ impl Progress {
             && !target.is_hidden();
         let bar = show_bar.then(|| {
             let b = ProgressBar::with_draw_target(Some(plan.run.total_steps), target);
+            let (template, prefix) = bar_layout(&plan.name, terminal_columns());
             b.set_style(
-                // The message last, cut to the terminal's width (it wrapped at 80 columns,
-                // every redraw a line more).
-                ProgressStyle::with_template(
-                    "{prefix} [{bar:16}] {pos}/{len} eta {eta}  {wide_msg}",
-                )
-                .expect("valid template")
-                .progress_chars("=> "),
+                // The message last, cut to what the terminal has left of its width.
+                ProgressStyle::with_template(template)
+                    .expect("valid template")
+                    .progress_chars("=> "),
             );
-            b.set_prefix(bar_prefix(&plan.name));
+            b.set_prefix(prefix);
             b
         });
         let watch = cache.is_some();
@@ -442,7 +470,7 @@ impl Progress {
             let recent: Vec<f64> = self.recent_ms.iter().copied().collect();
             b.set_position(r.step);
             b.set_message(format!(
-                "epoch {}/{}  loss {:.4}  {:.1} ms/iter",
+                "epoch {}/{} loss {:.4} {:.1} ms/iter",
                 r.epoch + 1,
                 self.epochs,
                 r.loss,
@@ -468,13 +496,13 @@ impl Progress {
 
     /// The epoch's line, from its records and its last step's if that one's line is still
     /// `held` (for the checkpoint at the epoch's end).
-    /// `cut_short`: `run.max_steps` ended the run inside this epoch.
+    /// `cut_short`: what ended the run inside this epoch (`run.max_steps`, early stopping).
     pub fn epoch_end(
         &mut self,
         epoch: usize,
         records: &[StepRecord],
         held: Option<&StepRecord>,
-        cut_short: bool,
+        cut_short: Option<&str>,
     ) {
         let this: Vec<&StepRecord> = records
             .iter()
@@ -491,10 +519,9 @@ impl Progress {
             epoch + 1,
             self.epochs,
             this.len(),
-            if cut_short {
-                " (cut short by run.max_steps)"
-            } else {
-                ""
+            match cut_short {
+                Some(by) => format!(" (cut short by {by})"),
+                None => String::new(),
             },
             Stats::of(&iters).median
         ));

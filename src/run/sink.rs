@@ -136,7 +136,7 @@ impl Sink for FileSink {
             &[("eval/accuracy", e.accuracy), ("eval/loss", e.loss)],
         );
     }
-    fn epoch_end(&mut self, epoch: usize, held: Option<&StepRecord>, cut_short: bool) {
+    fn epoch_end(&mut self, epoch: usize, held: Option<&StepRecord>, cut_short: Option<&str>) {
         self.progress
             .epoch_end(epoch, &self.records, held, cut_short);
     }

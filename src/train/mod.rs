@@ -45,8 +45,8 @@ pub trait Sink {
     fn step(&mut self, record: &StepRecord);
     fn eval(&mut self, eval: &EvalRecord);
     /// `held`: the epoch's last step, if its line waits for the checkpoint at its end;
-    /// `cut_short`: `run.max_steps` ended the run inside the epoch.
-    fn epoch_end(&mut self, epoch: usize, held: Option<&StepRecord>, cut_short: bool);
+    /// `cut_short`: what ended the run inside the epoch (`run.max_steps`, early stopping).
+    fn epoch_end(&mut self, epoch: usize, held: Option<&StepRecord>, cut_short: Option<&str>);
     /// What the start-up phase is doing (before the first step is done).
     fn phase(&mut self, _what: &str) {}
     /// The first step is done on the device (its kernels compiled and tuned); `step_ms`

@@ -476,7 +476,14 @@ impl<'a, B: TrainBackend> Trainer<'a, B> {
         if !cut_short {
             self.epochs_completed = epoch + 1;
         }
-        sink.epoch_end(epoch, self.held.as_ref(), cut_short);
+        // Inside the epoch, the run ends: by early stopping (its last step's validation)
+        // or at `run.max_steps`.
+        let by = match (cut_short, self.early) {
+            (false, _) => None,
+            (true, true) => Some("early stopping"),
+            (true, false) => Some("run.max_steps"),
+        };
+        sink.epoch_end(epoch, self.held.as_ref(), by);
         // Validation every epoch, or every N steps where the N-th is the epoch's last (the
         // step itself leaves that one to the epoch's end, which comes next).
         let cadence = self.cadence();

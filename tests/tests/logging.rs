@@ -323,4 +323,33 @@ fn epoch_lines_count_the_epochs_max_steps_leaves() {
         "{err}"
     );
     assert!(!err.contains("epoch 3"), "{err}");
+    // Early stopping inside an epoch says so, not max_steps: 100 samples, 20 held out,
+    // 80 in batches of 32 (3 steps an epoch), validated every 2 steps: at a step 2, 4, 8,
+    // 10 ... it stops inside one (here at 4: the loss fell by less than 0.1).
+    let out = runner_cmd()
+        .arg(&recipe)
+        .args(["--set", "run.epochs=40", "--set", "data.validation=0.2"])
+        .args([
+            "--set",
+            "run.validate=2",
+            "--set",
+            "run.early_stop.patience=1",
+        ])
+        .args(["--set", "run.early_stop.min_delta=0.1"])
+        .output()
+        .unwrap();
+    expect_exit(&out, 0);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!err.contains("run.max_steps"), "{err}");
+    let at: u64 = err
+        .split("early stop after step ")
+        .nth(1)
+        .and_then(|t| t.split(|c: char| !c.is_ascii_digit()).next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no early stop: {err}"));
+    assert_eq!(at, 4, "{err}");
+    assert!(
+        err.contains("epoch 2/40: 1 steps (cut short by early stopping)"),
+        "{err}"
+    );
 }

@@ -335,7 +335,8 @@ fn on_a_terminal(mut cmd: std::process::Command, term: Option<&str>) -> (i32, St
 /// On a terminal the start-up, epoch and test lines are printed, whatever the terminal:
 /// on a dumb one (`TERM=dumb` or unset: Emacs' shell, some CI terminals), where no bar is
 /// drawn, every line went into the hidden bar and was lost. The bar keeps to the
-/// terminal's width, a long name too (it wrapped at 80 columns, a line more each redraw).
+/// terminal's width, with its loss and ms/iter, whatever the run's name (it wrapped at 80
+/// columns, a line more each redraw; then a long name left the message no room).
 #[cfg(target_os = "linux")]
 #[test]
 fn progress_lines_reach_any_terminal() {
@@ -377,25 +378,37 @@ fn progress_lines_reach_any_terminal() {
             }
         }
         // A line indicatif prints is padded to the width, the bar drawn after it: each
-        // draw from the bar's prefix (the name's end) on.
-        let prefix: String = {
-            let n = name.chars().count();
-            format!("…{}", name.chars().skip(n - 35).collect::<String>())
+        // draw from its `[====>   ]` on (at 80 columns a long name leaves no room).
+        let bar_at = |l: &str| {
+            let b = l.as_bytes();
+            (0..b.len()).find(|&i| {
+                b.get(i + 13) == Some(&b']')
+                    && b[i] == b'['
+                    && b[i + 1..i + 13].iter().all(|c| b"=> ".contains(c))
+            })
         };
         let bars: Vec<&str> = plain
             .split(['\r', '\n'])
-            .filter_map(|l| l.find(&prefix).map(|at| l[at..].trim_end()))
+            .filter_map(|l| bar_at(l).map(|at| l[at..].trim_end()))
             .filter(|l| l.contains(" eta "))
             .collect();
         if term == Some("xterm-256color") {
             assert!(!bars.is_empty(), "no bar drawn: {seen:?}");
         }
-        for b in bars {
+        for b in &bars {
             assert!(
                 b.chars().count() <= 80,
                 "{} columns: {b:?}",
                 b.chars().count()
             );
         }
+        // With the loss and the time per step in it, once a step is done.
+        assert!(
+            term != Some("xterm-256color")
+                || bars
+                    .iter()
+                    .any(|b| b.contains(" loss ") && b.ends_with(" ms/iter")),
+            "{bars:?}"
+        );
     }
 }
