@@ -31,10 +31,15 @@ fn colour(i: usize) -> RGBColor {
     RGBColor(r, g, b)
 }
 
-/// Rows past the palette's eight repeat its colours, with dashed lines (bars are told
-/// apart by their number, the key's).
-fn dashed(i: usize) -> bool {
-    (i / 8) % 2 == 1
+/// Rows past the palette's eight repeat its colours, each further eight with lines of
+/// another dash pattern (dash, gap in pixels; bars are told apart by their number, the
+/// key's). Past 32 rows the patterns repeat too.
+fn dashes(i: usize) -> Option<(u32, u32)> {
+    const PATTERNS: [(u32, u32); 3] = [(6, 4), (2, 3), (12, 4)];
+    match i / 8 {
+        0 => None,
+        k => Some(PATTERNS[(k - 1) % PATTERNS.len()]),
+    }
 }
 
 /// Draws the figure to `path` (SVG).
@@ -119,9 +124,13 @@ fn step_times(top: &Area, runs: &[Run], rows: &[Row], err: Err) -> Result<(), St
         .max()
         .unwrap_or(1)
         .max(2) as f64;
+    // (A run with no timed step, all of it warm-up, has no p95: its slowest step instead.)
     let ymax = runs
         .iter()
-        .map(|r| r.summary.iter_ms.p95)
+        .map(|r| match r.summary.iter_ms.p95 {
+            p if p.is_finite() && p > 0.0 => p,
+            _ => r.records.iter().map(|s| s.iter_ms).fold(0.0, f64::max) / 1.5,
+        })
         .fold(0.0, f64::max)
         .max(1e-3)
         * 1.5;
@@ -146,10 +155,9 @@ fn step_times(top: &Area, runs: &[Run], rows: &[Row], err: Err) -> Result<(), St
             .records
             .iter()
             .map(|r| (r.step as f64, r.iter_ms.min(ymax)));
-        if dashed(i) {
-            chart.draw_series(DashedLineSeries::new(points, 6, 4, style))
-        } else {
-            chart.draw_series(LineSeries::new(points, style))
+        match dashes(i) {
+            Some((dash, gap)) => chart.draw_series(DashedLineSeries::new(points, dash, gap, style)),
+            None => chart.draw_series(LineSeries::new(points, style)),
         }
         .map_err(|e| err(&e))?;
     }
@@ -163,18 +171,17 @@ fn key(area: &Area, rows: &[Row], err: Err) -> Result<(), String> {
         let y = 12 + (KEY_LINE as usize * i) as i32;
         let c = colour(i);
         let (x0, x1) = (24, 60);
-        let line = if dashed(i) {
-            // Two dashes.
-            vec![
-                PathElement::new(vec![(x0, y), (x0 + 14, y)], c.stroke_width(3)),
-                PathElement::new(vec![(x0 + 22, y), (x1, y)], c.stroke_width(3)),
-            ]
-        } else {
-            vec![PathElement::new(vec![(x0, y), (x1, y)], c.stroke_width(3))]
-        };
-        for p in line {
-            area.draw(&p).map_err(|e| err(&e))?;
+        let style = c.stroke_width(3);
+        match dashes(i) {
+            Some((dash, gap)) => area.draw(&plotters::element::DashedPathElement::new(
+                vec![(x0, y), (x1, y)],
+                dash,
+                gap,
+                style,
+            )),
+            None => area.draw(&PathElement::new(vec![(x0, y), (x1, y)], style)),
         }
+        .map_err(|e| err(&e))?;
         let mut label: String = r.recipe.chars().take(150).collect();
         if r.recipe.chars().count() > 150 {
             label.push('…');
@@ -226,6 +233,21 @@ fn bars(bottom: &Area, rows: &[Row], err: Err) -> Result<(), String> {
     ];
     let areas = bottom.split_evenly((1, panels.len()));
     for (area, (title, values)) in areas.iter().zip(panels) {
+        // No row has this figure (no timed step, no utilisation reading): said, not an
+        // axis of zeros.
+        if !values.iter().any(|v| v.is_finite()) {
+            let (w, h) = area.dim_in_pixel();
+            area.draw(&Text::new(title, (10, 10), ("sans-serif", 16)))
+                .and_then(|()| {
+                    area.draw(&Text::new(
+                        "no run has this figure",
+                        (w as i32 / 2 - 70, h as i32 / 2),
+                        ("sans-serif", 13).into_font().color(&BLACK.mix(0.6)),
+                    ))
+                })
+                .map_err(|e| err(&e))?;
+            continue;
+        }
         let top_v = values.iter().cloned().fold(0.0, f64::max).max(1e-9) * 1.15;
         let n = rows.len() as f64;
         // Room under the axis for each bar's number (the key's): the values' axis starts
@@ -305,4 +327,28 @@ fn bars(bottom: &Area, rows: &[Row], err: Err) -> Result<(), String> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Each row up to 32 has a colour and line pattern of its own: the palette's eight
+    /// solid, then three dash patterns (rows 17-24 were drawn as rows 1-8).
+    #[test]
+    fn thirty_two_rows_are_drawn_alike_by_none() {
+        let looks: Vec<((u8, u8, u8), Option<(u32, u32)>)> = (0..32)
+            .map(|i| {
+                let c = colour(i);
+                ((c.0, c.1, c.2), dashes(i))
+            })
+            .collect();
+        for (i, a) in looks.iter().enumerate() {
+            for (j, b) in looks.iter().enumerate().skip(i + 1) {
+                assert_ne!(a, b, "rows {} and {} look alike", i + 1, j + 1);
+            }
+        }
+        assert_eq!(dashes(7), None);
+        assert_eq!(dashes(32), dashes(8));
+    }
 }
