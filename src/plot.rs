@@ -337,7 +337,8 @@ mod tests {
     /// solid, then three dash patterns (rows 17-24 were drawn as rows 1-8).
     #[test]
     fn thirty_two_rows_are_drawn_alike_by_none() {
-        let looks: Vec<((u8, u8, u8), Option<(u32, u32)>)> = (0..32)
+        type Look = ((u8, u8, u8), Option<(u32, u32)>);
+        let looks: Vec<Look> = (0..32)
             .map(|i| {
                 let c = colour(i);
                 ((c.0, c.1, c.2), dashes(i))

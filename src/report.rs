@@ -553,16 +553,21 @@ pub fn baseline_note(rows: &[Row], name: &str) -> Option<String> {
         .map(|r| r.recipe.as_str())
         .collect();
     (of.len() > 1).then(|| {
+        // Quoted for the shell; the first few (a grid has dozens).
+        let mut others: Vec<String> = of[1..]
+            .iter()
+            .take(3)
+            .map(|r| format!("--baseline {}", crate::slurm::shell_word(r)))
+            .collect();
+        if of.len() > 4 {
+            others.push(format!("{} more", of.len() - 4));
+        }
         format!(
             "note: --baseline {name}: {} rows are runs of that recipe; the first, `{}`, is the \
              baseline\n  = help: to compare with another, name its whole row: {}",
             of.len(),
             of[0],
-            of[1..]
-                .iter()
-                .map(|r| format!("--baseline '{r}'"))
-                .collect::<Vec<_>>()
-                .join(" or ")
+            others.join(", ")
         )
     })
 }

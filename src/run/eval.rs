@@ -15,6 +15,11 @@ pub struct EvalReport {
     pub ms: f64,
     pub backend: String,
     pub at: String,
+    /// The weights file's SHA-256, and whether it is the file the run saved (its
+    /// summary's `weights_sha256`; absent where the summary does not say).
+    pub weights_sha256: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub weights_as_saved: Option<bool>,
     /// Where the report was saved, or why it could not be (a run directory that is not
     /// writable): the result is printed either way.
     #[serde(skip)]
@@ -107,21 +112,26 @@ impl backend::Job for Job<'_> {
     }
 }
 
-/// How `weights` differs from the file the run saved (the summary's SHA-256); `None`
-/// where it is the same, or the summary does not say (runs of earlier versions).
-fn weights_changed(run_dir: &Path, weights: &Path) -> Option<String> {
-    let summary: crate::metrics::Summary =
-        serde_json::from_str(&std::fs::read_to_string(run_dir.join("summary.json")).ok()?).ok()?;
-    let saved = summary.weights_sha256?;
-    let now = crate::checkpoint::sha256_of(weights).ok()?;
-    (now != saved).then(|| {
-        format!(
+/// `weights`' SHA-256, and whether it is the file the run saved (the summary's SHA-256):
+/// `Err` saying how it differs; `None` where the summary does not say (runs of earlier
+/// versions, `--best`).
+fn weights_changed(run_dir: &Path, weights: &Path) -> (String, Option<Result<(), String>>) {
+    let now = crate::checkpoint::sha256_of(weights).unwrap_or_default();
+    let saved = std::fs::read_to_string(run_dir.join("summary.json"))
+        .ok()
+        .and_then(|t| serde_json::from_str::<crate::metrics::Summary>(&t).ok())
+        .and_then(|s| s.weights_sha256);
+    let first = |h: &str| h.chars().take(12).collect::<String>();
+    let verdict = saved.map(|saved| match now == saved {
+        true => Ok(()),
+        false => Err(format!(
             "{} is not the file the run saved (SHA-256 {}…, the run's {}…)",
             weights.display(),
-            &now[..12],
-            &saved[..12.min(saved.len())]
-        )
-    })
+            first(&now),
+            first(&saved)
+        )),
+    });
+    (now, verdict)
 }
 
 /// Evaluates `run_dir/model.safetensors` without training. `data` replaces the recipe's
@@ -244,12 +254,12 @@ pub fn eval(
         })?;
     // Weights that load but are not those the run saved (a byte changed on disk, another
     // run's file copied in): scored, and said.
-    if !best {
-        if let Some(why) = weights_changed(run_dir, &weights) {
-            crate::errln!(
-                "warning: {why}: damaged or replaced since\n  = help: this score is not of the weights the run saved; restore them from a copy, or train again"
-            );
-        }
+    let (weights_sha256, as_saved) = weights_changed(run_dir, &weights);
+    let as_saved = as_saved.filter(|_| !best);
+    if let Some(Err(why)) = &as_saved {
+        crate::errln!(
+            "warning: {why}: damaged or replaced since\n  = help: this score is not of the weights the run saved; restore them from a copy, or train again"
+        );
     }
     // Absolute, as the resolved recipe's data paths: the working directory is not written.
     let whole = |p: &Path| std::path::absolute(p).unwrap_or_else(|_| p.to_path_buf());
@@ -263,6 +273,8 @@ pub fn eval(
         ms: e.ms,
         backend: backend_name,
         at: utc_now(),
+        weights_sha256,
+        weights_as_saved: as_saved.map(|v| v.is_ok()),
         saved: Err(String::new()),
     };
     let stamp: String = report

@@ -606,6 +606,12 @@ fn stop_at_second_signal(
         }
         summary.status = RunStatus::Interrupted;
         summary.wall_s += wall.elapsed().as_secs_f64();
+        // The trained weights saved before the final evaluation this signal cuts short: their
+        // sum, for `runner eval` to check the file by (it said none).
+        if crate::signals::final_weights() {
+            summary.weights_sha256 =
+                crate::checkpoint::sha256_of(&d.join(crate::train::WEIGHTS)).ok();
+        }
         let counts = kernels::counts().since(counts_at_start);
         if counts != KernelCounts::default() {
             summary.kernels = Some(counts);

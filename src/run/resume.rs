@@ -401,7 +401,10 @@ fn update_env(
                 "warning: {}: {why}, so the data could not be checked against the run's start; written again from this machine and the data as they are now",
                 env_path.display()
             );
-            serde_json::to_value(env).map_err(|e| format!("env.json: {e}"))?
+            // Marked: its top level is this resume's, not the run's start's.
+            let mut v = serde_json::to_value(env).map_err(|e| format!("env.json: {e}"))?;
+            v["written_again_at_resume"] = serde_json::Value::from(from_step);
+            v
         }
         Ok(mut start) => {
             if !moved.is_empty() {
@@ -412,9 +415,16 @@ fn update_env(
     };
     let this = serde_json::to_value(super::env::Resumed::of(env, from_step))
         .map_err(|e| format!("env.json: {e}"))?;
-    match start.get_mut("resumes").and_then(|r| r.as_array_mut()) {
-        Some(resumes) => resumes.push(this),
+    match start.get_mut("resumes") {
+        Some(serde_json::Value::Array(resumes)) => resumes.push(this),
         None => start["resumes"] = serde_json::Value::Array(vec![this]),
+        Some(other) => {
+            crate::errln!(
+                "warning: {}: `resumes` is {other}, not a list of resumes: replaced by this one",
+                env_path.display()
+            );
+            *other = serde_json::Value::Array(vec![this]);
+        }
     }
     write_json_keeping_room(&env_path, &start, KEPT_ROOM).map_err(|e| format!("env.json: {e}"))
 }

@@ -286,8 +286,13 @@ fn a_second_signal_exits_at_once_with_the_summary_marked_interrupted() {
     assert_eq!(s.steps, 1);
     assert_eq!(whole_lines(&run).len(), 1);
     assert_eq!(s.samples, 512, "the steps' figures are in it: {s:?}");
-    // The model's size, as a completed run's summary has it (it said 0).
+    // The model's size, as a completed run's summary has it (it said 0), and the saved
+    // weights' sum, which `runner eval` checks the file by (it said none).
     assert!(s.parameters > 0, "{s:?}");
+    assert_eq!(
+        s.weights_sha256,
+        Some(runner::checkpoint::sha256_of(&weights).unwrap())
+    );
     assert_eq!(
         s.error.as_deref(),
         Some("interrupted by SIGINT after step 1, then at once by a second signal")

@@ -1199,7 +1199,17 @@ fn an_edited_state_is_not_resumed_from_and_a_missing_env_is_written_again() {
         "{stderr}"
     );
     assert_eq!(losses(&run), losses(&reference));
-    assert!(json(&run.join("env.json"))["data"].is_array());
+    // Written again from the resume, and marked so: its top level is not the run's start.
+    let env = json(&run.join("env.json"));
+    assert!(env["data"].is_array());
+    let (_, state) = runner::checkpoint::latest(&run).unwrap();
+    assert!(
+        env["written_again_at_resume"]
+            .as_u64()
+            .is_some_and(|s| s <= state.step),
+        "{env}"
+    );
+    assert_eq!(env["resumes"].as_array().map(Vec::len), Some(1), "{env}");
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -1782,10 +1792,32 @@ fn eval_says_when_the_weights_are_not_those_the_run_saved() {
     let weights = run.join("model.safetensors");
     let saved = summary(&run).weights_sha256.expect("weights_sha256");
     assert_eq!(saved, runner::checkpoint::sha256_of(&weights).unwrap());
+    // The evaluation's report says which file it scored, and that it was the run's (each
+    // report read is removed, so that the one there is the latest).
+    let report = |run: &Path| {
+        let all: Vec<PathBuf> = walk_files(run)
+            .into_iter()
+            .filter(|p| {
+                p.file_name()
+                    .unwrap()
+                    .to_string_lossy()
+                    .starts_with("eval-")
+            })
+            .collect();
+        assert_eq!(all.len(), 1, "{all:?}");
+        let e = json(&all[0]);
+        std::fs::remove_file(&all[0]).unwrap();
+        e
+    };
     let out = runner_cmd().arg("eval").arg(&run).output().unwrap();
     expect_exit(&out, 0);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!stderr.contains("not the file the run saved"), "{stderr}");
+    let e = report(&run);
+    assert_eq!(
+        (e["weights_sha256"].as_str(), &e["weights_as_saved"]),
+        (Some(saved.as_str()), &serde_json::Value::Bool(true))
+    );
     // One byte of the last tensor's data (the header, at the start, is left whole).
     let mut bytes = std::fs::read(&weights).unwrap();
     let at = bytes.len() - 3;
@@ -1801,4 +1833,14 @@ fn eval_says_when_the_weights_are_not_those_the_run_saved() {
         )) && stderr.contains(&format!("the run's {}…)", &saved[..12])),
         "{stderr}"
     );
+    assert_eq!(report(&run)["weights_as_saved"], false);
+    // A summary edited by hand (not hex) is told apart, without a panic.
+    let path = run.join("summary.json");
+    let mut s = json(&path);
+    s["weights_sha256"] = "aéééééééééééé".into();
+    std::fs::write(&path, s.to_string()).unwrap();
+    let out = runner_cmd().arg("eval").arg(&run).output().unwrap();
+    expect_exit(&out, 0);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("the run's aééééééééééé…)"), "{stderr}");
 }
