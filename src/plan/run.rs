@@ -329,8 +329,15 @@ impl<'a> Validator<'a> {
                 Every::Epoch => None,
             };
             if validations.is_some_and(|v| v <= patience) {
+                // Pointed at the patience where the recipe sets it (a --set of another
+                // run.early_stop key was shown).
+                let key = if self.l.is_set("run.early_stop.patience") {
+                    "run.early_stop.patience"
+                } else {
+                    "run.early_stop"
+                };
                 self.warn(
-                    "run.early_stop",
+                    key,
                     format!(
                         "patience is {patience} validations, but run.validate = {} gives {}: the run never stops early",
                         match run.validate {

@@ -727,6 +727,20 @@ fn knobs_whose_cadence_the_run_never_reaches_are_warned() {
     }
     let err = step_and_stop("29", "3");
     assert!(!err.contains("warning"), "{err}");
+    // Said at the patience where it is set (a --set of another run.early_stop key was
+    // pointed at).
+    let err = validate(&[
+        "run.max_steps=40",
+        "data.validation=0.1",
+        "run.validate=10",
+        "run.early_stop.patience=4",
+        "run.early_stop.min_delta=0.5",
+    ]);
+    assert!(
+        err.contains("run.early_stop.patience: patience is 4 validations")
+            && err.contains("| run.early_stop.patience=4\n"),
+        "{err}"
+    );
 }
 
 /// A synthetic size out of range is said once, at its key (0 samples was also said as
