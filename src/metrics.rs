@@ -427,6 +427,9 @@ pub struct Summary {
     /// against it, and two runs' weights compare by it.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub weights_sha256: Option<String>,
+    /// `model-best.safetensors`'s, as last saved (`runner eval --best` checks it).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub best_weights_sha256: Option<String>,
 }
 
 impl Summary {

@@ -114,13 +114,20 @@ impl backend::Job for Job<'_> {
 
 /// `weights`' SHA-256, and whether it is the file the run saved (the summary's SHA-256):
 /// `Err` saying how it differs; `None` where the summary does not say (runs of earlier
-/// versions, `--best`).
-fn weights_changed(run_dir: &Path, weights: &Path) -> (String, Option<Result<(), String>>) {
+/// versions).
+fn weights_changed(
+    run_dir: &Path,
+    weights: &Path,
+    best: bool,
+) -> (String, Option<Result<(), String>>) {
     let now = crate::checkpoint::sha256_of(weights).unwrap_or_default();
     let saved = std::fs::read_to_string(run_dir.join("summary.json"))
         .ok()
         .and_then(|t| serde_json::from_str::<crate::metrics::Summary>(&t).ok())
-        .and_then(|s| s.weights_sha256);
+        .and_then(|s| match best {
+            true => s.best_weights_sha256,
+            false => s.weights_sha256,
+        });
     let first = |h: &str| h.chars().take(12).collect::<String>();
     let verdict = saved.map(|saved| match now == saved {
         true => Ok(()),
@@ -254,8 +261,7 @@ pub fn eval(
         })?;
     // Weights that load but are not those the run saved (a byte changed on disk, another
     // run's file copied in): scored, and said.
-    let (weights_sha256, as_saved) = weights_changed(run_dir, &weights);
-    let as_saved = as_saved.filter(|_| !best);
+    let (weights_sha256, as_saved) = weights_changed(run_dir, &weights, best);
     if let Some(Err(why)) = &as_saved {
         crate::errln!(
             "warning: {why}: damaged or replaced since\n  = help: this score is not of the weights the run saved; restore them from a copy, or train again"

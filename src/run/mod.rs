@@ -612,6 +612,11 @@ fn stop_at_second_signal(
             summary.weights_sha256 =
                 crate::checkpoint::sha256_of(&d.join(crate::train::WEIGHTS)).ok();
         }
+        // The best weights as on disk: this process (or an earlier one of the run) wrote
+        // them.
+        if let Ok(sum) = crate::checkpoint::sha256_of(&d.join(crate::train::BEST_WEIGHTS)) {
+            summary.best_weights_sha256 = Some(sum);
+        }
         let counts = kernels::counts().since(counts_at_start);
         if counts != KernelCounts::default() {
             summary.kernels = Some(counts);

@@ -40,6 +40,8 @@ pub(super) struct FileSink {
     early_stopped: Option<u64>,
     /// The final weights' SHA-256, once saved.
     weights_sha256: Option<String>,
+    /// `model-best.safetensors`'s, as last saved (by this process or an earlier one).
+    best_weights_sha256: Option<String>,
 }
 
 impl FileSink {
@@ -151,8 +153,11 @@ impl Sink for FileSink {
             &[("val/accuracy", e.accuracy), ("val/loss", e.loss)],
         );
     }
-    fn best(&mut self, step: u64, value: f64) {
+    fn best(&mut self, step: u64, value: f64, saved: Option<&str>) {
         self.best = Some((step, value));
+        if let Some(sum) = saved {
+            self.best_weights_sha256 = Some(sum.to_string());
+        }
     }
     fn early_stopped(&mut self, step: u64) {
         self.early_stopped = Some(step);
@@ -274,6 +279,7 @@ impl FileSink {
             events: None,
             validations: summary.validations.clone(),
             best: summary.best_step.zip(summary.best_value),
+            best_weights_sha256: summary.best_weights_sha256.clone(),
             early_stopped: None,
             weights_sha256: None,
         }
@@ -365,6 +371,9 @@ pub(super) fn record(summary: &mut Summary, sink: &FileSink, plan: &Plan) {
     summary.validations = sink.validations.clone();
     summary.best_step = sink.best.map(|b| b.0);
     summary.best_value = sink.best.map(|b| b.1);
+    summary
+        .best_weights_sha256
+        .clone_from(&sink.best_weights_sha256);
     summary.early_stopped_at_step = sink.early_stopped;
     if let Some(sum) = &sink.weights_sha256 {
         summary.weights_sha256 = Some(sum.clone());

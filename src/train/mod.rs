@@ -70,7 +70,9 @@ pub trait Sink {
     /// An evaluation on the validation set (`data.validation`).
     fn validation(&mut self, _eval: &EvalRecord) {}
     /// A new best validation metric (its weights are in `model-best.safetensors`).
-    fn best(&mut self, _step: u64, _value: f64) {}
+    /// A new best validation value; `saved`: the SHA-256 of `model-best.safetensors`,
+    /// where it was saved.
+    fn best(&mut self, _step: u64, _value: f64, _saved: Option<&str>) {}
     /// Early stopping ended the run after this step.
     fn early_stopped(&mut self, _step: u64) {}
     /// Metrics lines written so far (a checkpoint records where they end).
@@ -459,11 +461,14 @@ fn validate<B: TrainBackend>(
     if better {
         watching.best = Some((step, value));
         watching.since_best = 0;
-        if let Some(p) = persist {
-            checkpoint::save_weights(&valid, &p.dir(sink)?.join(BEST_WEIGHTS))
-                .map_err(Stop::Failed)?;
-        }
-        sink.best(step, value);
+        let saved = match persist {
+            Some(p) => Some(
+                checkpoint::save_weights(&valid, &p.dir(sink)?.join(BEST_WEIGHTS))
+                    .map_err(Stop::Failed)?,
+            ),
+            None => None,
+        };
+        sink.best(step, value, saved.as_deref());
     } else {
         watching.since_best += 1;
     }

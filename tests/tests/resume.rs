@@ -1844,3 +1844,56 @@ fn eval_says_when_the_weights_are_not_those_the_run_saved() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("the run's aééééééééééé…)"), "{stderr}");
 }
+
+/// The best weights too: the summary keeps their SHA-256 as last saved, and `runner eval
+/// --best` of a file that is no longer that one says so.
+#[test]
+fn eval_best_says_when_the_best_weights_are_not_those_saved() {
+    let dir = tempdir("eval-best-sha");
+    let recipe = tiny_recipe(&dir, "b", "");
+    let out = runner_cmd()
+        .arg(&recipe)
+        .args([
+            "-q",
+            "--set",
+            "data.validation=0.2",
+            "--set",
+            "run.validate=1",
+        ])
+        .args(["--set", "run.epochs=3"])
+        .output()
+        .unwrap();
+    expect_exit(&out, 0);
+    let run = only_run(&dir.join("runs/b"));
+    let best = run.join("model-best.safetensors");
+    let s = summary(&run);
+    assert_eq!(
+        s.best_weights_sha256,
+        Some(runner::checkpoint::sha256_of(&best).unwrap())
+    );
+    let eval = || {
+        runner_cmd()
+            .arg("eval")
+            .arg(&run)
+            .arg("--best")
+            .output()
+            .unwrap()
+    };
+    let out = eval();
+    expect_exit(&out, 0);
+    assert!(!String::from_utf8_lossy(&out.stderr).contains("not the file the run saved"));
+    let mut bytes = std::fs::read(&best).unwrap();
+    let at = bytes.len() - 3;
+    bytes[at] ^= 0x40;
+    std::fs::write(&best, &bytes).unwrap();
+    let out = eval();
+    expect_exit(&out, 0);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains(&format!(
+            "warning: {} is not the file the run saved",
+            best.display()
+        )),
+        "{stderr}"
+    );
+}
