@@ -477,7 +477,12 @@ fn step_samples(run: &Run) -> Option<u64> {
 /// One line of the comparison: a recipe, over its repeats.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Row {
+    /// The row's label: the runs' name, and what tells it from the name's other rows.
     pub recipe: String,
+    /// The runs' name (the recipe's `name`; a grid cell's `<grid>/<cell>`) and the device
+    /// they ran on, as their summaries say: columns of their own in the CSV.
+    pub name: String,
+    pub device: String,
     pub runs: usize,
     /// Runs with a step after `run.warmup_steps`: only these give the time columns (a
     /// run cut short inside its warm-up has no step time to average in).
@@ -620,6 +625,8 @@ pub fn rows(runs: &[Run], baseline: Option<&str>) -> Result<Vec<Row>, Error> {
             };
             Row {
                 recipe: name.to_string(),
+                name: group[0].name.clone(),
+                device: s[0].device.clone(),
                 runs: group.len(),
                 timed: t.len(),
                 backend: s[0].backend.clone(),
@@ -847,6 +854,10 @@ struct CsvRow<'a> {
     /// What the ratio compares: `step` (ms/iter) or `sample` (another batch size than the
     /// baseline's: samples/s); empty where there is no ratio.
     ratio_per: Option<&'static str>,
+    /// The runs' name and device, the parts of the label to group by (last: the columns
+    /// before them keep their places).
+    name: &'a str,
+    device: &'a str,
 }
 
 /// An empty CSV field where no run was timed.
@@ -887,6 +898,8 @@ fn csv_rows(rows: &[Row]) -> String {
                 .ratio
                 .is_finite()
                 .then_some(if r.per_sample { "sample" } else { "step" }),
+            name: &r.name,
+            device: &r.device,
         };
         w.serialize(line)
             .expect("a flat record serialises into memory");
@@ -1078,8 +1091,8 @@ mod tests {
         );
         assert_eq!(body[2].last().unwrap(), "1.20x");
         let csv = render(&r, Format::Csv);
-        assert!(csv.lines().nth(2).unwrap().ends_with(",sample"), "{csv}");
-        assert!(csv.lines().nth(3).unwrap().ends_with(",step"), "{csv}");
+        assert!(csv.lines().nth(2).unwrap().contains(",sample,"), "{csv}");
+        assert!(csv.lines().nth(3).unwrap().contains(",step,"), "{csv}");
     }
 
     #[test]
@@ -1189,8 +1202,8 @@ mod tests {
         assert!(untimed.starts_with("untimed,1,0,,,,,,"), "{untimed}");
         assert!(!csv.contains("NaN"), "{csv}");
         assert!(
-            untimed.ends_with(",,"),
-            "no ratio, and no verdict on noise: {untimed}"
+            untimed.ends_with(",,,untimed,"),
+            "no ratio, and no verdict on noise; then its name and (here) no device: {untimed}"
         );
         // Named as the baseline, an untimed recipe gives no ratio at all; by default the
         // first timed recipe is the baseline.
