@@ -11,14 +11,20 @@ What it is
     and names what did not map (exit 1).
 
 Run
-    python3 scripts/torch_weights.py RUN_DIR [--out FILE.pt] [--check [--data FILE]]
+    python3 scripts/torch_weights.py RUN_DIR [--best] [--out FILE.pt] [--check [--data FILE]]
+      --best          model-best.safetensors (the best validation's weights) in place of
+                      model.safetensors
       --out FILE.pt   the model's state_dict, for `model.load_state_dict(torch.load(FILE))`
                       on the model torch_ref.build_model builds (for the ResNets:
                       torchvision.models.resnetNN(num_classes=K) with, for the CIFAR stem,
                       conv1 = Conv2d(C, 64, 3, 1, 1, bias=False) and maxpool = Identity())
       --check         score the weights in PyTorch (eval mode, fp32, CPU) on the run's test
                       set, or on --data FILE, normalised as the recipe says; prints one JSON
-                      line to compare with `runner eval RUN_DIR [--data FILE]`
+                      line (with the file scored) to compare with
+                      `runner eval RUN_DIR [--best] [--data FILE]`; cifar10-bin runs only
+                      (a synthetic run's test set is the runner's own draws)
+    A weights file that is not the one the run saved (summary.json's weights_sha256 or
+    best_weights_sha256) is said on stderr, as `runner eval` says it.
     Install: python3 -m venv /tmp/torchenv && /tmp/torchenv/bin/pip install torch torchvision
     safetensors numpy.  Image recipes only (cifar10-bin and synthetic data).  Exit codes: 0
     done, 1 the weights do not map onto the model, 2 a run or option it does not take.
@@ -91,6 +97,16 @@ def names(rc):
     return out
 
 
+def sha256(path):
+    import hashlib
+
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
 def load(net, rc, path):
     """`net` with the run's weights; exits 1 naming what does not map."""
     import numpy as np
@@ -134,10 +150,16 @@ def main(argv=None):
     args = p.parse_args(argv)
     tr = torch_ref()
     weights = os.path.join(args.run_dir, "model-best.safetensors" if args.best else "model.safetensors")
-    for f in (os.path.join(args.run_dir, "recipe.toml"), weights):
-        if not os.path.isfile(f):
-            print(f"torch_weights: {f}: not a file (give a run directory)", file=sys.stderr)
-            return 2
+    recipe_file = os.path.join(args.run_dir, "recipe.toml")
+    if not os.path.isfile(recipe_file):
+        print(f"torch_weights: {recipe_file}: not a file (give a run directory)", file=sys.stderr)
+        return 2
+    if not os.path.isfile(weights):
+        why = ("the run kept no best weights (it needs data.validation)" if args.best
+               else "the run saved no final weights (still going, stopped early, or "
+                    "checkpoint.save_final = false)")
+        print(f"torch_weights: {weights}: not a file: {why}", file=sys.stderr)
+        return 2
     if args.data and not args.check:
         print("torch_weights: --data goes with --check", file=sys.stderr)
         return 2
@@ -153,10 +175,10 @@ def main(argv=None):
     torch.set_num_threads(max(1, rc.threads or os.cpu_count() or 1))
     if rc.format == "synthetic":
         # The model's shape from the recipe; no test set here: torch_ref's synthetic pixels
-        # are numpy's draws, not the runner's.
-        if args.check and not args.data:
-            print("torch_weights: --check of a synthetic-data run needs --data FILE (a "
-                  "cifar10-bin file): its pixels here would not be the runner's", file=sys.stderr)
+        # are numpy's draws, not the runner's, and `runner eval --data` takes none either.
+        if args.check:
+            print("torch_weights: --check takes cifar10-bin runs: a synthetic run's test set "
+                  "is the runner's own draws (--out works)", file=sys.stderr)
             return 2
         channels, side = rc.syn["channels"], rc.syn["image_size"]
         classes = rc.num_classes or rc.syn["classes"]
@@ -165,6 +187,17 @@ def main(argv=None):
         classes = rc.num_classes or tr.class_count(rc.train_path)
     net = tr.build_model(rc, channels, side, classes)
     net, tensors = load(net, rc, weights)
+    # As `runner eval` does: the file checked against the sum the run recorded.
+    digest = sha256(weights)
+    try:
+        with open(os.path.join(args.run_dir, "summary.json")) as f:
+            recorded = json.load(f).get("best_weights_sha256" if args.best else "weights_sha256")
+    except (OSError, ValueError):
+        recorded = None
+    if recorded and recorded != digest:
+        print(f"torch_weights: warning: {weights} is not the file the run saved (SHA-256 "
+              f"{digest[:12]}…, the run's {recorded[:12]}…): damaged or replaced since",
+              file=sys.stderr)
     if args.out:
         torch.save(net.state_dict(), args.out)
         print(f"torch_weights: {tensors} tensors -> {args.out}", file=sys.stderr)
@@ -187,6 +220,9 @@ def main(argv=None):
         logits = torch.cat([net(x[i:i + 256]) for i in range(0, len(x), 256)])
     print(json.dumps({
         "run_dir": os.path.abspath(args.run_dir),
+        "weights": os.path.abspath(weights),
+        "weights_sha256": digest,
+        "weights_as_saved": None if not recorded else recorded == digest,
         "arch": rc.arch,
         "samples": len(y),
         "accuracy": (logits.argmax(1) == y).float().mean().item(),

@@ -479,8 +479,9 @@ fn step_samples(run: &Run) -> Option<u64> {
 pub struct Row {
     /// The row's label: the runs' name, and what tells it from the name's other rows.
     pub recipe: String,
-    /// The runs' name (the recipe's `name`; a grid cell's `<grid>/<cell>`) and the device
-    /// they ran on, as their summaries say: columns of their own in the CSV.
+    /// The runs' name (the recipe's `name`; a grid cell's `<grid>/<cell>`) and the devices
+    /// they ran on (` | ` between several), as their summaries say: columns of their own
+    /// in the CSV.
     pub name: String,
     pub device: String,
     pub runs: usize,
@@ -626,7 +627,17 @@ pub fn rows(runs: &[Run], baseline: Option<&str>) -> Result<Vec<Row>, Error> {
             Row {
                 recipe: name.to_string(),
                 name: group[0].name.clone(),
-                device: s[0].device.clone(),
+                // Every device of the row's runs (runs without recipe.toml are one row
+                // whatever they ran on).
+                device: {
+                    let mut all: Vec<&str> = vec![];
+                    for d in s.iter().map(|s| s.device.as_str()) {
+                        if !all.contains(&d) {
+                            all.push(d);
+                        }
+                    }
+                    all.join(" | ")
+                },
                 runs: group.len(),
                 timed: t.len(),
                 backend: s[0].backend.clone(),
@@ -854,8 +865,8 @@ struct CsvRow<'a> {
     /// What the ratio compares: `step` (ms/iter) or `sample` (another batch size than the
     /// baseline's: samples/s); empty where there is no ratio.
     ratio_per: Option<&'static str>,
-    /// The runs' name and device, the parts of the label to group by (last: the columns
-    /// before them keep their places).
+    /// The runs' name and device(s), to group rows by (last: the columns before them keep
+    /// their places).
     name: &'a str,
     device: &'a str,
 }
@@ -999,6 +1010,30 @@ mod tests {
             records,
             summary,
         }
+    }
+
+    /// The CSV's `device` names every device of a row's runs: runs without a recipe.toml
+    /// are one row whatever they ran on (it named the first run's alone).
+    #[test]
+    fn a_row_names_every_device_its_runs_ran_on() {
+        let mut a = run("plain", &[10.0, 10.0]);
+        let mut b = run("plain", &[20.0, 20.0]);
+        a.summary.device = "NVIDIA A100".into();
+        b.summary.device = "AMD EPYC".into();
+        let r = rows(&[a.clone(), b, a], None).unwrap();
+        assert_eq!(r.len(), 1);
+        assert_eq!(
+            (r[0].name.as_str(), r[0].device.as_str()),
+            ("plain", "NVIDIA A100 | AMD EPYC")
+        );
+        let csv = render(&r, Format::Csv);
+        assert!(
+            csv.lines()
+                .nth(1)
+                .unwrap()
+                .ends_with(",plain,NVIDIA A100 | AMD EPYC"),
+            "{csv}"
+        );
     }
 
     #[test]

@@ -88,6 +88,10 @@ pub fn resume(
     let mut summary =
         read_summary.unwrap_or_else(|why| rebuilt_summary(run_dir, &plan, &prepared, &why));
     let evals = rewind(&mut summary, &state, &records);
+    // The best weights as on disk: a process killed outright may have saved newer ones
+    // than its summary says (`runner eval --best` then called an intact file replaced).
+    summary.best_weights_sha256 =
+        crate::checkpoint::sha256_of(&run_dir.join(crate::train::BEST_WEIGHTS)).ok();
     write_json_keeping_room(&run_dir.join("summary.json"), &summary, KEPT_ROOM)
         .map_err(|e| fail(format!("summary.json: {e}")))?;
     update_env(run_dir, &env, &moved, state.step).map_err(fail)?;

@@ -1897,3 +1897,63 @@ fn eval_best_says_when_the_best_weights_are_not_those_saved() {
         "{stderr}"
     );
 }
+
+/// A process killed outright (`kill -9`) after saving a new best leaves a summary whose
+/// `best_weights_sha256` is older than `model-best.safetensors`: a resume takes the sum of
+/// the file as it finds it, so that `runner eval --best` of the intact file does not call
+/// it replaced.
+#[test]
+fn a_resume_takes_the_best_weights_as_it_finds_them() {
+    let dir = tempdir("best-after-kill");
+    let recipe = tiny_recipe(&dir, "k", "[checkpoint]\nevery = 5\n");
+    let sets: Vec<std::ffi::OsString> = [
+        "-q",
+        "--set",
+        "run.epochs=2000",
+        "--set",
+        "run.max_steps=1000",
+        "--set",
+        "data.validation=0.2",
+        "--set",
+        "run.validate=2",
+        // No better value after step 160 (by 0.5): the resume saves no new best.
+        "--set",
+        "run.early_stop.min_delta=0.5",
+        "--set",
+        "run.early_stop.patience=100000",
+    ]
+    .iter()
+    .map(Into::into)
+    .collect();
+    let mut args: Vec<&std::ffi::OsStr> = vec![recipe.as_os_str()];
+    args.extend(sets.iter().map(|s| s.as_os_str()));
+    let out = kill_after(&args, &dir.join("runs"), 190, "-TERM");
+    expect_exit(&out, 143);
+    let run = only_run(&dir.join("runs/k"));
+    let best = run.join("model-best.safetensors");
+    // What a killed process would have left: another best file than the summary's.
+    let mut bytes = std::fs::read(&best).unwrap();
+    let at = bytes.len() - 3;
+    bytes[at] ^= 0x40;
+    std::fs::write(&best, &bytes).unwrap();
+    let before = summary(&run).best_step;
+    expect_exit(&resume_quietly(&run), 0);
+    let s = summary(&run);
+    assert_eq!(
+        s.best_step, before,
+        "a new best was saved: the test shows nothing"
+    );
+    assert_eq!(
+        s.best_weights_sha256,
+        Some(runner::checkpoint::sha256_of(&best).unwrap())
+    );
+    let out = runner_cmd()
+        .arg("eval")
+        .arg(&run)
+        .arg("--best")
+        .output()
+        .unwrap();
+    expect_exit(&out, 0);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!stderr.contains("not the file the run saved"), "{stderr}");
+}
