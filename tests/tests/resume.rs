@@ -1818,11 +1818,7 @@ fn eval_says_when_the_weights_are_not_those_the_run_saved() {
         (e["weights_sha256"].as_str(), &e["weights_as_saved"]),
         (Some(saved.as_str()), &serde_json::Value::Bool(true))
     );
-    // One byte of the last tensor's data (the header, at the start, is left whole).
-    let mut bytes = std::fs::read(&weights).unwrap();
-    let at = bytes.len() - 3;
-    bytes[at] ^= 0x40;
-    std::fs::write(&weights, &bytes).unwrap();
+    flip_a_tensor_byte(&weights);
     let out = runner_cmd().arg("eval").arg(&run).output().unwrap();
     expect_exit(&out, 0);
     let stderr = String::from_utf8_lossy(&out.stderr);
@@ -1882,10 +1878,7 @@ fn eval_best_says_when_the_best_weights_are_not_those_saved() {
     let out = eval();
     expect_exit(&out, 0);
     assert!(!String::from_utf8_lossy(&out.stderr).contains("not the file the run saved"));
-    let mut bytes = std::fs::read(&best).unwrap();
-    let at = bytes.len() - 3;
-    bytes[at] ^= 0x40;
-    std::fs::write(&best, &bytes).unwrap();
+    flip_a_tensor_byte(&best);
     let out = eval();
     expect_exit(&out, 0);
     let stderr = String::from_utf8_lossy(&out.stderr);
@@ -1932,10 +1925,7 @@ fn a_resume_takes_the_best_weights_as_it_finds_them() {
     let run = only_run(&dir.join("runs/k"));
     let best = run.join("model-best.safetensors");
     // What a killed process would have left: another best file than the summary's.
-    let mut bytes = std::fs::read(&best).unwrap();
-    let at = bytes.len() - 3;
-    bytes[at] ^= 0x40;
-    std::fs::write(&best, &bytes).unwrap();
+    flip_a_tensor_byte(&best);
     let before = summary(&run).best_step;
     expect_exit(&resume_quietly(&run), 0);
     let s = summary(&run);
@@ -1956,4 +1946,13 @@ fn a_resume_takes_the_best_weights_as_it_finds_them() {
     expect_exit(&out, 0);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!stderr.contains("not the file the run saved"), "{stderr}");
+}
+
+/// One byte of a safetensors file's last tensor changed (the header, at its start, is left
+/// whole, so the file still loads).
+fn flip_a_tensor_byte(path: &Path) {
+    let mut bytes = std::fs::read(path).unwrap();
+    let at = bytes.len() - 3;
+    bytes[at] ^= 0x40;
+    std::fs::write(path, &bytes).unwrap();
 }
