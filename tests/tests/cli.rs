@@ -838,17 +838,7 @@ fn recorded_paths_are_absolute() {
         .output()
         .unwrap();
     expect_exit(&out, 0);
-    let report = std::fs::read_dir(&run)
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .find(|p| {
-            p.file_name()
-                .unwrap()
-                .to_string_lossy()
-                .starts_with("eval-")
-        })
-        .unwrap();
-    let e = json(&report);
+    let e = json(&crate::common::eval_reports(&run)[0]);
     assert_eq!(e["run_dir"], run.display().to_string());
     assert!(e["weights"].as_str().unwrap().starts_with('/'), "{e}");
     let _ = std::fs::remove_dir_all(&dir);

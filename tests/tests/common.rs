@@ -310,6 +310,19 @@ pub fn mlp_over_a_copy(dir: &Path, name: &str, local: &str, extra: &str) -> (Pat
     (recipe, copy)
 }
 
+/// The `eval-<time>.json` reports `runner eval` wrote in a run directory.
+pub fn eval_reports(run: &Path) -> Vec<PathBuf> {
+    walk_files(run)
+        .into_iter()
+        .filter(|p| {
+            p.file_name()
+                .unwrap()
+                .to_string_lossy()
+                .starts_with("eval-")
+        })
+        .collect()
+}
+
 /// Cuts a file of CIFAR-10 records (3,073 bytes each) to its first `n`.
 pub fn cut_records(path: &Path, n: usize) {
     let bytes = std::fs::read(path).unwrap();

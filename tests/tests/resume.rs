@@ -6,9 +6,9 @@ use std::process::Command;
 use runner::metrics::RunStatus;
 
 use crate::common::{
-    cut_records, expect_exit, json, long_recipe, losses, mlp_over_a_copy, only_run, records,
-    resume_quietly, root, runner_cmd, signal_pid, spawn_until, summary, tb_losses, tempdir,
-    tiny_recipe, walk_files,
+    cut_records, eval_reports, expect_exit, json, long_recipe, losses, mlp_over_a_copy, only_run,
+    records, resume_quietly, root, runner_cmd, signal_pid, spawn_until, summary, tb_losses,
+    tempdir, tiny_recipe, walk_files,
 };
 
 /// Starts `runner args`, waits until a metrics file under `runs` has `lines` lines, sends
@@ -900,16 +900,7 @@ fn eval_scores_saved_weights_like_the_run_did_and_on_another_file() {
         "{stdout} vs {:?}",
         s.test_accuracy
     );
-    let written: Vec<PathBuf> = walk_files(&run)
-        .into_iter()
-        .filter(|p| {
-            p.file_name()
-                .unwrap()
-                .to_string_lossy()
-                .starts_with("eval-")
-        })
-        .collect();
-    assert_eq!(written.len(), 1);
+    assert_eq!(eval_reports(&run).len(), 1);
     // Another file: the 20 real CIFAR-10 images.
     let other = root().join("datasets/cifar10_sample/test_batch.bin");
     let out = runner_cmd()
@@ -986,16 +977,7 @@ fn eval_scores_saved_weights_like_the_run_did_and_on_another_file() {
         std::fs::write(copy.join("recipe.toml"), r).unwrap();
         let out = runner_cmd().arg("eval").arg(&copy).output().unwrap();
         expect_exit(&out, 0);
-        let written = walk_files(&copy)
-            .into_iter()
-            .find(|p| {
-                p.file_name()
-                    .unwrap()
-                    .to_string_lossy()
-                    .starts_with("eval-")
-            })
-            .expect("eval-*.json");
-        let e = json(&written);
+        let e = json(&eval_reports(&copy)[0]);
         (e["accuracy"].as_f64().unwrap(), e["loss"].as_f64().unwrap())
     };
     let (acc, loss) = scores(500);
@@ -1795,15 +1777,7 @@ fn eval_says_when_the_weights_are_not_those_the_run_saved() {
     // The evaluation's report says which file it scored, and that it was the run's (each
     // report read is removed, so that the one there is the latest).
     let report = |run: &Path| {
-        let all: Vec<PathBuf> = walk_files(run)
-            .into_iter()
-            .filter(|p| {
-                p.file_name()
-                    .unwrap()
-                    .to_string_lossy()
-                    .starts_with("eval-")
-            })
-            .collect();
+        let all = eval_reports(run);
         assert_eq!(all.len(), 1, "{all:?}");
         let e = json(&all[0]);
         std::fs::remove_file(&all[0]).unwrap();
