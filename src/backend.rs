@@ -268,6 +268,55 @@ pub fn set_cpu_threads(threads: usize) -> usize {
     rayon::current_num_threads()
 }
 
+/// Runs `body` with the CPU backend's kernels on `threads` threads (0: one per core, or
+/// `RAYON_NUM_THREADS`). The process's first run builds rayon's global pool with its count
+/// and runs on the calling thread, as before; a later run of the process that asks for
+/// another count (a grid over `backend.threads`, a grid's `--resume` of a cell that started
+/// on other threads) runs on a pool of that size, kept for the next run that asks for it.
+/// Rayon's global pool cannot be resized: every cell of such a grid ran on the first cell's
+/// count, recorded as its own, so the `threads=2` cell was bitwise the `threads=1` one.
+pub fn with_cpu_threads<R: Send>(threads: usize, body: impl FnOnce() -> R + Send) -> R {
+    static POOLS: std::sync::Mutex<Vec<(usize, std::sync::Arc<rayon::ThreadPool>)>> =
+        std::sync::Mutex::new(Vec::new());
+    let global = set_cpu_threads(threads);
+    let wanted = match threads {
+        0 => std::env::var("RAYON_NUM_THREADS")
+            .ok()
+            .and_then(|v| v.trim().parse::<usize>().ok())
+            .filter(|&n| n > 0)
+            .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get())),
+        n => n,
+    };
+    if wanted == global {
+        return body();
+    }
+    let pool = {
+        let mut pools = POOLS.lock().unwrap_or_else(|p| p.into_inner());
+        match pools.iter().find(|(n, _)| *n == wanted) {
+            Some((_, pool)) => Some(pool.clone()),
+            None => rayon::ThreadPoolBuilder::new()
+                .num_threads(wanted)
+                .thread_name(|i| format!("runner-cpu-{i}"))
+                // The run's own loop runs on one of these threads: as much stack as the
+                // main thread has.
+                .stack_size(8 << 20)
+                .build()
+                .ok()
+                .map(|pool| {
+                    let pool = std::sync::Arc::new(pool);
+                    pools.push((wanted, pool.clone()));
+                    pool
+                }),
+        }
+    };
+    match pool {
+        Some(pool) => pool.install(body),
+        // No threads to be had: the run goes on on the global pool's, and its env.json
+        // records that count.
+        None => body(),
+    }
+}
+
 /// Keeps freed heap memory in the process for the next step instead of returning it to the
 /// operating system. A CPU step frees and re-allocates the same activation buffers
 /// (megabytes each); glibc's defaults hand blocks over its mmap threshold straight back

@@ -280,7 +280,6 @@ pub(crate) fn run_grid(c: &Checked, sel: Selection, opts: &RunOptions) -> Result
             started: mark(State::Running, None),
             interrupted: Some(interrupted),
             again: opts.again.clone(),
-            pin_threads: false,
         };
         // With --resume, a cell whose run stopped (a signal, a killed process: this process
         // holds its lock now) continues from its checkpoint rather than starting over.
@@ -453,7 +452,6 @@ pub(crate) fn resume(run_dir: &Path, quiet: bool) -> ExitCode {
     runner::signals::install();
     let opts = RunOptions {
         quiet,
-        pin_threads: true,
         ..Default::default()
     };
     let result = run::resume(run_dir, &opts, &runner::backend::probe());

@@ -54,10 +54,6 @@ pub struct RunOptions {
     /// The command that continues this run's work after an interruption, when it is not
     /// `runner resume RUN_DIR` (a grid's cell: the grid with `--resume`).
     pub again: Option<String>,
-    /// `runner resume` alone in its process: it builds the CPU's thread pool with the count
-    /// its run started with. (A grid's `--resume` runs several runs in one process, whose
-    /// pool is built once: pinned for one resumed cell, every later cell ran on its count.)
-    pub pin_threads: bool,
 }
 
 /// See [`RunOptions::started`].
@@ -270,6 +266,18 @@ struct Files {
 
 /// Runs a validated plan. Data errors come back before anything is written.
 pub fn execute(plan: &Plan, opts: &RunOptions) -> Result<Finished, RunError> {
+    on_its_threads(plan, || execute_here(plan, opts))
+}
+
+/// `body` on the plan's CPU threads (`backend::with_cpu_threads`); on a GPU, as it is.
+fn on_its_threads<R: Send>(plan: &Plan, body: impl FnOnce() -> R + Send) -> R {
+    match plan.device {
+        crate::plan::Device::Cpu => backend::with_cpu_threads(plan.threads, body),
+        _ => body(),
+    }
+}
+
+fn execute_here(plan: &Plan, opts: &RunOptions) -> Result<Finished, RunError> {
     // Nothing is written while the data loads: a signal then ends the process at once.
     let loading = crate::signals::exit_before_first_step(|_| {
         "exiting now, before the run started: nothing was written".into()

@@ -18,32 +18,29 @@ pub fn resume(
     let read_summary = read_summary(run_dir)?;
     let _lock = take_run_lock(run_dir)?;
     let mut plan = resume_plan(&recipe_path, machine)?;
-    let threads_at_start = pin_cpu_threads(run_dir, &mut plan, opts.pin_threads);
-    let metrics_path = run_dir.join("metrics.jsonl");
-    let (ckpt_dir, state, passed_over) = latest_checkpoint(run_dir, &metrics_path)?;
-    let moved = same_recipe(run_dir, &recipe_path, &plan, (&ckpt_dir, &state))?;
-    refuse_unwritable(run_dir, &plan)?;
-    // Nothing is changed while the data loads: a signal then ends the process at once.
-    // The process exits without unwinding: the lock this resume took goes here (left, it
-    // refused a resume from another node or container for a minute).
-    let lock_path = run_dir.join(RUN_LOCK);
-    let loading = crate::signals::exit_before_first_step(move |_| {
-        let _ = std::fs::remove_file(&lock_path);
-        "exiting now, before the resume started: the run is as it was, to resume again".into()
-    });
-    let prepared = prepare(&plan, opts)?;
-    drop(loading);
-    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    match threads_at_start {
+    let threads_at_start = pin_cpu_threads(run_dir, &mut plan);
+    let plan = plan;
+    super::on_its_threads(&plan, || {
+        let metrics_path = run_dir.join("metrics.jsonl");
+        let (ckpt_dir, state, passed_over) = latest_checkpoint(run_dir, &metrics_path)?;
+        let moved = same_recipe(run_dir, &recipe_path, &plan, (&ckpt_dir, &state))?;
+        refuse_unwritable(run_dir, &plan)?;
+        // Nothing is changed while the data loads: a signal then ends the process at once.
+        // The process exits without unwinding: the lock this resume took goes here (left, it
+        // refused a resume from another node or container for a minute).
+        let lock_path = run_dir.join(RUN_LOCK);
+        let loading = crate::signals::exit_before_first_step(move |_| {
+            let _ = std::fs::remove_file(&lock_path);
+            "exiting now, before the resume started: the run is as it was, to resume again".into()
+        });
+        let prepared = prepare(&plan, opts)?;
+        drop(loading);
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        match threads_at_start {
         Some(n) if n != prepared.threads => crate::errln!(
-            "warning: {}: the run started on {n} CPU threads, this resume runs on {}: the CPU's sums are split per thread, so its steps will not be bitwise those of the uninterrupted run{}",
+            "warning: {}: the run started on {n} CPU threads, this resume runs on {}: the CPU's sums are split per thread, so its steps will not be bitwise those of the uninterrupted run (no pool of {n} threads could be started)",
             run_dir.display(),
             prepared.threads,
-            if opts.pin_threads {
-                ""
-            } else {
-                " (a grid's cells share one process's threads: `runner resume RUN_DIR` takes the run's own count)"
-            }
         ),
         Some(n) if n > cores => crate::errln!(
             "note: {}: resuming on {n} CPU threads as the run started, on {cores} cores here (slower than one per core; the same bits)",
@@ -51,78 +48,80 @@ pub fn resume(
         ),
         _ => {}
     }
-    let fail = |message: String| RunError::Failed {
-        dir: run_dir.to_path_buf(),
-        message,
-    };
-    // The data the run started on (env.json's `data`; runs of earlier versions have none):
-    // the checkpoint's epoch and batch mean nothing on other data.
-    let env = environment(&plan, &prepared);
-    if let Some(changed) = data_changed(run_dir, &env.data, &moved) {
-        return Err(input(format!(
+        let fail = |message: String| RunError::Failed {
+            dir: run_dir.to_path_buf(),
+            message,
+        };
+        // The data the run started on (env.json's `data`; runs of earlier versions have none):
+        // the checkpoint's epoch and batch mean nothing on other data.
+        let env = environment(&plan, &prepared);
+        if let Some(changed) = data_changed(run_dir, &env.data, &moved) {
+            return Err(input(format!(
             "error: {changed}\n  = help: resume continues a run on the data it started on; put the data back as it was, or start a new run on this data"
         )));
-    }
-    // A checkpoint that would not load (another model layout under the same recipe hash,
-    // e.g. written by another version of the runner) is found before anything is changed.
-    let vocab = prepared
-        .sets
-        .tokenizer
-        .as_ref()
-        .map_or(0, |t| t.vocab_size());
-    let shape = crate::train::Batcher::new(&plan, vocab).shape;
-    if let Err(e) = crate::checkpoint::fits(&plan, shape, &ckpt_dir) {
-        return Err(input(format!(
+        }
+        // A checkpoint that would not load (another model layout under the same recipe hash,
+        // e.g. written by another version of the runner) is found before anything is changed.
+        let vocab = prepared
+            .sets
+            .tokenizer
+            .as_ref()
+            .map_or(0, |t| t.vocab_size());
+        let shape = crate::train::Batcher::new(&plan, vocab).shape;
+        if let Err(e) = crate::checkpoint::fits(&plan, shape, &ckpt_dir) {
+            return Err(input(format!(
             "error: {e}\n  = help: the checkpoint does not fit the model this recipe builds (written by another version of the runner?); resume it with the runner that wrote it"
         )));
-    }
-    // Nothing is written yet: a metrics file that cannot be continued is bad input.
-    let (metrics, records) = JsonLines::reopen::<StepRecord>(&metrics_path, state.metrics_lines)
+        }
+        // Nothing is written yet: a metrics file that cannot be continued is bad input.
+        let (metrics, records) = JsonLines::reopen::<StepRecord>(&metrics_path, state.metrics_lines)
         .map_err(|e| {
             input(format!(
                 "error: {}: {e}\n  = help: metrics.jsonl is written by runner; restore it (the run cannot continue without the lines up to its checkpoint)",
                 metrics_path.display()
             ))
         })?;
-    set_aside(&passed_over);
-    let mut summary =
-        read_summary.unwrap_or_else(|why| rebuilt_summary(run_dir, &plan, &prepared, &why));
-    let evals = rewind(&mut summary, &state, &records);
-    // The best weights as on disk: a process killed outright may have saved newer ones
-    // than its summary says (`runner eval --best` then called an intact file replaced).
-    summary.best_weights_sha256 =
-        crate::checkpoint::sha256_of(&run_dir.join(crate::train::BEST_WEIGHTS)).ok();
-    write_json_keeping_room(&run_dir.join("summary.json"), &summary, KEPT_ROOM)
-        .map_err(|e| fail(format!("summary.json: {e}")))?;
-    update_env(run_dir, &env, &moved, state.step).map_err(fail)?;
-    if !opts.quiet {
-        crate::errln!(
-            "{}: resuming from {} (step {}, epoch {}, batch {})",
-            plan.name,
-            ckpt_dir.display(),
-            state.step,
-            state.epoch + 1,
-            state.batch
-        );
-    }
-    let files = Files {
-        dir: run_dir.to_path_buf(),
-        env,
-        summary,
-        metrics,
-        records,
-        evals,
-        resume: Some((ckpt_dir, state)),
-    };
-    drive(&plan, opts, prepared, files)
+        set_aside(&passed_over);
+        let mut summary =
+            read_summary.unwrap_or_else(|why| rebuilt_summary(run_dir, &plan, &prepared, &why));
+        let evals = rewind(&mut summary, &state, &records);
+        // The best weights as on disk: a process killed outright may have saved newer ones
+        // than its summary says (`runner eval --best` then called an intact file replaced).
+        summary.best_weights_sha256 =
+            crate::checkpoint::sha256_of(&run_dir.join(crate::train::BEST_WEIGHTS)).ok();
+        write_json_keeping_room(&run_dir.join("summary.json"), &summary, KEPT_ROOM)
+            .map_err(|e| fail(format!("summary.json: {e}")))?;
+        update_env(run_dir, &env, &moved, state.step).map_err(fail)?;
+        if !opts.quiet {
+            crate::errln!(
+                "{}: resuming from {} (step {}, epoch {}, batch {})",
+                plan.name,
+                ckpt_dir.display(),
+                state.step,
+                state.epoch + 1,
+                state.batch
+            );
+        }
+        let files = Files {
+            dir: run_dir.to_path_buf(),
+            env,
+            summary,
+            metrics,
+            records,
+            evals,
+            resume: Some((ckpt_dir, state)),
+        };
+        drive(&plan, opts, prepared, files)
+    })
 }
 
-/// On the CPU with `backend.threads = 0` (one per core), the thread count the run started
-/// with (`env.json`'s `threads`), taken by this resume: the convolutions' weight gradients
-/// add one partial sum per thread, so another count gives other bits, and a resume on a
-/// machine with more cores (or under `taskset`) drifted from its uninterrupted twin in
-/// silence. Returns that count, where the run recorded one.
-fn pin_cpu_threads(run_dir: &Path, plan: &mut Plan, pin: bool) -> Option<usize> {
+/// On the CPU, the thread count the run started with (`env.json`'s `threads`), taken by
+/// this resume whatever its recipe.toml says: the convolutions' weight gradients add one
+/// partial sum per thread, so another count gives other bits, and a resume on a machine
+/// with more cores (or under `taskset`) drifted from its uninterrupted twin in silence. (A
+/// grid cell's recipe could say another count than it ran on, before each run got a pool
+/// of its own count.) Returns that count, where the run recorded one.
+fn pin_cpu_threads(run_dir: &Path, plan: &mut Plan) -> Option<usize> {
     if !matches!(plan.device, crate::plan::Device::Cpu) {
         return None;
     }
@@ -131,9 +130,7 @@ fn pin_cpu_threads(run_dir: &Path, plan: &mut Plan, pin: bool) -> Option<usize> 
     let n = usize::try_from(env.get("threads")?.as_u64()?)
         .ok()
         .filter(|n| (1..=crate::plan::MAX_THREADS).contains(n))?;
-    if pin && plan.threads == 0 {
-        plan.threads = n;
-    }
+    plan.threads = n;
     Some(n)
 }
 

@@ -9,7 +9,7 @@ use runner::recipe;
 
 use crate::common::{
     as_other, cut_records, expect_exit, has_a_line, invalid_quickstart_grid, json, long_recipe,
-    mlp_over_a_copy, only_run, records, resume_quietly, root, runner_cmd, runner_logged,
+    losses, mlp_over_a_copy, only_run, records, resume_quietly, root, runner_cmd, runner_logged,
     says_running, send, spawn_until, statuses, summary, tempdir, tiny_recipe, walk_files,
     with_sets, writable_by_other, SLOW_FIRST_STEP,
 };
@@ -1572,11 +1572,12 @@ fn resume_runs_again_the_cells_done_on_other_data() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// A grid's `--resume` runs its cells in one process, whose CPU thread pool is built once:
-/// a resumed cell does not pin it to its run's count (every later cell ran on that count,
-/// and said so nowhere); it says it runs on another.
+/// A grid's `--resume` runs its cells in one process: a resumed cell takes the thread
+/// count its run started with, and a later cell its own (rayon's global pool is built
+/// once, so the pinned count was every later cell's, or a resumed cell ran on the
+/// process's count and drifted from its uninterrupted twin).
 #[test]
-fn a_grid_resume_keeps_the_process_thread_count_for_every_cell() {
+fn a_grid_resume_runs_each_cell_on_its_own_thread_count() {
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     if cores < 2 {
         return;
@@ -1590,14 +1591,50 @@ fn a_grid_resume_keeps_the_process_thread_count_for_every_cell() {
         .unwrap();
     expect_exit(&out, 0);
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        stderr.contains("the run started on 1 CPU threads")
-            && stderr.contains("a grid's cells share one process's threads"),
-        "{stderr}"
+    assert!(!stderr.contains("CPU threads"), "{stderr}");
+    let cell0 = json(&only_run(&dir.join("runs/g/optim.lr=0.05")).join("env.json"));
+    assert_eq!(cell0["threads"].as_u64(), Some(1), "{cell0}");
+    assert_eq!(cell0["resumes"][0]["threads"].as_u64(), Some(1), "{cell0}");
+    let cell1 = json(&only_run(&dir.join("runs/g/optim.lr=0.1")).join("env.json"));
+    assert_eq!(cell1["threads"].as_u64(), Some(cores as u64), "{cell1}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A grid over `backend.threads` runs each cell on its count, bitwise as the same recipe
+/// run alone with that count. Every cell ran on the first cell's count (rayon's global
+/// pool is built once per process) and recorded its own: the `threads=2` cell was the
+/// `threads=1` one, bit for bit, under another label.
+#[test]
+fn a_grid_over_cpu_threads_runs_each_cell_on_its_count() {
+    let dir = tempdir("grid-over-threads");
+    let grid = long_recipe(&dir, "g", "[sweep]\n\"backend.threads\" = [1, 2]\n");
+    let sets = ["--set", "run.max_steps=12"];
+    let out = runner_cmd()
+        .arg(&grid)
+        .arg("-q")
+        .args(sets)
+        .output()
+        .unwrap();
+    expect_exit(&out, 0);
+    let alone = runner_cmd()
+        .arg(&grid)
+        .args(["-q", "--cell", "1", "--set"])
+        .arg(format!("log.dir=\"{}\"", dir.join("alone").display()))
+        .args(sets)
+        .output()
+        .unwrap();
+    expect_exit(&alone, 0);
+    for (cell, threads) in [("threads=1", 1), ("threads=2", 2)] {
+        let env = json(&only_run(&dir.join("runs/g").join(cell)).join("env.json"));
+        assert_eq!(env["threads"].as_u64(), Some(threads), "{cell}: {env}");
+    }
+    let in_grid = only_run(&dir.join("runs/g/threads=2"));
+    let on_its_own = only_run(&dir.join("alone/g/threads=2"));
+    assert_eq!(losses(&in_grid), losses(&on_its_own));
+    assert_eq!(
+        json(&in_grid.join("summary.json"))["weights_sha256"],
+        json(&on_its_own.join("summary.json"))["weights_sha256"]
     );
-    let cell1 = only_run(&dir.join("runs/g/optim.lr=0.1"));
-    let env = json(&cell1.join("env.json"));
-    assert_eq!(env["threads"].as_u64(), Some(cores as u64), "{env}");
     let _ = std::fs::remove_dir_all(&dir);
 }
 
