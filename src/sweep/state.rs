@@ -132,14 +132,17 @@ impl SweepDir {
     /// the writer's working directory where older versions wrote them; either goes stale
     /// when the log directory is moved or copied (to another machine, another mount
     /// point), and a relative one from any other working directory. Done cells were then
-    /// trained again by `--resume`.
+    /// trained again by `--resume`. A path outside this grid's folder that is there is
+    /// taken only where no run under it ends the same way: a grid's folder copied into
+    /// another clone (another user's, on a shared file system) resumed the original's runs,
+    /// in the other clone, and left the copy's as they were.
     fn locate(&self, stored: PathBuf) -> PathBuf {
-        if stored.is_dir() {
-            return stored;
-        }
         let Some(base) = self.dir.parent().and_then(Path::parent) else {
             return stored;
         };
+        if stored.starts_with(base) && stored.is_dir() {
+            return stored;
+        }
         let parts: Vec<&std::ffi::OsStr> = stored
             .components()
             .filter_map(|p| match p {

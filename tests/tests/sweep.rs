@@ -1600,6 +1600,40 @@ fn a_grid_resume_runs_each_cell_on_its_own_thread_count() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// A grid's folder copied to another log directory (a colleague's clone, on the same file
+/// system) and resumed there continues the copy's runs: it resumed the original's, in the
+/// other folder, whose cell files name them by absolute path, and left the copy's cell
+/// interrupted.
+#[test]
+fn a_copied_grid_resumes_its_own_runs_not_the_original_s() {
+    let dir = tempdir("copied-grid");
+    let grid = cell0_interrupted(&dir, &[]);
+    let copied = Command::new("cp")
+        .arg("-a")
+        .arg(dir.join("runs"))
+        .arg(dir.join("copy"))
+        .status()
+        .unwrap();
+    assert!(copied.success());
+    let out = runner_cmd()
+        .arg(&grid)
+        .args(["-q", "--resume", "--set"])
+        .arg(format!("log.dir=\"{}\"", dir.join("copy").display()))
+        .output()
+        .unwrap();
+    expect_exit(&out, 0);
+    let original = only_run(&dir.join("runs/g/optim.lr=0.05"));
+    let copy = only_run(&dir.join("copy/g/optim.lr=0.05"));
+    assert_eq!(summary(&original).status, RunStatus::Interrupted);
+    assert_eq!(summary(&copy).status, RunStatus::Completed);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        !stdout.contains(&*dir.join("runs").to_string_lossy()),
+        "{stdout}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// A grid over `backend.threads` runs each cell on its count, bitwise as the same recipe
 /// run alone with that count. Every cell ran on the first cell's count (rayon's global
 /// pool is built once per process) and recorded its own: the `threads=2` cell was the
