@@ -84,7 +84,22 @@ pub(crate) fn run_all(args: &RunArgs) -> ExitCode {
     };
     runner::signals::install();
     let mut code = ExitCode::SUCCESS;
-    for c in &all {
+    for (k, c) in all.iter().enumerate() {
+        // A signal that came as the previous recipe's run finished: the rest are not
+        // started (the next one said "exiting now, before the run started").
+        if let Some(signal) = runner::signals::received().filter(|_| k > 0) {
+            runner::errln!(
+                "{}{}: not run: {} came as the run before it finished",
+                c.path.display(),
+                match all.len() - k - 1 {
+                    0 => String::new(),
+                    n => format!(" (and the {n} recipe(s) after it)"),
+                },
+                runner::signals::name(signal)
+            );
+            // 128 + the signal, as for a run it stops.
+            return ExitCode::from(u8::try_from(128 + signal).unwrap_or(130));
+        }
         let outcome = if c.grid {
             let opts = RunOptions {
                 again: Some(grid_again(c, args)),
@@ -361,6 +376,20 @@ pub(crate) fn run_grid(c: &Checked, sel: Selection, opts: &RunOptions) -> Result
     })?;
     if let Some(e) = stop {
         return Err(e);
+    }
+    if let Some(signal) = outcome.stopped_by {
+        runner::errln!(
+            "{}: {}: stopped after the cell that was finishing; continue the grid with: {}",
+            c.path.display(),
+            runner::signals::name(signal),
+            opts.again
+                .as_deref()
+                .unwrap_or("the same command with --resume")
+        );
+        return Err(RunError::Interrupted {
+            dir: dir.dir.clone(),
+            signal,
+        });
     }
     for (i, owner) in &outcome.busy {
         runner::errln!("cell {i}: left to {owner}, which holds its lock");

@@ -325,6 +325,9 @@ pub struct SweepOutcome {
     pub failed: Vec<(usize, String)>,
     /// Of the skipped, those found done in another sweep directory of the grid.
     pub adopted: usize,
+    /// A signal came while a cell finished (its final evaluation): that cell completed,
+    /// and no further one was started.
+    pub stopped_by: Option<i32>,
 }
 
 /// How a cell's run ended when it did not complete.
@@ -376,6 +379,13 @@ pub fn execute(
     for c in cells {
         if !sel.takes(c.index) {
             continue;
+        }
+        // A signal that came as the previous cell finished: the grid stops between cells,
+        // as it does inside one (the next cell was marked running and then left so, with
+        // its lock, by the exit before its first step, and no way to go on was said).
+        if let Some(sig) = crate::signals::received() {
+            out.stopped_by = Some(sig);
+            break;
         }
         if sel.resume && sweep.done_run(c).is_some_and(|d| current(c, &d)) {
             out.skipped.push(c.index);

@@ -264,6 +264,61 @@ fn a_signal_during_the_final_evaluation_lets_the_run_finish_and_says_so() {
     );
 }
 
+/// A signal during a grid cell's final evaluation lets that cell finish and stops the grid
+/// there, saying how to go on. The next cell was started, marked running, and left so
+/// with its lock by an exit that said "before the run started: nothing was written", with
+/// no command to continue. `--resume` then runs the rest.
+#[test]
+fn a_signal_during_a_cell_s_final_evaluation_stops_the_grid_after_it() {
+    let dir = tempdir("sigint-final-cell");
+    let grid = tiny_recipe(&dir, "g", "[sweep]\n\"optim.lr\" = [0.1, 0.2]\n");
+    let heavy = [
+        "model.hidden=[4096, 4096]",
+        "data.synthetic={ samples = 512, test_samples = 30000, image_size = 8 }",
+        "loader.batch_size=512",
+        "run.max_steps=1",
+    ];
+    let command = || {
+        let mut cmd = runner_cmd();
+        cmd.arg(&grid).arg("-q");
+        for set in heavy {
+            cmd.args(["--set", set]);
+        }
+        cmd
+    };
+    let (child, _) = spawn_until(command(), &dir.join("runs"), has_a_line);
+    send("-INT", &child);
+    let out = child.wait_with_output().unwrap();
+    expect_exit(&out, 130);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains(
+            "SIGINT: stopped after the cell that was finishing; continue the grid with: "
+        ) && stderr.contains("--resume"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("nothing was written"), "{stderr}");
+    let cell0 = only_run(&dir.join("runs/g/optim.lr=0.1"));
+    assert_eq!(summary(&cell0).status, RunStatus::Completed);
+    assert!(!dir.join("runs/g/optim.lr=0.2").exists());
+    let sweep = only_run(&dir.join("runs/g/sweeps"));
+    let cells: Vec<String> = std::fs::read_dir(sweep.join("cells"))
+        .unwrap()
+        .map(|e| std::fs::read_to_string(e.unwrap().path()).unwrap())
+        .collect();
+    assert_eq!(cells.len(), 1, "{cells:?}");
+    assert!(cells[0].contains("\"done\""), "{cells:?}");
+    let locks = std::fs::read_dir(sweep.join("locks")).map_or(0, |d| d.count());
+    assert_eq!(locks, 0);
+    let mut resume = command();
+    resume.arg("--resume");
+    let out = resume.output().unwrap();
+    expect_exit(&out, 0);
+    let cell1 = only_run(&dir.join("runs/g/optim.lr=0.2"));
+    assert_eq!(summary(&cell1).status, RunStatus::Completed);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// A second signal ends the process at once and still leaves a true summary:
 /// `interrupted`, with the steps `metrics.jsonl` holds, and the message says what is kept
 /// to go on from (here the trained weights, saved before the final evaluation; with
