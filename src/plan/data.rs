@@ -617,13 +617,20 @@ impl<'a> Validator<'a> {
         if path.is_file() {
             Some(path)
         } else {
-            self.not_a_file(key, &path, "is not a regular file", "name a .jsonl file");
+            self.not_a_file(
+                key,
+                rel,
+                &path,
+                "is not a regular file",
+                "name a .jsonl file",
+            );
             None
         }
     }
 
-    /// A data path that is missing, or is something the format cannot read.
-    fn not_a_file(&mut self, key: &str, path: &Path, what: &str, help: &str) {
+    /// A data path that is missing, or is something the format cannot read (`written` as
+    /// the recipe writes it).
+    fn not_a_file(&mut self, key: &str, written: &str, path: &Path, what: &str, help: &str) {
         let shown = crate::recipe::lexical(path);
         if path.exists() {
             self.err(key, format!("{} {what}", shown.display()), help);
@@ -631,6 +638,12 @@ impl<'a> Validator<'a> {
             let why = crate::recipe::why_missing(path);
             let help = if why == "does not exist" && self.l.set_on_command_line(key) {
                 "--set paths are relative to the working directory; the shipped data is under datasets/"
+            } else if why == "does not exist"
+                && (Path::new(written).is_absolute() || written.starts_with('~'))
+            {
+                // (A run's own recipe.toml, which names its data by absolute path, in a
+                // copy of the run on another machine or clone, was told of relative paths.)
+                "the file is not at that path on this machine: put it there, or point the key at where it is"
             } else if why == "does not exist" {
                 "paths are relative to the recipe file; the shipped data is under datasets/"
             } else {
@@ -781,6 +794,7 @@ impl<'a> Validator<'a> {
         } else {
             self.not_a_file(
                 key,
+                rel,
                 &path,
                 "is neither a regular file nor a directory",
                 "name a .bin file or the directory holding them",
