@@ -133,6 +133,7 @@ fn step_times(top: &Area, runs: &[Run], rows: &[Row], err: Err) -> Result<(), St
         })
         .fold(0.0, f64::max)
         .max(1e-3)
+        .min(1e300)
         * 1.5;
     let mut chart = ChartBuilder::on(top)
         .caption("time per optimizer step (ms)", ("sans-serif", 22))
@@ -248,7 +249,14 @@ fn bars(bottom: &Area, rows: &[Row], err: Err) -> Result<(), String> {
                 .map_err(|e| err(&e))?;
             continue;
         }
-        let top_v = values.iter().cloned().fold(0.0, f64::max).max(1e-9) * 1.15;
+        // (Bounded: a value near f64's largest made the axis infinite, and plotters then
+        // looked for its ticks for good.)
+        let top_v = values
+            .iter()
+            .cloned()
+            .fold(0.0, f64::max)
+            .clamp(1e-9, 1e300)
+            * 1.15;
         let n = rows.len() as f64;
         // Room under the axis for each bar's number (the key's): the values' axis starts
         // below 0, its labels there left out.

@@ -59,6 +59,50 @@ fn report_recomputes_the_table_from_metrics_files() {
     );
 }
 
+/// Step times near f64's largest (a hand-edited or damaged metrics.jsonl) made the plot's
+/// axis infinite, and `report --plot` looked for its ticks for good, at 100% of a core.
+#[test]
+fn a_plot_of_step_times_near_the_largest_float_is_drawn() {
+    let dir = tempdir("report-huge");
+    let run = dir.join("default/run1");
+    std::fs::create_dir_all(&run).unwrap();
+    let fixture = root().join("tests/fixtures/report/default/run1");
+    std::fs::copy(fixture.join("summary.json"), run.join("summary.json")).unwrap();
+    let lines: Vec<String> = std::fs::read_to_string(fixture.join("metrics.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| {
+            let mut v: serde_json::Value = serde_json::from_str(l).unwrap();
+            v["iter_ms"] = serde_json::json!(1.2e308);
+            v.to_string()
+        })
+        .collect();
+    std::fs::write(run.join("metrics.jsonl"), lines.join("\n") + "\n").unwrap();
+    let svg = dir.join("huge.svg");
+    let mut child = runner_cmd()
+        .args(["report", "--plot"])
+        .arg(&svg)
+        .arg(&dir)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("report --plot still drawing after 60 s");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    assert!(status.success(), "{status}");
+    assert!(std::fs::read_to_string(&svg).unwrap().starts_with("<svg"));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[test]
 fn report_command_prints_markdown_and_draws_a_plot() {
     let out_dir = tempdir("report-cli");
