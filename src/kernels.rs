@@ -27,13 +27,30 @@ pub const CACHE_ENV: &str = "RUNNER_CACHE_DIR";
 /// The cache directory and what chose it.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct CacheDir {
+    /// (Written lossily: a `$HOME` or `$RUNNER_CACHE_DIR` that is not UTF-8 failed every
+    /// run's env.json, CPU runs included, which use no cache.)
+    #[serde(serialize_with = "lossy_path")]
     pub dir: PathBuf,
     /// `backend.cache_dir`, `$RUNNER_CACHE_DIR`, `$XDG_CACHE_HOME`, `$HOME` or `working directory`.
     pub chosen_by: String,
     /// The directory chosen, where it could not be written and `dir` is this user's
     /// fallback for it (see [`usable_cache`]).
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(
+        skip_serializing_if = "Option::is_none",
+        serialize_with = "lossy_optional_path"
+    )]
     pub instead_of: Option<PathBuf>,
+}
+
+fn lossy_path<S: serde::Serializer>(p: &Path, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_str(&p.to_string_lossy())
+}
+
+fn lossy_optional_path<S: serde::Serializer>(p: &Option<PathBuf>, s: S) -> Result<S::Ok, S::Error> {
+    match p {
+        Some(p) => lossy_path(p, s),
+        None => s.serialize_none(),
+    }
 }
 
 impl CacheDir {

@@ -483,7 +483,10 @@ impl Summary {
     pub fn absorb(&mut self, records: &[StepRecord], warmup_steps: u64) {
         self.warmup_steps = warmup_steps;
         self.steps = records.len() as u64;
-        self.samples = records.iter().map(|r| r.samples as u64).sum();
+        // Saturating sums: a hand-edited line's huge count wrapped around in silence.
+        self.samples = records
+            .iter()
+            .fold(0u64, |a, r| a.saturating_add(r.samples as u64));
         self.final_loss = records.last().map(|r| r.loss);
         let after: Vec<&StepRecord> = records.iter().filter(|r| r.step > warmup_steps).collect();
         let unsynced: Vec<&StepRecord> = after.iter().copied().filter(|r| !r.synced).collect();
@@ -491,7 +494,9 @@ impl Summary {
         let iters: Vec<f64> = timed.iter().map(|r| r.iter_ms).collect();
         self.iter_ms = Stats::of(&iters);
         let total_ms: f64 = iters.iter().sum();
-        let timed_samples: usize = timed.iter().map(|r| r.samples).sum();
+        let timed_samples = timed
+            .iter()
+            .fold(0usize, |a, r| a.saturating_add(r.samples));
         self.samples_per_s = if total_ms > 0.0 {
             timed_samples as f64 / (total_ms / 1e3)
         } else {
@@ -521,7 +526,8 @@ impl Summary {
                 )
             })
             .collect();
-        self.cleanup_freed_bytes = (!freed.is_empty()).then(|| freed.iter().sum());
+        self.cleanup_freed_bytes =
+            (!freed.is_empty()).then(|| freed.iter().fold(0u64, |a, b| a.saturating_add(*b)));
         self.peak_mem_in_use_bytes = records.iter().filter_map(|r| r.mem_in_use_bytes).max();
         self.peak_mem_reserved_bytes = records.iter().filter_map(|r| r.mem_reserved_bytes).max();
         self.peak_rss_bytes = records.iter().filter_map(|r| r.rss_bytes).max();
@@ -531,13 +537,13 @@ impl Summary {
         };
         let sum = |v: &[&StepRecord], f: fn(&StepRecord) -> Option<u64>| {
             let x: Vec<u64> = v.iter().filter_map(|r| f(r)).collect();
-            (!x.is_empty()).then(|| x.iter().sum::<u64>())
+            (!x.is_empty()).then(|| x.iter().fold(0u64, |a, b| a.saturating_add(*b)))
         };
         let all: Vec<&StepRecord> = records.iter().collect();
         self.real_tokens = sum(&all, |r| r.real_tokens);
         self.padded_tokens = sum(&all, |r| r.padded_tokens);
         self.pad_waste_pct = match (self.real_tokens, self.padded_tokens) {
-            (Some(r), Some(p)) if p > 0 => Some(100.0 * (p - r) as f64 / p as f64),
+            (Some(r), Some(p)) if p > 0 => Some(100.0 * p.saturating_sub(r) as f64 / p as f64),
             _ => None,
         };
         let per_s = |n: Option<u64>| {
@@ -944,6 +950,25 @@ pub fn rss_bytes() -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Counts in a hand-edited metrics.jsonl (more real tokens than padded ones, a step of
+    /// usize::MAX samples) give bounded figures: they wrapped around to 18446744073709551615
+    /// pad tokens and a padding waste of 3.7e18 %.
+    #[test]
+    fn counts_that_cannot_add_up_stop_at_their_bound() {
+        let step = |n: u64, samples: usize| StepRecord {
+            step: n,
+            samples,
+            iter_ms: 1.0,
+            real_tokens: Some(10),
+            padded_tokens: Some(5),
+            ..Default::default()
+        };
+        let mut s = Summary::default();
+        s.absorb(&[step(1, usize::MAX), step(2, 1)], 0);
+        assert_eq!(s.samples, u64::MAX);
+        assert_eq!(s.pad_waste_pct, Some(0.0));
+    }
 
     /// A lines file removed, or replaced by another, while it is written is written again
     /// from the open copy; the replacement is moved aside, not lost.

@@ -657,7 +657,7 @@ pub fn rows(runs: &[Run], baseline: Option<&str>) -> Result<Vec<Row>, Error> {
                 pad_waste_pct: mean_opt(s.iter().map(|s| s.pad_waste_pct)),
                 pad_tokens: mean_opt(
                     s.iter()
-                        .map(|s| Some((s.padded_tokens? - s.real_tokens?) as f64)),
+                        .map(|s| Some(s.padded_tokens?.saturating_sub(s.real_tokens?) as f64)),
                 ),
                 real_tokens_per_s: mean_opt(s.iter().map(|s| s.real_tokens_per_s)),
                 padded_tokens_per_s: mean_opt(s.iter().map(|s| s.padded_tokens_per_s)),

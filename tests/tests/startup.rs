@@ -412,3 +412,28 @@ fn progress_lines_reach_any_terminal() {
         );
     }
 }
+
+/// A `$RUNNER_CACHE_DIR` (or a `$HOME`) that is not UTF-8 is written into env.json as
+/// best it can be: every run failed, exit 1, after its run directory was made ("env.json:
+/// path contains invalid UTF-8 characters"), CPU runs too, which use no kernel cache.
+#[test]
+fn a_cache_folder_named_in_other_bytes_than_utf8_fails_no_run() {
+    use std::os::unix::ffi::OsStrExt;
+    let dir = tempdir("non-utf8-cache");
+    let recipe = tiny_recipe(&dir, "t", "");
+    let odd = std::ffi::OsStr::from_bytes(b"/tmp/runner-test-\xff-cache");
+    let out = runner_cmd()
+        .arg(&recipe)
+        .arg("-q")
+        .env("RUNNER_CACHE_DIR", odd)
+        .output()
+        .unwrap();
+    expect_exit(&out, 0);
+    let env = json(&only_run(&dir.join("runs/t")).join("env.json"));
+    assert_eq!(
+        env["kernels"]["dir"].as_str(),
+        Some("/tmp/runner-test-\u{fffd}-cache"),
+        "{env}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
