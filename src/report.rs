@@ -268,6 +268,14 @@ pub fn load_run(dir: &Path) -> Result<Run, Error> {
             e.column()
         ))
     })?;
+    // Every field has a default, so `{}` read as a summary of no run, and such runs were
+    // grouped as repeats of one nameless recipe.
+    if stored.name.is_empty() || stored.run_id.is_empty() {
+        return Err(Error::Input(format!(
+            "error: {}: names no run (no `name` or `run_id`)\n  = help: summary.json is written by runner; was it edited? `runner resume` of an interrupted run writes it again",
+            sp.display()
+        )));
+    }
     let text = crate::metrics::read_utf8(&mp)
         .map_err(|e| Error::Input(format!("error: {}: {e}", mp.display())))?;
     let records: Vec<StepRecord> = JsonLines::records(&text).map_err(|(line, e)| {

@@ -181,7 +181,14 @@ fn read_summary(run_dir: &Path) -> Result<Result<Summary, String>, RunError> {
     // A summary cut short (a crash during its rewrite in place on a full disk) or gone is
     // written again (`rebuilt_summary`) from the checkpoint and the metrics lines.
     let read_summary: Result<Summary, String> = match std::fs::read_to_string(&summary_path) {
-        Ok(text) => serde_json::from_str(&text).map_err(|e| format!("unreadable ({e})")),
+        // One without its name or run id (`{}`: every field has a default) is as
+        // unreadable: the resumed run had none, and the report grouped such runs.
+        Ok(text) => serde_json::from_str::<Summary>(&text)
+            .map_err(|e| format!("unreadable ({e})"))
+            .and_then(|s| match s.name.is_empty() || s.run_id.is_empty() {
+                true => Err("unreadable (it names no run: no name or run_id)".to_string()),
+                false => Ok(s),
+            }),
         // There but not text (it said "exists").
         Err(e) if summary_path.is_file() => Err(format!("unreadable ({e})")),
         Err(_) => Err(crate::recipe::why_missing(&summary_path)),

@@ -1462,7 +1462,9 @@ fn a_damaged_or_missing_summary_is_written_again_by_resume() {
             .success());
         to
     };
-    let (gone, binary) = (copy("gone"), copy("binary"));
+    let (gone, binary, empty) = (copy("gone"), copy("binary"), copy("empty"));
+    // Every field has a default: `{}` was read as a summary of a run with no name.
+    std::fs::write(empty.join("summary.json"), "{}").unwrap();
     let text = std::fs::read(run.join("summary.json")).unwrap();
     std::fs::write(run.join("summary.json"), &text[..text.len() / 2]).unwrap();
     std::fs::remove_file(gone.join("summary.json")).unwrap();
@@ -1472,6 +1474,7 @@ fn a_damaged_or_missing_summary_is_written_again_by_resume() {
         (&run, "unreadable (EOF while parsing"),
         (&gone, "does not exist"),
         (&binary, "unreadable (stream did not contain valid UTF-8"),
+        (&empty, "unreadable (it names no run"),
     ] {
         let out = resume_quietly(copy);
         expect_exit(&out, 0);
