@@ -435,7 +435,7 @@ pub struct Summary {
 impl Summary {
     /// The summary of the run in `run_dir`, where it says the run completed.
     pub fn completed_in(run_dir: &Path) -> Option<Summary> {
-        let text = std::fs::read_to_string(run_dir.join("summary.json")).ok()?;
+        let text = crate::metrics::read_text(run_dir.join("summary.json")).ok()?;
         let s: Summary = serde_json::from_str(&text).ok()?;
         (s.status == RunStatus::Completed).then_some(s)
     }
@@ -672,7 +672,7 @@ impl JsonLines {
 
     /// Keeps the first `keep` lines of `path` as they are and opens it to append.
     pub fn reopen_raw(path: &Path, keep: u64) -> std::io::Result<Self> {
-        let text = std::fs::read_to_string(path)?;
+        let text = crate::metrics::read_text(path)?;
         let end: usize = text
             .split_inclusive('\n')
             .take(keep as usize)
@@ -798,7 +798,13 @@ pub fn immutable(path: &Path) -> bool {
         // _IOR('f', 1, long); FS_IMMUTABLE_FL | FS_APPEND_FL.
         const FS_IOC_GETFLAGS: libc::c_ulong = 0x8008_6601;
         const FIXED: libc::c_long = 0x10 | 0x20;
-        let Ok(f) = File::open(path) else {
+        use std::os::unix::fs::OpenOptionsExt as _;
+        // Without waiting: a named pipe in its place held the resume at this open.
+        let Ok(f) = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NONBLOCK)
+            .open(path)
+        else {
             return false;
         };
         let mut flags: libc::c_long = 0;
@@ -819,8 +825,51 @@ pub fn immutable(path: &Path) -> bool {
 /// A text file read whole. One that is not UTF-8 is an error saying where (`not_utf8`):
 /// "stream did not contain valid UTF-8" named no place.
 pub fn read_utf8(path: &Path) -> std::io::Result<String> {
-    String::from_utf8(std::fs::read(path)?)
+    String::from_utf8(read_regular(path)?)
         .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, not_utf8(&e)))
+}
+
+/// A file the runner wrote and reads back (a run's, a checkpoint's, a grid's), read only
+/// where it is a file (or a folder, which the read then refuses as before): it is opened
+/// without waiting, so a named pipe in its place (or a link to one, or to `/dev/zero`) is
+/// "is a named pipe, not a file" rather than a read that waits for a writer for good (a
+/// resume, a report, an eval, a grid's `--resume` hung) or never ends.
+pub fn read_regular(path: impl AsRef<Path>) -> std::io::Result<Vec<u8>> {
+    let path = path.as_ref();
+    use std::io::Read as _;
+    use std::os::unix::fs::{FileTypeExt as _, OpenOptionsExt as _};
+    let mut file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path)?;
+    let meta = file.metadata()?;
+    let t = meta.file_type();
+    if !t.is_file() && !t.is_dir() {
+        let kind = if t.is_fifo() {
+            "a named pipe"
+        } else if t.is_socket() {
+            "a socket"
+        } else {
+            "a device"
+        };
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            format!("is {kind}, not a file"),
+        ));
+    }
+    let mut bytes = Vec::with_capacity(meta.len().min(1 << 30) as usize);
+    file.read_to_end(&mut bytes)?;
+    Ok(bytes)
+}
+
+/// [`read_regular`], as text (the error of `std::fs::read_to_string` where it is not UTF-8).
+pub fn read_text(path: impl AsRef<Path>) -> std::io::Result<String> {
+    String::from_utf8(read_regular(path)?).map_err(|_| {
+        std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            "stream did not contain valid UTF-8",
+        )
+    })
 }
 
 /// Where text that is not UTF-8 first is not, so the byte can be found: "line 2, column 4

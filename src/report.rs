@@ -232,7 +232,7 @@ fn grid_order(sweeps: &Path) -> Vec<(PathBuf, usize, PathBuf)> {
     grids
         .filter_map(|g| {
             let dir = g.ok()?.path();
-            let text = std::fs::read_to_string(dir.join("manifest.json")).ok()?;
+            let text = crate::metrics::read_text(dir.join("manifest.json")).ok()?;
             let m = serde_json::from_str::<crate::sweep::Manifest>(&text).ok()?;
             Some((dir, m))
         })
@@ -330,7 +330,7 @@ pub fn load_run(dir: &Path) -> Result<Run, Error> {
     // On the CPU, the threads it ran on (`threads = 0` is one per core, which differs
     // between machines): its speed, and the bits of its sums, follow them.
     if !recipe.is_empty() && stored.backend.contains("cpu") {
-        let threads = std::fs::read_to_string(dir.join("env.json"))
+        let threads = crate::metrics::read_text(dir.join("env.json"))
             .ok()
             .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
             .and_then(|e| e.get("threads").and_then(|n| n.as_u64()));
@@ -349,7 +349,7 @@ pub fn load_run(dir: &Path) -> Result<Run, Error> {
 
 /// [`Run::recipe`] of the run in `dir`.
 fn what_ran(dir: &Path) -> Vec<(String, String)> {
-    let Some(mut recipe) = std::fs::read_to_string(dir.join("recipe.toml"))
+    let Some(mut recipe) = crate::metrics::read_text(dir.join("recipe.toml"))
         .ok()
         .and_then(|t| t.parse::<toml::Table>().ok())
     else {
@@ -367,7 +367,7 @@ fn what_ran(dir: &Path) -> Vec<(String, String)> {
         }
         // The files read, by content; the order is the runner's (training, test,
         // validation), the same for the same recipe.
-        let env: Option<serde_json::Value> = std::fs::read_to_string(dir.join("env.json"))
+        let env: Option<serde_json::Value> = crate::metrics::read_text(dir.join("env.json"))
             .ok()
             .and_then(|t| serde_json::from_str(&t).ok());
         files = env.as_ref().and_then(|e| e["data"].as_array()).map(|all| {

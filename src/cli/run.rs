@@ -281,7 +281,7 @@ pub(crate) fn run_grid(c: &Checked, sel: Selection, opts: &RunOptions) -> Result
                 let sweep = SweepDir {
                     dir: sweep_dir.clone(),
                 };
-                let error = std::fs::read_to_string(run_dir.join("summary.json"))
+                let error = runner::metrics::read_text(run_dir.join("summary.json"))
                     .ok()
                     .and_then(|t| serde_json::from_str::<Summary>(&t).ok())
                     .and_then(|s| s.error)

@@ -89,7 +89,7 @@ pub struct DataFile {
 /// env.json does not say. Paths do not count: the same files elsewhere are the same data.
 pub fn other_data(run_dir: &Path, plan: &Plan) -> Option<String> {
     let env: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(run_dir.join("env.json")).ok()?).ok()?;
+        serde_json::from_str(&crate::metrics::read_text(run_dir.join("env.json")).ok()?).ok()?;
     let then: Vec<DataFile> = serde_json::from_value(env.get("data")?.clone()).ok()?;
     let now = data_files(plan);
     let key = |f: &DataFile| (f.bytes, f.crc32.clone());
@@ -191,7 +191,7 @@ pub fn git_info(file: &Path) -> Option<GitInfo> {
     let dirty = !status.is_empty();
     let diff = dirty.then(|| {
         if status.starts_with("??") || status.starts_with("!!") {
-            std::fs::read_to_string(file).unwrap_or_default()
+            crate::metrics::read_text(file).unwrap_or_default()
         } else {
             // Whole, with its last newline (trimmed, `git apply` called it corrupt), and
             // in git's own form whatever the user's config says (colour, no prefixes, an

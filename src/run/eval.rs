@@ -63,7 +63,7 @@ fn saved_weights(run_dir: &Path, best: bool) -> Result<PathBuf, RunError> {
         // What the run's summary says of it: resuming is the way only for a run that
         // stopped (a live one is still going; a failed one resumes into the same failure).
         let summary: Option<crate::metrics::Summary> =
-            std::fs::read_to_string(run_dir.join("summary.json"))
+            crate::metrics::read_text(run_dir.join("summary.json"))
                 .ok()
                 .and_then(|t| serde_json::from_str(&t).ok());
         let first = |e: &str| e.split(';').next().unwrap_or(e).to_string();
@@ -121,7 +121,7 @@ fn weights_changed(
     best: bool,
 ) -> (String, Option<Result<(), String>>) {
     let now = crate::checkpoint::sha256_of(weights).unwrap_or_default();
-    let saved = std::fs::read_to_string(run_dir.join("summary.json"))
+    let saved = crate::metrics::read_text(run_dir.join("summary.json"))
         .ok()
         .and_then(|t| serde_json::from_str::<crate::metrics::Summary>(&t).ok())
         .and_then(|s| match best {
@@ -320,7 +320,7 @@ fn test_file(recipe_path: &Path, data_file: Option<&Path>) -> Option<PathBuf> {
     let path = match data_file {
         Some(d) => d.to_path_buf(),
         None => {
-            let text = std::fs::read_to_string(recipe_path).ok()?;
+            let text = crate::metrics::read_text(recipe_path).ok()?;
             let table = text.parse::<toml::Table>().ok()?;
             PathBuf::from(table.get("data")?.get("test")?.as_str()?)
         }
@@ -347,7 +347,7 @@ fn as_data_flag(
     mut d: crate::recipe::Diagnostics,
     recipe_path: &Path,
 ) -> crate::recipe::Diagnostics {
-    let format = std::fs::read_to_string(recipe_path)
+    let format = crate::metrics::read_text(recipe_path)
         .ok()
         .and_then(|t| t.parse::<toml::Table>().ok())
         .and_then(|t| t.get("data")?.get("format")?.as_str().map(String::from))
@@ -419,7 +419,7 @@ fn free_name(run_dir: &Path, stamp: &str) -> Result<PathBuf, String> {
 /// say.
 fn test_data_changed(run_dir: &Path, files: &[std::path::PathBuf]) -> Option<String> {
     let env: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(run_dir.join("env.json")).ok()?).ok()?;
+        serde_json::from_str(&crate::metrics::read_text(run_dir.join("env.json")).ok()?).ok()?;
     let then: Vec<super::env::DataFile> = serde_json::from_value(env.get("data")?.clone()).ok()?;
     for f in files {
         let sum = crate::data::sums::recorded(f).or_else(|| crate::data::sums::file_sum(f).ok())?;

@@ -581,7 +581,7 @@ fn stop_at_second_signal(
         // The lines written so far, and no more after them: the summary counts these (one
         // being written is finished first).
         crate::metrics::stop_line_writes();
-        let text = std::fs::read_to_string(d.join("metrics.jsonl")).unwrap_or_default();
+        let text = crate::metrics::read_text(d.join("metrics.jsonl")).unwrap_or_default();
         let records: Vec<StepRecord> = JsonLines::records(&text).unwrap_or_default();
         summary.absorb(&records, warmup);
         match parameters.load(std::sync::atomic::Ordering::SeqCst) {

@@ -126,7 +126,7 @@ fn pin_cpu_threads(run_dir: &Path, plan: &mut Plan) -> Option<usize> {
         return None;
     }
     let env: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(run_dir.join("env.json")).ok()?).ok()?;
+        serde_json::from_str(&crate::metrics::read_text(run_dir.join("env.json")).ok()?).ok()?;
     let n = usize::try_from(env.get("threads")?.as_u64()?)
         .ok()
         .filter(|n| (1..=crate::plan::MAX_THREADS).contains(n))?;
@@ -180,7 +180,7 @@ fn read_summary(run_dir: &Path) -> Result<Result<Summary, String>, RunError> {
     let summary_path = run_dir.join("summary.json");
     // A summary cut short (a crash during its rewrite in place on a full disk) or gone is
     // written again (`rebuilt_summary`) from the checkpoint and the metrics lines.
-    let read_summary: Result<Summary, String> = match std::fs::read_to_string(&summary_path) {
+    let read_summary: Result<Summary, String> = match crate::metrics::read_text(&summary_path) {
         // One without its name or run id (`{}`: every field has a default) is as
         // unreadable: the resumed run had none, and the report grouped such runs.
         Ok(text) => serde_json::from_str::<Summary>(&text)
@@ -390,7 +390,7 @@ fn update_env(
     from_step: u64,
 ) -> Result<(), String> {
     let env_path = run_dir.join("env.json");
-    let start = std::fs::read_to_string(&env_path)
+    let start = crate::metrics::read_text(&env_path)
         .map_err(|e| match env_path.exists() {
             true => format!("unreadable ({e})"),
             false => "missing".to_string(),
@@ -439,7 +439,7 @@ fn update_env(
 
 /// The data files env.json says the run started on.
 fn data_then(run_dir: &Path) -> Option<Vec<super::env::DataFile>> {
-    let text = std::fs::read_to_string(run_dir.join("env.json")).ok()?;
+    let text = crate::metrics::read_text(run_dir.join("env.json")).ok()?;
     let env: serde_json::Value = serde_json::from_str(&text).ok()?;
     serde_json::from_value(env.get("data")?.clone()).ok()
 }
@@ -464,7 +464,7 @@ fn data_moved(
             pairs.push((old.path.clone(), new.path.clone()));
         }
     }
-    let mut text = std::fs::read_to_string(recipe_path).ok()?;
+    let mut text = crate::metrics::read_text(recipe_path).ok()?;
     for (old, new) in &pairs {
         text = text.replace(new.as_str(), old.as_str());
     }
@@ -628,7 +628,7 @@ fn pick_checkpoint(
 ) -> (Option<(PathBuf, crate::checkpoint::State)>, Vec<Unusable>) {
     // Whole lines only: a last line cut short (a crash mid-write, a copy cut off) is not
     // one, so a checkpoint that needs it gives way to the one before it.
-    let text = std::fs::read(metrics_path).unwrap_or_default();
+    let text = crate::metrics::read_regular(metrics_path).unwrap_or_default();
     let whole: Vec<&[u8]> = match text.iter().rposition(|&b| b == b'\n') {
         Some(end) => text[..end].split(|&b| b == b'\n').collect(),
         None => vec![],

@@ -62,7 +62,7 @@ impl SweepDir {
         }
         let manifest = dir.join("manifest.json");
         // Written once; rewritten if it cannot be read (cut by a crash or a full disk).
-        let readable = std::fs::read_to_string(&manifest)
+        let readable = crate::metrics::read_text(&manifest)
             .ok()
             .is_some_and(|t| serde_json::from_str::<Manifest>(&t).is_ok());
         if !readable {
@@ -109,7 +109,7 @@ impl SweepDir {
     /// Why the cell's status file is there but cannot be read, if it is.
     pub fn unreadable_status(&self, c: &Cell) -> Option<String> {
         let path = self.status_path(c);
-        let text = match std::fs::read_to_string(&path) {
+        let text = match crate::metrics::read_text(&path) {
             Ok(text) => text,
             Err(e) if path.exists() => return Some(e.to_string()),
             Err(_) => return None,
@@ -120,7 +120,7 @@ impl SweepDir {
     }
 
     fn read_status(&self, path: &Path) -> Option<CellStatus> {
-        let text = std::fs::read_to_string(path).ok()?;
+        let text = crate::metrics::read_text(path).ok()?;
         let mut s: CellStatus = serde_json::from_str(&text).ok()?;
         s.run_dir = s.run_dir.map(|d| self.locate(d));
         Some(s)
@@ -249,7 +249,7 @@ impl SweepDir {
     pub fn stopped_elsewhere(&self, c: &Cell) -> Option<CellStatus> {
         let host = crate::clock::hostname().unwrap_or_else(|| "unnamed-host".into());
         let held = |lock: &Path| {
-            std::fs::read_to_string(lock).is_ok_and(|owner| !CellLock::stale(lock, &owner, &host))
+            crate::metrics::read_text(lock).is_ok_and(|owner| !CellLock::stale(lock, &owner, &host))
         };
         self.elsewhere(c)
             .into_iter()
@@ -275,7 +275,7 @@ impl SweepDir {
             .map(|e| e.path())
             .filter(|p| *p != mine)
             .find_map(|p| {
-                let text = std::fs::read_to_string(&p).ok()?;
+                let text = crate::metrics::read_text(&p).ok()?;
                 let mut words = text.split_whitespace();
                 let here = words.next() == Some(host.as_str()) && words.next() != Some(&me);
                 (here && !CellLock::stale(&p, &text, &host)).then(|| {
@@ -523,7 +523,7 @@ impl CellLock {
                     return held.map(Ok);
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
-                    let text = std::fs::read_to_string(path).unwrap_or_default();
+                    let text = crate::metrics::read_text(path).unwrap_or_default();
                     // `host pid ns` as said: `host pid 123`; empty while its owner starts.
                     let owner = Self::owner(&text);
                     if !Self::stale(path, &text, &host) {
@@ -557,7 +557,7 @@ impl CellLock {
                         // `locks/`): the removal below fails too, and says so.
                         Err(_) => {}
                     }
-                    let again = std::fs::read_to_string(path);
+                    let again = crate::metrics::read_text(path);
                     let same = again.as_ref().is_ok_and(|t| *t == text);
                     let removed = if same && Self::stale(path, &text, &host) {
                         std::fs::remove_file(path)

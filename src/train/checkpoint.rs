@@ -368,7 +368,7 @@ pub fn scan(run_dir: &Path) -> (Vec<(PathBuf, State)>, Vec<NotCheckpoint>) {
                 .is_some_and(|n| n.starts_with("step-"))
         });
     for p in dirs {
-        let state = std::fs::read_to_string(p.join("state.json"))
+        let state = crate::metrics::read_text(p.join("state.json"))
             .map_err(|e| format!("state.json: {e}"))
             .and_then(|s| {
                 serde_json::from_str::<State>(&s)

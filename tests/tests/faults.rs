@@ -6,8 +6,8 @@ use std::process::Command;
 use runner::metrics::{RunStatus, StepRecord, Summary};
 
 use crate::common::{
-    as_other, expect_exit, has_a_line, only_run, resume_quietly, root, runner_cmd, says_running,
-    send, spawn_until, summary, tempdir, tiny_recipe, whole_lines, writable_by_other,
+    as_other, expect_exit, has_a_line, long_recipe, only_run, resume_quietly, root, runner_cmd,
+    says_running, send, spawn_until, summary, tempdir, tiny_recipe, whole_lines, writable_by_other,
     SLOW_FIRST_STEP,
 };
 
@@ -653,6 +653,71 @@ fn paths_that_are_links_or_pipes_are_named_as_such_and_block_nothing() {
     assert_eq!(stdout.matches("q.toml").count(), 1, "{stdout}");
     assert!(!stdout.contains("zz.toml"), "{stdout}");
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A file of a run directory that the runner reads back, replaced by a named pipe,
+/// blocks nothing: env.json hung `runner resume` and `runner eval`, recipe.toml hung
+/// `runner report`, a checkpoint's state.json hung `runner resume`, each waiting for a
+/// writer for good.
+#[test]
+fn a_named_pipe_in_a_run_directory_hangs_nothing() {
+    let dir = tempdir("pipe-in-run");
+    let recipe = long_recipe(&dir, "p", "[checkpoint]\nevery = 5\n");
+    let mut cmd = runner_cmd();
+    cmd.arg(&recipe).arg("-q");
+    let (child, _) = spawn_until(cmd, &dir.join("runs"), |p| {
+        p.ends_with("metrics.jsonl")
+            && std::fs::read_to_string(p).is_ok_and(|t| t.lines().count() >= 12)
+    });
+    send("-INT", &child);
+    expect_exit(&child.wait_with_output().unwrap(), 130);
+    let run = only_run(&dir.join("runs/p"));
+    let base = dir.clone();
+    let copy = |to: &str| {
+        let to = base.join(to);
+        assert!(Command::new("cp")
+            .arg("-a")
+            .arg(&run)
+            .arg(&to)
+            .status()
+            .unwrap()
+            .success());
+        to
+    };
+    let pipe = |p: &Path| {
+        std::fs::remove_file(p).unwrap();
+        assert!(Command::new("mkfifo").arg(p).status().unwrap().success());
+    };
+    // With `timeout`, so a regression fails instead of hanging the suite.
+    let runner = |args: &[&std::ffi::OsStr]| {
+        Command::new("timeout")
+            .arg("30")
+            .arg(env!("CARGO_BIN_EXE_runner"))
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    let (env, state) = (copy("env-pipe"), copy("state-pipe"));
+    pipe(&env.join("env.json"));
+    let out = runner(&["resume".as_ref(), env.as_os_str(), "-q".as_ref()]);
+    expect_exit(&out, 0);
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("unreadable (is a named pipe, not a file)"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    pipe(&env.join("env.json"));
+    expect_exit(&runner(&["eval".as_ref(), env.as_os_str()]), 0);
+    pipe(&env.join("recipe.toml"));
+    expect_exit(&runner(&["report".as_ref(), env.as_os_str()]), 0);
+    let latest = std::fs::read_dir(state.join("checkpoints"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .max()
+        .unwrap();
+    pipe(&latest.join("state.json"));
+    let out = runner(&["resume".as_ref(), state.as_os_str(), "-q".as_ref()]);
+    expect_exit(&out, 0);
 }
 
 /// A tmpfs of `size` mounted at `dir/small` (root can mount one; CI runs as root), or
