@@ -415,7 +415,21 @@ fn update_env(
             v
         }
         Ok(mut start) => {
-            if !moved.is_empty() {
+            // A `data` entry there but not a list of files (edited, damaged) was taken as
+            // none, as in runs of earlier versions: the data went unchecked in silence,
+            // at this resume and every later one.
+            let damaged = start.get("data").and_then(|d| {
+                serde_json::from_value::<Vec<super::env::DataFile>>(d.clone())
+                    .err()
+                    .map(|e| e.to_string())
+            });
+            if let Some(why) = &damaged {
+                crate::errln!(
+                    "warning: {}: `data` is unreadable ({why}), so the data could not be checked against the run's start; replaced by the data as it is now",
+                    env_path.display()
+                );
+            }
+            if !moved.is_empty() || damaged.is_some() {
                 start["data"] = serde_json::to_value(&env.data).unwrap_or_default();
             }
             start

@@ -651,6 +651,25 @@ fn resume_refuses_data_that_changed_since_the_run_started() {
         "{stderr}"
     );
     assert!(json(&run.join("env.json"))["data"].is_array());
+    // A `data` entry that is there but not a list of files (a size of -1) was taken as
+    // none, as in runs of earlier versions: said, and written again.
+    let mut s = json(&run.join("summary.json"));
+    s["status"] = "interrupted".into();
+    std::fs::write(run.join("summary.json"), s.to_string()).unwrap();
+    let mut env = json(&run.join("env.json"));
+    env["data"][0]["bytes"] = (-1).into();
+    std::fs::write(run.join("env.json"), env.to_string()).unwrap();
+    let out = resume_quietly(&run);
+    expect_exit(&out, 0);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains(&format!(
+            "warning: {}: `data` is unreadable (",
+            run.join("env.json").display()
+        )),
+        "{stderr}"
+    );
+    assert!(json(&run.join("env.json"))["data"][0]["bytes"].as_u64() > Some(0));
     let _ = std::fs::remove_dir_all(&dir);
 }
 
