@@ -430,6 +430,10 @@ pub struct Summary {
     /// `model-best.safetensors`'s, as last saved (`runner eval --best` checks it).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub best_weights_sha256: Option<String>,
+    /// A text run's `tokenizer.json`'s, as the run wrote it: `runner eval` encodes the
+    /// test text with that file, and checks it against this.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tokenizer_sha256: Option<String>,
 }
 
 impl Summary {

@@ -216,6 +216,13 @@ pub fn eval(
         Some(_) => Some(saved_tokenizer(run_dir)?),
         None => None,
     };
+    // One that loads but is not the file the run wrote (a word, the case folding or a
+    // reserved id edited) encodes the text otherwise: scored, and said (it was not).
+    if let Some(why) = tokenizer.as_ref().and_then(|_| tokenizer_changed(run_dir)) {
+        crate::errln!(
+            "warning: {why}: damaged or replaced since\n  = help: this score is not of the text as the run encoded it; restore tokenizer.json from a copy of the run"
+        );
+    }
     let test = data::load_test(
         &plan.data,
         plan.model.num_classes,
@@ -327,6 +334,26 @@ fn test_file(recipe_path: &Path, data_file: Option<&Path>) -> Option<PathBuf> {
     };
     let path = std::path::absolute(&path).unwrap_or(path);
     path.is_file().then_some(path)
+}
+
+/// How `tokenizer.json` differs from the file the run wrote (the summary's
+/// `tokenizer_sha256`), if it does; `None` where it does not or the summary does not say.
+fn tokenizer_changed(run_dir: &Path) -> Option<String> {
+    let path = run_dir.join("tokenizer.json");
+    let saved = crate::metrics::read_text(run_dir.join("summary.json"))
+        .ok()
+        .and_then(|t| serde_json::from_str::<crate::metrics::Summary>(&t).ok())?
+        .tokenizer_sha256?;
+    let now = crate::checkpoint::sha256_of(&path).unwrap_or_default();
+    let first = |h: &str| h.chars().take(12).collect::<String>();
+    (now != saved).then(|| {
+        format!(
+            "{} is not the file the run wrote (SHA-256 {}…, the run's {}…)",
+            path.display(),
+            first(&now),
+            first(&saved)
+        )
+    })
 }
 
 /// The run's `tokenizer.json`, which text runs write when they start.

@@ -323,9 +323,20 @@ fn execute_here(plan: &Plan, opts: &RunOptions) -> Result<Finished, RunError> {
     // Both are rewritten at the end: room is kept for that on a disk that fills up.
     write_json_keeping_room(&dir.join("env.json"), &env, KEPT_ROOM)
         .map_err(|e| fail(format!("env.json: {e}")))?;
+    // Before the summary, which records its sum (`runner eval` checks the file by it).
+    let tokenizer_sha256 = match &prepared.sets.tokenizer {
+        Some(t) => {
+            let path = dir.join("tokenizer.json");
+            t.save(&path)
+                .map_err(|e| fail(format!("tokenizer.json: {e}")))?;
+            crate::checkpoint::sha256_of(&path).ok()
+        }
+        None => None,
+    };
     let mut summary = Summary {
         name: plan.name.clone(),
         run_id: run_id.clone(),
+        tokenizer_sha256,
         status: RunStatus::Running,
         pid: Some(std::process::id()),
         pid_started: crate::clock::process_started(std::process::id()),
@@ -341,10 +352,6 @@ fn execute_here(plan: &Plan, opts: &RunOptions) -> Result<Finished, RunError> {
         .map_err(|e| fail(format!("summary.json: {e}")))?;
     let metrics = JsonLines::create(&dir.join("metrics.jsonl"))
         .map_err(|e| fail(format!("metrics.jsonl: {e}")))?;
-    if let Some(t) = &prepared.sets.tokenizer {
-        t.save(&dir.join("tokenizer.json"))
-            .map_err(|e| fail(format!("tokenizer.json: {e}")))?;
-    }
     let files = Files {
         dir,
         env,

@@ -1426,7 +1426,25 @@ fn eval_of_a_text_run_uses_its_tokenizer_and_needs_no_training_data() {
         )) && stderr.contains("restore it from a copy of the run"),
         "{stderr}"
     );
+    // One that loads but is not the file the run wrote (its case folding turned off):
+    // scored, and said (the score moved in silence).
+    let mut edited: serde_json::Value = serde_json::from_slice(&saved).unwrap();
+    assert_eq!(edited["lowercase"], true);
+    edited["lowercase"] = false.into();
+    std::fs::write(&tokenizer, edited.to_string()).unwrap();
+    let out = eval(&[]);
+    expect_exit(&out, 0);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains(&format!(
+            "warning: {} is not the file the run wrote (SHA-256 ",
+            tokenizer.display()
+        )),
+        "{stderr}"
+    );
     std::fs::write(&tokenizer, &saved).unwrap();
+    let out = eval(&[]);
+    assert!(!String::from_utf8_lossy(&out.stderr).contains("is not the file"));
     // Another model's weights: which tensor differs, in words.
     let other = recipe("t16", 16);
     std::fs::copy(
