@@ -648,7 +648,9 @@ impl CellLock {
                 return true;
             }
         }
-        let age = std::fs::metadata(path)
+        // The entry's own age: a link to nowhere in its place had none, and was never
+        // stale (its cell left to "a process that is starting" for good).
+        let age = std::fs::symlink_metadata(path)
             .and_then(|m| m.modified())
             .ok()
             .and_then(|t| t.elapsed().ok());
@@ -747,5 +749,36 @@ mod tests {
             "{mine}"
         );
         drop(held);
+    }
+
+    /// A link to nowhere in a lock's place ages like a lock: it had no age, so it was
+    /// never stale, and its cell was left to "a process that is starting" for good.
+    #[test]
+    fn a_lock_that_links_to_nowhere_goes_stale() {
+        let dir = crate::scratch::Scratch::new("dangling-lock");
+        let lock = dir.join("run.lock");
+        std::os::unix::fs::symlink(dir.join("nowhere"), &lock).unwrap();
+        let host = crate::clock::hostname().unwrap_or_else(|| "unnamed-host".into());
+        assert!(!CellLock::stale(&lock, "", &host), "new: not stale yet");
+        let old = std::time::SystemTime::now() - LOCK_STALE_AFTER * 2;
+        let when = libc::timespec {
+            tv_sec: old
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_secs() as libc::time_t,
+            tv_nsec: 0,
+        };
+        let path = std::ffi::CString::new(lock.as_os_str().as_encoded_bytes()).unwrap();
+        // SAFETY: a NUL-terminated path and two timespecs that outlive the call.
+        let set = unsafe {
+            libc::utimensat(
+                libc::AT_FDCWD,
+                path.as_ptr(),
+                [when, when].as_ptr(),
+                libc::AT_SYMLINK_NOFOLLOW,
+            )
+        };
+        assert_eq!(set, 0);
+        assert!(CellLock::stale(&lock, "", &host));
     }
 }
