@@ -1,0 +1,160 @@
+#!/usr/bin/env bash
+# Compiles, on a machine without a GPU, every CUDA kernel a `--features cuda` runner needs
+# for each CASE, with the real NVRTC of CUDA 13.0 (the H200 machine's driver version), and
+# says which fail to compile and how long NVRTC took. Nothing is measured on a GPU here.
+#
+#   scripts/cuda-compile-check.sh RUNNER [CASE...]
+#
+# RUNNER: a `cargo build --release --features cuda` binary. CASE: RECIPE[,KEY=VALUE...],
+# the recipe run for STEPS steps with those overrides (default: the cases below). How:
+# - NVRTC, the CUDA headers and ptxas come from NVIDIA's pip wheels (nvidia-cuda-nvrtc,
+#   -runtime, -crt, -cccl, -nvcc, all 13.0), downloaded once into CUDA_TOOLKIT (default
+#   ~/.cache/runner-cuda13, about 120 MB; pip needs PyPI or a mirror the first time).
+# - scripts/fake-cuda/libcuda.c, built here, stands in for the driver: one device that
+#   says it is compute capability 9.0 (an H100/H200: sm_90a, TMA, tensor cores), memory in
+#   host memory, kernel launches that run nothing. CubeCL generates each kernel and NVRTC
+#   compiles it as on the GPU machine; the PTX then goes to `ptxas -arch=sm_90a` (what the
+#   driver would do with it when it loads it). Every number a run prints (loss, accuracy,
+#   ms/iter) is meaningless: no kernel ran.
+# - scripts/fake-cuda/libnvrtc.c, built here, sits in front of the real NVRTC and records
+#   each compilation (time, ok or FAILED, entry point): CubeCL drops a candidate that fails
+#   inside an autotune without a word, and the runner falls back from a convolution kernel
+#   that fails (said once), so a failure on the GPU machine would cost speed, not an error.
+#
+# Out (OUT, default ./cuda-compile-check-out): compile-check.md (a row per case: the run's
+# status, NVRTC compilations ok / failed and their total seconds, the slowest kernel,
+# PTX files assembled by ptxas ok / failed and the seconds ptxas took for them all, one
+# at a time: about what the driver spends loading them on a cold start; the process's
+# first step), and per case its NVRTC log, the failed
+# kernels' sources and NVRTC's messages, ptxas's messages, the runner's output. Exit 0 when
+# every case completed with no compilation or assembly failure, 1 otherwise, 2 on bad use,
+# 3 when the wheels could not be fetched (no index reachable: nothing was checked).
+# Settings (environment): STEPS (2), T_CASE (seconds per case, 900), PTXAS (1: assemble
+# every PTX; 0: skip), CUDA_TOOLKIT, OUT.
+set -uo pipefail
+cd "$(dirname "$0")/.." || exit 2
+REPO=$PWD
+BIN=${1:?usage: scripts/cuda-compile-check.sh RUNNER [CASE...]}
+BIN=$(realpath "$BIN") || exit 2
+shift
+CASES=("$@")
+if [ ${#CASES[@]} -eq 0 ]; then
+  A=recipes/article/default.toml
+  CASES=(
+    "$A,model.arch=mlp,~model.stem"
+    "$A,model.arch=small_cnn,~model.stem"
+    "$A,model.arch=resnet18"
+    "$A"
+    "$A,backend.conv_split=off"
+    "$A,backend.norm_sums=reduce"
+    "$A,backend.fusion=false"
+    "$A,backend.conv_kernel=specialized_tma"
+    "$A,backend.conv_kernel=simple_async_tma"
+    "$A,backend.conv_kernel=specialized_async_cyclic"
+    "recipes/resnet50_accum.toml,backend.kind=cuda,run.early_stop.patience=1000"
+    "recipes/text/rotten_tomatoes_transformer.toml,backend.kind=cuda"
+    "recipes/text/rotten_tomatoes_lstm.toml,backend.kind=cuda"
+  )
+fi
+STEPS=${STEPS:-2}
+T_CASE=${T_CASE:-900}
+PTXAS=${PTXAS:-1}
+OUT=$(realpath -m "${OUT:-cuda-compile-check-out}")
+CUDA_TOOLKIT=$(realpath -m "${CUDA_TOOLKIT:-$HOME/.cache/runner-cuda13}")
+VERSION=13.0.88
+CCCL_VERSION=13.0.85
+mkdir -p "$OUT" || exit 2
+
+# --- the toolkit: NVIDIA's wheels, unpacked once ---
+CU=$CUDA_TOOLKIT/nvidia/cu13
+if [ ! -e "$CU/lib/libnvrtc.so.13" ] || [ ! -e "$CU/include/crt/mma.h" ] || [ ! -x "$CU/bin/ptxas" ]; then
+  echo "fetching NVRTC, the CUDA headers and ptxas $VERSION (pip wheels) into $CUDA_TOOLKIT"
+  mkdir -p "$CUDA_TOOLKIT/wheels" || exit 2
+  python3 -m pip download -q --no-deps -d "$CUDA_TOOLKIT/wheels" \
+    "nvidia-cuda-nvrtc==$VERSION" "nvidia-cuda-runtime==$VERSION" "nvidia-cuda-crt==$VERSION" \
+    "nvidia-cuda-nvcc==$VERSION" "nvidia-cuda-cccl==$CCCL_VERSION" || {
+    echo "error: pip could not fetch the wheels (is PyPI reachable?)" >&2
+    exit 3
+  }
+  for w in "$CUDA_TOOLKIT"/wheels/*.whl; do
+    python3 -m zipfile -e "$w" "$CUDA_TOOLKIT" || exit 2
+  done
+  chmod +x "$CU"/bin/* 2>/dev/null
+fi
+
+# --- the stand-in driver and the recording NVRTC ---
+LIBS=$OUT/.libs
+mkdir -p "$LIBS" || exit 2
+cc -shared -fPIC -O1 -I"$CU/include" -o "$LIBS/libcuda.so.1" scripts/fake-cuda/libcuda.c || exit 2
+cc -shared -fPIC -O1 -Wl,-soname,libnvrtc.so.13 -o "$LIBS/libnvrtc.so.13" scripts/fake-cuda/libnvrtc.c -ldl -lpthread || exit 2
+
+row() { printf '| %s |\n' "$(IFS='|'; echo "$*" | sed 's/|/ | /g')"; }
+TABLE=$OUT/compile-check.md
+{
+  echo "# CUDA kernels compiled without a GPU ($(date -u +%Y-%m-%dT%H:%MZ))"
+  echo
+  echo "runner: \`$("$BIN" --version 2>/dev/null)\` ($BIN); NVRTC $VERSION for sm_90a through the stand-in driver; $STEPS steps per case, each with an empty kernel cache; $(nproc) CPU cores ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'))."
+  echo
+  row "case" "status" "NVRTC ok" "NVRTC failed" "NVRTC s" "slowest kernel (s)" "ptxas ok / failed (s)" "first step done (s)"
+  row "---" "---" "---" "---" "---" "---" "---" "---"
+} > "$TABLE"
+
+BAD=0
+n=0
+for case in "${CASES[@]}"; do
+  n=$((n + 1))
+  IFS=',' read -r recipe overrides <<< "$case,"
+  overrides=${overrides%,}
+  tag=$(printf '%02d' "$n")
+  dir=$OUT/case-$tag
+  rm -rf "$dir"
+  mkdir -p "$dir/ptx" "$dir/failed" "$dir/cache" "$dir/runs"
+  sets=(--set run.max_steps="$STEPS" --set run.warmup_steps=0 --set "log.dir=\"$dir/runs\"")
+  IFS=',' read -ra extra <<< "$overrides"
+  for kv in "${extra[@]}"; do
+    [ -n "$kv" ] && sets+=(--set "$kv")
+  done
+  echo "== case $tag: $case"
+  start=$SECONDS
+  LD_LIBRARY_PATH=$LIBS:$CU/lib REAL_NVRTC=$CU/lib/libnvrtc.so.13 CUDA_PATH=$CU \
+    FAKE_CUDA_DRIVER=13000 FAKE_CUDA_PTX_DIR=$dir/ptx NVRTC_LOG=$dir/nvrtc.tsv \
+    NVRTC_FAILED_DIR=$dir/failed RUNNER_CACHE_DIR=$dir/cache \
+    timeout -k 10 "$T_CASE" "$BIN" "$REPO/$recipe" -q "${sets[@]}" > "$dir/runner.txt" 2>&1
+  rc=$?
+  summary=$(find "$dir/runs" -name summary.json | head -1)
+  status=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['status'])" "$summary" 2>/dev/null || echo "no run")
+  [ $rc -eq 124 ] && status="timeout ($T_CASE s)"
+  startup=$(python3 -c "import json,sys; s=json.load(open(sys.argv[1]))['startup_s']; print(f'{s:.1f}' if s is not None else '-')" "$summary" 2>/dev/null || echo -)
+  read -r ok failed secs slowest <<< "$(awk -F'\t' '
+    { if ($2 == "ok") ok++; else failed++; t += $1; if ($1 > m) { m = $1; k = $3 } }
+    END { printf "%d %d %.1f %s(%.1f)\n", ok, failed, t / 1000, (k == "" ? "-" : k), m / 1000 }' "$dir/nvrtc.tsv" 2>/dev/null)"
+  pok=0; pbad=0; pstart=$EPOCHREALTIME
+  if [ "$PTXAS" = 1 ]; then
+    for p in "$dir"/ptx/*.ptx; do
+      [ -e "$p" ] || continue
+      if "$CU/bin/ptxas" -arch=sm_90a "$p" -o /dev/null > "${p%.ptx}.ptxas.txt" 2>&1; then
+        pok=$((pok + 1)); rm -f "${p%.ptx}.ptxas.txt"
+      else
+        pbad=$((pbad + 1))
+      fi
+    done
+    ptxas="$pok / $pbad ($(awk -v a="$pstart" -v b="$EPOCHREALTIME" 'BEGIN { printf "%.1f", b - a }') s)"
+  else
+    ptxas="(not run)"
+  fi
+  # The PTX itself is bulky: only that of kernels ptxas refused is kept.
+  find "$dir/ptx" -name '*.ptx' | while read -r p; do [ -e "${p%.ptx}.ptxas.txt" ] || rm -f "$p"; done
+  rm -rf "$dir/cache"
+  row "\`$case\`" "$status" "${ok:-0}" "${failed:-0}" "${secs:-0}" "${slowest:--}" "$ptxas" "$startup" >> "$TABLE"
+  echo "   $status in $((SECONDS - start)) s: NVRTC ${ok:-0} ok, ${failed:-0} failed, ${secs:-0} s; ptxas $ptxas"
+  if [ "$status" != completed ] || [ "${failed:-0}" != 0 ] || [ "$pbad" != 0 ]; then
+    BAD=1
+    for f in "$dir"/failed/*.log; do
+      [ -e "$f" ] && { echo "   NVRTC failed: $(grep -m1 -i error "$f")"; }
+    done
+    [ "$status" != completed ] && tail -5 "$dir/runner.txt" | sed 's/^/   runner: /'
+  fi
+done
+echo
+cat "$TABLE"
+exit $BAD
