@@ -132,8 +132,7 @@ fn step_times(top: &Area, runs: &[Run], rows: &[Row], err: Err) -> Result<(), St
             _ => r.records.iter().map(|s| s.iter_ms).fold(0.0, f64::max) / 1.5,
         })
         .fold(0.0, f64::max)
-        .max(1e-3)
-        .min(1e300)
+        .clamp(1e-3, 1e300)
         * 1.5;
     let mut chart = ChartBuilder::on(top)
         .caption("time per optimizer step (ms)", ("sans-serif", 22))

@@ -762,10 +762,7 @@ mod tests {
         assert!(!CellLock::stale(&lock, "", &host), "new: not stale yet");
         let old = std::time::SystemTime::now() - LOCK_STALE_AFTER * 2;
         let when = libc::timespec {
-            tv_sec: old
-                .duration_since(std::time::UNIX_EPOCH)
-                .unwrap()
-                .as_secs() as libc::time_t,
+            tv_sec: old.duration_since(std::time::UNIX_EPOCH).unwrap().as_secs() as libc::time_t,
             tv_nsec: 0,
         };
         let path = std::ffi::CString::new(lock.as_os_str().as_encoded_bytes()).unwrap();
