@@ -27,19 +27,36 @@
 # at a time: about what the driver spends loading them on a cold start; the process's
 # first step), and per case its NVRTC log, the failed
 # kernels' sources and NVRTC's messages, ptxas's messages, the runner's output. Exit 0 when
-# every case completed with no compilation or assembly failure, 1 otherwise, 2 on bad use,
-# 3 when the wheels could not be fetched (no index reachable: nothing was checked).
+# every case completed, compiled at least one kernel, and had no compilation or assembly
+# failure; 1 otherwise; 2 on bad use or what the script needs missing (python3 with pip,
+# cc); 3 when pip could not fetch the wheels (no index reachable: nothing was checked).
+# Paths (RUNNER, OUT, CUDA_TOOLKIT, a CASE's recipe) are relative to where it is run.
 # Settings (environment): STEPS (2), T_CASE (seconds per case, 900), PTXAS (1: assemble
 # every PTX; 0: skip), CUDA_TOOLKIT, OUT.
 set -uo pipefail
+if [ $# -lt 1 ]; then
+  echo "usage: scripts/cuda-compile-check.sh RUNNER [CASE...]" >&2
+  exit 2
+fi
+for tool in python3 cc; do
+  command -v "$tool" >/dev/null || { echo "error: $tool is needed" >&2; exit 2; }
+done
+python3 -m pip --version >/dev/null 2>&1 || { echo "error: python3's pip is needed (python3 -m pip)" >&2; exit 2; }
+# Everything the caller names, from where it was run, before moving to the checkout.
+BIN=$(realpath -e "$1") || { echo "error: no runner at $1" >&2; exit 2; }
+shift
+OUT=$(realpath -m "${OUT:-cuda-compile-check-out}")
+CUDA_TOOLKIT=$(realpath -m "${CUDA_TOOLKIT:-$HOME/.cache/runner-cuda13}")
+CASES=()
+for case in "$@"; do
+  recipe=${case%%,*}
+  rest=${case#"$recipe"}
+  CASES+=("$(realpath -m "$recipe")$rest")
+done
 cd "$(dirname "$0")/.." || exit 2
 REPO=$PWD
-BIN=${1:?usage: scripts/cuda-compile-check.sh RUNNER [CASE...]}
-BIN=$(realpath "$BIN") || exit 2
-shift
-CASES=("$@")
 if [ ${#CASES[@]} -eq 0 ]; then
-  A=recipes/article/default.toml
+  A=$REPO/recipes/article/default.toml
   CASES=(
     "$A,model.arch=mlp,~model.stem"
     "$A,model.arch=small_cnn,~model.stem"
@@ -51,24 +68,25 @@ if [ ${#CASES[@]} -eq 0 ]; then
     "$A,backend.conv_kernel=specialized_tma"
     "$A,backend.conv_kernel=simple_async_tma"
     "$A,backend.conv_kernel=specialized_async_cyclic"
-    "recipes/resnet50_accum.toml,backend.kind=cuda,run.early_stop.patience=1000"
-    "recipes/text/rotten_tomatoes_transformer.toml,backend.kind=cuda"
-    "recipes/text/rotten_tomatoes_lstm.toml,backend.kind=cuda"
+    "$REPO/recipes/resnet50_accum.toml,backend.kind=cuda,run.early_stop.patience=1000"
+    "$REPO/recipes/text/rotten_tomatoes_transformer.toml,backend.kind=cuda"
+    "$REPO/recipes/text/rotten_tomatoes_lstm.toml,backend.kind=cuda"
   )
 fi
 STEPS=${STEPS:-2}
 T_CASE=${T_CASE:-900}
 PTXAS=${PTXAS:-1}
-OUT=$(realpath -m "${OUT:-cuda-compile-check-out}")
-CUDA_TOOLKIT=$(realpath -m "${CUDA_TOOLKIT:-$HOME/.cache/runner-cuda13}")
 VERSION=13.0.88
 CCCL_VERSION=13.0.85
 mkdir -p "$OUT" || exit 2
 
 # --- the toolkit: NVIDIA's wheels, unpacked once ---
 CU=$CUDA_TOOLKIT/nvidia/cu13
-if [ ! -e "$CU/lib/libnvrtc.so.13" ] || [ ! -e "$CU/include/crt/mma.h" ] || [ ! -x "$CU/bin/ptxas" ]; then
+STAMP=$CUDA_TOOLKIT/version
+if [ "$(cat "$STAMP" 2>/dev/null)" != "$VERSION $CCCL_VERSION" ] || [ ! -e "$CU/lib/libnvrtc.so.13" ] \
+  || [ ! -e "$CU/include/crt/mma.h" ] || [ ! -x "$CU/bin/ptxas" ]; then
   echo "fetching NVRTC, the CUDA headers and ptxas $VERSION (pip wheels) into $CUDA_TOOLKIT"
+  rm -rf "$CUDA_TOOLKIT/wheels" "$CUDA_TOOLKIT/nvidia" "$STAMP"
   mkdir -p "$CUDA_TOOLKIT/wheels" || exit 2
   python3 -m pip download -q --no-deps -d "$CUDA_TOOLKIT/wheels" \
     "nvidia-cuda-nvrtc==$VERSION" "nvidia-cuda-runtime==$VERSION" "nvidia-cuda-crt==$VERSION" \
@@ -80,6 +98,7 @@ if [ ! -e "$CU/lib/libnvrtc.so.13" ] || [ ! -e "$CU/include/crt/mma.h" ] || [ ! 
     python3 -m zipfile -e "$w" "$CUDA_TOOLKIT" || exit 2
   done
   chmod +x "$CU"/bin/* 2>/dev/null
+  echo "$VERSION $CCCL_VERSION" > "$STAMP"
 fi
 
 # --- the stand-in driver and the recording NVRTC ---
@@ -87,6 +106,10 @@ LIBS=$OUT/.libs
 mkdir -p "$LIBS" || exit 2
 cc -shared -fPIC -O1 -I"$CU/include" -o "$LIBS/libcuda.so.1" scripts/fake-cuda/libcuda.c || exit 2
 cc -shared -fPIC -O1 -Wl,-soname,libnvrtc.so.13 -o "$LIBS/libnvrtc.so.13" scripts/fake-cuda/libnvrtc.c -ldl -lpthread || exit 2
+# cudarc tries the plain names first: a toolkit's libnvrtc.so or a driver's libcuda.so on
+# the loader's path would be taken instead of these (and nothing recorded).
+ln -sf libnvrtc.so.13 "$LIBS/libnvrtc.so"
+ln -sf libcuda.so.1 "$LIBS/libcuda.so"
 
 row() { printf '| %s |\n' "$(IFS='|'; echo "$*" | sed 's/|/ | /g')"; }
 TABLE=$OUT/compile-check.md
@@ -111,15 +134,15 @@ for case in "${CASES[@]}"; do
   mkdir -p "$dir/ptx" "$dir/failed" "$dir/cache" "$dir/runs"
   sets=(--set run.max_steps="$STEPS" --set run.warmup_steps=0 --set "log.dir=\"$dir/runs\"")
   IFS=',' read -ra extra <<< "$overrides"
-  for kv in "${extra[@]}"; do
+  for kv in ${extra[@]+"${extra[@]}"}; do
     [ -n "$kv" ] && sets+=(--set "$kv")
   done
-  echo "== case $tag: $case"
+  echo "== case $tag: ${case#"$REPO/"}"
   start=$SECONDS
   LD_LIBRARY_PATH=$LIBS:$CU/lib REAL_NVRTC=$CU/lib/libnvrtc.so.13 CUDA_PATH=$CU \
     FAKE_CUDA_DRIVER=13000 FAKE_CUDA_PTX_DIR=$dir/ptx NVRTC_LOG=$dir/nvrtc.tsv \
     NVRTC_FAILED_DIR=$dir/failed RUNNER_CACHE_DIR=$dir/cache \
-    timeout -k 10 "$T_CASE" "$BIN" "$REPO/$recipe" -q "${sets[@]}" > "$dir/runner.txt" 2>&1
+    timeout -k 10 "$T_CASE" "$BIN" "$recipe" -q "${sets[@]}" > "$dir/runner.txt" 2>&1
   rc=$?
   summary=$(find "$dir/runs" -name summary.json | head -1)
   status=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['status'])" "$summary" 2>/dev/null || echo "no run")
@@ -128,7 +151,7 @@ for case in "${CASES[@]}"; do
   read -r ok failed secs slowest <<< "$(awk -F'\t' '
     { if ($2 == "ok") ok++; else failed++; t += $1; if ($1 > m) { m = $1; k = $3 } }
     END { printf "%d %d %.1f %s(%.1f)\n", ok, failed, t / 1000, (k == "" ? "-" : k), m / 1000 }' "$dir/nvrtc.tsv" 2>/dev/null)"
-  pok=0; pbad=0; pstart=$EPOCHREALTIME
+  pok=0; pbad=0; pstart=$(date +%s.%N)
   if [ "$PTXAS" = 1 ]; then
     for p in "$dir"/ptx/*.ptx; do
       [ -e "$p" ] || continue
@@ -138,16 +161,17 @@ for case in "${CASES[@]}"; do
         pbad=$((pbad + 1))
       fi
     done
-    ptxas="$pok / $pbad ($(awk -v a="$pstart" -v b="$EPOCHREALTIME" 'BEGIN { printf "%.1f", b - a }') s)"
+    ptxas="$pok / $pbad ($(awk -v a="$pstart" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }') s)"
   else
     ptxas="(not run)"
   fi
   # The PTX itself is bulky: only that of kernels ptxas refused is kept.
   find "$dir/ptx" -name '*.ptx' | while read -r p; do [ -e "${p%.ptx}.ptxas.txt" ] || rm -f "$p"; done
   rm -rf "$dir/cache"
-  row "\`$case\`" "$status" "${ok:-0}" "${failed:-0}" "${secs:-0}" "${slowest:--}" "$ptxas" "$startup" >> "$TABLE"
+  row "\`${case#"$REPO/"}\`" "$status" "${ok:-0}" "${failed:-0}" "${secs:-0}" "${slowest:--}" "$ptxas" "$startup" >> "$TABLE"
   echo "   $status in $((SECONDS - start)) s: NVRTC ${ok:-0} ok, ${failed:-0} failed, ${secs:-0} s; ptxas $ptxas"
-  if [ "$status" != completed ] || [ "${failed:-0}" != 0 ] || [ "$pbad" != 0 ]; then
+  # None compiled: the recording NVRTC was not the one loaded (or nothing ran).
+  if [ "$status" != completed ] || [ "${failed:-0}" != 0 ] || [ "$pbad" != 0 ] || [ "${ok:-0}" = 0 ]; then
     BAD=1
     for f in "$dir"/failed/*.log; do
       [ -e "$f" ] && { echo "   NVRTC failed: $(grep -m1 -i error "$f")"; }

@@ -377,11 +377,12 @@ pub(crate) fn run_grid(c: &Checked, sel: Selection, opts: &RunOptions) -> Result
     if let Some(e) = stop {
         return Err(e);
     }
-    if let Some(signal) = outcome.stopped_by {
+    if let Some((signal, next)) = outcome.stopped_by {
         runner::errln!(
-            "{}: {}: stopped after the cell that was finishing; continue the grid with: {}",
+            "{}: {}: stopped before cell {next} ({}); continue the grid with: {}",
             c.path.display(),
             runner::signals::name(signal),
+            c.cells[next].name,
             opts.again
                 .as_deref()
                 .unwrap_or("the same command with --resume")

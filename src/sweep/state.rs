@@ -326,8 +326,8 @@ pub struct SweepOutcome {
     /// Of the skipped, those found done in another sweep directory of the grid.
     pub adopted: usize,
     /// A signal came while a cell finished (its final evaluation): that cell completed,
-    /// and no further one was started.
-    pub stopped_by: Option<i32>,
+    /// and the next one to run (its index here) was not started.
+    pub stopped_by: Option<(i32, usize)>,
 }
 
 /// How a cell's run ended when it did not complete.
@@ -380,13 +380,6 @@ pub fn execute(
         if !sel.takes(c.index) {
             continue;
         }
-        // A signal that came as the previous cell finished: the grid stops between cells,
-        // as it does inside one (the next cell was marked running and then left so, with
-        // its lock, by the exit before its first step, and no way to go on was said).
-        if let Some(sig) = crate::signals::received() {
-            out.stopped_by = Some(sig);
-            break;
-        }
         if sel.resume && sweep.done_run(c).is_some_and(|d| current(c, &d)) {
             out.skipped.push(c.index);
             continue;
@@ -428,6 +421,14 @@ pub fn execute(
             sweep.mark(c, State::Done, Some(&dir), None)?;
             out.skipped.push(c.index);
             continue;
+        }
+        // A signal that came as the previous cell finished (its final evaluation): the
+        // grid stops before this one, as it does inside a cell (this cell was marked
+        // running and then left so, with its lock, by the exit before its first step, and
+        // no way to go on was said). Checked here, after the cells it would skip anyway.
+        if let Some(sig) = crate::signals::received() {
+            out.stopped_by = Some((sig, c.index));
+            break;
         }
         // Cells timed side by side on one machine are each slower than alone: said once,
         // as the table that follows would not. (Not for `--cell` and `--shard`, which

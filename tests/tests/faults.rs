@@ -292,9 +292,8 @@ fn a_signal_during_a_cell_s_final_evaluation_stops_the_grid_after_it() {
     expect_exit(&out, 130);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
-        stderr.contains(
-            "SIGINT: stopped after the cell that was finishing; continue the grid with: "
-        ) && stderr.contains("--resume"),
+        stderr.contains("SIGINT: stopped before cell 1 (g/optim.lr=0.2); continue the grid with: ")
+            && stderr.contains("--resume"),
         "{stderr}"
     );
     assert!(!stderr.contains("nothing was written"), "{stderr}");
