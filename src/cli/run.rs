@@ -290,10 +290,26 @@ pub(crate) fn run_grid(c: &Checked, sel: Selection, opts: &RunOptions) -> Result
                 let _ = std::fs::remove_file(sweep.lock_path(&this));
             })
         };
+        let unstarted: std::sync::Arc<dyn Fn() + Send + Sync> = {
+            let (sweep_dir, this) = (dir.dir.clone(), cell.clone());
+            std::sync::Arc::new(move || {
+                let sweep = SweepDir {
+                    dir: sweep_dir.clone(),
+                };
+                let _ = sweep.mark(
+                    &this,
+                    State::Interrupted,
+                    None,
+                    Some("interrupted while its data loaded, before its run started".into()),
+                );
+                let _ = std::fs::remove_file(sweep.lock_path(&this));
+            })
+        };
         let opts = &RunOptions {
             quiet: opts.quiet,
             started: mark(State::Running, None),
             interrupted: Some(interrupted),
+            unstarted: Some(unstarted),
             again: opts.again.clone(),
         };
         // With --resume, a cell whose run stopped (a signal, a killed process: this process

@@ -51,6 +51,10 @@ pub struct RunOptions {
     /// Told the run directory when a signal ends the process before the run's first step
     /// (a grid marks the cell interrupted).
     pub interrupted: Option<RunDirHook>,
+    /// Called when a signal ends the process while the run's data loads, before it has a
+    /// directory (a grid marks the cell interrupted and lets go of its lock: it was left
+    /// running, locked, and no way to go on was said).
+    pub unstarted: Option<std::sync::Arc<dyn Fn() + Send + Sync>>,
     /// The command that continues this run's work after an interruption, when it is not
     /// `runner resume RUN_DIR` (a grid's cell: the grid with `--resume`).
     pub again: Option<String>,
@@ -279,8 +283,17 @@ fn on_its_threads<R: Send>(plan: &Plan, body: impl FnOnce() -> R + Send) -> R {
 
 fn execute_here(plan: &Plan, opts: &RunOptions) -> Result<Finished, RunError> {
     // Nothing is written while the data loads: a signal then ends the process at once.
-    let loading = crate::signals::exit_before_first_step(|_| {
-        "exiting now, before the run started: nothing was written".into()
+    let (unstarted, again) = (opts.unstarted.clone(), opts.again.clone());
+    let loading = crate::signals::exit_before_first_step(move |_| {
+        if let Some(hook) = &unstarted {
+            hook();
+        }
+        match &again {
+            Some(cmd) => format!(
+                "exiting now, before the run started: nothing was written; continue the grid with: {cmd}"
+            ),
+            None => "exiting now, before the run started: nothing was written".into(),
+        }
     });
     let prepared = prepare(plan, opts)?;
     drop(loading);

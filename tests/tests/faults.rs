@@ -318,6 +318,56 @@ fn a_signal_during_a_cell_s_final_evaluation_stops_the_grid_after_it() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// A signal while a grid cell's data loads ends the process at once, the cell marked
+/// interrupted with its lock let go of, and the message says how to go on: the cell was
+/// left running and locked, and the message said only "nothing was written".
+#[test]
+fn a_signal_while_a_cell_s_data_loads_marks_it_and_says_how_to_go_on() {
+    let dir = tempdir("cell-loading");
+    let grid = tiny_recipe(&dir, "g", "[sweep]\n\"optim.lr\" = [0.1]\n");
+    let child = runner_cmd()
+        .arg(&grid)
+        .args([
+            "-q",
+            "--set",
+            "data.synthetic.test_samples=500000",
+            "--set",
+            "data.synthetic.image_size=32",
+        ])
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Its memory grows past 300 MB only while the test set (1.5 GB) is being made.
+    let rss_mb = || {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", child.id()));
+        status.ok().and_then(|t| {
+            let line = t.lines().find(|l| l.starts_with("VmRSS:"))?.to_string();
+            let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+            Some(kb / 1024)
+        })
+    };
+    let since = std::time::Instant::now();
+    while rss_mb().unwrap_or(0) < 300 && since.elapsed().as_secs() < 120 {
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    send("-INT", &child);
+    let out = child.wait_with_output().unwrap();
+    expect_exit(&out, 130);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("nothing was written; continue the grid with: ")
+            && stderr.contains("--resume"),
+        "{stderr}"
+    );
+    let sweep = only_run(&dir.join("runs/g/sweeps"));
+    let cell = only_run(&sweep.join("cells"));
+    let status = std::fs::read_to_string(&cell).unwrap();
+    assert!(status.contains("\"interrupted\""), "{status}");
+    let locks = std::fs::read_dir(sweep.join("locks")).map_or(0, |d| d.count());
+    assert_eq!(locks, 0);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// A second signal ends the process at once and still leaves a true summary:
 /// `interrupted`, with the steps `metrics.jsonl` holds, and the message says what is kept
 /// to go on from (here the trained weights, saved before the final evaluation; with
