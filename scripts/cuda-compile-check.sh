@@ -32,7 +32,9 @@
 # cc); 3 when pip could not fetch the wheels (no index reachable: nothing was checked).
 # Paths (RUNNER, OUT, CUDA_TOOLKIT, a CASE's recipe) are relative to where it is run.
 # Settings (environment): STEPS (2), T_CASE (seconds per case, 900), PTXAS (1: assemble
-# every PTX; 0: skip), CUDA_TOOLKIT, OUT.
+# every PTX; 0: skip), WARM_STEPS (0; N: run each case again on the kernels just cached,
+# N timed steps after 10: the median time of a step's host side, since no launch does any
+# work, and the kernel launches a step makes), CUDA_TOOLKIT, OUT.
 set -uo pipefail
 if [ $# -lt 1 ]; then
   echo "usage: scripts/cuda-compile-check.sh RUNNER [CASE...]" >&2
@@ -118,8 +120,8 @@ TABLE=$OUT/compile-check.md
   echo
   echo "runner: \`$("$BIN" --version 2>/dev/null)\` ($BIN); NVRTC $VERSION for sm_90a through the stand-in driver; $STEPS steps per case, each with an empty kernel cache; $(nproc) CPU cores ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'))."
   echo
-  row "case" "status" "NVRTC ok" "NVRTC failed" "NVRTC s" "slowest kernel (s)" "ptxas ok / failed (s)" "first step done (s)"
-  row "---" "---" "---" "---" "---" "---" "---" "---"
+  row "case" "status" "NVRTC ok" "NVRTC failed" "NVRTC s" "slowest kernel (s)" "ptxas ok / failed (s)" "first step done (s)" "warm step: host ms/iter, launches"
+  row "---" "---" "---" "---" "---" "---" "---" "---" "---"
 } > "$TABLE"
 
 BAD=0
@@ -167,9 +169,22 @@ for case in "${CASES[@]}"; do
   fi
   # The PTX itself is bulky: only that of kernels ptxas refused is kept.
   find "$dir/ptx" -name '*.ptx' | while read -r p; do [ -e "${p%.ptx}.ptxas.txt" ] || rm -f "$p"; done
+  # WARM_STEPS: the same recipe again on the cache just filled, its steps' host side
+  # alone (launches run nothing): median ms/iter after 10 untimed steps, launches a step.
+  warm="-"
+  if [ "${WARM_STEPS:-0}" -gt 0 ] && [ "$status" = completed ]; then
+    wsets=("${sets[@]}" --set run.max_steps="$((WARM_STEPS + 10))" --set run.warmup_steps=10 --set "log.dir=\"$dir/warm\"")
+    LD_LIBRARY_PATH=$LIBS:$CU/lib REAL_NVRTC=$CU/lib/libnvrtc.so.13 CUDA_PATH=$CU \
+      FAKE_CUDA_DRIVER=13000 FAKE_CUDA_LOG=$dir/launches.txt RUNNER_CACHE_DIR=$dir/cache \
+      timeout -k 10 "$T_CASE" "$BIN" "$recipe" -q "${wsets[@]}" > "$dir/warm.txt" 2>&1
+    wsummary=$(find "$dir/warm" -name summary.json | head -1)
+    warm=$(python3 -c "import json,sys; s=json.load(open(sys.argv[1])); print('%.1f ms, %d launches' % (s['iter_ms']['median'], int(sys.argv[2]) // s['steps']))" \
+      "$wsummary" "$(wc -l < "$dir/launches.txt" 2>/dev/null || echo 0)" 2>/dev/null || echo "failed")
+    rm -f "$dir/launches.txt"
+  fi
   rm -rf "$dir/cache"
-  row "\`${case#"$REPO/"}\`" "$status" "${ok:-0}" "${failed:-0}" "${secs:-0}" "${slowest:--}" "$ptxas" "$startup" >> "$TABLE"
-  echo "   $status in $((SECONDS - start)) s: NVRTC ${ok:-0} ok, ${failed:-0} failed, ${secs:-0} s; ptxas $ptxas"
+  row "\`${case#"$REPO/"}\`" "$status" "${ok:-0}" "${failed:-0}" "${secs:-0}" "${slowest:--}" "$ptxas" "$startup" "$warm" >> "$TABLE"
+  echo "   $status in $((SECONDS - start)) s: NVRTC ${ok:-0} ok, ${failed:-0} failed, ${secs:-0} s; ptxas $ptxas; warm step $warm"
   # None compiled: the recording NVRTC was not the one loaded (or nothing ran).
   if [ "$status" != completed ] || [ "${failed:-0}" != 0 ] || [ "$pbad" != 0 ] || [ "${ok:-0}" = 0 ]; then
     BAD=1
