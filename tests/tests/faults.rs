@@ -318,6 +318,25 @@ fn a_signal_during_a_cell_s_final_evaluation_stops_the_grid_after_it() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// SIGINT to `child` once it is making a 500,000-image synthetic test set (its memory grows
+/// past 300 MB only while that 1.5 GB set is being made); its output once it has exited.
+fn interrupt_while_loading(child: std::process::Child) -> std::process::Output {
+    let rss_mb = || {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", child.id()));
+        status.ok().and_then(|t| {
+            let line = t.lines().find(|l| l.starts_with("VmRSS:"))?.to_string();
+            let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+            Some(kb / 1024)
+        })
+    };
+    let since = std::time::Instant::now();
+    while rss_mb().unwrap_or(0) < 300 && since.elapsed().as_secs() < 120 {
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    send("-INT", &child);
+    child.wait_with_output().unwrap()
+}
+
 /// A signal while a grid cell's data loads ends the process at once, the cell marked
 /// interrupted with its lock let go of, and the message says how to go on: the cell was
 /// left running and locked, and the message said only "nothing was written".
@@ -337,21 +356,7 @@ fn a_signal_while_a_cell_s_data_loads_marks_it_and_says_how_to_go_on() {
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
-    // Its memory grows past 300 MB only while the test set (1.5 GB) is being made.
-    let rss_mb = || {
-        let status = std::fs::read_to_string(format!("/proc/{}/status", child.id()));
-        status.ok().and_then(|t| {
-            let line = t.lines().find(|l| l.starts_with("VmRSS:"))?.to_string();
-            let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-            Some(kb / 1024)
-        })
-    };
-    let since = std::time::Instant::now();
-    while rss_mb().unwrap_or(0) < 300 && since.elapsed().as_secs() < 120 {
-        std::thread::sleep(std::time::Duration::from_millis(10));
-    }
-    send("-INT", &child);
-    let out = child.wait_with_output().unwrap();
+    let out = interrupt_while_loading(child);
     expect_exit(&out, 130);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
@@ -510,21 +515,7 @@ fn a_signal_while_a_resume_loads_its_data_exits_at_once_leaving_the_run_as_it_wa
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
-    // Its memory grows past 300 MB only while the test set (1.5 GB) is being made.
-    let rss_mb = || {
-        let status = std::fs::read_to_string(format!("/proc/{}/status", child.id()));
-        status.ok().and_then(|t| {
-            let line = t.lines().find(|l| l.starts_with("VmRSS:"))?.to_string();
-            let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-            Some(kb / 1024)
-        })
-    };
-    let since = std::time::Instant::now();
-    while rss_mb().unwrap_or(0) < 300 && since.elapsed().as_secs() < 120 {
-        std::thread::sleep(std::time::Duration::from_millis(10));
-    }
-    send("-INT", &child);
-    let out = child.wait_with_output().unwrap();
+    let out = interrupt_while_loading(child);
     expect_exit(&out, 130);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
