@@ -346,6 +346,22 @@ pub fn long_recipe(dir: &Path, name: &str, extra: &str) -> PathBuf {
     recipe
 }
 
+/// `cp -a from to`: a copy of a run (or a log directory) with its times and modes.
+pub fn copy_dir(from: &Path, to: &Path) {
+    let copied = Command::new("cp")
+        .arg("-a")
+        .arg(from)
+        .arg(to)
+        .status()
+        .unwrap();
+    assert!(
+        copied.success(),
+        "cp -a {} {}",
+        from.display(),
+        to.display()
+    );
+}
+
 /// Each step's loss, bit for bit, from a run's metrics.
 pub fn losses(run: &Path) -> Vec<(u64, u64)> {
     records(run)

@@ -6,9 +6,9 @@ use std::process::Command;
 use runner::metrics::{RunStatus, StepRecord, Summary};
 
 use crate::common::{
-    as_other, expect_exit, has_a_line, long_recipe, only_run, resume_quietly, root, runner_cmd,
-    says_running, send, spawn_until, summary, tempdir, tiny_recipe, whole_lines, writable_by_other,
-    SLOW_FIRST_STEP,
+    as_other, copy_dir, expect_exit, has_a_line, long_recipe, only_run, resume_quietly, root,
+    runner_cmd, says_running, send, spawn_until, summary, tempdir, tiny_recipe, whole_lines,
+    writable_by_other, SLOW_FIRST_STEP,
 };
 
 /// Starts `runner` on a long synthetic run, waits for its first metrics line, sends
@@ -318,9 +318,11 @@ fn a_signal_during_a_cell_s_final_evaluation_stops_the_grid_after_it() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// SIGINT to `child` once it is making a 500,000-image synthetic test set (its memory grows
-/// past 300 MB only while that 1.5 GB set is being made); its output once it has exited.
-fn interrupt_while_loading(child: std::process::Child) -> std::process::Output {
+/// `cmd` started, and sent SIGINT once it is making a 500,000-image synthetic test set (its
+/// memory grows past 300 MB only while that 1.5 GB set is being made); its output once it
+/// has exited.
+fn interrupt_while_loading(mut cmd: Command) -> std::process::Output {
+    let child = cmd.stderr(std::process::Stdio::piped()).spawn().unwrap();
     let rss_mb = || {
         let status = std::fs::read_to_string(format!("/proc/{}/status", child.id()));
         status.ok().and_then(|t| {
@@ -344,19 +346,15 @@ fn interrupt_while_loading(child: std::process::Child) -> std::process::Output {
 fn a_signal_while_a_cell_s_data_loads_marks_it_and_says_how_to_go_on() {
     let dir = tempdir("cell-loading");
     let grid = tiny_recipe(&dir, "g", "[sweep]\n\"optim.lr\" = [0.1]\n");
-    let child = runner_cmd()
-        .arg(&grid)
-        .args([
-            "-q",
-            "--set",
-            "data.synthetic.test_samples=500000",
-            "--set",
-            "data.synthetic.image_size=32",
-        ])
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let out = interrupt_while_loading(child);
+    let mut cmd = runner_cmd();
+    cmd.arg(&grid).args([
+        "-q",
+        "--set",
+        "data.synthetic.test_samples=500000",
+        "--set",
+        "data.synthetic.image_size=32",
+    ]);
+    let out = interrupt_while_loading(cmd);
     expect_exit(&out, 130);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
@@ -508,14 +506,9 @@ fn a_signal_while_a_resume_loads_its_data_exits_at_once_leaving_the_run_as_it_wa
     let run = only_run(&dir.join("runs/resume-loading"));
     let before = std::fs::read(run.join("summary.json")).unwrap();
     let checkpoints = runner::checkpoint::list(&run).len();
-    let child = runner_cmd()
-        .arg("resume")
-        .arg(&run)
-        .arg("-q")
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let out = interrupt_while_loading(child);
+    let mut cmd = runner_cmd();
+    cmd.arg("resume").arg(&run).arg("-q");
+    let out = interrupt_while_loading(cmd);
     expect_exit(&out, 130);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
@@ -712,16 +705,9 @@ fn a_named_pipe_in_a_run_directory_hangs_nothing() {
     send("-INT", &child);
     expect_exit(&child.wait_with_output().unwrap(), 130);
     let run = only_run(&dir.join("runs/p"));
-    let base = dir.clone();
     let copy = |to: &str| {
-        let to = base.join(to);
-        assert!(Command::new("cp")
-            .arg("-a")
-            .arg(&run)
-            .arg(&to)
-            .status()
-            .unwrap()
-            .success());
+        let to = dir.join(to);
+        copy_dir(&run, &to);
         to
     };
     let pipe = |p: &Path| {

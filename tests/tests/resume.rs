@@ -6,9 +6,9 @@ use std::process::Command;
 use runner::metrics::RunStatus;
 
 use crate::common::{
-    cut_records, eval_reports, expect_exit, json, long_recipe, losses, mlp_over_a_copy, only_run,
-    records, resume_quietly, root, runner_cmd, signal_pid, spawn_until, summary, tb_losses,
-    tempdir, tiny_recipe, walk_files,
+    copy_dir, cut_records, eval_reports, expect_exit, json, long_recipe, losses, mlp_over_a_copy,
+    only_run, records, resume_quietly, root, runner_cmd, signal_pid, spawn_until, summary,
+    tb_losses, tempdir, tiny_recipe, walk_files,
 };
 
 /// Starts `runner args`, waits until a metrics file under `runs` has `lines` lines, sends
@@ -1490,13 +1490,7 @@ fn a_damaged_or_missing_summary_is_written_again_by_resume() {
     let run = only_run(&dir.join("runs/s"));
     let copy = |to: &str| {
         let to = dir.join(to);
-        assert!(Command::new("cp")
-            .arg("-a")
-            .arg(&run)
-            .arg(&to)
-            .status()
-            .unwrap()
-            .success());
+        copy_dir(&run, &to);
         to
     };
     let (gone, binary, empty) = (copy("gone"), copy("binary"), copy("empty"));

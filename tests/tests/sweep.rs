@@ -8,10 +8,10 @@ use runner::plan::Machine;
 use runner::recipe;
 
 use crate::common::{
-    as_other, cut_records, expect_exit, has_a_line, invalid_quickstart_grid, json, long_recipe,
-    losses, mlp_over_a_copy, only_run, records, resume_quietly, root, runner_cmd, runner_logged,
-    says_running, send, spawn_until, statuses, summary, tempdir, tiny_recipe, walk_files,
-    with_sets, writable_by_other, SLOW_FIRST_STEP,
+    as_other, copy_dir, cut_records, expect_exit, has_a_line, invalid_quickstart_grid, json,
+    long_recipe, losses, mlp_over_a_copy, only_run, records, resume_quietly, root, runner_cmd,
+    runner_logged, says_running, send, spawn_until, statuses, summary, tempdir, tiny_recipe,
+    walk_files, with_sets, writable_by_other, SLOW_FIRST_STEP,
 };
 
 // ---------------------------------------------------------------- sweeps and sharing
@@ -1608,13 +1608,7 @@ fn a_grid_resume_runs_each_cell_on_its_own_thread_count() {
 fn a_copied_grid_resumes_its_own_runs_not_the_original_s() {
     let dir = tempdir("copied-grid");
     let grid = cell0_interrupted(&dir, &[]);
-    let copied = Command::new("cp")
-        .arg("-a")
-        .arg(dir.join("runs"))
-        .arg(dir.join("copy"))
-        .status()
-        .unwrap();
-    assert!(copied.success());
+    copy_dir(&dir.join("runs"), &dir.join("copy"));
     let out = runner_cmd()
         .arg(&grid)
         .args(["-q", "--resume", "--set"])
