@@ -89,6 +89,7 @@ pub fn probe() -> Machine {
             .is_ok_and(|d| !d.is_empty())
             .then(cuda_toolchain)
             .flatten(),
+        cpus: std::thread::available_parallelism().ok().map(|n| n.get()),
     }
 }
 
@@ -238,9 +239,17 @@ fn cube_label(runtime: &str, kernels: &KernelPlan) -> String {
         crate::recipe::NormSums::OnePass => conv,
         s => format!("{conv}, norm_sums {}", s.name()),
     };
+    // Fusion turned off by `"auto"` says so: the run was not asked to go without it.
+    let fusion = match kernels.fusion_reason.strip_prefix("auto: ") {
+        _ if kernels.fusion => "fusion, ".to_string(),
+        Some(why) => format!(
+            "no fusion: {}, ",
+            why.split(" for this process").next().unwrap_or(why)
+        ),
+        None => String::new(),
+    };
     format!(
-        "{runtime} ({}autotune {}{conv})",
-        if kernels.fusion { "fusion, " } else { "" },
+        "{runtime} ({fusion}autotune {}{conv})",
         kernels.autotune.name(),
     )
 }
@@ -562,6 +571,7 @@ mod wgpu_tests {
         let plan = KernelPlan {
             autotune: crate::recipe::AutotuneLevel::Balanced,
             fusion: false,
+            fusion_reason: "backend.fusion = false".into(),
             conv: crate::recipe::ConvAlgo::Autotune,
             conv_kernel: crate::recipe::ConvKernel::SimpleSyncCyclic,
             conv_tile: crate::recipe::ConvTile::Cmma,

@@ -260,6 +260,9 @@ pub struct KernelSettings {
     pub cache: CacheDir,
     pub autotune: String,
     pub fusion: bool,
+    /// Why: `backend.fusion = true` or `false`, or what `"auto"` found (the CPUs this
+    /// process may use).
+    pub fusion_reason: String,
     /// `backend.conv`: `autotune` or `implicit_gemm`, with `backend.conv_kernel` and
     /// `conv_tile` where they are not Burn's own (`KernelPlan::conv_name`).
     pub conv: String,
@@ -283,6 +286,7 @@ pub fn configure_cubecl(plan: &KernelPlan) -> Result<KernelSettings, String> {
         cache: cache_dir(plan.cache_dir.as_deref(), |k| std::env::var_os(k)),
         autotune: plan.autotune.name().into(),
         fusion: plan.fusion,
+        fusion_reason: plan.fusion_reason.clone(),
         conv: plan.conv_name(),
         norm_sums: plan.norm_sums.name().into(),
         used: true,
@@ -291,6 +295,7 @@ pub fn configure_cubecl(plan: &KernelPlan) -> Result<KernelSettings, String> {
     if let Some(first) = APPLIED.get() {
         let mut s = first.clone();
         s.fusion = plan.fusion;
+        s.fusion_reason.clone_from(&plan.fusion_reason);
         s.conv = plan.conv_name();
         s.norm_sums = plan.norm_sums.name().into();
         if (s.cache.requested(), &s.autotune) != (wanted.cache.requested(), &wanted.autotune) {
@@ -323,6 +328,7 @@ pub fn cpu_settings(plan: &KernelPlan) -> KernelSettings {
         cache: cache_dir(plan.cache_dir.as_deref(), |k| std::env::var_os(k)),
         autotune: plan.autotune.name().into(),
         fusion: plan.fusion,
+        fusion_reason: plan.fusion_reason.clone(),
         conv: plan.conv_name(),
         norm_sums: plan.norm_sums.name().into(),
         used: false,

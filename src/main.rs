@@ -318,5 +318,6 @@ fn any_machine() -> Machine {
         wgpu_compiled: true,
         wgpu_adapters: None,
         cuda_toolchain: None,
+        cpus: None,
     }
 }

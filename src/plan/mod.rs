@@ -20,8 +20,8 @@ use crate::data::cifar;
 use crate::policy::CleanupPolicy;
 use crate::recipe::{
     Arch, AutotuneLevel, BackendKind, CleanupAction, ConvAlgo, ConvKernel, ConvSplit, ConvTile,
-    DataFormat, Diagnostic, Diagnostics, EvalWhen, Every, Loaded, NormSums, OptimizerKind, Recipe,
-    Schedule, Stem,
+    DataFormat, Diagnostic, Diagnostics, EvalWhen, Every, Fusion, Loaded, NormSums, OptimizerKind,
+    Recipe, Schedule, Stem,
 };
 
 /// Most CPU threads a recipe may ask for (rayon cannot start many more).
@@ -53,6 +53,9 @@ pub struct Machine {
     /// What CUDA kernels are compiled with here (`backend::cuda_toolchain`); `None`: not
     /// looked for (no CUDA device, a binary without it, or `runner validate`).
     pub cuda_toolchain: Option<CudaToolchain>,
+    /// The CPUs this process may use (`available_parallelism`: its affinity and cgroup
+    /// quota); `None`: not looked at (`runner validate`). Decides `backend.fusion = "auto"`.
+    pub cpus: Option<usize>,
 }
 
 /// What CubeCL needs on a CUDA machine besides the driver and a device: NVRTC, which
@@ -190,6 +193,7 @@ impl Machine {
             wgpu_compiled: false,
             wgpu_adapters: None,
             cuda_toolchain: None,
+            cpus: None,
         }
     }
 }
@@ -255,7 +259,10 @@ pub struct Plan {
 #[derive(Debug, Clone, PartialEq)]
 pub struct KernelPlan {
     pub autotune: AutotuneLevel,
+    /// `backend.fusion`, decided (`"auto"` by the CPUs this process may use).
     pub fusion: bool,
+    /// Why `fusion` is what it is: `backend.fusion = true`, or `auto: ...`.
+    pub fusion_reason: String,
     pub conv: ConvAlgo,
     pub conv_kernel: ConvKernel,
     pub conv_tile: ConvTile,
@@ -560,7 +567,7 @@ impl<'a> Validator<'a> {
                 "use 0 for one per core",
             );
         }
-        let kernels = self.kernels();
+        let kernels = self.kernels(device, machine);
         let data = self.data();
         let model = self.model(data.as_ref());
         let loader = self.loader(device);

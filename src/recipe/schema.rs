@@ -55,9 +55,15 @@ pub struct BackendSection {
     /// cached (see `cache_dir`), so only the first run of a shape on a machine pays.
     /// Default `balanced` (CubeCL's own default). Ignored by the CPU backend.
     pub autotune: AutotuneLevel,
-    /// CUDA: Burn's kernel fusion (element-wise chains compiled into one kernel). Default
-    /// true. Ignored by the CPU backend.
-    pub fusion: bool,
+    /// CUDA and WebGPU: Burn's kernel fusion (element-wise chains compiled into one
+    /// kernel): `true`, `false` or `"auto"`. Fusion adds a third thread that waits for work
+    /// by spinning on a CPU core (CubeCL's device thread and the training loop's are the
+    /// other two), so it needs 3 cores to itself: on 2, a warm ResNet-50 step's host side
+    /// took 257 ms with fusion and 36 ms without (BENCHMARKS.md). `"auto"`: fusion when
+    /// this process may use at least 4 CPUs (its affinity and cgroup quota, as a Slurm
+    /// task's `--cpus-per-task`), none below; the choice and its reason go into env.json.
+    /// Default `"auto"`. Ignored by the CPU backend.
+    pub fusion: Fusion,
     /// CUDA: how a convolution picks its kernel. `implicit_gemm`: one implicit-GEMM kernel
     /// on TF32 tensor cores per pass, untuned, so a cold first step compiles a fraction of
     /// the kernels (a strided convolution's input gradient takes Burn's transposed
@@ -116,7 +122,7 @@ impl Default for BackendSection {
             device: 0,
             threads: 0,
             autotune: AutotuneLevel::Balanced,
-            fusion: true,
+            fusion: Fusion::Auto,
             conv: ConvAlgo::ImplicitGemm,
             conv_kernel: ConvKernel::SimpleSyncCyclic,
             conv_tile: ConvTile::Cmma,
@@ -124,6 +130,68 @@ impl Default for BackendSection {
             norm_sums: NormSums::OnePass,
             cache_dir: None,
         }
+    }
+}
+
+/// `backend.fusion`: `true`, `false` or `"auto"` (by the CPUs this process may use).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fusion {
+    Auto,
+    On,
+    Off,
+}
+
+impl Fusion {
+    /// The fewest CPUs `"auto"` turns fusion on with: one core for each of the three
+    /// threads that spin while they wait (the training loop's, fusion's and CubeCL's device
+    /// thread), and one for the loader and everything else.
+    pub const AUTO_MIN_CPUS: usize = 4;
+}
+
+impl JsonSchema for Fusion {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "Fusion".into()
+    }
+    fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        schemars::json_schema!({
+            "description": "true, false or \"auto\" (fusion when the process may use at least 4 CPUs)",
+            "oneOf": [
+                { "type": "boolean" },
+                { "type": "string", "enum": ["auto"] }
+            ]
+        })
+    }
+}
+
+impl Serialize for Fusion {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self {
+            Fusion::Auto => s.serialize_str("auto"),
+            Fusion::On => s.serialize_bool(true),
+            Fusion::Off => s.serialize_bool(false),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for Fusion {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl serde::de::Visitor<'_> for V {
+            type Value = Fusion;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("true, false or \"auto\"")
+            }
+            fn visit_bool<E: serde::de::Error>(self, v: bool) -> Result<Fusion, E> {
+                Ok(if v { Fusion::On } else { Fusion::Off })
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Fusion, E> {
+                match v {
+                    "auto" => Ok(Fusion::Auto),
+                    other => Err(E::invalid_value(serde::de::Unexpected::Str(other), &self)),
+                }
+            }
+        }
+        d.deserialize_any(V)
     }
 }
 
@@ -1086,7 +1154,8 @@ pub struct SlurmSection {
     pub time: String,
     /// GPUs per array task (`--gpus-per-task`). Default 0.
     pub gpus_per_task: u32,
-    /// CPU cores per array task (`--cpus-per-task`), at least 1. Default 2.
+    /// CPU cores per array task (`--cpus-per-task`), at least 1; a GPU task with fewer
+    /// than 4 runs without fusion (`backend.fusion = "auto"`). Default 2.
     #[schemars(range(min = 1))]
     pub cpus_per_task: u32,
     /// Memory per node (`--mem`), e.g. `"16G"`. Default: the cluster's default.

@@ -19,6 +19,7 @@ pub fn resume(
     let _lock = take_run_lock(run_dir)?;
     let mut plan = resume_plan(&recipe_path, machine)?;
     let threads_at_start = pin_cpu_threads(run_dir, &mut plan);
+    pin_fusion(run_dir, &mut plan);
     let plan = plan;
     super::on_its_threads(&plan, || {
         let metrics_path = run_dir.join("metrics.jsonl");
@@ -132,6 +133,39 @@ fn pin_cpu_threads(run_dir: &Path, plan: &mut Plan) -> Option<usize> {
         .filter(|n| (1..=crate::plan::MAX_THREADS).contains(n))?;
     plan.threads = n;
     Some(n)
+}
+
+/// A resume on CUDA or WebGPU runs with fusion as the run started (env.json's
+/// `kernels.fusion`), though `backend.fusion = "auto"` would decide otherwise here (a
+/// requeued Slurm task on another node, a shell with another CPU affinity): its steps go on
+/// with the same kernels. Said when it differs from what this machine would choose.
+fn pin_fusion(run_dir: &Path, plan: &mut Plan) {
+    if matches!(plan.device, crate::plan::Device::Cpu) {
+        return;
+    }
+    let Some(at_start) = crate::metrics::read_text(run_dir.join("env.json"))
+        .ok()
+        .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
+        .and_then(|env| env.get("kernels")?.get("fusion")?.as_bool())
+    else {
+        return;
+    };
+    let k = &mut plan.kernels;
+    if k.fusion != at_start {
+        crate::errln!(
+            "note: {}: the run started {} fusion; this resume keeps to that, where {} would have chosen {} ({})",
+            run_dir.display(),
+            if at_start { "with" } else { "without" },
+            "backend.fusion here",
+            if k.fusion { "fusion" } else { "none" },
+            k.fusion_reason,
+        );
+        k.fusion = at_start;
+        k.fusion_reason = format!(
+            "{}, as the run started (env.json)",
+            if at_start { "on" } else { "off" }
+        );
+    }
 }
 
 /// The run's own files are read, or opened to go on writing: one that is there but is not

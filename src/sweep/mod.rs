@@ -686,25 +686,39 @@ const ADDED_SINCE: [&[&str]; 3] = [
     ],
 ];
 
+/// A key whose default changed since cell ids were first made: its line now, and the line
+/// every run had before (2026-12-06: `backend.fusion` took `"auto"` for `true`). Newer
+/// than every [`ADDED_SINCE`] entry.
+const DEFAULT_CHANGED: (&str, &str) = ("fusion = \"auto\"", "fusion = true");
+
 /// [`Cell::earlier_ids`]: the cell's id as each earlier version made it, newest first:
-/// without the keys added since (where the cell has their old value; a cell that sets
-/// another could not have run before), and, before 2026-12-03, with `description`,
-/// `[slurm]` and `backend.cache_dir` in it.
+/// with the defaults that changed since as they were, without the keys added since (where
+/// the cell has their old value; a cell that sets another could not have run before),
+/// and, before 2026-12-03, with `description`, `[slurm]` and `backend.cache_dir` in it.
 pub fn earlier_cell_ids(resolved: &Recipe, written: &Recipe) -> Vec<String> {
     let without = |text: &str, lines: &[&str]| -> String {
         text.split_inclusive('\n')
             .filter(|l| !lines.contains(&l.trim_end()))
             .collect()
     };
+    let as_before = |text: &str| -> String {
+        let (now, before) = DEFAULT_CHANGED;
+        text.split_inclusive('\n')
+            .map(|l| match l.trim_end() == now {
+                true => l.replacen(now, before, 1),
+                false => l.to_string(),
+            })
+            .collect()
+    };
     let mut removed: Vec<&str> = vec![];
-    let mut text = id_text(resolved, written);
-    let mut ids = vec![];
+    let mut text = as_before(&id_text(resolved, written));
+    let mut ids = vec![short_sha(&text)];
     for lines in ADDED_SINCE {
         removed.extend(lines);
         text = without(&text, lines);
         ids.push(short_sha(&text));
     }
-    let legacy = toml::to_string(&id_recipe(resolved, written)).unwrap_or_default();
+    let legacy = as_before(&toml::to_string(&id_recipe(resolved, written)).unwrap_or_default());
     ids.push(short_sha(&without(&legacy, &removed)));
     let current = cell_id(resolved, written);
     let mut unique = vec![];

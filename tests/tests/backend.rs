@@ -241,3 +241,118 @@ fn a_cuda_device_without_a_kernel_compiler_runs_on_the_cpu_or_is_refused() {
         );
     }
 }
+
+/// `backend.fusion = "auto"` (the default) decides by the CPUs the process may use: fusion
+/// from 4 (the training loop, fusion and CubeCL's device thread each spin on a core while
+/// they wait), none below, and says why. An explicit `true` is kept and warned about below
+/// 4 CPUs, and 1 CPU is warned about on any CubeCL backend; the CPU backend says nothing.
+/// A recipe that says nothing of fusion validates (no machine) with fusion on.
+#[test]
+fn fusion_auto_follows_the_cpus_this_process_may_use() {
+    use runner::plan::Device;
+    std::env::set_current_dir(root()).unwrap();
+    let check_with = |sets: &[&str], cpus: Option<usize>| {
+        let m = Machine {
+            cpus,
+            ..any_machine()
+        };
+        let sets: Vec<String> = sets.iter().map(|s| s.to_string()).collect();
+        let p = runner::sweep::check(Path::new("recipes/quickstart.toml"), &sets, &m, 16)
+            .map(|c| c.plans.into_iter().next().unwrap())
+            .expect("valid");
+        let warnings: Vec<String> = p.warnings.iter().map(|w| w.to_string()).collect();
+        (p, warnings)
+    };
+    let cuda = "backend.kind=\"cuda\"";
+    for (cpus, on, why) in [
+        (
+            Some(16),
+            true,
+            "auto: 16 CPUs for this process, fusion from 4",
+        ),
+        (
+            Some(4),
+            true,
+            "auto: 4 CPUs for this process, fusion from 4",
+        ),
+        (
+            Some(3),
+            false,
+            "auto: 3 CPUs for this process, fusion from 4",
+        ),
+        (
+            Some(2),
+            false,
+            "auto: 2 CPUs for this process, fusion from 4",
+        ),
+        (None, true, "auto: the CPUs were not looked at"),
+    ] {
+        let (p, warnings) = check_with(&[cuda], cpus);
+        assert_eq!(p.device, Device::Cuda(0));
+        assert_eq!(p.kernels.fusion, on, "{cpus:?}");
+        assert!(
+            p.kernels.fusion_reason.starts_with(why),
+            "{cpus:?}: {}",
+            p.kernels.fusion_reason
+        );
+        assert!(warnings.is_empty(), "{cpus:?}: {warnings:?}");
+    }
+    let label =
+        runner::backend::describe(Device::Cuda(0), &check_with(&[cuda], Some(2)).0.kernels).0;
+    assert!(
+        label.starts_with("cuda (no fusion: 2 CPUs, autotune balanced"),
+        "{label}"
+    );
+    let label =
+        runner::backend::describe(Device::Cuda(0), &check_with(&[cuda], Some(8)).0.kernels).0;
+    assert!(
+        label.starts_with("cuda (fusion, autotune balanced"),
+        "{label}"
+    );
+
+    // Asked for: kept either way; with fusion on 2 CPUs, a warning naming the key.
+    let (p, warnings) = check_with(&[cuda, "backend.fusion=true"], Some(2));
+    assert!(p.kernels.fusion);
+    assert!(
+        warnings.len() == 1
+            && warnings[0].contains("backend.fusion")
+            && warnings[0].contains("fusion with 2 CPUs for this process")
+            && warnings[0].contains("give the process at least 4 CPUs"),
+        "{warnings:?}"
+    );
+    let (p, warnings) = check_with(&[cuda, "backend.fusion=false"], Some(16));
+    assert!(!p.kernels.fusion && p.kernels.fusion_reason == "backend.fusion = false");
+    assert!(warnings.is_empty(), "{warnings:?}");
+    let (p, warnings) = check_with(&[cuda, "backend.fusion=true"], Some(16));
+    assert!(p.kernels.fusion && warnings.is_empty(), "{warnings:?}");
+
+    // 1 CPU: the device thread and the loop take turns, fusion or not.
+    let (p, warnings) = check_with(&[cuda, "backend.fusion=false"], Some(1));
+    assert!(!p.kernels.fusion);
+    assert!(
+        warnings.len() == 1
+            && warnings[0].contains("backend.kind")
+            && warnings[0].contains("this process may use 1 CPU")
+            && warnings[0].contains("give the process at least 2 CPUs"),
+        "{warnings:?}"
+    );
+    // The CPU backend has no such threads.
+    let (_, warnings) = check_with(&["backend.kind=\"cpu\"", "backend.fusion=true"], Some(1));
+    assert!(warnings.is_empty(), "{warnings:?}");
+
+    // Anything else is refused with the values it takes.
+    let sets = ["backend.fusion=\"yes\"".to_string()];
+    let Err(e) = runner::sweep::check(
+        Path::new("recipes/quickstart.toml"),
+        &sets,
+        &any_machine(),
+        16,
+    ) else {
+        panic!("backend.fusion = \"yes\" was taken");
+    };
+    let e = e.to_string();
+    assert!(
+        e.contains("backend.fusion") && e.contains("true, false or \"auto\""),
+        "{e}"
+    );
+}

@@ -26,6 +26,7 @@ pub fn any_machine() -> Machine {
         wgpu_compiled: true,
         wgpu_adapters: None,
         cuda_toolchain: None,
+        cpus: None,
     }
 }
 

@@ -1343,12 +1343,14 @@ fn resume_finds_two_cells_done_elsewhere(grid: &Path, what: &str) {
     );
 }
 
-/// A cell's ids are pinned: the current one, the one of `f9d7070` (2026-12-05, before
-/// `backend.norm_sums`), and the one the runner of `04422a2` (before `backend.conv_split`)
-/// made for the same recipe, read from the sweep directory that binary wrote. A key added
-/// to the format changes every current id
-/// (the resolved recipe has one more line); `ADDED_SINCE` in `src/sweep/mod.rs` must then
-/// name it, so that `--resume` still finds the cells done before the upgrade.
+/// A cell's ids are pinned: the current one, the one of `8ea179d` (2026-12-06, before
+/// `backend.fusion` took `"auto"` for its default), the one of `f9d7070` (2026-12-05,
+/// before `backend.norm_sums`), and the one the runner of `04422a2` (before
+/// `backend.conv_split`) made for the same recipe, read from the sweep directory that
+/// binary wrote. A key added to the format changes every current id (the resolved recipe
+/// has one more line), and so does a default changed; `ADDED_SINCE` or `DEFAULT_CHANGED`
+/// in `src/sweep/mod.rs` must then name it, so that `--resume` still finds the cells done
+/// before the upgrade.
 #[test]
 fn cell_ids_of_earlier_versions_are_the_ids_those_made() {
     let dir = tempdir("earlier-ids");
@@ -1361,21 +1363,32 @@ fn cell_ids_of_earlier_versions_are_the_ids_those_made() {
     let cells = runner::sweep::check(&grid, &[], &Machine::cpu_only(), 256)
         .unwrap()
         .cells;
-    let ids: Vec<(&str, &str, &str)> = cells
+    let ids: Vec<(&str, &str, &str, &str)> = cells
         .iter()
         .map(|c| {
             (
                 c.id.as_str(),
                 c.earlier_ids[0].as_str(),
                 c.earlier_ids[1].as_str(),
+                c.earlier_ids[2].as_str(),
             )
         })
         .collect();
     assert_eq!(
         ids,
         [
-            ("66b6d824fb4b", "131e76f37e67", "5cfe3076a149"),
-            ("6a092957126b", "cf3827f80486", "c0dfae561365")
+            (
+                "baba62cee031",
+                "66b6d824fb4b",
+                "131e76f37e67",
+                "5cfe3076a149"
+            ),
+            (
+                "3ad7febc0801",
+                "6a092957126b",
+                "cf3827f80486",
+                "c0dfae561365"
+            )
         ]
     );
     let _ = std::fs::remove_dir_all(&dir);
@@ -1413,24 +1426,25 @@ fn resume_with_other_job_resources_trains_no_done_cell_again() {
         );
     }
     // A sweep directory of an earlier version: its cells' statuses under their old ids.
-    // The newest earlier ids are those before `backend.norm_sums` and `backend.conv_split`
-    // existed (every cell here has their defaults); the oldest held `[slurm]` (a recipe
-    // without it, description or cache_dir keeps its ids), and none of the keys added
-    // since.
+    // The newest earlier ids are those before `backend.fusion` took `"auto"` for `true`,
+    // and before `backend.norm_sums` and `backend.conv_split` existed (every cell here has
+    // their defaults); the oldest held `[slurm]` (a recipe without it, description or
+    // cache_dir keeps its ids), and none of the keys added since.
     let cells = runner::sweep::check(&grid, &[], &Machine::cpu_only(), 256)
         .unwrap()
         .cells;
     let sweeps = dir.join("runs/g/sweeps");
     for (version, pick) in [
-        ("before norm_sums", 0),
-        ("before conv_split", 1),
-        ("before 2026-12-03", 3),
+        ("before fusion = \"auto\"", 0),
+        ("before norm_sums", 1),
+        ("before conv_split", 2),
+        ("before 2026-12-03", 4),
     ] {
         let current = only_run(&sweeps);
         let old = sweeps.join("from-an-earlier-version");
         std::fs::rename(&current, &old).unwrap();
         for c in &cells {
-            assert_eq!(c.earlier_ids.len(), 4, "{:?}", c.earlier_ids);
+            assert_eq!(c.earlier_ids.len(), 5, "{:?}", c.earlier_ids);
             assert!(!c.earlier_ids.contains(&c.id));
             std::fs::rename(
                 old.join(format!("cells/{:04}-{}.json", c.index, c.id)),

@@ -431,13 +431,26 @@ fn wgpu_a_resume_keeps_the_start_s_env_json() {
     crate::common::signal_pid("-TERM", child.id());
     expect_exit(&child.wait_with_output().unwrap(), 143);
     let run = metrics.parent().unwrap();
-    let start = json(&run.join("env.json"));
+    // As if the run had started where `backend.fusion = "auto"` chose otherwise (4 CPUs
+    // or more against fewer here, or the other way): the resume keeps the start's choice.
+    let mut start = json(&run.join("env.json"));
+    let started_with = !start["kernels"]["fusion"].as_bool().unwrap();
+    start["kernels"]["fusion"] = started_with.into();
+    std::fs::write(run.join("env.json"), start.to_string()).unwrap();
     assert!(
         start["kernel_counts"]["compiled"].as_u64().unwrap() > 0,
         "{start}"
     );
     let out = crate::common::resume_quietly(run);
     expect_exit(&out, 0);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let with = if started_with { "with" } else { "without" };
+    assert!(
+        stderr.contains(&format!(
+            "the run started {with} fusion; this resume keeps to that"
+        )),
+        "{stderr}"
+    );
     let env = json(&run.join("env.json"));
     for key in ["command", "started_at", "kernel_counts", "sources"] {
         assert_eq!(env[key], start[key], "{key}: {env}");
@@ -446,4 +459,64 @@ fn wgpu_a_resume_keeps_the_start_s_env_json() {
     assert_eq!(resumes.len(), 1, "{env}");
     assert_eq!(resumes[0]["command"][1], "resume", "{env}");
     assert!(resumes[0]["kernel_counts"].is_object(), "{env}");
+    let label = if started_with {
+        "wgpu (fusion, "
+    } else {
+        "wgpu (autotune "
+    };
+    let backend = resumes[0]["backend"].as_str().unwrap();
+    assert!(backend.starts_with(label), "{env}");
+}
+
+/// `backend.fusion = "auto"` seen where it acts: a run on 1 CPU (`taskset`) is warned that
+/// CubeCL's threads take turns, goes without fusion, says so on its backend line, and
+/// records why in env.json; `backend.fusion = true` on 2 CPUs runs with fusion, warned.
+#[test]
+fn wgpu_fusion_auto_goes_by_the_cpus_the_run_may_use() {
+    let dir = tempdir("wgpu-fusion-cpus");
+    let recipe = crate::common::tiny_recipe(&dir, "r", "");
+    let run = |cpus: &str, name: &str, sets: &[&str]| {
+        let mut cmd = Command::new("taskset");
+        cmd.args(["-c", cpus]).arg(env!("CARGO_BIN_EXE_runner"));
+        cmd.arg(&recipe)
+            .args(["--set", "backend.kind=\"wgpu\"", "--set", "run.max_steps=2"])
+            .args(["--set", &format!("name=\"{name}\"")])
+            .env("RUNNER_CACHE_DIR", dir.join("kc"));
+        for s in sets {
+            cmd.args(["--set", s]);
+        }
+        let out = cmd.output().expect("taskset (util-linux) runs the binary");
+        expect_exit(&out, 0);
+        let said = String::from_utf8_lossy(&out.stdout).into_owned()
+            + &String::from_utf8_lossy(&out.stderr);
+        let env = json(&crate::common::only_run(&dir.join("runs").join(name)).join("env.json"));
+        (said, env)
+    };
+    let (said, env) = run("0", "one", &[]);
+    assert!(
+        said.contains("backend.kind")
+            && said.contains("this process may use 1 CPU")
+            && said.contains("wgpu (no fusion: 1 CPU, autotune"),
+        "{said}"
+    );
+    assert_eq!(env["kernels"]["fusion"], false, "{env}");
+    let why = env["kernels"]["fusion_reason"].as_str().unwrap();
+    assert!(
+        why.starts_with("auto: 1 CPU for this process, fusion from 4"),
+        "{why}"
+    );
+
+    let (said, env) = run("0,1", "two", &["backend.fusion=true"]);
+    assert!(
+        said.contains("backend.fusion")
+            && said.contains("fusion with 2 CPUs for this process")
+            && said.contains("wgpu (fusion, autotune")
+            && !said.contains("may use 1 CPU"),
+        "{said}"
+    );
+    assert_eq!(env["kernels"]["fusion"], true, "{env}");
+    assert_eq!(
+        env["kernels"]["fusion_reason"], "backend.fusion = true",
+        "{env}"
+    );
 }
