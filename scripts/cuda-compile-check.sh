@@ -34,7 +34,20 @@
 # Settings (environment): STEPS (2), T_CASE (seconds per case, 900), PTXAS (1: assemble
 # every PTX; 0: skip), WARM_STEPS (0; N: run each case again on the kernels just cached,
 # N timed steps after 10: the median time of a step's host side, since no launch does any
-# work, and the kernel launches a step makes), CUDA_TOOLKIT, OUT.
+# work, and the kernel launches a step makes), THREADS (with WARM_STEPS, 1: each thread's
+# CPU time a warm step, its work apart from its waiting, by `perf record`; see below),
+# FUSION (true: `backend.fusion` of a case that does not set it, as `"auto"` chooses on the
+# GPU machine's 16 cores; empty: the recipe's, so `"auto"` by this machine's CPUs), CPUS
+# (a CPU list for `taskset -c`: the runner runs on those alone), CUDA_TOOLKIT, OUT.
+# THREADS: CubeCL 0.10's threads wait for work by spinning (`cubecl_common`'s device
+# channel), so a thread's CPU time is its work plus its waiting, and where the threads
+# outnumber the cores the waiting is most of the step. `perf record -F 1000` samples the
+# warm run and one of 10 steps; a sample in the channel's wait loops (`submit_inner`,
+# `Server::start`: not their closures, which are tasks run), the scheduler or the return
+# from an interrupt (the timer's, mostly, while spinning) counts as waiting, any other
+# as work, and the
+# difference of the two runs over N is each thread's ms a step: `runner` (the training
+# loop), `DSU-*` (fusion's thread), `DSD-*` (CubeCL's device thread), `loader-*`.
 set -uo pipefail
 if [ $# -lt 1 ]; then
   echo "usage: scripts/cuda-compile-check.sh RUNNER [CASE...]" >&2
@@ -76,6 +89,15 @@ if [ ${#CASES[@]} -eq 0 ]; then
   )
 fi
 STEPS=${STEPS:-2}
+FUSION=${FUSION-true}
+RUN=()
+if [ -n "${CPUS:-}" ]; then
+  command -v taskset >/dev/null || { echo "error: CPUS needs taskset (util-linux)" >&2; exit 2; }
+  RUN=(taskset -c "$CPUS")
+fi
+if [ "${THREADS:-0}" = 1 ]; then
+  command -v perf >/dev/null || { echo "error: THREADS=1 needs perf" >&2; exit 2; }
+fi
 T_CASE=${T_CASE:-900}
 PTXAS=${PTXAS:-1}
 VERSION=13.0.88
@@ -139,12 +161,16 @@ for case in "${CASES[@]}"; do
   for kv in ${extra[@]+"${extra[@]}"}; do
     [ -n "$kv" ] && sets+=(--set "$kv")
   done
+  case ",$overrides," in
+    *,backend.fusion=*) ;;
+    *) [ -n "$FUSION" ] && sets+=(--set "backend.fusion=$FUSION") ;;
+  esac
   echo "== case $tag: ${case#"$REPO/"}"
   start=$SECONDS
   LD_LIBRARY_PATH=$LIBS:$CU/lib REAL_NVRTC=$CU/lib/libnvrtc.so.13 CUDA_PATH=$CU \
     FAKE_CUDA_DRIVER=13000 FAKE_CUDA_PTX_DIR=$dir/ptx NVRTC_LOG=$dir/nvrtc.tsv \
     NVRTC_FAILED_DIR=$dir/failed RUNNER_CACHE_DIR=$dir/cache \
-    timeout -k 10 "$T_CASE" "$BIN" "$recipe" -q "${sets[@]}" > "$dir/runner.txt" 2>&1
+    timeout -k 10 "$T_CASE" ${RUN[@]+"${RUN[@]}"} "$BIN" "$recipe" -q "${sets[@]}" > "$dir/runner.txt" 2>&1
   rc=$?
   summary=$(find "$dir/runs" -name summary.json | head -1)
   status=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['status'])" "$summary" 2>/dev/null || echo "no run")
@@ -176,11 +202,31 @@ for case in "${CASES[@]}"; do
     wsets=("${sets[@]}" --set run.max_steps="$((WARM_STEPS + 10))" --set run.warmup_steps=10 --set "log.dir=\"$dir/warm\"")
     LD_LIBRARY_PATH=$LIBS:$CU/lib REAL_NVRTC=$CU/lib/libnvrtc.so.13 CUDA_PATH=$CU \
       FAKE_CUDA_DRIVER=13000 FAKE_CUDA_LOG=$dir/launches.txt RUNNER_CACHE_DIR=$dir/cache \
-      timeout -k 10 "$T_CASE" "$BIN" "$recipe" -q "${wsets[@]}" > "$dir/warm.txt" 2>&1
+      timeout -k 10 "$T_CASE" ${RUN[@]+"${RUN[@]}"} "$BIN" "$recipe" -q "${wsets[@]}" > "$dir/warm.txt" 2>&1
     wsummary=$(find "$dir/warm" -name summary.json | head -1)
     warm=$(python3 -c "import json,sys; s=json.load(open(sys.argv[1])); print('%.1f ms, %d launches' % (s['iter_ms']['median'], int(sys.argv[2]) // s['steps']))" \
       "$wsummary" "$(wc -l < "$dir/launches.txt" 2>/dev/null || echo 0)" 2>/dev/null || echo "failed")
     rm -f "$dir/launches.txt"
+    if [ "${THREADS:-0}" = 1 ] && [ "$warm" != failed ]; then
+      # Per thread: samples (1 ms each) of work and of waiting, a run of 10 steps and one
+      # of 10 + WARM_STEPS; their difference over WARM_STEPS is a step's.
+      for n_steps in 10 "$((WARM_STEPS + 10))"; do
+        LD_LIBRARY_PATH=$LIBS:$CU/lib REAL_NVRTC=$CU/lib/libnvrtc.so.13 CUDA_PATH=$CU \
+          FAKE_CUDA_DRIVER=13000 RUNNER_CACHE_DIR=$dir/cache \
+          timeout -k 10 "$T_CASE" perf record -q -F 1000 -o "$dir/perf.data" \
+          ${RUN[@]+"${RUN[@]}"} "$BIN" "$recipe" -q "${sets[@]}" --set run.max_steps="$n_steps" \
+          --set run.warmup_steps=5 --set "log.dir=\"$dir/perf-runs\"" > /dev/null 2>&1
+        perf script -i "$dir/perf.data" -F comm,ip,sym 2>/dev/null | awk '
+          { t = $1; n[t]++
+            if ($0 ~ /submit_inner$|Server::start$|sched_yield|nanosleep|finish_task_switch|futex|schedule|irqentry_exit_to_user_mode|_raw_spin_unlock_irqrestore/) w[t]++ }
+          END { for (t in n) printf "%s %d %d\n", t, n[t] - w[t], w[t] }' | sort > "$dir/threads-$n_steps.txt"
+      done
+      join "$dir/threads-10.txt" "$dir/threads-$((WARM_STEPS + 10)).txt" | awk -v n="$WARM_STEPS" '
+        { work = ($4 - $2) / n; wait = ($5 - $3) / n
+          if (work + wait >= 0.05) printf "%s %.1f ms work, %.1f ms waiting\n", $1, work, wait }' > "$dir/threads.txt"
+      rm -rf "$dir/perf.data" "$dir/perf-runs" "$dir"/threads-*.txt
+      warm="$warm; a step's work by thread: $(awk '{ printf "%s%s %s", (NR > 1 ? ", " : ""), $1, $2 }' "$dir/threads.txt") ms"
+    fi
   fi
   rm -rf "$dir/cache"
   row "\`${case#"$REPO/"}\`" "$status" "${ok:-0}" "${failed:-0}" "${secs:-0}" "${slowest:--}" "$ptxas" "$startup" "$warm" >> "$TABLE"
