@@ -81,7 +81,7 @@ pub fn write(
     let warmup = if slurm.warmup.unwrap_or(slurm.gpus_per_task > 0) {
         // The task's cores warm that many kernel families at once (compiling is a core's
         // work per process; the families of a grid share few kernels).
-        let jobs = slurm.cpus_per_task.max(1).to_string();
+        let jobs = slurm.cpus().max(1).to_string();
         let command = with_sets(vec![
             exe,
             "warmup".into(),
@@ -163,7 +163,7 @@ fn resources(s: &schema::SlurmSection, first: Vec<String>) -> Vec<String> {
     lines.extend([
         format!("#SBATCH --time={}", s.time),
         "#SBATCH --ntasks=1".into(),
-        format!("#SBATCH --cpus-per-task={}", s.cpus_per_task),
+        format!("#SBATCH --cpus-per-task={}", s.cpus()),
     ]);
     if let Some(p) = &s.partition {
         lines.push(format!("#SBATCH --partition={}", sbatch_word(p)));

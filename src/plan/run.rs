@@ -474,11 +474,11 @@ impl<'a> Validator<'a> {
             }
             Some(_) => {}
         }
-        if s.cpus_per_task == 0 {
+        if s.cpus_per_task == Some(0) {
             self.err(
                 "slurm.cpus_per_task",
                 "0 cores: sbatch refuses --cpus-per-task=0",
-                "give each task at least 1 core (the default is 2)",
+                "give each task at least 1 core (the default is 4 for a task with a GPU, else 2)",
             );
         }
         // Empty or with a control character: said once, by the check below.

@@ -1154,10 +1154,13 @@ pub struct SlurmSection {
     pub time: String,
     /// GPUs per array task (`--gpus-per-task`). Default 0.
     pub gpus_per_task: u32,
-    /// CPU cores per array task (`--cpus-per-task`), at least 1; a GPU task with fewer
-    /// than 4 runs without fusion (`backend.fusion = "auto"`). Default 2.
+    /// CPU cores per array task (`--cpus-per-task`), at least 1. A GPU task with fewer
+    /// than 4 runs without fusion (`backend.fusion = "auto"`: CubeCL's threads spin on
+    /// their cores while they wait). Default 4 for tasks with a GPU (`gpus_per_task` > 0),
+    /// else 2.
+    #[serde(skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1))]
-    pub cpus_per_task: u32,
+    pub cpus_per_task: Option<u32>,
     /// Memory per node (`--mem`), e.g. `"16G"`. Default: the cluster's default.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub mem: Option<String>,
@@ -1178,13 +1181,22 @@ pub struct SlurmSection {
     pub warmup: Option<bool>,
 }
 
+impl SlurmSection {
+    /// `cpus_per_task`, or its default: 4 for a task with a GPU (one core for each of the
+    /// three threads CubeCL's fused backend spins on, and one for the rest), 2 without.
+    pub fn cpus(&self) -> u32 {
+        self.cpus_per_task
+            .unwrap_or(if self.gpus_per_task > 0 { 4 } else { 2 })
+    }
+}
+
 impl Default for SlurmSection {
     fn default() -> Self {
         Self {
             partition: None,
             time: "01:00:00".into(),
             gpus_per_task: 0,
-            cpus_per_task: 2,
+            cpus_per_task: None,
             mem: None,
             account: None,
             extra: vec![],

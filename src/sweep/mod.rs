@@ -666,7 +666,12 @@ fn short_sha(text: &str) -> String {
 fn id_text(resolved: &Recipe, written: &Recipe) -> String {
     let mut r = id_recipe(resolved, written);
     r.description = String::new();
-    r.slurm = Default::default();
+    // The default `[slurm]` as ids have always held it: `cpus_per_task` written out as 2
+    // (unset since 2026-12-06, when its default became 4 for a task with a GPU).
+    r.slurm = crate::recipe::SlurmSection {
+        cpus_per_task: Some(2),
+        ..Default::default()
+    };
     r.backend.cache_dir = None;
     toml::to_string(&r).unwrap_or_default()
 }
@@ -718,7 +723,24 @@ pub fn earlier_cell_ids(resolved: &Recipe, written: &Recipe) -> Vec<String> {
         text = without(&text, lines);
         ids.push(short_sha(&text));
     }
+    // Before 2026-12-03 the id held `[slurm]`, whose `cpus_per_task` was written out as 2
+    // whatever the task (unset now, it is 4 with a GPU: 2026-12-06).
     let legacy = as_before(&toml::to_string(&id_recipe(resolved, written)).unwrap_or_default());
+    let legacy = match resolved.slurm.cpus_per_task {
+        Some(_) => legacy,
+        None => legacy
+            .split_inclusive('\n')
+            .scan(false, |in_slurm, l| {
+                if l.starts_with('[') {
+                    *in_slurm = l.trim_end() == "[slurm]";
+                }
+                Some(match *in_slurm && l.starts_with("gpus_per_task = ") {
+                    true => format!("{l}cpus_per_task = 2\n"),
+                    false => l.to_string(),
+                })
+            })
+            .collect(),
+    };
     ids.push(short_sha(&without(&legacy, &removed)));
     let current = cell_id(resolved, written);
     let mut unique = vec![];

@@ -322,15 +322,20 @@ fn a_gpu_grid_gets_a_warmup_job_and_its_array_starts_after_it() {
         "{stdout}"
     );
     assert!(stdout.contains("Submitted batch job 4243"), "{stdout}");
-    // Slurm 23.11 refuses --gpus-per-task without a task count.
+    // Slurm 23.11 refuses --gpus-per-task without a task count. A task with a GPU gets 4
+    // cores unless told (fusion's threads spin on 3), and its warm-up as many processes.
     let array = std::fs::read_to_string(sweep.join("slurm.sbatch")).unwrap();
-    assert!(array.contains("#SBATCH --ntasks=1\n"), "{array}");
+    assert!(
+        array.contains("#SBATCH --ntasks=1\n") && array.contains("#SBATCH --cpus-per-task=4\n"),
+        "{array}"
+    );
     let warmup = std::fs::read_to_string(sweep.join("warmup.sbatch")).unwrap();
     assert!(
         warmup.contains("#SBATCH --gpus-per-task=1")
             && warmup.contains("#SBATCH --ntasks=1")
+            && warmup.contains("#SBATCH --cpus-per-task=4\n")
             && !warmup.contains("--array")
-            && warmup.contains(" warmup --jobs 2 ")
+            && warmup.contains(" warmup --jobs 4 ")
             && warmup.contains("tiny_grid.toml --set ")
             && warmup.contains(" --set slurm.gpus_per_task=1"),
         "{warmup}"
@@ -341,6 +346,14 @@ fn a_gpu_grid_gets_a_warmup_job_and_its_array_starts_after_it() {
     let (_, calls) = submit(&[]);
     assert_eq!(calls.lines().count(), 1, "{calls}");
     assert!(!calls.contains("--dependency"), "{calls}");
+    let array = std::fs::read_to_string(dir(&calls).join("slurm.sbatch")).unwrap();
+    assert!(array.contains("#SBATCH --cpus-per-task=2\n"), "{array}");
+    let (_, calls) = submit(&["slurm.gpus_per_task=1", "slurm.cpus_per_task=8"]);
+    let warmup = std::fs::read_to_string(dir(&calls).join("warmup.sbatch")).unwrap();
+    assert!(
+        warmup.contains("#SBATCH --cpus-per-task=8\n") && warmup.contains(" warmup --jobs 8 "),
+        "{warmup}"
+    );
     let (_, calls) = submit(&["slurm.gpus_per_task=1", "slurm.warmup=false"]);
     assert_eq!(calls.lines().count(), 1, "{calls}");
     let (_, calls) = submit(&["slurm.warmup=true"]);
@@ -1363,31 +1376,34 @@ fn cell_ids_of_earlier_versions_are_the_ids_those_made() {
     let cells = runner::sweep::check(&grid, &[], &Machine::cpu_only(), 256)
         .unwrap()
         .cells;
-    let ids: Vec<(&str, &str, &str, &str)> = cells
+    let ids: Vec<(&str, Vec<&str>)> = cells
         .iter()
         .map(|c| {
-            (
-                c.id.as_str(),
-                c.earlier_ids[0].as_str(),
-                c.earlier_ids[1].as_str(),
-                c.earlier_ids[2].as_str(),
-            )
+            let earlier = c.earlier_ids.iter().map(String::as_str).collect();
+            (c.id.as_str(), earlier)
         })
         .collect();
+    // The last: before 2026-12-03, with `[slurm]` (its `cpus_per_task = 2` written out).
     assert_eq!(
         ids,
         [
             (
                 "baba62cee031",
-                "66b6d824fb4b",
-                "131e76f37e67",
-                "5cfe3076a149"
+                vec![
+                    "66b6d824fb4b",
+                    "131e76f37e67",
+                    "5cfe3076a149",
+                    "c1af72c340fd"
+                ]
             ),
             (
                 "3ad7febc0801",
-                "6a092957126b",
-                "cf3827f80486",
-                "c0dfae561365"
+                vec![
+                    "6a092957126b",
+                    "cf3827f80486",
+                    "c0dfae561365",
+                    "c17c67318d50"
+                ]
             )
         ]
     );
