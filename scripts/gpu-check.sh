@@ -496,6 +496,9 @@ print("python", sys.version.split()[0], "torch", torch.__version__, "torchvision
       "gpu", torch.cuda.get_device_name(0) if torch.cuda.is_available() else None)' 2>&1 ||
     echo "torch: not importable with $PYTHON"
   echo "cpus: $(nproc), memory: $(free -g 2>/dev/null | awk '/Mem:/{print $2 " GiB"}'), $(uname -srm)"
+  # The CPUs the runner may use (affinity and cgroup quota): backend.fusion = "auto" takes
+  # fusion from 4, so below that the headline rows would run without it.
+  echo "runner $(timeout 20 "$BIN" ls 2>/dev/null | grep -m1 -E '^ +cpu ' | sed 's/^ *//') (backend.fusion = \"auto\": fusion from 4)"
   echo "cache: $CACHE_ROOT ($cache_state)"
   echo "settings: BUDGET=$BUDGET PLAN='$PLAN'" \
     "MAX_STEPS=$MAX_STEPS WARMUP=$WARMUP STARTUP_STEPS=$STARTUP_STEPS" \
