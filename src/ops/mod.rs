@@ -22,6 +22,8 @@ pub mod norm;
 #[cfg(feature = "cube")]
 pub mod norm_cube;
 pub mod optim;
+#[cfg(feature = "cube")]
+mod optim_cube;
 mod patches;
 #[cfg(feature = "cube")]
 mod patches_cube;

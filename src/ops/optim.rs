@@ -1,7 +1,8 @@
 //! The optimizers' per-parameter updates as backend ops, and the optimizers that call them
 //! ([`FusedSgd`], [`FusedAdamW`]; PyTorch's semantics as `train::optim` configures them).
 //! The defaults compose Burn's tensor ops in the order Burn's own `Sgd` and `AdamW` do
-//! (what CUDA runs, fused by Burn); Flex overrides them with one parallel pass that updates
+//! (what CUDA runs with fusion, fused by Burn; without fusion SGD is one kernel of the
+//! runner's own, `optim_cube`); Flex overrides them with one parallel pass that updates
 //! the parameter and its state in place. Burn's `Sgd` makes up to seven whole-tensor passes
 //! per parameter (weight decay, momentum, Nesterov, the learning-rate scale, the
 //! subtraction) and `AdamW` about fourteen, most into a new buffer, and Flex runs elementwise
@@ -351,11 +352,29 @@ fn update_first(p: &mut [f32], g: &[f32], v: &mut [f32], s: SgdScalars) {
         });
 }
 
-/// CubeCL's backends compose the updates from Burn's ops, which fusion joins.
+/// CubeCL's backends without fusion: SGD in one kernel per parameter
+/// (`optim_cube::sgd_step`), AdamW from Burn's ops. With fusion both compose Burn's ops,
+/// which fusion joins.
 #[cfg(feature = "cube")]
 impl<R: burn_cubecl::CubeRuntime, BT: burn_cubecl::BoolElement> OptimBackend
     for burn_cubecl::CubeBackend<R, f32, i32, BT>
 {
+    fn sgd_step<const D: usize>(
+        param: Tensor<Self, D>,
+        grad: Tensor<Self, D>,
+        velocity: Option<Tensor<Self, D>>,
+        s: SgdScalars,
+    ) -> (Tensor<Self, D>, Option<Tensor<Self, D>>) {
+        let prim = |t: &Tensor<Self, D>| t.clone().into_primitive().tensor();
+        let (p, g, v) = (prim(&param), prim(&grad), velocity.as_ref().map(prim));
+        match super::optim_cube::sgd_step(&p, &g, v.as_ref(), s) {
+            Some((p, v)) => {
+                let back = |t| Tensor::from_primitive(TensorPrimitive::Float(t));
+                (back(p), v.map(back))
+            }
+            None => composed(param, grad, velocity, s),
+        }
+    }
 }
 
 #[cfg(feature = "cube")]
@@ -702,5 +721,85 @@ mod tests {
             weight(&model),
             "the step changed nothing"
         );
+    }
+}
+
+#[cfg(all(test, feature = "wgpu"))]
+mod wgpu_tests {
+    use burn::tensor::{Distribution, Tensor};
+
+    use super::*;
+
+    type Plain = burn_cubecl::CubeBackend<cubecl::wgpu::WgpuRuntime, f32, i32, u32>;
+
+    /// The unfused CubeCL backend's SGD (one kernel of the runner's own a parameter) takes
+    /// the steps Burn's ops take, on software Vulkan: every combination of weight decay,
+    /// momentum (first step or not), dampening and Nesterov, over several cubes of
+    /// elements, to a few ulps (a GPU may contract `a·b + c` into one rounding). A
+    /// parameter the kernel cannot take (not contiguous) gets Burn's ops, exactly.
+    #[test]
+    fn wgpu_sgd_in_one_kernel_takes_burns_steps() {
+        let d = Default::default();
+        let random = |dims: [usize; 2]| Tensor::<Plain, 2>::random(dims, Distribution::Default, &d);
+        let values = |t: Tensor<Plain, 2>| t.into_data().to_vec::<f32>().unwrap();
+        let close = |ours: Vec<f32>, theirs: Vec<f32>, what: &str| {
+            assert_eq!(ours.len(), theirs.len());
+            for (i, (a, b)) in ours.iter().zip(&theirs).enumerate() {
+                let tol = 4.0 * f32::EPSILON * b.abs().max(1.0);
+                assert!((a - b).abs() <= tol, "{what}: element {i}: {a} against {b}");
+            }
+        };
+        let (p, g, v) = (random([3, 700]), random([3, 700]), random([3, 700]));
+        let mut checked = 0;
+        for decay in [None, Some(5e-4)] {
+            for momentum in [None, Some(0.9)] {
+                for nesterov in [false, true] {
+                    for keep in [1.0, 0.75] {
+                        for first in [true, false] {
+                            if momentum.is_none() && (nesterov || keep != 1.0 || !first) {
+                                continue;
+                            }
+                            let s = SgdScalars {
+                                lr: 0.1,
+                                momentum,
+                                keep,
+                                nesterov,
+                                decay,
+                            };
+                            let vel = (!first).then(|| v.clone());
+                            let what = format!("{s:?}, first {first}");
+                            let (kp, kv) = Plain::sgd_step(p.clone(), g.clone(), vel.clone(), s);
+                            let (cp, cv) = composed(p.clone(), g.clone(), vel, s);
+                            assert_eq!(kv.is_some(), cv.is_some(), "{what}");
+                            close(values(kp), values(cp), &what);
+                            if let (Some(kv), Some(cv)) = (kv, cv) {
+                                close(values(kv), values(cv), &what);
+                            }
+                            checked += 1;
+                        }
+                    }
+                }
+            }
+        }
+        assert_eq!(checked, 18);
+        // The kernel took those (the comparison above would hold for Burn's ops too), and
+        // refuses a parameter that is not contiguous.
+        let prim = |t: &Tensor<Plain, 2>| t.clone().into_primitive().tensor();
+        let s = SgdScalars {
+            lr: 0.1,
+            momentum: Some(0.9),
+            keep: 1.0,
+            nesterov: false,
+            decay: Some(5e-4),
+        };
+        let kernel = super::super::optim_cube::sgd_step(&prim(&p), &prim(&g), Some(&prim(&v)), s);
+        assert!(kernel.is_some_and(|(_, v)| v.is_some()));
+        // Not contiguous: Burn's ops, the same to the bit.
+        let pt = random([700, 3]).transpose();
+        let refused = super::super::optim_cube::sgd_step(&prim(&pt), &prim(&g), Some(&prim(&v)), s);
+        assert!(refused.is_none());
+        let (kp, _) = Plain::sgd_step(pt.clone(), g.clone(), Some(v.clone()), s);
+        let (cp, _) = composed(pt, g, Some(v), s);
+        assert_eq!(values(kp), values(cp));
     }
 }
