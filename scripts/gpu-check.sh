@@ -155,9 +155,10 @@ kernel_rows() { for k in $KERNELS; do printf 'runner:article/default,backend.con
 COLDS="cold:resnet50+cold:resnet50,backend.conv_split=off+cold:resnet50,backend.norm_sums=reduce+cold:resnet50,backend.conv=autotune+cold:resnet50,backend.fusion=false+cold:mlp+cold:small_cnn+cold:resnet18$(kernel_colds)"
 # Fusion off right after the headline row (which runs with fusion: backend.fusion =
 # "auto" takes it from 4 CPUs, and this machine has 16). Without a GPU (the stand-in
-# driver of scripts/cuda-compile-check.sh, BENCHMARKS.md) a ResNet-50 step's host side
-# was about 20 ms on its busiest thread either way, given a core per thread; on the GPU
-# fusion should save memory traffic: this row says whether it does.
+# driver of scripts/cuda-compile-check.sh, BENCHMARKS.md), given a core per thread, a
+# ResNet-50 step's host side is its busiest thread's work: 17-22 ms with fusion (fusion's
+# thread), 10 ms without (the loop's, since SGD is one kernel); on the GPU fusion saves
+# passes over memory: this row says which is faster there.
 FUSION_OFF=runner:article/default,backend.fusion=false
 PLAN=${PLAN-together:$COLDS compare:article/default $FUSION_OFF $SPLIT_OFF $SUMS_REDUCE compare:article/tuned_loader compare:article/cleanup_every_step compare:article/empty_cache_every_step $ACCUM $(kernel_rows)$NVML_OFF $POOL_OFF kernels:article/default warm:mlp warm:small_cnn warm:resnet18 gc $UNPINNED $FEWER_SYNCS compare:article/default compare:article/tuned_loader}
 KERNEL_STEPS=${KERNEL_STEPS:-10}

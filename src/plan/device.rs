@@ -238,7 +238,7 @@ impl<'a> Validator<'a> {
     /// threads wait for work by spinning (`cubecl_common`'s device channel: up to 2^19
     /// `pause`s before they yield): the training loop's, CubeCL's device thread and, with
     /// fusion, fusion's. Fewer cores than spinning threads and each waits out the others'
-    /// spins: on 2 CPUs a warm ResNet-50 step's host side took 260 ms with fusion and 46 ms
+    /// spins: on 2 CPUs a warm ResNet-50 step's host side took 260 ms with fusion and 21 ms
     /// without, on 1 CPU ResNet-18's 240 ms without it against 10 ms on 2 (BENCHMARKS.md,
     /// "The host side of a warm step"). A recipe's explicit `true` is kept, and warned about.
     fn fusion(&mut self, asked: Fusion, device: Device, cpus: Option<usize>) -> (bool, String) {
@@ -255,7 +255,7 @@ impl<'a> Validator<'a> {
             (Fusion::On, Some(n)) if cubecl && n < min => {
                 self.warn(
                     "backend.fusion",
-                    format!("fusion with {n} CPU{} for this process: fusion's thread spins on a core while it waits, beside CubeCL's device thread and the training loop, and with fewer than {min} CPUs they wait out each other's spins (on 2 CPUs a warm ResNet-50 step's host side took 260 ms with fusion and 46 ms without)", if n == 1 { "" } else { "s" }),
+                    format!("fusion with {n} CPU{} for this process: fusion's thread spins on a core while it waits, beside CubeCL's device thread and the training loop, and with fewer than {min} CPUs they wait out each other's spins (on 2 CPUs a warm ResNet-50 step's host side took 260 ms with fusion and 21 ms without)", if n == 1 { "" } else { "s" }),
                     format!("give the process at least {min} CPUs (Slurm: slurm.cpus_per_task), or set backend.fusion = \"auto\" or false"),
                 );
                 (true, "backend.fusion = true".into())

@@ -59,7 +59,7 @@ pub struct BackendSection {
     /// kernel): `true`, `false` or `"auto"`. Fusion adds a third thread that waits for work
     /// by spinning on a CPU core (CubeCL's device thread and the training loop's are the
     /// other two), so it needs 3 cores to itself: on 2, a warm ResNet-50 step's host side
-    /// took 260 ms with fusion and 46 ms without (BENCHMARKS.md). `"auto"`: fusion when
+    /// took 260 ms with fusion and 21 ms without (BENCHMARKS.md). `"auto"`: fusion when
     /// this process may use at least 4 CPUs (its affinity and cgroup quota, as a Slurm
     /// task's `--cpus-per-task`), none below; the choice and its reason go into env.json.
     /// Default `"auto"`. Ignored by the CPU backend.
