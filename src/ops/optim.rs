@@ -1,7 +1,7 @@
 //! The optimizers' per-parameter updates as backend ops, and the optimizers that call them
 //! ([`FusedSgd`], [`FusedAdamW`]; PyTorch's semantics as `train::optim` configures them).
 //! The defaults compose Burn's tensor ops in the order Burn's own `Sgd` and `AdamW` do
-//! (what CUDA runs with fusion, fused by Burn; without fusion SGD is one kernel of the
+//! (what CUDA runs with fusion, fused by Burn; without fusion each is one kernel of the
 //! runner's own, `optim_cube`); Flex overrides them with one parallel pass that updates
 //! the parameter and its state in place. Burn's `Sgd` makes up to seven whole-tensor passes
 //! per parameter (weight decay, momentum, Nesterov, the learning-rate scale, the
@@ -352,9 +352,8 @@ fn update_first(p: &mut [f32], g: &[f32], v: &mut [f32], s: SgdScalars) {
         });
 }
 
-/// CubeCL's backends without fusion: SGD in one kernel per parameter
-/// (`optim_cube::sgd_step`), AdamW from Burn's ops. With fusion both compose Burn's ops,
-/// which fusion joins.
+/// CubeCL's backends without fusion: SGD and AdamW in one kernel per parameter
+/// (`optim_cube`). With fusion both compose Burn's ops, which fusion joins.
 #[cfg(feature = "cube")]
 impl<R: burn_cubecl::CubeRuntime, BT: burn_cubecl::BoolElement> OptimBackend
     for burn_cubecl::CubeBackend<R, f32, i32, BT>
@@ -373,6 +372,25 @@ impl<R: burn_cubecl::CubeRuntime, BT: burn_cubecl::BoolElement> OptimBackend
                 (back(p), v.map(back))
             }
             None => composed(param, grad, velocity, s),
+        }
+    }
+
+    fn adamw_step<const D: usize>(
+        param: Tensor<Self, D>,
+        grad: Tensor<Self, D>,
+        moments: Option<(Tensor<Self, D>, Tensor<Self, D>)>,
+        s: AdamWScalars,
+    ) -> (Tensor<Self, D>, Tensor<Self, D>, Tensor<Self, D>) {
+        let prim = |t: &Tensor<Self, D>| t.clone().into_primitive().tensor();
+        let (p, g) = (prim(&param), prim(&grad));
+        let mv = moments.as_ref().map(|(m, v)| (prim(m), prim(v)));
+        let kernel = super::optim_cube::adamw_step(&p, &g, mv.as_ref().map(|(m, v)| (m, v)), s);
+        match kernel {
+            Some((p, m, v)) => {
+                let back = |t| Tensor::from_primitive(TensorPrimitive::Float(t));
+                (back(p), back(m), back(v))
+            }
+            None => composed_adamw(param, grad, moments, s),
         }
     }
 }
@@ -801,5 +819,66 @@ mod wgpu_tests {
         let (kp, _) = Plain::sgd_step(pt.clone(), g.clone(), Some(v.clone()), s);
         let (cp, _) = composed(pt, g, Some(v), s);
         assert_eq!(values(kp), values(cp));
+    }
+
+    /// The unfused CubeCL backend's AdamW (one kernel a parameter) takes the steps Burn's
+    /// ops take, on software Vulkan: first step or not, with decoupled decay or without, at
+    /// a later step's bias corrections, to a few ulps of 1 (the values are below 1). A parameter the kernel
+    /// cannot take (not contiguous) gets Burn's ops, exactly.
+    #[test]
+    fn wgpu_adamw_in_one_kernel_takes_burns_steps() {
+        let d = Default::default();
+        let random = |dims: [usize; 2]| Tensor::<Plain, 2>::random(dims, Distribution::Default, &d);
+        let values = |t: Tensor<Plain, 2>| t.into_data().to_vec::<f32>().unwrap();
+        let close = |ours: Vec<f32>, theirs: Vec<f32>, what: &str| {
+            assert_eq!(ours.len(), theirs.len());
+            for (i, (a, b)) in ours.iter().zip(&theirs).enumerate() {
+                let tol = 8.0 * f32::EPSILON * b.abs().max(1.0);
+                assert!((a - b).abs() <= tol, "{what}: element {i}: {a} against {b}");
+            }
+        };
+        let (p, g) = (random([3, 700]), random([3, 700]) - 0.5);
+        // Moments as a run holds them: the first nonnegative, the second a square's.
+        let (m, v) = (
+            random([3, 700]).mul_scalar(0.1),
+            random([3, 700]).mul_scalar(0.01),
+        );
+        let settings = |weight_decay| AdamWSettings {
+            beta_1: 0.9,
+            beta_2: 0.999,
+            epsilon: 1e-8,
+            weight_decay,
+        };
+        let mut checked = 0;
+        for weight_decay in [0.0, 0.01] {
+            for time in [1, 7] {
+                let s = settings(weight_decay).scalars(3e-4, time);
+                let moments = (time > 1).then(|| (m.clone(), v.clone()));
+                let what = format!("{s:?}");
+                let (kp, km, kv) = Plain::adamw_step(p.clone(), g.clone(), moments.clone(), s);
+                let (cp, cm, cv) = composed_adamw(p.clone(), g.clone(), moments, s);
+                close(values(km), values(cm), &format!("m, {what}"));
+                close(values(kv), values(cv), &format!("v, {what}"));
+                close(values(kp), values(cp), &format!("p, {what}"));
+                checked += 1;
+            }
+        }
+        assert_eq!(checked, 4);
+        // The kernel took those, and refuses a parameter that is not contiguous.
+        let prim = |t: &Tensor<Plain, 2>| t.clone().into_primitive().tensor();
+        let s = settings(0.01).scalars(3e-4, 7);
+        let (pm, pv) = (prim(&m), prim(&v));
+        let kernel =
+            super::super::optim_cube::adamw_step(&prim(&p), &prim(&g), Some((&pm, &pv)), s);
+        assert!(kernel.is_some());
+        let pt = random([700, 3]).transpose();
+        let refused =
+            super::super::optim_cube::adamw_step(&prim(&pt), &prim(&g), Some((&pm, &pv)), s);
+        assert!(refused.is_none());
+        let moments = Some((m.clone(), v.clone()));
+        let (kp, km, _) = Plain::adamw_step(pt.clone(), g.clone(), moments.clone(), s);
+        let (cp, cm, _) = composed_adamw(pt, g, moments, s);
+        assert_eq!(values(kp), values(cp));
+        assert_eq!(values(km), values(cm));
     }
 }
