@@ -360,6 +360,58 @@ fn a_gpu_grid_gets_a_warmup_job_and_its_array_starts_after_it() {
     assert_eq!(calls.lines().count(), 2, "{calls}");
 }
 
+/// What a GPU task's run would warn of on too few cores is said by `validate` (and so by
+/// `sweep --slurm`) at `slurm.cpus_per_task`, before an array is queued: 1 core, or fewer
+/// than 4 with `backend.fusion = true`. Nothing for `"auto"` (fusion off, said on each
+/// run's backend line), without a GPU, or on the CPU backend.
+#[test]
+fn slurm_cores_too_few_for_a_gpu_task_are_said_at_the_key() {
+    let validate = |sets: &[&str]| {
+        let mut cmd = runner_cmd();
+        cmd.args(["validate", "recipes/quickstart.toml"]);
+        for s in sets {
+            cmd.args(["--set", s]);
+        }
+        let out = cmd.output().unwrap();
+        expect_exit(&out, 0);
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let gpu = ["backend.kind=\"cuda\"", "slurm.gpus_per_task=1"];
+    let with =
+        |more: &[&'static str]| -> Vec<&'static str> { gpu.iter().chain(more).copied().collect() };
+    let err = validate(&with(&["slurm.cpus_per_task=2", "backend.fusion=true"]));
+    assert!(
+        err.contains(
+            "slurm.cpus_per_task: 2 cores for a task with a GPU and backend.fusion = true"
+        ) && err.contains("give each task 4 cores (the default)"),
+        "{err}"
+    );
+    let err = validate(&with(&["slurm.cpus_per_task=1"]));
+    assert!(
+        err.contains("slurm.cpus_per_task: 1 core for a task with a GPU")
+            && err.contains("give each task at least 2 cores"),
+        "{err}"
+    );
+    for sets in [
+        with(&["slurm.cpus_per_task=2"]),
+        with(&["slurm.cpus_per_task=4", "backend.fusion=true"]),
+        with(&[]),
+        vec![
+            "backend.kind=\"cuda\"",
+            "slurm.cpus_per_task=1",
+            "backend.fusion=true",
+        ],
+        vec![
+            "backend.kind=\"cpu\"",
+            "slurm.gpus_per_task=1",
+            "slurm.cpus_per_task=1",
+        ],
+    ] {
+        let err = validate(&sets);
+        assert!(!err.contains("slurm.cpus_per_task"), "{sets:?}: {err}");
+    }
+}
+
 #[test]
 fn resume_reruns_only_what_was_not_done() {
     let logs = tempdir("resume");
