@@ -311,6 +311,10 @@ pub(crate) fn run_grid(c: &Checked, sel: Selection, opts: &RunOptions) -> Result
             interrupted: Some(interrupted),
             unstarted: Some(unstarted),
             again: opts.again.clone(),
+            cell: Some(sweep::GridCell {
+                index: cell.index,
+                id: cell.id.clone(),
+            }),
         };
         // With --resume, a cell whose run stopped (a signal, a killed process: this process
         // holds its lock now) continues from its checkpoint rather than starting over.

@@ -37,6 +37,10 @@ pub struct Environment {
     /// The data files as the run read them (size and CRC-32): `runner resume` continues
     /// only on the same data.
     pub data: Vec<DataFile>,
+    /// The grid cell the run is, where a grid ran it: `--resume` takes a cell's status
+    /// naming this run as that cell's only where it is this one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cell: Option<crate::sweep::GridCell>,
 }
 
 /// One `runner resume` of the run (or a grid's `--resume` of its cell), in env.json's
@@ -267,6 +271,7 @@ pub(crate) fn environment(plan: &Plan, p: &Prepared) -> Environment {
         kernels: p.settings.clone(),
         kernel_counts: None,
         data: data_files(plan),
+        cell: None,
     }
 }
 

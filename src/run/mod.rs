@@ -58,6 +58,8 @@ pub struct RunOptions {
     /// The command that continues this run's work after an interruption, when it is not
     /// `runner resume RUN_DIR` (a grid's cell: the grid with `--resume`).
     pub again: Option<String>,
+    /// The grid cell this run is (env.json's `cell`).
+    pub cell: Option<crate::sweep::GridCell>,
 }
 
 /// See [`RunOptions::started`].
@@ -332,7 +334,8 @@ fn execute_here(plan: &Plan, opts: &RunOptions) -> Result<Finished, RunError> {
         std::fs::write(dir.join("warnings.txt"), text.join("\n") + "\n")
             .map_err(|e| fail(format!("warnings.txt: {e}")))?;
     }
-    let env = environment(plan, &prepared);
+    let mut env = environment(plan, &prepared);
+    env.cell = opts.cell.clone();
     // Both are rewritten at the end: room is kept for that on a disk that fills up.
     write_json_keeping_room(&dir.join("env.json"), &env, KEPT_ROOM)
         .map_err(|e| fail(format!("env.json: {e}")))?;

@@ -13,6 +13,28 @@ pub enum State {
     Interrupted,
 }
 
+/// A grid's cell as env.json names it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct GridCell {
+    /// Its position in the grid's expansion order.
+    pub index: usize,
+    /// Its id (`sweep::cell_id`), the end of its status file's name.
+    pub id: String,
+}
+
+impl GridCell {
+    /// The cell env.json in `run_dir` names: `Ok(None)` where it names none (a run by
+    /// itself, or of a version before 2026-12-06), `Err` where env.json cannot be read.
+    pub fn of_run(run_dir: &Path) -> Result<Option<GridCell>, ()> {
+        let text = crate::metrics::read_text(run_dir.join("env.json")).map_err(|_| ())?;
+        let env: serde_json::Value = serde_json::from_str(&text).map_err(|_| ())?;
+        match env.get("cell") {
+            None => Ok(None),
+            Some(c) => serde_json::from_value(c.clone()).map(Some).map_err(|_| ()),
+        }
+    }
+}
+
 /// A cell's status file.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct CellStatus {
@@ -363,18 +385,25 @@ pub fn execute(
     let mut said_beside = false;
     // Which cells' stale runs were said (each once, though judged twice).
     let said_stale = std::cell::RefCell::new(std::collections::HashSet::new());
-    let current = |c: &Cell, run_dir: &Path| match stale(c, run_dir) {
-        None => true,
-        Some(why) => {
-            if said_stale.borrow_mut().insert(c.index) {
-                crate::errln!(
-                    "{}: its run {} trained on other data ({why}): the cell runs again",
-                    c.name,
-                    run_dir.display()
-                );
-            }
-            false
+    let current = |c: &Cell, run_dir: &Path| {
+        let why = match other_cells_run(c, run_dir) {
+            Some(other) => format!(
+                "is cell {}'s (id {}, its env.json says), not this cell's (id {})",
+                other.index, other.id, c.id
+            ),
+            None => match stale(c, run_dir) {
+                None => return true,
+                Some(why) => format!("trained on other data ({why})"),
+            },
+        };
+        if said_stale.borrow_mut().insert(c.index) {
+            crate::errln!(
+                "{}: its run {} {why}: the cell runs again",
+                c.name,
+                run_dir.display()
+            );
         }
+        false
     };
     for c in cells {
         if !sel.takes(c.index) {
@@ -442,10 +471,31 @@ pub fn execute(
         }
         // What the cell was before this process took it (an interrupted run to resume),
         // here or, with `--resume`, in an earlier version of the grid.
-        let previous = match sweep.status(c) {
+        let mut previous = match sweep.status(c) {
             None if sel.resume => sweep.stopped_elsewhere(c),
             here => here,
         };
+        // A stopped run of another cell is that cell's to resume, not this one's.
+        if let Some(s) = previous.as_mut() {
+            if let Some((dir, other)) = s
+                .run_dir
+                .as_deref()
+                .and_then(|d| Some((d.to_path_buf(), other_cells_run(c, d)?)))
+            {
+                // (Said already where that run had completed.)
+                let said = !said_stale.borrow_mut().insert(c.index);
+                if !said {
+                    crate::errln!(
+                    "{}: its status names the run {}, which is cell {}'s (id {}, its env.json says): not resumed here; the cell starts over",
+                    c.name,
+                    dir.display(),
+                    other.index,
+                    other.id
+                    );
+                }
+                s.run_dir = None;
+            }
+        }
         // Its run directory kept: one being resumed, killed again, is resumed again.
         let stopped = previous
             .as_ref()
@@ -467,6 +517,18 @@ pub fn execute(
         }
     }
     Ok(out)
+}
+
+/// The cell a run directory's env.json names where that is not `c` (by its id now or as
+/// an earlier version made it): a status file pointing there (copied, edited, or found by
+/// `locate` in a moved folder) was taken as this cell's run, done or to resume. A run
+/// that names no cell (of a version before 2026-12-06) or whose env.json cannot be read
+/// is not judged here.
+fn other_cells_run(c: &Cell, run_dir: &Path) -> Option<GridCell> {
+    GridCell::of_run(run_dir)
+        .ok()
+        .flatten()
+        .filter(|g| g.id != c.id && !c.earlier_ids.contains(&g.id))
 }
 
 /// Whether a run directory's summary says the run completed.

@@ -496,6 +496,107 @@ fn resume_reruns_only_what_was_not_done() {
     );
 }
 
+/// Each cell's run names its cell in env.json (`cell`: index and id); a status file that
+/// points at another cell's run (copied or edited by hand) is not taken as this cell done,
+/// nor resumed as this cell's: the cell runs again, and why is said.
+#[test]
+fn a_status_naming_another_cells_run_is_not_that_cell_done() {
+    let logs = tempdir("other-cells-run");
+    let run = |extra: &[&str]| {
+        runner_logged(
+            &logs,
+            &["tests/fixtures/sweep/tiny_grid.toml", "--quiet"],
+            extra,
+        )
+    };
+    assert_eq!(run(&[]).status.code(), Some(0));
+    let dir = sweep_dir(&logs);
+    let files: Vec<String> = statuses(&dir).into_iter().map(|(f, _)| f).collect();
+    let status = |i: usize| -> serde_json::Value {
+        serde_json::from_str(&std::fs::read_to_string(dir.join("cells").join(&files[i])).unwrap())
+            .unwrap()
+    };
+    let run_of = |i: usize| PathBuf::from(status(i)["run_dir"].as_str().unwrap());
+    // Each run says which cell it is: its index and the id its status file ends in.
+    for i in 0..4 {
+        let env: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(run_of(i).join("env.json")).unwrap())
+                .unwrap();
+        let id = files[i]
+            .trim_end_matches(".json")
+            .split_once('-')
+            .unwrap()
+            .1;
+        assert_eq!(
+            env["cell"],
+            serde_json::json!({ "index": i, "id": id }),
+            "{i}"
+        );
+    }
+    // Cell 1's status copied over cell 3's: it names cell 1's run, done.
+    let (run1, run3) = (run_of(1), run_of(3));
+    std::fs::copy(
+        dir.join("cells").join(&files[1]),
+        dir.join("cells").join(&files[3]),
+    )
+    .unwrap();
+    let out = run(&["--resume"]);
+    assert_eq!(out.status.code(), Some(0));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let id1 = files[1]
+        .trim_end_matches(".json")
+        .split_once('-')
+        .unwrap()
+        .1;
+    assert!(
+        stderr.contains(&format!(
+            "tiny_grid/workers=1,optim.lr=0.01: its run {} is cell 1's (id {id1}, its env.json says), not this cell's",
+            run1.display()
+        )) && stderr.contains("the cell runs again")
+            && stderr.contains("3 cell(s) already done were skipped"),
+        "{stderr}"
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let ran: Vec<&str> = stdout
+        .lines()
+        .filter(|l| l.contains(" steps, median "))
+        .collect();
+    assert!(
+        ran.len() == 1 && ran[0].starts_with("tiny_grid/workers=1,optim.lr=0.01:"),
+        "{stdout}"
+    );
+    // Its status now names a run of its own; cell 1's run and cell 3's first are untouched.
+    let now3 = run_of(3);
+    assert!(now3 != run1 && now3 != run3, "{}", now3.display());
+    assert_eq!(
+        status(1)["run_dir"].as_str().unwrap(),
+        run1.display().to_string()
+    );
+    assert!(run3.join("summary.json").is_file());
+    // Marked interrupted, pointing at another cell's run (running, as a killed run's
+    // summary says): not resumed as this cell's.
+    let summary1 = run1.join("summary.json");
+    let done1 = std::fs::read_to_string(&summary1).unwrap();
+    std::fs::write(&summary1, done1.replace("\"completed\"", "\"running\"")).unwrap();
+    let mut copied = status(1);
+    copied["state"] = "interrupted".into();
+    std::fs::write(dir.join("cells").join(&files[3]), copied.to_string()).unwrap();
+    let out = run(&["--resume", "--cell", "3"]);
+    assert_eq!(out.status.code(), Some(0));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains(&format!(
+            "tiny_grid/workers=1,optim.lr=0.01: its status names the run {}, which is cell 1's (id {id1}, its env.json says): not resumed here; the cell starts over",
+            run1.display()
+        )) && !stderr.contains("resuming"),
+        "{stderr}"
+    );
+    std::fs::write(&summary1, done1).unwrap();
+    assert!(statuses(&dir).iter().all(|(_, s)| s == "done"));
+    assert!(![run1.clone(), now3].contains(&run_of(3)));
+    let _ = std::fs::remove_dir_all(&logs);
+}
+
 #[test]
 fn a_cell_is_never_marked_done_before_its_run_completes() {
     let l = recipe::load(&root().join("tests/fixtures/sweep/tiny_grid.toml")).unwrap();
