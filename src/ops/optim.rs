@@ -749,12 +749,15 @@ mod wgpu_tests {
     use super::*;
 
     type Plain = burn_cubecl::CubeBackend<cubecl::wgpu::WgpuRuntime, f32, i32, u32>;
+    type CubeTensor = burn_cubecl::tensor::CubeTensor<cubecl::wgpu::WgpuRuntime>;
+    use cubecl::zspace::metadata::Metadata;
 
     /// The unfused CubeCL backend's SGD (one kernel of the runner's own a parameter) takes
     /// the steps Burn's ops take, on software Vulkan: every combination of weight decay,
     /// momentum (first step or not), dampening and Nesterov, over several cubes of
     /// elements, to a few ulps (a GPU may contract `a·b + c` into one rounding). A
-    /// parameter the kernel cannot take (not contiguous) gets Burn's ops, exactly.
+    /// parameter the kernel cannot take (not contiguous) gets Burn's ops, exactly; a
+    /// gradient that is a view (permuted, transposed) is read through its strides.
     #[test]
     fn wgpu_sgd_in_one_kernel_takes_burns_steps() {
         let d = Default::default();
@@ -801,7 +804,7 @@ mod wgpu_tests {
         }
         assert_eq!(checked, 18);
         // The kernel took those (the comparison above would hold for Burn's ops too), and
-        // refuses a parameter that is not contiguous.
+        // refuses a parameter whose elements overlap (a broadcast view).
         let prim = |t: &Tensor<Plain, 2>| t.clone().into_primitive().tensor();
         let s = SgdScalars {
             lr: 0.1,
@@ -812,19 +815,71 @@ mod wgpu_tests {
         };
         let kernel = super::super::optim_cube::sgd_step(&prim(&p), &prim(&g), Some(&prim(&v)), s);
         assert!(kernel.is_some_and(|(_, v)| v.is_some()));
-        // Not contiguous: Burn's ops, the same to the bit.
-        let pt = random([700, 3]).transpose();
-        let refused = super::super::optim_cube::sgd_step(&prim(&pt), &prim(&g), Some(&prim(&v)), s);
+        let row = Tensor::<Plain, 2>::random([1, 700], Distribution::Default, &d);
+        let broadcast = row.expand([3, 700]);
+        let refused =
+            super::super::optim_cube::sgd_step(&prim(&broadcast), &prim(&g), Some(&prim(&v)), s);
         assert!(refused.is_none());
-        let (kp, _) = Plain::sgd_step(pt.clone(), g.clone(), Some(v.clone()), s);
-        let (cp, _) = composed(pt, g, Some(v), s);
+        let (kp, _) = Plain::sgd_step(broadcast.clone(), g.clone(), Some(v.clone()), s);
+        let (cp, _) = composed(broadcast, g.clone(), Some(v.clone()), s);
         assert_eq!(values(kp), values(cp));
+        // Layouts as training has them: a 3×3 weight with its rows padded to 4 (CubeCL's
+        // allocation of `[.., 3, 3]`), its gradient permuted from channels-last (CubeCL's
+        // convolution), a transposed parameter: each read through its strides, the new
+        // parameter and velocity written in the parameter's layout.
+        let rand4 = |dims: [usize; 4]| Tensor::<Plain, 4>::random(dims, Distribution::Default, &d);
+        let padded = |t: Tensor<Plain, 4>| {
+            // A view of the first 3 of every 4 elements: Burn's slice copies here.
+            let mut c = t.into_primitive().tensor();
+            c.meta = Box::new(Metadata::new([4, 5, 3, 3], [60, 12, 4, 1]));
+            Tensor::<Plain, 4>::from_primitive(TensorPrimitive::Float(c))
+        };
+        let (p4, v4) = (padded(rand4([4, 5, 3, 4])), padded(rand4([4, 5, 3, 4])));
+        let g4 = rand4([4, 3, 3, 5]).permute([0, 3, 1, 2]);
+        let prim4 = |t: &Tensor<Plain, 4>| t.clone().into_primitive().tensor();
+        let strides = |t: &CubeTensor| t.meta.strides().iter().copied().collect::<Vec<usize>>();
+        assert_eq!(strides(&prim4(&p4)), [60, 12, 4, 1]);
+        assert!(!prim4(&g4).is_contiguous());
+        for vel in [None, Some(v4.clone())] {
+            let (kp, kv) = super::super::optim_cube::sgd_step(
+                &prim4(&p4),
+                &prim4(&g4),
+                vel.as_ref().map(prim4).as_ref(),
+                s,
+            )
+            .expect("taken by the kernel");
+            assert_eq!(strides(&kp), [60, 12, 4, 1]);
+            assert_eq!(strides(kv.as_ref().unwrap()), [60, 12, 4, 1]);
+            let back = |t| Tensor::<Plain, 4>::from_primitive(TensorPrimitive::Float(t));
+            let (cp, cv) = composed(p4.clone(), g4.clone(), vel, s);
+            let flat = |t: Tensor<Plain, 4>| t.into_data().to_vec::<f32>().unwrap();
+            close(flat(back(kp)), flat(cp), "padded parameter");
+            close(
+                flat(back(kv.unwrap())),
+                flat(cv.unwrap()),
+                "padded parameter, velocity",
+            );
+        }
+        let (pt, gt) = (random([700, 3]).transpose(), random([700, 3]).transpose());
+        let (kp, kv) =
+            super::super::optim_cube::sgd_step(&prim(&pt), &prim(&gt), Some(&prim(&v)), s)
+                .expect("taken by the kernel");
+        assert_eq!(strides(&kp), strides(&prim(&pt)));
+        let back = |t| Tensor::<Plain, 2>::from_primitive(TensorPrimitive::Float(t));
+        let (cp, cv) = composed(pt, gt, Some(v), s);
+        close(values(back(kp)), values(cp), "transposed parameter");
+        close(
+            values(back(kv.unwrap())),
+            values(cv.unwrap()),
+            "transposed parameter, velocity",
+        );
     }
 
     /// The unfused CubeCL backend's AdamW (one kernel a parameter) takes the steps Burn's
     /// ops take, on software Vulkan: first step or not, with decoupled decay or without, at
     /// a later step's bias corrections, to a few ulps of 1 (the values are below 1). A parameter the kernel
-    /// cannot take (not contiguous) gets Burn's ops, exactly.
+    /// cannot take (not contiguous) gets Burn's ops, exactly; a transposed gradient is read
+    /// through its strides.
     #[test]
     fn wgpu_adamw_in_one_kernel_takes_burns_steps() {
         let d = Default::default();
@@ -864,21 +919,68 @@ mod wgpu_tests {
             }
         }
         assert_eq!(checked, 4);
-        // The kernel took those, and refuses a parameter that is not contiguous.
+        // The kernel took those, and refuses a parameter whose elements overlap.
         let prim = |t: &Tensor<Plain, 2>| t.clone().into_primitive().tensor();
         let s = settings(0.01).scalars(3e-4, 7);
         let (pm, pv) = (prim(&m), prim(&v));
         let kernel =
             super::super::optim_cube::adamw_step(&prim(&p), &prim(&g), Some((&pm, &pv)), s);
         assert!(kernel.is_some());
-        let pt = random([700, 3]).transpose();
+        let broadcast =
+            Tensor::<Plain, 2>::random([1, 700], Distribution::Default, &d).expand([3, 700]);
         let refused =
-            super::super::optim_cube::adamw_step(&prim(&pt), &prim(&g), Some((&pm, &pv)), s);
+            super::super::optim_cube::adamw_step(&prim(&broadcast), &prim(&g), Some((&pm, &pv)), s);
         assert!(refused.is_none());
         let moments = Some((m.clone(), v.clone()));
-        let (kp, km, _) = Plain::adamw_step(pt.clone(), g.clone(), moments.clone(), s);
-        let (cp, cm, _) = composed_adamw(pt, g, moments, s);
+        let (kp, km, _) = Plain::adamw_step(broadcast.clone(), g.clone(), moments.clone(), s);
+        let (cp, cm, _) = composed_adamw(broadcast, g, moments, s);
         assert_eq!(values(kp), values(cp));
         assert_eq!(values(km), values(cm));
+        // A transposed parameter, gradient and moments (a linear layer's weight's gradient
+        // is a transpose), and a padded one (CubeCL's allocation of `[.., 10]`): each read
+        // through its strides, the outputs written in the parameter's layout.
+        let t = |t: Tensor<Plain, 2>| t.transpose();
+        let pad = |t: Tensor<Plain, 2>| {
+            let mut c = t.into_primitive().tensor();
+            c.meta = Box::new(Metadata::new([700, 3], [4, 1]));
+            Tensor::<Plain, 2>::from_primitive(TensorPrimitive::Float(c))
+        };
+        let cases = [
+            (
+                "transposed",
+                t(random([700, 3])),
+                t(random([700, 3]) - 0.5),
+                t(random([700, 3]).mul_scalar(0.1)),
+                t(random([700, 3]).mul_scalar(0.01)),
+            ),
+            (
+                "padded",
+                pad(random([700, 4])),
+                t(random([3, 700]) - 0.5),
+                pad(random([700, 4]).mul_scalar(0.1)),
+                pad(random([700, 4]).mul_scalar(0.01)),
+            ),
+        ];
+        let strides = |t: &CubeTensor| t.meta.strides().iter().copied().collect::<Vec<usize>>();
+        for (name, pl, gl, ml, vl) in cases {
+            assert!(
+                !prim(&pl).is_contiguous() && !prim(&gl).is_contiguous(),
+                "{name}"
+            );
+            let (kp, km, kv) = super::super::optim_cube::adamw_step(
+                &prim(&pl),
+                &prim(&gl),
+                Some((&prim(&ml), &prim(&vl))),
+                s,
+            )
+            .expect("taken by the kernel");
+            assert_eq!(strides(&kp), strides(&prim(&pl)), "{name}");
+            assert_eq!(strides(&km), strides(&prim(&pl)), "{name}");
+            let back = |t| Tensor::<Plain, 2>::from_primitive(TensorPrimitive::Float(t));
+            let (cp, cm, cv) = composed_adamw(pl, gl, Some((ml, vl)), s);
+            close(values(back(km)), values(cm), &format!("{name}, m"));
+            close(values(back(kv)), values(cv), &format!("{name}, v"));
+            close(values(back(kp)), values(cp), &format!("{name}, p"));
+        }
     }
 }
