@@ -34,7 +34,7 @@
 # Settings (environment): STEPS (2), T_CASE (seconds per case, 900), PTXAS (1: assemble
 # every PTX; 0: skip), WARM_STEPS (0; N: run each case again on the kernels just cached,
 # N timed steps after 10: the median time of a step's host side, since no launch does any
-# work, and the kernel launches a step makes), THREADS (with WARM_STEPS, 1: each thread's
+# work, and the kernel launches a step makes, by kernel in launches-by-kernel.txt), THREADS (with WARM_STEPS, 1: each thread's
 # CPU time a warm step, its work apart from its waiting, by `perf record`; see below),
 # FUSION (true: `backend.fusion` of a case that does not set it, as `"auto"` chooses on the
 # GPU machine's 16 cores; empty: the recipe's, so `"auto"` by this machine's CPUs), CPUS
@@ -206,6 +206,18 @@ for case in "${CASES[@]}"; do
     wsummary=$(find "$dir/warm" -name summary.json | head -1)
     warm=$(python3 -c "import json,sys; s=json.load(open(sys.argv[1])); print('%.1f ms, %d launches' % (s['iter_ms']['median'], int(sys.argv[2]) // s['steps']))" \
       "$wsummary" "$(wc -l < "$dir/launches.txt" 2>/dev/null || echo 0)" 2>/dev/null || echo "failed")
+    # Which kernels those launches were (entry points as CubeCL names them), per step.
+    if [ -s "$dir/launches.txt" ] && [ -n "$wsummary" ]; then
+      python3 - "$wsummary" "$dir/launches.txt" > "$dir/launches-by-kernel.txt" <<'PY' || true
+import collections, json, sys
+steps = json.load(open(sys.argv[1]))["steps"]
+counts = collections.Counter(l.strip() for l in open(sys.argv[2], errors="replace"))
+total = sum(counts.values())
+print(f"# {total} launches over {steps} steps (warm-up and evaluation included): per step")
+for name, n in counts.most_common():
+    print(f"{n / steps:9.1f}  {name}")
+PY
+    fi
     rm -f "$dir/launches.txt"
     if [ "${THREADS:-0}" = 1 ] && [ "$warm" != failed ]; then
       # Per thread: samples (1 ms each) of work and of waiting, a run of 10 steps and one
