@@ -23,15 +23,12 @@ pub struct GridCell {
 }
 
 impl GridCell {
-    /// The cell env.json in `run_dir` names: `Ok(None)` where it names none (a run by
-    /// itself, or of a version before 2026-12-06), `Err` where env.json cannot be read.
-    pub fn of_run(run_dir: &Path) -> Result<Option<GridCell>, ()> {
-        let text = crate::metrics::read_text(run_dir.join("env.json")).map_err(|_| ())?;
-        let env: serde_json::Value = serde_json::from_str(&text).map_err(|_| ())?;
-        match env.get("cell") {
-            None => Ok(None),
-            Some(c) => serde_json::from_value(c.clone()).map(Some).map_err(|_| ()),
-        }
+    /// The cell env.json in `run_dir` names; `None` where it names none (a run by itself,
+    /// or of a version before 2026-12-06) or cannot be read.
+    pub fn of_run(run_dir: &Path) -> Option<GridCell> {
+        let text = crate::metrics::read_text(run_dir.join("env.json")).ok()?;
+        let env: serde_json::Value = serde_json::from_str(&text).ok()?;
+        serde_json::from_value(env.get("cell")?.clone()).ok()
     }
 }
 
@@ -483,8 +480,7 @@ pub fn execute(
                 .and_then(|d| Some((d.to_path_buf(), other_cells_run(c, d)?)))
             {
                 // (Said already where that run had completed.)
-                let said = !said_stale.borrow_mut().insert(c.index);
-                if !said {
+                if said_stale.borrow_mut().insert(c.index) {
                     crate::errln!(
                     "{}: its status names the run {}, which is cell {}'s (id {}, its env.json says): not resumed here; the cell starts over",
                     c.name,
@@ -525,10 +521,7 @@ pub fn execute(
 /// that names no cell (of a version before 2026-12-06) or whose env.json cannot be read
 /// is not judged here.
 fn other_cells_run(c: &Cell, run_dir: &Path) -> Option<GridCell> {
-    GridCell::of_run(run_dir)
-        .ok()
-        .flatten()
-        .filter(|g| g.id != c.id && !c.earlier_ids.contains(&g.id))
+    GridCell::of_run(run_dir).filter(|g| g.id != c.id && !c.earlier_ids.contains(&g.id))
 }
 
 /// Whether a run directory's summary says the run completed.
