@@ -270,7 +270,7 @@ fn adamw_kernel<F: Float>(
     let delta = m_hat / (F::sqrt(v_hat) + F::cast_from(s.epsilon));
     let mut pi = p[out];
     if comptime![has_keep] {
-        pi = pi * F::cast_from(s.keep);
+        pi *= F::cast_from(s.keep);
     }
     p_out[out] = pi - delta * F::cast_from(s.lr);
 }

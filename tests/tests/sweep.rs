@@ -518,15 +518,12 @@ fn a_status_naming_another_cells_run_is_not_that_cell_done() {
     };
     let run_of = |i: usize| PathBuf::from(status(i)["run_dir"].as_str().unwrap());
     // Each run says which cell it is: its index and the id its status file ends in.
-    for i in 0..4 {
+    assert_eq!(files.len(), 4);
+    for (i, file) in files.iter().enumerate() {
         let env: serde_json::Value =
             serde_json::from_str(&std::fs::read_to_string(run_of(i).join("env.json")).unwrap())
                 .unwrap();
-        let id = files[i]
-            .trim_end_matches(".json")
-            .split_once('-')
-            .unwrap()
-            .1;
+        let id = file.trim_end_matches(".json").split_once('-').unwrap().1;
         assert_eq!(
             env["cell"],
             serde_json::json!({ "index": i, "id": id }),
