@@ -507,7 +507,8 @@ test = "../../datasets/fashion_mnist/test_batch.bin"
 normalize = { mean = [0.2193], std = [0.3330] }
 "#;
 
-/// Spawns `cmd` with its output piped and waits (60 s at most) until a file under `dir` is
+/// Spawns `cmd` with its output piped and waits (180 s at most: CI's two cores run the
+/// other tests beside it, and 60 s was once not enough) until a file under `dir` is
 /// `ready`; returns the process and that file.
 pub fn spawn_until(
     mut cmd: Command,
@@ -519,7 +520,7 @@ pub fn spawn_until(
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(180);
     loop {
         if let Some(p) = walk_files(dir).into_iter().find(|p| ready(p)) {
             return (child, p);
