@@ -20,6 +20,8 @@ pub mod conv_cpu;
 pub mod conv_cube;
 pub mod norm;
 #[cfg(feature = "cube")]
+mod norm_apply_cube;
+#[cfg(feature = "cube")]
 pub mod norm_cube;
 pub mod optim;
 #[cfg(feature = "cube")]
@@ -38,7 +40,9 @@ use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::{DType, TensorData, TensorMetadata};
 
 pub use conv::{conv2d, ConvBackend};
-pub use norm::{batch_norm_eval, batch_norm_train, batch_norm_train_act, NormBackend};
+pub use norm::{
+    batch_norm_eval, batch_norm_running, batch_norm_train, batch_norm_train_act, NormBackend,
+};
 pub use optim::OptimBackend;
 pub use pool::{masked_mean, max_pool2d, PoolBackend};
 

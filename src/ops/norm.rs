@@ -10,6 +10,10 @@
 //! parallel loop. On CubeCL's backends it is part of the op too, so that the whole of it,
 //! forward and backward, is composed channels-last, as CubeCL's convolutions want their
 //! operands ([`Layout::Last`]). Elsewhere the epilogue stays Burn's own add and ReLU.
+//! On CubeCL's backends with `backend.norm_sums = "one_pass"` the per-channel sums are a
+//! kernel of the runner's ([`super::norm_cube`]), and without fusion so are the
+//! normalisation each way and the running statistics' update
+//! ([`super::norm_apply_cube`]): Burn's fusion joins the composed ops where it is on.
 //!
 //! Gradients, with `x̂ = (x − mean)·invstd`, `m = N·H·W` values per channel:
 //! `dβ = Σ dy`, `dγ = Σ dy·x̂`, `dx = γ·invstd/m · (m·dy − dβ − x̂·dγ)` (PyTorch's).
@@ -95,6 +99,16 @@ pub trait NormBackend: Backend {
         finish_act_backward::<Self>(x, gamma, stats, eps, residual, dy)
     }
 
+    /// See [`batch_norm_running`]: the new running mean and variance.
+    fn batch_norm_running(
+        running: (FloatTensor<Self>, FloatTensor<Self>),
+        batch: (FloatTensor<Self>, FloatTensor<Self>),
+        m: usize,
+        momentum: f64,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
+        composed_running::<Self>(running, batch, m, momentum)
+    }
+
     /// See [`batch_norm_eval`].
     fn batch_norm_eval(
         x: FloatTensor<Self>,
@@ -130,6 +144,45 @@ pub fn batch_norm_eval<B: NormBackend>(
             relu,
         },
     ))
+}
+
+/// The running statistics after a training batch, as `torch.nn.BatchNorm2d` keeps them:
+/// `running ← (1 − momentum)·running + momentum·batch`, the batch's variance unbiased
+/// (`× m/(m − 1)`, `m` the values per channel). No gradient. On the unfused CubeCL backend
+/// one kernel ([`super::norm_apply_cube`]) where Burn's ops take seven launches a batch
+/// norm (five scaled, two added; about 370 of a ResNet-50 step's).
+pub fn batch_norm_running<B: NormBackend>(
+    (mean, var): (Tensor<B, 1>, Tensor<B, 1>),
+    (batch_mean, batch_var): (Tensor<B, 1>, Tensor<B, 1>),
+    m: usize,
+    momentum: f64,
+) -> (Tensor<B, 1>, Tensor<B, 1>) {
+    let p = |t: Tensor<B, 1>| t.into_primitive().tensor();
+    let (mean, var) = B::batch_norm_running(
+        (p(mean), p(var)),
+        (p(batch_mean), p(batch_var)),
+        m,
+        momentum,
+    );
+    (tensor(mean), tensor(var))
+}
+
+/// The default [`NormBackend::batch_norm_running`], Burn's ops (the order the kernel
+/// keeps).
+fn composed_running<B: Backend>(
+    (mean, var): (FloatTensor<B>, FloatTensor<B>),
+    (batch_mean, batch_var): (FloatTensor<B>, FloatTensor<B>),
+    m: usize,
+    k: f64,
+) -> (FloatTensor<B>, FloatTensor<B>) {
+    let m = m as f64;
+    let unbiased = tensor::<B, 1>(batch_var) * (m / (m - 1.0).max(1.0));
+    let mean = tensor::<B, 1>(mean) * (1.0 - k) + tensor::<B, 1>(batch_mean) * k;
+    let var = tensor::<B, 1>(var) * (1.0 - k) + unbiased * k;
+    (
+        mean.into_primitive().tensor(),
+        var.into_primitive().tensor(),
+    )
 }
 
 /// The default [`NormBackend::batch_norm_eval`]: `[n·c, h·w]` rows, per-row values.
@@ -311,6 +364,12 @@ impl View {
         tensor::<B, 1>(t).reshape(shape)
     }
 
+    /// A `[n·h·w, c]` result of the backend's kernels as the `Last` view, `[n, h·w, c]`.
+    fn unrows<B: Backend>(&self, t: FloatTensor<B>) -> Tensor<B, 3> {
+        let [n, c, h, w] = self.dims;
+        tensor::<B, 2>(t).reshape([n, h * w, c])
+    }
+
     /// A per-channel value as the `[c]` vector the callers keep.
     fn narrow<B: Backend>(&self, t: Tensor<B, 3>) -> FloatTensor<B> {
         t.reshape([self.dims[1]]).into_primitive().tensor()
@@ -382,11 +441,12 @@ fn composed_backward<B: Backend>(
     (dx, d_gamma, d_beta)
 }
 
-/// Where [`forward_in`] and [`backward_in`] get the batch norm's per-channel sums: from a
-/// backend's one-pass kernel (`backend.norm_sums = "one_pass"`, CubeCL's backends,
-/// [`super::norm_cube`]) where `Some` and it takes them, else from Burn's reductions. The
-/// kernel sees the activation as `[n·h·w, c]` (the `Last` view).
-struct SumsBy<B: Backend> {
+/// Where [`forward_in`] and [`backward_in`] get the batch norm's per-channel sums, and its
+/// normalisation each way: from a backend's kernels (`backend.norm_sums = "one_pass"`,
+/// CubeCL's backends: the sums [`super::norm_cube`], the normalisation on the unfused one
+/// [`super::norm_apply_cube`]) where `Some` and they take them, else from Burn's ops. The
+/// kernels see the activation as `[n·h·w, c]` (the `Last` view).
+struct OwnKernels<B: Backend> {
     /// `x` → its mean and biased variance per channel (`[c]` each).
     #[allow(clippy::type_complexity)]
     stats: fn(FloatTensor<B>) -> Option<(FloatTensor<B>, FloatTensor<B>)>,
@@ -400,6 +460,36 @@ struct SumsBy<B: Backend> {
         Option<FloatTensor<B>>,
         f64,
     ) -> Option<(FloatTensor<B>, FloatTensor<B>)>,
+    /// The forward's normalisation and epilogue, where the backend has a kernel for it:
+    /// `x`, (`mean`, `var`), (`gamma`, `beta`), `eps`, the residual (`[n·h·w, c]`), the
+    /// ReLU → the output `[n·h·w, c]`.
+    #[allow(clippy::type_complexity)]
+    normalise: Option<
+        fn(
+            FloatTensor<B>,
+            (FloatTensor<B>, FloatTensor<B>),
+            (FloatTensor<B>, FloatTensor<B>),
+            f64,
+            Option<FloatTensor<B>>,
+            bool,
+        ) -> Option<FloatTensor<B>>,
+    >,
+    /// The input gradient, and the residual's: `dy`, `x`, (`mean`, `var`), `gamma`,
+    /// (`dβ`, `dγ`), `eps`, the ReLU's output, whether there was a residual → `dx` and
+    /// the residual's gradient (`[n·h·w, c]`).
+    #[allow(clippy::type_complexity)]
+    normalise_backward: Option<
+        fn(
+            FloatTensor<B>,
+            FloatTensor<B>,
+            (FloatTensor<B>, FloatTensor<B>),
+            FloatTensor<B>,
+            (FloatTensor<B>, FloatTensor<B>),
+            f64,
+            Option<FloatTensor<B>>,
+            bool,
+        ) -> Option<(FloatTensor<B>, Option<FloatTensor<B>>)>,
+    >,
 }
 
 /// `[n, h·w, c]` as the `[n·h·w, c]` matrix the one-pass kernel sums.
@@ -409,7 +499,8 @@ fn rows<B: Backend>(t: &Tensor<B, 3>) -> FloatTensor<B> {
 }
 
 /// `relu?(batch_norm(x) + residual?)` composed from Burn's tensor ops in `layout`'s view:
-/// (output, batch mean, biased batch variance). The sums from `by` where it gives them.
+/// (output, batch mean, biased batch variance). The sums, and then the normalisation,
+/// from `by` where it gives them.
 fn forward_in<B: Backend>(
     layout: Layout,
     x: FloatTensor<B>,
@@ -417,13 +508,22 @@ fn forward_in<B: Backend>(
     beta: FloatTensor<B>,
     eps: f64,
     epilogue: Epilogue<FloatTensor<B>>,
-    by: Option<SumsBy<B>>,
+    by: Option<OwnKernels<B>>,
 ) -> (FloatTensor<B>, FloatTensor<B>, FloatTensor<B>) {
     let v = View::of::<B>(layout, &x);
     let x = v.view::<B>(x);
-    let stats = by
-        .filter(|_| layout == Layout::Last)
-        .and_then(|by| (by.stats)(rows(&x)));
+    let mut stats = None;
+    if let Some(by) = by.filter(|_| layout == Layout::Last) {
+        let x_rows = rows(&x);
+        stats = (by.stats)(x_rows.clone());
+        if let (Some(normalise), Some((mean, var))) = (by.normalise, &stats) {
+            let residual = epilogue.residual.clone().map(|r| rows(&v.view::<B>(r)));
+            let (stats, affine) = ((mean.clone(), var.clone()), (gamma.clone(), beta.clone()));
+            if let Some(out) = normalise(x_rows, stats, affine, eps, residual, epilogue.relu) {
+                return (v.unview(v.unrows::<B>(out)), mean.clone(), var.clone());
+            }
+        }
+    }
     let (mean, var, centered) = match stats {
         Some((mean, var)) => {
             let mean = v.wide::<B>(mean);
@@ -455,7 +555,7 @@ fn backward_in<B: Backend>(
     eps: f64,
     (residual, relu_output): (bool, Option<FloatTensor<B>>),
     dy: FloatTensor<B>,
-    by: Option<SumsBy<B>>,
+    by: Option<OwnKernels<B>>,
 ) -> (
     FloatTensor<B>,
     FloatTensor<B>,
@@ -465,16 +565,29 @@ fn backward_in<B: Backend>(
     let v = View::of::<B>(layout, &x);
     let (x, mut dy) = (v.view::<B>(x), v.view::<B>(dy));
     let output = relu_output.map(|o| v.view::<B>(o));
-    let sums = by.filter(|_| layout == Layout::Last).and_then(|by| {
+    let mut sums = None;
+    if let Some(by) = by.filter(|_| layout == Layout::Last) {
+        let (dy_rows, x_rows) = (rows(&dy), rows(&x));
         let output = output.as_ref().map(rows);
-        (by.grads)(
-            rows(&dy),
-            rows(&x),
-            (mean.clone(), var.clone()),
-            output,
+        let stats = (mean.clone(), var.clone());
+        sums = (by.grads)(
+            dy_rows.clone(),
+            x_rows.clone(),
+            stats.clone(),
+            output.clone(),
             eps,
-        )
-    });
+        );
+        if let (Some(backward), Some((d_beta, d_gamma))) = (by.normalise_backward, &sums) {
+            let sums = (d_beta.clone(), d_gamma.clone());
+            let gamma = gamma.clone();
+            let done = backward(dy_rows, x_rows, stats, gamma, sums, eps, output, residual);
+            if let Some((dx, d_residual)) = done {
+                let unrows = |t: FloatTensor<B>| v.unview(v.unrows::<B>(t));
+                let d_residual = d_residual.map(unrows);
+                return (unrows(dx), d_gamma.clone(), d_beta.clone(), d_residual);
+            }
+        }
+    }
     if let Some(output) = output {
         dy = dy.mask_fill(output.lower_equal_elem(0.0), 0.0);
     }
@@ -639,6 +752,22 @@ fn relu_mask(output: FlexTensor, dy: FlexTensor) -> FlexTensor {
 /// One autodiff node per batch norm; its backward asks the inner backend for all three
 /// gradients at once.
 impl<B: NormBackend, C: CheckpointStrategy> NormBackend for Autodiff<B, C> {
+    fn batch_norm_running(
+        (mean, var): (FloatTensor<Self>, FloatTensor<Self>),
+        (batch_mean, batch_var): (FloatTensor<Self>, FloatTensor<Self>),
+        m: usize,
+        momentum: f64,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
+        let inner = |t: FloatTensor<Self>| t.primitive;
+        let (mean, var) = B::batch_norm_running(
+            (inner(mean), inner(var)),
+            (inner(batch_mean), inner(batch_var)),
+            m,
+            momentum,
+        );
+        (Self::from_inner(mean), Self::from_inner(var))
+    }
+
     fn batch_norm_train(
         x: FloatTensor<Self>,
         gamma: FloatTensor<Self>,
@@ -799,8 +928,17 @@ fn last_eval<B: Backend>(
     (gamma, beta): (FloatTensor<B>, FloatTensor<B>),
     eps: f64,
     epilogue: Epilogue<FloatTensor<B>>,
+    by: Option<OwnKernels<B>>,
 ) -> FloatTensor<B> {
     let v = View::of::<B>(Layout::Last, &x);
+    if let Some(normalise) = by.and_then(|by| by.normalise) {
+        let x_rows = rows(&v.view::<B>(x.clone()));
+        let residual = epilogue.residual.clone().map(|r| rows(&v.view::<B>(r)));
+        let (stats, affine) = ((mean.clone(), var.clone()), (gamma.clone(), beta.clone()));
+        if let Some(out) = normalise(x_rows, stats, affine, eps, residual, epilogue.relu) {
+            return v.unview(v.unrows::<B>(out));
+        }
+    }
     let scale = v.wide::<B>(gamma) * (v.wide::<B>(var) + eps).sqrt().recip();
     let out = (v.view::<B>(x) - v.wide::<B>(mean)) * scale + v.wide::<B>(beta);
     v.unview(then::<B, 3>(out, epilogue, |r| v.view::<B>(r)))
@@ -882,7 +1020,19 @@ macro_rules! cube_norm {
             eps: f64,
             epilogue: Epilogue<FloatTensor<Self>>,
         ) -> FloatTensor<Self> {
-            last_eval::<Self>(x, stats, affine, eps, epilogue)
+            last_eval::<Self>(x, stats, affine, eps, epilogue, one_pass::<Self>())
+        }
+
+        fn batch_norm_running(
+            running: (FloatTensor<Self>, FloatTensor<Self>),
+            batch: (FloatTensor<Self>, FloatTensor<Self>),
+            m: usize,
+            momentum: f64,
+        ) -> (FloatTensor<Self>, FloatTensor<Self>) {
+            use super::norm_cube::NormKernels;
+            let (r, b) = (running.clone(), batch.clone());
+            Self::running_stats(r, b, m, momentum)
+                .unwrap_or_else(|| composed_running::<Self>(running, batch, m, momentum))
         }
     };
 }
@@ -901,12 +1051,15 @@ impl<R: burn_cubecl::CubeRuntime, BT: burn_cubecl::BoolElement> NormBackend
     cube_norm!();
 }
 
-/// The one-pass kernel's sums on a CubeCL backend ([`super::norm_cube`]).
+/// The one-pass kernel's sums on a CubeCL backend ([`super::norm_cube`]), and the
+/// normalisation's kernels where the backend has them ([`super::norm_apply_cube`]).
 #[cfg(feature = "cube")]
-fn one_pass<B: super::norm_cube::OnePassSums>() -> Option<SumsBy<B>> {
-    Some(SumsBy {
+fn one_pass<B: super::norm_cube::NormKernels>() -> Option<OwnKernels<B>> {
+    Some(OwnKernels {
         stats: B::stats_sums,
         grads: B::grad_sums,
+        normalise: B::NORMALISES.then_some(B::normalise as _),
+        normalise_backward: B::NORMALISES.then_some(B::normalise_backward as _),
     })
 }
 
@@ -1400,9 +1553,11 @@ mod cube_checks {
     }
 
     /// Training on a CubeCL runtime (forward, the running statistics, all gradients)
-    /// matches the CPU's kernels, fused and not, from either layout, with each epilogue, with the sums by the
-    /// one-pass kernel (`norm_sums = "one_pass"`, which must run: forward and backward, two
-    /// calls) and by Burn's reductions (`reduce`, where it must not). The larger shape has
+    /// matches the CPU's kernels, fused and not, from either layout, with each epilogue,
+    /// with the sums by the one-pass kernel (`norm_sums = "one_pass"`, which must run:
+    /// forward and backward, two calls) and the normalisation by the runner's kernels on
+    /// the plain backend (two calls there, none fused), and by Burn's ops (`reduce`, where
+    /// neither must run). The larger shape has
     /// more rows than one chunk (the kernel's second launch adds the partial rows), 40
     /// channels (two blocks of 32, the second partial), and a mean of 500 where the spread
     /// is 2: unshifted, `E[x²] − E[x]²` in `f32` loses the variance's digits (with the
@@ -1482,10 +1637,17 @@ mod cube_checks {
                     }
                     let case = act.map(|(r, relu)| (r.is_some(), relu));
                     for (backend, (got, ran)) in got {
-                        let calls = if one_pass { 2 } else { 0 };
+                        // Sums forward and backward; the normalisation each way on the
+                        // plain backend only (fusion joins Burn's ops there).
+                        let plain = backend.starts_with("plain");
+                        let calls = match (one_pass, plain) {
+                            (true, true) => [2, 2],
+                            (true, false) => [2, 0],
+                            (false, _) => [0, 0],
+                        };
                         assert_eq!(
                             ran, calls,
-                            "{backend} {dims:?} {case:?}: one-pass kernel calls"
+                            "{backend} {dims:?} {case:?}: [sums, normalisation] kernel calls"
                         );
                         assert_eq!(got.len(), want.len(), "{backend} {dims:?} {case:?}");
                         // Off by at most 1e-3 of the value, or of 1 where it is smaller:
@@ -1538,6 +1700,7 @@ mod wgpu_tests {
 
     use super::cube_checks::input;
     use super::*;
+    use crate::ops::norm_cube::on_this_thread;
 
     type Plain = burn_cubecl::CubeBackend<cubecl::wgpu::WgpuRuntime, f32, i32, u32>;
 
@@ -1645,33 +1808,98 @@ mod wgpu_tests {
                 .map(|v| TensorData::new(v, dims))
                 .unwrap()
         };
-        let dims = vec![2, 8, 4, 3];
-        let x = random(dims.clone(), Distribution::Normal(1.0, 2.0));
-        let r = random(dims.clone(), Distribution::Normal(0.0, 1.0));
-        let mean = random(vec![8], Distribution::Normal(1.0, 0.5));
-        let var = random(vec![8], Distribution::Uniform(0.5, 4.0));
-        let gamma = random(vec![8], Distribution::Uniform(0.5, 1.5));
-        let data = [&x, &mean, &var, &gamma, &r];
-        for (residual, relu) in [(false, false), (false, true), (true, false), (true, true)] {
-            let (want, _) = eval::<Flex>(data, false, residual, relu, |_| None);
-            for channels_last in [false, true] {
-                let fused = eval::<burn::backend::Wgpu>(data, channels_last, residual, relu, |t| {
-                    Some(<burn::backend::Wgpu as Strides>::strides(t))
+        // One cube of 256 units, and 13 of them over 40 channels (the kernel's index).
+        for dims in [vec![2, 8, 4, 3], vec![2, 40, 8, 5]] {
+            let c = dims[1];
+            let x = random(dims.clone(), Distribution::Normal(1.0, 2.0));
+            let r = random(dims.clone(), Distribution::Normal(0.0, 1.0));
+            let mean = random(vec![c], Distribution::Normal(1.0, 0.5));
+            let var = random(vec![c], Distribution::Uniform(0.5, 4.0));
+            let gamma = random(vec![c], Distribution::Uniform(0.5, 1.5));
+            let data = [&x, &mean, &var, &gamma, &r];
+            for (residual, relu) in [(false, false), (false, true), (true, false), (true, true)] {
+                let (want, _) = eval::<Flex>(data, false, residual, relu, |_| None);
+                // `one_pass` gives the plain backend's normalisation to the runner's
+                // kernel (one call); `reduce` leaves it to Burn's ops, as fusion does.
+                for (one_pass, channels_last) in [(true, false), (true, true), (false, true)] {
+                    let fused = on_this_thread(one_pass, || {
+                        eval::<burn::backend::Wgpu>(data, channels_last, residual, relu, |t| {
+                            Some(<burn::backend::Wgpu as Strides>::strides(t))
+                        })
+                    });
+                    let plain = on_this_thread(one_pass, || {
+                        eval::<Plain>(data, channels_last, residual, relu, |t| {
+                            Some(Plain::strides(t))
+                        })
+                    });
+                    let runs = [("fused", fused), ("plain", plain)];
+                    for (backend, ((got, last), calls)) in runs {
+                        let normalised = usize::from(one_pass && backend == "plain");
+                        let case = format!(
+                            "{backend} {dims:?}, one_pass {one_pass}, input channels-last {channels_last}, residual {residual}, relu {relu}"
+                        );
+                        assert_eq!(
+                            calls,
+                            [0, normalised],
+                            "{case}: [sums, normalisation] kernel calls"
+                        );
+                        let worst = got
+                            .iter()
+                            .zip(&want)
+                            .map(|(a, b)| (a - b).abs())
+                            .fold(0.0f32, f32::max);
+                        assert!(worst < 1e-4, "{case}: off by {worst}");
+                        assert_eq!(last, Some(true), "{case}: output channels-last?");
+                    }
+                }
+            }
+        }
+    }
+
+    /// The running statistics' update on CubeCL matches the CPU's (Burn's ops there), on
+    /// the autodiff backend as the model calls it: by one kernel on the plain backend with
+    /// `one_pass`, by Burn's ops fused or with `reduce`. 300 channels: two cubes.
+    #[test]
+    fn wgpu_running_statistics_match_the_cpu() {
+        fn update<B: NormBackend>(data: &[TensorData; 4], m: usize) -> Vec<Vec<f32>> {
+            let v = |i: usize| Tensor::<B, 1>::from_data(data[i].clone(), &Default::default());
+            let (mean, var) = batch_norm_running((v(0), v(1)), (v(2), v(3)), m, 0.1);
+            let values = |t: Tensor<B, 1>| t.into_data().to_vec::<f32>().unwrap();
+            vec![values(mean), values(var)]
+        }
+        let random = |d| Tensor::<Flex, 1>::random([300], d, &Default::default()).into_data();
+        let data = [
+            random(Distribution::Normal(0.5, 1.0)),
+            random(Distribution::Uniform(0.5, 2.0)),
+            random(Distribution::Normal(0.5, 1.0)),
+            random(Distribution::Uniform(0.5, 2.0)),
+        ];
+        for m in [1, 2, 4096] {
+            let want = update::<Flex>(&data, m);
+            for one_pass in [true, false] {
+                let plain = on_this_thread(one_pass, || update::<Autodiff<Plain>>(&data, m));
+                let fused = on_this_thread(one_pass, || {
+                    update::<Autodiff<burn::backend::Wgpu>>(&data, m)
                 });
-                let plain = eval::<Plain>(data, channels_last, residual, relu, |t| {
-                    Some(Plain::strides(t))
-                });
-                for (backend, (got, last)) in [("fused", fused), ("plain", plain)] {
-                    let case = format!(
-                        "{backend}, input channels-last {channels_last}, residual {residual}, relu {relu}"
+                for (backend, (got, calls)) in [("plain", plain), ("fused", fused)] {
+                    let case = format!("{backend}, m {m}, one_pass {one_pass}");
+                    let kernel = usize::from(one_pass && backend == "plain");
+                    assert_eq!(
+                        calls,
+                        [0, kernel],
+                        "{case}: [sums, normalisation] kernel calls"
                     );
-                    let worst = got
-                        .iter()
-                        .zip(&want)
-                        .map(|(a, b)| (a - b).abs())
-                        .fold(0.0f32, f32::max);
-                    assert!(worst < 1e-4, "{case}: off by {worst}");
-                    assert_eq!(last, Some(true), "{case}: output channels-last?");
+                    for (name, (got, want)) in
+                        ["mean", "variance"].iter().zip(got.iter().zip(&want))
+                    {
+                        for (i, (a, b)) in got.iter().zip(want).enumerate() {
+                            let tol = 4.0 * f32::EPSILON * b.abs().max(1.0);
+                            assert!(
+                                (a - b).abs() <= tol,
+                                "{case}: running {name}[{i}]: {a} against {b}"
+                            );
+                        }
+                    }
                 }
             }
         }

@@ -1,6 +1,7 @@
 //! `backend.norm_sums = "one_pass"` on CubeCL's backends (CUDA; WebGPU in the tests): the
 //! per-channel sums a training batch norm needs, by a kernel of the runner's own, in one
-//! pass over the activation each way.
+//! pass over the activation each way. (The normalisation itself, on the unfused backend,
+//! is [`super::norm_apply_cube`]'s.)
 //!
 //! Why: composed from Burn's ops ([`super::norm`]), the forward pass sums the activation
 //! (the mean), then the squares of its deviations (the variance): two reductions, each a
@@ -79,6 +80,10 @@ thread_local! {
     /// fused one, which runs it when it executes the stream): the tests' proof.
     #[cfg(test)]
     static RAN: Cell<usize> = const { Cell::new(0) };
+    /// Normalisations (forward or backward) this thread gave
+    /// [`super::norm_apply_cube`]'s kernels.
+    #[cfg(test)]
+    static APPLIED: Cell<usize> = const { Cell::new(0) };
 }
 
 /// Takes `backend.norm_sums` of the run that queues batch norms now.
@@ -94,14 +99,26 @@ fn one_pass() -> bool {
 }
 
 /// Runs `f` with `norm_sums` as `one_pass` says, on this thread only; with the number of
-/// times the kernel ran meanwhile.
+/// times the sums kernel ran meanwhile, and the normalisation kernels.
 #[cfg(test)]
-pub(crate) fn on_this_thread<T>(one_pass: bool, f: impl FnOnce() -> T) -> (T, usize) {
-    let before = RAN.with(Cell::get);
+pub(crate) fn on_this_thread<T>(one_pass: bool, f: impl FnOnce() -> T) -> (T, [usize; 2]) {
+    let before = [RAN.with(Cell::get), APPLIED.with(Cell::get)];
     ONE_PASS_HERE.with(|c| c.set(Some(one_pass)));
     let out = f();
     ONE_PASS_HERE.with(|c| c.set(None));
-    (out, RAN.with(Cell::get) - before)
+    let after = [RAN.with(Cell::get), APPLIED.with(Cell::get)];
+    (out, [after[0] - before[0], after[1] - before[1]])
+}
+
+/// Whether the normalisation kernels run (`one_pass`), given that they took the operands
+/// (`Some`); counted where they do.
+fn normalised<T>(run: impl FnOnce() -> Option<T>) -> Option<T> {
+    let out = one_pass().then(run).flatten();
+    #[cfg(test)]
+    if out.is_some() {
+        APPLIED.with(|r| r.set(r.get() + 1));
+    }
+    out
 }
 
 /// Whether the kernel takes a `[rows, c]` operand of this shape and type (counted where
@@ -115,9 +132,14 @@ fn applies(shape: &Shape, dtype: DType) -> bool {
     yes
 }
 
-/// The batch norm's per-channel statistics on a backend (see `norm::SumsBy`): `None` where
-/// `norm_sums` is `reduce` or the kernel does not apply, and Burn's reductions take them.
-pub trait OnePassSums: Backend {
+/// The batch norm's kernels on a backend (see `norm::OwnKernels`): its per-channel
+/// statistics, and on the unfused backend its normalisation each way; each `None` where
+/// `norm_sums` is `reduce` or the kernel does not apply, and Burn's ops take them.
+pub trait NormKernels: Backend {
+    /// Whether [`NormKernels::normalise`] and [`NormKernels::normalise_backward`] can take
+    /// the normalisation (the unfused backend), so that the caller prepares their operands.
+    const NORMALISES: bool = false;
+
     /// `x` (`[rows, c]`) → its mean and biased variance per channel (`[c]` each).
     fn stats_sums(x: FloatTensor<Self>) -> Option<(FloatTensor<Self>, FloatTensor<Self>)>;
     /// `dy`, `x` (`[rows, c]`), `mean`, `var` (`[c]`), the ReLU's output (`[rows, c]`) →
@@ -131,9 +153,57 @@ pub trait OnePassSums: Backend {
         relu_output: Option<FloatTensor<Self>>,
         eps: f64,
     ) -> Option<(FloatTensor<Self>, FloatTensor<Self>)>;
+
+    /// `relu?((x − mean)·γ/√(var + eps) + β + residual?)` of `x` (`[rows, c]`) by
+    /// [`super::norm_apply_cube::normalise`]: a contiguous `[rows, c]` tensor. `None` by
+    /// default: on the fused backend Burn's fusion joins the composed ops.
+    #[allow(clippy::type_complexity)]
+    fn normalise(
+        _x: FloatTensor<Self>,
+        _stats: (FloatTensor<Self>, FloatTensor<Self>),
+        _affine: (FloatTensor<Self>, FloatTensor<Self>),
+        _eps: f64,
+        _residual: Option<FloatTensor<Self>>,
+        _relu: bool,
+    ) -> Option<FloatTensor<Self>> {
+        None
+    }
+
+    /// The input gradient (and the residual's, where `residual`) by
+    /// [`super::norm_apply_cube::normalise_backward`], from `dy` and `x` (`[rows, c]`),
+    /// the statistics, `gamma`, the sums `dβ` and `dγ`, and the ReLU's output. `None` by
+    /// default, as [`NormKernels::normalise`].
+    #[allow(clippy::type_complexity, clippy::too_many_arguments)]
+    fn normalise_backward(
+        _dy: FloatTensor<Self>,
+        _x: FloatTensor<Self>,
+        _stats: (FloatTensor<Self>, FloatTensor<Self>),
+        _gamma: FloatTensor<Self>,
+        _sums: (FloatTensor<Self>, FloatTensor<Self>),
+        _eps: f64,
+        _relu_output: Option<FloatTensor<Self>>,
+        _residual: bool,
+    ) -> Option<(FloatTensor<Self>, Option<FloatTensor<Self>>)> {
+        None
+    }
+
+    /// The running mean and variance after a batch (see `norm::batch_norm_running`) by
+    /// [`super::norm_apply_cube::running`]. `None` by default, as
+    /// [`NormKernels::normalise`].
+    #[allow(clippy::type_complexity)]
+    fn running_stats(
+        _running: (FloatTensor<Self>, FloatTensor<Self>),
+        _batch: (FloatTensor<Self>, FloatTensor<Self>),
+        _m: usize,
+        _momentum: f64,
+    ) -> Option<(FloatTensor<Self>, FloatTensor<Self>)> {
+        None
+    }
 }
 
-impl<R: CubeRuntime, BT: BoolElement> OnePassSums for Cube<R, BT> {
+impl<R: CubeRuntime, BT: BoolElement> NormKernels for Cube<R, BT> {
+    const NORMALISES: bool = true;
+
     fn stats_sums(x: FloatTensor<Self>) -> Option<(FloatTensor<Self>, FloatTensor<Self>)> {
         applies(&x.shape(), x.dtype).then(|| channel_sums(Sums::Stats { x }))
     }
@@ -154,6 +224,57 @@ impl<R: CubeRuntime, BT: BoolElement> OnePassSums for Cube<R, BT> {
                 relu_output,
                 eps: eps as f32,
             })
+        })
+    }
+
+    fn normalise(
+        x: FloatTensor<Self>,
+        (mean, var): (FloatTensor<Self>, FloatTensor<Self>),
+        (gamma, beta): (FloatTensor<Self>, FloatTensor<Self>),
+        eps: f64,
+        residual: Option<FloatTensor<Self>>,
+        relu: bool,
+    ) -> Option<FloatTensor<Self>> {
+        normalised(|| {
+            let (stats, affine) = ((&mean, &var), (&gamma, &beta));
+            let residual = residual.as_ref();
+            super::norm_apply_cube::normalise(&x, stats, affine, eps as f32, residual, relu)
+        })
+    }
+
+    fn normalise_backward(
+        dy: FloatTensor<Self>,
+        x: FloatTensor<Self>,
+        (mean, var): (FloatTensor<Self>, FloatTensor<Self>),
+        gamma: FloatTensor<Self>,
+        (d_beta, d_gamma): (FloatTensor<Self>, FloatTensor<Self>),
+        eps: f64,
+        relu_output: Option<FloatTensor<Self>>,
+        residual: bool,
+    ) -> Option<(FloatTensor<Self>, Option<FloatTensor<Self>>)> {
+        normalised(|| {
+            super::norm_apply_cube::normalise_backward(
+                &dy,
+                &x,
+                (&mean, &var),
+                &gamma,
+                (&d_beta, &d_gamma),
+                eps as f32,
+                relu_output.as_ref(),
+                residual,
+            )
+        })
+    }
+
+    fn running_stats(
+        (mean, var): (FloatTensor<Self>, FloatTensor<Self>),
+        (batch_mean, batch_var): (FloatTensor<Self>, FloatTensor<Self>),
+        m: usize,
+        momentum: f64,
+    ) -> Option<(FloatTensor<Self>, FloatTensor<Self>)> {
+        normalised(|| {
+            let (running, batch) = ((&mean, &var), (&batch_mean, &batch_var));
+            super::norm_apply_cube::running(running, batch, m, momentum)
         })
     }
 }
@@ -225,7 +346,7 @@ fn fused<R: CubeRuntime, BT: BoolElement>(
     (first, second)
 }
 
-impl<R: CubeRuntime, BT: BoolElement> OnePassSums for Fusion<Cube<R, BT>> {
+impl<R: CubeRuntime, BT: BoolElement> NormKernels for Fusion<Cube<R, BT>> {
     fn stats_sums(x: FloatTensor<Self>) -> Option<(FloatTensor<Self>, FloatTensor<Self>)> {
         applies(&x.shape, x.dtype)
             .then(|| fused::<R, BT>("runner_norm_stats_forward", vec![x], 0.0))
