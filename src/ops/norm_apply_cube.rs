@@ -135,7 +135,8 @@ fn is_matrix<R: CubeRuntime>(t: &CubeTensor<R>, shape: &Shape) -> bool {
 }
 
 fn is_vector<R: CubeRuntime>(t: &CubeTensor<R>, cols: usize) -> bool {
-    t.dtype == DType::F32 && t.shape().dims::<1>() == [cols] && t.shape().num_dims() == 1
+    // The rank first: `dims::<1>()` would panic on a rank-0 shape.
+    t.dtype == DType::F32 && t.shape().num_dims() == 1 && t.shape().dims::<1>() == [cols]
 }
 
 /// A new contiguous `f32` tensor of `shape` on `like`'s device.
