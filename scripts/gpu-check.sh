@@ -146,8 +146,10 @@ ACCUM=compare:resnet50_accum,run.early_stop.patience=1000
 SPLIT_OFF=runner:article/default,backend.conv_split=off
 # backend.norm_sums = "reduce": the batch norm's per-channel sums by Burn's reductions (4
 # launches and two reads of the activation each way; 427 reduce launches a step on
-# 2026-12-04), against the default's one-pass kernel (2 launches, one read): compiled cold
-# beside the others, then run right after the split's row.
+# 2026-12-04) and its normalisation, input gradient and running update by Burn's ops that
+# fusion joins, against the default's kernels (the sums in 2 launches and one read; each
+# of the others one launch, a custom operation in fusion's stream): compiled cold beside
+# the others, then run right after the split's row (fused: "auto" on 16 CPUs).
 SUMS_REDUCE=runner:article/default,backend.norm_sums=reduce
 KERNELS="specialized_tma simple_async_tma specialized_async_cyclic"
 kernel_colds() { for k in $KERNELS; do printf '+cold:resnet50,backend.conv_kernel=%s' "$k"; done; }

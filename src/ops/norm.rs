@@ -11,9 +11,9 @@
 //! forward and backward, is composed channels-last, as CubeCL's convolutions want their
 //! operands ([`Layout::Last`]). Elsewhere the epilogue stays Burn's own add and ReLU.
 //! On CubeCL's backends with `backend.norm_sums = "one_pass"` the per-channel sums are a
-//! kernel of the runner's ([`super::norm_cube`]), and without fusion so are the
-//! normalisation each way and the running statistics' update
-//! ([`super::norm_apply_cube`]): Burn's fusion joins the composed ops where it is on.
+//! kernel of the runner's ([`super::norm_cube`]), and so are the normalisation each way
+//! and the running statistics' update ([`super::norm_apply_cube`]), fused or not (custom
+//! operations in fusion's stream); `"reduce"` leaves all of it to Burn's ops.
 //!
 //! Gradients, with `x̂ = (x − mean)·invstd`, `m = N·H·W` values per channel:
 //! `dβ = Σ dy`, `dγ = Σ dy·x̂`, `dx = γ·invstd/m · (m·dy − dβ − x̂·dγ)` (PyTorch's).
@@ -443,7 +443,7 @@ fn composed_backward<B: Backend>(
 
 /// Where [`forward_in`] and [`backward_in`] get the batch norm's per-channel sums, and its
 /// normalisation each way: from a backend's kernels (`backend.norm_sums = "one_pass"`,
-/// CubeCL's backends: the sums [`super::norm_cube`], the normalisation on the unfused one
+/// CubeCL's backends: the sums [`super::norm_cube`], the normalisation
 /// [`super::norm_apply_cube`]) where `Some` and they take them, else from Burn's ops. The
 /// kernels see the activation as `[n·h·w, c]` (the `Last` view).
 struct OwnKernels<B: Backend> {
@@ -460,36 +460,31 @@ struct OwnKernels<B: Backend> {
         Option<FloatTensor<B>>,
         f64,
     ) -> Option<(FloatTensor<B>, FloatTensor<B>)>,
-    /// The forward's normalisation and epilogue, where the backend has a kernel for it:
-    /// `x`, (`mean`, `var`), (`gamma`, `beta`), `eps`, the residual (`[n·h·w, c]`), the
-    /// ReLU → the output `[n·h·w, c]`.
+    /// The forward's normalisation and epilogue: `x`, (`mean`, `var`), (`gamma`,
+    /// `beta`), `eps`, the residual (`[n·h·w, c]`), the ReLU → the output `[n·h·w, c]`.
     #[allow(clippy::type_complexity)]
-    normalise: Option<
-        fn(
-            FloatTensor<B>,
-            (FloatTensor<B>, FloatTensor<B>),
-            (FloatTensor<B>, FloatTensor<B>),
-            f64,
-            Option<FloatTensor<B>>,
-            bool,
-        ) -> Option<FloatTensor<B>>,
-    >,
+    normalise: fn(
+        FloatTensor<B>,
+        (FloatTensor<B>, FloatTensor<B>),
+        (FloatTensor<B>, FloatTensor<B>),
+        f64,
+        Option<FloatTensor<B>>,
+        bool,
+    ) -> Option<FloatTensor<B>>,
     /// The input gradient, and the residual's: `dy`, `x`, (`mean`, `var`), `gamma`,
     /// (`dβ`, `dγ`), `eps`, the ReLU's output, whether there was a residual → `dx` and
     /// the residual's gradient (`[n·h·w, c]`).
     #[allow(clippy::type_complexity)]
-    normalise_backward: Option<
-        fn(
-            FloatTensor<B>,
-            FloatTensor<B>,
-            (FloatTensor<B>, FloatTensor<B>),
-            FloatTensor<B>,
-            (FloatTensor<B>, FloatTensor<B>),
-            f64,
-            Option<FloatTensor<B>>,
-            bool,
-        ) -> Option<(FloatTensor<B>, Option<FloatTensor<B>>)>,
-    >,
+    normalise_backward: fn(
+        FloatTensor<B>,
+        FloatTensor<B>,
+        (FloatTensor<B>, FloatTensor<B>),
+        FloatTensor<B>,
+        (FloatTensor<B>, FloatTensor<B>),
+        f64,
+        Option<FloatTensor<B>>,
+        bool,
+    ) -> Option<(FloatTensor<B>, Option<FloatTensor<B>>)>,
 }
 
 /// `[n, h·w, c]` as the `[n·h·w, c]` matrix the one-pass kernel sums.
@@ -516,7 +511,8 @@ fn forward_in<B: Backend>(
     if let Some(by) = by.filter(|_| layout == Layout::Last) {
         let x_rows = rows(&x);
         stats = (by.stats)(x_rows.clone());
-        if let (Some(normalise), Some((mean, var))) = (by.normalise, &stats) {
+        if let Some((mean, var)) = &stats {
+            let normalise = by.normalise;
             let residual = epilogue.residual.clone().map(|r| rows(&v.view::<B>(r)));
             let (stats, affine) = ((mean.clone(), var.clone()), (gamma.clone(), beta.clone()));
             if let Some(out) = normalise(x_rows, stats, affine, eps, residual, epilogue.relu) {
@@ -577,7 +573,8 @@ fn backward_in<B: Backend>(
             output.clone(),
             eps,
         );
-        if let (Some(backward), Some((d_beta, d_gamma))) = (by.normalise_backward, &sums) {
+        if let Some((d_beta, d_gamma)) = &sums {
+            let backward = by.normalise_backward;
             let sums = (d_beta.clone(), d_gamma.clone());
             let gamma = gamma.clone();
             let done = backward(dy_rows, x_rows, stats, gamma, sums, eps, output, residual);
@@ -931,7 +928,7 @@ fn last_eval<B: Backend>(
     by: Option<OwnKernels<B>>,
 ) -> FloatTensor<B> {
     let v = View::of::<B>(Layout::Last, &x);
-    if let Some(normalise) = by.and_then(|by| by.normalise) {
+    if let Some(normalise) = by.map(|by| by.normalise) {
         let x_rows = rows(&v.view::<B>(x.clone()));
         let residual = epilogue.residual.clone().map(|r| rows(&v.view::<B>(r)));
         let (stats, affine) = ((mean.clone(), var.clone()), (gamma.clone(), beta.clone()));
@@ -944,8 +941,9 @@ fn last_eval<B: Backend>(
     v.unview(then::<B, 3>(out, epilogue, |r| v.view::<B>(r)))
 }
 
-/// CubeCL's backends (CUDA; WebGPU in the tests): batch norm and its epilogue composed
-/// from Burn's tensor ops, which fusion joins into few kernels, in the channels-last view
+/// CubeCL's backends (CUDA; WebGPU in the tests): batch norm and its epilogue by the
+/// runner's kernels (`norm_sums = "one_pass"`) or composed from Burn's tensor ops
+/// (`"reduce"`, which fusion joins into few kernels), in the channels-last view
 /// ([`Layout::Last`]); one autodiff node, so the backward is in that view too.
 #[cfg(feature = "cube")]
 macro_rules! cube_norm {
@@ -1058,8 +1056,8 @@ fn one_pass<B: super::norm_cube::NormKernels>() -> Option<OwnKernels<B>> {
     Some(OwnKernels {
         stats: B::stats_sums,
         grads: B::grad_sums,
-        normalise: B::NORMALISES.then_some(B::normalise as _),
-        normalise_backward: B::NORMALISES.then_some(B::normalise_backward as _),
+        normalise: B::normalise,
+        normalise_backward: B::normalise_backward,
     })
 }
 
@@ -1555,10 +1553,9 @@ mod cube_checks {
     /// Training on a CubeCL runtime (forward, the running statistics, all gradients)
     /// matches the CPU's kernels, fused and not, from either layout, with each epilogue,
     /// with the sums by the one-pass kernel (`norm_sums = "one_pass"`, which must run:
-    /// forward and backward, two calls) and the normalisation by the runner's kernels on
-    /// the plain backend (two calls there, none fused), and by Burn's ops (`reduce`, where
-    /// neither must run). The larger shape has
-    /// more rows than one chunk (the kernel's second launch adds the partial rows), 40
+    /// forward and backward, two calls) and the normalisation by the runner's kernels (two
+    /// calls, fused or not), and by Burn's ops (`reduce`, where neither must run). The
+    /// larger shape has more rows than one chunk (the kernel's second launch adds the partial rows), 40
     /// channels (two blocks of 32, the second partial), and a mean of 500 where the spread
     /// is 2: unshifted, `E[x²] − E[x]²` in `f32` loses the variance's digits (with the
     /// shift taken out of the kernel and of the mean, the output is off by 0.7-0.9%).
@@ -1637,14 +1634,9 @@ mod cube_checks {
                     }
                     let case = act.map(|(r, relu)| (r.is_some(), relu));
                     for (backend, (got, ran)) in got {
-                        // Sums forward and backward; the normalisation each way on the
-                        // plain backend only (fusion joins Burn's ops there).
-                        let plain = backend.starts_with("plain");
-                        let calls = match (one_pass, plain) {
-                            (true, true) => [2, 2],
-                            (true, false) => [2, 0],
-                            (false, _) => [0, 0],
-                        };
+                        // Sums forward and backward and the normalisation each way, fused
+                        // (custom operations in the stream) or not; none with `reduce`.
+                        let calls = if one_pass { [2, 2] } else { [0, 0] };
                         assert_eq!(
                             ran, calls,
                             "{backend} {dims:?} {case:?}: [sums, normalisation] kernel calls"
@@ -1819,8 +1811,8 @@ mod wgpu_tests {
             let data = [&x, &mean, &var, &gamma, &r];
             for (residual, relu) in [(false, false), (false, true), (true, false), (true, true)] {
                 let (want, _) = eval::<Flex>(data, false, residual, relu, |_| None);
-                // `one_pass` gives the plain backend's normalisation to the runner's
-                // kernel (one call); `reduce` leaves it to Burn's ops, as fusion does.
+                // `one_pass` gives the normalisation to the runner's kernel (one call,
+                // fused or not); `reduce` leaves it to Burn's ops.
                 for (one_pass, channels_last) in [(true, false), (true, true), (false, true)] {
                     let fused = on_this_thread(one_pass, || {
                         eval::<burn::backend::Wgpu>(data, channels_last, residual, relu, |t| {
@@ -1834,7 +1826,7 @@ mod wgpu_tests {
                     });
                     let runs = [("fused", fused), ("plain", plain)];
                     for (backend, ((got, last), calls)) in runs {
-                        let normalised = usize::from(one_pass && backend == "plain");
+                        let normalised = usize::from(one_pass);
                         let case = format!(
                             "{backend} {dims:?}, one_pass {one_pass}, input channels-last {channels_last}, residual {residual}, relu {relu}"
                         );
@@ -1857,8 +1849,8 @@ mod wgpu_tests {
     }
 
     /// The running statistics' update on CubeCL matches the CPU's (Burn's ops there), on
-    /// the autodiff backend as the model calls it: by one kernel on the plain backend with
-    /// `one_pass`, by Burn's ops fused or with `reduce`. 300 channels: two cubes.
+    /// the autodiff backend as the model calls it: by one kernel with `one_pass`, fused or
+    /// not, by Burn's ops with `reduce`. 300 channels: two cubes.
     #[test]
     fn wgpu_running_statistics_match_the_cpu() {
         fn update<B: NormBackend>(data: &[TensorData; 4], m: usize) -> Vec<Vec<f32>> {
@@ -1883,7 +1875,7 @@ mod wgpu_tests {
                 });
                 for (backend, (got, calls)) in [("plain", plain), ("fused", fused)] {
                     let case = format!("{backend}, m {m}, one_pass {one_pass}");
-                    let kernel = usize::from(one_pass && backend == "plain");
+                    let kernel = usize::from(one_pass);
                     assert_eq!(
                         calls,
                         [0, kernel],

@@ -1,6 +1,6 @@
-//! The element-wise passes of a training batch norm on CubeCL's backends without fusion
-//! (CUDA with `backend.fusion` off, which `"auto"` chooses below 4 CPUs; WebGPU in the
-//! tests), each one kernel of the runner's own where `backend.norm_sums = "one_pass"`:
+//! The element-wise passes of a training batch norm on CubeCL's backends (CUDA, fused or
+//! not; WebGPU in the tests), each one kernel of the runner's own where
+//! `backend.norm_sums = "one_pass"`:
 //! forward, `relu?((x − mean)·γ/√(var + eps) + β + residual?)`; backward, the input
 //! gradient `dx = γ·invstd/m · (m·dy − dβ − x̂·dγ)` from the ReLU-masked `dy`, and that
 //! masked `dy` as the residual's gradient. Evaluation takes the forward kernel with the
@@ -12,8 +12,11 @@
 //! and its comparison, the scale again, `x̂`, `k`, and the four terms of `dx`), each a pass
 //! over the activation (or a `[c]` vector) into a new buffer. ResNet-50 holds 53 batch
 //! norms: about 1,200 of the 2,390 launches of an unfused step on the stand-in driver
-//! (BENCHMARKS.md, "The host side of a warm step"). With fusion, Burn joins those ops
-//! itself, and this module is not used.
+//! (BENCHMARKS.md, "The host side of a warm step"). With fusion on, Burn joins most of
+//! them, but leaves the forward's `x − mean` and the `[c]` scale op by op after the
+//! convolution's and the sums' custom operations: four launches a batch norm, one of them
+//! a full pass. There each kernel here is a custom operation of fusion's stream
+//! ([`super::norm_cube`]).
 //!
 //! The activation is the channels-last `[rows, c]` matrix (`rows = n·h·w`) that the sums
 //! take ([`super::norm_cube`]), read through its strides; the outputs are new contiguous
@@ -129,14 +132,48 @@ fn normalise_backward_kernel<F: Float>(
     dx[i] = k * ((g * m - sum_dy) - x_hat * sum_dy_x_hat);
 }
 
-/// Whether `t` is an `f32` matrix of `shape`, or an `f32` vector of `cols` values.
-fn is_matrix<R: CubeRuntime>(t: &CubeTensor<R>, shape: &Shape) -> bool {
-    t.dtype == DType::F32 && &t.shape() == shape
+/// Whether `t` is an `f32` matrix of `shape`, or an `f32` vector of `cols` values. On
+/// any tensor's metadata: the fused backend checks its operands when it queues a kernel
+/// ([`super::norm_cube`]), and the kernel then takes them.
+fn is_matrix<T: TensorMetadata>(t: &T, shape: &Shape) -> bool {
+    t.dtype() == DType::F32 && &t.shape() == shape
 }
 
-fn is_vector<R: CubeRuntime>(t: &CubeTensor<R>, cols: usize) -> bool {
+fn is_vector<T: TensorMetadata>(t: &T, cols: usize) -> bool {
     // The rank first: `dims::<1>()` would panic on a rank-0 shape.
-    t.dtype == DType::F32 && t.shape().num_dims() == 1 && t.shape().dims::<1>() == [cols]
+    t.dtype() == DType::F32 && t.shape().num_dims() == 1 && t.shape().dims::<1>() == [cols]
+}
+
+/// Whether [`normalise`] takes these operands: `x` an `f32` `[rows, c]` matrix, the
+/// residual one of its shape, `mean`, `var`, `gamma`, `beta` `f32` `[c]` vectors.
+pub fn normalise_takes<T: TensorMetadata>(x: &T, vectors: [&T; 4], residual: Option<&T>) -> bool {
+    let shape = x.shape();
+    shape.num_dims() == 2
+        && is_matrix(x, &shape)
+        && residual.is_none_or(|r| is_matrix(r, &shape))
+        && vectors.iter().all(|t| is_vector(*t, shape[1]))
+}
+
+/// Whether [`normalise_backward`] takes these operands: `dy`, `x` and the ReLU's output
+/// `f32` `[rows, c]` matrices, `mean`, `var`, `gamma`, `dβ`, `dγ` `f32` `[c]` vectors.
+pub fn normalise_backward_takes<T: TensorMetadata>(
+    dy: &T,
+    x: &T,
+    vectors: [&T; 5],
+    relu_output: Option<&T>,
+) -> bool {
+    let shape = dy.shape();
+    shape.num_dims() == 2
+        && is_matrix(dy, &shape)
+        && is_matrix(x, &shape)
+        && relu_output.is_none_or(|o| is_matrix(o, &shape))
+        && vectors.iter().all(|t| is_vector(*t, shape[1]))
+}
+
+/// Whether [`running`] takes these operands: four `f32` vectors of one length.
+pub fn running_takes<T: TensorMetadata>(vectors: [&T; 4]) -> bool {
+    let shape = vectors[0].shape();
+    shape.num_dims() == 1 && vectors.iter().all(|t| is_vector(*t, shape.num_elements()))
 }
 
 /// A new contiguous `f32` tensor of `shape` on `like`'s device.
@@ -161,16 +198,10 @@ pub fn normalise<R: CubeRuntime>(
     residual: Option<&CubeTensor<R>>,
     relu: bool,
 ) -> Option<CubeTensor<R>> {
-    let shape = x.shape();
-    if shape.num_dims() != 2
-        || !is_matrix(x, &shape)
-        || !residual.is_none_or(|r| is_matrix(r, &shape))
-        || ![mean, var, gamma, beta]
-            .iter()
-            .all(|t| is_vector(t, shape[1]))
-    {
+    if !normalise_takes(x, [mean, var, gamma, beta], residual) {
         return None;
     }
+    let shape = x.shape();
     let (cols, len) = (shape[1], shape.num_elements());
     let out = empty(x, shape);
     if len == 0 {
@@ -220,17 +251,10 @@ pub fn normalise_backward<R: CubeRuntime>(
     relu_output: Option<&CubeTensor<R>>,
     residual: bool,
 ) -> Option<(CubeTensor<R>, Option<CubeTensor<R>>)> {
-    let shape = dy.shape();
-    if shape.num_dims() != 2
-        || !is_matrix(dy, &shape)
-        || !is_matrix(x, &shape)
-        || !relu_output.is_none_or(|o| is_matrix(o, &shape))
-        || ![mean, var, gamma, d_beta, d_gamma]
-            .iter()
-            .all(|t| is_vector(t, shape[1]))
-    {
+    if !normalise_backward_takes(dy, x, [mean, var, gamma, d_beta, d_gamma], relu_output) {
         return None;
     }
+    let shape = dy.shape();
     let (rows, cols, len) = (shape[0], shape[1], shape.num_elements());
     let dx = empty(dy, shape.clone());
     let d_residual = residual.then(|| empty(dy, shape));
@@ -306,15 +330,11 @@ pub fn running<R: CubeRuntime>(
     m: usize,
     momentum: f64,
 ) -> Option<(CubeTensor<R>, CubeTensor<R>)> {
-    let shape = mean.shape();
-    let cols = shape.num_elements();
-    if shape.num_dims() != 1
-        || ![mean, var, batch_mean, batch_var]
-            .iter()
-            .all(|t| is_vector(t, cols))
-    {
+    if !running_takes([mean, var, batch_mean, batch_var]) {
         return None;
     }
+    let shape = mean.shape();
+    let cols = shape.num_elements();
     let (mean_out, var_out) = (empty(mean, shape.clone()), empty(mean, shape));
     if cols == 0 {
         return Some((mean_out, var_out));

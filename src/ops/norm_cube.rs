@@ -1,7 +1,7 @@
 //! `backend.norm_sums = "one_pass"` on CubeCL's backends (CUDA; WebGPU in the tests): the
 //! per-channel sums a training batch norm needs, by a kernel of the runner's own, in one
-//! pass over the activation each way. (The normalisation itself, on the unfused backend,
-//! is [`super::norm_apply_cube`]'s.)
+//! pass over the activation each way. (The normalisation itself is
+//! [`super::norm_apply_cube`]'s; on the fused backend all of them are custom operations.)
 //!
 //! Why: composed from Burn's ops ([`super::norm`]), the forward pass sums the activation
 //! (the mean), then the squares of its deviations (the variance): two reductions, each a
@@ -133,13 +133,10 @@ fn applies(shape: &Shape, dtype: DType) -> bool {
 }
 
 /// The batch norm's kernels on a backend (see `norm::OwnKernels`): its per-channel
-/// statistics, and on the unfused backend its normalisation each way; each `None` where
-/// `norm_sums` is `reduce` or the kernel does not apply, and Burn's ops take them.
+/// statistics, its normalisation each way and its running statistics; each `None` where
+/// `norm_sums` is `reduce` or the kernel does not take the operands, and Burn's ops take
+/// them. On the fused backend each is a custom operation, queued with the stream.
 pub trait NormKernels: Backend {
-    /// Whether [`NormKernels::normalise`] and [`NormKernels::normalise_backward`] can take
-    /// the normalisation (the unfused backend), so that the caller prepares their operands.
-    const NORMALISES: bool = false;
-
     /// `x` (`[rows, c]`) → its mean and biased variance per channel (`[c]` each).
     fn stats_sums(x: FloatTensor<Self>) -> Option<(FloatTensor<Self>, FloatTensor<Self>)>;
     /// `dy`, `x` (`[rows, c]`), `mean`, `var` (`[c]`), the ReLU's output (`[rows, c]`) →
@@ -155,55 +152,44 @@ pub trait NormKernels: Backend {
     ) -> Option<(FloatTensor<Self>, FloatTensor<Self>)>;
 
     /// `relu?((x − mean)·γ/√(var + eps) + β + residual?)` of `x` (`[rows, c]`) by
-    /// [`super::norm_apply_cube::normalise`]: a contiguous `[rows, c]` tensor. `None` by
-    /// default: on the fused backend Burn's fusion joins the composed ops.
+    /// [`super::norm_apply_cube::normalise`]: a contiguous `[rows, c]` tensor.
     #[allow(clippy::type_complexity)]
     fn normalise(
-        _x: FloatTensor<Self>,
-        _stats: (FloatTensor<Self>, FloatTensor<Self>),
-        _affine: (FloatTensor<Self>, FloatTensor<Self>),
-        _eps: f64,
-        _residual: Option<FloatTensor<Self>>,
-        _relu: bool,
-    ) -> Option<FloatTensor<Self>> {
-        None
-    }
+        x: FloatTensor<Self>,
+        stats: (FloatTensor<Self>, FloatTensor<Self>),
+        affine: (FloatTensor<Self>, FloatTensor<Self>),
+        eps: f64,
+        residual: Option<FloatTensor<Self>>,
+        relu: bool,
+    ) -> Option<FloatTensor<Self>>;
 
     /// The input gradient (and the residual's, where `residual`) by
     /// [`super::norm_apply_cube::normalise_backward`], from `dy` and `x` (`[rows, c]`),
-    /// the statistics, `gamma`, the sums `dβ` and `dγ`, and the ReLU's output. `None` by
-    /// default, as [`NormKernels::normalise`].
+    /// the statistics, `gamma`, the sums `dβ` and `dγ`, and the ReLU's output.
     #[allow(clippy::type_complexity, clippy::too_many_arguments)]
     fn normalise_backward(
-        _dy: FloatTensor<Self>,
-        _x: FloatTensor<Self>,
-        _stats: (FloatTensor<Self>, FloatTensor<Self>),
-        _gamma: FloatTensor<Self>,
-        _sums: (FloatTensor<Self>, FloatTensor<Self>),
-        _eps: f64,
-        _relu_output: Option<FloatTensor<Self>>,
-        _residual: bool,
-    ) -> Option<(FloatTensor<Self>, Option<FloatTensor<Self>>)> {
-        None
-    }
+        dy: FloatTensor<Self>,
+        x: FloatTensor<Self>,
+        stats: (FloatTensor<Self>, FloatTensor<Self>),
+        gamma: FloatTensor<Self>,
+        sums: (FloatTensor<Self>, FloatTensor<Self>),
+        eps: f64,
+        relu_output: Option<FloatTensor<Self>>,
+        residual: bool,
+    ) -> Option<(FloatTensor<Self>, Option<FloatTensor<Self>>)>;
 
     /// The running mean and variance after a batch (see `norm::batch_norm_running`) by
-    /// [`super::norm_apply_cube::running`]. `None` by default, as
-    /// [`NormKernels::normalise`].
+    /// [`super::norm_apply_cube::running`].
     #[allow(clippy::type_complexity)]
     fn running_stats(
-        _running: (FloatTensor<Self>, FloatTensor<Self>),
-        _batch: (FloatTensor<Self>, FloatTensor<Self>),
-        _m: usize,
-        _momentum: f64,
-    ) -> Option<(FloatTensor<Self>, FloatTensor<Self>)> {
-        None
-    }
+        running: (FloatTensor<Self>, FloatTensor<Self>),
+        batch: (FloatTensor<Self>, FloatTensor<Self>),
+        m: usize,
+        momentum: f64,
+    ) -> Option<(FloatTensor<Self>, FloatTensor<Self>)>;
 }
 
 impl<R: CubeRuntime, BT: BoolElement> NormKernels for Cube<R, BT> {
-    const NORMALISES: bool = true;
-
     fn stats_sums(x: FloatTensor<Self>) -> Option<(FloatTensor<Self>, FloatTensor<Self>)> {
         applies(&x.shape(), x.dtype).then(|| channel_sums(Sums::Stats { x }))
     }
@@ -346,7 +332,189 @@ fn fused<R: CubeRuntime, BT: BoolElement>(
     (first, second)
 }
 
+/// Which of [`super::norm_apply_cube`]'s kernels a [`FusedApply`] runs, with its
+/// settings.
+#[derive(Debug, Clone, Copy)]
+enum Apply {
+    /// `normalise`: inputs `x`, `mean`, `var`, `gamma`, `beta` and the residual; one
+    /// output.
+    Forward { eps: f32, relu: bool },
+    /// `normalise_backward`: inputs `dy`, `x`, `mean`, `var`, `gamma`, `dβ`, `dγ` and the
+    /// ReLU's output; `dx`, and the residual's gradient where `residual`.
+    Backward { eps: f32, residual: bool },
+    /// `running`: inputs the running mean and variance, the batch's; two outputs.
+    Running { m: usize, momentum: f64 },
+}
+
+/// A normalisation kernel queued on the fused backend, a custom operation as
+/// [`FusedSums`] is. Fusion's own kernels for the composed ops leave part of the forward
+/// op by op: the ops after a custom operation (the convolution's, the sums') fall into an
+/// un-fused block, `x − mean` over the whole activation and the scale's `+ eps`, square
+/// root and reciprocal (four launches a batch norm, one a full pass; BENCHMARKS.md, "The
+/// host side of a warm step"). The kernel is one launch and one pass each way.
+#[derive(Debug)]
+struct FusedApply<R, BT> {
+    desc: CustomOpIr,
+    apply: Apply,
+    _b: PhantomData<(R, BT)>,
+}
+
+impl<R: CubeRuntime, BT: BoolElement> Operation<<Cube<R, BT> as FusionBackend>::FusionRuntime>
+    for FusedApply<R, BT>
+{
+    fn execute(
+        &self,
+        handles: &mut HandleContainer<
+            <<Cube<R, BT> as FusionBackend>::FusionRuntime as FusionRuntime>::FusionHandle,
+        >,
+    ) {
+        use super::norm_apply_cube as apply;
+        let inputs: Vec<CubeTensor<R>> = (self.desc.inputs.iter())
+            .map(|t| handles.get_float_tensor::<Cube<R, BT>>(t))
+            .collect();
+        let i = |k: usize| &inputs[k];
+        // The operands' shapes and types were checked when the kernel was queued (the
+        // `*_takes` functions the kernels check with), so it takes them.
+        const TAKEN: &str = "checked when queued";
+        let outputs: Vec<CubeTensor<R>> = match self.apply {
+            Apply::Forward { eps, relu } => {
+                let stats = (i(1), i(2));
+                let affine = (i(3), i(4));
+                let out = apply::normalise(i(0), stats, affine, eps, inputs.get(5), relu);
+                vec![out.expect(TAKEN)]
+            }
+            Apply::Backward { eps, residual } => {
+                let (stats, sums) = ((i(2), i(3)), (i(5), i(6)));
+                let output = inputs.get(7);
+                let out =
+                    apply::normalise_backward(i(0), i(1), stats, i(4), sums, eps, output, residual);
+                let (dx, d_residual) = out.expect(TAKEN);
+                std::iter::once(dx).chain(d_residual).collect()
+            }
+            Apply::Running { m, momentum } => {
+                let out = apply::running((i(0), i(1)), (i(2), i(3)), m, momentum);
+                let (mean, var) = out.expect(TAKEN);
+                vec![mean, var]
+            }
+        };
+        for (ir, out) in self.desc.outputs.iter().zip(outputs) {
+            handles.register_float_tensor::<Cube<R, BT>>(&ir.id, out);
+        }
+    }
+}
+
+/// Queues [`FusedApply`] on `inputs`, with outputs of these shapes (`f32`, as the
+/// kernels' are).
+fn fused_apply<R: CubeRuntime, BT: BoolElement>(
+    name: &'static str,
+    apply: Apply,
+    inputs: Vec<FloatTensor<Fusion<Cube<R, BT>>>>,
+    outputs: &[Shape],
+) -> Vec<FloatTensor<Fusion<Cube<R, BT>>>> {
+    let client = inputs[0].client.clone();
+    let mut streams = OperationStreams::default();
+    for t in &inputs {
+        streams.tensor(t);
+    }
+    let inputs: Vec<TensorIr> = inputs.into_iter().map(|t| t.into_ir()).collect();
+    let outputs: Vec<TensorIr> = (outputs.iter())
+        .map(|shape| TensorIr::uninit(client.create_empty_handle(), shape.clone(), DType::F32))
+        .collect();
+    let desc = CustomOpIr::new(name, &inputs, &outputs);
+    let op = FusedApply::<R, BT> {
+        desc: desc.clone(),
+        apply,
+        _b: PhantomData,
+    };
+    client.register(streams, OperationIr::Custom(desc), op)
+}
+
 impl<R: CubeRuntime, BT: BoolElement> NormKernels for Fusion<Cube<R, BT>> {
+    fn normalise(
+        x: FloatTensor<Self>,
+        (mean, var): (FloatTensor<Self>, FloatTensor<Self>),
+        (gamma, beta): (FloatTensor<Self>, FloatTensor<Self>),
+        eps: f64,
+        residual: Option<FloatTensor<Self>>,
+        relu: bool,
+    ) -> Option<FloatTensor<Self>> {
+        use super::norm_apply_cube::normalise_takes;
+        normalised(|| {
+            let takes = normalise_takes(&x, [&mean, &var, &gamma, &beta], residual.as_ref());
+            takes.then(|| {
+                let shape = x.shape();
+                let name = match (residual.is_some(), relu) {
+                    (false, false) => "runner_normalise",
+                    (false, true) => "runner_normalise_relu",
+                    (true, false) => "runner_normalise_add",
+                    (true, true) => "runner_normalise_add_relu",
+                };
+                let mut inputs = vec![x, mean, var, gamma, beta];
+                inputs.extend(residual);
+                let eps = eps as f32;
+                let apply = Apply::Forward { eps, relu };
+                let mut out = fused_apply::<R, BT>(name, apply, inputs, &[shape]);
+                out.remove(0)
+            })
+        })
+    }
+
+    fn normalise_backward(
+        dy: FloatTensor<Self>,
+        x: FloatTensor<Self>,
+        (mean, var): (FloatTensor<Self>, FloatTensor<Self>),
+        gamma: FloatTensor<Self>,
+        (d_beta, d_gamma): (FloatTensor<Self>, FloatTensor<Self>),
+        eps: f64,
+        relu_output: Option<FloatTensor<Self>>,
+        residual: bool,
+    ) -> Option<(FloatTensor<Self>, Option<FloatTensor<Self>>)> {
+        use super::norm_apply_cube::normalise_backward_takes;
+        normalised(|| {
+            let vectors = [&mean, &var, &gamma, &d_beta, &d_gamma];
+            let takes = normalise_backward_takes(&dy, &x, vectors, relu_output.as_ref());
+            takes.then(|| {
+                let shape = dy.shape();
+                let name = match (relu_output.is_some(), residual) {
+                    (false, false) => "runner_normalise_backward",
+                    (true, false) => "runner_normalise_backward_relu",
+                    (false, true) => "runner_normalise_backward_add",
+                    (true, true) => "runner_normalise_backward_add_relu",
+                };
+                let mut inputs = vec![dy, x, mean, var, gamma, d_beta, d_gamma];
+                inputs.extend(relu_output);
+                let shapes = vec![shape; 1 + usize::from(residual)];
+                let apply = Apply::Backward {
+                    eps: eps as f32,
+                    residual,
+                };
+                let mut out = fused_apply::<R, BT>(name, apply, inputs, &shapes).into_iter();
+                let dx = out.next()?;
+                Some((dx, out.next()))
+            })?
+        })
+    }
+
+    fn running_stats(
+        (mean, var): (FloatTensor<Self>, FloatTensor<Self>),
+        (batch_mean, batch_var): (FloatTensor<Self>, FloatTensor<Self>),
+        m: usize,
+        momentum: f64,
+    ) -> Option<(FloatTensor<Self>, FloatTensor<Self>)> {
+        use super::norm_apply_cube::running_takes;
+        normalised(|| {
+            running_takes([&mean, &var, &batch_mean, &batch_var]).then(|| {
+                let shape = mean.shape();
+                let inputs = vec![mean, var, batch_mean, batch_var];
+                let apply = Apply::Running { m, momentum };
+                let shapes = [shape.clone(), shape];
+                let mut out =
+                    fused_apply::<R, BT>("runner_norm_running", apply, inputs, &shapes).into_iter();
+                Some((out.next()?, out.next()?))
+            })?
+        })
+    }
+
     fn stats_sums(x: FloatTensor<Self>) -> Option<(FloatTensor<Self>, FloatTensor<Self>)> {
         applies(&x.shape, x.dtype)
             .then(|| fused::<R, BT>("runner_norm_stats_forward", vec![x], 0.0))

@@ -105,12 +105,13 @@ pub struct BackendSection {
     /// for both backward sums (of the output gradient and of its product with the
     /// centred input), and finishes the statistics, in 2 launches each way, where Burn's
     /// reductions take 4 launches and two reads each way, and small ops to finish.
-    /// Without fusion (`fusion`), `one_pass` also gives the rest of the batch norm to
-    /// kernels of the runner's: the normalisation with its residual and ReLU (one launch
-    /// where Burn's ops take about nine), its input gradient (one where they take about
-    /// fourteen), the running statistics' update (one where they take seven); with
-    /// fusion, Burn joins those ops itself. `reduce`: Burn's reductions and ops (the form
-    /// before the kernels). Default `one_pass`. Ignored by the CPU backend (its batch
+    /// `one_pass` also gives the rest of the batch norm to kernels of the runner's: the
+    /// normalisation with its residual and ReLU (one launch where Burn's ops take about
+    /// nine unfused; fused, fusion left four of them op by op, one a full pass), its
+    /// input gradient (one where they take about fourteen unfused), the running
+    /// statistics' update (one where they take seven); with fusion on, each is a custom
+    /// operation in fusion's stream. `reduce`: Burn's reductions and ops (the form
+    /// before the kernels), which fusion joins where it is on. Default `one_pass`. Ignored by the CPU backend (its batch
     /// norm is the runner's own).
     pub norm_sums: NormSums,
     /// Where compiled kernels and autotune results are kept between runs (relative to
