@@ -159,10 +159,10 @@ struct Seen {
     ran: HashSet<Key>,
     /// Reasons already said on stderr.
     reasons: HashSet<String>,
-    /// Weight gradients split over the batch ([`weight_grad_split`]) that failed at set-up
-    /// or at their first launch (the implicit GEMM takes these), and those that ran.
-    split_refused: HashSet<Key>,
-    split_ran: HashSet<Key>,
+    /// Shapes the runner's own routes ([`Route`]) failed at set-up or at their first
+    /// launch (Burn's kernels take these), and those that ran.
+    route_refused: HashSet<(Route, Key)>,
+    route_ran: HashSet<(Route, Key)>,
 }
 
 static SEEN: Mutex<Option<Seen>> = Mutex::new(None);
@@ -431,7 +431,6 @@ fn weight_grad_split<R: CubeRuntime, BT: BoolElement>(
 ) -> Result<Option<FloatTensor<Cube<R, BT>>>, String> {
     use burn::tensor::ops::FloatTensorOps;
     use burn_cubecl::kernel::reduce::{reduce_dim, KernelReduceStrategy};
-    use cubek::matmul::launch::{launch_ref, Strategy as MatmulStrategy};
     use cubek::reduce::components::instructions::ReduceOperationConfig;
     type C<R, BT> = Cube<R, BT>;
 
@@ -468,35 +467,7 @@ fn weight_grad_split<R: CubeRuntime, BT: BoolElement>(
     let dyl = C::<R, BT>::float_reshape(dyl, Shape::new([split, per, o]));
     let lhs = C::<R, BT>::float_swap_dims(dyl, 1, 2);
 
-    let client = x.client.clone();
-    let dtype = x.dtype;
-    let partial = empty_device_dtype(
-        client.clone(),
-        x.device.clone(),
-        Shape::new([split, o, patch]),
-        dtype,
-    );
-    let bind = |t: &CubeTensor<R>| InputBinding::new(t.clone().binding(), t.dtype.into());
-    let launch = |strategy: &MatmulStrategy| {
-        let mut dtypes = MatmulElems::from_globals(&MatmulGlobalElems {
-            lhs: dtype.into(),
-            rhs: dtype.into(),
-            out: dtype.into(),
-        });
-        launch_ref(
-            strategy,
-            &client,
-            bind(&lhs),
-            bind(&patches),
-            partial.clone().binding(),
-            &mut dtypes,
-        )
-    };
-    // CubeCL's own matmul without autotune: tensor cores where there are (Burn's default
-    // choice, `Strategy::Auto`, whose fallback panics on what it does not expect).
-    launch(&MatmulStrategy::SimpleCyclicCmma(Default::default()))
-        .or_else(|_| launch(&MatmulStrategy::SimpleUnit(Default::default())))
-        .map_err(|e| format!("{e:?}"))?;
+    let partial = matmul(&lhs, &patches, Shape::new([split, o, patch]))?;
     let sum = reduce_dim(
         partial,
         None,
@@ -509,44 +480,154 @@ fn weight_grad_split<R: CubeRuntime, BT: BoolElement>(
     Ok(Some(C::<R, BT>::float_permute(dw, &[0, 3, 1, 2])))
 }
 
-/// [`weight_grad_split`] where it applies and has not failed for this shape before; a
-/// failure (said once per reason) sends the shape to the implicit GEMM from then on.
-fn try_split<R: CubeRuntime, BT: BoolElement>(
+/// `lhs · rhs` (`[.., m, k]` by `[.., k, n]`, in the layouts CubeCL's matmul takes) into a
+/// new contiguous tensor of shape `out`, by CubeCL's own matmul without autotune: tensor
+/// cores where there are (Burn's default choice, `Strategy::Auto`, whose fallback panics
+/// on what it does not expect), else its unit kernel.
+fn matmul<R: CubeRuntime>(
+    lhs: &CubeTensor<R>,
+    rhs: &CubeTensor<R>,
+    out: Shape,
+) -> Result<CubeTensor<R>, String> {
+    use cubek::matmul::launch::{launch_ref, Strategy as MatmulStrategy};
+    let (client, dtype) = (lhs.client.clone(), lhs.dtype);
+    let out = empty_device_dtype(client.clone(), lhs.device.clone(), out, dtype);
+    let bind = |t: &CubeTensor<R>| InputBinding::new(t.clone().binding(), t.dtype.into());
+    let launch = |strategy: &MatmulStrategy| {
+        let mut dtypes = MatmulElems::from_globals(&MatmulGlobalElems {
+            lhs: dtype.into(),
+            rhs: dtype.into(),
+            out: dtype.into(),
+        });
+        launch_ref(
+            strategy,
+            &client,
+            bind(lhs),
+            bind(rhs),
+            out.clone().binding(),
+            &mut dtypes,
+        )
+    };
+    launch(&MatmulStrategy::SimpleCyclicCmma(Default::default()))
+        .or_else(|_| launch(&MatmulStrategy::SimpleUnit(Default::default())))
+        .map_err(|e| format!("{e:?}"))?;
+    Ok(out)
+}
+
+/// The input gradient of a strided convolution, which Burn's implicit GEMM does not take
+/// (stride 1 only) and hands to its transposed convolution: autotuned between a direct
+/// kernel (wrong where the kernel is shorter than the stride, see
+/// [`direct_transpose_is_wrong`]) and col2im, which copies its operands into its own
+/// layouts (13 copy launches a step for ResNet-50's 1×1 shortcuts on the stand-in driver)
+/// and loops over runs of the batch. Here it is one matmul and one gather, channels-last:
+/// `cols = dy_rows · W` (`[n·oh·ow, o]` by the weight as `[o, (kh, kw, c)]`: each output
+/// position's contribution to each of its taps), then each input pixel sums the taps that
+/// read it ([`super::patches_cube::gather_taps`]). The output gradient is read
+/// channels-last as the batch norm leaves it (no copy); the weight, a small tensor, is
+/// copied into `[o, kh, kw, c]` where the kernel is larger than 1×1. `Ok(None)`: not a
+/// strided convolution this takes (groups, dilation, not `f32`, `cols` over
+/// `SPLIT_MAX_PATCH_BYTES`); `Err`: the matmul refused.
+fn input_grad_gather<R: CubeRuntime, BT: BoolElement>(
+    x: &Shape,
+    weight: &FloatTensor<Cube<R, BT>>,
+    dy: &FloatTensor<Cube<R, BT>>,
+    options: &ConvOptions<2>,
+) -> Result<Option<FloatTensor<Cube<R, BT>>>, String> {
+    use burn::tensor::ops::FloatTensorOps;
+    type C<R, BT> = Cube<R, BT>;
+
+    if options.stride == [1, 1]
+        || options.groups != 1
+        || options.dilation != [1, 1]
+        || dy.dtype != DType::F32
+        || weight.dtype != DType::F32
+    {
+        return Ok(None);
+    }
+    let [n, c, h, w] = x.dims();
+    let [o, _, kh, kw] = weight.shape().dims();
+    let [_, _, oh, ow] = dy.shape().dims();
+    let (rows, patch) = (n * oh * ow, kh * kw * c);
+    if rows * patch * DType::F32.size() > SPLIT_MAX_PATCH_BYTES {
+        return Ok(None);
+    }
+    let dyl = C::<R, BT>::float_permute(dy.clone(), &[0, 2, 3, 1]);
+    let dyl = C::<R, BT>::float_reshape(dyl, Shape::new([rows, o]));
+    let wl = C::<R, BT>::float_permute(weight.clone(), &[0, 2, 3, 1]);
+    let wl = C::<R, BT>::float_reshape(wl, Shape::new([o, patch]));
+    let cols = matmul(&dyl, &wl, Shape::new([rows, patch]))?;
+    let dx = super::patches_cube::gather_taps(
+        &cols,
+        [n, c, h, w],
+        [kh, kw],
+        options.stride,
+        options.padding,
+        [oh, ow],
+    );
+    Ok(Some(C::<R, BT>::float_permute(dx, &[0, 3, 1, 2])))
+}
+
+/// The runner's own routes for the gradients that CubeCL's kernels take poorly.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum Route {
+    /// [`weight_grad_split`] (`backend.conv_split = "auto"`).
+    Split,
+    /// [`input_grad_gather`].
+    Gather,
+}
+
+/// `route` where it applies and has not failed for this shape before; a failure (said
+/// once per reason) sends the shape to Burn's kernels from then on.
+fn try_route<R: CubeRuntime, BT: BoolElement>(
+    route: Route,
     x: &FloatTensor<Cube<R, BT>>,
     weight: &FloatTensor<Cube<R, BT>>,
     dy: &FloatTensor<Cube<R, BT>>,
     options: &ConvOptions<2>,
 ) -> Option<FloatTensor<Cube<R, BT>>> {
-    let k = key(
-        Pass::WeightGrad,
-        Choice::BURNS,
-        &x.shape(),
-        &weight.shape(),
-        options,
-    );
-    if seen(|s| s.split_refused.contains(&k)).unwrap_or(true) {
+    let pass = match route {
+        Route::Split => Pass::WeightGrad,
+        Route::Gather => Pass::InputGrad,
+    };
+    let k = key(pass, Choice::BURNS, &x.shape(), &weight.shape(), options);
+    if seen(|s| s.route_refused.contains(&(route, k))).unwrap_or(true) {
         return None;
     }
     let fail = |why: String| {
-        let said = format!("conv_split: {why}");
-        if seen(|s| s.split_refused.insert(k) && s.reasons.insert(said)) == Some(true) {
+        let said = format!("{route:?}: {why}");
+        if seen(|s| s.route_refused.insert((route, k)) && s.reasons.insert(said)) == Some(true) {
+            let (what, instead) = match route {
+                Route::Split => (
+                    "backend.conv_split = \"auto\" cannot take",
+                    "CubeCL's implicit GEMM",
+                ),
+                Route::Gather => (
+                    "the runner's matmul and gather cannot take",
+                    "Burn's transposed convolution",
+                ),
+            };
             crate::errln!(
-                "runner: backend.conv_split = \"auto\" cannot take the weight gradient of a convolution of {:?} by {:?}: {}; CubeCL's implicit GEMM takes it, and any other shape refused for this reason",
+                "runner: {what} the {} of a convolution of {:?} by {:?}: {}; {instead} takes it, and any other shape refused for this reason",
+                pass.name(),
                 k.2,
                 k.3,
                 why.trim()
             );
         }
     };
-    match weight_grad_split::<R, BT>(x, &weight.shape(), dy, options) {
-        Ok(Some(dw)) => {
-            if seen(|s| s.split_ran.insert(k)).unwrap_or(false) {
-                if let Err(e) = dw.client.flush() {
+    let got = match route {
+        Route::Split => weight_grad_split::<R, BT>(x, &weight.shape(), dy, options),
+        Route::Gather => input_grad_gather::<R, BT>(&x.shape(), weight, dy, options),
+    };
+    match got {
+        Ok(Some(out)) => {
+            if seen(|s| s.route_ran.insert((route, k))).unwrap_or(false) {
+                if let Err(e) = out.client.flush() {
                     fail(format!("{e:?}"));
                     return None;
                 }
             }
-            Some(dw)
+            Some(out)
         }
         Ok(None) => None,
         Err(e) => {
@@ -622,8 +703,12 @@ fn run_pass<R: CubeRuntime, BT: BoolElement>(
     #[cfg(test)]
     tests::note_layouts::<R>(pass, &x, &weight, output_grad.as_ref());
     // First, whatever `algo` says: the implicit GEMM hands a strided input gradient to the
-    // same transposed convolution.
+    // same transposed convolution. The runner's matmul and gather take it; where they
+    // refuse, col2im where the direct kernel would be wrong.
     if let (Pass::InputGrad, Some(dy)) = (pass, &output_grad) {
+        if let Some(dx) = try_route::<R, BT>(Route::Gather, &x, &weight, dy, &options) {
+            return dx;
+        }
         if direct_transpose_is_wrong(&weight.shape(), &options) {
             let fixed = input_grad_col2im::<R, BT>(&x, weight.clone(), dy.clone(), &options);
             if let Some(dx) = fixed {
@@ -634,7 +719,7 @@ fn run_pass<R: CubeRuntime, BT: BoolElement>(
     if choice.algo == ConvAlgo::ImplicitGemm {
         let dy = output_grad.as_ref();
         if let (Pass::WeightGrad, Some(dy), ConvSplit::Auto) = (pass, dy, choice.split) {
-            if let Some(dw) = try_split::<R, BT>(&x, &weight, dy, &options) {
+            if let Some(dw) = try_route::<R, BT>(Route::Split, &x, &weight, dy, &options) {
                 return dw;
             }
         }
@@ -1108,6 +1193,9 @@ mod tests {
             ([2, 4, 6, 6], [8, 4, 1, 1], 2, 0),
             ([2, 8, 4, 4], [6, 8, 1, 1], 1, 0),
             ([1, 3, 12, 12], [4, 3, 7, 7], 2, 3),
+            // A strided 3×3 without padding on an odd-sized, non-square map: the last
+            // column is read by no tap (its input gradient is 0), 5 channels.
+            ([2, 5, 9, 8], [6, 5, 3, 3], 2, 0),
         ];
         let mut failures = vec![];
         for _round in 0..3 {
@@ -1176,17 +1264,25 @@ mod tests {
         });
         assert!(failures.is_empty(), "{}", failures.join("\n"));
         // The split weight gradients above were the split's, not the implicit GEMM's
-        // after a refusal.
+        // after a refusal; the strided input gradients the matmul and gather's, not Burn's
+        // transposed convolution's.
         for (xs, ws, stride, padding) in cases {
             let options = ConvOptions::new([stride; 2], [padding; 2], [1, 1], 1);
             let (xs, ws) = (Shape::new(xs), Shape::new(ws));
-            let k = key(Pass::WeightGrad, Choice::BURNS, &xs, &ws, &options);
-            let (ran, refused) = seen(|s| (s.split_ran.contains(&k), s.split_refused.contains(&k)))
-                .expect("the record of shapes");
-            assert!(
-                ran && !refused,
-                "{xs:?}*{ws:?}: split ran {ran}, refused {refused}"
-            );
+            let mut routes = vec![(Route::Split, Pass::WeightGrad)];
+            if stride > 1 {
+                routes.push((Route::Gather, Pass::InputGrad));
+            }
+            for (route, pass) in routes {
+                let k = (route, key(pass, Choice::BURNS, &xs, &ws, &options));
+                let (ran, refused) =
+                    seen(|s| (s.route_ran.contains(&k), s.route_refused.contains(&k)))
+                        .expect("the record of shapes");
+                assert!(
+                    ran && !refused,
+                    "{xs:?}*{ws:?}: {route:?} ran {ran}, refused {refused}"
+                );
+            }
         }
     }
 
@@ -1333,7 +1429,8 @@ mod tests {
                 .iter()
                 .filter(|(x, w, _, options, _)| {
                     let k = key(Pass::WeightGrad, Choice::BURNS, &x.shape, &w.shape, options);
-                    seen(|s| s.split_ran.contains(&k) && !s.split_refused.contains(&k))
+                    let k = (Route::Split, k);
+                    seen(|s| s.route_ran.contains(&k) && !s.route_refused.contains(&k))
                         .unwrap_or(false)
                 })
                 .count();

@@ -1,6 +1,8 @@
 //! The patch matrix of a split weight gradient on CubeCL's backends (CUDA; WebGPU in the
 //! tests): the input's patches gathered into `[n·oh·ow, kh·kw·c]` by one kernel of the
-//! runner's own, zeros where a tap falls in the padding.
+//! runner's own, zeros where a tap falls in the padding; and its adjoint, which sums each
+//! input pixel's taps back into an image ([`gather_taps`], for a strided convolution's
+//! input gradient).
 //!
 //! Why: `conv_cube`'s weight gradient split over the batch (`backend.conv_split`) needs
 //! the patches as a matrix. Composed from Burn's ops they took three launches and three
@@ -118,6 +120,116 @@ pub fn patches<R: CubeRuntime>(
             w,
             oh,
             ow,
+            kw,
+            sh,
+            sw,
+            ph,
+            pw,
+        );
+    }
+    out
+}
+
+/// The adjoint of [`patches_kernel`]: `out[b, y, x, ch]` (channels-last, contiguous) is
+/// the sum of `cols[(b, oy, ox), (i, j, ch)]` over the taps `(i, j)` that read input pixel
+/// `(y, x)`: `y + ph = oy·sh + i` with `0 ≤ oy < oh`, and the same across. One unit per
+/// output value, channels innermost, so that consecutive units read consecutive values of
+/// `cols` (`[rows, kh·kw·c]`, contiguous) and write consecutive values of `out`.
+#[cube(launch_unchecked)]
+#[allow(clippy::too_many_arguments, clippy::collapsible_if)]
+fn gather_taps_kernel<F: Float>(
+    cols: &Tensor<F>,
+    out: &mut Tensor<F>,
+    len: usize,
+    c: usize,
+    h: usize,
+    w: usize,
+    oh: usize,
+    ow: usize,
+    kh: usize,
+    kw: usize,
+    sh: usize,
+    sw: usize,
+    ph: usize,
+    pw: usize,
+) {
+    let at = CUBE_POS * CUBE_DIM_X as usize + UNIT_POS_X as usize;
+    if at >= len {
+        terminate!();
+    }
+    let ch = at % c;
+    let rest = at / c;
+    let xx = rest % w + pw;
+    let rest = rest / w;
+    let y = rest % h + ph;
+    let b = rest / h;
+    let patch = kh * kw * c;
+    let mut sum = F::new(0.0);
+    // In the padded input's coordinates, so that nothing here goes below zero.
+    for i in 0..kh {
+        if y >= i {
+            let ty = y - i;
+            let oy = ty / sh;
+            if oy * sh == ty && oy < oh {
+                for j in 0..kw {
+                    if xx >= j {
+                        let tx = xx - j;
+                        let ox = tx / sw;
+                        if ox * sw == tx && ox < ow {
+                            let row = (b * oh + oy) * ow + ox;
+                            sum += cols[row * patch + (i * kw + j) * c + ch];
+                        }
+                    }
+                }
+            }
+        }
+    }
+    out[at] = sum;
+}
+
+/// The input image `[n, h, w, c]` (a contiguous channels-last tensor) whose pixels sum the
+/// taps of `cols` (`[n·oh·ow, kh·kw·c]`, contiguous, taps outer and channels inner as
+/// [`patches`] lays them out) that read them, for a `kh × kw` kernel with these strides
+/// and paddings: col2im, the adjoint of [`patches`]. A strided convolution's input
+/// gradient is this of `dy_rows · weight` (`conv_cube`).
+#[allow(clippy::too_many_arguments)]
+pub fn gather_taps<R: CubeRuntime>(
+    cols: &CubeTensor<R>,
+    [n, c, h, w]: [usize; 4],
+    [kh, kw]: [usize; 2],
+    [sh, sw]: [usize; 2],
+    [ph, pw]: [usize; 2],
+    [oh, ow]: [usize; 2],
+) -> CubeTensor<R> {
+    let out = empty_device_contiguous_dtype(
+        cols.client.clone(),
+        cols.device.clone(),
+        Shape::new([n, h, w, c]),
+        DType::F32,
+    );
+    let len = n * h * w * c;
+    if len == 0 {
+        return out;
+    }
+    let count = CubeCountSelection::new(&cols.client, len.div_ceil(UNITS) as u32).cube_count();
+    // Safety: a unit with `at < len` writes `out[at]`, inside `out` (`len` values), and
+    // the others return at once; it reads `cols[row·patch + tap·c + ch]` with `b < n`,
+    // `oy < oh`, `ox < ow` (so `row < n·oh·ow`), `tap < kh·kw` and `ch < c`, inside `cols`
+    // (`[n·oh·ow, kh·kw·c]` contiguous, which the caller passes).
+    unsafe {
+        gather_taps_kernel::launch_unchecked::<f32, R>(
+            &cols.client,
+            count,
+            CubeDim::new_1d(UNITS as u32),
+            cols.clone().into_tensor_arg(),
+            out.clone().into_tensor_arg(),
+            len,
+            c,
+            h,
+            w,
+            oh,
+            ow,
+            kh,
             kw,
             sh,
             sw,
