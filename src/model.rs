@@ -77,7 +77,39 @@ impl<B: ModelBackend> Net<B> {
         B::seed(device, seed);
         let net = Self::build(m, shape, device);
         net.materialize();
-        net
+        net.in_device_layouts()
+    }
+
+    /// The same model with each convolution weight held in the memory layout the
+    /// backend's convolutions read without a copy ([`ops::ConvBackend::conv_weight_layout`]:
+    /// channels-last on CubeCL's backends, as it is on the CPU). Each weight stays a leaf
+    /// with its id, so its gradient, the optimizer's state and the records are as before;
+    /// the optimizers write a parameter in its own layout, so the weights keep it. Called
+    /// when the model is built and when weights are loaded into it.
+    pub fn in_device_layouts(self) -> Self {
+        struct Layouts;
+        impl<B: ModelBackend> ModuleMapper<B> for Layouts {
+            fn map_float<const D: usize>(
+                &mut self,
+                param: Param<Tensor<B, D>>,
+            ) -> Param<Tensor<B, D>> {
+                if D != 4 {
+                    return param;
+                }
+                param.map(|t| {
+                    let require_grad = t.is_require_grad();
+                    let w = Tensor::<B, 4>::from_primitive(t.into_primitive());
+                    let out =
+                        Tensor::<B, D>::from_primitive(ops::conv_weight_layout(w).into_primitive());
+                    if require_grad {
+                        out.require_grad()
+                    } else {
+                        out
+                    }
+                })
+            }
+        }
+        self.map(&mut Layouts)
     }
 
     fn build(m: &ModelPlan, shape: Shape, device: &B::Device) -> Self {

@@ -52,6 +52,20 @@ pub trait ConvBackend: Backend {
     ) -> FloatTensor<Self> {
         Self::conv2d_weight_backward(x, weight, output_grad, options)
     }
+
+    /// A weight `[o, c, kh, kw]` with the same values, held in the memory layout this
+    /// backend's convolutions read without a copy. The default keeps it as it is; CubeCL's
+    /// backends hold a kernel larger than 1×1 channels-last ([`super::conv_cube`]).
+    fn conv_weight_layout(weight: FloatTensor<Self>) -> FloatTensor<Self> {
+        weight
+    }
+}
+
+/// [`ConvBackend::conv_weight_layout`] of a model's weight, untracked (a layout, not a
+/// computation: the model's weights are leaves, and the caller makes the result one).
+pub fn conv_weight_layout<B: ConvBackend>(weight: Tensor<B, 4>) -> Tensor<B, 4> {
+    let out = B::conv_weight_layout(weight.into_primitive().tensor());
+    Tensor::from_primitive(TensorPrimitive::Float(out))
 }
 
 /// `conv2d(x, weight)` without bias, on any [`ConvBackend`].
@@ -142,6 +156,12 @@ impl ConvBackend for Flex {
 /// One autodiff node per convolution; its backward asks the inner backend for the two
 /// gradients of whichever operands are tracked.
 impl<B: ConvBackend, C: CheckpointStrategy> ConvBackend for Autodiff<B, C> {
+    /// The inner backend's layout, as a new untracked tensor.
+    fn conv_weight_layout(weight: FloatTensor<Self>) -> FloatTensor<Self> {
+        use burn::tensor::backend::AutodiffBackend;
+        Self::from_inner(B::conv_weight_layout(Self::inner(weight)))
+    }
+
     fn conv2d_nobias(
         x: FloatTensor<Self>,
         weight: FloatTensor<Self>,

@@ -740,7 +740,43 @@ fn run_pass<R: CubeRuntime, BT: BoolElement>(
     }
 }
 
+/// Whether `t` (`[o, c, kh, kw]`) is held channels-last: `[o, kh, kw, c]` in memory, the
+/// channels its contiguous axis.
+fn channels_last<R: CubeRuntime>(t: &CubeTensor<R>) -> bool {
+    let strides = t.meta.strides();
+    let shape = t.shape();
+    shape.num_dims() == 4
+        && strides[1] == 1
+        && strides[3] == shape[1]
+        && strides[2] == shape[1] * shape[3]
+        && strides[0] == shape[1] * shape[3] * shape[2]
+}
+
+/// A convolution weight `[o, c, kh, kw]` held channels-last: `[o, kh, kw, c]` contiguous,
+/// seen through a permutation. CubeCL's implicit GEMM reads the weight with its channels
+/// as the contiguous axis and copies any other (`contiguous_pitched_layout` in
+/// cubek-convolution): ResNet-50's 16 3×3 weights and the stem's, in the forward pass and
+/// the input gradient, 31 copies a step on the stand-in driver. Its weight gradients are
+/// channels-last already, and the optimizers write a parameter in its own layout, so a
+/// weight made channels-last once, when the model is built or loaded, stays so. A 1×1
+/// weight is channels-last as `[o, c, 1, 1]` and is kept; so is anything not 4-D `f32`.
+fn weight_channels_last<R: CubeRuntime>(w: CubeTensor<R>) -> CubeTensor<R> {
+    let shape = w.shape();
+    if shape.num_dims() != 4 || shape[2] * shape[3] == 1 || w.dtype != DType::F32 {
+        return w;
+    }
+    if channels_last(&w) {
+        return w;
+    }
+    let nhwc = burn_cubecl::kernel::into_contiguous(permute_nchw_to_nhwc(w));
+    permute_nhwc_to_nchw(nhwc)
+}
+
 impl<R: CubeRuntime, BT: BoolElement> ConvBackend for Cube<R, BT> {
+    fn conv_weight_layout(weight: FloatTensor<Self>) -> FloatTensor<Self> {
+        weight_channels_last(weight)
+    }
+
     fn conv2d_nobias(
         x: FloatTensor<Self>,
         weight: FloatTensor<Self>,
@@ -871,7 +907,49 @@ fn fused<R: CubeRuntime, BT: BoolElement>(
         .output()
 }
 
+/// [`weight_channels_last`] queued on the fused backend, a custom operation: fusion's own
+/// ops would write the permutation's result in their own layout.
+#[derive(Debug)]
+struct FusedLayout<R, BT> {
+    desc: CustomOpIr,
+    _b: PhantomData<(R, BT)>,
+}
+
+impl<R: CubeRuntime, BT: BoolElement> Operation<<Cube<R, BT> as FusionBackend>::FusionRuntime>
+    for FusedLayout<R, BT>
+{
+    fn execute(
+        &self,
+        handles: &mut HandleContainer<
+            <<Cube<R, BT> as FusionBackend>::FusionRuntime as FusionRuntime>::FusionHandle,
+        >,
+    ) {
+        let w = handles.get_float_tensor::<Cube<R, BT>>(&self.desc.inputs[0]);
+        let out = weight_channels_last(w);
+        handles.register_float_tensor::<Cube<R, BT>>(&self.desc.outputs[0].id, out);
+    }
+}
+
 impl<R: CubeRuntime, BT: BoolElement> ConvBackend for Fusion<Cube<R, BT>> {
+    fn conv_weight_layout(weight: FloatTensor<Self>) -> FloatTensor<Self> {
+        let client = weight.client.clone();
+        let streams = OperationStreams::with_inputs([&weight]);
+        let (shape, dtype) = (weight.shape.clone(), weight.dtype);
+        let out = TensorIr::uninit(client.create_empty_handle(), shape, dtype);
+        let desc = CustomOpIr::new(
+            "runner_conv_weight_channels_last",
+            &[weight.into_ir()],
+            &[out],
+        );
+        let op = FusedLayout::<R, BT> {
+            desc: desc.clone(),
+            _b: PhantomData,
+        };
+        client
+            .register(streams, OperationIr::Custom(desc), op)
+            .output()
+    }
+
     fn conv2d_nobias(
         x: FloatTensor<Self>,
         weight: FloatTensor<Self>,
@@ -889,9 +967,8 @@ impl<R: CubeRuntime, BT: BoolElement> ConvBackend for Fusion<Cube<R, BT>> {
         output_grad: FloatTensor<Self>,
         options: ConvOptions<2>,
     ) -> FloatTensor<Self> {
-        if current().algo == ConvAlgo::Autotune
-            && !direct_transpose_is_wrong(&weight.shape, &options)
-        {
+        // A strided input gradient is the runner's own (`run_pass`) whatever the strategy.
+        if current().algo == ConvAlgo::Autotune && options.stride == [1, 1] {
             return Self::conv2d_x_backward(x, weight, output_grad, options);
         }
         fused::<R, BT>(Pass::InputGrad, x, weight, Some(output_grad), options)

@@ -39,7 +39,7 @@ use burn::backend::flex::FlexTensor;
 use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::{DType, TensorData, TensorMetadata};
 
-pub use conv::{conv2d, ConvBackend};
+pub use conv::{conv2d, conv_weight_layout, ConvBackend};
 pub use norm::{
     batch_norm_eval, batch_norm_running, batch_norm_train, batch_norm_train_act, NormBackend,
 };

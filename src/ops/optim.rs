@@ -352,8 +352,14 @@ fn update_first(p: &mut [f32], g: &[f32], v: &mut [f32], s: SgdScalars) {
         });
 }
 
-/// CubeCL's backends without fusion: SGD and AdamW in one kernel per parameter
-/// (`optim_cube`). With fusion both compose Burn's ops, which fusion joins.
+/// CubeCL's backends: SGD and AdamW in one kernel per parameter (`optim_cube`), which
+/// writes the new parameter (and its state) in the parameter's own layout, so that a
+/// convolution weight held channels-last stays so (`Net::in_device_layouts`). On the
+/// fused backend a 4-D parameter's step (a convolution weight's) is a custom operation
+/// of fusion's stream that runs the same ([`QueuedStep`]): fusion's own kernel for the
+/// composed ops wrote a channels-last weight back in another layout. The others' steps
+/// (biases, the batch norms' scales and shifts, linear layers) stay Burn's ops, which
+/// fusion joins, several parameters to a kernel.
 #[cfg(feature = "cube")]
 impl<R: burn_cubecl::CubeRuntime, BT: burn_cubecl::BoolElement> OptimBackend
     for burn_cubecl::CubeBackend<R, f32, i32, BT>
@@ -395,8 +401,157 @@ impl<R: burn_cubecl::CubeRuntime, BT: burn_cubecl::BoolElement> OptimBackend
     }
 }
 
+/// The float32 backend the runner builds on a CubeCL runtime.
 #[cfg(feature = "cube")]
-impl<B: burn_fusion::FusionBackend + OptimBackend> OptimBackend for burn_fusion::Fusion<B> {}
+type Cube<R, BT> = burn_cubecl::CubeBackend<R, f32, i32, BT>;
+
+/// Which step a [`QueuedStep`] takes, with its scalars.
+#[cfg(feature = "cube")]
+#[derive(Debug, Clone, Copy)]
+enum Step {
+    /// Inputs the parameter, its gradient and (after the first step) the velocity;
+    /// outputs the parameter and, with momentum, the velocity.
+    Sgd(SgdScalars),
+    /// Inputs the parameter, its gradient and (after the first step) the two moments;
+    /// outputs the parameter and the two moments.
+    AdamW(AdamWScalars),
+}
+
+/// An optimizer step of a `D`-dimensional parameter queued on the fused backend: when
+/// fusion runs it, the plain backend's step ([`OptimBackend`] above: the kernel, or
+/// Burn's ops where the kernel does not take the operands).
+#[cfg(feature = "cube")]
+#[derive(Debug)]
+struct QueuedStep<R, BT, const D: usize> {
+    desc: burn_ir::CustomOpIr,
+    step: Step,
+    _b: std::marker::PhantomData<(R, BT)>,
+}
+
+#[cfg(feature = "cube")]
+impl<R: burn_cubecl::CubeRuntime, BT: burn_cubecl::BoolElement, const D: usize>
+    burn_fusion::stream::Operation<<Cube<R, BT> as burn_fusion::FusionBackend>::FusionRuntime>
+    for QueuedStep<R, BT, D>
+{
+    fn execute(
+        &self,
+        handles: &mut burn_ir::HandleContainer<
+            <<Cube<R, BT> as burn_fusion::FusionBackend>::FusionRuntime as burn_fusion::FusionRuntime>::FusionHandle,
+        >,
+    ) {
+        let mut inputs = (self.desc.inputs.iter()).map(|t| {
+            let t = handles.get_float_tensor::<Cube<R, BT>>(t);
+            Tensor::<Cube<R, BT>, D>::from_primitive(TensorPrimitive::Float(t))
+        });
+        let (Some(param), Some(grad)) = (inputs.next(), inputs.next()) else {
+            return;
+        };
+        let outputs: Vec<Tensor<Cube<R, BT>, D>> = match self.step {
+            Step::Sgd(s) => {
+                let (p, v) = Cube::<R, BT>::sgd_step(param, grad, inputs.next(), s);
+                std::iter::once(p).chain(v).collect()
+            }
+            Step::AdamW(s) => {
+                let moments = inputs.next().zip(inputs.next());
+                let (p, m, v) = Cube::<R, BT>::adamw_step(param, grad, moments, s);
+                vec![p, m, v]
+            }
+        };
+        for (ir, out) in self.desc.outputs.iter().zip(outputs) {
+            let out = out.into_primitive().tensor();
+            handles.register_float_tensor::<Cube<R, BT>>(&ir.id, out);
+        }
+    }
+}
+
+/// Queues [`QueuedStep`] on `inputs` (the parameter first), with `outputs` tensors of
+/// the parameter's shape and type.
+#[cfg(feature = "cube")]
+fn queue_step<R: burn_cubecl::CubeRuntime, BT: burn_cubecl::BoolElement, const D: usize>(
+    name: &'static str,
+    step: Step,
+    inputs: Vec<Tensor<burn_fusion::Fusion<Cube<R, BT>>, D>>,
+    outputs: usize,
+) -> Vec<Tensor<burn_fusion::Fusion<Cube<R, BT>>, D>> {
+    let inputs: Vec<_> = inputs
+        .into_iter()
+        .map(|t| t.into_primitive().tensor())
+        .collect();
+    let client = inputs[0].client.clone();
+    let (shape, dtype) = (inputs[0].shape.clone(), inputs[0].dtype);
+    let mut streams = burn_fusion::stream::OperationStreams::default();
+    for t in &inputs {
+        streams.tensor(t);
+    }
+    let inputs: Vec<burn_ir::TensorIr> = inputs.into_iter().map(|t| t.into_ir()).collect();
+    let outs: Vec<burn_ir::TensorIr> = (0..outputs)
+        .map(|_| burn_ir::TensorIr::uninit(client.create_empty_handle(), shape.clone(), dtype))
+        .collect();
+    let desc = burn_ir::CustomOpIr::new(name, &inputs, &outs);
+    let op = QueuedStep::<R, BT, D> {
+        desc: desc.clone(),
+        step,
+        _b: std::marker::PhantomData,
+    };
+    client
+        .register(streams, burn_ir::OperationIr::Custom(desc), op)
+        .into_iter()
+        .map(|t| Tensor::from_primitive(TensorPrimitive::Float(t)))
+        .collect()
+}
+
+#[cfg(feature = "cube")]
+impl<R: burn_cubecl::CubeRuntime, BT: burn_cubecl::BoolElement> OptimBackend
+    for burn_fusion::Fusion<Cube<R, BT>>
+{
+    fn sgd_step<const D: usize>(
+        param: Tensor<Self, D>,
+        grad: Tensor<Self, D>,
+        velocity: Option<Tensor<Self, D>>,
+        s: SgdScalars,
+    ) -> (Tensor<Self, D>, Option<Tensor<Self, D>>) {
+        if D != 4 {
+            return composed(param, grad, velocity, s);
+        }
+        let name = match (s.momentum.is_some(), velocity.is_some()) {
+            (false, _) => "runner_sgd",
+            (true, false) => "runner_sgd_momentum_first",
+            (true, true) => "runner_sgd_momentum",
+        };
+        let outputs = 1 + usize::from(s.momentum.is_some());
+        let mut inputs = vec![param, grad];
+        inputs.extend(velocity);
+        let mut out = queue_step::<R, BT, D>(name, Step::Sgd(s), inputs, outputs).into_iter();
+        match out.next() {
+            Some(p) => (p, out.next()),
+            None => unreachable!("queue_step returns one tensor per output, here at least one"),
+        }
+    }
+
+    fn adamw_step<const D: usize>(
+        param: Tensor<Self, D>,
+        grad: Tensor<Self, D>,
+        moments: Option<(Tensor<Self, D>, Tensor<Self, D>)>,
+        s: AdamWScalars,
+    ) -> (Tensor<Self, D>, Tensor<Self, D>, Tensor<Self, D>) {
+        if D != 4 {
+            return composed_adamw(param, grad, moments, s);
+        }
+        let name = match moments.is_some() {
+            false => "runner_adamw_first",
+            true => "runner_adamw",
+        };
+        let mut inputs = vec![param, grad];
+        if let Some((m, v)) = moments {
+            inputs.extend([m, v]);
+        }
+        let out = queue_step::<R, BT, D>(name, Step::AdamW(s), inputs, 3);
+        match <[_; 3]>::try_from(out) {
+            Ok([p, m, v]) => (p, m, v),
+            Err(_) => unreachable!("queue_step returns one tensor per output, here three"),
+        }
+    }
+}
 
 /// SGD with PyTorch's semantics through [`OptimBackend::sgd_step`]: one op per parameter.
 #[derive(Debug, Clone)]

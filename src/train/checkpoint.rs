@@ -442,7 +442,7 @@ fn load_unchecked<B: TrainBackend>(
     // Burn takes a record's tensors whatever their shapes (a layer of 16 for one of 256 is
     // loaded, and trains): compared here.
     let want = shapes(&model);
-    let model = model.load_record(record);
+    let model = model.load_record(record).in_device_layouts();
     let got = shapes(&model);
     if let Some(i) = (0..want.len().max(got.len())).find(|&i| want.get(i) != got.get(i)) {
         return Err(err(
@@ -586,7 +586,7 @@ pub fn load_weights<B: crate::ops::ModelBackend>(
             result.errors.len()
         ));
     }
-    Ok(model)
+    Ok(model.in_device_layouts())
 }
 
 #[cfg(test)]

@@ -177,3 +177,174 @@ impl<B: TrainBackend> Accumulation<B> {
         self.single.take().unwrap_or_else(|| self.acc.grads())
     }
 }
+
+/// The convolution weights on CubeCL (WebGPU over software Vulkan, fused and not): built
+/// channels-last (`Net::in_device_layouts`), and kept so by every optimizer step, which
+/// writes a parameter in its own layout. A weight that changed layout after its first
+/// step would make CubeCL's convolution autotune a second key for it (its key holds the
+/// weight's stride alignment), and `runner warmup`, one step a shape, would miss it.
+#[cfg(all(test, feature = "wgpu"))]
+mod wgpu_tests {
+    use burn::backend::Autodiff;
+    use burn::module::{Module, ModuleVisitor, Param};
+    use burn::tensor::ops::FloatTensor;
+
+    use super::*;
+    use crate::plan::{ModelPlan, NetPlan, OptimPlan};
+    use crate::recipe::{Schedule, Stem};
+
+    type Plain = burn_cubecl::CubeBackend<cubecl::wgpu::WgpuRuntime, f32, i32, u32>;
+    type Fused = burn::backend::Wgpu;
+
+    /// The strides a tensor of the inner backend has in memory (the fused one's, once
+    /// fusion has run what it waits on).
+    trait Strides: TrainBackend {
+        fn strides(t: FloatTensor<Self::InnerBackend>) -> Vec<usize>;
+    }
+
+    impl Strides for Autodiff<Plain> {
+        fn strides(t: FloatTensor<Plain>) -> Vec<usize> {
+            t.meta.strides().to_vec()
+        }
+    }
+
+    impl Strides for Autodiff<Fused> {
+        fn strides(t: FloatTensor<Fused>) -> Vec<usize> {
+            let client = t.client.clone();
+            Autodiff::<Plain>::strides(client.resolve_tensor_float::<Plain>(t))
+        }
+    }
+
+    /// Each 4-D weight's shape and whether its channels are its contiguous axis, in
+    /// module order.
+    fn layouts<B: Strides>(model: &Net<B>) -> Vec<([usize; 4], bool)> {
+        struct Seen<B: Strides>(Vec<([usize; 4], bool)>, std::marker::PhantomData<B>);
+        impl<B: Strides> ModuleVisitor<B> for Seen<B> {
+            fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+                if D == 4 {
+                    let t = param.val().inner();
+                    let dims: [usize; 4] = t.dims().to_vec().try_into().unwrap();
+                    let s = B::strides(t.into_primitive().tensor());
+                    self.0.push((dims, s[1] == 1));
+                }
+            }
+        }
+        let mut seen = Seen::<B>(vec![], std::marker::PhantomData);
+        model.visit(&mut seen);
+        seen.0
+    }
+
+    fn optim_plan(optimizer: OptimizerKind) -> OptimPlan {
+        OptimPlan {
+            optimizer,
+            lr: 0.05,
+            momentum: 0.9,
+            weight_decay: 5e-4,
+            nesterov: false,
+            betas: [0.9, 0.999],
+            eps: 1e-8,
+            accumulation_steps: 1,
+            schedule: crate::schedule::LrSchedule {
+                kind: Schedule::Constant,
+                lr: 0.05,
+                warmup_steps: 0,
+                min_lr: 0.0,
+                step_size: 1,
+                gamma: 1.0,
+                total_steps: 3,
+            },
+            clip_grad_norm: None,
+            label_smoothing: 0.0,
+        }
+    }
+
+    /// Every parameter's values, in module order.
+    fn values<B: Strides>(model: &Net<B>) -> Vec<f32> {
+        struct All(Vec<f32>);
+        impl<B: Backend> ModuleVisitor<B> for All {
+            fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+                self.0
+                    .extend(param.val().into_data().to_vec::<f32>().unwrap());
+            }
+        }
+        let mut all = All(vec![]);
+        model.visit(&mut all);
+        all.0
+    }
+
+    /// The weights' layouts when built, then after each of three optimizer steps; and the
+    /// parameters' values then.
+    #[allow(clippy::type_complexity)]
+    fn train<B: Strides>(
+        net: &NetPlan,
+        optimizer: OptimizerKind,
+    ) -> (Vec<Vec<([usize; 4], bool)>>, Vec<f32>) {
+        let device = Default::default();
+        let plan = ModelPlan {
+            num_classes: 3,
+            net: net.clone(),
+        };
+        let shape = Shape::Image {
+            channels: 3,
+            side: 8,
+        };
+        let mut model = Net::<B>::new(&plan, shape, 7, &device);
+        let mut optim = Optim::<B>::new(&optim_plan(optimizer));
+        let mut seen = vec![layouts(&model)];
+        for step in 0..3 {
+            let x: Vec<f32> = (0..2 * 3 * 8 * 8)
+                .map(|i| ((i * 7 + step * 13) % 17) as f32 / 17.0 - 0.5)
+                .collect();
+            let x = Tensor::<B, 4>::from_data(TensorData::new(x, [2, 3, 8, 8]), &device);
+            let loss = model.forward(Input::Images(x)).sum();
+            let grads = GradientsParams::from_grads(loss.backward(), &model);
+            model = optim.step(0.05, model, grads);
+            seen.push(layouts(&model));
+        }
+        (seen, values(&model))
+    }
+
+    #[test]
+    fn wgpu_conv_weights_are_built_channels_last_and_stay_so() {
+        // ResNet-18 (1×1 weights, strided convolutions) with SGD only: on software Vulkan
+        // its steps take a minute.
+        let runs = [
+            (NetPlan::SmallCnn { width: 4 }, OptimizerKind::Sgd),
+            (NetPlan::SmallCnn { width: 4 }, OptimizerKind::Adamw),
+            (NetPlan::Resnet18 { stem: Stem::Cifar }, OptimizerKind::Sgd),
+        ];
+        for (net, optimizer) in &runs {
+            let (net, optimizer) = (net, *optimizer);
+            {
+                let runs = [
+                    ("fused", train::<Autodiff<Fused>>(net, optimizer)),
+                    ("plain", train::<Autodiff<Plain>>(net, optimizer)),
+                ];
+                // The same model (one seed), the same batches and the same kernels: the
+                // fused steps, queued as custom operations, take the plain ones'.
+                let (fused, plain) = (&runs[0].1 .1, &runs[1].1 .1);
+                assert_eq!(fused.len(), plain.len());
+                let worst = (fused.iter().zip(plain))
+                    .map(|(a, b)| (a - b).abs() / b.abs().max(1.0))
+                    .fold(0.0f32, f32::max);
+                assert!(
+                    worst < 1e-4,
+                    "{net:?} {optimizer:?}: fused against plain, off by {worst}"
+                );
+                for (backend, (seen, _)) in runs {
+                    let weights = seen[0].len();
+                    assert!(weights > 0, "{backend} {net:?}: no convolution weights");
+                    for (step, layouts) in seen.iter().enumerate() {
+                        assert_eq!(layouts.len(), weights);
+                        for (dims, last) in layouts {
+                            assert!(
+                                *last,
+                                "{backend} {net:?} {optimizer:?}, after {step} steps: weight {dims:?} is not channels-last"
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
