@@ -455,7 +455,7 @@ if [[ $DEVICE == cuda && -f $TESTS ]]; then
   mkdir -p "$SCRATCH/bin"
   if py unxz "$TESTS" "$SCRATCH/bin/runner-tests"; then
     chmod +x "$SCRATCH/bin/runner-tests"
-    say "selftest: the conv kernels and the batch norm against the definition and the CPU, in the background ($TESTS)"
+    say "selftest: the conv kernels and the batch norm against the definition and the CPU, and the conv weights' layouts through three optimizer steps, in the background ($TESTS)"
     (cd "$SCRATCH" && timeout "${T_SELFTEST:-300}" "$SCRATCH/bin/runner-tests" \
       cuda_named --nocapture --test-threads=1 > "$SCRATCH/selftest.txt" 2>&1
      echo "exit $?" >> "$SCRATCH/selftest.txt") &

@@ -178,13 +178,14 @@ impl<B: TrainBackend> Accumulation<B> {
     }
 }
 
-/// The convolution weights on CubeCL (WebGPU over software Vulkan, fused and not): built
-/// channels-last (`Net::in_device_layouts`), and kept so by every optimizer step, which
-/// writes a parameter in its own layout. A weight that changed layout after its first
-/// step would make CubeCL's convolution autotune a second key for it (its key holds the
-/// weight's stride alignment), and `runner warmup`, one step a shape, would miss it.
-#[cfg(all(test, feature = "wgpu"))]
-mod wgpu_tests {
+/// The convolution weights on CubeCL (WebGPU over software Vulkan in CI; CUDA in the GPU
+/// check's self-test), fused and not: built channels-last (`Net::in_device_layouts`), and
+/// kept so by every optimizer step, which writes a parameter in its own layout. A weight
+/// that changed layout after its first step would make CubeCL's convolution autotune a
+/// second key for it (its key holds the weight's stride alignment), and `runner warmup`,
+/// one step a shape, would miss it.
+#[cfg(all(test, feature = "cube"))]
+mod cube_tests {
     use burn::backend::Autodiff;
     use burn::module::{Module, ModuleVisitor, Param};
     use burn::tensor::ops::FloatTensor;
@@ -193,8 +194,10 @@ mod wgpu_tests {
     use crate::plan::{ModelPlan, NetPlan, OptimPlan};
     use crate::recipe::{Schedule, Stem};
 
-    type Plain = burn_cubecl::CubeBackend<cubecl::wgpu::WgpuRuntime, f32, i32, u32>;
-    type Fused = burn::backend::Wgpu;
+    use burn_cubecl::{BoolElement, CubeBackend, CubeRuntime};
+    use burn_fusion::Fusion;
+
+    type Plain<R, BT> = CubeBackend<R, f32, i32, BT>;
 
     /// The strides a tensor of the inner backend has in memory (the fused one's, once
     /// fusion has run what it waits on).
@@ -202,16 +205,16 @@ mod wgpu_tests {
         fn strides(t: FloatTensor<Self::InnerBackend>) -> Vec<usize>;
     }
 
-    impl Strides for Autodiff<Plain> {
-        fn strides(t: FloatTensor<Plain>) -> Vec<usize> {
+    impl<R: CubeRuntime, BT: BoolElement> Strides for Autodiff<Plain<R, BT>> {
+        fn strides(t: FloatTensor<Plain<R, BT>>) -> Vec<usize> {
             t.meta.strides().to_vec()
         }
     }
 
-    impl Strides for Autodiff<Fused> {
-        fn strides(t: FloatTensor<Fused>) -> Vec<usize> {
+    impl<R: CubeRuntime, BT: BoolElement> Strides for Autodiff<Fusion<Plain<R, BT>>> {
+        fn strides(t: FloatTensor<Fusion<Plain<R, BT>>>) -> Vec<usize> {
             let client = t.client.clone();
-            Autodiff::<Plain>::strides(client.resolve_tensor_float::<Plain>(t))
+            Autodiff::<Plain<R, BT>>::strides(client.resolve_tensor_float::<Plain<R, BT>>(t))
         }
     }
 
@@ -304,8 +307,12 @@ mod wgpu_tests {
         (seen, values(&model))
     }
 
-    #[test]
-    fn wgpu_conv_weights_are_built_channels_last_and_stay_so() {
+    /// The check, on a runtime's fused and plain backends.
+    fn built_channels_last_and_stay_so<R: CubeRuntime, BT: BoolElement>()
+    where
+        Autodiff<Fusion<Plain<R, BT>>>: TrainBackend,
+        Autodiff<Plain<R, BT>>: TrainBackend,
+    {
         // ResNet-18 (1×1 weights, strided convolutions) with SGD only: on software Vulkan
         // its steps take a minute.
         let runs = [
@@ -317,8 +324,11 @@ mod wgpu_tests {
             let (net, optimizer) = (net, *optimizer);
             {
                 let runs = [
-                    ("fused", train::<Autodiff<Fused>>(net, optimizer)),
-                    ("plain", train::<Autodiff<Plain>>(net, optimizer)),
+                    (
+                        "fused",
+                        train::<Autodiff<Fusion<Plain<R, BT>>>>(net, optimizer),
+                    ),
+                    ("plain", train::<Autodiff<Plain<R, BT>>>(net, optimizer)),
                 ];
                 // The same model (one seed), the same batches and the same kernels: the
                 // fused steps, queued as custom operations, take the plain ones'.
@@ -346,5 +356,26 @@ mod wgpu_tests {
                 }
             }
         }
+    }
+
+    #[cfg(feature = "wgpu")]
+    #[test]
+    fn wgpu_conv_weights_are_built_channels_last_and_stay_so() {
+        built_channels_last_and_stay_so::<cubecl::wgpu::WgpuRuntime, u32>();
+    }
+
+    /// On CUDA, where the GPU check's self-test (`cuda_named`) runs it. Without a CUDA
+    /// device it says so and passes.
+    #[cfg(feature = "cuda")]
+    #[test]
+    fn cuda_named_conv_weights_are_built_channels_last_and_stay_so() {
+        if !crate::backend::cuda_devices().is_ok_and(|d| !d.is_empty()) {
+            eprintln!("no CUDA device here: the weights' layouts are not checked");
+            return;
+        }
+        built_channels_last_and_stay_so::<cubecl::cuda::CudaRuntime, u8>();
+        eprintln!(
+            "conv weights on CUDA: channels-last when built and after three steps, fused and plain"
+        );
     }
 }
