@@ -19,7 +19,6 @@
 //! functions do (`launch_named`). A pass one refuses takes Burn's, then autotune.
 
 use std::collections::HashSet;
-use std::marker::PhantomData;
 use std::sync::Mutex;
 
 use burn::tensor::ops::conv::calculate_conv_output_size;
@@ -35,9 +34,8 @@ use burn_cubecl::ops::numeric::empty_device_dtype;
 use burn_cubecl::ops::{permute_nchw_to_nhwc, permute_nchw_to_nhwc_shape, permute_nhwc_to_nchw};
 use burn_cubecl::tensor::CubeTensor;
 use burn_cubecl::{BoolElement, CubeBackend, CubeRuntime};
-use burn_fusion::stream::{Operation, OperationStreams};
-use burn_fusion::{Fusion, FusionBackend, FusionRuntime};
-use burn_ir::{CustomOpIr, HandleContainer, OperationIr, OperationOutput, TensorIr};
+use burn_fusion::Fusion;
+use burn_ir::OperationOutput;
 
 use cubek::convolution::{
     AcceleratedTileKind, ConvAlgorithm, ConvolutionArgs, ConvolutionInputs, Strategy,
@@ -45,6 +43,7 @@ use cubek::convolution::{
 use cubek::matmul::definition::{MatmulElems, MatmulGlobalElems};
 use cubek::std::InputBinding;
 
+use super::queued::queue;
 use super::ConvBackend;
 use crate::plan::KernelPlan;
 use crate::recipe::{ConvAlgo, ConvKernel, ConvSplit, ConvTile};
@@ -818,40 +817,10 @@ impl<R: CubeRuntime, BT: BoolElement> ConvBackend for Cube<R, BT> {
     }
 }
 
-/// One convolution pass queued on the fused backend, with the strategy of the run that
-/// queued it: when fusion executes it, the plain backend runs it ([`run_pass`]). Inputs are
-/// `[x, weight]` for the forward pass, `[x, weight, output_grad]` for the gradients.
-#[derive(Debug)]
-struct FusedConv<R, BT> {
-    desc: CustomOpIr,
-    pass: Pass,
-    choice: Choice,
-    options: ConvOptions<2>,
-    _b: PhantomData<(R, BT)>,
-}
-
-impl<R: CubeRuntime, BT: BoolElement> Operation<<Cube<R, BT> as FusionBackend>::FusionRuntime>
-    for FusedConv<R, BT>
-{
-    fn execute(
-        &self,
-        handles: &mut HandleContainer<
-            <<Cube<R, BT> as FusionBackend>::FusionRuntime as FusionRuntime>::FusionHandle,
-        >,
-    ) {
-        let inputs = &self.desc.inputs;
-        let x = handles.get_float_tensor::<Cube<R, BT>>(&inputs[0]);
-        let weight = handles.get_float_tensor::<Cube<R, BT>>(&inputs[1]);
-        let dy = inputs
-            .get(2)
-            .map(|t| handles.get_float_tensor::<Cube<R, BT>>(t));
-        let o = self.options.clone();
-        let out = run_pass::<R, BT>(self.pass, self.choice, x, weight, dy, o);
-        handles.register_float_tensor::<Cube<R, BT>>(&self.desc.outputs[0].id, out);
-    }
-}
-
-/// Queues `pass` on the fused backend, its output shaped and typed as Burn's own op's.
+/// Queues `pass` on the fused backend, with the strategy of the run that queues it, its
+/// output shaped and typed as Burn's own op's: when fusion executes it, the plain backend
+/// runs it ([`run_pass`]). Inputs are `[x, weight]` for the forward pass, `[x, weight,
+/// output_grad]` for the gradients.
 fn fused<R: CubeRuntime, BT: BoolElement>(
     pass: Pass,
     x: FloatTensor<Fusion<Cube<R, BT>>>,
@@ -859,7 +828,6 @@ fn fused<R: CubeRuntime, BT: BoolElement>(
     output_grad: Option<FloatTensor<Fusion<Cube<R, BT>>>>,
     options: ConvOptions<2>,
 ) -> FloatTensor<Fusion<Cube<R, BT>>> {
-    let client = x.client.clone();
     let dtype = output_grad.as_ref().map_or(x.dtype, |dy| dy.dtype);
     let shape = match pass {
         Pass::Forward => {
@@ -878,13 +846,8 @@ fn fused<R: CubeRuntime, BT: BoolElement>(
         Pass::InputGrad => x.shape.clone(),
         Pass::WeightGrad => weight.shape.clone(),
     };
-    let mut streams = OperationStreams::with_inputs([&x, &weight]);
-    if let Some(dy) = &output_grad {
-        streams.tensor(dy);
-    }
-    let mut inputs = vec![x.into_ir(), weight.into_ir()];
-    inputs.extend(output_grad.map(|dy| dy.into_ir()));
-    let out = TensorIr::uninit(client.create_empty_handle(), shape, dtype);
+    let mut inputs = vec![x, weight];
+    inputs.extend(output_grad);
     let choice = current();
     let id = match (pass, choice.algo) {
         (Pass::Forward, ConvAlgo::Autotune) => "runner_conv2d_forward_autotune",
@@ -894,60 +857,25 @@ fn fused<R: CubeRuntime, BT: BoolElement>(
         (Pass::WeightGrad, ConvAlgo::Autotune) => "runner_conv2d_weight_grad_autotune",
         (Pass::WeightGrad, ConvAlgo::ImplicitGemm) => "runner_conv2d_weight_grad_implicit_gemm",
     };
-    let desc = CustomOpIr::new(id, &inputs, &[out]);
-    let op = FusedConv::<R, BT> {
-        desc: desc.clone(),
-        pass,
-        choice,
-        options,
-        _b: PhantomData,
+    let run = move |t: Vec<CubeTensor<R>>| {
+        let mut t = t.into_iter();
+        let (Some(x), Some(weight)) = (t.next(), t.next()) else {
+            return vec![];
+        };
+        let o = options.clone();
+        vec![run_pass::<R, BT>(pass, choice, x, weight, t.next(), o)]
     };
-    client
-        .register(streams, OperationIr::Custom(desc), op)
-        .output()
-}
-
-/// [`weight_channels_last`] queued on the fused backend, a custom operation: fusion's own
-/// ops would write the permutation's result in their own layout.
-#[derive(Debug)]
-struct FusedLayout<R, BT> {
-    desc: CustomOpIr,
-    _b: PhantomData<(R, BT)>,
-}
-
-impl<R: CubeRuntime, BT: BoolElement> Operation<<Cube<R, BT> as FusionBackend>::FusionRuntime>
-    for FusedLayout<R, BT>
-{
-    fn execute(
-        &self,
-        handles: &mut HandleContainer<
-            <<Cube<R, BT> as FusionBackend>::FusionRuntime as FusionRuntime>::FusionHandle,
-        >,
-    ) {
-        let w = handles.get_float_tensor::<Cube<R, BT>>(&self.desc.inputs[0]);
-        let out = weight_channels_last(w);
-        handles.register_float_tensor::<Cube<R, BT>>(&self.desc.outputs[0].id, out);
-    }
+    queue::<R, BT, _>(id, inputs, &[(shape, dtype)], run).output()
 }
 
 impl<R: CubeRuntime, BT: BoolElement> ConvBackend for Fusion<Cube<R, BT>> {
+    /// [`weight_channels_last`] queued, a custom operation: fusion's own ops would write
+    /// the permutation's result in their own layout.
     fn conv_weight_layout(weight: FloatTensor<Self>) -> FloatTensor<Self> {
-        let client = weight.client.clone();
-        let streams = OperationStreams::with_inputs([&weight]);
-        let (shape, dtype) = (weight.shape.clone(), weight.dtype);
-        let out = TensorIr::uninit(client.create_empty_handle(), shape, dtype);
-        let desc = CustomOpIr::new(
-            "runner_conv_weight_channels_last",
-            &[weight.into_ir()],
-            &[out],
-        );
-        let op = FusedLayout::<R, BT> {
-            desc: desc.clone(),
-            _b: PhantomData,
-        };
-        client
-            .register(streams, OperationIr::Custom(desc), op)
-            .output()
+        let out = (weight.shape.clone(), weight.dtype);
+        let run = |t: Vec<CubeTensor<R>>| t.into_iter().map(weight_channels_last).collect();
+        let name = "runner_conv_weight_channels_last";
+        queue::<R, BT, _>(name, vec![weight], &[out], run).output()
     }
 
     fn conv2d_nobias(

@@ -30,6 +30,8 @@ mod patches;
 #[cfg(feature = "cube")]
 mod patches_cube;
 pub mod pool;
+#[cfg(feature = "cube")]
+mod queued;
 mod winograd;
 
 #[cfg(test)]

@@ -27,7 +27,6 @@
 //! `dy` and `dy·(x − mean)`, `dy` masked where the forward's ReLU output is 0.
 
 use std::cell::Cell;
-use std::marker::PhantomData;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use burn::tensor::backend::Backend;
@@ -36,10 +35,11 @@ use burn::tensor::{DType, Shape, TensorMetadata};
 use burn_cubecl::ops::numeric::empty_device_contiguous_dtype;
 use burn_cubecl::tensor::CubeTensor;
 use burn_cubecl::{BoolElement, CubeBackend, CubeRuntime};
-use burn_fusion::stream::{Operation, OperationStreams};
-use burn_fusion::{Fusion, FusionBackend, FusionRuntime};
-use burn_ir::{CustomOpIr, HandleContainer, OperationIr, OperationOutput, TensorIr};
+use burn_fusion::Fusion;
+use burn_ir::OperationOutput;
 use cubecl::prelude::*;
+
+use super::queued::queue;
 
 use crate::plan::KernelPlan;
 use crate::recipe::NormSums;
@@ -265,74 +265,37 @@ impl<R: CubeRuntime, BT: BoolElement> NormKernels for Cube<R, BT> {
     }
 }
 
-/// [`channel_sums`] queued on the fused backend: a custom operation, as the fused
-/// convolution is (`conv_cube`); the element-wise work around it stays fusion's. Inputs
-/// `[x]` forward, `[dy, x, mean, var]` and the ReLU's output backward; two `[c]` outputs.
-#[derive(Debug)]
-struct FusedSums<R, BT> {
-    desc: CustomOpIr,
-    eps: f32,
-    _b: PhantomData<(R, BT)>,
-}
-
-impl<R: CubeRuntime, BT: BoolElement> Operation<<Cube<R, BT> as FusionBackend>::FusionRuntime>
-    for FusedSums<R, BT>
-{
-    fn execute(
-        &self,
-        handles: &mut HandleContainer<
-            <<Cube<R, BT> as FusionBackend>::FusionRuntime as FusionRuntime>::FusionHandle,
-        >,
-    ) {
-        let inputs = &self.desc.inputs;
-        let mut get = |i: usize| handles.get_float_tensor::<Cube<R, BT>>(&inputs[i]);
-        let sums = if inputs.len() == 1 {
-            Sums::Stats { x: get(0) }
-        } else {
-            Sums::Grads {
-                dy: get(0),
-                x: get(1),
-                mean: get(2),
-                var: get(3),
-                relu_output: (inputs.len() == 5).then(|| get(4)),
-                eps: self.eps,
-            }
-        };
-        let (first, second) = channel_sums(sums);
-        let outputs = &self.desc.outputs;
-        handles.register_float_tensor::<Cube<R, BT>>(&outputs[0].id, first);
-        handles.register_float_tensor::<Cube<R, BT>>(&outputs[1].id, second);
-    }
-}
-
-/// Queues [`FusedSums`] on `inputs` (`x`; or `dy`, `x`, `mean`, `var` and the ReLU's
-/// output).
+/// [`channel_sums`] queued on the fused backend as `name`: a custom operation, as the
+/// fused convolution is (`conv_cube`); the element-wise work around it stays fusion's.
+/// Inputs `[x]` forward, `[dy, x, mean, var]` and the ReLU's output backward; two `[c]`
+/// outputs.
 fn fused<R: CubeRuntime, BT: BoolElement>(
     name: &'static str,
     inputs: Vec<FloatTensor<Fusion<Cube<R, BT>>>>,
     eps: f32,
 ) -> Two<FloatTensor<Fusion<Cube<R, BT>>>> {
-    let client = inputs[0].client.clone();
-    let (c, dtype) = (inputs[0].shape[1], inputs[0].dtype);
-    let mut streams = OperationStreams::default();
-    for t in &inputs {
-        streams.tensor(t);
-    }
-    let inputs: Vec<TensorIr> = inputs.into_iter().map(|t| t.into_ir()).collect();
-    let out = || TensorIr::uninit(client.create_empty_handle(), Shape::new([c]), dtype);
-    let desc = CustomOpIr::new(name, &inputs, &[out(), out()]);
-    let op = FusedSums::<R, BT> {
-        desc: desc.clone(),
-        eps,
-        _b: PhantomData,
+    let out = (Shape::new([inputs[0].shape[1]]), inputs[0].dtype);
+    let run = move |t: Vec<CubeTensor<R>>| {
+        let sums = match &t[..] {
+            [x] => Sums::Stats { x: x.clone() },
+            [dy, x, mean, var, rest @ ..] => Sums::Grads {
+                dy: dy.clone(),
+                x: x.clone(),
+                mean: mean.clone(),
+                var: var.clone(),
+                relu_output: rest.first().cloned(),
+                eps,
+            },
+            _ => return vec![],
+        };
+        let (first, second) = channel_sums(sums);
+        vec![first, second]
     };
-    let [first, second] = client
-        .register(streams, OperationIr::Custom(desc), op)
-        .outputs();
+    let [first, second] = queue::<R, BT, _>(name, inputs, &[out.clone(), out], run).outputs();
     (first, second)
 }
 
-/// Which of [`super::norm_apply_cube`]'s kernels a [`FusedApply`] runs, with its
+/// Which of [`super::norm_apply_cube`]'s kernels [`fused_apply`] runs, with its
 /// settings.
 #[derive(Debug, Clone, Copy)]
 enum Apply {
@@ -346,87 +309,55 @@ enum Apply {
     Running { m: usize, momentum: f64 },
 }
 
-/// A normalisation kernel queued on the fused backend, a custom operation as
-/// [`FusedSums`] is. Fusion's own kernels for the composed ops leave part of the forward
-/// op by op: the ops after a custom operation (the convolution's, the sums') fall into an
-/// un-fused block, `x − mean` over the whole activation and the scale's `+ eps`, square
-/// root and reciprocal (four launches a batch norm, one a full pass; BENCHMARKS.md, "The
-/// host side of a warm step"). The kernel is one launch and one pass each way.
-#[derive(Debug)]
-struct FusedApply<R, BT> {
-    desc: CustomOpIr,
-    apply: Apply,
-    _b: PhantomData<(R, BT)>,
-}
-
-impl<R: CubeRuntime, BT: BoolElement> Operation<<Cube<R, BT> as FusionBackend>::FusionRuntime>
-    for FusedApply<R, BT>
-{
-    fn execute(
-        &self,
-        handles: &mut HandleContainer<
-            <<Cube<R, BT> as FusionBackend>::FusionRuntime as FusionRuntime>::FusionHandle,
-        >,
-    ) {
-        use super::norm_apply_cube as apply;
-        let inputs: Vec<CubeTensor<R>> = (self.desc.inputs.iter())
-            .map(|t| handles.get_float_tensor::<Cube<R, BT>>(t))
-            .collect();
-        let i = |k: usize| &inputs[k];
-        // The operands' shapes and types were checked when the kernel was queued (the
-        // `*_takes` functions the kernels check with), so it takes them.
-        const TAKEN: &str = "checked when queued";
-        let outputs: Vec<CubeTensor<R>> = match self.apply {
-            Apply::Forward { eps, relu } => {
-                let stats = (i(1), i(2));
-                let affine = (i(3), i(4));
-                let out = apply::normalise(i(0), stats, affine, eps, inputs.get(5), relu);
-                vec![out.expect(TAKEN)]
-            }
-            Apply::Backward { eps, residual } => {
-                let (stats, sums) = ((i(2), i(3)), (i(5), i(6)));
-                let output = inputs.get(7);
-                let out =
-                    apply::normalise_backward(i(0), i(1), stats, i(4), sums, eps, output, residual);
-                let (dx, d_residual) = out.expect(TAKEN);
-                std::iter::once(dx).chain(d_residual).collect()
-            }
-            Apply::Running { m, momentum } => {
-                let out = apply::running((i(0), i(1)), (i(2), i(3)), m, momentum);
-                let (mean, var) = out.expect(TAKEN);
-                vec![mean, var]
-            }
-        };
-        for (ir, out) in self.desc.outputs.iter().zip(outputs) {
-            handles.register_float_tensor::<Cube<R, BT>>(&ir.id, out);
-        }
-    }
-}
-
-/// Queues [`FusedApply`] on `inputs`, with outputs of these shapes (`f32`, as the
-/// kernels' are).
+/// A normalisation kernel queued on the fused backend as `name`, a custom operation as
+/// the sums are ([`fused`]), on `inputs`, with `f32` outputs of these shapes. Fusion's
+/// own kernels for the composed ops leave part of the forward op by op: the ops after a
+/// custom operation (the convolution's, the sums') fall into an un-fused block,
+/// `x − mean` over the whole activation and the scale's `+ eps`, square root and
+/// reciprocal (four launches a batch norm, one a full pass; BENCHMARKS.md, "The host side
+/// of a warm step"). The kernel is one launch and one pass each way. The operands' shapes
+/// and types are checked before this is called (the `*_takes` functions the kernels check
+/// with), so the kernel takes them.
 fn fused_apply<R: CubeRuntime, BT: BoolElement>(
     name: &'static str,
     apply: Apply,
     inputs: Vec<FloatTensor<Fusion<Cube<R, BT>>>>,
     outputs: &[Shape],
 ) -> Vec<FloatTensor<Fusion<Cube<R, BT>>>> {
-    let client = inputs[0].client.clone();
-    let mut streams = OperationStreams::default();
-    for t in &inputs {
-        streams.tensor(t);
-    }
-    let inputs: Vec<TensorIr> = inputs.into_iter().map(|t| t.into_ir()).collect();
-    let outputs: Vec<TensorIr> = (outputs.iter())
-        .map(|shape| TensorIr::uninit(client.create_empty_handle(), shape.clone(), DType::F32))
-        .collect();
-    let desc = CustomOpIr::new(name, &inputs, &outputs);
-    let op = FusedApply::<R, BT> {
-        desc: desc.clone(),
-        apply,
-        _b: PhantomData,
+    use super::norm_apply_cube as kernels;
+    const TAKEN: &str = "checked when queued";
+    let run = move |t: Vec<CubeTensor<R>>| -> Vec<CubeTensor<R>> {
+        let i = |k: usize| &t[k];
+        match apply {
+            Apply::Forward { eps, relu } => {
+                let (stats, affine) = ((i(1), i(2)), (i(3), i(4)));
+                let out = kernels::normalise(i(0), stats, affine, eps, t.get(5), relu);
+                vec![out.expect(TAKEN)]
+            }
+            Apply::Backward { eps, residual } => {
+                let (stats, sums, output) = ((i(2), i(3)), (i(5), i(6)), t.get(7));
+                let out = kernels::normalise_backward(
+                    i(0),
+                    i(1),
+                    stats,
+                    i(4),
+                    sums,
+                    eps,
+                    output,
+                    residual,
+                );
+                let (dx, d_residual) = out.expect(TAKEN);
+                std::iter::once(dx).chain(d_residual).collect()
+            }
+            Apply::Running { m, momentum } => {
+                let out = kernels::running((i(0), i(1)), (i(2), i(3)), m, momentum);
+                let (mean, var) = out.expect(TAKEN);
+                vec![mean, var]
+            }
+        }
     };
-    client.register(streams, OperationIr::Custom(desc), op)
+    let outputs: Vec<(Shape, DType)> = outputs.iter().map(|s| (s.clone(), DType::F32)).collect();
+    queue::<R, BT, _>(name, inputs, &outputs, run)
 }
 
 impl<R: CubeRuntime, BT: BoolElement> NormKernels for Fusion<Cube<R, BT>> {

@@ -356,7 +356,7 @@ fn update_first(p: &mut [f32], g: &[f32], v: &mut [f32], s: SgdScalars) {
 /// writes the new parameter (and its state) in the parameter's own layout, so that a
 /// convolution weight held channels-last stays so (`Net::in_device_layouts`). On the
 /// fused backend a 4-D parameter's step (a convolution weight's) is a custom operation
-/// of fusion's stream that runs the same ([`QueuedStep`]): fusion's own kernel for the
+/// of fusion's stream that runs the same ([`queue_step`]): fusion's own kernel for the
 /// composed ops wrote a channels-last weight back in another layout. The others' steps
 /// (biases, the batch norms' scales and shifts, linear layers) stay Burn's ops, which
 /// fusion joins, several parameters to a kernel.
@@ -405,7 +405,7 @@ impl<R: burn_cubecl::CubeRuntime, BT: burn_cubecl::BoolElement> OptimBackend
 #[cfg(feature = "cube")]
 type Cube<R, BT> = burn_cubecl::CubeBackend<R, f32, i32, BT>;
 
-/// Which step a [`QueuedStep`] takes, with its scalars.
+/// Which step [`queue_step`] queues, with its scalars.
 #[cfg(feature = "cube")]
 #[derive(Debug, Clone, Copy)]
 enum Step {
@@ -417,55 +417,10 @@ enum Step {
     AdamW(AdamWScalars),
 }
 
-/// An optimizer step of a `D`-dimensional parameter queued on the fused backend: when
-/// fusion runs it, the plain backend's step ([`OptimBackend`] above: the kernel, or
-/// Burn's ops where the kernel does not take the operands).
-#[cfg(feature = "cube")]
-#[derive(Debug)]
-struct QueuedStep<R, BT, const D: usize> {
-    desc: burn_ir::CustomOpIr,
-    step: Step,
-    _b: std::marker::PhantomData<(R, BT)>,
-}
-
-#[cfg(feature = "cube")]
-impl<R: burn_cubecl::CubeRuntime, BT: burn_cubecl::BoolElement, const D: usize>
-    burn_fusion::stream::Operation<<Cube<R, BT> as burn_fusion::FusionBackend>::FusionRuntime>
-    for QueuedStep<R, BT, D>
-{
-    fn execute(
-        &self,
-        handles: &mut burn_ir::HandleContainer<
-            <<Cube<R, BT> as burn_fusion::FusionBackend>::FusionRuntime as burn_fusion::FusionRuntime>::FusionHandle,
-        >,
-    ) {
-        let mut inputs = (self.desc.inputs.iter()).map(|t| {
-            let t = handles.get_float_tensor::<Cube<R, BT>>(t);
-            Tensor::<Cube<R, BT>, D>::from_primitive(TensorPrimitive::Float(t))
-        });
-        let (Some(param), Some(grad)) = (inputs.next(), inputs.next()) else {
-            return;
-        };
-        let outputs: Vec<Tensor<Cube<R, BT>, D>> = match self.step {
-            Step::Sgd(s) => {
-                let (p, v) = Cube::<R, BT>::sgd_step(param, grad, inputs.next(), s);
-                std::iter::once(p).chain(v).collect()
-            }
-            Step::AdamW(s) => {
-                let moments = inputs.next().zip(inputs.next());
-                let (p, m, v) = Cube::<R, BT>::adamw_step(param, grad, moments, s);
-                vec![p, m, v]
-            }
-        };
-        for (ir, out) in self.desc.outputs.iter().zip(outputs) {
-            let out = out.into_primitive().tensor();
-            handles.register_float_tensor::<Cube<R, BT>>(&ir.id, out);
-        }
-    }
-}
-
-/// Queues [`QueuedStep`] on `inputs` (the parameter first), with `outputs` tensors of
-/// the parameter's shape and type.
+/// An optimizer step of a `D`-dimensional parameter queued on the fused backend as
+/// `name`, on `inputs` (the parameter first), with `outputs` tensors of the parameter's
+/// shape and type: when fusion runs it, the plain backend's step ([`OptimBackend`] above:
+/// the kernel, or Burn's ops where the kernel does not take the operands).
 #[cfg(feature = "cube")]
 fn queue_step<R: burn_cubecl::CubeRuntime, BT: burn_cubecl::BoolElement, const D: usize>(
     name: &'static str,
@@ -473,28 +428,34 @@ fn queue_step<R: burn_cubecl::CubeRuntime, BT: burn_cubecl::BoolElement, const D
     inputs: Vec<Tensor<burn_fusion::Fusion<Cube<R, BT>>, D>>,
     outputs: usize,
 ) -> Vec<Tensor<burn_fusion::Fusion<Cube<R, BT>>, D>> {
-    let inputs: Vec<_> = inputs
-        .into_iter()
+    type Plain<R, BT, const D: usize> = Tensor<Cube<R, BT>, D>;
+    let run = move |t: Vec<burn_cubecl::tensor::CubeTensor<R>>| {
+        let mut t =
+            (t.into_iter()).map(|t| Plain::<R, BT, D>::from_primitive(TensorPrimitive::Float(t)));
+        let (Some(param), Some(grad)) = (t.next(), t.next()) else {
+            return vec![];
+        };
+        let outputs: Vec<Plain<R, BT, D>> = match step {
+            Step::Sgd(s) => {
+                let (p, v) = Cube::<R, BT>::sgd_step(param, grad, t.next(), s);
+                std::iter::once(p).chain(v).collect()
+            }
+            Step::AdamW(s) => {
+                let moments = t.next().zip(t.next());
+                let (p, m, v) = Cube::<R, BT>::adamw_step(param, grad, moments, s);
+                vec![p, m, v]
+            }
+        };
+        outputs
+            .into_iter()
+            .map(|t| t.into_primitive().tensor())
+            .collect()
+    };
+    let inputs: Vec<_> = (inputs.into_iter())
         .map(|t| t.into_primitive().tensor())
         .collect();
-    let client = inputs[0].client.clone();
-    let (shape, dtype) = (inputs[0].shape.clone(), inputs[0].dtype);
-    let mut streams = burn_fusion::stream::OperationStreams::default();
-    for t in &inputs {
-        streams.tensor(t);
-    }
-    let inputs: Vec<burn_ir::TensorIr> = inputs.into_iter().map(|t| t.into_ir()).collect();
-    let outs: Vec<burn_ir::TensorIr> = (0..outputs)
-        .map(|_| burn_ir::TensorIr::uninit(client.create_empty_handle(), shape.clone(), dtype))
-        .collect();
-    let desc = burn_ir::CustomOpIr::new(name, &inputs, &outs);
-    let op = QueuedStep::<R, BT, D> {
-        desc: desc.clone(),
-        step,
-        _b: std::marker::PhantomData,
-    };
-    client
-        .register(streams, burn_ir::OperationIr::Custom(desc), op)
+    let out = (inputs[0].shape.clone(), inputs[0].dtype);
+    super::queued::queue::<R, BT, _>(name, inputs, &vec![out; outputs], run)
         .into_iter()
         .map(|t| Tensor::from_primitive(TensorPrimitive::Float(t)))
         .collect()
