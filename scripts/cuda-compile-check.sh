@@ -79,6 +79,7 @@ if [ ${#CASES[@]} -eq 0 ]; then
     "$A"
     "$A,backend.conv_split=off"
     "$A,backend.norm_sums=reduce"
+    "$A,backend.matmul=autotune"
     "$A,backend.fusion=false"
     "$A,backend.conv_kernel=specialized_tma"
     "$A,backend.conv_kernel=simple_async_tma"

@@ -38,13 +38,13 @@
 #                 cost the call one cold start's time. Their ms/iter is not a steady state.
 #   warm:ARCH     the warm run of startup:ARCH alone.
 # The default PLAN (see PLAN= below): the cold starts together (those of three other
-# backend.conv_kernel values, of backend.conv_split = "off" and of backend.norm_sums =
-# "reduce" among them), then one at a time the headline ratio (article/default), the same
+# backend.conv_kernel values, of backend.conv_split = "off", of backend.norm_sums =
+# "reduce", and of the MLP and the small CNN with backend.matmul = "autotune" among them), then one at a time the headline ratio (article/default), the same
 # without fusion, without the split weight gradients, then with the batch norm's sums by Burn's reductions,
 # the article's other rows and resnet50_accum beside PyTorch,
 # article/default with each of those conv kernels, article/default without the NVML sampler and then without the per-step pool
 # reading (profile.memory=false: each one's cost per step, against the runs with both on),
-# the kernels table, the warm starts, gc, tuned_loader without pinned memory,
+# the kernels table, the warm starts (the MLP's with each backend.matmul), gc, tuned_loader without pinned memory,
 # losses read every 10 steps, and a second repeat of the two headline rows. A step whose
 # runner run fails outright (not a timeout) ends the plan when it is the plan's first runner
 # run: the binary does not work there, and the device time left is better spent on a rerun
@@ -95,7 +95,7 @@
 # below it); CACHE_IN (a cache.tar.gz unpacked into it first); FRESH_CACHE=1 (empty it
 # first); EXTRA_SETS (more KEY=VALUE overrides for every run, space-separated, e.g.
 # "loader.batch_size=8"); TESTS (the CUDA unit-test binary, default runner-tests.xz beside
-# the runner: its conv-kernel and batch-norm checks run in the background on CUDA; T_SELFTEST, 300 s).
+# the runner: its conv-kernel, batch-norm, fixed-matmul and weight-layout checks run in the background on CUDA; T_SELFTEST, 300 s).
 #
 # $OUT (the device tool brings back 8 files at most; this makes 7 with one kernels step
 # that ran, 8 with two): log.txt (everything, nvidia-smi and versions first),
@@ -154,7 +154,15 @@ SUMS_REDUCE=runner:article/default,backend.norm_sums=reduce
 KERNELS="specialized_tma simple_async_tma specialized_async_cyclic"
 kernel_colds() { for k in $KERNELS; do printf '+cold:resnet50,backend.conv_kernel=%s' "$k"; done; }
 kernel_rows() { for k in $KERNELS; do printf 'runner:article/default,backend.conv_kernel=%s ' "$k"; done; }
-COLDS="cold:resnet50+cold:resnet50,backend.conv_split=off+cold:resnet50,backend.norm_sums=reduce+cold:resnet50,backend.conv=autotune+cold:resnet50,backend.fusion=false+cold:mlp+cold:small_cnn+cold:resnet18$(kernel_colds)"
+# backend.matmul = "autotune": the fully connected layers on Burn's autotuned matmul (each
+# new shape compiles and times about ten candidates; a layer has three shapes), against
+# the default's one untuned kernel a shape: the MLP and the small CNN cold with it beside
+# the others (behind the stand-in driver, 47 of the MLP's 95 cold compilations were its
+# layers' matmul kernels), then the MLP's steady state with its tuned kernels (warm:mlp's row
+# is the default's).
+MATMUL_COLDS="+cold:mlp,backend.matmul=autotune+cold:small_cnn,backend.matmul=autotune"
+MATMUL_WARM="warm:mlp,backend.matmul=autotune"
+COLDS="cold:resnet50+cold:resnet50,backend.conv_split=off+cold:resnet50,backend.norm_sums=reduce+cold:resnet50,backend.conv=autotune+cold:resnet50,backend.fusion=false+cold:mlp+cold:small_cnn+cold:resnet18$(kernel_colds)$MATMUL_COLDS"
 # Fusion off right after the headline row (which runs with fusion: backend.fusion =
 # "auto" takes it from 4 CPUs, and this machine has 16). Without a GPU (the stand-in
 # driver of scripts/cuda-compile-check.sh, BENCHMARKS.md), given a core per thread, a
@@ -162,7 +170,7 @@ COLDS="cold:resnet50+cold:resnet50,backend.conv_split=off+cold:resnet50,backend.
 # thread), 10 ms without (the loop's, since SGD is one kernel); on the GPU fusion saves
 # passes over memory: this row says which is faster there.
 FUSION_OFF=runner:article/default,backend.fusion=false
-PLAN=${PLAN-together:$COLDS compare:article/default $FUSION_OFF $SPLIT_OFF $SUMS_REDUCE compare:article/tuned_loader compare:article/cleanup_every_step compare:article/empty_cache_every_step $ACCUM $(kernel_rows)$NVML_OFF $POOL_OFF kernels:article/default warm:mlp warm:small_cnn warm:resnet18 gc $UNPINNED $FEWER_SYNCS compare:article/default compare:article/tuned_loader}
+PLAN=${PLAN-together:$COLDS compare:article/default $FUSION_OFF $SPLIT_OFF $SUMS_REDUCE compare:article/tuned_loader compare:article/cleanup_every_step compare:article/empty_cache_every_step $ACCUM $(kernel_rows)$NVML_OFF $POOL_OFF kernels:article/default warm:mlp $MATMUL_WARM warm:small_cnn warm:resnet18 gc $UNPINNED $FEWER_SYNCS compare:article/default compare:article/tuned_loader}
 KERNEL_STEPS=${KERNEL_STEPS:-10}
 MAX_STEPS=${MAX_STEPS:-80}
 WARMUP=${WARMUP:-20}
@@ -798,7 +806,7 @@ if [[ -n $SELFTEST_PID ]]; then
   wait "$SELFTEST_PID"
   {
     echo
-    echo "## backend.conv_kernel against the definition, the batch norm (norm_sums) against the CPU (the CUDA unit tests, fused and plain)"
+    echo "## backend.conv_kernel against the definition, the batch norm (norm_sums), the fixed matmul (backend.matmul) and the conv weights' layout against the CPU (the CUDA unit tests, fused and plain)"
     echo
     echo '```'
     grep -E '^conv kernel|^batch norm|off by|panicked|^test |^test result|^exit' "$SCRATCH/selftest.txt" | head -n 80

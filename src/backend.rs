@@ -28,6 +28,7 @@ pub fn dispatch<J: Job>(device: Device, kernels: &KernelPlan, job: J) -> Result<
         Device::Cuda(i) => {
             crate::ops::conv_cube::set(kernels);
             crate::ops::norm_cube::set(kernels);
+            crate::ops::matmul_cube::set(kernels);
             if kernels.fusion {
                 Ok(job.run::<CudaBackend>(cuda_device(i), cuda_memory_fused))
             } else {
@@ -43,6 +44,7 @@ pub fn dispatch<J: Job>(device: Device, kernels: &KernelPlan, job: J) -> Result<
         Device::Wgpu(target) => {
             crate::ops::conv_cube::set(kernels);
             crate::ops::norm_cube::set(kernels);
+            crate::ops::matmul_cube::set(kernels);
             let device = wgpu_device(target);
             // Validation found the adapter; cubecl-wgpu still panics if it is gone since, or
             // if it refuses a device (on its device thread: the cause is among the panics
@@ -238,6 +240,10 @@ fn cube_label(runtime: &str, kernels: &KernelPlan) -> String {
     let conv = match kernels.norm_sums {
         crate::recipe::NormSums::OnePass => conv,
         s => format!("{conv}, norm_sums {}", s.name()),
+    };
+    let conv = match kernels.matmul {
+        crate::recipe::MatmulAlgo::Fixed => conv,
+        m => format!("{conv}, matmul {}", m.name()),
     };
     // Fusion turned off by `"auto"` says so: the run was not asked to go without it.
     let fusion = match kernels.fusion_reason.strip_prefix("auto: ") {
@@ -577,6 +583,7 @@ mod wgpu_tests {
             conv_tile: crate::recipe::ConvTile::Cmma,
             conv_split: crate::recipe::ConvSplit::Auto,
             norm_sums: crate::recipe::NormSums::OnePass,
+            matmul: crate::recipe::MatmulAlgo::Fixed,
             cache_dir: None,
         };
         let missing = WgpuTarget {

@@ -268,6 +268,8 @@ pub struct KernelSettings {
     pub conv: String,
     /// `backend.norm_sums`: `one_pass` or `reduce`.
     pub norm_sums: String,
+    /// `backend.matmul`: `fixed` or `autotune`.
+    pub matmul: String,
     /// False on the CPU backend, which compiles nothing at run time.
     pub used: bool,
     /// Anything that kept the recipe's settings from applying.
@@ -289,6 +291,7 @@ pub fn configure_cubecl(plan: &KernelPlan) -> Result<KernelSettings, String> {
         fusion_reason: plan.fusion_reason.clone(),
         conv: plan.conv_name(),
         norm_sums: plan.norm_sums.name().into(),
+        matmul: plan.matmul.name().into(),
         used: true,
         notes: vec![],
     };
@@ -298,6 +301,7 @@ pub fn configure_cubecl(plan: &KernelPlan) -> Result<KernelSettings, String> {
         s.fusion_reason.clone_from(&plan.fusion_reason);
         s.conv = plan.conv_name();
         s.norm_sums = plan.norm_sums.name().into();
+        s.matmul = plan.matmul.name().into();
         if (s.cache.requested(), &s.autotune) != (wanted.cache.requested(), &wanted.autotune) {
             s.notes.push(format!(
                 "CubeCL was already configured in this process (cache {}, autotune {}); run cells that differ in backend.cache_dir or backend.autotune as separate processes (--cell N)",
@@ -331,6 +335,7 @@ pub fn cpu_settings(plan: &KernelPlan) -> KernelSettings {
         fusion_reason: plan.fusion_reason.clone(),
         conv: plan.conv_name(),
         norm_sums: plan.norm_sums.name().into(),
+        matmul: plan.matmul.name().into(),
         used: false,
         notes: vec![],
     }

@@ -544,7 +544,7 @@ impl<B: ModelBackend> ResNet<B> {
             x = b.forward(x);
         }
         let x = self.pool.forward(x).flatten::<2>(1, 3);
-        self.fc.forward(x)
+        ops::linear(&self.fc, x)
     }
 }
 
@@ -575,17 +575,17 @@ impl<B: ModelBackend> SmallCnn<B> {
         let x = ops::max_pool2d(&self.pool, self.c1.forward_act(x, None, true));
         let x = ops::max_pool2d(&self.pool, self.c2.forward_act(x, None, true));
         let x = x.flatten::<2>(1, 3);
-        self.fc2.forward(relu(self.fc1.forward(x)))
+        ops::linear(&self.fc2, relu(ops::linear(&self.fc1, x)))
     }
 }
 
 /// Fully connected layers with ReLU between them.
 #[derive(Module, Debug)]
-pub struct Mlp<B: Backend> {
+pub struct Mlp<B: ModelBackend> {
     layers: Vec<Linear<B>>,
 }
 
-impl<B: Backend> Mlp<B> {
+impl<B: ModelBackend> Mlp<B> {
     fn new(inputs: usize, hidden: &[usize], classes: usize, device: &B::Device) -> Self {
         let mut sizes = vec![inputs];
         sizes.extend_from_slice(hidden);
@@ -599,22 +599,14 @@ impl<B: Backend> Mlp<B> {
     }
 
     fn forward(&self, x: Tensor<B, 4>) -> Tensor<B, 2> {
-        let mut x = x.flatten::<2>(1, 3);
-        let last = self.layers.len() - 1;
-        for (i, l) in self.layers.iter().enumerate() {
-            x = l.forward(x);
-            if i < last {
-                x = relu(x);
-            }
-        }
-        x
+        mlp_head(&self.layers, x.flatten::<2>(1, 3))
     }
 }
 
-fn mlp_head<B: Backend>(layers: &[Linear<B>], mut x: Tensor<B, 2>) -> Tensor<B, 2> {
+fn mlp_head<B: ModelBackend>(layers: &[Linear<B>], mut x: Tensor<B, 2>) -> Tensor<B, 2> {
     let last = layers.len() - 1;
     for (i, l) in layers.iter().enumerate() {
-        x = l.forward(x);
+        x = ops::linear(l, x);
         if i < last {
             x = relu(x);
         }
@@ -658,13 +650,13 @@ impl<B: ModelBackend> Bag<B> {
 /// Stacked unidirectional LSTMs read the sequence; the classifier sees the hidden state at
 /// each row's last real token, which padding after it cannot reach.
 #[derive(Module, Debug)]
-pub struct LstmClassifier<B: Backend> {
+pub struct LstmClassifier<B: ModelBackend> {
     embed: Embedding<B>,
     layers: Vec<Lstm<B>>,
     out: Linear<B>,
 }
 
-impl<B: Backend> LstmClassifier<B> {
+impl<B: ModelBackend> LstmClassifier<B> {
     /// `[embed_dim, hidden_size, layers]`.
     fn new(vocab: usize, sizes: [usize; 3], classes: usize, device: &B::Device) -> Self {
         let [embed_dim, hidden_size, layers] = sizes;
@@ -688,7 +680,7 @@ impl<B: Backend> LstmClassifier<B> {
         }
         let [b, _, h] = x.dims();
         let last = (lengths - 1).reshape([b, 1, 1]).repeat_dim(2, h);
-        self.out.forward(x.gather(1, last).reshape([b, h]))
+        ops::linear(&self.out, x.gather(1, last).reshape([b, h]))
     }
 }
 
@@ -731,7 +723,7 @@ impl<B: ModelBackend> TransformerClassifier<B> {
         let x = self
             .encoder
             .forward(TransformerEncoderInput::new(x).mask_pad(pad.clone()));
-        self.out.forward(ops::masked_mean(x, pad))
+        ops::linear(&self.out, ops::masked_mean(x, pad))
     }
 }
 

@@ -43,6 +43,7 @@ use cubek::convolution::{
 use cubek::matmul::definition::{MatmulElems, MatmulGlobalElems};
 use cubek::std::InputBinding;
 
+use super::matmul_cube::matmul;
 use super::queued::queue;
 use super::ConvBackend;
 use crate::plan::KernelPlan;
@@ -477,40 +478,6 @@ fn weight_grad_split<R: CubeRuntime, BT: BoolElement>(
     .map_err(|e| format!("{e:?}"))?;
     let dw = C::<R, BT>::float_reshape(sum, Shape::new([o, kh, kw, c]));
     Ok(Some(C::<R, BT>::float_permute(dw, &[0, 3, 1, 2])))
-}
-
-/// `lhs · rhs` (`[.., m, k]` by `[.., k, n]`, in the layouts CubeCL's matmul takes) into a
-/// new contiguous tensor of shape `out`, by CubeCL's own matmul without autotune: tensor
-/// cores where there are (Burn's default choice, `Strategy::Auto`, whose fallback panics
-/// on what it does not expect), else its unit kernel.
-fn matmul<R: CubeRuntime>(
-    lhs: &CubeTensor<R>,
-    rhs: &CubeTensor<R>,
-    out: Shape,
-) -> Result<CubeTensor<R>, String> {
-    use cubek::matmul::launch::{launch_ref, Strategy as MatmulStrategy};
-    let (client, dtype) = (lhs.client.clone(), lhs.dtype);
-    let out = empty_device_dtype(client.clone(), lhs.device.clone(), out, dtype);
-    let bind = |t: &CubeTensor<R>| InputBinding::new(t.clone().binding(), t.dtype.into());
-    let launch = |strategy: &MatmulStrategy| {
-        let mut dtypes = MatmulElems::from_globals(&MatmulGlobalElems {
-            lhs: dtype.into(),
-            rhs: dtype.into(),
-            out: dtype.into(),
-        });
-        launch_ref(
-            strategy,
-            &client,
-            bind(lhs),
-            bind(rhs),
-            out.clone().binding(),
-            &mut dtypes,
-        )
-    };
-    launch(&MatmulStrategy::SimpleCyclicCmma(Default::default()))
-        .or_else(|_| launch(&MatmulStrategy::SimpleUnit(Default::default())))
-        .map_err(|e| format!("{e:?}"))?;
-    Ok(out)
 }
 
 /// The input gradient of a strided convolution, which Burn's implicit GEMM does not take

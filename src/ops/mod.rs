@@ -4,7 +4,9 @@
 //! backend extension, the route of Burn's "custom kernel" examples: a trait with Burn's
 //! kernels as the default, an override for the CPU backend (Flex), and an impl for the
 //! autodiff backend that records one custom op whose backward calls the inner backend.
-//! CUDA keeps Burn's kernels, with the convolution strategy `backend.conv` chose. No
+//! CUDA keeps Burn's kernels, with the convolution strategy `backend.conv` chose, or runs
+//! kernels of the runner's (`*_cube`). The fully connected layers' product ([`matmul`])
+//! is one the other way round: the CPU keeps Burn's, CUDA runs it untuned. No
 //! change to Burn; the cost is a bound ([`ModelBackend`], [`TrainBackend`]) that the model
 //! and the training loop carry.
 //!
@@ -18,6 +20,9 @@ pub mod conv;
 pub mod conv_cpu;
 #[cfg(feature = "cube")]
 pub mod conv_cube;
+pub mod matmul;
+#[cfg(feature = "cube")]
+pub mod matmul_cube;
 pub mod norm;
 #[cfg(feature = "cube")]
 mod norm_apply_cube;
@@ -42,6 +47,7 @@ use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::{DType, TensorData, TensorMetadata};
 
 pub use conv::{conv2d, conv_weight_layout, ConvBackend};
+pub use matmul::{linear, MatmulBackend};
 pub use norm::{
     batch_norm_eval, batch_norm_running, batch_norm_train, batch_norm_train_act, NormBackend,
 };
@@ -49,9 +55,9 @@ pub use optim::OptimBackend;
 pub use pool::{masked_mean, max_pool2d, PoolBackend};
 
 /// What the models need of a backend.
-pub trait ModelBackend: ConvBackend + NormBackend + PoolBackend {}
+pub trait ModelBackend: ConvBackend + MatmulBackend + NormBackend + PoolBackend {}
 
-impl<B: ConvBackend + NormBackend + PoolBackend> ModelBackend for B {}
+impl<B: ConvBackend + MatmulBackend + NormBackend + PoolBackend> ModelBackend for B {}
 
 /// What the training loop needs of a backend: autodiff, and the models' operations on both
 /// it and the inner (evaluation) backend.

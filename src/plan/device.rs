@@ -229,6 +229,7 @@ impl<'a> Validator<'a> {
             conv_tile: b.conv_tile,
             conv_split: b.conv_split,
             norm_sums: b.norm_sums,
+            matmul: b.matmul,
             cache_dir,
         }
     }

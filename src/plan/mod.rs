@@ -20,8 +20,8 @@ use crate::data::cifar;
 use crate::policy::CleanupPolicy;
 use crate::recipe::{
     Arch, AutotuneLevel, BackendKind, CleanupAction, ConvAlgo, ConvKernel, ConvSplit, ConvTile,
-    DataFormat, Diagnostic, Diagnostics, EvalWhen, Every, Fusion, Loaded, NormSums, OptimizerKind,
-    Recipe, Schedule, Stem,
+    DataFormat, Diagnostic, Diagnostics, EvalWhen, Every, Fusion, Loaded, MatmulAlgo, NormSums,
+    OptimizerKind, Recipe, Schedule, Stem,
 };
 
 /// Most CPU threads a recipe may ask for (rayon cannot start many more).
@@ -268,6 +268,7 @@ pub struct KernelPlan {
     pub conv_tile: ConvTile,
     pub conv_split: ConvSplit,
     pub norm_sums: NormSums,
+    pub matmul: MatmulAlgo,
     /// `backend.cache_dir`, absolute; `None`: the per-user default (see `kernels::cache_dir`).
     pub cache_dir: Option<PathBuf>,
 }

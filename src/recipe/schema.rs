@@ -114,6 +114,19 @@ pub struct BackendSection {
     /// before the kernels), which fusion joins where it is on. Default `one_pass`. Ignored by the CPU backend (its batch
     /// norm is the runner's own).
     pub norm_sums: NormSums,
+    /// CUDA: the product of each of the models' fully connected layers (the classifier
+    /// heads, the MLP's layers; not those inside Burn's LSTM and Transformer modules),
+    /// forward and for both gradients. `fixed`: one kernel chosen by the shape, untuned,
+    /// as Burn chooses when built without autotune (CubeCL's tensor-core matmul, its unit
+    /// kernel where that refuses). `autotune`: Burn's matmul, which compiles and times
+    /// about ten candidate kernels for each new shape (a layer has three) and keeps the
+    /// fastest. Default `fixed`: behind the stand-in driver (NVRTC as on the GPU
+    /// machine, 2 CPUs; BENCHMARKS.md) a cold first step of ResNet-50 compiled 145
+    /// kernels and was done after 10.8 s, where `autotune` compiled 176 in 27.2 s
+    /// (without fusion: 100 in 8.7 s against 157 in 54.6 s); the MLP's, 54 in 3.4 s
+    /// against 95 in 17.6 s. Which is faster per step on a GPU is not measured yet. Ignored by the CPU backend (Burn's matmul there
+    /// tunes nothing).
+    pub matmul: MatmulAlgo,
     /// Where compiled kernels and autotune results are kept between runs (relative to
     /// this file). Default: `$RUNNER_CACHE_DIR`, else `$XDG_CACHE_HOME/runner`, else
     /// `~/.cache/runner`. Safe to share between concurrent runs (a Slurm array).
@@ -134,6 +147,7 @@ impl Default for BackendSection {
             conv_tile: ConvTile::Cmma,
             conv_split: ConvSplit::Auto,
             norm_sums: NormSums::OnePass,
+            matmul: MatmulAlgo::Fixed,
             cache_dir: None,
         }
     }
@@ -314,6 +328,23 @@ impl ConvSplit {
         match self {
             Self::Auto => "auto",
             Self::Off => "off",
+        }
+    }
+}
+
+/// How the fully connected layers' products pick their kernel on CUDA (`backend.matmul`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum MatmulAlgo {
+    Fixed,
+    Autotune,
+}
+
+impl MatmulAlgo {
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Fixed => "fixed",
+            Self::Autotune => "autotune",
         }
     }
 }

@@ -676,56 +676,61 @@ fn id_text(resolved: &Recipe, written: &Recipe) -> String {
     toml::to_string(&r).unwrap_or_default()
 }
 
-/// The keys added to the format since cell ids were first made, each with the value every
-/// run had before it existed, newest first: a runner of before an addition hashed the
-/// same text without these lines.
-const ADDED_SINCE: [&[&str]; 3] = [
+/// What changed in the format since cell ids were first made, newest first: a key added
+/// (its lines, with the value every run had before it existed: a runner of before hashed
+/// the same text without them), or a key's default changed (its line now, and the line
+/// every run had before).
+enum Change {
+    Added(&'static [&'static str]),
+    DefaultChanged(&'static str, &'static str),
+}
+
+const CHANGES: [Change; 5] = [
+    // 2026-12-07
+    Change::Added(&["matmul = \"fixed\""]),
+    // 2026-12-06: `backend.fusion` took `"auto"` for `true`.
+    Change::DefaultChanged("fusion = \"auto\"", "fusion = true"),
     // 2026-12-05, afternoon
-    &["norm_sums = \"one_pass\""],
+    Change::Added(&["norm_sums = \"one_pass\""]),
     // 2026-12-05
-    &["conv_split = \"auto\""],
+    Change::Added(&["conv_split = \"auto\""]),
     // 2026-12-04
-    &[
+    Change::Added(&[
         "conv_kernel = \"simple_sync_cyclic\"",
         "conv_tile = \"cmma\"",
-    ],
+    ]),
 ];
 
-/// A key whose default changed since cell ids were first made: its line now, and the line
-/// every run had before (2026-12-06: `backend.fusion` took `"auto"` for `true`). Newer
-/// than every [`ADDED_SINCE`] entry.
-const DEFAULT_CHANGED: (&str, &str) = ("fusion = \"auto\"", "fusion = true");
-
-/// [`Cell::earlier_ids`]: the cell's id as each earlier version made it, newest first:
-/// with the defaults that changed since as they were, without the keys added since (where
-/// the cell has their old value; a cell that sets another could not have run before),
-/// and, before 2026-12-03, with `description`, `[slurm]` and `backend.cache_dir` in it.
-pub fn earlier_cell_ids(resolved: &Recipe, written: &Recipe) -> Vec<String> {
-    let without = |text: &str, lines: &[&str]| -> String {
+impl Change {
+    /// `text` as the runner of before this change wrote it.
+    fn undo(&self, text: &str) -> String {
         text.split_inclusive('\n')
-            .filter(|l| !lines.contains(&l.trim_end()))
-            .collect()
-    };
-    let as_before = |text: &str| -> String {
-        let (now, before) = DEFAULT_CHANGED;
-        text.split_inclusive('\n')
-            .map(|l| match l.trim_end() == now {
-                true => l.replacen(now, before, 1),
-                false => l.to_string(),
+            .filter_map(|l| match self {
+                Change::Added(lines) => (!lines.contains(&l.trim_end())).then(|| l.to_string()),
+                Change::DefaultChanged(now, before) => Some(match l.trim_end() == *now {
+                    true => l.replacen(now, before, 1),
+                    false => l.to_string(),
+                }),
             })
             .collect()
-    };
-    let mut removed: Vec<&str> = vec![];
-    let mut text = as_before(&id_text(resolved, written));
-    let mut ids = vec![short_sha(&text)];
-    for lines in ADDED_SINCE {
-        removed.extend(lines);
-        text = without(&text, lines);
+    }
+}
+
+/// [`Cell::earlier_ids`]: the cell's id as each earlier version made it, newest first:
+/// with each change since undone in turn (a key added since left out where the cell has
+/// its old value: a cell that sets another could not have run before), and, before
+/// 2026-12-03, with `description`, `[slurm]` and `backend.cache_dir` in it.
+pub fn earlier_cell_ids(resolved: &Recipe, written: &Recipe) -> Vec<String> {
+    let undo_all = |text: String| CHANGES.iter().fold(text, |t, c| c.undo(&t));
+    let mut text = id_text(resolved, written);
+    let mut ids = vec![];
+    for change in &CHANGES {
+        text = change.undo(&text);
         ids.push(short_sha(&text));
     }
     // Before 2026-12-03 the id held `[slurm]`, whose `cpus_per_task` was written out as 2
     // whatever the task (unset now, it is 4 with a GPU: 2026-12-06).
-    let legacy = as_before(&toml::to_string(&id_recipe(resolved, written)).unwrap_or_default());
+    let legacy = toml::to_string(&id_recipe(resolved, written)).unwrap_or_default();
     let legacy = match resolved.slurm.cpus_per_task {
         Some(_) => legacy,
         None => legacy
@@ -741,7 +746,7 @@ pub fn earlier_cell_ids(resolved: &Recipe, written: &Recipe) -> Vec<String> {
             })
             .collect(),
     };
-    ids.push(short_sha(&without(&legacy, &removed)));
+    ids.push(short_sha(&undo_all(legacy)));
     let current = cell_id(resolved, written);
     let mut unique = vec![];
     for id in ids {

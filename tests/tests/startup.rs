@@ -35,6 +35,7 @@ fn a_run_records_its_startup_and_where_kernels_are_cached() {
     assert_eq!(env["kernels"]["autotune"], "balanced");
     assert_eq!(env["kernels"]["conv"], "implicit_gemm");
     assert_eq!(env["kernels"]["norm_sums"], "one_pass");
+    assert_eq!(env["kernels"]["matmul"], "fixed");
 
     // The recipe key wins over the variable, relative to the directory it was given in;
     // -q silences the start-up line.
@@ -80,14 +81,15 @@ fn a_run_records_its_startup_and_where_kernels_are_cached() {
     );
 
     // A named convolution kernel is recorded with its tile, the weight gradients left
-    // unsplit and the batch norm's sums by Burn's reductions, as the run would use them on
-    // CUDA, and kept in the resolved recipe.
+    // unsplit, the batch norm's sums by Burn's reductions and the fully connected layers
+    // autotuned, as the run would use them on CUDA, and kept in the resolved recipe.
     let out = runner_cmd()
         .arg(&recipe)
         .args(["-q", "--set", "backend.conv_kernel=\"simple_async_tma\""])
         .args(["--set", "backend.conv_tile=\"mma\""])
         .args(["--set", "backend.conv_split=\"off\""])
         .args(["--set", "backend.norm_sums=\"reduce\""])
+        .args(["--set", "backend.matmul=\"autotune\""])
         .env("RUNNER_CACHE_DIR", dir.join("kc"))
         .output()
         .unwrap();
@@ -103,12 +105,14 @@ fn a_run_records_its_startup_and_where_kernels_are_cached() {
         "implicit_gemm simple_async_tma_mma, conv_split off"
     );
     assert_eq!(env["kernels"]["norm_sums"], "reduce");
+    assert_eq!(env["kernels"]["matmul"], "autotune");
     let resolved = std::fs::read_to_string(latest.join("recipe.toml")).unwrap();
     assert!(
         resolved.contains("conv_kernel = \"simple_async_tma\"")
             && resolved.contains("conv_tile = \"mma\"")
             && resolved.contains("conv_split = \"off\"")
-            && resolved.contains("norm_sums = \"reduce\""),
+            && resolved.contains("norm_sums = \"reduce\"")
+            && resolved.contains("matmul = \"autotune\""),
         "{resolved}"
     );
 }

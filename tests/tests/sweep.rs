@@ -1506,13 +1506,14 @@ fn resume_finds_two_cells_done_elsewhere(grid: &Path, what: &str) {
     );
 }
 
-/// A cell's ids are pinned: the current one, the one of `8ea179d` (2026-12-06, before
+/// A cell's ids are pinned: the current one, the one of `c72e435` (2026-12-07, before
+/// `backend.matmul`), the one of `8ea179d` (2026-12-06, before
 /// `backend.fusion` took `"auto"` for its default), the one of `f9d7070` (2026-12-05,
 /// before `backend.norm_sums`), and the one the runner of `04422a2` (before
 /// `backend.conv_split`) made for the same recipe, read from the sweep directory that
 /// binary wrote. A key added to the format changes every current id (the resolved recipe
-/// has one more line), and so does a default changed; `ADDED_SINCE` or `DEFAULT_CHANGED`
-/// in `src/sweep/mod.rs` must then name it, so that `--resume` still finds the cells done
+/// has one more line), and so does a default changed; `CHANGES` in `src/sweep/mod.rs`
+/// must then name it, so that `--resume` still finds the cells done
 /// before the upgrade.
 #[test]
 fn cell_ids_of_earlier_versions_are_the_ids_those_made() {
@@ -1538,8 +1539,9 @@ fn cell_ids_of_earlier_versions_are_the_ids_those_made() {
         ids,
         [
             (
-                "baba62cee031",
+                "1135a9379c1d",
                 vec![
+                    "baba62cee031",
                     "66b6d824fb4b",
                     "131e76f37e67",
                     "5cfe3076a149",
@@ -1547,8 +1549,9 @@ fn cell_ids_of_earlier_versions_are_the_ids_those_made() {
                 ]
             ),
             (
-                "3ad7febc0801",
+                "674cb2568618",
                 vec![
+                    "3ad7febc0801",
                     "6a092957126b",
                     "cf3827f80486",
                     "c0dfae561365",
@@ -1592,8 +1595,9 @@ fn resume_with_other_job_resources_trains_no_done_cell_again() {
         );
     }
     // A sweep directory of an earlier version: its cells' statuses under their old ids.
-    // The newest earlier ids are those before `backend.fusion` took `"auto"` for `true`,
-    // and before `backend.norm_sums` and `backend.conv_split` existed (every cell here has
+    // The newest earlier ids are those before `backend.matmul` existed, before
+    // `backend.fusion` took `"auto"` for `true`, and before `backend.norm_sums` and
+    // `backend.conv_split` existed (every cell here has
     // their defaults); the oldest held `[slurm]` (a recipe without it, description or
     // cache_dir keeps its ids), and none of the keys added since.
     let cells = runner::sweep::check(&grid, &[], &Machine::cpu_only(), 256)
@@ -1601,16 +1605,17 @@ fn resume_with_other_job_resources_trains_no_done_cell_again() {
         .cells;
     let sweeps = dir.join("runs/g/sweeps");
     for (version, pick) in [
-        ("before fusion = \"auto\"", 0),
-        ("before norm_sums", 1),
-        ("before conv_split", 2),
-        ("before 2026-12-03", 4),
+        ("before matmul", 0),
+        ("before fusion = \"auto\"", 1),
+        ("before norm_sums", 2),
+        ("before conv_split", 3),
+        ("before 2026-12-03", 5),
     ] {
         let current = only_run(&sweeps);
         let old = sweeps.join("from-an-earlier-version");
         std::fs::rename(&current, &old).unwrap();
         for c in &cells {
-            assert_eq!(c.earlier_ids.len(), 5, "{:?}", c.earlier_ids);
+            assert_eq!(c.earlier_ids.len(), 6, "{:?}", c.earlier_ids);
             assert!(!c.earlier_ids.contains(&c.id));
             std::fs::rename(
                 old.join(format!("cells/{:04}-{}.json", c.index, c.id)),
