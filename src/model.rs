@@ -10,14 +10,16 @@ use burn::module::{
     AutodiffModule, Content, Devices, Module, ModuleDisplay, ModuleDisplayDefault, ModuleMapper,
     ModuleVisitor, Param, ParamId,
 };
+use burn::nn::attention::MultiHeadAttention;
 use burn::nn::conv::{Conv2d, Conv2dConfig};
 use burn::nn::lstm::{Lstm, LstmConfig};
 use burn::nn::pool::{AdaptiveAvgPool2d, AdaptiveAvgPool2dConfig, MaxPool2d, MaxPool2dConfig};
 use burn::nn::transformer::{
-    TransformerEncoder, TransformerEncoderConfig, TransformerEncoderInput,
+    TransformerEncoder, TransformerEncoderConfig, TransformerEncoderLayer,
 };
+use burn::nn::GateController;
 use burn::nn::{Embedding, EmbeddingConfig, Linear, LinearConfig, PaddingConfig2d};
-use burn::tensor::activation::relu;
+use burn::tensor::activation::{quiet_softmax, relu, softmax};
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::ops::ConvOptions;
 use burn::tensor::{Bool, Int, Tensor};
@@ -676,11 +678,81 @@ impl<B: ModelBackend> LstmClassifier<B> {
     fn forward(&self, ids: Tensor<B, 2, Int>, lengths: Tensor<B, 1, Int>) -> Tensor<B, 2> {
         let mut x = self.embed.forward(ids);
         for l in &self.layers {
-            x = l.forward(x, None).0;
+            x = lstm_forward(l, x);
         }
         let [b, _, h] = x.dims();
         let last = (lengths - 1).reshape([b, 1, 1]).repeat_dim(2, h);
         ops::linear(&self.out, x.gather(1, last).reshape([b, h]))
+    }
+}
+
+/// Burn's `Lstm::forward` (burn-nn 0.21) from a zero state, on Burn's own module (so
+/// records are unchanged), with its gates' products joined: the gates' input weights side
+/// by side multiply every step's input at once (`[b·t, e]` by `[e, 4h]`), and their hidden
+/// weights side by side the hidden state, once a step (`[b, h]` by `[h, 4h]`), on
+/// [`ops::matmul`]. Burn's makes eight products a step, two a gate, each on its autotuned
+/// matmul on CUDA (`backend.matmul`). Each gate's value is the same sum, `(x·Wᵢ + bᵢ) +
+/// (h·Wₕ + bₕ)`, taken as a slice.
+fn lstm_forward<B: ModelBackend>(l: &Lstm<B>, x: Tensor<B, 3>) -> Tensor<B, 3> {
+    let x = match l.batch_first {
+        true => x,
+        false => x.swap_dims(0, 1),
+    };
+    let device = x.device();
+    let [b, t, e] = x.dims();
+    let h = l.d_hidden;
+    // (A coupled forget gate, `input_forget`, has no product of its own.)
+    let mut gates = vec![&l.input_gate];
+    if !l.input_forget {
+        gates.push(&l.forget_gate);
+    }
+    gates.extend([&l.output_gate, &l.cell_gate]);
+    let g = gates.len();
+    let joined = |layer: fn(&GateController<B>) -> &Linear<B>| {
+        let weight = Tensor::cat(gates.iter().map(|c| layer(c).weight.val()).collect(), 1);
+        let bias: Option<Vec<Tensor<B, 1>>> = (gates.iter())
+            .map(|c| layer(c).bias.as_ref().map(|p| p.val()))
+            .collect();
+        (weight, bias.map(|v| Tensor::cat(v, 0).unsqueeze::<2>()))
+    };
+    let with_bias = |y: Tensor<B, 2>, bias: &Option<Tensor<B, 2>>| match bias {
+        Some(bias) => y + bias.clone(),
+        None => y,
+    };
+    let (w_in, b_in) = joined(|c| &c.input_transform);
+    let (w_hidden, b_hidden) = joined(|c| &c.hidden_transform);
+    let inputs = with_bias(ops::matmul(x.reshape([b * t, e]), w_in), &b_in).reshape([b, t, g * h]);
+    let mut out = Tensor::<B, 3>::empty([b, t, h], &device);
+    let mut cell = Tensor::<B, 2>::zeros([b, h], &device);
+    let mut hidden = Tensor::<B, 2>::zeros([b, h], &device);
+    let order: Vec<usize> = match l.reverse {
+        true => (0..t).rev().collect(),
+        false => (0..t).collect(),
+    };
+    for i in order {
+        let input_part = inputs
+            .clone()
+            .slice([0..b, i..i + 1, 0..g * h])
+            .reshape([b, g * h]);
+        let sums = input_part + with_bias(ops::matmul(hidden.clone(), w_hidden.clone()), &b_hidden);
+        let gate = |k: usize| sums.clone().slice([0..b, k * h..(k + 1) * h]);
+        let input = l.gate_activation.forward(gate(0));
+        let forget = match l.input_forget {
+            true => input.clone().neg().add_scalar(1.0),
+            false => l.gate_activation.forward(gate(1)),
+        };
+        let output = l.gate_activation.forward(gate(g - 2));
+        let candidate = l.cell_activation.forward(gate(g - 1));
+        cell = forget * cell + input * candidate;
+        if let Some(clip) = l.clip {
+            cell = cell.clamp(-clip, clip);
+        }
+        hidden = output * l.hidden_activation.forward(cell.clone());
+        out = out.slice_assign([0..b, i..i + 1, 0..h], hidden.clone().unsqueeze_dim(1));
+    }
+    match l.batch_first {
+        true => out,
+        false => out.swap_dims(0, 1),
     }
 }
 
@@ -720,11 +792,82 @@ impl<B: ModelBackend> TransformerClassifier<B> {
             .reshape([1, t])
             .repeat_dim(0, b);
         let x = self.embed.forward(ids) + self.position.forward(positions);
-        let x = self
-            .encoder
-            .forward(TransformerEncoderInput::new(x).mask_pad(pad.clone()));
+        let x = encoder_forward(&self.encoder, x, pad.clone());
         ops::linear(&self.out, ops::masked_mean(x, pad))
     }
+}
+
+/// Burn's `TransformerEncoder::forward` (burn-nn 0.21) with padded keys masked, its
+/// products on [`ops::matmul`] (the linear layers' and attention's): the same operations
+/// in the same order (dropout draws included), on Burn's own modules, so records are
+/// unchanged. Burn's own would send every product to its autotuned matmul on CUDA
+/// (`backend.matmul`: 167 of the Transformer recipe's 381 cold compilations behind the
+/// stand-in driver, and a text batch of a new length tunes them all again).
+fn encoder_forward<B: ModelBackend>(
+    encoder: &TransformerEncoder<B>,
+    mut x: Tensor<B, 3>,
+    pad: Tensor<B, 2, Bool>,
+) -> Tensor<B, 3> {
+    for layer in &encoder.layers {
+        x = encoder_layer(layer, x, pad.clone());
+    }
+    x
+}
+
+/// `TransformerEncoderLayer::forward`.
+fn encoder_layer<B: ModelBackend>(
+    l: &TransformerEncoderLayer<B>,
+    x: Tensor<B, 3>,
+    pad: Tensor<B, 2, Bool>,
+) -> Tensor<B, 3> {
+    let residual = match l.norm_first {
+        true => l.norm_2.forward(x.clone()),
+        false => x.clone(),
+    };
+    let residual = l.dropout.forward(self_attention(&l.mha, residual, pad));
+    let mut x = x + residual;
+    let residual = if l.norm_first {
+        l.norm_1.forward(x.clone())
+    } else {
+        x = l.norm_1.forward(x);
+        x.clone()
+    };
+    let ff = &l.pwff;
+    let inner = ff
+        .activation
+        .forward(ops::linear_3d(&ff.linear_inner, residual));
+    let residual = ops::linear_3d(&ff.linear_outer, ff.dropout.forward(inner));
+    let x = x + l.dropout.forward(residual);
+    match l.norm_first {
+        true => x,
+        false => l.norm_2.forward(x),
+    }
+}
+
+/// `MultiHeadAttention::forward` on self-attention with a padding mask: the context.
+fn self_attention<B: ModelBackend>(
+    m: &MultiHeadAttention<B>,
+    x: Tensor<B, 3>,
+    pad: Tensor<B, 2, Bool>,
+) -> Tensor<B, 3> {
+    let [b, t, d] = x.dims();
+    let heads = |layer: &Linear<B>| {
+        ops::linear_3d(layer, x.clone())
+            .reshape([b, t, m.n_heads, m.d_k])
+            .swap_dims(1, 2)
+    };
+    let (query, key, value) = (heads(&m.query), heads(&m.key), heads(&m.value));
+    let scores = ops::matmul(query, key.transpose()).div_scalar((m.d_k as f32).sqrt());
+    let scores = m.dropout.forward(scores);
+    let scores = scores.mask_fill(pad.reshape([b, 1, 1, t]), m.min_float);
+    let weights = match m.quiet_softmax {
+        true => quiet_softmax(scores, 3),
+        false => softmax(scores, 3),
+    };
+    let context = ops::matmul(weights, value)
+        .swap_dims(1, 2)
+        .reshape([b, t, d]);
+    ops::linear_3d(&m.output, context)
 }
 
 #[cfg(test)]
@@ -801,5 +944,122 @@ mod tests {
             1e-4,
             "running variance",
         );
+    }
+
+    /// The runner's encoder (`encoder_forward`) is Burn's `TransformerEncoder::forward`
+    /// with a padding mask: the same output and gradients (of the input and of the first
+    /// layer's query and feed-forward weights), pre-norm and post-norm. Without dropout:
+    /// Flex's dropout masks do not repeat after `B::seed` (Burn's encoder run twice so
+    /// differs), so the dropouts are placed as Burn places them, by reading, not by test.
+    #[test]
+    fn transformer_encoder_matches_burns() {
+        use burn::nn::transformer::TransformerEncoderInput;
+        let device = Default::default();
+        for norm_first in [true, false] {
+            let encoder = TransformerEncoderConfig::new(8, 12, 2, 2)
+                .with_dropout(0.0)
+                .with_norm_first(norm_first)
+                .init::<B>(&device);
+            let x = Tensor::<B, 3>::random([3, 5, 8], Distribution::Normal(0., 1.), &device);
+            let pad = Tensor::<B, 2, Int>::from_data(
+                [[0, 0, 0, 0, 0], [0, 0, 0, 1, 1], [0, 1, 1, 1, 1]],
+                &device,
+            )
+            .equal_elem(1);
+            let dy = Tensor::<B, 3>::random([3, 5, 8], Distribution::Normal(0., 1.), &device);
+            let run = |ours: bool| {
+                let x = x.clone().require_grad();
+                let y = match ours {
+                    true => encoder_forward(&encoder, x.clone(), pad.clone()),
+                    false => encoder
+                        .forward(TransformerEncoderInput::new(x.clone()).mask_pad(pad.clone())),
+                };
+                let g = (y.clone() * dy.clone()).sum().backward();
+                let layer = &encoder.layers[0];
+                [
+                    y.into_data(),
+                    x.grad(&g).unwrap().into_data(),
+                    layer.mha.query.weight.val().grad(&g).unwrap().into_data(),
+                    layer
+                        .pwff
+                        .linear_inner
+                        .weight
+                        .val()
+                        .grad(&g)
+                        .unwrap()
+                        .into_data(),
+                ]
+            };
+            let (ours, theirs) = (run(true), run(false));
+            for (name, (a, b)) in ["output", "dx", "dW query", "dW inner"]
+                .iter()
+                .zip(ours.into_iter().zip(theirs))
+            {
+                close(a, b, 1e-4, &format!("norm_first {norm_first}: {name}"));
+            }
+        }
+    }
+
+    /// The runner's LSTM (`lstm_forward`, its gates' products joined) is Burn's
+    /// `Lstm::forward` from a zero state: the same output and gradients (of the input, of
+    /// each gate's bias and of two gates' weights), forward and reversed, and with a
+    /// coupled forget gate (`input_forget`), whose own weights then get no gradient in
+    /// either.
+    #[test]
+    fn lstm_matches_burns() {
+        let device = Default::default();
+        for (reverse, coupled) in [(false, false), (true, false), (false, true)] {
+            let lstm = LstmConfig::new(6, 5, true)
+                .with_reverse(reverse)
+                .with_input_forget(coupled)
+                .init::<B>(&device);
+            let x = Tensor::<B, 3>::random([3, 4, 6], Distribution::Normal(0., 1.), &device);
+            let dy = Tensor::<B, 3>::random([3, 4, 5], Distribution::Normal(0., 1.), &device);
+            let run = |ours: bool| {
+                let x = x.clone().require_grad();
+                let y = match ours {
+                    true => lstm_forward(&lstm, x.clone()),
+                    false => lstm.forward(x.clone(), None).0,
+                };
+                let g = (y.clone() * dy.clone()).sum().backward();
+                let weight = |l: &Linear<B>| l.weight.val().grad(&g).map(|t| t.into_data());
+                let bias = |l: &Linear<B>| {
+                    (l.bias.as_ref()).and_then(|b| b.val().grad(&g).map(|t| t.into_data()))
+                };
+                let gates = [
+                    &lstm.input_gate,
+                    &lstm.forget_gate,
+                    &lstm.output_gate,
+                    &lstm.cell_gate,
+                ];
+                let mut out = vec![Some(y.into_data()), x.grad(&g).map(|t| t.into_data())];
+                out.extend(gates.iter().map(|c| bias(&c.hidden_transform)));
+                out.extend([
+                    weight(&lstm.forget_gate.input_transform),
+                    weight(&lstm.cell_gate.hidden_transform),
+                ]);
+                out
+            };
+            let (ours, theirs) = (run(true), run(false));
+            let names = [
+                "output",
+                "dx",
+                "db input",
+                "db forget",
+                "db output",
+                "db cell",
+                "dW forget (input)",
+                "dW cell (hidden)",
+            ];
+            for (name, (a, b)) in names.iter().zip(ours.into_iter().zip(theirs)) {
+                let what = format!("reverse {reverse}, coupled {coupled}: {name}");
+                let forget = name.contains("forget");
+                match (a, b) {
+                    (Some(a), Some(b)) if !(coupled && forget) => close(a, b, 1e-5, &what),
+                    (None, None) if coupled && forget => {}
+                    (a, b) => panic!("{what}: ours {:?}, Burn's {:?}", a.is_some(), b.is_some()),
+                }
+            }
+        }
     }
 }

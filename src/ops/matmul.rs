@@ -1,5 +1,7 @@
-//! The models' fully connected layers as a backend extension: [`MatmulBackend`] has the
-//! matrix product a layer computes (`x · W`, and its two gradients `dy · Wᵀ` and `xᵀ · dy`),
+//! The models' products as a backend extension: [`MatmulBackend`] has the matrix product
+//! a fully connected layer computes (`x · W`, and its two gradients `dy · Wᵀ` and
+//! `xᵀ · dy`), batched too, as attention's (`model::encoder_forward`; the LSTM's gates
+//! are layers too, `model::lstm_forward`),
 //! with Burn's `matmul` as the default; the autodiff backend records one custom op whose
 //! backward asks the inner backend for both gradients; CubeCL's backends run it on one
 //! kernel chosen by the shape, untuned, unless `backend.matmul = "autotune"`
@@ -23,34 +25,56 @@ use burn::tensor::backend::Backend;
 use burn::tensor::ops::FloatTensor;
 use burn::tensor::{Tensor, TensorPrimitive};
 
-/// A backend the models' fully connected layers multiply on. The default is Burn's.
+/// A backend the models' layers multiply on. The default is Burn's.
 pub trait MatmulBackend: Backend {
-    /// `lhs · rhs`, `[m, k]` by `[k, n]` (either may be a transposed view).
-    fn matmul_2d(lhs: FloatTensor<Self>, rhs: FloatTensor<Self>) -> FloatTensor<Self> {
+    /// `lhs · rhs`, `[.., m, k]` by `[.., k, n]` with the same batch dimensions (either
+    /// may be a transposed or permuted view).
+    fn layer_matmul(lhs: FloatTensor<Self>, rhs: FloatTensor<Self>) -> FloatTensor<Self> {
         Self::float_matmul(lhs, rhs)
     }
 }
 
 impl MatmulBackend for Flex {}
 
+/// `lhs · rhs` by [`MatmulBackend::layer_matmul`]: `[.., m, k]` by `[.., k, n]`, the same
+/// batch dimensions.
+pub fn matmul<B: MatmulBackend, const D: usize>(
+    lhs: Tensor<B, D>,
+    rhs: Tensor<B, D>,
+) -> Tensor<B, D> {
+    let out = B::layer_matmul(lhs.into_primitive().tensor(), rhs.into_primitive().tensor());
+    Tensor::from_primitive(TensorPrimitive::Float(out))
+}
+
 /// A fully connected layer on `[batch, d_input]`: `x · W + b`, as Burn's `Linear::forward`,
-/// its product by [`MatmulBackend::matmul_2d`].
+/// its product by [`matmul`].
 pub fn linear<B: MatmulBackend>(layer: &Linear<B>, x: Tensor<B, 2>) -> Tensor<B, 2> {
-    let out = B::matmul_2d(
-        x.into_primitive().tensor(),
-        layer.weight.val().into_primitive().tensor(),
-    );
-    let out = Tensor::<B, 2>::from_primitive(TensorPrimitive::Float(out));
+    let out = matmul(x, layer.weight.val());
     match &layer.bias {
         Some(b) => out + b.val().unsqueeze::<2>(),
         None => out,
     }
 }
 
+/// [`linear`] on `[batch, length, d_input]`, as rows.
+pub fn linear_3d<B: MatmulBackend>(layer: &Linear<B>, x: Tensor<B, 3>) -> Tensor<B, 3> {
+    let [b, t, d] = x.dims();
+    let out = linear(layer, x.reshape([b * t, d]));
+    let n = out.dims()[1];
+    out.reshape([b, t, n])
+}
+
+/// The last two dimensions of `t` swapped (a view).
+fn transposed<B: Backend>(t: FloatTensor<B>) -> FloatTensor<B> {
+    use burn::tensor::TensorMetadata;
+    let n = t.shape().num_dims();
+    B::float_swap_dims(t, n - 2, n - 1)
+}
+
 /// One autodiff node per product; its backward asks the inner backend for the gradients
 /// of whichever operands are tracked, each a product too.
 impl<B: MatmulBackend, C: CheckpointStrategy> MatmulBackend for Autodiff<B, C> {
-    fn matmul_2d(lhs: FloatTensor<Self>, rhs: FloatTensor<Self>) -> FloatTensor<Self> {
+    fn layer_matmul(lhs: FloatTensor<Self>, rhs: FloatTensor<Self>) -> FloatTensor<Self> {
         #[derive(Debug)]
         struct MatmulBackward;
 
@@ -68,12 +92,12 @@ impl<B: MatmulBackend, C: CheckpointStrategy> MatmulBackend for Autodiff<B, C> {
                 let (lhs_state, rhs_state) = ops.state;
                 if let Some(node) = node_lhs {
                     let rhs = checkpointer.retrieve_node_output::<FloatTensor<B>>(rhs_state);
-                    let d = B::matmul_2d(grad.clone(), B::float_swap_dims(rhs, 0, 1));
+                    let d = B::layer_matmul(grad.clone(), transposed::<B>(rhs));
                     grads.register::<B>(node.id, d);
                 }
                 if let Some(node) = node_rhs {
                     let lhs = checkpointer.retrieve_node_output::<FloatTensor<B>>(lhs_state);
-                    let d = B::matmul_2d(B::float_swap_dims(lhs, 0, 1), grad);
+                    let d = B::layer_matmul(transposed::<B>(lhs), grad);
                     grads.register::<B>(node.id, d);
                 }
             }
@@ -87,10 +111,10 @@ impl<B: MatmulBackend, C: CheckpointStrategy> MatmulBackend for Autodiff<B, C> {
             OpsKind::Tracked(mut prep) => {
                 let lhs_state = prep.checkpoint(&lhs);
                 let rhs_state = prep.checkpoint(&rhs);
-                let out = B::matmul_2d(lhs.primitive, rhs.primitive);
+                let out = B::layer_matmul(lhs.primitive, rhs.primitive);
                 prep.finish((lhs_state, rhs_state), out)
             }
-            OpsKind::UnTracked(prep) => prep.finish(B::matmul_2d(lhs.primitive, rhs.primitive)),
+            OpsKind::UnTracked(prep) => prep.finish(B::layer_matmul(lhs.primitive, rhs.primitive)),
         }
     }
 }

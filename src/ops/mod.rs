@@ -47,7 +47,7 @@ use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::{DType, TensorData, TensorMetadata};
 
 pub use conv::{conv2d, conv_weight_layout, ConvBackend};
-pub use matmul::{linear, MatmulBackend};
+pub use matmul::{linear, linear_3d, matmul, MatmulBackend};
 pub use norm::{
     batch_norm_eval, batch_norm_running, batch_norm_train, batch_norm_train_act, NormBackend,
 };

@@ -114,17 +114,19 @@ pub struct BackendSection {
     /// before the kernels), which fusion joins where it is on. Default `one_pass`. Ignored by the CPU backend (its batch
     /// norm is the runner's own).
     pub norm_sums: NormSums,
-    /// CUDA: the product of each of the models' fully connected layers (the classifier
-    /// heads, the MLP's layers; not those inside Burn's LSTM and Transformer modules),
-    /// forward and for both gradients. `fixed`: one kernel chosen by the shape, untuned,
-    /// as Burn chooses when built without autotune (CubeCL's tensor-core matmul, its unit
-    /// kernel where that refuses). `autotune`: Burn's matmul, which compiles and times
-    /// about ten candidate kernels for each new shape (a layer has three) and keeps the
-    /// fastest. Default `fixed`: behind the stand-in driver (NVRTC as on the GPU
-    /// machine, 2 CPUs; BENCHMARKS.md) a cold first step of ResNet-50 compiled 145
-    /// kernels and was done after 10.8 s, where `autotune` compiled 176 in 27.2 s
-    /// (without fusion: 100 in 8.7 s against 157 in 54.6 s); the MLP's, 54 in 3.4 s
-    /// against 95 in 17.6 s. Which is faster per step on a GPU is not measured yet. Ignored by the CPU backend (Burn's matmul there
+    /// CUDA: the products of the models' layers, forward and for both gradients: every
+    /// fully connected layer (the classifier heads, the MLP's and the bag model's layers,
+    /// the Transformer's, the LSTM's gates) and the Transformer's attention (its two
+    /// batched products). `fixed`: one kernel chosen by the shape, untuned, as Burn
+    /// chooses when built without autotune (CubeCL's tensor-core matmul, its unit kernel
+    /// where that refuses). `autotune`: Burn's matmul, which compiles and times about ten
+    /// candidate kernels for each new shape (a layer has three) and keeps the fastest.
+    /// Default `fixed`: behind the stand-in driver (NVRTC as on the GPU machine, 2 CPUs;
+    /// BENCHMARKS.md) a cold first step of ResNet-50 compiled 145 kernels and was done
+    /// after 10.8 s, where `autotune` compiled 176 in 27.2 s (without fusion: 100 in
+    /// 8.7 s against 157 in 54.6 s); the MLP's, 54 in 3.4 s against 95 in 17.6 s; the
+    /// Transformer recipe's, 244 in 11.0 s against 496 in 118.5 s. Which is faster per
+    /// step on a GPU is not measured yet. Ignored by the CPU backend (Burn's matmul there
     /// tunes nothing).
     pub matmul: MatmulAlgo,
     /// Where compiled kernels and autotune results are kept between runs (relative to
@@ -332,7 +334,7 @@ impl ConvSplit {
     }
 }
 
-/// How the fully connected layers' products pick their kernel on CUDA (`backend.matmul`).
+/// How the models' layers' products pick their kernel on CUDA (`backend.matmul`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum MatmulAlgo {
