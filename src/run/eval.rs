@@ -54,18 +54,36 @@ fn saved_weights(run_dir: &Path, best: bool) -> Result<PathBuf, RunError> {
             "error: {} {why}\n  = help: check the path, its links and the permissions of the folders on the way",
             weights.display()
         )
-    } else if best {
+    } else {
+        missing_weights(run_dir, &weights, best)
+    }))
+}
+
+/// Why a run's weights file is not there, and what to do, from what its summary says: a
+/// file the run saved and that was removed after is told from one it never saved.
+fn missing_weights(run_dir: &Path, weights: &Path, best: bool) -> String {
+    let summary: Option<crate::metrics::Summary> =
+        crate::metrics::read_text(run_dir.join("summary.json"))
+            .ok()
+            .and_then(|t| serde_json::from_str(&t).ok());
+    let removed = |what: String| {
         format!(
-            "error: {} does not exist: the run saved none (it has no validation set, data.validation, or never evaluated it: run.validate)",
+            "error: {} does not exist, though the run saved it ({what}): it was removed or moved since\n  = help: put it back from a copy of the run directory",
             weights.display()
         )
-    } else {
+    };
+    if best {
+        return match summary.as_ref().and_then(|s| s.best_step) {
+            Some(step) => removed(format!("its best validation, step {step}")),
+            None => format!(
+                "error: {} does not exist: the run saved none (it has no validation set, data.validation, or never evaluated it: run.validate)",
+                weights.display()
+            ),
+        };
+    }
+    {
         // What the run's summary says of it: resuming is the way only for a run that
         // stopped (a live one is still going; a failed one resumes into the same failure).
-        let summary: Option<crate::metrics::Summary> =
-            crate::metrics::read_text(run_dir.join("summary.json"))
-                .ok()
-                .and_then(|t| serde_json::from_str(&t).ok());
         let first = |e: &str| e.split(';').next().unwrap_or(e).to_string();
         match summary.as_ref().map(|s| (s.status, s.process(), s.error.as_deref())) {
             Some((RunStatus::Running, Process::Alive(pid), _)) => format!(
@@ -85,12 +103,29 @@ fn saved_weights(run_dir: &Path, best: bool) -> Result<PathBuf, RunError> {
                 weights.display(),
                 e.map_or("no error recorded".to_string(), first)
             ),
+            Some((RunStatus::Completed, _, _)) => match saves_final(run_dir) {
+                true => removed("after its last step".to_string()),
+                false => format!(
+                    "error: {} does not exist: the run completed with [checkpoint] save_final = false, so it saved no weights\n  = help: evaluate its best weights (--best), if it kept any, or run the recipe again with save_final = true",
+                    weights.display()
+                ),
+            },
             _ => format!(
                 "error: {} does not exist: the run has not completed (resume it), or ran with [checkpoint] save_final = false",
                 weights.display()
             ),
         }
-    }))
+    }
+}
+
+/// Whether the run's recipe (its `recipe.toml`) saved its weights after its last step:
+/// `checkpoint.save_final`, true unless it says false.
+fn saves_final(run_dir: &Path) -> bool {
+    crate::metrics::read_text(run_dir.join("recipe.toml"))
+        .ok()
+        .and_then(|t| t.parse::<toml::Table>().ok())
+        .and_then(|t| t.get("checkpoint")?.get("save_final")?.as_bool())
+        .unwrap_or(true)
 }
 
 /// The evaluation, generic over the backend (`backend::dispatch` picks it).
@@ -374,11 +409,7 @@ fn as_data_flag(
     mut d: crate::recipe::Diagnostics,
     recipe_path: &Path,
 ) -> crate::recipe::Diagnostics {
-    let format = crate::metrics::read_text(recipe_path)
-        .ok()
-        .and_then(|t| t.parse::<toml::Table>().ok())
-        .and_then(|t| t.get("data")?.get("format")?.as_str().map(String::from))
-        .unwrap_or_default();
+    let format = recipe_key(recipe_path, "data", "format").unwrap_or_default();
     for e in &mut d.0 {
         if e.file != Path::new("--set") || e.key.as_deref() != Some("data.test") {
             continue;
@@ -414,8 +445,41 @@ fn as_data_flag(
         {
             e.help = Some("--data is a path from the working directory".into());
         }
+        // The fields are the run's: eval takes no --set, so "set data.label_field" was
+        // no help.
+        for field in ["text_field", "label_field"] {
+            if e.help
+                .as_deref()
+                .is_some_and(|h| h.starts_with(&format!("set data.{field} ")))
+            {
+                let name = recipe_key(recipe_path, "data", field).unwrap_or_else(|| {
+                    if field == "text_field" {
+                        "text"
+                    } else {
+                        "label"
+                    }
+                    .to_string()
+                });
+                e.help = Some(format!(
+                    "the run reads each line's {} from the field \"{name}\" (its data.{field}): --data must have it on every line",
+                    if field == "text_field" { "text" } else { "label" }
+                ));
+            }
+        }
     }
     d
+}
+
+/// `[table] key`'s value in a recipe file, as a string.
+fn recipe_key(recipe_path: &Path, table: &str, key: &str) -> Option<String> {
+    crate::metrics::read_text(recipe_path)
+        .ok()?
+        .parse::<toml::Table>()
+        .ok()?
+        .get(table)?
+        .get(key)?
+        .as_str()
+        .map(String::from)
 }
 
 /// `eval-<stamp>.json`, or `eval-<stamp>-2.json`, ... when an evaluation in the same second

@@ -643,10 +643,20 @@ fn stop_at_second_signal(
             summary.weights_sha256 =
                 crate::checkpoint::sha256_of(&d.join(crate::train::WEIGHTS)).ok();
         }
-        // The best weights as on disk: this process (or an earlier one of the run) wrote
-        // them.
-        if let Ok(sum) = crate::checkpoint::sha256_of(&d.join(crate::train::BEST_WEIGHTS)) {
-            summary.best_weights_sha256 = Some(sum);
+        // The best weights of `best_step`, the latest checkpoint's: their sum as it recorded
+        // it (a best saved after it is saved again by the resume), else as on disk (this
+        // process or an earlier one of the run wrote them; checkpoints of earlier versions).
+        let recorded = latest
+            .as_ref()
+            .and_then(|(_, s)| s.recorded.as_ref())
+            .map(|r| r.best_weights_sha256.clone());
+        match recorded {
+            Some(sum) => summary.best_weights_sha256 = sum,
+            None => {
+                if let Ok(sum) = crate::checkpoint::sha256_of(&d.join(crate::train::BEST_WEIGHTS)) {
+                    summary.best_weights_sha256 = Some(sum);
+                }
+            }
         }
         let counts = kernels::counts().since(counts_at_start);
         if counts != KernelCounts::default() {

@@ -86,10 +86,7 @@ pub fn resume(
         let mut summary =
             read_summary.unwrap_or_else(|why| rebuilt_summary(run_dir, &plan, &prepared, &why));
         let evals = rewind(&mut summary, &state, &records);
-        // The best weights as on disk: a process killed outright may have saved newer ones
-        // than its summary says (`runner eval --best` then called an intact file replaced).
-        summary.best_weights_sha256 =
-            crate::checkpoint::sha256_of(&run_dir.join(crate::train::BEST_WEIGHTS)).ok();
+        summary.best_weights_sha256 = best_weights_at(run_dir, &state);
         write_json_keeping_room(&run_dir.join("summary.json"), &summary, KEPT_ROOM)
             .map_err(|e| fail(format!("summary.json: {e}")))?;
         update_env(run_dir, &env, &moved, state.step).map_err(fail)?;
@@ -114,6 +111,45 @@ pub fn resume(
         };
         drive(&plan, opts, prepared, files)
     })
+}
+
+/// `summary.json`'s `best_weights_sha256` for a run resumed from the checkpoint of
+/// `state`: the SHA-256 of `model-best.safetensors` as the checkpoint recorded it, the
+/// best weights of the step the resumed run starts from. A file that is not those is said
+/// and not vouched for (a resume took the sum of whatever file it found, so `runner eval
+/// --best` of a damaged one found nothing wrong): it is damaged, or a later best that a
+/// process killed outright saved after its checkpoint, which the resumed run saves again
+/// when it gets there. Checkpoints of earlier versions have no sum: the file as it is.
+fn best_weights_at(run_dir: &Path, state: &crate::checkpoint::State) -> Option<String> {
+    let path = run_dir.join(crate::train::BEST_WEIGHTS);
+    let on_disk = crate::checkpoint::sha256_of(&path).ok();
+    let Some(recorded) = &state.recorded else {
+        return on_disk;
+    };
+    let saved = match (&recorded.best_weights_sha256, state.best) {
+        (Some(saved), _) => saved.clone(),
+        // None saved by then: a file there is a later best, saved again on the way.
+        (None, None) => return None,
+        // A best but no sum: checkpoints of an earlier version that recorded no sum.
+        (None, Some(_)) => return on_disk,
+    };
+    if on_disk.as_deref() != Some(saved.as_str()) {
+        let first = |h: &str| h.chars().take(12).collect::<String>();
+        let found = match &on_disk {
+            Some(h) => format!("its SHA-256 is {}…", first(h)),
+            None => "it is missing".to_string(),
+        };
+        let of_step = state
+            .best
+            .map_or(String::new(), |b| format!(" (step {})", b.0));
+        crate::errln!(
+            "warning: {} is not the best weights{of_step} that the checkpoint of step {} recorded ({found}, the checkpoint's {}…): a later best saved by the process that stopped, which this resume saves again when it gets there, or a damaged file; until a best is saved again, `runner eval --best` says so",
+            path.display(),
+            state.step,
+            first(&saved),
+        );
+    }
+    Some(saved)
 }
 
 /// On the CPU, the thread count the run started with (`env.json`'s `threads`), taken by
@@ -283,8 +319,13 @@ fn take_run_lock(run_dir: &Path) -> Result<crate::sweep::CellLock, RunError> {
             )))
         }
         Err(e) => Err(input(format!(
-            "error: {}: cannot take {RUN_LOCK}: {e}",
-            run_dir.display()
+            "error: {}: cannot take {RUN_LOCK}: {e}\n  = help: a resume writes in the run directory (its lock, then the steps); {}",
+            run_dir.display(),
+            match e.kind() {
+                std::io::ErrorKind::ReadOnlyFilesystem | std::io::ErrorKind::PermissionDenied =>
+                    "copy the run to a place this user can write (cp -a) and resume the copy, or resume it as the user who ran it",
+                _ => "check the run directory's disk and permissions",
+            }
         ))),
     }
 }

@@ -189,6 +189,7 @@ impl Sink for FileSink {
             first_step_ms: self.first_step_ms,
             // This process's own are added by the loop, which has the loader.
             loader_workers_started: Some(self.workers_before),
+            best_weights_sha256: self.best_weights_sha256.clone(),
         }
     }
     fn moved(&mut self, to: &Path) {

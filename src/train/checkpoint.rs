@@ -102,6 +102,12 @@ pub struct Recorded {
     /// `loader_workers_started`, which a process killed outright did not add to).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub loader_workers_started: Option<usize>,
+    /// The SHA-256 of `model-best.safetensors` as last saved before this checkpoint: the
+    /// best weights of `State::best`, which a resume checks the file against (it took the
+    /// file as it found it, so a damaged one was vouched for by the summary). `None` where
+    /// none was saved by then, and in checkpoints of earlier versions.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub best_weights_sha256: Option<String>,
 }
 
 // A checkpoint file's size and CRC-32 when it was written: enough to find a file cut
@@ -541,6 +547,14 @@ pub fn load_weights<B: crate::ops::ModelBackend>(
     path: &Path,
 ) -> Result<Net<B>, String> {
     use burn_store::{ModuleSnapshot, SafetensorsStore};
+    // burn-store takes a tensor in the file's type: an F16 one made a model whose first
+    // product panicked, and an integer one a double free.
+    if let Some((name, dtype)) = not_f32(path) {
+        return Err(format!(
+            "{}: tensor {name} is {dtype} in the file, F32 in the model: runner reads 32-bit float weights (as it saves them); convert the file's tensors to F32 (in PyTorch: `{{k: v.float() for k, v in state.items()}}`)",
+            path.display()
+        ));
+    }
     // What does not fit is said below in words: burn-store's own report is written for
     // the program's author (how to call its API), not for whoever runs `runner eval`.
     let mut store = SafetensorsStore::from_file(path)
@@ -587,6 +601,30 @@ pub fn load_weights<B: crate::ops::ModelBackend>(
         ));
     }
     Ok(model.in_device_layouts())
+}
+
+/// The first tensor of a safetensors file that is not F32, by name, and its type, as the
+/// file's header says (read alone: 8 bytes of length, then JSON). `None` where all are, and
+/// where the header cannot be read, which the load then says.
+fn not_f32(path: &Path) -> Option<(String, String)> {
+    use std::io::Read;
+    let mut f = std::fs::File::open(path).ok()?;
+    let mut len = [0u8; 8];
+    f.read_exact(&mut len).ok()?;
+    let len = u64::from_le_bytes(len);
+    if len > f.metadata().ok()?.len().min(100 << 20) {
+        return None;
+    }
+    let mut header = vec![0u8; len as usize];
+    f.read_exact(&mut header).ok()?;
+    let header: BTreeMap<String, serde_json::Value> = serde_json::from_slice(&header).ok()?;
+    header
+        .into_iter()
+        .filter(|(name, _)| name != "__metadata__")
+        .find_map(|(name, t)| match t.get("dtype")?.as_str()? {
+            "F32" => None,
+            other => Some((name, other.to_string())),
+        })
 }
 
 #[cfg(test)]
@@ -647,6 +685,7 @@ mod tests {
                 startup_s: Some(next()),
                 first_step_ms: Some(next()),
                 loader_workers_started: Some(7),
+                best_weights_sha256: Some("0f".repeat(32)),
             }),
             state_crc32: None,
         };

@@ -439,7 +439,11 @@ fn a_second_signal_keeps_the_checkpoints_and_evaluations_in_the_summary() {
             "checkpoint.every=1",
             "run.eval=\"epoch\"",
             // A final evaluation of seconds, for both signals to land in it.
-            "data.synthetic={ samples = 512, test_samples = 150000, image_size = 8 }",
+            "data.synthetic={ samples = 640, test_samples = 150000, image_size = 8 }",
+            // A best at each step, likely: watched, with the best weights saved.
+            "data.validation=0.2",
+            "run.validate=1",
+            "run.early_stop.patience=100",
         ],
     );
     // Step 2's line and the weights: the final evaluation is under way.
@@ -469,6 +473,18 @@ fn a_second_signal_keeps_the_checkpoints_and_evaluations_in_the_summary() {
         s.evals.iter().map(|e| e.step).collect::<Vec<_>>(),
         [1],
         "{s:?}"
+    );
+    // The best, the checkpoint's, and the sum of its weights as the checkpoint recorded
+    // them: the file on disk is step 2's best (a resume saves it again), whose sum the
+    // summary gave beside step 1 as the best step.
+    assert_eq!(s.best_step, Some(1), "{s:?}");
+    let at_1 = recorded.best_weights_sha256.clone();
+    assert!(at_1.is_some(), "{state:?}");
+    assert_eq!(s.best_weights_sha256, at_1, "{s:?}");
+    let on_disk = runner::checkpoint::sha256_of(&run.join("model-best.safetensors")).ok();
+    assert!(
+        on_disk.is_some() && on_disk != at_1,
+        "no best after the checkpoint: the test shows nothing"
     );
 }
 

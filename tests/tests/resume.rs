@@ -1412,6 +1412,27 @@ fn eval_of_a_text_run_uses_its_tokenizer_and_needs_no_training_data() {
             && !stderr.contains("raise model.num_classes"),
         "{stderr}"
     );
+    // Lines without the label or the text: the fields the run reads, not a key to set
+    // (eval takes no --set).
+    for (line, help) in [
+        (
+            "{\"text\": \"a fine film\"}",
+            "the run reads each line's label from the field \"label\" (its data.label_field)",
+        ),
+        (
+            "{\"label\": 1}",
+            "the run reads each line's text from the field \"text\" (its data.text_field)",
+        ),
+    ] {
+        std::fs::write(&other, format!("{line}\n")).unwrap();
+        let out = eval(&["--data".as_ref(), other.as_os_str()]);
+        expect_exit(&out, 2);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            stderr.contains(help) && !stderr.contains("set data."),
+            "{stderr}"
+        );
+    }
     // The tokenizer cut short: exit 2, naming it, nothing scored.
     let tokenizer = run.join("tokenizer.json");
     let saved = std::fs::read(&tokenizer).unwrap();
@@ -1849,6 +1870,75 @@ fn eval_says_when_the_weights_are_not_those_the_run_saved() {
     assert!(stderr.contains("the run's aééééééééééé…)"), "{stderr}");
 }
 
+/// Weights of another float type (a file converted to F16 by another tool) or of an integer
+/// type are refused by name, exit 2: burn-store took the file's type, and the first
+/// product panicked (exit 101), or an integer tensor ended in a double free (exit 134).
+#[test]
+fn eval_refuses_weights_that_are_not_f32() {
+    let dir = tempdir("eval-dtype");
+    let recipe = tiny_recipe(&dir, "d", "");
+    expect_exit(&runner_cmd().arg(&recipe).arg("-q").output().unwrap(), 0);
+    let run = only_run(&dir.join("runs/d"));
+    let weights = run.join("model.safetensors");
+    let saved = std::fs::read(&weights).unwrap();
+    for (dtype, bytes) in [("F16", 2), ("BF16", 2), ("F64", 8), ("I32", 4)] {
+        std::fs::write(&weights, retyped(&saved, dtype, bytes)).unwrap();
+        let out = runner_cmd().arg("eval").arg(&run).output().unwrap();
+        expect_exit(&out, 2);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            stderr.contains(&format!(
+                "{}: tensor Mlp.layers.0.bias is {dtype} in the file, F32 in the model",
+                weights.display()
+            )) && stderr.contains("convert the file's tensors to F32"),
+            "{dtype}: {stderr}"
+        );
+        assert!(eval_reports(&run).is_empty());
+    }
+    std::fs::write(&weights, &saved).unwrap();
+    expect_exit(&runner_cmd().arg("eval").arg(&run).output().unwrap(), 0);
+}
+
+/// A safetensors file's tensors as `dtype` (`bytes` a value): each F32 value's leading
+/// bytes, cut or padded (the values do not matter, the types do), the offsets made anew.
+fn retyped(file: &[u8], dtype: &str, bytes: usize) -> Vec<u8> {
+    let len = u64::from_le_bytes(file[..8].try_into().unwrap()) as usize;
+    let mut header: serde_json::Map<String, serde_json::Value> =
+        serde_json::from_slice(&file[8..8 + len]).unwrap();
+    let data = &file[8 + len..];
+    let mut names: Vec<String> = header
+        .keys()
+        .filter(|k| *k != "__metadata__")
+        .cloned()
+        .collect();
+    names.sort_by_key(|n| header[n]["data_offsets"][0].as_u64().unwrap());
+    let mut out = vec![];
+    for name in names {
+        let t = header.get_mut(&name).unwrap();
+        let (a, b) = (
+            t["data_offsets"][0].as_u64().unwrap() as usize,
+            t["data_offsets"][1].as_u64().unwrap() as usize,
+        );
+        let start = out.len();
+        for v in data[a..b].chunks(4) {
+            let mut x = [0u8; 8];
+            x[..4].copy_from_slice(v);
+            // Two bytes: the upper half (the value as BF16); eight: zeros after it.
+            out.extend_from_slice(if bytes == 2 { &x[2..4] } else { &x[..bytes] });
+        }
+        t["dtype"] = dtype.into();
+        t["data_offsets"] = serde_json::json!([start, out.len()]);
+    }
+    let mut text = serde_json::to_string(&header).unwrap().into_bytes();
+    while !text.len().is_multiple_of(8) {
+        text.push(b' ');
+    }
+    let mut file = (text.len() as u64).to_le_bytes().to_vec();
+    file.extend(text);
+    file.extend(out);
+    file
+}
+
 /// The best weights too: the summary keeps their SHA-256 as last saved, and `runner eval
 /// --best` of a file that is no longer that one says so.
 #[test]
@@ -1897,16 +1987,61 @@ fn eval_best_says_when_the_best_weights_are_not_those_saved() {
         )),
         "{stderr}"
     );
+    // Removed after the run saved them: said so (it said the run saved none, of a run
+    // with a validation set and a best).
+    std::fs::remove_file(&best).unwrap();
+    let out = eval();
+    expect_exit(&out, 2);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let step = s.best_step.unwrap();
+    assert!(
+        stderr.contains(&format!(
+            "error: {} does not exist, though the run saved it (its best validation, step {step}): it was removed or moved since",
+            best.display()
+        )),
+        "{stderr}"
+    );
+    // The trained weights too (it said the completed run had not completed).
+    let weights = run.join("model.safetensors");
+    std::fs::remove_file(&weights).unwrap();
+    let out = runner_cmd().arg("eval").arg(&run).output().unwrap();
+    expect_exit(&out, 2);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains(&format!(
+            "error: {} does not exist, though the run saved it (after its last step)",
+            weights.display()
+        )),
+        "{stderr}"
+    );
+    // A run that saved none says why.
+    let out = runner_cmd()
+        .arg(&recipe)
+        .args(["-q", "--set", "checkpoint.save_final=false"])
+        .output()
+        .unwrap();
+    expect_exit(&out, 0);
+    let run = std::fs::read_dir(dir.join("runs/b"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| p.is_dir() && *p != run)
+        .unwrap();
+    let out = runner_cmd().arg("eval").arg(&run).output().unwrap();
+    expect_exit(&out, 2);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains(
+            "the run completed with [checkpoint] save_final = false, so it saved no weights"
+        ),
+        "{stderr}"
+    );
 }
 
-/// A process killed outright (`kill -9`) after saving a new best leaves a summary whose
-/// `best_weights_sha256` is older than `model-best.safetensors`: a resume takes the sum of
-/// the file as it finds it, so that `runner eval --best` of the intact file does not call
-/// it replaced.
-#[test]
-fn a_resume_takes_the_best_weights_as_it_finds_them() {
-    let dir = tempdir("best-after-kill");
-    let recipe = tiny_recipe(&dir, "k", "[checkpoint]\nevery = 5\n");
+/// A run stopped by SIGTERM after 190 steps, a checkpoint every 5 steps, all kept, its best
+/// weights saved (validation every 2 steps, no better value by 0.5 after the first ones).
+fn stopped_with_a_best(dir: &Path) -> PathBuf {
+    let recipe = tiny_recipe(dir, "k", "[checkpoint]\nevery = 5\nkeep = 1000\n");
     let sets: Vec<std::ffi::OsString> = [
         "-q",
         "--set",
@@ -1917,7 +2052,6 @@ fn a_resume_takes_the_best_weights_as_it_finds_them() {
         "data.validation=0.2",
         "--set",
         "run.validate=2",
-        // No better value after step 160 (by 0.5): the resume saves no new best.
         "--set",
         "run.early_stop.min_delta=0.5",
         "--set",
@@ -1930,29 +2064,100 @@ fn a_resume_takes_the_best_weights_as_it_finds_them() {
     args.extend(sets.iter().map(|s| s.as_os_str()));
     let out = kill_after(&args, &dir.join("runs"), 190, "-TERM");
     expect_exit(&out, 143);
-    let run = only_run(&dir.join("runs/k"));
+    only_run(&dir.join("runs/k"))
+}
+
+fn eval_best(run: &Path) -> String {
+    let out = runner_cmd()
+        .arg("eval")
+        .arg(run)
+        .arg("--best")
+        .output()
+        .unwrap();
+    expect_exit(&out, 0);
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+/// A resume checks `model-best.safetensors` against the SHA-256 its checkpoint recorded:
+/// a damaged file is said, and the summary keeps the sum of the weights the run saved, so
+/// that `runner eval --best` says so too (a resume took the sum of whatever file it found,
+/// and vouched for the damaged one).
+#[test]
+fn a_resume_says_when_the_best_weights_are_damaged() {
+    let dir = tempdir("best-damaged");
+    let run = stopped_with_a_best(&dir);
     let best = run.join("model-best.safetensors");
-    // What a killed process would have left: another best file than the summary's.
-    flip_a_tensor_byte(&best);
+    let saved = runner::checkpoint::sha256_of(&best).unwrap();
     let before = summary(&run).best_step;
-    expect_exit(&resume_quietly(&run), 0);
+    assert!(
+        before.is_some(),
+        "no best was saved: the test shows nothing"
+    );
+    assert_eq!(summary(&run).best_weights_sha256.as_deref(), Some(&*saved));
+    flip_a_tensor_byte(&best);
+    let out = resume_quietly(&run);
+    expect_exit(&out, 0);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains(&format!(
+            "warning: {} is not the best weights (step {}) that the checkpoint of step",
+            best.display(),
+            before.unwrap()
+        )),
+        "{stderr}"
+    );
     let s = summary(&run);
     assert_eq!(
         s.best_step, before,
         "a new best was saved: the test shows nothing"
     );
-    assert_eq!(
-        s.best_weights_sha256,
-        Some(runner::checkpoint::sha256_of(&best).unwrap())
+    assert_eq!(s.best_weights_sha256.as_deref(), Some(&*saved));
+    let stderr = eval_best(&run);
+    assert!(
+        stderr.contains(&format!(
+            "warning: {} is not the file the run saved",
+            best.display()
+        )),
+        "{stderr}"
     );
-    let out = runner_cmd()
-        .arg("eval")
-        .arg(&run)
-        .arg("--best")
-        .output()
-        .unwrap();
+}
+
+/// A process killed outright (`kill -9`) after saving a new best, and before its next
+/// checkpoint, leaves a best file later than the checkpoint a resume starts from: the
+/// resume says it is not the checkpoint's, and saves it again, the same bytes, when it gets
+/// to that best's step; `runner eval --best` then finds the file the run saved. (Made here
+/// by removing the checkpoints written after that best's step.)
+#[test]
+fn a_resume_saves_again_a_best_saved_after_its_checkpoint() {
+    let dir = tempdir("best-after-kill");
+    let run = stopped_with_a_best(&dir);
+    let best = run.join("model-best.safetensors");
+    let saved = runner::checkpoint::sha256_of(&best).unwrap();
+    let best_step = summary(&run).best_step.unwrap();
+    let checkpoints = runner::checkpoint::list(&run);
+    let at = checkpoints
+        .iter()
+        .rposition(|(_, s)| s.best.is_some_and(|b| b.0 < best_step))
+        .expect("no checkpoint before the last best: the test shows nothing");
+    for (dir, _) in &checkpoints[at + 1..] {
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+    let from = checkpoints[at].1.step;
+    let out = resume_quietly(&run);
     expect_exit(&out, 0);
     let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains(&format!(
+            "is not the best weights (step {}) that the checkpoint of step {from} recorded",
+            checkpoints[at].1.best.unwrap().0
+        )),
+        "{stderr}"
+    );
+    let s = summary(&run);
+    assert_eq!(s.best_step, Some(best_step));
+    assert_eq!(s.best_weights_sha256.as_deref(), Some(&*saved));
+    assert_eq!(runner::checkpoint::sha256_of(&best).unwrap(), saved);
+    let stderr = eval_best(&run);
     assert!(!stderr.contains("not the file the run saved"), "{stderr}");
 }
 
