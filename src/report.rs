@@ -122,9 +122,11 @@ pub fn find_runs_said(paths: &[PathBuf]) -> Result<(Vec<PathBuf>, Vec<Excluded>)
     // `up -> ..`, or a second way to a run) is not walked again.
     let mut walked: HashMap<PathBuf, PathBuf> = HashMap::new();
     let mut again: Vec<Excluded> = vec![];
+    // Either file: a run missing one of them (a copy made in part) is listed with what it
+    // lacks (by `load_run`), where it was left out in silence.
     let is_run = |d: &Path| {
         let there = |f: &str| d.join(f).symlink_metadata().is_ok();
-        there("summary.json") && there("metrics.jsonl")
+        there("summary.json") || there("metrics.jsonl")
     };
     for p in paths {
         let mut found = vec![];
@@ -216,7 +218,7 @@ pub fn find_runs_said(paths: &[PathBuf]) -> Result<(Vec<PathBuf>, Vec<Excluded>)
     }
     if out.is_empty() {
         return Err(Error::Input(format!(
-            "error: no run directories (with summary.json and metrics.jsonl) under {}\n  = help: run a recipe first; runs go to runs/<name>/<run-id>/",
+            "error: no run directories (with summary.json or metrics.jsonl) under {}\n  = help: run a recipe first; runs go to runs/<name>/<run-id>/",
             paths.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(", ")
         )));
     }
@@ -248,6 +250,14 @@ fn grid_order(sweeps: &Path) -> Vec<(PathBuf, usize, PathBuf)> {
 pub fn load_run(dir: &Path) -> Result<Run, Error> {
     let sp = dir.join("summary.json");
     let mp = dir.join("metrics.jsonl");
+    for p in [&sp, &mp] {
+        if crate::recipe::why_missing(p) == "does not exist" {
+            return Err(Error::Input(format!(
+                "error: {} does not exist: a run directory holds it from the run's start\n  = help: a copy of the run made in part? copy it again from where the run ran",
+                p.display()
+            )));
+        }
+    }
     // Read only regular files: a named pipe would block the report for good.
     // (One that cannot be reached at all is said by the read below.)
     for p in [&sp, &mp] {

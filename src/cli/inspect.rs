@@ -84,14 +84,17 @@ pub(crate) fn show(args: &CheckArgs, cell: Option<usize>) -> ExitCode {
                 );
                 return ExitCode::from(2);
             }
-            (_, i) => {
-                let p = &c.plans[i.unwrap_or(0)];
+            (grid, i) => {
+                let at = i.unwrap_or(0);
+                // A recipe that is not a grid is not a cell (it said "cell 0").
+                let which = match grid {
+                    true => format!("cell {at}, id {}", c.cells[at].id),
+                    false => format!("id {}", c.cells[at].id),
+                };
                 runner::out!(
-                    "# {} (cell {}, id {})\n{}",
+                    "# {} ({which})\n{}",
                     c.path.display(),
-                    i.unwrap_or(0),
-                    c.cells[i.unwrap_or(0)].id,
-                    toml::to_string(&p.resolved).unwrap_or_default()
+                    toml::to_string(&c.plans[at].resolved).unwrap_or_default()
                 );
             }
         }

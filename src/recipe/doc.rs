@@ -565,11 +565,9 @@ fn load_chain(
         );
         return None;
     }
-    // (`.` came out as the empty path, said to be "no such file".) `..` after a folder
-    // that is a symbolic link leaves the link's target, as the OS has it: where folding
-    // it away finds no file, the path is taken as written.
+    // `..` after a folder that is a symbolic link leaves the link's target, as the OS has
+    // it: where folding it away finds no file, the path is taken as written.
     let parent_path = match super::lexical(&dir.join(parent)) {
-        p if p.as_os_str().is_empty() => PathBuf::from("."),
         p if !p.exists() && dir.join(parent).exists() => dir.join(parent),
         p => p,
     };

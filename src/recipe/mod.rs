@@ -232,7 +232,8 @@ pub fn why_missing(path: &Path) -> String {
     }
 }
 
-/// `a/b/../c` → `a/c`, without touching the file system (for messages about missing files).
+/// `a/b/../c` → `a/c`, without touching the file system (for messages about missing files);
+/// `.` where nothing is left (`./.`, which messages showed as nothing at all).
 pub fn lexical(p: &Path) -> PathBuf {
     use std::path::Component;
     let mut out: Vec<Component> = vec![];
@@ -245,7 +246,10 @@ pub fn lexical(p: &Path) -> PathBuf {
             other => out.push(other),
         }
     }
-    out.iter().collect()
+    match out.is_empty() {
+        true => PathBuf::from("."),
+        false => out.iter().collect(),
+    }
 }
 
 /// Checks a variant of an already checked recipe (a sweep cell: `doc` is `base.doc` with
@@ -434,24 +438,31 @@ fn check_types(path: &Path, doc: &mut Doc, report: &mut Diagnostics, dropped: &m
                 dropped.push(full);
                 continue;
             }
-            let mut alone = toml::Value::Table(toml::Table::new());
-            let mut slot = &mut alone;
-            for part in full.split('.') {
-                slot = slot
-                    .as_table_mut()
-                    .expect("table")
-                    .entry(part)
-                    .or_insert(toml::Value::Table(toml::Table::new()));
-            }
-            *slot = v;
-            if let Err(e) = Recipe::deserialize(alone) {
+            let word_of = v.type_str();
+            if let Err(e) = Recipe::deserialize(alone(&full, v)) {
                 let msg = e.message().to_string();
-                let mut d = doc.diagnostic(
-                    path,
-                    &full,
-                    Diagnostic::error(path, friendly(&msg)).key(full.clone()),
-                );
-                if let Some(help) = value_help(&msg) {
+                // A number or true where a word goes: serde said "unit variant, expected
+                // string only", naming neither the value's type nor the words allowed.
+                let words = msg
+                    .contains("expected string only")
+                    .then(|| allowed_words(&full))
+                    .flatten();
+                let (said, help) = match words {
+                    Some((words, first)) => (
+                        format!(
+                            "invalid type: {} {word_of}, expected a word in quotes, one of {words}",
+                            article(word_of)
+                        ),
+                        Some(format!(
+                            "write {} = \"{first}\" (or another of the words, in quotes)",
+                            full.rsplit('.').next().unwrap_or(&full)
+                        )),
+                    ),
+                    None => (friendly(&msg), value_help(&msg)),
+                };
+                let mut d =
+                    doc.diagnostic(path, &full, Diagnostic::error(path, said).key(full.clone()));
+                if let Some(help) = help {
                     d = d.help(help);
                 }
                 report.push(d);
@@ -460,6 +471,31 @@ fn check_types(path: &Path, doc: &mut Doc, report: &mut Diagnostics, dropped: &m
             }
         }
     }
+}
+
+/// A recipe holding only `key` (dotted) = `value`, for serde to check it alone.
+fn alone(key: &str, value: toml::Value) -> toml::Value {
+    let mut alone = toml::Value::Table(toml::Table::new());
+    let mut slot = &mut alone;
+    for part in key.split('.') {
+        slot = slot
+            .as_table_mut()
+            .expect("table")
+            .entry(part)
+            .or_insert(toml::Value::Table(toml::Table::new()));
+    }
+    *slot = value;
+    alone
+}
+
+/// The words a key of a closed set takes (`` `a`, `b` ``) and the first of them, as serde
+/// lists them for a word it does not know.
+fn allowed_words(key: &str) -> Option<(String, String)> {
+    let e = Recipe::deserialize(alone(key, toml::Value::String("\u{1}".into()))).err()?;
+    let msg = e.message().to_string();
+    let words = msg.split_once("expected one of ")?.1.trim().to_string();
+    let first = words.split('`').nth(1)?.to_string();
+    Some((words, first))
 }
 
 fn article(word: &str) -> &'static str {

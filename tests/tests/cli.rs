@@ -196,6 +196,12 @@ fn set_tilde_removes_a_key_the_recipe_sets() {
         shown.contains("arch = \"mlp\"") && !shown.contains("width ="),
         "{shown}"
     );
+    // Its header: the file and its id; no cell, for a recipe that is not a grid.
+    let header = shown.lines().next().unwrap_or_default();
+    assert!(
+        header.starts_with(&format!("# {} (id ", quickstart.display())) && !header.contains("cell"),
+        "{header}"
+    );
     // A whole table goes back to its defaults; a key the recipe does not set is a mistake.
     let out = run("show", &["~optim"]);
     expect_exit(&out, 0);
@@ -1020,6 +1026,25 @@ fn a_grid_says_its_mistakes_and_its_cells_in_proportion() {
             && said.contains(" | 72 more: runner show lists them)")
             && said.matches(" | ").count() == 8,
         "{said}"
+    );
+}
+
+/// `extends = "."` of a recipe named from its own folder names that folder: the message
+/// said "extends : is a directory", with no path at all.
+#[test]
+fn extends_of_the_recipe_s_own_folder_names_it() {
+    let dir = tempdir("extends-dot");
+    std::fs::write(dir.join("x.toml"), "extends = \".\"\n").unwrap();
+    let out = runner_cmd()
+        .current_dir(&dir)
+        .args(["validate", "x.toml"])
+        .output()
+        .unwrap();
+    expect_exit(&out, 2);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("x.toml:1:11: extends: extends .: is a directory, not a recipe file"),
+        "{err}"
     );
 }
 

@@ -266,6 +266,34 @@ fn a_diverged_run_fails_at_that_step_and_report_keeps_it_apart() {
                 .contains("metrics.jsonl: 0 lines for the 4 steps summary.json says the run took"),
         "{stderr}"
     );
+    // One without it (a copy made in part), and one without its summary: listed with what
+    // they lack (the first was left out without a word).
+    let part = dir.join("runs/part");
+    let copy = |name: &str, without: &str| {
+        let to = part.join(name);
+        std::fs::create_dir_all(&to).unwrap();
+        for f in ["summary.json", "metrics.jsonl", "env.json", "recipe.toml"] {
+            if f != without {
+                std::fs::copy(cut.join(f), to.join(f)).unwrap();
+            }
+        }
+        to
+    };
+    let (a, b) = (
+        copy("20260101T000001", "metrics.jsonl"),
+        copy("20260101T000002", "summary.json"),
+    );
+    let stderr = one_row();
+    for lacks in [a.join("metrics.jsonl"), b.join("summary.json")] {
+        assert!(
+            stderr.contains("(5 run(s); each with why)")
+                && stderr.contains(&format!(
+                    "{} does not exist: a run directory holds it from the run's start",
+                    lacks.display()
+                )),
+            "{stderr}"
+        );
+    }
 }
 
 #[test]
