@@ -527,10 +527,7 @@ fn load_chain(
 ) -> Option<(toml::Table, BTreeMap<String, Origin>)> {
     let text = read_text(path, text, report)?;
     let (mut table, mut origins) = parse(path, &text, sources.len(), report)?;
-    let dir = match path.parent() {
-        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
-        _ => PathBuf::from("."),
-    };
+    let dir = super::folder_of(path);
     sources.push(SourceFile {
         name: path.to_path_buf(),
         text: text.clone(),

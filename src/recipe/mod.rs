@@ -74,12 +74,9 @@ impl Loaded {
         )
     }
 
-    /// The directory of the recipe file itself.
+    /// The directory of the recipe file itself (see [`folder_of`]).
     pub fn base_dir(&self) -> PathBuf {
-        match self.path.parent() {
-            Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
-            _ => PathBuf::from("."),
-        }
+        folder_of(&self.path)
     }
 
     /// Whether the key's value came from `--set` (its paths are then relative to the
@@ -229,6 +226,31 @@ pub fn why_missing(path: &Path) -> String {
             Err(_) => "does not exist".into(),
         },
         Err(e) => format!("cannot be reached: {e}"),
+    }
+}
+
+/// The folder a recipe file's relative paths are resolved from: its own, or, for a
+/// symbolic link, its target's, the file that wrote them (they resolved from the link's
+/// folder, so a recipe linked from another folder, `recipes/mine.toml ->
+/// ../team/base.toml`, lost its data files and the files it extends). As written, not
+/// made absolute: the paths in messages stay the user's.
+pub fn folder_of(path: &Path) -> PathBuf {
+    let mut file = path.to_path_buf();
+    // A loop of links is said where the file is read.
+    for _ in 0..40 {
+        match std::fs::read_link(&file) {
+            Ok(target) => {
+                file = match file.parent() {
+                    Some(p) => p.join(target),
+                    None => target,
+                }
+            }
+            Err(_) => break,
+        }
+    }
+    match file.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+        _ => PathBuf::from("."),
     }
 }
 

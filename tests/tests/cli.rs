@@ -1029,6 +1029,46 @@ fn a_grid_says_its_mistakes_and_its_cells_in_proportion() {
     );
 }
 
+/// A recipe that is a symbolic link to one in another folder resolves its relative paths
+/// from its target's folder, the file that wrote them: they resolved from the link's, and
+/// the files it extends and its data were "no such file".
+#[test]
+fn a_linked_recipe_resolves_its_paths_from_its_target() {
+    let dir = tempdir("linked-recipe");
+    let team = dir.join("team");
+    std::fs::create_dir_all(team.join("data")).unwrap();
+    std::fs::create_dir_all(dir.join("proj/recipes")).unwrap();
+    std::fs::copy(
+        root().join("datasets/cifar10_sample/test_batch.bin"),
+        team.join("data/batch.bin"),
+    )
+    .unwrap();
+    std::fs::write(
+        team.join("base.toml"),
+        "[model]\narch = \"mlp\"\n[data]\nformat = \"cifar10-bin\"\ntrain = \"data/batch.bin\"\ntest = \"data/batch.bin\"\n[loader]\nbatch_size = 4\n",
+    )
+    .unwrap();
+    std::fs::write(
+        team.join("mine.toml"),
+        "extends = \"base.toml\"\nname = \"mine\"\n",
+    )
+    .unwrap();
+    std::os::unix::fs::symlink("../../team/mine.toml", dir.join("proj/recipes/mine.toml")).unwrap();
+    let out = runner_cmd()
+        .current_dir(dir.join("proj"))
+        .args(["show", "recipes/mine.toml"])
+        .output()
+        .unwrap();
+    expect_exit(&out, 0);
+    let shown = String::from_utf8_lossy(&out.stdout);
+    let data = std::fs::canonicalize(team.join("data/batch.bin")).unwrap();
+    assert!(
+        shown.contains(&format!("train = \"{}\"", data.display())),
+        "{shown}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 /// `extends = "."` of a recipe named from its own folder names that folder: the message
 /// said "extends : is a directory", with no path at all.
 #[test]
