@@ -56,6 +56,11 @@ static FINISHING: Mutex<bool> = Mutex::new(false);
 /// a second signal then exits keeping them, and says so.
 static FINAL_WEIGHTS: AtomicBool = AtomicBool::new(false);
 
+/// The run's best validation so far, saved as `model-best.safetensors` (step, value, the
+/// file's SHA-256): a second signal's summary says it where no checkpoint does.
+type Best = (u64, f64, Option<String>);
+static BEST_SAVED: Mutex<Option<Best>> = Mutex::new(None);
+
 /// What a signal arriving at `now` does, the first having come at `first` (both in
 /// microseconds on one clock; `first` 0: none yet).
 #[derive(Debug, PartialEq)]
@@ -210,6 +215,7 @@ pub fn say_received() {
 pub fn exit_before_first_step(at_once: impl FnOnce(i32) -> String + Send + 'static) -> Armed {
     *FINISHING.lock().unwrap_or_else(|e| e.into_inner()) = false;
     FINAL_WEIGHTS.store(false, Ordering::SeqCst);
+    *BEST_SAVED.lock().unwrap_or_else(|e| e.into_inner()) = None;
     *BEFORE_FIRST_STEP.lock().unwrap_or_else(|e| e.into_inner()) = Some(Box::new(at_once));
     // One that came before (while the data loaded) is acted on now, on this thread: the
     // loop would otherwise meet it at its first step boundary first and checkpoint step 0.
@@ -293,6 +299,17 @@ pub fn last_step_taken() -> Option<i32> {
     }
     *finishing = true;
     None
+}
+
+/// A new best validation, its weights saved (their SHA-256): see [`best_saved`].
+pub fn best_saved_now(step: u64, value: f64, sha256: Option<&str>) {
+    *BEST_SAVED.lock().unwrap_or_else(|e| e.into_inner()) =
+        Some((step, value, sha256.map(String::from)));
+}
+
+/// This process's latest best validation (step, value, the SHA-256 of its weights).
+pub fn best_saved() -> Option<Best> {
+    BEST_SAVED.lock().unwrap_or_else(|e| e.into_inner()).clone()
 }
 
 /// The run's trained weights are saved: see [`final_weights`].

@@ -643,16 +643,23 @@ fn stop_at_second_signal(
             summary.weights_sha256 =
                 crate::checkpoint::sha256_of(&d.join(crate::train::WEIGHTS)).ok();
         }
-        // The best weights of `best_step`, the latest checkpoint's: their sum as it recorded
-        // it (a best saved after it is saved again by the resume), else as on disk (this
-        // process or an earlier one of the run wrote them; checkpoints of earlier versions).
+        // The best and its weights' sum: the latest checkpoint's, as it recorded them (a
+        // best saved after it is saved again by the resume); with no checkpoint, this
+        // process's as saved (it said none); else (checkpoints of earlier versions, which
+        // recorded no sum) the file as on disk.
         let recorded = latest
             .as_ref()
             .and_then(|(_, s)| s.recorded.as_ref())
             .map(|r| r.best_weights_sha256.clone());
-        match recorded {
-            Some(sum) => summary.best_weights_sha256 = sum,
-            None => {
+        let this_process = latest.is_none().then(crate::signals::best_saved).flatten();
+        match (recorded, this_process) {
+            (Some(sum), _) => summary.best_weights_sha256 = sum,
+            (None, Some((step, value, sum))) => {
+                summary.best_step = Some(step);
+                summary.best_value = Some(value);
+                summary.best_weights_sha256 = sum;
+            }
+            (None, None) => {
                 if let Ok(sum) = crate::checkpoint::sha256_of(&d.join(crate::train::BEST_WEIGHTS)) {
                     summary.best_weights_sha256 = Some(sum);
                 }

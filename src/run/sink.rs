@@ -158,6 +158,7 @@ impl Sink for FileSink {
         if let Some(sum) = saved {
             self.best_weights_sha256 = Some(sum.to_string());
         }
+        crate::signals::best_saved_now(step, value, saved);
     }
     fn early_stopped(&mut self, step: u64) {
         self.early_stopped = Some(step);

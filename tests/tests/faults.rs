@@ -488,6 +488,35 @@ fn a_second_signal_keeps_the_checkpoints_and_evaluations_in_the_summary() {
     );
 }
 
+/// Without a checkpoint, a second signal's summary gives the best validation this process
+/// saved, its step, value and weights' SHA-256: it said none, beside the
+/// `model-best.safetensors` on disk.
+#[test]
+fn a_second_signal_without_a_checkpoint_keeps_the_best() {
+    let (child, run) = in_final_evaluation(
+        "sigint-second-best",
+        &[
+            "data.synthetic={ samples = 640, test_samples = 150000, image_size = 8 }",
+            "data.validation=0.2",
+            "run.validate=1",
+        ],
+    );
+    let weights = run.join("model.safetensors");
+    let since = std::time::Instant::now();
+    while !weights.is_file() && since.elapsed().as_secs() < 120 {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let out = interrupt_twice(child);
+    expect_exit(&out, 130);
+    let s = summary(&run);
+    assert_eq!(s.status, RunStatus::Interrupted, "{s:?}");
+    assert!(runner::checkpoint::latest(&run).is_none());
+    assert_eq!(s.best_step, Some(1), "{s:?}");
+    assert!(s.best_value.is_some_and(f64::is_finite), "{s:?}");
+    let best = runner::checkpoint::sha256_of(&run.join("model-best.safetensors")).ok();
+    assert!(best.is_some() && s.best_weights_sha256 == best, "{s:?}");
+}
+
 /// Without saved weights (`checkpoint.save_final = false`) and without a checkpoint, a
 /// second signal during the final evaluation keeps nothing to go on from, and says so.
 #[test]
