@@ -97,6 +97,22 @@ def names(rc):
     return out
 
 
+def head_classes(rc, path):
+    """The class count the run trained: the length of its last layer's bias, read from the
+    weights file's header (the training folder's batches.meta.txt may have changed since,
+    and a run with data.validation_file names no folder torch_ref reads). None where the
+    header does not say."""
+    head = {"small_cnn": "SmallCnn.fc2.bias", "mlp": f"Mlp.layers.{len(rc.hidden)}.bias"}.get(
+        rc.arch, "ResNet.fc.bias")
+    try:
+        with open(path, "rb") as f:
+            n = int.from_bytes(f.read(8), "little")
+            header = json.loads(f.read(n))
+        return int(header[head]["shape"][0])
+    except (OSError, ValueError, KeyError, IndexError, TypeError):
+        return None
+
+
 def sha256(path):
     import hashlib
 
@@ -165,7 +181,11 @@ def main(argv=None):
         return 2
     try:
         ns = argparse.Namespace(max_steps=None, warmup_steps=None)
-        rc = tr.Recipe(tr.load_toml(os.path.join(args.run_dir, "recipe.toml")), ns)
+        recipe = tr.load_toml(os.path.join(args.run_dir, "recipe.toml"))
+        # Nothing is trained here: the validation set torch_ref cannot train with is not
+        # read (such runs were refused, even for --out).
+        recipe.get("data", {}).pop("validation_file", None)
+        rc = tr.Recipe(recipe, ns)
     except tr.Unsupported as e:
         print(f"torch_weights: {e}", file=sys.stderr)
         return 2
@@ -181,10 +201,10 @@ def main(argv=None):
                   "is the runner's own draws (--out works)", file=sys.stderr)
             return 2
         channels, side = rc.syn["channels"], rc.syn["image_size"]
-        classes = rc.num_classes or rc.syn["classes"]
+        classes = head_classes(rc, weights) or rc.num_classes or rc.syn["classes"]
     else:
         channels, side = 3, 32
-        classes = rc.num_classes or tr.class_count(rc.train_path)
+        classes = head_classes(rc, weights) or rc.num_classes or tr.class_count(rc.train_path)
     net = tr.build_model(rc, channels, side, classes)
     net, tensors = load(net, rc, weights)
     # As `runner eval` does: the file checked against the sum the run recorded.
