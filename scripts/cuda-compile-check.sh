@@ -6,7 +6,8 @@
 #   scripts/cuda-compile-check.sh RUNNER [CASE...]
 #
 # RUNNER: a `cargo build --release --features cuda` binary. CASE: RECIPE[,KEY=VALUE...],
-# the recipe run for STEPS steps with those overrides (default: the cases below). How:
+# the recipe run for STEPS steps with those overrides (default: the cases below; a value
+# may be an array or a table, its commas kept: "r.toml,model.hidden=[64,64]"). How:
 # - NVRTC, the CUDA headers and ptxas come from NVIDIA's pip wheels (nvidia-cuda-nvrtc,
 #   -runtime, -crt, -cccl, -nvcc, all 13.0), downloaded once into CUDA_TOOLKIT (default
 #   ~/.cache/runner-cuda13, about 120 MB; pip needs PyPI or a mirror the first time).
@@ -70,6 +71,7 @@ for case in "$@"; do
 done
 cd "$(dirname "$0")/.." || exit 2
 REPO=$PWD
+. scripts/split-sets.sh
 if [ ${#CASES[@]} -eq 0 ]; then
   A=$REPO/recipes/article/default.toml
   CASES=(
@@ -158,7 +160,7 @@ for case in "${CASES[@]}"; do
   rm -rf "$dir"
   mkdir -p "$dir/ptx" "$dir/failed" "$dir/cache" "$dir/runs"
   sets=(--set run.max_steps="$STEPS" --set run.warmup_steps=0 --set "log.dir=\"$dir/runs\"")
-  IFS=',' read -ra extra <<< "$overrides"
+  mapfile -t extra < <(split_sets "$overrides")
   for kv in ${extra[@]+"${extra[@]}"}; do
     [ -n "$kv" ] && sets+=(--set "$kv")
   done

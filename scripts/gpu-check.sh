@@ -27,7 +27,8 @@
 #                 step (and the raw log, gzipped). With the recipe's kernel cache, so after
 #                 compare:RECIPE it neither compiles nor tunes.
 #   A startup, cold, compare, runner or kernels step may name a variant, overrides after commas,
-#   e.g. startup:resnet50,backend.fusion=false or
+#   (a value may be an array or a table, its commas kept, written without spaces:
+#   cold:mlp,model.hidden=[4096,4096]), e.g. startup:resnet50,backend.fusion=false or
 #   compare:article/default,backend.autotune=minimal: a variant with backend.* settings has
 #   its own kernel cache (other settings compile other kernels), so its first run is cold
 #   too. This is how the backend.autotune / backend.fusion / backend.conv defaults are to
@@ -111,6 +112,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 2
 REPO=$PWD
+. scripts/split-sets.sh
 T0=$SECONDS
 
 OUT=$(realpath -m "${OUT:-gpu-check-out}")
@@ -555,11 +557,11 @@ resolve() {
 arch_of() { sed -n 's/^arch *= *"\(.*\)"/\1/p' "$1" | head -n 1; }
 # A plan step's variant ("backend.fusion=false,backend.autotune=minimal") as --set flags,
 # and as a suffix naming its own kernel cache (other settings, other kernels).
-variant_sets() { local kv; for kv in ${1//,/ }; do printf '%s\n' --set "$kv"; done; }
+variant_sets() { local kv; while IFS= read -r kv; do printf '%s\n' --set "$kv"; done < <(split_sets "$1"); }
 variant_tag() { [[ -n $1 ]] && printf '+%s' "$(printf '%s' "$1" | tr -c 'A-Za-z0-9_.=\n-' '_')"; }
 # The cache suffix: the variant's backend.* settings alone (the others compile no other
 # kernels, so their runs share the model's cache).
-cache_tag() { variant_tag "$(printf '%s' "$1" | tr ',' '\n' | grep '^backend\.' | paste -sd, -)"; }
+cache_tag() { variant_tag "$(split_sets "$1" | grep '^backend\.' | paste -sd, -)"; }
 # runner_run PHASE RECIPE WHICH TIMEOUT TAG RESOLVED CACHE: trains with the kernel cache
 # CACHE (the recipe's model.arch and the step's variant), records the row. The driver's cache of the PTX it compiled to
 # machine code (CUDA_CACHE_PATH, else ~/.nv/ComputeCache) goes there too, so a cold run is
