@@ -152,6 +152,11 @@ struct RunArgs {
     /// Grids: run only the cell with this index (what each Slurm array task does).
     #[arg(long)]
     cell: Option<usize>,
+    /// Grids: run only if the grid is still the one with this id (its sweep directory's
+    /// name): a Slurm array's tasks are given it, so that after the recipe is edited they
+    /// refuse rather than run other cells by the same indices.
+    #[arg(long, value_name = "ID")]
+    grid: Option<String>,
 }
 
 #[derive(Args)]
@@ -243,6 +248,12 @@ fn printed(code: ExitCode) -> ExitCode {
 
 /// Loads, expands and validates every recipe, printing every finding; `None` on any error.
 fn check_all(args: &CheckArgs, machine: &Machine) -> Option<Vec<Checked>> {
+    check_each(args, machine).and_then(|(out, failed)| failed.is_empty().then_some(out))
+}
+
+/// Each recipe checked, its findings said: those that validate, and the paths of those
+/// that do not. `None` where the options themselves are wrong (nothing was checked).
+fn check_each(args: &CheckArgs, machine: &Machine) -> Option<(Vec<Checked>, Vec<PathBuf>)> {
     if args.max_cells == 0 {
         runner::errln!(
             "error: --max-cells 0 allows no cell\n  = help: use at least 1 (the default is {})",
@@ -260,11 +271,12 @@ fn check_all(args: &CheckArgs, machine: &Machine) -> Option<Vec<Checked>> {
         );
         return None;
     }
-    let mut out = vec![];
-    let mut ok = true;
+    let (mut out, mut failed) = (vec![], vec![]);
     // Once per call: the recipes that extend one file share its findings (a warning of
-    // spamassassin.toml was said three times, for it and the two that extend it).
+    // spamassassin.toml was said three times, for it and the two that extend it); errors
+    // alike, each recipe that met them named.
     let mut warned = vec![];
+    let mut reported: Vec<String> = vec![];
     for path in &args.recipes {
         let result = sweep::check(path, &args.sets, machine, args.max_cells);
         match result {
@@ -291,21 +303,41 @@ fn check_all(args: &CheckArgs, machine: &Machine) -> Option<Vec<Checked>> {
                 out.push(c);
             }
             Err(report) => {
-                // The --set options go to every recipe of the call: which one refused it.
-                if args.recipes.len() > 1
+                let text = report.to_string();
+                // Errors in a file this one extends: which recipe met them (each recipe
+                // of a call that extends a broken base said the base's errors again, and
+                // none named itself).
+                let base = report
+                    .errors()
+                    .map(|e| e.file.as_path())
+                    .find(|f| *f != path.as_path() && f.extension().is_some_and(|e| e == "toml"));
+                if reported.contains(&text) {
+                    runner::errln!(
+                        "error: {}: does not validate: the errors said above{}",
+                        path.display(),
+                        base.map_or(String::new(), |b| format!(
+                            ", in {} (which it extends)",
+                            b.display()
+                        ))
+                    );
+                } else if args.recipes.len() > 1
                     && report
                         .errors()
                         .any(|e| e.file == std::path::Path::new("--set"))
                 {
-                    runner::errln!("{report}, applied to {}", path.display());
+                    // The --set options go to every recipe of the call: which one refused it.
+                    runner::errln!("{text}, applied to {}", path.display());
+                } else if base.is_some() {
+                    runner::errln!("{text}, met by {} (it extends the file)", path.display());
                 } else {
-                    runner::errln!("{report}");
+                    runner::errln!("{text}");
                 }
-                ok = false;
+                reported.push(text);
+                failed.push(path.clone());
             }
         }
     }
-    ok.then_some(out)
+    Some((out, failed))
 }
 
 /// Where a recipe is checked without this machine: a CUDA recipe is valid on a laptop.

@@ -18,6 +18,9 @@ pub struct Scripts {
     pub warmup: Option<PathBuf>,
 }
 
+/// Slurm's default `MaxArraySize`: array indices 0 to 1000.
+pub const DEFAULT_MAX_ARRAY_SIZE: usize = 1001;
+
 /// Writes `<sweep dir>/slurm.sbatch` for a grid: every task runs this binary on the grid
 /// with `--resume` and its `--cell` (or `--shard` with `shards`); and, where `[slurm]
 /// warmup` asks for it (by default when tasks get a GPU), `<sweep dir>/warmup.sbatch`: one
@@ -46,12 +49,16 @@ pub fn write(
         command
     };
     let (exe, recipe_abs) = (exe.display().to_string(), recipe_abs.display().to_string());
+    // The grid's id too: each task refuses another grid (the recipe edited while the array
+    // waited in the queue, or before a requeue), whose cells its index would name.
     let mut command = with_sets(vec![
         exe.clone(),
         "sweep".into(),
         recipe_abs.clone(),
         "--resume".into(),
         "--quiet".into(),
+        "--grid".into(),
+        crate::sweep::grid_id(&c.cells),
     ]);
     let tasks = match shards {
         Some(k) if k >= 1 => {
@@ -192,6 +199,7 @@ pub fn written_options(s: &schema::SlurmSection) -> Vec<(&'static str, Option<&'
         ("job-name", None),
         ("array", None),
         ("output", None),
+        ("open-mode", None),
         ("time", Some("slurm.time")),
         ("ntasks", None),
         ("cpus-per-task", Some("slurm.cpus_per_task")),
@@ -272,6 +280,9 @@ pub fn script(
                 "#SBATCH --output={}",
                 output_pattern(sweep_dir, "slurm-%A_%a.out")
             ),
+            // A requeued task writes the same file: appended to, not truncated (the log of
+            // its run before the requeue was lost with Slurm's default).
+            "#SBATCH --open-mode=append".into(),
         ],
     );
     if s.requeue {

@@ -8,7 +8,9 @@ use std::process::ExitCode;
 use crate::*;
 
 pub(crate) fn validate(args: &CheckArgs) -> ExitCode {
-    let Some(all) = check_all(args, &any_machine()) else {
+    // Each file's verdict: those that validate are said too when others do not (a call
+    // with one bad file printed no `ok:` line, and no count).
+    let Some((all, failed)) = check_each(args, &any_machine()) else {
         return ExitCode::from(2);
     };
     // On this machine, as a run would find it: said, not refused, since the recipe may be
@@ -56,7 +58,19 @@ pub(crate) fn validate(args: &CheckArgs) -> ExitCode {
             );
         }
     }
-    ExitCode::SUCCESS
+    if failed.is_empty() {
+        return ExitCode::SUCCESS;
+    }
+    if args.recipes.len() > 1 {
+        let names: Vec<String> = failed.iter().map(|p| p.display().to_string()).collect();
+        runner::errln!(
+            "{} of {} recipes do not validate: {}",
+            failed.len(),
+            args.recipes.len(),
+            names.join(", ")
+        );
+    }
+    ExitCode::from(2)
 }
 
 pub(crate) fn show(args: &CheckArgs, cell: Option<usize>) -> ExitCode {

@@ -26,11 +26,16 @@ pub(crate) fn run_all(args: &RunArgs) -> ExitCode {
         }
     };
     for c in &all {
-        if !c.grid && (shard.is_some() || args.cell.is_some() || args.resume) {
+        if !c.grid && (shard.is_some() || args.cell.is_some() || args.resume || args.grid.is_some())
+        {
             runner::errln!(
-                "error: {}: --shard, --cell and --resume apply to recipes with a [sweep] table",
+                "error: {}: --shard, --cell, --grid and --resume apply to recipes with a [sweep] table",
                 c.path.display()
             );
+            return ExitCode::from(2);
+        }
+        if let Some(e) = other_grid(c, args.grid.as_deref()) {
+            runner::errln!("{e}");
             return ExitCode::from(2);
         }
         // Not an error: a script may start more workers than a grid has cells.
@@ -119,7 +124,17 @@ pub(crate) fn run_all(args: &RunArgs) -> ExitCode {
             }
             // Already said where it happened (run_one).
             Err(RunError::Failed { .. }) => code = ExitCode::from(1),
-            Err(e @ RunError::Interrupted { .. }) => return ExitCode::from(e.exit_code()),
+            Err(e @ RunError::Interrupted { .. }) => {
+                // The recipes after it, not started, and how to run them (the command to go
+                // on named only the interrupted one, and they were left out in silence).
+                if let Some(rest) = rest_command(&all[k + 1..], args) {
+                    runner::errln!(
+                        "note: {} recipe(s) after it not started; run them with: {rest}",
+                        all.len() - k - 1
+                    );
+                }
+                return ExitCode::from(e.exit_code());
+            }
             Err(e @ (RunError::Input(_) | RunError::Io(_))) => {
                 runner::errln!("{e}");
                 return ExitCode::from(e.exit_code());
@@ -207,14 +222,26 @@ fn summary_line(s: &Summary, dir: &Path) -> String {
     format!("{}: {}, {}", s.name, s.headline(), dir.display())
 }
 
+/// The command that runs `rest`, recipes not started: this one, for them alone.
+fn rest_command(rest: &[Checked], args: &RunArgs) -> Option<String> {
+    (!rest.is_empty()).then(|| command_for(rest, args, args.resume))
+}
+
 /// The command that continues a grid after an interruption: this one, for this grid alone,
-/// with `--resume`. Its `--set`s, `--max-cells` and `--cell`/`--shard` are kept: without
-/// the sets, `--resume` expanded another grid and trained its cells from the start.
+/// with `--resume`.
 fn grid_again(c: &Checked, args: &RunArgs) -> String {
+    command_for(std::slice::from_ref(c), args, true)
+}
+
+/// This command for `recipes` alone, as a shell line: its `--set`s, `--max-cells` and
+/// `--cell`/`--shard` are kept (without the sets, `--resume` expanded another grid and
+/// trained its cells from the start), `-q` too, and `--resume` where `resume`.
+fn command_for(recipes: &[Checked], args: &RunArgs, resume: bool) -> String {
     let exe = std::env::args_os()
         .next()
         .map_or("runner".into(), |a| a.to_string_lossy().into_owned());
-    let mut words = vec![exe, c.path.display().to_string()];
+    let mut words = vec![exe];
+    words.extend(recipes.iter().map(|c| c.path.display().to_string()));
     words.extend(sweep::check_args(&args.check.sets, args.check.max_cells));
     if let Some(shard) = &args.shard {
         words.extend(["--shard".into(), shard.clone()]);
@@ -222,10 +249,15 @@ fn grid_again(c: &Checked, args: &RunArgs) -> String {
     if let Some(cell) = args.cell {
         words.extend(["--cell".into(), cell.to_string()]);
     }
+    if let Some(grid) = &args.grid {
+        words.extend(["--grid".into(), grid.clone()]);
+    }
     if args.quiet {
         words.push("-q".into());
     }
-    words.push("--resume".into());
+    if resume {
+        words.push("--resume".into());
+    }
     let words: Vec<String> = words.iter().map(|w| slurm::shell_word(w)).collect();
     words.join(" ")
 }
@@ -856,10 +888,30 @@ fn forward_lines(
     })
 }
 
+/// `--grid ID` of a grid whose id is no longer `ID`: its cells by index are another grid's,
+/// so an array task would train a cell it was not written for, and the cells it was
+/// written for would never run.
+fn other_grid(c: &sweep::Checked, want: Option<&str>) -> Option<String> {
+    let now = sweep::grid_id(&c.cells);
+    let want = want.filter(|w| *w != now)?;
+    Some(format!(
+        "error: {}: the grid is not the one this command was written for (grid {want}; it is grid {now} now: the recipe, a file it extends or a --set changed its cells since), so no cell is run\n  = help: a Slurm array: write it again with `runner sweep --slurm {}` (with the same --set) and submit that; the cells already done are kept",
+        c.path.display(),
+        c.path.display()
+    ))
+}
+
 pub(crate) fn slurm(args: &SweepArgs) -> ExitCode {
     let Some(all) = check_all(&args.run.check, &any_machine()) else {
         return ExitCode::from(2);
     };
+    if let Some(e) = all
+        .iter()
+        .find_map(|c| other_grid(c, args.run.grid.as_deref()))
+    {
+        runner::errln!("{e}");
+        return ExitCode::from(2);
+    }
     // Refused before anything is written.
     if let Some(flag) = [
         args.run.cell.map(|_| "--cell"),
@@ -964,6 +1016,18 @@ pub(crate) fn slurm(args: &SweepArgs) -> ExitCode {
             scripts.tasks,
             scripts.array.display()
         );
+        // Slurm's default MaxArraySize: indices up to 1000 (it was written without a word,
+        // and sbatch refused it at submit time on a cluster with the default).
+        if scripts.tasks > slurm::DEFAULT_MAX_ARRAY_SIZE {
+            runner::errln!(
+                "warning: {}: {} array tasks, more than Slurm's default MaxArraySize of {} allows (indices 0 to {}): a cluster with the default refuses the array\n  = help: write it with --shards K (K tasks of several cells each, e.g. --shards {}); `scontrol show config | grep MaxArraySize` says this cluster's",
+                c.path.display(),
+                scripts.tasks,
+                slurm::DEFAULT_MAX_ARRAY_SIZE,
+                slurm::DEFAULT_MAX_ARRAY_SIZE - 1,
+                slurm::DEFAULT_MAX_ARRAY_SIZE - 1
+            );
+        }
         if let Some(w) = &scripts.warmup {
             runner::outln!(
                 "{}: a warm-up job before them (slurm.warmup) in {}{}",

@@ -286,7 +286,8 @@ impl<'a> Validator<'a> {
         let mut counts = [0usize; 2];
         let mut train_labels = std::collections::BTreeSet::new();
         let max_length = self.recipe().padding.clone().unwrap_or_default().max_length;
-        let (mut cut, mut train_longest) = (0, 0);
+        // `cut` of the `used` training texts (the first `data.limit`) are cut to max_length.
+        let (mut cut, mut train_longest, mut used) = (0, 0, 0);
         let mut bad = false;
         let tokenizer = self.recipe().data.tokenizer.clone().unwrap_or_default();
         let mut seen = TextSeen {
@@ -309,8 +310,9 @@ impl<'a> Validator<'a> {
                     if i == 0 {
                         seen.words = scan.distinct_words;
                         train_labels = scan.labels.clone();
-                        cut = scan.longer_than(tokenizer.kind, max_length);
-                        train_longest = seen.longest;
+                        let first = self.recipe().data.limit.unwrap_or(usize::MAX);
+                        (cut, train_longest) = scan.longer_than(tokenizer.kind, max_length, first);
+                        used = scan.rows.min(first);
                     }
                     let top = scan.labels.last().map_or(0, |&l| l as usize);
                     max_label = max_label.max(top);
@@ -348,8 +350,8 @@ impl<'a> Validator<'a> {
                 "padding.max_length",
                 format!(
                     "{cut} of the {} training texts ({:.1}%) are longer than {max_length} tokens (the longest has {}): each is cut to its first {max_length}",
-                    counts[0],
-                    100.0 * cut as f64 / counts[0].max(1) as f64,
+                    used,
+                    100.0 * cut as f64 / used.max(1) as f64,
                     train_longest
                 ),
                 format!("raise padding.max_length (at most {MAX_TOKENS}) to keep them whole, if the cut matters; memory grows with it"),

@@ -534,7 +534,10 @@ impl<'a> Validator<'a> {
         let swept = self.l.sweep.as_ref().map(crate::sweep::swept_keys);
         // Swept itself, or a key under it (`"data.tokenizer.kind" = [...]` on images).
         let under = format!("{key}.");
-        if swept.is_some_and(|axes| !axes.iter().any(|a| a == key || a.starts_with(&under))) {
+        if swept
+            .as_ref()
+            .is_some_and(|axes| !axes.iter().any(|a| a == key || a.starts_with(&under)))
+        {
             self.warn(
                 key,
                 format!("ignored in the cells it does not apply to (it only applies {why})"),
@@ -546,6 +549,14 @@ impl<'a> Validator<'a> {
                 key,
                 format!("only applies {why}"),
                 "leave this --set out, or give it only with the recipes it applies to (a --set goes to every recipe of the command)",
+            );
+        } else if swept.is_some() {
+            // Swept itself: `--set '~KEY'` takes nothing back (the recipe sets it only
+            // through [sweep]), which the help offered.
+            self.err(
+                key,
+                format!("only applies {why}"),
+                "sweep it only in a grid whose every cell uses it: take it out of [sweep], or split the grid into recipes where it applies and where it does not",
             );
         } else {
             self.err(
@@ -566,6 +577,18 @@ impl<'a> Validator<'a> {
                 "backend.threads",
                 format!("{threads} threads, over the cap of {MAX_THREADS}"),
                 "use 0 for one per core",
+            );
+        }
+        // 0 takes rayon's count, which `RAYON_NUM_THREADS` sets: past the cap it passed
+        // unchecked (100000 spun for minutes making threads, then aborted).
+        let from_env = std::env::var("RAYON_NUM_THREADS")
+            .ok()
+            .and_then(|v| v.trim().parse::<usize>().ok());
+        if let Some(n) = from_env.filter(|&n| threads == 0 && n > MAX_THREADS) {
+            self.err(
+                "backend.threads",
+                format!("0 takes RAYON_NUM_THREADS from the environment: {n} threads, over the cap of {MAX_THREADS}"),
+                format!("unset RAYON_NUM_THREADS (0 is then one thread per core), set it to {MAX_THREADS} or fewer, or set backend.threads"),
             );
         }
         let kernels = self.kernels(device, machine);

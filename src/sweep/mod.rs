@@ -535,7 +535,13 @@ fn over_cap(loaded: &Loaded, sizes: &[usize], max_cells: usize) -> Option<Diagno
         )
         .key("sweep"),
     );
-    Some(d.help("sweep fewer values, split the grid, or raise the cap with --max-cells"))
+    // The cap can be raised up to MAX_CELLS_LIMIT: past that, or already there, raising it
+    // is no help (it was offered of a grid of 20,000 cells at the cap of 10,000).
+    let fits_under_limit = count.parse::<usize>().is_ok_and(|c| c <= MAX_CELLS_LIMIT);
+    Some(d.help(match fits_under_limit {
+        true => format!("sweep fewer values, split the grid, or raise the cap with --max-cells (up to {MAX_CELLS_LIMIT})"),
+        false => format!("sweep fewer values, or split the grid into recipes of at most {MAX_CELLS_LIMIT} cells (the most --max-cells allows)"),
+    }))
 }
 
 /// A recipe with its cells, each validated into a plan.

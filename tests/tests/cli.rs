@@ -1069,6 +1069,94 @@ fn a_linked_recipe_resolves_its_paths_from_its_target() {
     );
 }
 
+/// `validate` of several files: each valid one still says `ok:`, a count names those that
+/// do not (a call with one bad file printed no `ok:` at all), and a recipe that meets the
+/// errors of a file it extends says so, where the base's errors were printed again as if
+/// they were all.
+#[test]
+fn validate_of_several_files_says_each_verdict() {
+    let dir = tempdir("validate-several");
+    std::fs::write(
+        dir.join("two.toml"),
+        "name = \"two\"\n[model]\narch = \"mlpp\"\n[data]\nformat = \"synthetic\"\n",
+    )
+    .unwrap();
+    std::fs::write(
+        dir.join("ext.toml"),
+        "extends = \"two.toml\"\nname = \"e\"\n",
+    )
+    .unwrap();
+    let quickstart = root().join("recipes/quickstart.toml");
+    let out = runner_cmd()
+        .arg("validate")
+        .args([
+            dir.join("two.toml"),
+            dir.join("ext.toml"),
+            quickstart.clone(),
+        ])
+        .output()
+        .unwrap();
+    expect_exit(&out, 2);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout.contains(&format!("ok: {} (quickstart: ", quickstart.display())),
+        "{stdout}"
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(err.matches("unknown value `mlpp`").count(), 1, "{err}");
+    assert!(
+        err.contains(&format!(
+            "error: {}: does not validate: the errors said above, in {} (which it extends)",
+            dir.join("ext.toml").display(),
+            dir.join("two.toml").display()
+        )) && err.contains(&format!(
+            "2 of 3 recipes do not validate: {}, {}",
+            dir.join("two.toml").display(),
+            dir.join("ext.toml").display()
+        )),
+        "{err}"
+    );
+    // Alone, the recipe that extends it is named beside the base's errors.
+    let out = runner_cmd()
+        .arg("validate")
+        .arg(dir.join("ext.toml"))
+        .output()
+        .unwrap();
+    expect_exit(&out, 2);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains(&format!(
+            "1 error in {}, met by {} (it extends the file)",
+            dir.join("two.toml").display(),
+            dir.join("ext.toml").display()
+        )),
+        "{err}"
+    );
+}
+
+/// `backend.threads = 0` takes `RAYON_NUM_THREADS`: past the cap of 1,024 it is refused as
+/// the key is (100000 spun for minutes making threads, then aborted).
+#[test]
+fn rayon_num_threads_past_the_cap_is_refused() {
+    let out = runner_cmd()
+        .env("RAYON_NUM_THREADS", "100000")
+        .args(["validate", "recipes/quickstart.toml"])
+        .output()
+        .unwrap();
+    expect_exit(&out, 2);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("backend.threads: 0 takes RAYON_NUM_THREADS from the environment: 100000 threads, over the cap of 1024"),
+        "{err}"
+    );
+    let out = runner_cmd()
+        .env("RAYON_NUM_THREADS", "2")
+        .args(["validate", "recipes/quickstart.toml"])
+        .output()
+        .unwrap();
+    expect_exit(&out, 0);
+}
+
 /// `extends = "."` of a recipe named from its own folder names that folder: the message
 /// said "extends : is a directory", with no path at all.
 #[test]

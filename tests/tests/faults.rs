@@ -272,21 +272,24 @@ fn a_signal_during_the_final_evaluation_lets_the_run_finish_and_says_so() {
 fn a_signal_during_a_cell_s_final_evaluation_stops_the_grid_after_it() {
     let dir = tempdir("sigint-final-cell");
     let grid = tiny_recipe(&dir, "g", "[sweep]\n\"optim.lr\" = [0.1, 0.2]\n");
+    // A recipe after it: not started, and said so with the command that runs it (it was
+    // left out of the message, and never ran).
+    let after = tiny_recipe(&dir, "after", "");
     let heavy = [
         "model.hidden=[4096, 4096]",
         "data.synthetic={ samples = 512, test_samples = 30000, image_size = 8 }",
         "loader.batch_size=512",
         "run.max_steps=1",
     ];
-    let command = || {
+    let command = |recipes: &[&Path]| {
         let mut cmd = runner_cmd();
-        cmd.arg(&grid).arg("-q");
+        cmd.args(recipes).arg("-q");
         for set in heavy {
             cmd.args(["--set", set]);
         }
         cmd
     };
-    let (child, _) = spawn_until(command(), &dir.join("runs"), has_a_line);
+    let (child, _) = spawn_until(command(&[&grid, &after]), &dir.join("runs"), has_a_line);
     send("-INT", &child);
     let out = child.wait_with_output().unwrap();
     expect_exit(&out, 130);
@@ -296,6 +299,15 @@ fn a_signal_during_a_cell_s_final_evaluation_stops_the_grid_after_it() {
             && stderr.contains("--resume"),
         "{stderr}"
     );
+    assert!(
+        stderr.contains(&format!(
+            "note: 1 recipe(s) after it not started; run them with: {} {} --set 'model.hidden=[4096, 4096]'",
+            env!("CARGO_BIN_EXE_runner"),
+            after.display()
+        )),
+        "{stderr}"
+    );
+    assert!(!dir.join("runs/after").exists());
     assert!(!stderr.contains("nothing was written"), "{stderr}");
     let cell0 = only_run(&dir.join("runs/g/optim.lr=0.1"));
     assert_eq!(summary(&cell0).status, RunStatus::Completed);
@@ -309,7 +321,7 @@ fn a_signal_during_a_cell_s_final_evaluation_stops_the_grid_after_it() {
     assert!(cells[0].contains("\"done\""), "{cells:?}");
     let locks = std::fs::read_dir(sweep.join("locks")).map_or(0, |d| d.count());
     assert_eq!(locks, 0);
-    let mut resume = command();
+    let mut resume = command(&[&grid]);
     resume.arg("--resume");
     let out = resume.output().unwrap();
     expect_exit(&out, 0);

@@ -160,7 +160,26 @@ fn bad_grids_point_into_the_file() {
     );
     let e = err("extends = \"base.toml\"\n[sweep]\n\"loader.workers\" = [0, 1, 2]\n\"optim.lr\" = [0.1, 0.2]\n");
     assert!(
-        e.contains("bad.toml:2:1: sweep: the grid has 6 cells (3 × 2), over the cap of 4"),
+        e.contains("bad.toml:2:1: sweep: the grid has 6 cells (3 × 2), over the cap of 4")
+            && e.contains("raise the cap with --max-cells (up to 10000)"),
+        "{e}"
+    );
+    // Past the most --max-cells allows, raising it is not offered.
+    let values = |n: usize| {
+        (0..n)
+            .map(|i| format!("{}", i + 1))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let e = err(&format!(
+        "extends = \"base.toml\"\n[sweep]\n\"seed\" = [{}]\n\"loader.workers\" = [{}]\n",
+        values(200),
+        values(60)
+    ));
+    assert!(
+        e.contains("the grid has 12000 cells (200 × 60), over the cap of 4")
+            && e.contains("split the grid into recipes of at most 10000 cells")
+            && !e.contains("raise the cap"),
         "{e}"
     );
 }
@@ -214,13 +233,44 @@ fn shards_split_a_grid_and_their_union_is_the_whole() {
     );
     expect_exit(&out, 0);
     let script = std::fs::read_to_string(dir.join("slurm.sbatch")).unwrap();
+    let grid = dir.file_name().unwrap().to_string_lossy().into_owned();
     assert!(
         script.contains("#SBATCH --array=0-3")
             && script.contains("--cell $SLURM_ARRAY_TASK_ID")
             && script.contains("--resume")
+            && script.contains(&format!("--grid {grid}"))
+            && script.contains("#SBATCH --open-mode=append")
             && !script.contains("--max-cells"),
         "{script}"
     );
+    // A task of that array after the grid changed (here a --set; an edited recipe alike)
+    // refuses, running nothing: by its index it ran a cell of the new grid, and the cells
+    // it was written for never ran. The same grid goes on (its cell is done).
+    let task = |extra: &[&str]| {
+        let mut args = vec![
+            "sweep",
+            "tests/fixtures/sweep/tiny_grid.toml",
+            "--resume",
+            "--quiet",
+            "--cell",
+            "3",
+            "--grid",
+            &grid,
+        ];
+        args.extend(extra);
+        runner_logged(&logs, &args, &[])
+    };
+    let out = task(&["--set", "run.max_steps=3"]);
+    expect_exit(&out, 2);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains(&format!(
+            "tiny_grid.toml: the grid is not the one this command was written for (grid {grid}; it is grid "
+        )) && err.contains("write it again with `runner sweep --slurm"),
+        "{err}"
+    );
+    assert_eq!(sweep_dir(&logs), dir, "a sweep directory was made");
+    expect_exit(&task(&[]), 0);
     // A cap given here is the tasks' cap too (a grid over the default one failed in every
     // task), and the warm-up job's.
     let out = runner_logged(
@@ -252,6 +302,52 @@ fn shards_split_a_grid_and_their_union_is_the_whole() {
             script.display()
         );
     }
+}
+
+/// An array of more tasks than Slurm's default MaxArraySize (1001) is written with a
+/// warning that names --shards: it was written without a word, and refused at submit time.
+#[test]
+fn an_array_past_slurm_s_default_size_is_said() {
+    let logs = tempdir("slurm-big");
+    let recipe = logs.join("big.toml");
+    let seeds: Vec<String> = (0..1002).map(|i| i.to_string()).collect();
+    std::fs::write(
+        &recipe,
+        format!(
+            "extends = \"{}\"\nname = \"big\"\n[sweep]\nseed = [{}]\n",
+            root().join("tests/fixtures/sweep/base.toml").display(),
+            seeds.join(", ")
+        ),
+    )
+    .unwrap();
+    let path = recipe.display().to_string();
+    let out = runner_logged(
+        &logs,
+        &["sweep", "--slurm", &path, "--max-cells", "2000"],
+        &[],
+    );
+    expect_exit(&out, 0);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("1002 array tasks, more than Slurm's default MaxArraySize of 1001 allows")
+            && err.contains("write it with --shards K"),
+        "{err}"
+    );
+    let out = runner_logged(
+        &logs,
+        &[
+            "sweep",
+            "--slurm",
+            &path,
+            "--max-cells",
+            "2000",
+            "--shards",
+            "1000",
+        ],
+        &[],
+    );
+    expect_exit(&out, 0);
+    assert!(!String::from_utf8_lossy(&out.stderr).contains("MaxArraySize"));
 }
 
 #[test]

@@ -498,6 +498,25 @@ fn texts_cut_by_max_length_are_counted() {
         )) && stderr.contains(&format!("(the longest has {longest})")),
         "{stderr}"
     );
+    // Of the texts the run uses, the first data.limit (it counted the whole file).
+    let out = runner_cmd()
+        .args(["validate", "recipes/text/rotten_tomatoes.toml"])
+        .args(["--set", "padding.max_length=20", "--set", "data.limit=300"])
+        .output()
+        .unwrap();
+    expect_exit(&out, 0);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let first = &lens[..300];
+    let (cut, longest) = (
+        first.iter().filter(|&&n| n > 20).count(),
+        first.iter().max().unwrap(),
+    );
+    assert!(
+        stderr.contains(&format!(
+            "padding.max_length: {cut} of the 300 training texts"
+        )) && stderr.contains(&format!("(the longest has {longest})")),
+        "{stderr}"
+    );
     let out = runner_cmd()
         .args(["validate", "recipes/text/rotten_tomatoes.toml"])
         .output()
