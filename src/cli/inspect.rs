@@ -164,6 +164,15 @@ pub(crate) fn ls() -> ExitCode {
                         _ => "(does not validate: runner validate says why)".into(),
                     }
                 };
+                // A description's control characters shown escaped: an ESC in a shared
+                // recipe's description reached the terminal as it was.
+                let about: String = about
+                    .chars()
+                    .flat_map(|c| match c.is_control() {
+                        true => c.escape_default().collect::<Vec<_>>(),
+                        false => vec![c],
+                    })
+                    .collect();
                 runner::outln!("  {:<width$}  {about}", f.display());
             }
         }

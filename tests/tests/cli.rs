@@ -859,7 +859,8 @@ fn ls_marks_what_does_not_validate() {
     std::fs::create_dir_all(&recipes).unwrap();
     let good = tiny_recipe(&recipes, "good", "");
     let text = std::fs::read_to_string(&good).unwrap();
-    std::fs::write(&good, format!("description = \"fine\"\n{text}")).unwrap();
+    // An ESC in it is shown escaped, not sent to the terminal.
+    std::fs::write(&good, format!("description = \"fine\\u001b[2J\"\n{text}")).unwrap();
     std::fs::write(
         recipes.join("bad.toml"),
         "description = \"no model\"\n[data]\nformat = \"synthetic\"\n",
@@ -875,7 +876,8 @@ fn ls_marks_what_does_not_validate() {
             .unwrap_or_else(|| panic!("{name} not listed:\n{text}"))
             .to_string()
     };
-    assert!(line("good.toml").ends_with("fine"), "{text}");
+    assert!(line("good.toml").ends_with("fine\\u{1b}[2J"), "{text}");
+    assert!(!text.contains('\u{1b}'), "{text}");
     assert!(
         line("bad.toml").ends_with("no model (does not validate: runner validate says why)"),
         "{text}"
