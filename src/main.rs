@@ -248,12 +248,17 @@ fn printed(code: ExitCode) -> ExitCode {
 
 /// Loads, expands and validates every recipe, printing every finding; `None` on any error.
 fn check_all(args: &CheckArgs, machine: &Machine) -> Option<Vec<Checked>> {
-    check_each(args, machine).and_then(|(out, failed)| failed.is_empty().then_some(out))
+    check_each(args, machine, true).and_then(|(out, failed)| failed.is_empty().then_some(out))
 }
 
-/// Each recipe checked, its findings said: those that validate, and the paths of those
-/// that do not. `None` where the options themselves are wrong (nothing was checked).
-fn check_each(args: &CheckArgs, machine: &Machine) -> Option<(Vec<Checked>, Vec<PathBuf>)> {
+/// Each recipe checked, its findings said (its warnings where `warn`): those that
+/// validate, and the paths of those that do not. `None` where the options themselves are
+/// wrong (nothing was checked).
+fn check_each(
+    args: &CheckArgs,
+    machine: &Machine,
+    warn: bool,
+) -> Option<(Vec<Checked>, Vec<PathBuf>)> {
     if args.max_cells == 0 {
         runner::errln!(
             "error: --max-cells 0 allows no cell\n  = help: use at least 1 (the default is {})",
@@ -281,7 +286,7 @@ fn check_each(args: &CheckArgs, machine: &Machine) -> Option<(Vec<Checked>, Vec<
         let result = sweep::check(path, &args.sets, machine, args.max_cells);
         match result {
             Ok(c) => {
-                for w in c.plans.iter().flat_map(|p| &p.warnings) {
+                for w in c.plans.iter().flat_map(|p| &p.warnings).filter(|_| warn) {
                     let text = w.to_string();
                     if warned.contains(&text) {
                         continue;

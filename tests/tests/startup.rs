@@ -151,12 +151,19 @@ fn warmup_runs_every_shape_once_and_creates_no_run() {
     // With --jobs the families (here the two batch sizes; the learning rates share their
     // kernels) warm in processes side by side: the same lines, each whole, one per
     // family, in whatever order they end; the processes said on stderr.
+    // The recipe's warning (none timed: all warm-up) is said once, by the process that
+    // started the others (each said it again).
     let out = runner_cmd()
-        .args(["warmup", "--jobs", "3"])
+        .args(["warmup", "--jobs", "3", "--set", "run.warmup_steps=50"])
         .arg(&grid)
         .output()
         .unwrap();
     expect_exit(&out, 0);
+    let said = String::from_utf8_lossy(&out.stderr);
+    for steps in [4, 7] {
+        let warning = format!("run.warmup_steps: the run has only {steps} optimizer steps");
+        assert_eq!(said.matches(&warning).count(), 1, "{said}");
+    }
     let stdout = String::from_utf8_lossy(&out.stdout);
     let mut lines: Vec<&str> = stdout.lines().collect();
     lines.sort();
