@@ -558,11 +558,12 @@ fn mean_opt(v: impl Iterator<Item = Option<f64>>) -> Option<f64> {
 }
 
 /// Whether `row` is one of the rows of recipe `name` told apart by what they ran
-/// (`name [device=...]`, `name [optim.lr=0.5]`).
+/// (`name [device=...]`, `name [optim.lr=0.5]`), or a cell of grid `name` (`name/cell`:
+/// `--baseline GRID` found no row).
 fn labelled(row: &Row, name: &str) -> bool {
     row.recipe
         .strip_prefix(name)
-        .is_some_and(|rest| rest.starts_with(" ["))
+        .is_some_and(|rest| rest.starts_with(" [") || rest.starts_with('/'))
 }
 
 /// What `--baseline NAME` left to chance: where NAME is no row's whole label but the name of

@@ -665,4 +665,24 @@ fn report_keeps_each_grids_cells_together() {
         ],
         "{stdout}"
     );
+    // --baseline GRID takes the grid's first cell, and says how to name another (it found
+    // "no run of that recipe").
+    let out = runner_cmd()
+        .args(["report", "--baseline", "gb"])
+        .arg(dir.join("runs"))
+        .output()
+        .unwrap();
+    expect_exit(&out, 0);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("note: --baseline gb: 2 rows are runs of that recipe; the first, `gb/optim.lr=0.1`, is the baseline")
+            && err.contains("--baseline gb/optim.lr=0.2"),
+        "{err}"
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let base = stdout
+        .lines()
+        .find(|l| l.contains("gb/optim.lr=0.1"))
+        .unwrap_or_else(|| panic!("{stdout}"));
+    assert!(base.ends_with("baseline"), "{stdout}");
 }
