@@ -125,10 +125,21 @@ pub enum Stop {
 impl std::fmt::Display for Stop {
     fn fmt(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
         match self {
-            Stop::Diverged { step, loss, max_loss } => write!(
-                f,
-                "diverged at step {step}: the loss is {loss} (above run.max_loss = {max_loss}, or not a number); lower optim.lr, or set run.stop_on_divergence = false to go on"
-            ),
+            Stop::Diverged {
+                step,
+                loss,
+                max_loss,
+            } => {
+                // A huge loss in a float's short form (it was written out in 35 digits).
+                let loss = match loss.is_finite() && loss.abs() >= 1e6 {
+                    true => format!("{loss:.3e}"),
+                    false => loss.to_string(),
+                };
+                write!(
+                    f,
+                    "diverged at step {step}: the loss is {loss} (above run.max_loss = {max_loss}, or not a number); lower optim.lr, or set run.stop_on_divergence = false to go on"
+                )
+            }
             Stop::Signal(s) => write!(f, "interrupted by {}", crate::signals::name(*s)),
             Stop::Failed(m) => f.write_str(m),
         }

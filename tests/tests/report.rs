@@ -203,6 +203,13 @@ fn a_diverged_run_fails_at_that_step_and_report_keeps_it_apart() {
     let last = recs.last().unwrap();
     assert!(err.starts_with(&format!("diverged at step {}:", last.step)));
     assert!(!(last.loss.is_finite() && last.loss <= 1e4), "{last:?}");
+    // A huge loss in a float's short form (it was written out in as many digits as it has).
+    if last.loss.is_finite() && last.loss >= 1e6 {
+        assert!(
+            err.contains(&format!("the loss is {:.3e} ", last.loss)),
+            "{err}"
+        );
+    }
     assert!(
         recs.len() < 4,
         "the run went on after diverging: {}",
