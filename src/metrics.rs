@@ -478,7 +478,8 @@ impl Summary {
                 self.iter_ms.median, self.iter_ms.p95, self.samples_per_s
             )
         };
-        format!("{} steps, {speed}, {acc}", self.steps)
+        let s = if self.steps == 1 { "" } else { "s" };
+        format!("{} step{s}, {speed}, {acc}", self.steps)
     }
 
     /// Fills the statistics from the step records. Timed ones are those after warm-up and

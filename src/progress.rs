@@ -515,10 +515,11 @@ impl Progress {
         let loss = this.iter().map(|r| r.loss).sum::<f64>() / this.len() as f64;
         let iters: Vec<f64> = this.iter().map(|r| r.iter_ms).collect();
         self.line(format!(
-            "epoch {}/{}: {} steps{}, mean loss {loss:.4}, median {:.1} ms/iter",
+            "epoch {}/{}: {} step{}{}, mean loss {loss:.4}, median {:.1} ms/iter",
             epoch + 1,
             self.epochs,
             this.len(),
+            if this.len() == 1 { "" } else { "s" },
             match cut_short {
                 Some(by) => format!(" (cut short by {by})"),
                 None => String::new(),

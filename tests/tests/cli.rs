@@ -791,6 +791,9 @@ fn a_run_without_a_timed_step_writes_null_speeds() {
         .output()
         .unwrap();
     expect_exit(&out, 0);
+    // (One step is "1 step": it said "1 steps".)
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.starts_with("u: 1 step, none timed"), "{stdout}");
     let run = only_run(&dir.join("runs/u"));
     let s = json(&run.join("summary.json"));
     assert_eq!(s["iter_ms"]["count"], 0, "{s}");

@@ -235,6 +235,15 @@ fn in_final_evaluation(tag: &str, sets: &[&str]) -> (std::process::Child, PathBu
     (child, metrics.parent().unwrap().to_path_buf())
 }
 
+/// Polls `ready` every 10 ms until it holds, for two minutes at most (the assertions after
+/// it then say what did not happen).
+fn wait_until(mut ready: impl FnMut() -> bool) {
+    let since = std::time::Instant::now();
+    while !ready() && since.elapsed().as_secs() < 120 {
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+}
+
 /// SIGINT twice, later than the half second within which a second one is the first
 /// delivered twice; the process's output once it has exited.
 fn interrupt_twice(child: std::process::Child) -> std::process::Output {
@@ -343,10 +352,7 @@ fn interrupt_while_loading(mut cmd: Command) -> std::process::Output {
             Some(kb / 1024)
         })
     };
-    let since = std::time::Instant::now();
-    while rss_mb().unwrap_or(0) < 300 && since.elapsed().as_secs() < 120 {
-        std::thread::sleep(std::time::Duration::from_millis(10));
-    }
+    wait_until(|| rss_mb().unwrap_or(0) >= 300);
     send("-INT", &child);
     child.wait_with_output().unwrap()
 }
@@ -460,10 +466,7 @@ fn a_second_signal_keeps_the_checkpoints_and_evaluations_in_the_summary() {
     );
     // Step 2's line and the weights: the final evaluation is under way.
     let weights = run.join("model.safetensors");
-    let since = std::time::Instant::now();
-    while !(weights.is_file() && whole_lines(&run).len() == 2) && since.elapsed().as_secs() < 120 {
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    }
+    wait_until(|| weights.is_file() && whole_lines(&run).len() == 2);
     let out = interrupt_twice(child);
     expect_exit(&out, 130);
     let s = summary(&run);
@@ -514,10 +517,7 @@ fn a_second_signal_without_a_checkpoint_keeps_the_best() {
         ],
     );
     let weights = run.join("model.safetensors");
-    let since = std::time::Instant::now();
-    while !weights.is_file() && since.elapsed().as_secs() < 120 {
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    }
+    wait_until(|| weights.is_file());
     let out = interrupt_twice(child);
     expect_exit(&out, 130);
     let s = summary(&run);

@@ -349,7 +349,7 @@ fn epoch_lines_count_the_epochs_max_steps_leaves() {
         .unwrap_or_else(|| panic!("no early stop: {err}"));
     assert_eq!(at, 4, "{err}");
     assert!(
-        err.contains("epoch 2/40: 1 steps (cut short by early stopping)"),
+        err.contains("epoch 2/40: 1 step (cut short by early stopping)"),
         "{err}"
     );
 }
