@@ -121,10 +121,8 @@ fn missing_weights(run_dir: &Path, weights: &Path, best: bool) -> String {
 /// Whether the run's recipe (its `recipe.toml`) saved its weights after its last step:
 /// `checkpoint.save_final`, true unless it says false.
 fn saves_final(run_dir: &Path) -> bool {
-    crate::metrics::read_text(run_dir.join("recipe.toml"))
-        .ok()
-        .and_then(|t| t.parse::<toml::Table>().ok())
-        .and_then(|t| t.get("checkpoint")?.get("save_final")?.as_bool())
+    recipe_value(&run_dir.join("recipe.toml"), "checkpoint", "save_final")
+        .and_then(|v| v.as_bool())
         .unwrap_or(true)
 }
 
@@ -472,14 +470,20 @@ fn as_data_flag(
 
 /// `[table] key`'s value in a recipe file, as a string.
 fn recipe_key(recipe_path: &Path, table: &str, key: &str) -> Option<String> {
+    recipe_value(recipe_path, table, key)?
+        .as_str()
+        .map(String::from)
+}
+
+/// `[table] key`'s value in a recipe file.
+fn recipe_value(recipe_path: &Path, table: &str, key: &str) -> Option<toml::Value> {
     crate::metrics::read_text(recipe_path)
         .ok()?
         .parse::<toml::Table>()
         .ok()?
         .get(table)?
-        .get(key)?
-        .as_str()
-        .map(String::from)
+        .get(key)
+        .cloned()
 }
 
 /// `eval-<stamp>.json`, or `eval-<stamp>-2.json`, ... when an evaluation in the same second
