@@ -68,6 +68,7 @@ pub fn output_error() -> Option<&'static str> {
 
 pub mod backend;
 pub mod clock;
+pub mod columns;
 pub mod data;
 pub mod error;
 pub mod kernels;

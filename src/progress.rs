@@ -53,12 +53,10 @@ fn bar_layout(name: &str, cols: usize) -> (&'static str, String) {
     if cols < FIXED + 24 {
         return ("{pos}/{len}  {wide_msg}", String::new());
     }
-    let n = name.chars().count();
-    let prefix = if n <= room {
+    let prefix = if crate::columns::width(name) <= room {
         name.to_string()
     } else if room >= 8 {
-        let tail: String = name.chars().skip(n - (room - 1)).collect();
-        format!("…{tail}")
+        crate::columns::tail(name, room)
     } else {
         String::new()
     };
@@ -561,6 +559,19 @@ impl Progress {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_long_name_is_cut_to_the_bar_s_room_in_columns() {
+        // 100 columns leave 100 - 35 - 38 - 1 = 26 for the name.
+        let (_, p) = bar_layout("ベースライン/optim.lr=0.1,loader.workers=4", 100);
+        assert!(p.starts_with('…') && p.ends_with("workers=4"), "{p}");
+        assert!(crate::columns::width(&p) <= 26, "{p}");
+        let (_, p) = bar_layout("ベースラインとその他の設定の長い名前", 100);
+        // The `…` and 12 wide chars: a 13th would take 27 columns.
+        assert_eq!(crate::columns::width(&p), 25, "{p}");
+        let (_, p) = bar_layout("short", 100);
+        assert_eq!(p, "short");
+    }
 
     #[test]
     fn a_step_line_says_where_training_is_and_the_time_left() {

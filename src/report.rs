@@ -962,8 +962,8 @@ pub fn render(rows: &[Row], format: Format) -> String {
             let widths: Vec<usize> = (0..h.len())
                 .map(|i| {
                     body.iter()
-                        .map(|c| c[i].chars().count())
-                        .chain([h[i].chars().count()])
+                        .map(|c| crate::columns::width(&c[i]))
+                        .chain([crate::columns::width(&h[i])])
                         .max()
                         .unwrap_or(0)
                 })
@@ -974,9 +974,9 @@ pub fn render(rows: &[Row], format: Format) -> String {
                     .enumerate()
                     .map(|(i, (s, w))| {
                         if i == 0 {
-                            format!("{s:<w$}")
+                            crate::columns::pad_right(s, *w)
                         } else {
-                            format!("{s:>w$}")
+                            crate::columns::pad_left(s, *w)
                         }
                     })
                     .collect::<Vec<_>>()

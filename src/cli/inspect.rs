@@ -146,7 +146,7 @@ pub(crate) fn ls() -> ExitCode {
                 }
             }
             files.sort();
-            let width = files.iter().map(|f| f.display().to_string().chars().count());
+            let width = files.iter().map(|f| runner::columns::width(&f.display().to_string()));
             let width = width.max().unwrap_or(0);
             // Checked as `runner validate` checks (it said "does not validate" only of a
             // file that was not TOML, and listed one missing model.arch as fine).
@@ -173,7 +173,8 @@ pub(crate) fn ls() -> ExitCode {
                         false => vec![c],
                     })
                     .collect();
-                runner::outln!("  {:<width$}  {about}", f.display());
+                let name = runner::columns::pad_right(&f.display().to_string(), width);
+                runner::outln!("  {name}  {about}");
             }
         }
         None => runner::outln!(

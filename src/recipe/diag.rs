@@ -136,8 +136,12 @@ impl fmt::Display for Diagnostic {
         write!(f, "{}", self.message)?;
         if let (Some(l), Some((text, cols))) = (self.line, &self.snippet) {
             let gutter = l.to_string().len();
-            write!(f, "\n{:gutter$} |\n{l} | {text}\n{:gutter$} | ", "", "")?;
-            write!(f, "{}{}", " ".repeat(cols.start), "^".repeat(cols.len()))?;
+            let (text, marks) = crate::columns::underline(text, cols.clone());
+            write!(
+                f,
+                "\n{:gutter$} |\n{l} | {text}\n{:gutter$} | {marks}",
+                "", ""
+            )?;
         }
         if let Some(n) = &self.note {
             write!(f, "\n  = note: {n}")?;

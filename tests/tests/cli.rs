@@ -870,6 +870,10 @@ fn ls_marks_what_does_not_validate() {
     )
     .unwrap();
     std::os::unix::fs::symlink(dir.join("nowhere.toml"), recipes.join("gone.toml")).unwrap();
+    // A name of wide chars: the descriptions after it start at the others' column.
+    let wide = tiny_recipe(&recipes, "ベースライン", "");
+    let text = std::fs::read_to_string(&wide).unwrap();
+    std::fs::write(&wide, format!("description = \"wide\"\n{text}")).unwrap();
     let out = runner_cmd().current_dir(&dir).arg("ls").output().unwrap();
     expect_exit(&out, 0);
     let text = String::from_utf8_lossy(&out.stdout);
@@ -886,6 +890,15 @@ fn ls_marks_what_does_not_validate() {
         "{text}"
     );
     assert!(line("gone.toml").ends_with("(a link to nothing)"), "{text}");
+    let at = |name: &str, about: &str| {
+        let l = line(name);
+        runner::columns::width(&l[..l.find(about).unwrap()])
+    };
+    assert_eq!(
+        at("ベースライン.toml", "wide"),
+        at("good.toml", "fine"),
+        "{text}"
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }
 

@@ -185,6 +185,43 @@ fn report_command_prints_markdown_and_draws_a_plot() {
     assert_eq!(none.status.code(), Some(2));
 }
 
+/// A recipe named in CJK takes two columns a character: padding by chars set every
+/// column after its name out of line with the rows above.
+#[test]
+fn report_columns_line_up_under_a_wide_name() {
+    let base = tempdir("report-wide");
+    let dir = base.join("runs");
+    crate::common::copy_dir(&root().join("tests/fixtures/report"), &dir);
+    let summary = dir.join("tuned/run1/summary.json");
+    let text = std::fs::read_to_string(&summary).unwrap();
+    std::fs::write(
+        &summary,
+        text.replace("\"name\": \"tuned\"", "\"name\": \"チューニング済み\""),
+    )
+    .unwrap();
+    let out = runner_cmd().arg("report").arg(&dir).output().unwrap();
+    expect_exit(&out, 0);
+    let table = String::from_utf8_lossy(&out.stdout);
+    let lines: Vec<&str> = table.lines().take_while(|l| !l.is_empty()).collect();
+    assert_eq!(lines.len(), 4, "{table}");
+    assert!(lines[3].starts_with("チューニング済み"), "{table}");
+    // Every line is as wide on a terminal, and ms/iter's column ends at one column.
+    let widths: Vec<usize> = lines.iter().map(|l| runner::columns::width(l)).collect();
+    assert!(
+        widths.iter().all(|w| *w == widths[0]),
+        "{widths:?}\n{table}"
+    );
+    let end =
+        |line: &str, of: &str| runner::columns::width(&line[..line.find(of).unwrap() + of.len()]);
+    let ends = [
+        end(lines[0], "ms/iter"),
+        end(lines[1], "58.25"),
+        end(lines[3], "58.45"),
+    ];
+    assert!(ends.iter().all(|e| *e == ends[0]), "{ends:?}\n{table}");
+    let _ = std::fs::remove_dir_all(&base);
+}
+
 #[test]
 fn a_diverged_run_fails_at_that_step_and_report_keeps_it_apart() {
     let dir = tempdir("diverge");
