@@ -591,8 +591,15 @@ fn folder_of(path: &Path) -> Option<(u64, u64)> {
 /// steps beside 50 lines).
 static LINE_WRITES: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
-/// No line is written to any [`JsonLines`] of this process from now on (one being written
-/// is finished first); a writer waits until the process exits. For the second signal's
+/// Held while one record is written to a run's files: a line of a [`JsonLines`], or a
+/// TensorBoard event (`tensorboard::EventWriter`), so that none is written past a second
+/// signal's summary.
+pub(crate) fn writing() -> std::sync::MutexGuard<'static, ()> {
+    LINE_WRITES.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// No line is written to any [`JsonLines`] of this process from now on, nor a TensorBoard
+/// event (one being written is finished first); a writer waits until the process exits. For the second signal's
 /// exit only.
 pub fn stop_line_writes() {
     std::mem::forget(LINE_WRITES.lock().unwrap_or_else(|e| e.into_inner()));
@@ -699,7 +706,7 @@ impl JsonLines {
     /// Appends one line of text (without its newline), as `write` does.
     pub fn write_line(&mut self, mut line: String) -> std::io::Result<()> {
         use std::io::{Seek, SeekFrom};
-        let _writing = LINE_WRITES.lock().unwrap_or_else(|e| e.into_inner());
+        let _writing = writing();
         self.keep_named()?;
         line.push('\n');
         match self

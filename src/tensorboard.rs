@@ -76,6 +76,10 @@ fn now() -> f64 {
 pub struct EventWriter {
     file: File,
     path: PathBuf,
+    /// The bytes of the whole records written: a record cut by a failed write (a full
+    /// disk) is undone to here, so no later record follows half of one (TensorBoard stops
+    /// reading a file at a record that fails its checksum).
+    len: u64,
 }
 
 impl EventWriter {
@@ -91,6 +95,7 @@ impl EventWriter {
         let mut w = Self {
             file: File::create(&path)?,
             path,
+            len: 0,
         };
         w.record(&event(now(), None, |e| field_bytes(3, b"brain.Event:2", e)))?;
         Ok(w)
@@ -107,8 +112,19 @@ impl EventWriter {
         buf.extend_from_slice(&masked_crc(&len).to_le_bytes());
         buf.extend_from_slice(data);
         buf.extend_from_slice(&masked_crc(data).to_le_bytes());
-        self.file.write_all(&buf)?;
-        self.file.flush()
+        let _writing = crate::metrics::writing();
+        match self.file.write_all(&buf).and_then(|()| self.file.flush()) {
+            Ok(()) => {
+                self.len += buf.len() as u64;
+                Ok(())
+            }
+            Err(e) => {
+                use std::io::{Seek, SeekFrom};
+                let _ = self.file.set_len(self.len);
+                let _ = self.file.seek(SeekFrom::Start(self.len));
+                Err(e)
+            }
+        }
     }
 
     /// Scalars at one step, as one event.

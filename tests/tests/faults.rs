@@ -975,6 +975,52 @@ fn a_disk_that_fills_during_a_run_still_gets_its_summary() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// A TensorBoard event cut by a full disk is undone, as a metrics line is: TensorBoard stops
+/// reading a file at a record that fails its checksum, so one half-written record hid every
+/// event after it (a resumed run's included). Written through the library: which of a
+/// run's files meets the full disk first is down to the page each has left.
+#[test]
+fn a_full_disk_leaves_no_half_tensorboard_event() {
+    let dir = tempdir("tb-full");
+    let Some(mnt) = small_fs(&dir, "64k") else {
+        return;
+    };
+    let mut events = runner::tensorboard::EventWriter::create(&mnt).unwrap();
+    let filler = mnt.join("filler");
+    {
+        use std::io::Write as _;
+        let mut f = std::fs::File::create(&filler).unwrap();
+        while f.write_all(&[0u8; 512]).is_ok() {}
+    }
+    // A long tag, so that a record spans the end of the file's last page.
+    let tag = "t".repeat(300);
+    let mut written = 1; // the file version
+    let mut failed = None;
+    for step in 0..100 {
+        match events.scalars(step, &[(tag.as_str(), step as f64)]) {
+            Ok(()) => written += 1,
+            Err(e) => {
+                failed = Some(e);
+                break;
+            }
+        }
+    }
+    let path = events.path().to_path_buf();
+    let after_failure = crate::common::read_events(&path).len();
+    // With room again, the next event follows the last whole one.
+    std::fs::remove_file(&filler).unwrap();
+    events.scalars(1000, &[("after", 1.0)]).unwrap();
+    let read = crate::common::read_events(&path);
+    drop(events); // a file open in it keeps the tmpfs mounted
+    let _ = Command::new("umount").arg(&mnt).status();
+    let e = failed.expect("the disk never filled");
+    assert_eq!(e.raw_os_error(), Some(libc::ENOSPC), "{e}");
+    assert_eq!(after_failure, written);
+    assert_eq!(read.len(), written + 1);
+    assert_eq!(read.last().unwrap().step, 1000);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// `ulimit -f`: the run stops with the file named and the limit said (SIGXFSZ killed it
 /// where it stood: exit 153, a line cut, its summary left `running`).
 #[test]
