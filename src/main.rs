@@ -179,6 +179,25 @@ fn main() -> ExitCode {
     runner::clock::mark_process_start();
     runner::kernels::observe_cubecl();
     let cli = Cli::parse();
+    let trains = !matches!(
+        cli.command,
+        Some(
+            Command::Validate(_)
+                | Command::Show { .. }
+                | Command::Ls
+                | Command::Schema { .. }
+                | Command::Report { .. }
+        )
+    );
+    if trains {
+        if let Err(e) = std::env::current_dir() {
+            // CubeCL looks for its settings from there, and panicked at the first step.
+            runner::errln!(
+                "error: the working directory cannot be read ({e}): it was removed or moved away\n  = help: cd to a folder that exists, and run the command again"
+            );
+            return ExitCode::from(2);
+        }
+    }
     match cli.command {
         None if mistyped_command(&cli.run) => ExitCode::from(2),
         None => run_all(&cli.run),

@@ -92,13 +92,20 @@ impl EventWriter {
             now() as u64,
             std::process::id()
         ));
-        let mut w = Self {
-            file: File::create(&path)?,
-            path,
-            len: 0,
-        };
-        w.record(&event(now(), None, |e| field_bytes(3, b"brain.Event:2", e)))?;
-        Ok(w)
+        let file = File::create(&path)
+            .map_err(|e| std::io::Error::new(e.kind(), format!("{}: {e}", path.display())))?;
+        let mut w = Self { file, path, len: 0 };
+        match w.record(&event(now(), None, |e| field_bytes(3, b"brain.Event:2", e))) {
+            Ok(()) => Ok(w),
+            Err(e) => {
+                // No empty events file left behind (each process writes its own).
+                let _ = std::fs::remove_file(&w.path);
+                Err(std::io::Error::new(
+                    e.kind(),
+                    format!("{}: {e}", w.path.display()),
+                ))
+            }
+        }
     }
 
     pub fn path(&self) -> &Path {

@@ -211,7 +211,9 @@ fn space_help(message: &str) -> Option<&'static str> {
         Some("a file reached this shell's file-size limit (`ulimit -f`): raise it (`ulimit -f unlimited`) and run again (or `runner resume` the run, if it wrote a checkpoint)")
     } else if message.contains("No space left on device") || message.contains("Disk quota exceeded")
     {
-        Some("free space on the disk of log.dir (or point log.dir elsewhere) and run again (or `runner resume` the run, if it wrote a checkpoint)")
+        Some("free space on the disk of log.dir, or files where it is out of inodes (`df -h` and `df -i` show which), or point log.dir elsewhere; then run again (or `runner resume` the run, if it wrote a checkpoint)")
+    } else if message.contains("Too many open files") {
+        Some("this shell's limit on open files (`ulimit -n`) is too low for a run: raise it (`ulimit -n 1024`) and run again")
     } else {
         None
     }

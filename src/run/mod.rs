@@ -308,51 +308,9 @@ fn execute_here(plan: &Plan, opts: &RunOptions) -> Result<Finished, RunError> {
     if let Some(started) = &opts.started {
         started(&dir);
     }
-    let fail = |message: String| RunError::Failed {
-        dir: dir.clone(),
-        message,
-    };
-    // Held while this process writes the run: a `runner resume` of it from another node
-    // or container (whose pid check cannot see this process) is refused.
-    let _lock = match crate::sweep::CellLock::acquire(&dir.join(RUN_LOCK)) {
-        Ok(Ok(lock)) => lock,
-        Ok(Err(owner)) => return Err(fail(format!("{RUN_LOCK}: {owner} holds it already"))),
-        Err(e) => return Err(fail(format!("{RUN_LOCK}: {e}"))),
-    };
-    let header = format!(
-        "# Resolved recipe of run {}/{run_id}: every default filled in, paths absolute.\n# Re-run with: runner {}\n# Continue it after an interruption with: runner resume {}\n",
-        plan.name,
-        crate::slurm::shell_word(&dir.join("recipe.toml").display().to_string()),
-        crate::slurm::shell_word(&dir.display().to_string())
-    );
-    let toml = toml::to_string(&plan.resolved)
-        .map_err(|e| fail(format!("cannot write the resolved recipe: {e}")))?;
-    std::fs::write(dir.join("recipe.toml"), header + &toml)
-        .map_err(|e| fail(format!("recipe.toml: {e}")))?;
-    if !plan.warnings.is_empty() {
-        let text: Vec<String> = plan.warnings.iter().map(|w| w.to_string()).collect();
-        std::fs::write(dir.join("warnings.txt"), text.join("\n") + "\n")
-            .map_err(|e| fail(format!("warnings.txt: {e}")))?;
-    }
-    let mut env = environment(plan, &prepared);
-    env.cell = opts.cell.clone();
-    // Both are rewritten at the end: room is kept for that on a disk that fills up.
-    write_json_keeping_room(&dir.join("env.json"), &env, KEPT_ROOM)
-        .map_err(|e| fail(format!("env.json: {e}")))?;
-    // Before the summary, which records its sum (`runner eval` checks the file by it).
-    let tokenizer_sha256 = match &prepared.sets.tokenizer {
-        Some(t) => {
-            let path = dir.join("tokenizer.json");
-            t.save(&path)
-                .map_err(|e| fail(format!("tokenizer.json: {e}")))?;
-            crate::checkpoint::sha256_of(&path).ok()
-        }
-        None => None,
-    };
     let mut summary = Summary {
         name: plan.name.clone(),
         run_id: run_id.clone(),
-        tokenizer_sha256,
         status: RunStatus::Running,
         pid: Some(std::process::id()),
         pid_started: crate::clock::process_started(std::process::id()),
@@ -364,10 +322,82 @@ fn execute_here(plan: &Plan, opts: &RunOptions) -> Result<Finished, RunError> {
     // No step yet: the speed figures are null, as for a run with no timed step (0.0 read
     // as a real time to any tool but ours, for a run going on or killed outright).
     summary.absorb(&[], plan.run.warmup_steps);
-    write_json_keeping_room(&dir.join("summary.json"), &summary, KEPT_ROOM)
-        .map_err(|e| fail(format!("summary.json: {e}")))?;
-    let metrics = JsonLines::create(&dir.join("metrics.jsonl"))
-        .map_err(|e| fail(format!("metrics.jsonl: {e}")))?;
+    // A file of the run that cannot be written: its path in the error, no half of it left
+    // (a `ulimit -f` cut recipe.toml at 1 KiB, a broken recipe that looked runnable), and
+    // a summary that says the run failed, where one can be written (the directory held
+    // no summary, or one left `running`, read by `report` as a process killed outright).
+    let wall = prepared.wall;
+    let gave_up = |summary: &Summary, file: Option<&Path>, message: String| {
+        if let Some(f) = file {
+            let _ = std::fs::remove_file(f);
+        }
+        ended_before_start(&dir, summary, wall, &message);
+        RunError::Failed {
+            dir: dir.clone(),
+            message,
+        }
+    };
+    let cannot = |file: &Path, e: std::io::Error| format!("cannot write {}: {e}", file.display());
+    // Held while this process writes the run: a `runner resume` of it from another node
+    // or container (whose pid check cannot see this process) is refused.
+    let lock_path = dir.join(RUN_LOCK);
+    let _lock = match crate::sweep::CellLock::acquire(&lock_path) {
+        Ok(Ok(lock)) => lock,
+        Ok(Err(owner)) => {
+            return Err(RunError::Failed {
+                dir: dir.clone(),
+                message: format!("{}: {owner} holds it already", lock_path.display()),
+            })
+        }
+        Err(e) => {
+            return Err(gave_up(
+                &summary,
+                None,
+                format!("cannot take {}: {e}", lock_path.display()),
+            ))
+        }
+    };
+    let header = format!(
+        "# Resolved recipe of run {}/{run_id}: every default filled in, paths absolute.\n# Re-run with: runner {}\n# Continue it after an interruption with: runner resume {}\n",
+        plan.name,
+        crate::slurm::shell_word(&dir.join("recipe.toml").display().to_string()),
+        crate::slurm::shell_word(&dir.display().to_string())
+    );
+    let toml = toml::to_string(&plan.resolved).map_err(|e| {
+        gave_up(
+            &summary,
+            None,
+            format!("cannot write the resolved recipe: {e}"),
+        )
+    })?;
+    let path = dir.join("recipe.toml");
+    std::fs::write(&path, header + &toml)
+        .map_err(|e| gave_up(&summary, Some(&path), cannot(&path, e)))?;
+    if !plan.warnings.is_empty() {
+        let text: Vec<String> = plan.warnings.iter().map(|w| w.to_string()).collect();
+        let path = dir.join("warnings.txt");
+        std::fs::write(&path, text.join("\n") + "\n")
+            .map_err(|e| gave_up(&summary, Some(&path), cannot(&path, e)))?;
+    }
+    let mut env = environment(plan, &prepared);
+    env.cell = opts.cell.clone();
+    // Both are rewritten at the end: room is kept for that on a disk that fills up.
+    let path = dir.join("env.json");
+    write_json_keeping_room(&path, &env, KEPT_ROOM)
+        .map_err(|e| gave_up(&summary, None, cannot(&path, e)))?;
+    // Before the summary, which records its sum (`runner eval` checks the file by it).
+    if let Some(t) = &prepared.sets.tokenizer {
+        let path = dir.join("tokenizer.json");
+        t.save(&path)
+            .map_err(|e| gave_up(&summary, Some(&path), cannot(&path, e)))?;
+        summary.tokenizer_sha256 = crate::checkpoint::sha256_of(&path).ok();
+    }
+    let path = dir.join("summary.json");
+    write_json_keeping_room(&path, &summary, KEPT_ROOM)
+        .map_err(|e| gave_up(&summary, None, cannot(&path, e)))?;
+    let path = dir.join("metrics.jsonl");
+    let metrics =
+        JsonLines::create(&path).map_err(|e| gave_up(&summary, Some(&path), cannot(&path, e)))?;
     let files = Files {
         dir,
         env,
@@ -378,6 +408,16 @@ fn execute_here(plan: &Plan, opts: &RunOptions) -> Result<Finished, RunError> {
         resume: None,
     };
     drive(plan, opts, prepared, files)
+}
+
+/// A run that ends before its first step, for `why`: its summary says so, where it can
+/// be written (else it is the caller's error alone that says it).
+fn ended_before_start(dir: &Path, summary: &Summary, wall: Instant, why: &str) {
+    let mut s = summary.clone();
+    s.status = RunStatus::Failed;
+    s.error = Some(why.to_string());
+    s.wall_s += wall.elapsed().as_secs_f64();
+    let _ = write_json_atomic(&dir.join("summary.json"), &s);
 }
 
 /// The loop, on the backend the plan chose, and how it ended, written to the run directory.
@@ -419,31 +459,52 @@ fn drive(
         sampler,
     );
     let resumed_at = resume.as_ref().map(|(_, s)| s.step);
-    if let Err(e) = open_exports(plan, &dir, resumed_at, &mut sink) {
-        // The run ends before its first step: its summary says so, not "running".
+    // The run ends before its first step: its summary says so, not "running" (read by
+    // `report` as a process killed outright).
+    // Its files are closed first: out of file descriptors (`ulimit -n`), the summary
+    // could not be opened beside them.
+    let before_start = |mut sink: FileSink, summary: &mut Summary, message: String| {
         sink.progress.finish();
         summary.util_source = finish_sampler(&mut sink, &dir);
-        summary.wall_s += wall.elapsed().as_secs_f64();
-        summary.status = RunStatus::Failed;
-        summary.error = Some(format!("cannot write {e}"));
-        // Already failing: a summary that cannot be written either changes nothing said.
-        let _ = write_json_atomic(&dir.join("summary.json"), &summary);
-        return Err(fail(e));
+        drop(sink);
+        ended_before_start(&dir, summary, wall, &message);
+        fail(message)
+    };
+    if let Err(e) = open_exports(plan, &dir, resumed_at, &mut sink) {
+        return Err(before_start(
+            sink,
+            &mut summary,
+            format!("cannot write {e}"),
+        ));
     }
     let vocab = sets.tokenizer.as_ref().map_or(0, |t| t.vocab_size());
     let batcher = train::Batcher::new(plan, vocab);
-    let held = crate::rundir::RunDir::open(&dir)
-        .map_err(|e| fail(format!("cannot open {}: {e}", dir.display())))?;
+    let cannot_open = |e: std::io::Error| format!("cannot open {}: {e}", dir.display());
+    let held = match crate::rundir::RunDir::open(&dir) {
+        Ok(held) => held,
+        Err(e) => return Err(before_start(sink, &mut summary, cannot_open(e))),
+    };
     let persist = train::Persist::new(held, sha256_file(&dir.join("recipe.toml")), resume);
-    let armed = stop_before_first_step((&summary, &dir), wall, counts_at_start, resumed_at, opts)
-        .map_err(|e| fail(format!("cannot open {}: {e}", dir.display())))?;
-    let at_second = stop_at_second_signal(
+    let armed =
+        match stop_before_first_step((&summary, &dir), wall, counts_at_start, resumed_at, opts) {
+            Ok(armed) => armed,
+            Err(e) => {
+                drop(persist);
+                return Err(before_start(sink, &mut summary, cannot_open(e)));
+            }
+        };
+    let at_second = match stop_at_second_signal(
         (&summary, &dir),
         (wall, counts_at_start, sink.parameters.clone()),
         plan,
         opts,
-    )
-    .map_err(|e| fail(format!("cannot open {}: {e}", dir.display())))?;
+    ) {
+        Ok(at_second) => at_second,
+        Err(e) => {
+            drop((persist, armed));
+            return Err(before_start(sink, &mut summary, cannot_open(e)));
+        }
+    };
     let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         let job = Train {
             inputs: train::Inputs {

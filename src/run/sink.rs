@@ -334,8 +334,8 @@ pub(super) fn open_exports(
         sink.csv = Some(opened.map_err(|e| format!("{}: {e}", path.display()))?);
     }
     if plan.log.tensorboard {
-        let mut w = crate::tensorboard::EventWriter::create(dir)
-            .map_err(|e| format!("{}: {e}", dir.display()))?;
+        // Its error names the events file.
+        let mut w = crate::tensorboard::EventWriter::create(dir).map_err(|e| e.to_string())?;
         if let Some(step) = resumed_at {
             w.restart_at(step)
                 .map_err(|e| format!("{}: {e}", w.path().display()))?;
@@ -351,10 +351,17 @@ pub(super) fn finish_sampler(sink: &mut FileSink, dir: &Path) -> String {
     let status = sampler.status.clone();
     let samples = sampler.finish();
     if !samples.is_empty() {
-        let written = JsonLines::append(&dir.join("samples.jsonl"))
-            .and_then(|mut f| samples.iter().try_for_each(|s| f.write(s)));
+        let path = dir.join("samples.jsonl");
+        let written =
+            JsonLines::append(&path).and_then(|mut f| samples.iter().try_for_each(|s| f.write(s)));
+        // The raw samples are extra: the steps' figures already hold their windows, so a
+        // run that trained is not failed for them (a completed run was, and `report` and
+        // `resume` then had nothing to say of it).
         if let Err(e) = written {
-            sink.io_error.get_or_insert(format!("samples.jsonl: {e}"));
+            crate::errln!(
+                "warning: cannot write {}: {e}; the utilisation samples are not kept (each step's figures in metrics.jsonl are)",
+                path.display()
+            );
         }
     }
     status

@@ -853,6 +853,44 @@ fn recorded_paths_are_absolute() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// A working directory removed under the shell: a run is refused before anything is
+/// written (CubeCL, looking for its settings from there, panicked at the first step, after
+/// the run directory was made), and commands that only read what they are given go on.
+#[test]
+fn a_removed_working_directory_is_said_before_a_run() {
+    let dir = tempdir("cli-gone-cwd");
+    let recipe = tiny_recipe(&dir, "gone", "");
+    let gone = dir.join("gone-cwd");
+    std::fs::create_dir_all(&gone).unwrap();
+    let in_gone = |args: &[&str]| {
+        // `cd` into it, remove it, then exec the runner there.
+        let out = std::process::Command::new("sh")
+            .arg("-c")
+            .arg("cd \"$1\" && rmdir \"$1\" && shift && exec \"$@\"")
+            .arg("sh")
+            .arg(&gone)
+            .arg(env!("CARGO_BIN_EXE_runner"))
+            .args(args)
+            .output()
+            .unwrap();
+        std::fs::create_dir_all(&gone).unwrap();
+        out
+    };
+    let recipe_arg = recipe.to_str().unwrap();
+    let out = in_gone(&[recipe_arg, "-q"]);
+    expect_exit(&out, 2);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("the working directory cannot be read")
+            && stderr.contains("cd to a folder"),
+        "{stderr}"
+    );
+    assert!(!dir.join("runs").exists(), "a run directory was made");
+    let out = in_gone(&["validate", recipe_arg]);
+    expect_exit(&out, 0);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// `runner ls` marks a recipe that does not validate as `runner validate` would (it marked
 /// only a file that was not TOML), and lists a link to nothing instead of leaving it out.
 #[test]

@@ -1021,6 +1021,73 @@ fn a_full_disk_leaves_no_half_tensorboard_event() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// The utilisation samples are extra: a run that trained and saved its weights is not
+/// failed because `samples.jsonl` cannot be written at its end (it was, and `report` then
+/// left it out and `resume` had no checkpoint to go on from).
+#[test]
+fn a_run_whose_samples_cannot_be_written_still_completes() {
+    let dir = tempdir("samples-unwritable");
+    let recipe = tiny_recipe(&dir, "nosamples", "");
+    let mut cmd = runner_cmd();
+    cmd.arg(&recipe).args([
+        "-q",
+        "--set",
+        "run.epochs=10",
+        "--set",
+        "data.synthetic.samples=4000",
+    ]);
+    let (child, run) = started(cmd, &dir.join("runs"));
+    // A folder where the file goes: appending to it fails (EISDIR).
+    std::fs::create_dir(run.join("samples.jsonl")).unwrap();
+    let out = child.wait_with_output().unwrap();
+    expect_exit(&out, 0);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains(&format!(
+            "warning: cannot write {}",
+            run.join("samples.jsonl").display()
+        )) && stderr.contains("not kept"),
+        "{stderr}"
+    );
+    let s = summary(&run);
+    assert_eq!(s.status, RunStatus::Completed, "{s:?}");
+    assert!(run.join("model.safetensors").is_file());
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A run that cannot open what it needs before its first step (here: out of file
+/// descriptors under `ulimit -n`) says so in its summary, with the help to raise the limit;
+/// its summary was left `running`, read by `report` as a process killed outright.
+#[test]
+fn a_run_out_of_file_descriptors_fails_in_its_summary() {
+    let dir = tempdir("few-fds");
+    let recipe = tiny_recipe(&dir, "fewfds", "");
+    let mut cmd = runner_cmd();
+    cmd.arg(&recipe).arg("-q");
+    // SAFETY: `setrlimit` is async-signal-safe, as `pre_exec` requires.
+    unsafe {
+        std::os::unix::process::CommandExt::pre_exec(&mut cmd, || {
+            let limit = libc::rlimit {
+                rlim_cur: 10,
+                rlim_max: 10,
+            };
+            libc::setrlimit(libc::RLIMIT_NOFILE, &limit);
+            Ok(())
+        });
+    }
+    let out = cmd.output().unwrap();
+    expect_exit(&out, 1);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("Too many open files") && stderr.contains("`ulimit -n"),
+        "{stderr}"
+    );
+    let s = summary(&only_run(&dir.join("runs/fewfds")));
+    assert_eq!(s.status, RunStatus::Failed, "{s:?}");
+    assert!(s.error.unwrap_or_default().contains("Too many open files"));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// `ulimit -f`: the run stops with the file named and the limit said (SIGXFSZ killed it
 /// where it stood: exit 153, a line cut, its summary left `running`).
 #[test]
