@@ -83,8 +83,14 @@ impl Cadence {
     }
 
     /// A validation at the end of a whole epoch whose last step is `step`: every epoch, or
-    /// every N steps where the N-th is that last step.
-    pub fn validate_at_epoch_end(&self, step: u64) -> bool {
+    /// every N steps where the N-th is that last step. An epoch `cut_short` by the run's
+    /// last step (`run.max_steps`) is validated every epoch too, as the test set is scored
+    /// there: a run shorter than its first epoch had no validation, no best weights and no
+    /// early stopping, and said nothing of it.
+    pub fn validate_at_epoch_end(&self, step: u64, cut_short: bool) -> bool {
+        if cut_short {
+            return step >= self.total_steps && due(self.validate, Point::EpochEnd);
+        }
         due(self.validate, Point::EpochEnd)
             || (step > 0 && due(self.validate, Point::AfterStep { step }))
     }
@@ -182,7 +188,7 @@ mod tests {
                 val.push(step);
             }
             if left == 0 {
-                if c.validate_at_epoch_end(step) {
+                if c.validate_at_epoch_end(step, false) {
                     val_end.push(step);
                 }
                 if c.checkpoint_at_epoch_end(step) {
@@ -222,6 +228,17 @@ mod tests {
             walk(cadence(Some(Every::Epoch), Every::Epoch, EvalWhen::End));
         assert!(ckpt_in.is_empty() && val.is_empty());
         assert_eq!((ckpt_end, val_end), (vec![4, 8], vec![4, 8, 12]));
+        // The run's last step inside an epoch (run.max_steps = 6): validated every epoch,
+        // as the test set is scored there; every 4 steps, not (step 6 is no 4th).
+        let short = |validate| Cadence {
+            total_steps: 6,
+            ..cadence(None, validate, EvalWhen::End)
+        };
+        assert!(short(Every::Epoch).validate_at_epoch_end(6, true));
+        assert!(!short(Every::Steps(4)).validate_at_epoch_end(6, true));
+        assert!(!short(Every::Never).validate_at_epoch_end(6, true));
+        // An epoch cut short that is not the run's last (a resumed partial one) is not.
+        assert!(!short(Every::Epoch).validate_at_epoch_end(3, true));
         // A run that keeps nothing checkpoints nothing.
         let (ckpt_in, ckpt_end, ..) = walk(cadence(None, Every::Never, EvalWhen::End));
         assert!(ckpt_in.is_empty() && ckpt_end.is_empty());

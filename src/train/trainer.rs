@@ -484,10 +484,11 @@ impl<'a, B: TrainBackend> Trainer<'a, B> {
             (true, false) => Some("run.max_steps"),
         };
         sink.epoch_end(epoch, self.held.as_ref(), by);
-        // Validation every epoch, or every N steps where the N-th is the epoch's last (the
-        // step itself leaves that one to the epoch's end, which comes next).
+        // Validation every epoch (and at the run's last step inside one), or every N steps
+        // where the N-th is the epoch's last (the step itself leaves that one to the
+        // epoch's end, which comes next).
         let cadence = self.cadence();
-        if !cut_short && !self.early && cadence.validate_at_epoch_end(self.step) {
+        if !self.early && cadence.validate_at_epoch_end(self.step, cut_short) {
             self.validate(epoch, sink)?;
         }
         if self.early {

@@ -257,6 +257,50 @@ fn what_is_due_at_an_epochs_last_step_is_done_and_timed() {
     assert_eq!(steps, (1..=9).collect::<Vec<_>>());
 }
 
+/// `run.max_steps` ending the run inside an epoch: a validation every epoch is done after
+/// its last step, as the test set is scored there (a run shorter than an epoch had no
+/// validation, no best weights and no early stopping, and said nothing of it).
+#[test]
+fn a_run_cut_inside_an_epoch_validates_after_its_last_step() {
+    let dir = tempdir("cut-validate");
+    let recipe = tiny_recipe(&dir, "cut", "");
+    let run_with = |max_steps: &str, epochs: &str| {
+        let out = runner_cmd()
+            .arg(&recipe)
+            .args([
+                "-q",
+                "--set",
+                "data.validation=0.25",
+                "--set",
+                "run.eval=\"epoch\"",
+            ])
+            .args(["--set", &format!("run.max_steps={max_steps}")])
+            .args(["--set", &format!("run.epochs={epochs}")])
+            .output()
+            .unwrap();
+        expect_exit(&out, 0);
+        let runs = dir.join("runs/cut");
+        let latest = std::fs::read_dir(&runs)
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .max()
+            .unwrap();
+        summary(&latest)
+    };
+    // 75 training samples in batches of 32: 3 steps an epoch.
+    let s = run_with("2", "1");
+    let validated: Vec<u64> = s.validations.iter().map(|v| v.step).collect();
+    assert_eq!(validated, [2], "{s:?}");
+    assert_eq!(s.best_step, Some(2));
+    let evals: Vec<u64> = s.evals.iter().map(|e| e.step).collect();
+    assert_eq!(evals, [2]);
+    // After a whole epoch and inside the next: at each epoch's end and the cut, once each.
+    let s = run_with("5", "2");
+    let validated: Vec<u64> = s.validations.iter().map(|v| v.step).collect();
+    assert_eq!(validated, [3, 5], "{s:?}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// A checkpoint written inside an epoch is not part of its step's `iter_ms` (it is that
 /// line's `checkpoint_ms`), as one at an epoch's end is not: ms/iter does not depend on
 /// where checkpoints land. An in-epoch line's `t_ms` is taken after both, so the time
