@@ -124,8 +124,10 @@ pub fn check_labels(path: &Path, classes: usize) -> Result<(), DataError> {
             Ok(()) => {}
             Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
                 // Read to its end: env.json's sum of the file needs no pass of its own.
-                reader.into_inner().finish();
-                return Ok(());
+                return reader
+                    .into_inner()
+                    .finish()
+                    .map_err(|e| DataError::io(path, e));
             }
             Err(e) => return Err(DataError::io(path, e)),
         }

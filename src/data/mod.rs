@@ -241,6 +241,11 @@ impl DataError {
         }
     }
     pub fn io(path: &Path, e: std::io::Error) -> Self {
+        if let Some(changed) = e.get_ref().and_then(|i| i.downcast_ref::<sums::Changed>()) {
+            return Self::new(path, changed.to_string()).help(
+                "something writes to it (a copy or download still going?): run again once it is written whole",
+            );
+        }
         Self::new(path, format!("cannot be read: {e}")).help("check the path and its permissions")
     }
     pub fn help(mut self, h: impl Into<String>) -> Self {

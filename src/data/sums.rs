@@ -82,15 +82,44 @@ fn keep(path: &Path, identity: Identity, bytes: u64, crc: u32) {
     read.push((path, identity, sum));
 }
 
-/// The whole of `path` (as `std::fs::read`), its sum kept.
+/// The whole of `path` (as `std::fs::read`), its sum kept; an error if the file changed
+/// while it was read (its size or modification time then is not what it was at the
+/// start): what was read is then no version of the file (a file cut while a run loaded
+/// it was said "not a whole number of records" of a size it never had, and advised cut to
+/// a size that lost its data).
 pub fn read(path: &Path) -> std::io::Result<Vec<u8>> {
     let mut file = std::fs::File::open(path)?;
     let identity = Identity::of(&file.metadata()?);
     let mut bytes = Vec::with_capacity(identity.len as usize);
     file.read_to_end(&mut bytes)?;
+    unchanged(&file, &identity, bytes.len() as u64)?;
     keep(path, identity, bytes.len() as u64, crc32fast::hash(&bytes));
     Ok(bytes)
 }
+
+/// An error if `file`, `read` bytes of it read whole, is not as it was when opened.
+fn unchanged(file: &std::fs::File, identity: &Identity, read: u64) -> std::io::Result<()> {
+    let now = Identity::of(&file.metadata()?);
+    if read == identity.len && now == *identity {
+        return Ok(());
+    }
+    Err(std::io::Error::other(Changed(format!(
+        "changed while it was read ({} bytes when opened, {read} read, {} now)",
+        identity.len, now.len
+    ))))
+}
+
+/// A file that changed while it was read (`DataError::io` says it in its own words).
+#[derive(Debug)]
+pub struct Changed(pub String);
+
+impl std::fmt::Display for Changed {
+    fn fmt(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for Changed {}
 
 /// A reader of `path` that sums what passes through it; [`Summing::finish`] keeps the
 /// sum once the file has been read to its end.
@@ -115,9 +144,12 @@ impl Summing {
         })
     }
 
-    /// Keeps the sum: call only when the reads reached the end of the file.
-    pub fn finish(self) {
+    /// Keeps the sum: call only when the reads reached the end of the file. An error if
+    /// the file changed while it was read (see [`read`]).
+    pub fn finish(self) -> std::io::Result<()> {
+        unchanged(&self.file, &self.identity, self.bytes)?;
         keep(&self.path, self.identity, self.bytes, self.hash.finalize());
+        Ok(())
     }
 }
 
@@ -128,6 +160,17 @@ impl Read for Summing {
         self.bytes += n as u64;
         Ok(n)
     }
+}
+
+/// The sum of `path` as this process last read it whole, whatever is there now: what a
+/// run trained on, for env.json (a file cut after the load was recorded by the sum of
+/// the cut file, and `runner resume` then took that file for the run's data).
+pub fn loaded(path: &Path) -> Option<FileSum> {
+    let path = key(path);
+    let read = READ.lock().unwrap_or_else(|p| p.into_inner());
+    read.iter()
+        .find(|(p, _, _)| *p == path)
+        .map(|(_, _, sum)| sum.clone())
 }
 
 /// The sum of `path` as this process read it, if the file there is still the one read.
@@ -160,6 +203,31 @@ mod tests {
         std::fs::write(&q, b"987654321").unwrap();
         std::fs::rename(&q, &p).unwrap();
         assert_eq!(recorded(&p), None, "the file was replaced");
+        // What was read is still what was loaded.
+        assert_eq!(loaded(&p).map(|s| s.crc32).as_deref(), Some("cbf43926"));
+    }
+
+    #[test]
+    fn a_file_cut_while_it_is_read_is_an_error() {
+        let dir = crate::scratch::Scratch::new("sums-c");
+        let p = dir.join("c.bin");
+        std::fs::write(&p, vec![1u8; 10_000]).unwrap();
+        let mut r = Summing::open(&p).unwrap();
+        let mut some = vec![0u8; 4_000];
+        r.read_exact(&mut some).unwrap();
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(&p)
+            .unwrap()
+            .set_len(6_000)
+            .unwrap();
+        std::io::copy(&mut r, &mut std::io::sink()).unwrap();
+        let e = r.finish().unwrap_err().to_string();
+        assert!(
+            e.contains("changed while it was read (10000 bytes when opened, 6000 read, 6000 now)"),
+            "{e}"
+        );
+        assert_eq!(loaded(&p), None);
     }
 
     #[test]
@@ -170,11 +238,11 @@ mod tests {
         let mut r = Summing::open(&p).unwrap();
         let mut half = vec![0u8; 5_000];
         r.read_exact(&mut half).unwrap();
-        r.finish();
+        assert!(r.finish().is_err(), "half a file is no read of it");
         assert_eq!(recorded(&p), None, "half a file is no sum of it");
         let mut r = Summing::open(&p).unwrap();
         std::io::copy(&mut r, &mut std::io::sink()).unwrap();
-        r.finish();
+        r.finish().unwrap();
         let want = format!("{:08x}", crc32fast::hash(&[7u8; 10_000]));
         assert_eq!(recorded(&p).map(|s| s.crc32), Some(want));
     }

@@ -288,8 +288,19 @@ fn parse_line(
     let Ok(Entries(entries)) = serde_json::from_str::<Entries>(line) else {
         // Not an object: say whether it is JSON at all.
         return Err(match serde_json::from_str::<serde_json::Value>(line) {
-            Err(e) => at(format!("not JSON ({e})"))
-                .help("each line must be one JSON object, e.g. {\"label\": 1, \"text\": \"...\"}"),
+            // A mark is accepted at the file's start only (files joined with `cat` keep each
+            // one's); it read as "expected value at line 1 column 1" of the file's line 2.
+            Err(_) if line.starts_with('\u{feff}') => at("starts with a byte-order mark (U+FEFF), which only the file's first line may have".into())
+                .help("remove it (files joined with `cat` keep each one's mark: `sed -i '2,$ s/^\\xEF\\xBB\\xBF//' FILE`)"),
+            // Its place in the line, not serde's "line 1" of the one line it was given.
+            Err(e) => {
+                let whole = e.to_string();
+                let what = whole
+                    .strip_suffix(&format!(" at line {} column {}", e.line(), e.column()))
+                    .unwrap_or(&whole);
+                at(format!("not JSON at byte {} of the line ({what})", e.column()))
+                    .help("each line must be one JSON object, e.g. {\"label\": 1, \"text\": \"...\"}")
+            }
             Ok(_) => at("not a JSON object".into()).help("each line must be one JSON object"),
         });
     };
@@ -804,7 +815,15 @@ mod tests {
         let cases = [
             (
                 "{\"label\": 1, \"text\": \"ok\"}\n{\"label\": 1, \"text\": \"ok\"\n",
-                "line 2: not JSON",
+                "line 2: not JSON at byte 25 of the line (EOF while parsing an object)",
+            ),
+            (
+                "{\"label\": 1, \"text\": \"ok\"}\n{\"label\": 1, \"text\": ok}\n",
+                "line 2: not JSON at byte 22 of the line (expected value)",
+            ),
+            (
+                "\u{feff}{\"label\": 1, \"text\": \"ok\"}\n\u{feff}{\"label\": 1, \"text\": \"ok\"}\n",
+                "line 2: starts with a byte-order mark (U+FEFF)",
             ),
             (
                 "\n{\"label\": 1}\n",

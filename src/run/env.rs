@@ -120,15 +120,16 @@ pub fn other_data(run_dir: &Path, plan: &Plan) -> Option<String> {
 
 /// Each data file of the plan with its size and CRC-32 (one that cannot be read has
 /// none: it was read moments ago, and the run says so if it is gone). The sum is the one
-/// taken as the checks or the load read the file, if it is still that file; only a file
-/// they did not read whole (past `data.limit`) or that changed since is read again.
+/// taken as the checks or the load last read the file whole, what the run trained on even
+/// if the file changed since; only a file they did not read whole (past `data.limit`) is
+/// read again.
 pub fn data_files(plan: &Plan) -> Vec<DataFile> {
     plan.data
         .files()
         .iter()
         .filter_map(|p| {
             let sum =
-                crate::data::sums::recorded(p).or_else(|| crate::data::sums::file_sum(p).ok())?;
+                crate::data::sums::loaded(p).or_else(|| crate::data::sums::file_sum(p).ok())?;
             // The same file however the recipe was named (`recipes/../x.bin` from the
             // command line, an absolute path in the run's own recipe.toml).
             let path = std::fs::canonicalize(p).unwrap_or_else(|_| p.clone());
