@@ -103,8 +103,9 @@ fn bad_label(path: &Path, i: usize, label: u8, classes: usize) -> DataError {
     DataError::new(
         path,
         format!(
-            "record {i} (byte offset {}) has label {label}, but there are {classes} classes",
-            i * RECORD
+            "record {i} (byte offset {}) has label {label}, but {}",
+            i * RECORD,
+            super::there_are_classes(classes)
         ),
     )
     .help("check the file is CIFAR-10 binary; fix it, or raise model.num_classes (or add the class to batches.meta.txt)")

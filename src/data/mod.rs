@@ -265,6 +265,14 @@ impl fmt::Display for DataError {
 
 impl std::error::Error for DataError {}
 
+/// `there are 10 classes`, `there is 1 class`.
+pub(crate) fn there_are_classes(n: usize) -> String {
+    match n {
+        1 => "there is 1 class".into(),
+        n => format!("there are {n} classes"),
+    }
+}
+
 /// A split held in memory: images as bytes, or text as token ids.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Dataset {

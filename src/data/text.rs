@@ -381,7 +381,8 @@ fn parse_line(
     if let Some(c) = classes {
         if label as usize >= c {
             return Err(at(format!(
-                "label {label} is out of range: there are {c} classes"
+                "label {label} is out of range: {}",
+                super::there_are_classes(c)
             ))
             .help("fix the line, or raise model.num_classes (or add the class to labels.txt)"));
         }

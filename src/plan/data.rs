@@ -619,13 +619,11 @@ impl<'a> Validator<'a> {
         if path.is_file() {
             Some(path)
         } else {
-            self.not_a_file(
-                key,
-                rel,
-                &path,
-                "is not a regular file",
-                "name a .jsonl file",
-            );
+            let what = match path.is_dir() {
+                true => "is a directory, not a .jsonl file",
+                false => "is not a regular file",
+            };
+            self.not_a_file(key, rel, &path, what, "name a .jsonl file");
             None
         }
     }
@@ -773,15 +771,21 @@ impl<'a> Validator<'a> {
                     return None;
                 }
             };
+            // A name that is not UTF-8 is matched too (it was left out in silence, and its
+            // samples with it).
             let mut files: Vec<PathBuf> = entries
                 .filter_map(|e| e.ok().map(|e| e.path()))
                 .filter(|p| {
                     p.file_name()
-                        .and_then(|n| n.to_str())
+                        .map(|n| n.to_string_lossy())
                         .is_some_and(|n| n.starts_with(stem) && n.ends_with(".bin"))
                 })
                 .collect();
-            files.sort();
+            // In natural order, numbers by their value: `data_batch_10` after
+            // `data_batch_2` (by bytes it came first, and `data.limit` took its samples).
+            files.sort_by_cached_key(|p| {
+                natural_key(&p.file_name().unwrap_or_default().to_string_lossy())
+            });
             if files.is_empty() {
                 self.err(
                     key,
@@ -817,5 +821,57 @@ impl<'a> Validator<'a> {
             }
         }
         Some(n)
+    }
+}
+
+/// A file name's sort key in natural order: runs of digits compared by their value (then
+/// by their length: `01` after `1`), the rest by its chars.
+fn natural_key(name: &str) -> Vec<(bool, String)> {
+    let mut key = vec![];
+    let mut chars = name.chars().peekable();
+    while let Some(&c) = chars.peek() {
+        let digits = c.is_ascii_digit();
+        let mut part = String::new();
+        while let Some(&c) = chars.peek().filter(|c| c.is_ascii_digit() == digits) {
+            part.push(c);
+            chars.next();
+        }
+        if digits {
+            // Left-padded to one width, so that strings compare as numbers; a run longer
+            // than the pad (no file has one) compares by its length first.
+            let trimmed = part.trim_start_matches('0');
+            part = format!("{:0>40}{:0>4}", trimmed, part.len());
+        }
+        key.push((digits, part));
+    }
+    key
+}
+
+#[cfg(test)]
+mod tests {
+    use super::natural_key;
+
+    #[test]
+    fn batches_sort_by_their_numbers() {
+        let mut names = [
+            "data_batch_10.bin",
+            "data_batch_2.bin",
+            "data_batch_1.bin",
+            "data_batch.bin",
+            "data_batch_x.bin",
+            "data_batch_02.bin",
+        ];
+        names.sort_by_key(|n| natural_key(n));
+        assert_eq!(
+            names,
+            [
+                "data_batch.bin",
+                "data_batch_1.bin",
+                "data_batch_2.bin",
+                "data_batch_02.bin",
+                "data_batch_10.bin",
+                "data_batch_x.bin",
+            ]
+        );
     }
 }

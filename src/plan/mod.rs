@@ -668,7 +668,7 @@ impl<'a> Validator<'a> {
             self.err(
                 "name",
                 format!(
-                    "a part of the name is {} bytes long; directory names must fit in 255",
+                    "a part of the name is {} bytes long, over the 200 a part may have (a directory's name must fit in 255 bytes, with room kept for the runner's suffixes)",
                     name.split('/').map(str::len).max().unwrap_or(0)
                 ),
                 "use a shorter name",

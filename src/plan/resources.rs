@@ -48,8 +48,12 @@ impl Footprint {
     }
 }
 
-/// `12.3 GiB`.
+/// `12.3 GiB`; under 0.1 GiB, `40.2 MiB` (a tight `ulimit -v` was said as "0.0 GiB" left,
+/// against a need of "0.0 GiB").
 pub fn gib(bytes: u64) -> String {
+    if bytes < (1u64 << 30) / 10 {
+        return format!("{:.1} MiB", bytes as f64 / (1u64 << 20) as f64);
+    }
     format!("{:.1} GiB", bytes as f64 / (1u64 << 30) as f64)
 }
 

@@ -504,7 +504,8 @@ pub struct DataSection {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub format: Option<DataFormat>,
     /// Training data, relative to the recipe file: `cifar10-bin`, a `.bin` file or a
-    /// directory holding `data_batch_*.bin`; `jsonl`, a `.jsonl` file. Required for both.
+    /// directory holding `data_batch*.bin` (read in natural order: `data_batch_2` before
+    /// `data_batch_10`); `jsonl`, a `.jsonl` file. Required for both.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub train: Option<String>,
     /// Test data, relative to the recipe file: a `.bin` file or a directory holding

@@ -891,6 +891,91 @@ fn a_removed_working_directory_is_said_before_a_run() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// A directory of CIFAR batches is read in natural order (`data_batch_2` before
+/// `data_batch_10`: by bytes it came after, and `data.limit` took the wrong file's samples),
+/// a name that is not UTF-8 included (it was left out in silence); a label past a single
+/// class says "1 class"; a directory where a `.jsonl` goes is said to be one.
+#[test]
+fn a_folder_of_batches_is_read_in_natural_order() {
+    use std::os::unix::ffi::OsStrExt as _;
+    let dir = tempdir("cli-batches");
+    let data = dir.join("batches");
+    std::fs::create_dir_all(&data).unwrap();
+    let sample = std::fs::read(root().join("datasets/cifar10_sample/test_batch.bin")).unwrap();
+    let odd = std::ffi::OsStr::from_bytes(b"data_batch_3\xff.bin");
+    for name in ["data_batch_1.bin", "data_batch_10.bin", "data_batch_2.bin"]
+        .map(std::ffi::OsStr::new)
+        .into_iter()
+        .chain([odd])
+    {
+        std::fs::write(data.join(name), &sample).unwrap();
+    }
+    let recipe = dir.join("b.toml");
+    std::fs::write(
+        &recipe,
+        format!(
+            "name = \"b\"\n[model]\narch = \"mlp\"\n[data]\nformat = \"cifar10-bin\"\ntrain = \"batches\"\ntest = \"{}\"\nlimit = 30\n[loader]\nbatch_size = 10\n[run]\nmax_steps = 1\nwarmup_steps = 0\n[log]\ndir = \"{}\"\n",
+            root().join("datasets/cifar10_sample/test_batch.bin").display(),
+            dir.join("runs").display()
+        ),
+    )
+    .unwrap();
+    let out = runner_cmd().arg(&recipe).arg("-q").output().unwrap();
+    expect_exit(&out, 0);
+    let env = json(&only_run(&dir.join("runs/b")).join("env.json"));
+    let names: Vec<String> = env["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| {
+            d["path"]
+                .as_str()
+                .unwrap()
+                .rsplit('/')
+                .next()
+                .unwrap()
+                .to_string()
+        })
+        .collect();
+    assert_eq!(
+        names,
+        [
+            "data_batch_1.bin",
+            "data_batch_2.bin",
+            "data_batch_3\u{fffd}.bin",
+            "data_batch_10.bin",
+            "test_batch.bin"
+        ]
+    );
+    // One class named: said in the singular.
+    std::fs::write(data.join("batches.meta.txt"), "airplane\n").unwrap();
+    let out = runner_cmd().arg(&recipe).arg("-q").output().unwrap();
+    std::fs::remove_file(data.join("batches.meta.txt")).unwrap();
+    expect_exit(&out, 2);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("but there is 1 class"), "{stderr}");
+    // A folder where a .jsonl goes.
+    let out = runner_cmd()
+        .arg(&recipe)
+        .args([
+            "-q",
+            "--set",
+            "data.format=\"jsonl\"",
+            "--set",
+            "model.arch=\"bag\"",
+        ])
+        .args(["--set", "data.test=\"batches\""])
+        .output()
+        .unwrap();
+    expect_exit(&out, 2);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("batches is a directory, not a .jsonl file"),
+        "{stderr}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// `runner ls` marks a recipe that does not validate as `runner validate` would (it marked
 /// only a file that was not TOML), and lists a link to nothing instead of leaving it out.
 #[test]
