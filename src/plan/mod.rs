@@ -496,6 +496,20 @@ impl<'a> Validator<'a> {
     /// The path a path-valued key names ([`Loaded::path_of`]); `None` after an error.
     fn path_of(&mut self, key: &str, value: &str) -> Option<PathBuf> {
         match self.l.path_of(key, value) {
+            // The run's recipe.toml names it by its absolute path, in TOML: UTF-8 only. A
+            // folder name that is not UTF-8 was written with U+FFFD in place of its bytes,
+            // and the run could not be resumed, evaluated or run again from it.
+            Ok(p) if absolute(&p).to_str().is_none() => {
+                self.err(
+                    key,
+                    format!(
+                        "{} is not valid UTF-8 (a byte of a folder or file name on the way): the run's recipe.toml, which names it by its absolute path, could not, and the run could not be resumed or run again",
+                        absolute(&p).display()
+                    ),
+                    "rename the folder (or file) to a UTF-8 name, or copy the data to a folder that has one",
+                );
+                None
+            }
             Ok(p) => Some(p),
             Err(e) => {
                 self.err(

@@ -973,6 +973,35 @@ fn a_folder_of_batches_is_read_in_natural_order() {
         stderr.contains("batches is a directory, not a .jsonl file"),
         "{stderr}"
     );
+    // Data in a folder whose name is not UTF-8: refused before the run, which could not
+    // name it in its recipe.toml (it was written with U+FFFD, and resume failed).
+    let odd_dir = dir.join(std::ffi::OsStr::from_bytes(b"odd\xfe"));
+    std::fs::create_dir_all(&odd_dir).unwrap();
+    std::fs::write(odd_dir.join("data_batch_1.bin"), &sample).unwrap();
+    let text = std::fs::read_to_string(&recipe).unwrap();
+    std::fs::write(
+        odd_dir.join("b.toml"),
+        text.replace("train = \"batches\"", "train = \".\""),
+    )
+    .unwrap();
+    let out = runner_cmd()
+        .arg(odd_dir.join("b.toml"))
+        .arg("-q")
+        .output()
+        .unwrap();
+    expect_exit(&out, 2);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("data.train: ")
+            && stderr.contains("is not valid UTF-8")
+            && stderr.contains("rename the folder"),
+        "{stderr}"
+    );
+    assert_eq!(
+        std::fs::read_dir(dir.join("runs/b")).unwrap().count(),
+        1,
+        "a run was made"
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }
 
