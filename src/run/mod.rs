@@ -75,6 +75,20 @@ pub struct Finished {
 /// why (a file where a folder goes said "File exists").
 fn create_run_dir(root: &Path, name: &str) -> Result<(PathBuf, String), (PathBuf, String)> {
     let parent = root.join(name);
+    // Linux takes paths of up to 4,095 bytes: the run's id (`/20261207T101500-999`) and
+    // its longest file (`/events.out.tfevents.<time>.<host>.<pid>`, a checkpoint's files)
+    // must fit after it. A log.dir that left less made the directory, then failed at a
+    // file in it (exit 1, a run marked failed) instead of being refused (exit 2).
+    const ROOM: usize = 21 + 128;
+    let length = parent.as_os_str().len();
+    if length + ROOM > 4095 {
+        return Err((
+            parent,
+            format!(
+                "its path is {length} bytes, and the run's files need up to {ROOM} more, past the 4,095 bytes a path may have"
+            ),
+        ));
+    }
     if let Err(e) = std::fs::create_dir_all(&parent) {
         // The first path on the way that is not a folder, if that is why.
         let mut at = parent.as_path();
@@ -300,8 +314,12 @@ fn execute_here(plan: &Plan, opts: &RunOptions) -> Result<Finished, RunError> {
     let prepared = prepare(plan, opts)?;
     drop(loading);
     let (dir, run_id) = create_run_dir(&plan.log.dir, &plan.name).map_err(|(at, e)| {
+        let help = match e.contains("a path may have") {
+            true => "runs go in <log.dir>/<name>/<time>; point log.dir (or --set log.dir=...) at a shorter path",
+            false => "runs go in <log.dir>/<name>/<time>; point log.dir (or --set log.dir=...) at a folder this user can write",
+        };
         RunError::Input(format!(
-            "error: cannot create the run directory {}: {e}\n  = help: runs go in <log.dir>/<name>/<time>; point log.dir (or --set log.dir=...) at a folder this user can write",
+            "error: cannot create the run directory {}: {e}\n  = help: {help}",
             at.display()
         ))
     })?;

@@ -1005,6 +1005,35 @@ fn a_folder_of_batches_is_read_in_natural_order() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// A log.dir whose run directory fits Linux's 4,095-byte path limit but leaves its files
+/// no room is refused before anything is made (the directory was made, and the run failed
+/// at its first file: exit 1, a run marked failed).
+#[test]
+fn a_log_dir_that_leaves_the_run_s_files_no_room_is_refused() {
+    let dir = tempdir("cli-long-path");
+    let recipe = tiny_recipe(&dir, "long", "");
+    let mut long = dir.join("logs");
+    while long.as_os_str().len() < 3_950 {
+        long.push("d".repeat(200));
+    }
+    let out = runner_cmd()
+        .arg(&recipe)
+        .arg("-q")
+        .arg("--set")
+        .arg(format!("log.dir=\"{}\"", long.display()))
+        .output()
+        .unwrap();
+    expect_exit(&out, 2);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("past the 4,095 bytes a path may have")
+            && stderr.contains("at a shorter path"),
+        "{stderr}"
+    );
+    assert!(!dir.join("logs").exists(), "folders were made");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// `runner ls` marks a recipe that does not validate as `runner validate` would (it marked
 /// only a file that was not TOML), and lists a link to nothing instead of leaving it out.
 #[test]
