@@ -436,8 +436,12 @@ pub(crate) fn labels(runs: &[Run]) -> Vec<String> {
         groups.entry(r.name.as_str()).or_default().push(i);
     }
     // Per name: whether any run has its recipe, and the keys whose values differ among
-    // those that have.
-    let mut differing: HashMap<&str, (bool, Vec<&str>)> = HashMap::new();
+    // those that have, each with its usual value (the one most of them ran; of a tie, the
+    // first run's). A run is labelled by where it leaves the usual: after ten `--set`
+    // A/Bs of one recipe each label listed every key any of them changed (350 chars),
+    // each row the same keys, most of them at the usual value.
+    type Usual<'a> = Vec<(&'a str, Option<&'a str>)>;
+    let mut differing: HashMap<&str, (bool, Usual)> = HashMap::new();
     for (name, group) in &groups {
         let known: Vec<usize> = group
             .iter()
@@ -450,10 +454,19 @@ pub(crate) fn labels(runs: &[Run]) -> Vec<String> {
             .collect();
         let keys = keys
             .into_iter()
-            .filter(|k| {
-                let values: BTreeSet<Option<&str>> =
-                    known.iter().map(|&i| maps[i].get(k).copied()).collect();
-                values.len() > 1
+            .filter_map(|k| {
+                // Each value with its count, in the order the runs first have it.
+                let mut counts: Vec<(Option<&str>, usize)> = vec![];
+                for &i in &known {
+                    let v = maps[i].get(k).copied();
+                    match counts.iter_mut().find(|(value, _)| *value == v) {
+                        Some((_, n)) => *n += 1,
+                        None => counts.push((v, 1)),
+                    }
+                }
+                let most = counts.iter().map(|c| c.1).max()?;
+                let usual = counts.iter().find(|c| c.1 == most)?.0;
+                (counts.len() > 1).then_some((k, usual))
             })
             .collect();
         differing.insert(name, (!known.is_empty(), keys));
@@ -468,13 +481,14 @@ pub(crate) fn labels(runs: &[Run]) -> Vec<String> {
                     false => r.name.clone(),
                 };
             }
-            if keys.is_empty() {
-                return r.name.clone();
-            }
             let parts: Vec<String> = keys
                 .iter()
-                .map(|k| format!("{k}={}", map.get(k).copied().unwrap_or("-")))
+                .filter(|(k, usual)| map.get(k).copied() != *usual)
+                .map(|(k, _)| format!("{k}={}", map.get(k).copied().unwrap_or("-")))
                 .collect();
+            if parts.is_empty() {
+                return r.name.clone();
+            }
             format!("{} [{}]", r.name, parts.join(", "))
         })
         .collect()
@@ -1080,8 +1094,10 @@ mod tests {
         assert_eq!(
             names,
             [
-                "q [cleanup.every=never, x=-]",
-                "q [cleanup.every=step, x=-]",
+                // Where each leaves the usual: cleanup.every is "never" (a tie of 2 and 2:
+                // the first run's), and x unset.
+                "q",
+                "q [cleanup.every=step]",
                 "q [cleanup.every=step, x=1]",
                 "other"
             ]
@@ -1089,6 +1105,25 @@ mod tests {
         assert_eq!((r[0].runs, r[0].ms_median), (2, 11.0));
         assert_eq!((r[1].runs, r[1].ms_median), (1, 20.0));
         assert!(rows(&runs, Some("q [cleanup.every=step, x=1]")).unwrap()[2].is_baseline);
+        // Ten A/Bs of one key each: a label names its own key alone.
+        let base = [("optim.lr", "0.1"), ("loader.workers", "0"), ("seed", "1")];
+        let mut runs = vec![with("r", &base, 10.0), with("r", &base, 10.0)];
+        for (k, v) in [("optim.lr", "0.5"), ("loader.workers", "4"), ("seed", "2")] {
+            let mut recipe = base;
+            recipe.iter_mut().find(|(key, _)| *key == k).unwrap().1 = v;
+            runs.push(with("r", &recipe, 10.0));
+        }
+        let r = rows(&runs, None).unwrap();
+        let names: Vec<&str> = r.iter().map(|r| r.recipe.as_str()).collect();
+        assert_eq!(
+            names,
+            [
+                "r",
+                "r [optim.lr=0.5]",
+                "r [loader.workers=4]",
+                "r [seed=2]"
+            ]
+        );
     }
 
     #[test]
@@ -1181,12 +1216,7 @@ mod tests {
         ];
         assert_eq!(
             labels(&mixed),
-            [
-                "q [optim.lr=0.1]",
-                "q [optim.lr=0.1]",
-                "q [recipe.toml unreadable]",
-                "q [optim.lr=0.2]"
-            ]
+            ["q", "q", "q [recipe.toml unreadable]", "q [optim.lr=0.2]"]
         );
         let alike = vec![with("q", "0.1"), with("q", "0.1"), run("q", &[1.0])];
         assert_eq!(labels(&alike), ["q", "q", "q [recipe.toml unreadable]"]);
