@@ -291,7 +291,7 @@ pub enum RunStatus {
     Completed,
     /// Stopped by an error (`Summary::error`).
     Failed,
-    /// Stopped by SIGINT, SIGTERM or SIGHUP (`Summary::error` says which, and when).
+    /// Stopped by SIGINT, SIGTERM, SIGHUP, SIGUSR1 or SIGUSR2 (`Summary::error` says which, and when).
     Interrupted,
 }
 

@@ -1,7 +1,8 @@
-//! Ctrl-C, SIGTERM (what Slurm sends before a time limit, and `kill`) and SIGHUP (the
-//! terminal or ssh session closed; left ignored under `nohup`): the first one asks the run to stop at its next step
-//! boundary (its metrics flushed, a checkpoint written, `status: "interrupted"`, exit 130,
-//! 143 or 129), or, where the run has taken its last step, lets it finish its final
+//! Ctrl-C, SIGTERM (what Slurm sends before a time limit, and `kill`), SIGHUP (the
+//! terminal or ssh session closed; left ignored under `nohup`) and SIGUSR1/SIGUSR2 (a job's
+//! own warning before its limit, `--signal=USR1@120`): the first one asks the run to stop at
+//! its next step boundary (its metrics flushed, a checkpoint written, `status:
+//! "interrupted"`, exit 130, 143, 129, 138 or 140), or, where the run has taken its last step, lets it finish its final
 //! evaluation; a second one, half a second or more later, ends the process at once
 //! with the same code (one sooner is the first delivered twice), after what the run
 //! armed with [`exit_at_second_signal`] has marked its summary. Until a run's first
@@ -124,12 +125,23 @@ pub fn install() {
     // ignored when the runner started: `nohup runner ...` keeps running without its
     // terminal. (SIGINT and SIGTERM are always taken, as before: a shell starts a
     // background job with SIGINT ignored, and `kill -INT` must still stop it cleanly.)
+    // SIGUSR1 and SIGUSR2 as SIGTERM: what a Slurm job asks for with
+    // `--signal=USR1@120` to be warned before its time limit (PyTorch Lightning's
+    // checkpoint-and-requeue signal), which by default killed the run where it stood,
+    // its summary left `running` and its run.lock behind. Left ignored where they were.
     for sig in [
         signal_hook::consts::SIGINT,
         signal_hook::consts::SIGTERM,
         signal_hook::consts::SIGHUP,
+        signal_hook::consts::SIGUSR1,
+        signal_hook::consts::SIGUSR2,
     ] {
-        if sig == signal_hook::consts::SIGHUP && ignored(sig) {
+        let optional = [
+            signal_hook::consts::SIGHUP,
+            signal_hook::consts::SIGUSR1,
+            signal_hook::consts::SIGUSR2,
+        ];
+        if optional.contains(&sig) && ignored(sig) {
             continue;
         }
         // SAFETY: `on_signal` does only what a signal handler may (see there).
@@ -345,6 +357,8 @@ pub fn name(sig: i32) -> &'static str {
         signal_hook::consts::SIGINT => "SIGINT",
         signal_hook::consts::SIGTERM => "SIGTERM",
         signal_hook::consts::SIGHUP => "SIGHUP",
+        signal_hook::consts::SIGUSR1 => "SIGUSR1",
+        signal_hook::consts::SIGUSR2 => "SIGUSR2",
         _ => "a signal",
     }
 }

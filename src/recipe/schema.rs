@@ -1098,7 +1098,7 @@ impl EvalWhen {
 pub struct CheckpointSection {
     /// When to write a checkpoint (model, optimizer state, position in the data) into the
     /// run's `checkpoints/`: `"never"`, `"epoch"`, or every N optimizer steps. SIGINT,
-    /// SIGTERM and SIGHUP write one whatever this says. Default `"never"`.
+    /// SIGTERM, SIGHUP, SIGUSR1 and SIGUSR2 write one whatever this says. Default `"never"`.
     pub every: Every,
     /// Checkpoints kept, the latest. Default 2.
     #[schemars(range(min = 1))]

@@ -89,12 +89,17 @@ fn long_synthetic(dir: &Path, name: &str, extra: &str, sets: &[&str]) -> Command
     cmd
 }
 
-/// SIGTERM (Slurm, `kill`) and SIGHUP (the terminal or ssh session that started the run
-/// closed; it used to kill the run where it stood, its summary left `running`) stop the
-/// run at a step boundary with a checkpoint to resume from.
+/// SIGTERM (Slurm, `kill`), SIGHUP (the terminal or ssh session that started the run
+/// closed) and SIGUSR1 (a job's own warning before its time limit, `--signal=USR1@120`)
+/// stop the run at a step boundary with a checkpoint to resume from. SIGHUP and SIGUSR1
+/// killed the run where it stood, its summary left `running`.
 #[test]
 fn sigterm_and_sighup_stop_at_a_step_boundary_and_say_interrupted() {
-    for (signal, code, name) in [("-TERM", 143, "SIGTERM"), ("-HUP", 129, "SIGHUP")] {
+    for (signal, code, name) in [
+        ("-TERM", 143, "SIGTERM"),
+        ("-HUP", 129, "SIGHUP"),
+        ("-USR1", 138, "SIGUSR1"),
+    ] {
         let tag = name.to_lowercase();
         let (out, dir) = interrupt(&tag, "", signal);
         expect_exit(&out, code);
