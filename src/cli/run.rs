@@ -173,10 +173,16 @@ pub(crate) fn run_one(p: &Plan, opts: &RunOptions) -> Result<PathBuf, RunError> 
             Ok(f.dir)
         }
         Err(RunError::Failed { dir, message }) => {
-            // A run directory removed while the run ran holds nothing to point at.
-            let note = match dir.exists() {
-                true => format!("\n  = note: what was recorded is in {}", dir.display()),
-                false => String::new(),
+            // A run directory removed while the run ran holds nothing to point at, nor
+            // one that failed before its summary could be written (a full disk, a write
+            // limit): it was pointed at as if it held the run's record.
+            let note = match (dir.exists(), dir.join("summary.json").is_file()) {
+                (true, true) => format!("\n  = note: what was recorded is in {}", dir.display()),
+                (true, false) => format!(
+                    "\n  = note: the run directory {} holds no summary: the run failed before it could write one",
+                    dir.display()
+                ),
+                (false, _) => String::new(),
             };
             runner::errln!(
                 "error: run {} failed: {message}{note}{}",

@@ -1026,6 +1026,45 @@ fn a_full_disk_leaves_no_half_tensorboard_event() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// A write limit that cuts the run's first file: the file is not left cut (a recipe.toml of
+/// 1 KiB looked runnable), and the run directory, which holds no summary, is not pointed at
+/// as the run's record.
+#[test]
+fn a_file_cut_by_a_write_limit_before_the_run_starts_is_removed() {
+    let dir = tempdir("fsize-start");
+    let recipe = tiny_recipe(&dir, "cut", "");
+    let mut cmd = runner_cmd();
+    cmd.arg(&recipe).arg("-q");
+    // SAFETY: `setrlimit` is async-signal-safe, as `pre_exec` requires.
+    unsafe {
+        std::os::unix::process::CommandExt::pre_exec(&mut cmd, || {
+            let limit = libc::rlimit {
+                rlim_cur: 1024,
+                rlim_max: 1024,
+            };
+            libc::setrlimit(libc::RLIMIT_FSIZE, &limit);
+            Ok(())
+        });
+    }
+    let out = cmd.output().unwrap();
+    expect_exit(&out, 1);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let run = only_run(&dir.join("runs/cut"));
+    assert!(
+        stderr.contains(&format!(
+            "cannot write {}: File too large",
+            run.join("recipe.toml").display()
+        )) && stderr.contains("holds no summary: the run failed before it could write one")
+            && stderr.contains("`ulimit -f`"),
+        "{stderr}"
+    );
+    assert!(
+        !run.join("recipe.toml").exists(),
+        "a cut recipe.toml was left"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// The utilisation samples are extra: a run that trained and saved its weights is not
 /// failed because `samples.jsonl` cannot be written at its end (it was, and `report` then
 /// left it out and `resume` had no checkpoint to go on from).
