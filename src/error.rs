@@ -13,7 +13,7 @@ pub enum Error {
     Input(String),
     /// The run started and failed; its directory holds what was recorded: exit code 1.
     Failed { dir: PathBuf, message: String },
-    /// SIGINT or SIGTERM stopped the run at a step boundary: exit code 128 + signal.
+    /// SIGINT, SIGTERM, SIGHUP, SIGUSR1 or SIGUSR2 stopped the run at a step boundary: exit code 128 + signal.
     Interrupted { dir: PathBuf, signal: i32 },
     /// The runner's own files (sweep state) could not be written: exit code 1.
     Io(String),

@@ -15,8 +15,8 @@ pub struct Run {
     pub dir: PathBuf,
     pub name: String,
     /// What the run ran, as `(key, value)` pairs: its resolved `recipe.toml` flattened to
-    /// dotted keys, without what changes nothing that runs (`[log]`, `description`,
-    /// `backend.cache_dir`) and with the data files by content (their size and CRC-32 from
+    /// dotted keys, without what changes nothing that runs (`[log]`, `[slurm]`,
+    /// `description`, `backend.cache_dir`) and with the data files by content (their size and CRC-32 from
     /// `env.json`) instead of by path, so the same recipe run from two clones is the same,
     /// and the device it ran on (`device`, from `summary.json`). Runs of one name are
     /// repeats only where these are equal. Empty when the run has no `recipe.toml`.
@@ -367,6 +367,9 @@ fn what_ran(dir: &Path) -> Vec<(String, String)> {
     };
     recipe.remove("log");
     recipe.remove("description");
+    // How the job is submitted, not what it runs: a grid resubmitted with more time was
+    // split into rows (a cell's id leaves `[slurm]` out too).
+    recipe.remove("slurm");
     if let Some(toml::Value::Table(b)) = recipe.get_mut("backend") {
         b.remove("cache_dir");
     }
@@ -471,27 +474,123 @@ pub(crate) fn labels(runs: &[Run]) -> Vec<String> {
             .collect();
         differing.insert(name, (!known.is_empty(), keys));
     }
-    runs.iter()
+    // Each run's parts: every key where it leaves the usual (`full`), and those without
+    // the keys only one side has (`short`): a key one `--set` brings in or drops with
+    // another (`optim.schedule=step` brings `step_size` and `gamma`, and drops `min_lr`)
+    // said nothing the other key does not, and made the label long. `None` for a run
+    // without its recipe.
+    type Parts = Option<(Vec<String>, Vec<String>)>;
+    let parts: Vec<Parts> = runs
+        .iter()
         .zip(&maps)
         .map(|(r, map)| {
-            let (any_known, keys) = &differing[r.name.as_str()];
             if r.recipe.is_empty() {
-                return match any_known {
-                    true => format!("{} [recipe.toml unreadable]", r.name),
-                    false => r.name.clone(),
-                };
+                return None;
             }
-            let parts: Vec<String> = keys
-                .iter()
-                .filter(|(k, usual)| map.get(k).copied() != *usual)
-                .map(|(k, _)| format!("{k}={}", map.get(k).copied().unwrap_or("-")))
-                .collect();
-            if parts.is_empty() {
-                return r.name.clone();
+            let (_, keys) = &differing[r.name.as_str()];
+            let (mut full, mut short) = (vec![], vec![]);
+            for (k, usual) in keys {
+                let value = map.get(k).copied();
+                if value == *usual {
+                    continue;
+                }
+                let part = format!("{k}={}", value.unwrap_or("-"));
+                if value.is_some() && usual.is_some() {
+                    short.push(part.clone());
+                }
+                full.push(part);
             }
-            format!("{} [{}]", r.name, parts.join(", "))
+            if short.is_empty() {
+                short.clone_from(&full);
+            }
+            Some((full, short))
         })
-        .collect()
+        .collect();
+    let label = |r: &Run, parts: &[String]| match parts.is_empty() {
+        true => r.name.clone(),
+        false => format!("{} [{}]", r.name, parts.join(", ")),
+    };
+    // What tells the runs apart: a run's name and what it ran. Runs of two recipes that a
+    // short label would name alike are given their full ones.
+    // A run's name, and its recipe's pairs (`None` without one).
+    type Group<'a> = (&'a str, Option<Vec<(&'a str, &'a str)>>);
+    let group: Vec<Group> = runs
+        .iter()
+        .map(|r| {
+            let recipe = (!r.recipe.is_empty()).then(|| {
+                let mut kv: Vec<(&str, &str)> = r
+                    .recipe
+                    .iter()
+                    .map(|(k, v)| (k.as_str(), v.as_str()))
+                    .collect();
+                kv.sort();
+                kv
+            });
+            (r.name.as_str(), recipe)
+        })
+        .collect();
+    let mut labels: Vec<String> = runs
+        .iter()
+        .zip(&parts)
+        .map(|(r, p)| match p {
+            Some((_, short)) => label(r, short),
+            None => match differing[r.name.as_str()].0 {
+                true => format!("{} [recipe.toml unreadable]", r.name),
+                false => r.name.clone(),
+            },
+        })
+        .collect();
+    let shared = |labels: &[String], i: usize| {
+        (0..runs.len()).any(|j| labels[j] == labels[i] && group[j] != group[i])
+    };
+    let shared_now: Vec<bool> = (0..runs.len()).map(|i| shared(&labels, i)).collect();
+    for (i, p) in parts.iter().enumerate() {
+        if let (true, Some((full, _))) = (shared_now[i], p) {
+            labels[i] = label(&runs[i], full);
+        }
+    }
+    // Still alike (a recipe named as another's label, `name = "q [optim.lr=0.5]"`): the
+    // later runs' labels numbered, so that no row holds runs of two recipes.
+    let mut firsts: Vec<(String, &Group, usize)> = vec![];
+    for i in 0..runs.len() {
+        let same: Vec<usize> = firsts
+            .iter()
+            .enumerate()
+            .filter(|(_, (l, _, _))| *l == labels[i])
+            .map(|(k, _)| k)
+            .collect();
+        match same.iter().find(|&&k| *firsts[k].1 == group[i]) {
+            Some(&k) => labels[i] = with_number(&labels[i], firsts[k].2),
+            None => {
+                let n = same.len() + 1;
+                firsts.push((labels[i].clone(), &group[i], n));
+                labels[i] = with_number(&labels[i], n);
+            }
+        }
+    }
+    labels
+}
+
+/// `label`, or `label (n)` for the `n`-th of several recipes labelled alike.
+fn with_number(label: &str, n: usize) -> String {
+    match n {
+        1 => label.to_string(),
+        n => format!("{label} ({n})"),
+    }
+}
+
+/// Whether `given` names the row labelled `label`: the same, or the same name and parts
+/// in another order (`--baseline 'q [optim.lr=0.5, loader.workers=0]'` for the row
+/// `q [loader.workers=0, optim.lr=0.5]`, which it did not find).
+fn same_label(label: &str, given: &str) -> bool {
+    let split = |l: &str| -> Option<(String, Vec<String>)> {
+        let (name, rest) = l.split_once(" [")?;
+        let inner = rest.strip_suffix(']')?;
+        let mut parts: Vec<String> = inner.split(", ").map(|p| p.trim().to_string()).collect();
+        parts.sort();
+        Some((name.to_string(), parts))
+    };
+    label == given || (split(label).is_some() && split(label) == split(given))
 }
 
 /// The samples a step of `run` takes, from its resolved recipe (the batch size times the
@@ -716,11 +815,16 @@ pub fn rows(runs: &[Run], baseline: Option<&str>) -> Result<Vec<Row>, Error> {
             // the first of them, as the default takes the first row.
             out.iter()
                     .position(|r| r.recipe == b)
+                    .or_else(|| out.iter().position(|r| same_label(&r.recipe, b)))
                     .or_else(|| out.iter().position(|r| labelled(r, b)))
                     .ok_or_else(|| {
+                        // Quoted for the shell: a label holds spaces and commas.
                         Error::Input(format!(
-                            "error: --baseline {b}: no run of that recipe\n  = help: the recipes here are: {}",
-                            out.iter().map(|r| r.recipe.as_str()).collect::<Vec<_>>().join(", ")
+                            "error: --baseline {b}: no run of that recipe\n  = help: the rows here are: {}",
+                            out.iter()
+                                .map(|r| crate::slurm::shell_word(&r.recipe))
+                                .collect::<Vec<_>>()
+                                .join(" ")
                         ))
                     })?
         }
@@ -1105,6 +1209,62 @@ mod tests {
         assert_eq!((r[0].runs, r[0].ms_median), (2, 11.0));
         assert_eq!((r[1].runs, r[1].ms_median), (1, 20.0));
         assert!(rows(&runs, Some("q [cleanup.every=step, x=1]")).unwrap()[2].is_baseline);
+        // A key one side alone has (brought in or dropped with another) is left out of the
+        // label, unless it is what tells two recipes apart.
+        let base = [("optim.schedule", "cosine"), ("optim.min_lr", "0")];
+        let step = [("optim.schedule", "step"), ("optim.gamma", "0.1")];
+        let step2 = [("optim.schedule", "step"), ("optim.gamma", "0.5")];
+        let runs = vec![
+            with("s", &base, 10.0),
+            with("s", &base, 10.0),
+            with("s", &step, 10.0),
+            with("s", &[("optim.schedule", "constant")], 10.0),
+        ];
+        assert_eq!(
+            labels(&runs),
+            [
+                "s",
+                "s",
+                "s [optim.schedule=step]",
+                "s [optim.schedule=constant]"
+            ]
+        );
+        let runs = vec![
+            with("s", &base, 10.0),
+            with("s", &base, 10.0),
+            with("s", &step, 10.0),
+            with("s", &step2, 10.0),
+        ];
+        assert_eq!(
+            labels(&runs),
+            [
+                "s",
+                "s",
+                "s [optim.gamma=0.1, optim.min_lr=-, optim.schedule=step]",
+                "s [optim.gamma=0.5, optim.min_lr=-, optim.schedule=step]"
+            ]
+        );
+        // A recipe named as another's label is no repeat of it.
+        fn lr(v: &str) -> [(&str, &str); 2] {
+            [("optim.lr", v), ("seed", "1")]
+        }
+        let runs = vec![
+            with("q", &lr("0.5"), 10.0),
+            with("q", &lr("0.02"), 10.0),
+            with("q", &lr("0.02"), 10.0),
+            with("q [optim.lr=0.5]", &lr("0.02"), 30.0),
+        ];
+        let r = rows(&runs, None).unwrap();
+        let names: Vec<&str> = r.iter().map(|r| r.recipe.as_str()).collect();
+        assert_eq!(names, ["q [optim.lr=0.5]", "q", "q [optim.lr=0.5] (2)"]);
+        assert_eq!((r[0].runs, r[2].runs), (1, 1));
+        // --baseline takes a label's parts in any order.
+        let runs = vec![
+            with("o", &[("a", "1"), ("b", "1")], 10.0),
+            with("o", &[("a", "1"), ("b", "1")], 10.0),
+            with("o", &[("a", "2"), ("b", "2")], 20.0),
+        ];
+        assert!(rows(&runs, Some("o [b=2, a=2]")).unwrap()[1].is_baseline);
         // Ten A/Bs of one key each: a label names its own key alone.
         let base = [("optim.lr", "0.1"), ("loader.workers", "0"), ("seed", "1")];
         let mut runs = vec![with("r", &base, 10.0), with("r", &base, 10.0)];
@@ -1250,7 +1410,7 @@ mod tests {
         assert!(rows(&runs, Some("nope"))
             .unwrap_err()
             .to_string()
-            .contains("the recipes here are: base, slow, same"));
+            .contains("the rows here are: base slow same"));
     }
 
     /// A run with no step after its warm-up (cut short, or a smoke test) adds nothing to

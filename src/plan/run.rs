@@ -285,7 +285,7 @@ impl<'a> Validator<'a> {
             if n > total && self.l.is_set("checkpoint.every") {
                 self.warn(
                     "checkpoint.every",
-                    format!("every {n} steps, but the run has {total}: no checkpoint is written on the way (SIGINT or SIGTERM still write one), so a run killed outright starts over"),
+                    format!("every {n} steps, but the run has {total}: no checkpoint is written on the way (a signal that stops it, SIGINT, SIGTERM, SIGHUP or SIGUSR1/2, still writes one), so a run killed outright starts over"),
                     format!("use at most {total} steps, or \"epoch\""),
                 );
             }

@@ -88,7 +88,7 @@ fn missing_weights(run_dir: &Path, weights: &Path, best: bool) -> String {
         match summary.as_ref().map(|s| (s.status, s.process(), s.error.as_deref())) {
             Some((RunStatus::Running, Process::Alive(pid), _)) => format!(
                 "error: {} does not exist yet: the run is still going (pid {pid}); its weights are written when it ends
-  = help: evaluate it then; to stop it now and keep a checkpoint, send it SIGINT or SIGTERM",
+  = help: evaluate it then; to stop it now and keep a checkpoint, send it SIGINT, SIGTERM, SIGHUP or SIGUSR1/2",
                 weights.display()
             ),
             Some((RunStatus::Failed, _, Some(e))) if e.starts_with("diverged at step") => format!(

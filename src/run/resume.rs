@@ -287,7 +287,7 @@ fn read_summary(run_dir: &Path) -> Result<Result<Summary, String>, RunError> {
         if let (RunStatus::Running, Process::Alive(pid)) = (summary.status, summary.process()) {
             if pid != std::process::id() {
                 return Err(input(format!(
-                    "error: {}: the run is still going (pid {pid})\n  = help: stop it first (SIGINT or SIGTERM writes a checkpoint), then resume",
+                    "error: {}: the run is still going (pid {pid})\n  = help: stop it first (SIGINT, SIGTERM, SIGHUP or SIGUSR1/2 writes a checkpoint), then resume",
                     run_dir.display()
                 )));
             }
@@ -313,7 +313,7 @@ fn take_run_lock(run_dir: &Path) -> Result<crate::sweep::CellLock, RunError> {
                     format!(", its heartbeat {} s ago", a.as_secs())
                 });
             Err(input(format!(
-                "error: {}: {owner} is running or resuming it ({RUN_LOCK}{touched})\n  = help: stop it first (SIGINT or SIGTERM writes a checkpoint), then resume; if that process is gone (its node died), its lock goes stale {} s after the last heartbeat: resume then",
+                "error: {}: {owner} is running or resuming it ({RUN_LOCK}{touched})\n  = help: stop it first (SIGINT, SIGTERM, SIGHUP or SIGUSR1/2 writes a checkpoint), then resume; if that process is gone (its node died), its lock goes stale {} s after the last heartbeat: resume then",
                 run_dir.display(),
                 crate::sweep::LOCK_STALE_AFTER.as_secs()
             )))
@@ -666,8 +666,8 @@ fn latest_checkpoint(run_dir: &Path, metrics_path: &Path) -> Result<Picked, RunE
             }
             text += match unusable.is_empty() {
                 // None was written: killed outright, or a second signal, before the first.
-                true => "\n  = help: none was written: checkpoints are written by [checkpoint] every = N (or \"epoch\"), and when a first SIGINT/SIGTERM stops a run (not kill -9, nor a second signal, which exits at once); start the run again",
-                false => "\n  = help: checkpoints are written by [checkpoint] every = N (or \"epoch\"), and when SIGINT/SIGTERM stops a run; the notes say why each one here cannot be used (restore what they name, or start the run again)",
+                true => "\n  = help: none was written: checkpoints are written by [checkpoint] every = N (or \"epoch\"), and when a first SIGINT, SIGTERM, SIGHUP or SIGUSR1/2 stops a run after its first step (not kill -9, nor a second signal, which exits at once); start the run again",
+                false => "\n  = help: checkpoints are written by [checkpoint] every = N (or \"epoch\"), and when SIGINT, SIGTERM, SIGHUP or SIGUSR1/2 stops a run; the notes say why each one here cannot be used (restore what they name, or start the run again)",
             };
             Err(RunError::Input(text))
         }

@@ -9,7 +9,7 @@ pub enum State {
     Running,
     Done,
     Failed,
-    /// Stopped by SIGINT/SIGTERM: `--resume` runs it again.
+    /// Stopped by a signal (SIGINT, SIGTERM, SIGHUP, SIGUSR1/2): `--resume` runs it again.
     Interrupted,
 }
 

@@ -116,7 +116,7 @@ fn every_words(e: crate::recipe::Every) -> String {
 pub enum Stop {
     /// The loss was not finite, or above `run.max_loss`, at this step.
     Diverged { step: u64, loss: f64, max_loss: f64 },
-    /// SIGINT or SIGTERM.
+    /// SIGINT, SIGTERM, SIGHUP, SIGUSR1 or SIGUSR2.
     Signal(i32),
     /// Something the run needs failed (a write, a read-back from the device).
     Failed(String),

@@ -177,7 +177,7 @@ fn report_command_prints_markdown_and_draws_a_plot() {
         .unwrap();
     assert_eq!(bad.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&bad.stderr)
-        .contains("the recipes here are: default, gc_every_step, tuned"));
+        .contains("the rows here are: default gc_every_step tuned"));
     let none = runner_cmd()
         .args(["report", "tests/fixtures/invalid"])
         .output()
