@@ -681,6 +681,49 @@ fn report_keeps_different_recipes_of_one_name_apart_in_the_order_given() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// A recipe named as another row's label is a row of its own, numbered, not a repeat of
+/// that row (they were merged: one row, the mean of two recipes' runs); a `--set` that
+/// brings in keys of its own is labelled by the key set.
+#[test]
+fn report_never_merges_two_recipes_into_one_row() {
+    let dir = tempdir("report-alike");
+    let recipe = tiny_recipe(&dir, "q", "");
+    for sets in [&["optim.lr=0.5"][..], &[], &["optim.schedule=\"step\""]] {
+        let mut cmd = runner_cmd();
+        cmd.arg(&recipe).arg("-q");
+        for s in sets {
+            cmd.args(["--set", s]);
+        }
+        expect_exit(&cmd.output().unwrap(), 0);
+    }
+    let evil = dir.join("evil.toml");
+    std::fs::write(&evil, "extends = \"q.toml\"\nname = \"q [optim.lr=0.5]\"\n").unwrap();
+    expect_exit(&runner_cmd().arg(&evil).arg("-q").output().unwrap(), 0);
+    let out = csv_report([dir.join("runs")]);
+    expect_exit(&out, 0);
+    let table = String::from_utf8_lossy(&out.stdout);
+    let mut rows: Vec<(&str, &str)> = table
+        .lines()
+        .skip(1)
+        .map(|l| {
+            let cells: Vec<&str> = l.split(',').collect();
+            (cells[0], cells[1])
+        })
+        .collect();
+    rows.sort();
+    assert_eq!(
+        rows,
+        [
+            ("q", "1"),
+            ("q [optim.lr=0.5]", "1"),
+            ("q [optim.lr=0.5] (2)", "1"),
+            ("q [optim.schedule=step]", "1"),
+        ],
+        "{table}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// `runner report runs/` over two grids lists each grid's cells together, in its order
 /// (the rows were sorted by cell index alone: cell 0 of every grid, then cell 1 of every
 /// grid, with the baseline's ratios across grids).
