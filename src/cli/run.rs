@@ -176,10 +176,25 @@ pub(crate) fn run_one(p: &Plan, opts: &RunOptions) -> Result<PathBuf, RunError> 
             // A run directory removed while the run ran holds nothing to point at, nor
             // one that failed before its summary could be written (a full disk, a write
             // limit): it was pointed at as if it held the run's record.
+            // One left empty (a full disk from the start) is removed, with its recipe's
+            // folder if that is empty too: `report` saw nothing there, and a listing of
+            // runs showed a run that was none. Not a grid cell's, whose status names it.
+            let emptied = !dir.join("summary.json").is_file()
+                && opts.cell.is_none()
+                && std::fs::remove_dir(&dir).is_ok();
+            if emptied {
+                if let Some(up) = dir.parent() {
+                    let _ = std::fs::remove_dir(up);
+                }
+            }
             let note = match (dir.exists(), dir.join("summary.json").is_file()) {
                 (true, true) => format!("\n  = note: what was recorded is in {}", dir.display()),
                 (true, false) => format!(
                     "\n  = note: the run directory {} holds no summary: the run failed before it could write one",
+                    dir.display()
+                ),
+                (false, _) if emptied => format!(
+                    "\n  = note: nothing was kept: the run directory {} held nothing, and was removed",
                     dir.display()
                 ),
                 (false, _) => String::new(),
