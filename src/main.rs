@@ -177,6 +177,7 @@ struct SweepArgs {
 
 fn main() -> ExitCode {
     runner::clock::mark_process_start();
+    runner::plan::resources::fewer_arenas_under_a_limit();
     runner::kernels::observe_cubecl();
     let cli = Cli::parse();
     let trains = !matches!(

@@ -288,7 +288,7 @@ impl<'a> Validator<'a> {
         loader: &LoaderPlan,
         optim: &OptimPlan,
         machine: &Machine,
-        device: Device,
+        (device, threads): (Device, usize),
     ) {
         use super::resources::{self as preflight, gib};
         let text_bytes = match &data.source {
@@ -317,14 +317,19 @@ impl<'a> Validator<'a> {
             Some(h) => cap(Some(h.bytes), h.what),
             None => cap(None, ""),
         };
+        // Under `ulimit -v`, the threads' stacks count too (reserved address space).
+        let stacks = match host.1 == preflight::ADDRESS_SPACE {
+            true => preflight::thread_stacks(threads, loader.workers),
+            false => 0,
+        };
         let checks = match device {
             Device::Cpu => vec![(
-                f.host_bytes(),
+                f.host_bytes() + stacks,
                 host,
                 vec![model_part, act_part, data_part, ahead_part],
             )],
             Device::Cuda(i) => vec![
-                (f.data_on_host(), host, vec![data_part, ahead_part]),
+                (f.data_on_host() + stacks, host, vec![data_part, ahead_part]),
                 (
                     f.device_bytes(),
                     cap(machine.gpu_memory.get(i).copied(), "the GPU's memory"),
@@ -333,14 +338,14 @@ impl<'a> Validator<'a> {
             ],
             // A software adapter computes in host memory, like the CPU backend.
             Device::Wgpu(t) if t.kind == AdapterKind::Cpu => vec![(
-                f.host_bytes(),
+                f.host_bytes() + stacks,
                 host,
                 vec![model_part, act_part, data_part, ahead_part],
             )],
             // A GPU adapter's memory is not known before it starts: the data against the
             // host, the rest against the cap.
             Device::Wgpu(_) => vec![
-                (f.data_on_host(), host, vec![data_part, ahead_part]),
+                (f.data_on_host() + stacks, host, vec![data_part, ahead_part]),
                 (f.device_bytes(), cap(None, ""), vec![model_part, act_part]),
             ],
         };
@@ -369,6 +374,9 @@ impl<'a> Validator<'a> {
                     format!("; batches loaded ahead {}", gib(f.loader_bytes))
                 } else {
                     String::new()
+                } + &match what == preflight::ADDRESS_SPACE && stacks > 0 {
+                    true => format!("; the threads' stacks {}", gib(stacks)),
+                    false => String::new(),
                 },
                 gib(limit)
             ),

@@ -620,7 +620,7 @@ impl<'a> Validator<'a> {
         // Only a plan that passed every other check is sized: a bad key's value would
         // make a meaningless (and doubled) finding.
         if !self.report.has_errors() {
-            self.preflight(&model, &data, &loader, &optim, machine, device);
+            self.preflight(&model, &data, &loader, &optim, machine, (device, threads));
         }
         self.slurm();
 

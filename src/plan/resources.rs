@@ -251,7 +251,7 @@ pub fn host_memory() -> Option<HostMemory> {
         .map(HostMemory::machine);
     let address_space = address_space_left().map(|bytes| HostMemory {
         bytes,
-        what: "the address space left under `ulimit -v`",
+        what: ADDRESS_SPACE,
     });
     let cgroup = std::fs::read_to_string("/proc/self/cgroup")
         .ok()
@@ -273,8 +273,44 @@ fn meminfo_total(text: &str) -> Option<u64> {
     Some(kib * 1024)
 }
 
-/// `RLIMIT_AS` less this process's virtual size now; `None` when unlimited.
-fn address_space_left() -> Option<u64> {
+/// What `HostMemory::what` says of a `ulimit -v` limit.
+pub const ADDRESS_SPACE: &str = "the address space left under `ulimit -v`";
+
+/// The address space the run's threads take for their stacks (2 MiB each, Rust's default):
+/// the CPU backend's `threads` (0: one per core, or `RAYON_NUM_THREADS`), the loader's
+/// workers, and four of the runner's own (signals, sampler, progress, run lock). Counted
+/// against a `ulimit -v` alone: a stack is reserved, not used. Without it a run that the
+/// check let through under `ulimit -v 40000` aborted (exit 134) at its first step.
+pub fn thread_stacks(threads: usize, workers: usize) -> u64 {
+    let threads = match threads {
+        0 => std::env::var("RAYON_NUM_THREADS")
+            .ok()
+            .and_then(|v| v.trim().parse::<usize>().ok())
+            .filter(|&n| n > 0)
+            .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, usize::from)),
+        n => n,
+    };
+    (threads + workers + 4) as u64 * (2 << 20)
+}
+
+/// Under `ulimit -v`, one malloc arena for the whole process (glibc's default, 8 per
+/// core): each arena reserves 64 MiB of address space, counted against the limit though
+/// never touched, so a run's threads took what its tensors needed, and an allocation
+/// failed (an abort, exit 134, the summary left `running`) under a limit that a tighter
+/// one (where the arenas could not be made) passed: 300 MB aborted a run that 100 MB ran.
+/// Called once at the process's start, before any thread.
+pub fn fewer_arenas_under_a_limit() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    if address_space_limit().is_some() {
+        // SAFETY: `mallopt` sets a malloc parameter; no thread allocates concurrently yet.
+        unsafe {
+            libc::mallopt(libc::M_ARENA_MAX, 1);
+        }
+    }
+}
+
+/// `RLIMIT_AS`, where one is set.
+fn address_space_limit() -> Option<u64> {
     let mut limit = libc::rlimit {
         rlim_cur: 0,
         rlim_max: 0,
@@ -285,12 +321,18 @@ fn address_space_left() -> Option<u64> {
     {
         return None;
     }
+    Some(limit.rlim_cur)
+}
+
+/// `RLIMIT_AS` less this process's virtual size now; `None` when unlimited.
+fn address_space_left() -> Option<u64> {
+    let limit = address_space_limit()?;
     let statm = std::fs::read_to_string("/proc/self/statm").ok();
     let pages: u64 = statm
         .as_deref()
         .and_then(|s| s.split_whitespace().next()?.parse().ok())
         .unwrap_or(0);
-    Some(limit.rlim_cur.saturating_sub(pages * 4096))
+    Some(limit.saturating_sub(pages * 4096))
 }
 
 /// The least memory limit of this process's cgroup and those above it, from

@@ -1303,6 +1303,34 @@ fn a_transformer_whose_attention_cannot_fit_is_refused_before_it_starts() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// Under `ulimit -v` the threads' stacks count in the pre-flight check (a run it let
+/// through aborted at its first allocation, exit 134, its summary left `running`), and
+/// the process keeps one malloc arena: a 300 MB limit aborted a run that a 100 MB one ran
+/// (glibc reserved 64 MiB of address space for each thread's arena).
+#[test]
+fn a_run_under_ulimit_v_is_refused_or_runs_never_aborts() {
+    let dir = tempdir("ulimit-v");
+    let recipe = tiny_recipe(&dir, "as", "");
+    let mut tight = runner_cmd();
+    tight.arg(&recipe).arg("-q");
+    limit_address_space(&mut tight, 30 << 20);
+    let out = tight.output().unwrap();
+    expect_exit(&out, 2);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("the threads' stacks") && stderr.contains("under `ulimit -v`"),
+        "{stderr}"
+    );
+    for limit in [100u64 << 20, 300 << 20] {
+        let mut cmd = runner_cmd();
+        cmd.arg(&recipe).arg("-q");
+        limit_address_space(&mut cmd, limit);
+        let out = cmd.output().unwrap();
+        expect_exit(&out, 0);
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// Runs `cmd` under `ulimit -v` of `bytes`.
 fn limit_address_space(cmd: &mut Command, bytes: u64) {
     // SAFETY: `setrlimit` is async-signal-safe, as `pre_exec` requires.
