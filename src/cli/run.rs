@@ -207,23 +207,27 @@ pub(crate) fn run_one(p: &Plan, opts: &RunOptions) -> Result<PathBuf, RunError> 
             Err(RunError::Failed { dir, message })
         }
         Err(RunError::Interrupted { dir, signal }) => {
-            let again = match &opts.again {
-                Some(cmd) => format!("continue the grid with: {cmd}"),
-                None => format!(
-                    "continue it with: runner resume {}",
-                    slurm::shell_word(&dir.display().to_string())
-                ),
-            };
-            runner::errln!(
-                "{}: interrupted by {}; what was recorded is in {} (status \"interrupted\"); {again}",
-                p.name,
-                runner::signals::name(signal),
-                dir.display()
-            );
+            say_interrupted(&p.name, &dir, signal, opts);
             Err(RunError::Interrupted { dir, signal })
         }
         Err(e) => Err(e),
     }
+}
+
+/// The line a run stopped by a signal ends with: where it is, and how to go on.
+fn say_interrupted(name: &str, dir: &Path, signal: i32, opts: &RunOptions) {
+    let again = match &opts.again {
+        Some(cmd) => format!("continue the grid with: {cmd}"),
+        None => format!(
+            "continue it with: runner resume {}",
+            slurm::shell_word(&dir.display().to_string())
+        ),
+    };
+    runner::errln!(
+        "{name}: interrupted by {}; what was recorded is in {} (status \"interrupted\"); {again}",
+        runner::signals::name(signal),
+        dir.display()
+    );
 }
 
 /// What to do about a write that failed for want of space, by the error's words.
@@ -422,6 +426,20 @@ pub(crate) fn run_grid(c: &Checked, sel: Selection, opts: &RunOptions) -> Result
                         dir: run_dir.clone(),
                         message,
                     }),
+                    Err(RunError::Failed { dir, message }) => {
+                        runner::errln!(
+                            "error: {}: the resumed run failed: {message}\n  = note: what was recorded is in {}",
+                            cell.name,
+                            dir.display()
+                        );
+                        Err(RunError::Failed { dir, message })
+                    }
+                    // Said as a cell run from its start says it (a resumed cell stopped
+                    // again ended with nothing said, nor how to go on).
+                    Err(RunError::Interrupted { dir, signal }) => {
+                        say_interrupted(&cell.name, &dir, signal, opts);
+                        Err(RunError::Interrupted { dir, signal })
+                    }
                     Err(e) => Err(e),
                 }
             }

@@ -789,6 +789,55 @@ fn an_interrupted_grid_cell_is_rerun_by_resume() {
     interrupted_cell_resumed(false, "-KILL", false);
 }
 
+/// A cell continued by `--resume` and stopped again says so, with how to go on, as a cell
+/// run from its start does (it ended with nothing said).
+#[test]
+fn a_resumed_cell_stopped_again_says_how_to_go_on() {
+    let dir = tempdir("resumed-cell-again");
+    let grid = tiny_recipe(
+        &dir,
+        "g",
+        "[sweep]\n\"optim.lr\" = [0.1, 0.2]\n[checkpoint]\nevery = 50\n",
+    );
+    let long = [
+        "-q",
+        "--set",
+        "run.epochs=40",
+        "--set",
+        "data.synthetic.samples=4000",
+    ];
+    let lines = |run: &Path| {
+        std::fs::read_to_string(run.join("metrics.jsonl")).map_or(0, |t| t.lines().count())
+    };
+    let mut first = runner_cmd();
+    first.arg(&grid).args(long);
+    let (child, metrics) = crate::common::spawn_until(first, &dir.join("runs"), has_a_line);
+    crate::common::send("-TERM", &child);
+    expect_exit(&child.wait_with_output().unwrap(), 143);
+    let run0 = metrics.parent().unwrap().to_path_buf();
+    let at_stop = lines(&run0);
+    let mut again = runner_cmd();
+    again.arg(&grid).args(long).arg("--resume");
+    // Resumed: the run has gone on past its stop.
+    let (child, _) = crate::common::spawn_until(again, &dir.join("runs"), |p| {
+        p.ends_with("metrics.jsonl")
+            && p.parent() == Some(run0.as_path())
+            && lines(&run0) > at_stop + 2
+    });
+    crate::common::send("-TERM", &child);
+    let out = child.wait_with_output().unwrap();
+    expect_exit(&out, 143);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains(&format!(
+            "g/optim.lr=0.1: interrupted by SIGTERM; what was recorded is in {}",
+            run0.display()
+        )) && stderr.contains("continue the grid with:"),
+        "{stderr}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// The same where the grid gained a value before `--resume`: the interrupted cell
 /// continues its run, found in the grid's earlier sweep directory (only done cells were
 /// found there, and it was trained again from its first step).
