@@ -474,13 +474,18 @@ pub(crate) fn labels(runs: &[Run]) -> Vec<String> {
             .collect();
         differing.insert(name, (!known.is_empty(), keys));
     }
-    // Each run's parts: every key where it leaves the usual (`full`), and those without
-    // the keys only one side has (`short`): a key one `--set` brings in or drops with
-    // another (`optim.schedule=step` brings `step_size` and `gamma`, and drops `min_lr`)
-    // said nothing the other key does not, and made the label long. `None` for a run
-    // without its recipe.
-    type Parts = Option<(Vec<String>, Vec<String>)>;
-    let parts: Vec<Parts> = runs
+    // Each run's parts: every key where it leaves the usual, each marked incidental where
+    // only one side has the key: a key one `--set` brings in or drops with another
+    // (`optim.schedule=step` brings `step_size` and `gamma`, and drops `min_lr`) said
+    // nothing the other key does not, and made the label long. `None` for a run without
+    // its recipe. The CPU thread count the run had is left out beside the
+    // `backend.threads` that set it (`[backend.threads=1, cpu threads=1]`).
+    struct Part<'a> {
+        key: &'a str,
+        text: String,
+        incidental: bool,
+    }
+    let parts: Vec<Option<Vec<Part>>> = runs
         .iter()
         .zip(&maps)
         .map(|(r, map)| {
@@ -488,30 +493,50 @@ pub(crate) fn labels(runs: &[Run]) -> Vec<String> {
                 return None;
             }
             let (_, keys) = &differing[r.name.as_str()];
-            let (mut full, mut short) = (vec![], vec![]);
+            let mut out = vec![];
             for (k, usual) in keys {
                 let value = map.get(k).copied();
                 if value == *usual {
                     continue;
                 }
-                let part = format!("{k}={}", value.unwrap_or("-"));
-                if value.is_some() && usual.is_some() {
-                    short.push(part.clone());
-                }
-                full.push(part);
+                out.push(Part {
+                    key: k,
+                    text: format!("{k}={}", value.unwrap_or("-")),
+                    incidental: value.is_none() || usual.is_none(),
+                });
             }
-            if short.is_empty() {
-                short.clone_from(&full);
-            }
-            Some((full, short))
+            let set_threads = out
+                .iter()
+                .find(|p| p.key == "backend.threads")
+                .map(|p| p.text["backend.threads=".len()..].to_string());
+            out.retain(|p| {
+                !(p.key == "cpu threads"
+                    && set_threads.as_deref() == Some(&p.text["cpu threads=".len()..]))
+            });
+            Some(out)
         })
         .collect();
-    let label = |r: &Run, parts: &[String]| match parts.is_empty() {
-        true => r.name.clone(),
-        false => format!("{} [{}]", r.name, parts.join(", ")),
+    let label = |r: &Run, parts: &[&Part], keep: &dyn Fn(&Part) -> bool| {
+        let mut shown: Vec<&str> = parts
+            .iter()
+            .filter(|p| keep(p))
+            .map(|p| p.text.as_str())
+            .collect();
+        if shown.is_empty() {
+            shown = parts.iter().map(|p| p.text.as_str()).collect();
+        }
+        match shown.is_empty() {
+            true => r.name.clone(),
+            false => format!("{} [{}]", r.name, shown.join(", ")),
+        }
     };
-    // What tells the runs apart: a run's name and what it ran. Runs of two recipes that a
-    // short label would name alike are given their full ones.
+    let short = |i: usize, extra: &[&str]| -> String {
+        let p: Vec<&Part> = parts[i].iter().flatten().collect();
+        label(&runs[i], &p, &|p: &Part| {
+            !p.incidental || extra.contains(&p.key)
+        })
+    };
+    // What tells the runs apart: a run's name and what it ran.
     // A run's name, and its recipe's pairs (`None` without one).
     type Group<'a> = (&'a str, Option<Vec<(&'a str, &'a str)>>);
     let group: Vec<Group> = runs
@@ -529,24 +554,53 @@ pub(crate) fn labels(runs: &[Run]) -> Vec<String> {
             (r.name.as_str(), recipe)
         })
         .collect();
-    let mut labels: Vec<String> = runs
-        .iter()
-        .zip(&parts)
-        .map(|(r, p)| match p {
-            Some((_, short)) => label(r, short),
-            None => match differing[r.name.as_str()].0 {
-                true => format!("{} [recipe.toml unreadable]", r.name),
-                false => r.name.clone(),
+    let mut labels: Vec<String> = (0..runs.len())
+        .map(|i| match parts[i] {
+            Some(_) => short(i, &[]),
+            None => match differing[runs[i].name.as_str()].0 {
+                true => format!("{} [recipe.toml unreadable]", runs[i].name),
+                false => runs[i].name.clone(),
             },
         })
         .collect();
-    let shared = |labels: &[String], i: usize| {
-        (0..runs.len()).any(|j| labels[j] == labels[i] && group[j] != group[i])
+    // Runs of other recipes that the short label names alike are told apart by the
+    // one-sided keys whose values differ among them (two `optim.schedule=step` runs by
+    // their `step_size`), not by every one-sided key.
+    let alike: Vec<Vec<usize>> = {
+        let mut sets: Vec<Vec<usize>> = vec![];
+        for i in 0..runs.len() {
+            let clash = (0..runs.len()).any(|j| labels[j] == labels[i] && group[j] != group[i]);
+            if !clash || parts[i].is_none() {
+                continue;
+            }
+            match sets.iter_mut().find(|s| labels[s[0]] == labels[i]) {
+                Some(s) => s.push(i),
+                None => sets.push(vec![i]),
+            }
+        }
+        sets
     };
-    let shared_now: Vec<bool> = (0..runs.len()).map(|i| shared(&labels, i)).collect();
-    for (i, p) in parts.iter().enumerate() {
-        if let (true, Some((full, _))) = (shared_now[i], p) {
-            labels[i] = label(&runs[i], full);
+    for set in alike {
+        let keys: BTreeSet<&str> = set
+            .iter()
+            .flat_map(|&i| {
+                parts[i]
+                    .iter()
+                    .flatten()
+                    .filter(|p| p.incidental)
+                    .map(|p| p.key)
+            })
+            .collect();
+        let telling: Vec<&str> = keys
+            .into_iter()
+            .filter(|k| {
+                let values: BTreeSet<Option<&str>> =
+                    set.iter().map(|&i| maps[i].get(k).copied()).collect();
+                values.len() > 1
+            })
+            .collect();
+        for &i in &set {
+            labels[i] = short(i, &telling);
         }
     }
     // Still alike (a recipe named as another's label, `name = "q [optim.lr=0.5]"`): the
@@ -590,7 +644,18 @@ fn same_label(label: &str, given: &str) -> bool {
         parts.sort();
         Some((name.to_string(), parts))
     };
-    label == given || (split(label).is_some() && split(label) == split(given))
+    // A grid cell's, `grid/k=v,k=v`: the cell's part starts after the last `/` before
+    // its first `=`.
+    let cell = |l: &str| -> Option<(String, Vec<String>)> {
+        let first = l.find('=')?;
+        let at = l[..first].rfind('/')?;
+        let mut parts: Vec<String> = l[at + 1..].split(',').map(str::to_string).collect();
+        parts.sort();
+        Some((l[..at].to_string(), parts))
+    };
+    label == given
+        || (split(label).is_some() && split(label) == split(given))
+        || (!label.contains(" [") && cell(label).is_some() && cell(label) == cell(given))
 }
 
 /// The samples a step of `run` takes, from its resolved recipe (the batch size times the
@@ -1240,10 +1305,18 @@ mod tests {
             [
                 "s",
                 "s",
-                "s [optim.gamma=0.1, optim.min_lr=-, optim.schedule=step]",
-                "s [optim.gamma=0.5, optim.min_lr=-, optim.schedule=step]"
+                // Told apart by the one-sided key whose values differ, not every one.
+                "s [optim.gamma=0.1, optim.schedule=step]",
+                "s [optim.gamma=0.5, optim.schedule=step]"
             ]
         );
+        // The thread count a run had, beside the key that set it, is said once.
+        let runs = vec![
+            with("t", &[("backend.threads", "0"), ("cpu threads", "2")], 10.0),
+            with("t", &[("backend.threads", "0"), ("cpu threads", "2")], 10.0),
+            with("t", &[("backend.threads", "1"), ("cpu threads", "1")], 10.0),
+        ];
+        assert_eq!(labels(&runs), ["t", "t", "t [backend.threads=1]"]);
         // A recipe named as another's label is no repeat of it.
         fn lr(v: &str) -> [(&str, &str); 2] {
             [("optim.lr", v), ("seed", "1")]
@@ -1265,6 +1338,9 @@ mod tests {
             with("o", &[("a", "2"), ("b", "2")], 20.0),
         ];
         assert!(rows(&runs, Some("o [b=2, a=2]")).unwrap()[1].is_baseline);
+        assert!(same_label("g/a=1,b=2", "g/b=2,a=1"));
+        assert!(same_label("x/g/lr=0.1,w=[1/2]", "x/g/w=[1/2],lr=0.1"));
+        assert!(!same_label("g/a=1,b=2", "h/b=2,a=1"));
         // Ten A/Bs of one key each: a label names its own key alone.
         let base = [("optim.lr", "0.1"), ("loader.workers", "0"), ("seed", "1")];
         let mut runs = vec![with("r", &base, 10.0), with("r", &base, 10.0)];

@@ -545,6 +545,28 @@ impl<'a> Validator<'a> {
                     format!("{e:?} {read_as}, {clash}; the later line would win, silently"),
                     help,
                 );
+            } else if s.gpus_per_task > 0
+                && [
+                    "gres",
+                    "gpus",
+                    "gpus-per-node",
+                    "gpus-per-socket",
+                    "gpus-per-task",
+                    "gpus-per-gpu",
+                ]
+                .contains(&option)
+                && (option != "gres" || e.contains("gpu"))
+            {
+                // Another way to ask for GPUs beside the --gpus-per-task the script
+                // writes: two requests that may disagree, and the job gets either or none.
+                self.err(
+                    "slurm.extra",
+                    format!(
+                        "{e:?} asks for GPUs beside slurm.gpus_per_task = {} (the job script's --gpus-per-task); the two requests may disagree",
+                        s.gpus_per_task
+                    ),
+                    "give the GPUs by slurm.gpus_per_task alone (set it to 0 to ask for them in slurm.extra instead)",
+                );
             } else if s.mem.is_some()
                 && option.len() > "mem-".len()
                 && ["mem-per-cpu", "mem-per-gpu"]
@@ -612,6 +634,7 @@ fn sbatch_option(extra: &str) -> Option<&str> {
         'p' => "partition",
         'A' => "account",
         'd' => "dependency",
+        'G' => "gpus",
         _ => return None,
     })
 }
