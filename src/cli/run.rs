@@ -230,6 +230,16 @@ fn say_interrupted(name: &str, dir: &Path, signal: i32, opts: &RunOptions) {
     );
 }
 
+/// The help after a resume that failed: the space (or limit) to free, and where it
+/// failed before its first step, that the run is as its checkpoint left it.
+fn resume_help(dir: &Path, message: &str) -> String {
+    let mut help = space_help(message).map_or(String::new(), |h| format!("\n  = help: {h}"));
+    if run::still_interrupted(dir) {
+        help.push_str("\n  = help: it failed before its first step, and the run is as its checkpoint left it: resume it again once that is put right");
+    }
+    help
+}
+
 /// What to do about a write that failed for want of space, by the error's words.
 fn space_help(message: &str) -> Option<&'static str> {
     if message.contains("File too large") {
@@ -428,10 +438,22 @@ pub(crate) fn run_grid(c: &Checked, sel: Selection, opts: &RunOptions) -> Result
                     }),
                     Err(RunError::Failed { dir, message }) => {
                         runner::errln!(
-                            "error: {}: the resumed run failed: {message}\n  = note: what was recorded is in {}",
+                            "error: {}: the resumed run failed: {message}\n  = note: what was recorded is in {}{}",
                             cell.name,
-                            dir.display()
+                            dir.display(),
+                            resume_help(&dir, &message)
                         );
+                        // Before its first step: the run is as its checkpoint had it, and
+                        // the cell stays interrupted with it for the next --resume (marked
+                        // failed, the next --resume started it over).
+                        if run::still_interrupted(&dir) {
+                            return Err(CellEnd {
+                                dir: Some(dir),
+                                message,
+                                state: State::Interrupted,
+                                stop_sweep: false,
+                            });
+                        }
                         Err(RunError::Failed { dir, message })
                     }
                     // Said as a cell run from its start says it (a resumed cell stopped
@@ -596,8 +618,9 @@ pub(crate) fn resume(run_dir: &Path, quiet: bool) -> ExitCode {
         Err(e) => {
             match &e {
                 RunError::Failed { dir, message } => runner::errln!(
-                    "error: the resumed run failed: {message}\n  = note: what was recorded is in {}",
-                    dir.display()
+                    "error: the resumed run failed: {message}\n  = note: what was recorded is in {}{}",
+                    dir.display(),
+                    resume_help(dir, message)
                 ),
                 RunError::Interrupted { dir, .. } => {
                     runner::errln!(

@@ -16,7 +16,7 @@ pub use crate::error::Error as RunError;
 pub use env::{data_files, git_info, other_data, Environment, GitInfo, SourceInfo};
 use env::{environment, sha256_file};
 pub use eval::{eval, EvalReport};
-pub use resume::{resumable, resume};
+pub use resume::{resumable, resume, still_interrupted};
 pub use warmup::{warmup, Warmup};
 
 use std::path::{Path, PathBuf};
@@ -481,11 +481,24 @@ fn drive(
     // `report` as a process killed outright).
     // Its files are closed first: out of file descriptors (`ulimit -n`), the summary
     // could not be opened beside them.
+    // A resume that ends so leaves the run as its checkpoint had it, to resume again once
+    // that is put right (it was marked failed, and a grid then started the cell over).
     let before_start = |mut sink: FileSink, summary: &mut Summary, message: String| {
         sink.progress.finish();
         summary.util_source = finish_sampler(&mut sink, &dir);
         drop(sink);
-        ended_before_start(&dir, summary, wall, &message);
+        match resumed_at {
+            Some(step) => {
+                let mut s = summary.clone();
+                s.status = RunStatus::Interrupted;
+                s.resumes = s.resumes.saturating_sub(1);
+                s.error = Some(format!(
+                    "a resume failed before its first step ({message}); the run is as its checkpoint at step {step} left it, to resume again"
+                ));
+                let _ = write_json_atomic(&dir.join("summary.json"), &s);
+            }
+            None => ended_before_start(&dir, summary, wall, &message),
+        }
         fail(message)
     };
     if let Err(e) = open_exports(plan, &dir, resumed_at, &mut sink) {

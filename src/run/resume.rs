@@ -620,6 +620,15 @@ pub fn resumable(run_dir: &Path) -> bool {
         .is_some()
 }
 
+/// Whether a resume of `run_dir` that failed left it as its checkpoint had it (it failed
+/// before its first step: its summary says `interrupted`), to resume again.
+pub fn still_interrupted(run_dir: &Path) -> bool {
+    crate::metrics::read_text(run_dir.join("summary.json"))
+        .ok()
+        .and_then(|t| serde_json::from_str::<Summary>(&t).ok())
+        .is_some_and(|s| s.status == RunStatus::Interrupted)
+}
+
 /// A checkpoint that cannot be resumed from: (its step, its directory, why, which kind).
 type Unusable = (u64, PathBuf, String, Kind);
 

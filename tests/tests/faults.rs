@@ -1026,6 +1026,58 @@ fn a_full_disk_leaves_no_half_tensorboard_event() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// A resume that fails before its first step (out of file descriptors) leaves the run as
+/// its checkpoint had it, `interrupted`, its resumes uncounted, and says to resume again
+/// (it was marked failed, and a grid started the cell over); once the limit is raised, the
+/// resume goes on.
+#[test]
+fn a_resume_that_fails_before_its_first_step_leaves_the_run_to_resume_again() {
+    let (out, dir) = interrupt("resume-fds", "", "-TERM");
+    expect_exit(&out, 143);
+    let run = only_run(&dir.join("runs/resume-fds"));
+    let before = summary(&run);
+    let mut cmd = runner_cmd();
+    cmd.arg("resume").arg(&run).arg("-q");
+    // SAFETY: `setrlimit` is async-signal-safe, as `pre_exec` requires.
+    unsafe {
+        std::os::unix::process::CommandExt::pre_exec(&mut cmd, || {
+            let limit = libc::rlimit {
+                rlim_cur: 10,
+                rlim_max: 10,
+            };
+            libc::setrlimit(libc::RLIMIT_NOFILE, &limit);
+            Ok(())
+        });
+    }
+    let out = cmd.output().unwrap();
+    expect_exit(&out, 1);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("Too many open files")
+            && stderr.contains("`ulimit -n")
+            && stderr.contains("resume it again once that is put right"),
+        "{stderr}"
+    );
+    let after = summary(&run);
+    assert_eq!(after.status, RunStatus::Interrupted, "{after:?}");
+    assert_eq!(after.resumes, before.resumes);
+    assert!(after
+        .error
+        .unwrap_or_default()
+        .contains("a resume failed before its first step"));
+    // With the limit as it was, the resume goes on (stopped again once it has).
+    let lines = whole_lines(&run).len();
+    let mut again = runner_cmd();
+    again.arg("resume").arg(&run).arg("-q");
+    let (child, _) = spawn_until(again, &run, |p| {
+        p.ends_with("metrics.jsonl") && whole_lines(&run).len() > lines + 2
+    });
+    send("-TERM", &child);
+    expect_exit(&child.wait_with_output().unwrap(), 143);
+    assert_eq!(summary(&run).resumes, before.resumes + 1);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// A write limit that cuts the run's first file: the file is not left cut (a recipe.toml of
 /// 1 KiB looked runnable), and the run directory, left with nothing in it, is removed, not
 /// pointed at as the run's record.
