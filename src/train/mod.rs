@@ -443,7 +443,8 @@ fn flush<B: Backend>(
 }
 
 /// Evaluates on the validation set, reports it, and updates the watched metric: a new
-/// best saves `model-best.safetensors`; `Ok(true)` when patience has run out.
+/// best saves `model-best.safetensors`; `Ok(true)` when patience has run out before the
+/// run's last step.
 fn validate<B: TrainBackend>(
     (plan, batcher, device, persist): (&Plan, &Batcher, &B::Device, Option<&Persist>),
     model: &Net<B>,
@@ -483,7 +484,9 @@ fn validate<B: TrainBackend>(
     } else {
         watching.since_best += 1;
     }
-    Ok(w.patience.is_some_and(|p| watching.since_best >= p))
+    // At the run's last step there is nothing left to stop: its patience running out there
+    // is no early stop (`early_stopped_at_step` was set on runs that ran every step).
+    Ok(w.patience.is_some_and(|p| watching.since_best >= p) && step < plan.run.total_steps)
 }
 
 fn run_cleanup<B: Backend>(actions: &[CleanupAction], device: &B::Device) {

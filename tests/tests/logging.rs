@@ -298,6 +298,28 @@ fn a_run_cut_inside_an_epoch_validates_after_its_last_step() {
     let s = run_with("5", "2");
     let validated: Vec<u64> = s.validations.iter().map(|v| v.step).collect();
     assert_eq!(validated, [3, 5], "{s:?}");
+    // Patience that runs out at the run's last step stops nothing: no early stop is said.
+    let out = runner_cmd()
+        .arg(&recipe)
+        .args(["--set", "data.validation=0.25", "--set", "run.max_steps=5"])
+        .args([
+            "--set",
+            "run.epochs=2",
+            "--set",
+            "run.early_stop.patience=1",
+        ])
+        .args(["--set", "run.early_stop.min_delta=100"])
+        .output()
+        .unwrap();
+    expect_exit(&out, 0);
+    let latest = std::fs::read_dir(dir.join("runs/cut"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .max()
+        .unwrap();
+    let s = summary(&latest);
+    assert_eq!((s.steps, s.early_stopped_at_step), (5, None), "{s:?}");
+    assert!(!String::from_utf8_lossy(&out.stderr).contains("early stop"));
     let _ = std::fs::remove_dir_all(&dir);
 }
 
