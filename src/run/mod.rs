@@ -349,7 +349,14 @@ fn execute_here(plan: &Plan, opts: &RunOptions) -> Result<Finished, RunError> {
         if let Some(f) = file {
             let _ = std::fs::remove_file(f);
         }
-        ended_before_start(&dir, summary, wall, &message);
+        // With no summary (a disk too full for one), what this run wrote of its new
+        // directory goes too: a directory of a recipe.toml and an env.json, and no summary,
+        // is no run to `report`, `eval` or `resume`, and the caller removes it empty.
+        if !ended_before_start(&dir, summary, wall, &message) {
+            for f in ["recipe.toml", "warnings.txt", "env.json", "tokenizer.json"] {
+                let _ = std::fs::remove_file(dir.join(f));
+            }
+        }
         RunError::Failed {
             dir: dir.clone(),
             message,
@@ -430,12 +437,12 @@ fn execute_here(plan: &Plan, opts: &RunOptions) -> Result<Finished, RunError> {
 
 /// A run that ends before its first step, for `why`: its summary says so, where it can
 /// be written (else it is the caller's error alone that says it).
-fn ended_before_start(dir: &Path, summary: &Summary, wall: Instant, why: &str) {
+fn ended_before_start(dir: &Path, summary: &Summary, wall: Instant, why: &str) -> bool {
     let mut s = summary.clone();
     s.status = RunStatus::Failed;
     s.error = Some(why.to_string());
     s.wall_s += wall.elapsed().as_secs_f64();
-    let _ = write_json_atomic(&dir.join("summary.json"), &s);
+    write_json_atomic(&dir.join("summary.json"), &s).is_ok()
 }
 
 /// The loop, on the backend the plan chose, and how it ended, written to the run directory.
@@ -497,7 +504,9 @@ fn drive(
                 ));
                 let _ = write_json_atomic(&dir.join("summary.json"), &s);
             }
-            None => ended_before_start(&dir, summary, wall, &message),
+            None => {
+                ended_before_start(&dir, summary, wall, &message);
+            }
         }
         fail(message)
     };
