@@ -748,11 +748,31 @@ fn stop_at_second_signal(
         // best saved after it is saved again by the resume); with no checkpoint, this
         // process's as saved (it said none); else (checkpoints of earlier versions, which
         // recorded no sum) the file as on disk.
+        // The evaluations this process made after that checkpoint (or with none, all of
+        // them) are kept too: they were done, and a resume makes them again in any case
+        // (they were lost, with a best saved after the checkpoint: `eval --best` then
+        // scored a file the summary did not name).
+        let after = latest.as_ref().map_or(0, |(_, s)| s.step);
+        let this = sink::evaluated();
+        for (kept, new) in [
+            (&mut summary.evals, this.evals),
+            (&mut summary.validations, this.validations),
+        ] {
+            kept.retain(|e| e.step <= after);
+            kept.extend(new.into_iter().filter(|e| e.step > after));
+        }
+        summary.test_accuracy = summary.evals.last().map(|e| e.accuracy);
         let recorded = latest
             .as_ref()
             .and_then(|(_, s)| s.recorded.as_ref())
             .map(|r| r.best_weights_sha256.clone());
-        let this_process = latest.is_none().then(crate::signals::best_saved).flatten();
+        // A best saved after the checkpoint is the file on disk: the summary names it.
+        let this_process =
+            crate::signals::best_saved().filter(|(step, ..)| latest.is_none() || *step > after);
+        let recorded = match this_process {
+            Some(_) => None,
+            None => recorded,
+        };
         match (recorded, this_process) {
             (Some(sum), _) => summary.best_weights_sha256 = sum,
             (None, Some((step, value, sum))) => {

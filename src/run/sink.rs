@@ -133,6 +133,11 @@ impl Sink for FileSink {
     fn eval(&mut self, e: &EvalRecord) {
         self.progress.eval(e);
         self.evals.push(e.clone());
+        THIS_PROCESS
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .evals
+            .push(e.clone());
         self.event(
             e.step,
             &[("eval/accuracy", e.accuracy), ("eval/loss", e.loss)],
@@ -148,6 +153,11 @@ impl Sink for FileSink {
     fn validation(&mut self, e: &EvalRecord) {
         self.progress.validation(e);
         self.validations.push(e.clone());
+        THIS_PROCESS
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .validations
+            .push(e.clone());
         self.event(
             e.step,
             &[("val/accuracy", e.accuracy), ("val/loss", e.loss)],
@@ -259,6 +269,7 @@ impl FileSink {
         quiet: bool,
         sampler: Sampler,
     ) -> Self {
+        *THIS_PROCESS.lock().unwrap_or_else(|e| e.into_inner()) = Evaluated::default();
         FileSink {
             metrics,
             sampler: Some(sampler),
@@ -286,6 +297,28 @@ impl FileSink {
             weights_sha256: None,
         }
     }
+}
+
+/// The evaluations this process's run has made, for what a second signal writes (it
+/// exits from the signals thread, which cannot reach the sink): its summary lost those
+/// made after the latest checkpoint, or with none, all of them.
+#[derive(Default, Clone)]
+pub(super) struct Evaluated {
+    pub evals: Vec<EvalRecord>,
+    pub validations: Vec<EvalRecord>,
+}
+
+static THIS_PROCESS: std::sync::Mutex<Evaluated> = std::sync::Mutex::new(Evaluated {
+    evals: Vec::new(),
+    validations: Vec::new(),
+});
+
+/// This process's run's evaluations so far (see [`Evaluated`]).
+pub(super) fn evaluated() -> Evaluated {
+    THIS_PROCESS
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .clone()
 }
 
 /// The utilisation sampler of the run's device (NVML on CUDA, /proc on the CPU).

@@ -451,7 +451,8 @@ fn a_second_signal_exits_at_once_with_the_summary_marked_interrupted() {
 /// The summary a second signal leaves holds what the run's latest checkpoint recorded
 /// besides the steps: the checkpoints written (here the one at step 1, with its time) and
 /// the evaluations; it said 0 checkpoints (the summary as at the run's start), and a
-/// resume kept that count.
+/// resume kept that count. And what this process did after that checkpoint: its
+/// validations and the best it saved.
 #[test]
 fn a_second_signal_keeps_the_checkpoints_and_evaluations_in_the_summary() {
     let (child, run) = in_final_evaluation(
@@ -494,18 +495,25 @@ fn a_second_signal_keeps_the_checkpoints_and_evaluations_in_the_summary() {
         [1],
         "{s:?}"
     );
-    // The best, the checkpoint's, and the sum of its weights as the checkpoint recorded
-    // them: the file on disk is step 2's best (a resume saves it again), whose sum the
-    // summary gave beside step 1 as the best step.
-    assert_eq!(s.best_step, Some(1), "{s:?}");
+    // The validations: the checkpoint's, and step 2's, which this process made after it
+    // (it was lost).
+    assert_eq!(
+        s.validations.iter().map(|e| e.step).collect::<Vec<_>>(),
+        [1, 2],
+        "{s:?}"
+    );
+    // The best saved after the checkpoint is the file on disk: the summary names it, its
+    // step and sum (it gave the checkpoint's step 1, beside step 2's file, and `eval
+    // --best` then called the run's own file not the one it saved).
     let at_1 = recorded.best_weights_sha256.clone();
     assert!(at_1.is_some(), "{state:?}");
-    assert_eq!(s.best_weights_sha256, at_1, "{s:?}");
     let on_disk = runner::checkpoint::sha256_of(&run.join("model-best.safetensors")).ok();
     assert!(
         on_disk.is_some() && on_disk != at_1,
         "no best after the checkpoint: the test shows nothing"
     );
+    assert_eq!(s.best_step, Some(2), "{s:?}");
+    assert_eq!(s.best_weights_sha256, on_disk, "{s:?}");
 }
 
 /// Without a checkpoint, a second signal's summary gives the best validation this process
