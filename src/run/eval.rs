@@ -251,7 +251,8 @@ pub fn eval(
     };
     // One that loads but is not the file the run wrote (a word, the case folding or a
     // reserved id edited) encodes the text otherwise: scored, and said (it was not).
-    if let Some(why) = tokenizer.as_ref().and_then(|_| tokenizer_changed(run_dir)) {
+    let tokenizer_replaced = tokenizer.as_ref().and_then(|_| tokenizer_changed(run_dir));
+    if let Some(why) = &tokenizer_replaced {
         crate::errln!(
             "warning: {why}: damaged or replaced since\n  = help: this score is not of the text as the run encoded it; restore tokenizer.json from a copy of the run"
         );
@@ -294,8 +295,15 @@ pub fn eval(
     let e = backend::dispatch(plan.device, &plan.kernels, job)
         .map_err(failed)?
         .map_err(|m| {
+            // The tokenizer sizes the model's embedding: with it replaced, weights that no
+            // longer fit are its doing (the weights were blamed, and training again was
+            // the advice).
+            let help = match &tokenizer_replaced {
+                Some(_) => "tokenizer.json is not the run's (said above), and its vocabulary sizes the model's embedding: restore tokenizer.json from a copy of the run",
+                None => "a damaged or replaced weights file cannot be scored; running the run's recipe.toml again writes new weights",
+            };
             RunError::Input(format!(
-                "error: cannot evaluate {}: {m}\n  = help: a damaged or replaced weights file cannot be scored; running the run's recipe.toml again writes new weights",
+                "error: cannot evaluate {}: {m}\n  = help: {help}",
                 run_dir.display()
             ))
         })?;

@@ -1463,6 +1463,21 @@ fn eval_of_a_text_run_uses_its_tokenizer_and_needs_no_training_data() {
         )),
         "{stderr}"
     );
+    // Its vocabulary cut: the weights no longer fit, and the tokenizer is named as why
+    // (the weights were blamed, and training again was the advice).
+    let mut cut: serde_json::Value = serde_json::from_slice(&saved).unwrap();
+    let vocab = cut["vocab"].as_array_mut().expect("a vocab array");
+    vocab.truncate(10);
+    std::fs::write(&tokenizer, cut.to_string()).unwrap();
+    let out = eval(&[]);
+    expect_exit(&out, 2);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("tokenizer.json is not the run's (said above)")
+            && stderr.contains("restore tokenizer.json")
+            && !stderr.contains("writes new weights"),
+        "{stderr}"
+    );
     std::fs::write(&tokenizer, &saved).unwrap();
     let out = eval(&[]);
     assert!(!String::from_utf8_lossy(&out.stderr).contains("is not the file"));
