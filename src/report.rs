@@ -566,19 +566,27 @@ pub(crate) fn labels(runs: &[Run]) -> Vec<String> {
     // Runs of other recipes that the short label names alike are told apart by the
     // one-sided keys whose values differ among them (two `optim.schedule=step` runs by
     // their `step_size`), not by every one-sided key.
-    let alike: Vec<Vec<usize>> = {
-        let mut sets: Vec<Vec<usize>> = vec![];
+    // Each label's distinct recipes, by a run of each: found in one pass (comparing every
+    // pair of runs took seconds for thousands of repeats).
+    let recipes_of = |labels: &[String]| {
+        let mut of: HashMap<String, Vec<usize>> = HashMap::new();
         for i in 0..runs.len() {
-            let clash = (0..runs.len()).any(|j| labels[j] == labels[i] && group[j] != group[i]);
-            if !clash || parts[i].is_none() {
-                continue;
-            }
-            match sets.iter_mut().find(|s| labels[s[0]] == labels[i]) {
-                Some(s) => s.push(i),
-                None => sets.push(vec![i]),
+            let firsts = of.entry(labels[i].clone()).or_default();
+            if !firsts.iter().any(|&j| group[j] == group[i]) {
+                firsts.push(i);
             }
         }
-        sets
+        of
+    };
+    let alike: Vec<Vec<usize>> = {
+        let of = recipes_of(&labels);
+        let mut sets: BTreeMap<&str, Vec<usize>> = BTreeMap::new();
+        for i in 0..runs.len() {
+            if of[&labels[i]].len() > 1 && parts[i].is_some() {
+                sets.entry(labels[i].as_str()).or_default().push(i);
+            }
+        }
+        sets.into_values().collect()
     };
     for set in alike {
         let keys: BTreeSet<&str> = set
@@ -605,21 +613,16 @@ pub(crate) fn labels(runs: &[Run]) -> Vec<String> {
     }
     // Still alike (a recipe named as another's label, `name = "q [optim.lr=0.5]"`): the
     // later runs' labels numbered, so that no row holds runs of two recipes.
-    let mut firsts: Vec<(String, &Group, usize)> = vec![];
+    let of = recipes_of(&labels);
     for i in 0..runs.len() {
-        let same: Vec<usize> = firsts
-            .iter()
-            .enumerate()
-            .filter(|(_, (l, _, _))| *l == labels[i])
-            .map(|(k, _)| k)
-            .collect();
-        match same.iter().find(|&&k| *firsts[k].1 == group[i]) {
-            Some(&k) => labels[i] = with_number(&labels[i], firsts[k].2),
-            None => {
-                let n = same.len() + 1;
-                firsts.push((labels[i].clone(), &group[i], n));
-                labels[i] = with_number(&labels[i], n);
-            }
+        let firsts = &of[&labels[i]];
+        if firsts.len() > 1 {
+            // Numbered in the order the recipes first come.
+            let n = 1 + firsts
+                .iter()
+                .position(|&j| group[j] == group[i])
+                .unwrap_or(0);
+            labels[i] = with_number(&labels[i], n);
         }
     }
     labels

@@ -1046,17 +1046,7 @@ fn a_resume_that_fails_before_its_first_step_leaves_the_run_to_resume_again() {
     let before = summary(&run);
     let mut cmd = runner_cmd();
     cmd.arg("resume").arg(&run).arg("-q");
-    // SAFETY: `setrlimit` is async-signal-safe, as `pre_exec` requires.
-    unsafe {
-        std::os::unix::process::CommandExt::pre_exec(&mut cmd, || {
-            let limit = libc::rlimit {
-                rlim_cur: 10,
-                rlim_max: 10,
-            };
-            libc::setrlimit(libc::RLIMIT_NOFILE, &limit);
-            Ok(())
-        });
-    }
+    limited(&mut cmd, libc::RLIMIT_NOFILE, 10);
     let out = cmd.output().unwrap();
     expect_exit(&out, 1);
     let stderr = String::from_utf8_lossy(&out.stderr);
@@ -1095,17 +1085,7 @@ fn a_file_cut_by_a_write_limit_before_the_run_starts_is_removed() {
     let recipe = tiny_recipe(&dir, "cut", "");
     let mut cmd = runner_cmd();
     cmd.arg(&recipe).arg("-q");
-    // SAFETY: `setrlimit` is async-signal-safe, as `pre_exec` requires.
-    unsafe {
-        std::os::unix::process::CommandExt::pre_exec(&mut cmd, || {
-            let limit = libc::rlimit {
-                rlim_cur: 1024,
-                rlim_max: 1024,
-            };
-            libc::setrlimit(libc::RLIMIT_FSIZE, &limit);
-            Ok(())
-        });
-    }
+    limited(&mut cmd, libc::RLIMIT_FSIZE, 1024);
     let out = cmd.output().unwrap();
     expect_exit(&out, 1);
     let stderr = String::from_utf8_lossy(&out.stderr);
@@ -1166,17 +1146,7 @@ fn a_run_out_of_file_descriptors_fails_in_its_summary() {
     let recipe = tiny_recipe(&dir, "fewfds", "");
     let mut cmd = runner_cmd();
     cmd.arg(&recipe).arg("-q");
-    // SAFETY: `setrlimit` is async-signal-safe, as `pre_exec` requires.
-    unsafe {
-        std::os::unix::process::CommandExt::pre_exec(&mut cmd, || {
-            let limit = libc::rlimit {
-                rlim_cur: 10,
-                rlim_max: 10,
-            };
-            libc::setrlimit(libc::RLIMIT_NOFILE, &limit);
-            Ok(())
-        });
-    }
+    limited(&mut cmd, libc::RLIMIT_NOFILE, 10);
     let out = cmd.output().unwrap();
     expect_exit(&out, 1);
     let stderr = String::from_utf8_lossy(&out.stderr);
@@ -1196,17 +1166,7 @@ fn a_run_out_of_file_descriptors_fails_in_its_summary() {
 fn a_file_size_limit_stops_the_run_as_a_full_disk_does() {
     let dir = tempdir("fsize");
     let mut cmd = long_synthetic(&dir, "fsize", "", &[]);
-    // SAFETY: `setrlimit` is async-signal-safe, as `pre_exec` requires.
-    unsafe {
-        std::os::unix::process::CommandExt::pre_exec(&mut cmd, || {
-            let limit = libc::rlimit {
-                rlim_cur: 40 << 10,
-                rlim_max: 40 << 10,
-            };
-            libc::setrlimit(libc::RLIMIT_FSIZE, &limit);
-            Ok(())
-        });
-    }
+    limited(&mut cmd, libc::RLIMIT_FSIZE, 40 << 10);
     let out = cmd.output().unwrap();
     expect_exit(&out, 1);
     let stderr = String::from_utf8_lossy(&out.stderr);
@@ -1369,7 +1329,7 @@ fn a_transformer_whose_attention_cannot_fit_is_refused_before_it_starts() {
 /// (glibc reserved 64 MiB of address space for each thread's arena).
 #[test]
 fn a_run_under_ulimit_v_is_refused_or_runs_never_aborts() {
-    let dir = tempdir("ulimit-v");
+    let dir = tempdir("ulimit-v-stacks");
     let recipe = tiny_recipe(&dir, "as", "");
     let mut tight = runner_cmd();
     tight.arg(&recipe).arg("-q");
@@ -1393,14 +1353,19 @@ fn a_run_under_ulimit_v_is_refused_or_runs_never_aborts() {
 
 /// Runs `cmd` under `ulimit -v` of `bytes`.
 fn limit_address_space(cmd: &mut Command, bytes: u64) {
+    limited(cmd, libc::RLIMIT_AS, bytes);
+}
+
+/// Runs `cmd` with the limit `resource` (`libc::RLIMIT_*`) set to `value`, as `ulimit`.
+fn limited(cmd: &mut Command, resource: libc::__rlimit_resource_t, value: u64) {
     // SAFETY: `setrlimit` is async-signal-safe, as `pre_exec` requires.
     unsafe {
         std::os::unix::process::CommandExt::pre_exec(cmd, move || {
             let limit = libc::rlimit {
-                rlim_cur: bytes,
-                rlim_max: bytes,
+                rlim_cur: value,
+                rlim_max: value,
             };
-            libc::setrlimit(libc::RLIMIT_AS, &limit);
+            libc::setrlimit(resource, &limit);
             Ok(())
         });
     }
