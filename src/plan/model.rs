@@ -57,7 +57,10 @@ impl<'a> Validator<'a> {
             self.err(
                 "model.heads",
                 format!("{heads} heads do not divide embed_dim = {embed_dim}"),
-                "pick heads that divide the model width, e.g. 4 for 64",
+                format!(
+                    "pick heads that divide the model width, e.g. {} for {embed_dim}",
+                    dividing_heads(embed_dim, heads)
+                ),
             );
         }
         if !(0.0..1.0).contains(&dropout) {
@@ -201,5 +204,28 @@ impl<'a> Validator<'a> {
             );
         }
         num_classes
+    }
+}
+
+/// The head count nearest `heads` that divides `embed_dim` (the smaller of two as near):
+/// what the help of a count that does not divide suggests.
+fn dividing_heads(embed_dim: usize, heads: usize) -> usize {
+    (1..=embed_dim.min(256))
+        .filter(|d| embed_dim.is_multiple_of(*d))
+        .min_by_key(|d| (d.abs_diff(heads), *d))
+        .unwrap_or(1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::dividing_heads;
+
+    #[test]
+    fn the_suggested_head_count_divides_the_width() {
+        assert_eq!(dividing_heads(64, 5), 4);
+        assert_eq!(dividing_heads(96, 5), 4);
+        assert_eq!(dividing_heads(96, 7), 6);
+        assert_eq!(dividing_heads(7, 3), 1);
+        assert_eq!(dividing_heads(1000, 300), 250);
     }
 }

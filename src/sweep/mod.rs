@@ -136,6 +136,30 @@ fn axes(loaded: &Loaded, report: &mut Diagnostics) -> Vec<Axis> {
             ));
             continue;
         }
+        // A list of tables under a table's key (`"data.normalize" = [{on = "host"}, ..]`):
+        // each axis sweeps one key, and cells are the product of the axes.
+        let inner: Vec<&str> = known
+            .iter()
+            .filter_map(|k| k.strip_prefix(&format!("{key}.")))
+            .collect();
+        if !inner.is_empty() {
+            let list = inner
+                .iter()
+                .map(|k| format!("`{key}.{k}`"))
+                .collect::<Vec<_>>()
+                .join(", ");
+            report.push(err(
+                &okey,
+                &key,
+                format!("`{key}` is a table: an axis sweeps one of its keys, not the table"),
+                format!(
+                    "sweep its keys, each as an axis of its own: {list} \
+                     (e.g. \"{key}.{}\" = [..])",
+                    inner[0]
+                ),
+            ));
+            continue;
+        }
         if !known.contains(&key) {
             let near: Vec<&str> = known.iter().map(String::as_str).collect();
             let help = match recipe::did_you_mean(&key, &near) {
@@ -583,20 +607,25 @@ pub fn check_loaded(
                 report.0.extend(base.0);
             }
         }
+        let mut found = vec![];
         for c in &cells {
             if let Err(r) = plan::validate(&c.loaded, machine) {
-                report.0.extend(r.0.into_iter().filter(|d| d.is_error()));
+                let errors = r.0.into_iter().filter(|d| d.is_error()).collect();
+                found.push((c, Diagnostics(errors)));
             }
         }
+        report.0.extend(in_cells(found, &cells).0);
         return Err(dedup(report));
     }
     let mut plans = vec![];
+    let mut found = vec![];
     for c in &cells {
         match plan::validate(&c.loaded, machine) {
             Ok(p) => plans.push(p),
-            Err(r) => report.0.extend(r.0),
+            Err(r) => found.push((c, r)),
         }
     }
+    report.0.extend(in_cells(found, &cells).0);
     if report.has_errors() {
         return Err(dedup(report));
     }
@@ -626,6 +655,75 @@ pub fn check_loaded(
         cells,
         plans,
     })
+}
+
+/// The cells' findings, each said once: one that not every cell of a grid has gets a note
+/// naming the cells that have it, by index and values, so that `runner show --cell N` (or
+/// the values) can be looked up, where the place in the file alone may not say which.
+fn in_cells(found: Vec<(&Cell, Diagnostics)>, all: &[Cell]) -> Diagnostics {
+    let cells = all.len();
+    // The value of the swept key a finding is about, where every cell with it has the
+    // finding: the caret under that value says which cells already.
+    let value_says = |key: &Option<String>, with: &[&Cell]| {
+        let Some(key) = key else { return false };
+        let value_of = |c: &Cell| {
+            c.assignments
+                .iter()
+                .find(|(k, _)| k == key)
+                .map(|(_, v)| v.clone())
+        };
+        let Some(v) = with.first().and_then(|c| value_of(c)) else {
+            return false;
+        };
+        with.iter().all(|c| value_of(c).as_ref() == Some(&v))
+            && all
+                .iter()
+                .filter(|c| value_of(c).as_ref() == Some(&v))
+                .count()
+                == with.len()
+    };
+    let first_line = |d: &Diagnostic| d.to_string().lines().next().unwrap_or_default().to_string();
+    let mut said: Vec<(String, Diagnostic, Vec<&Cell>)> = vec![];
+    for (cell, report) in found {
+        for d in report.0 {
+            let line = first_line(&d);
+            match said.iter_mut().find(|(l, _, _)| *l == line) {
+                Some((_, _, with)) => with.push(cell),
+                None => said.push((line, d, vec![cell])),
+            }
+        }
+    }
+    let mut out = Diagnostics::default();
+    for (_, mut d, with) in said {
+        if cells > 1 && with.len() < cells && !value_says(&d.key, &with) {
+            let values = |c: &Cell| {
+                c.name
+                    .rsplit_once('/')
+                    .map_or(c.name.clone(), |(_, v)| v.into())
+            };
+            let named = |c: &&Cell| format!("{} ({})", c.index, values(c));
+            const SHOWN: usize = 3;
+            let mut parts: Vec<String> = with.iter().take(SHOWN).map(named).collect();
+            if with.len() > SHOWN {
+                parts.push(format!("{} more", with.len() - SHOWN));
+            }
+            let list = match parts.split_last() {
+                Some((last, [])) => last.clone(),
+                Some((last, rest)) => format!("{} and {last}", rest.join(", ")),
+                None => String::new(),
+            };
+            let whose = match with.len() {
+                1 => format!("in cell {} of {cells}: {}", with[0].index, values(with[0])),
+                n => format!("in {n} of the {cells} cells: {list}"),
+            };
+            d.note = Some(match d.note.take() {
+                Some(n) => format!("{whose}; {n}"),
+                None => whose,
+            });
+        }
+        out.push(d);
+    }
+    out
 }
 
 /// The longest `key=value,...` part of a cell's name; longer ones become `cell-<tag>`.
