@@ -35,7 +35,7 @@ struct Found {
 }
 
 impl<'a> Validator<'a> {
-    pub(super) fn data(&mut self) -> Option<DataPlan> {
+    pub(super) fn data(&mut self, machine: &Machine) -> Option<DataPlan> {
         let d = &self.recipe().data;
         let Some(format) = d.format else {
             self.err(
@@ -53,7 +53,7 @@ impl<'a> Validator<'a> {
             train_total,
             test_total,
         } = match format {
-            DataFormat::Cifar10Bin => self.cifar_data()?,
+            DataFormat::Cifar10Bin => self.cifar_data(machine)?,
             DataFormat::Jsonl => self.jsonl_data()?,
             DataFormat::Synthetic => self.synthetic_data()?,
         };
@@ -125,7 +125,7 @@ impl<'a> Validator<'a> {
 
     /// `cifar10-bin`: the files, their record counts and labels (read now, so a bad byte
     /// is an error before anything runs), the class names.
-    fn cifar_data(&mut self) -> Option<Found> {
+    fn cifar_data(&mut self, machine: &Machine) -> Option<Found> {
         let d = &self.recipe().data;
         self.only_for("data.synthetic", "to format = \"synthetic\"");
         let Some(train) = &d.train else {
@@ -166,12 +166,41 @@ impl<'a> Validator<'a> {
             self.same_classes(names.as_deref(), first, cifar::class_names);
         }
         let classes = names.as_ref().map_or(10, |n| n.len());
+        // Data that cannot be held is refused by the memory check (`preflight`) once the
+        // rest of the plan is known: its labels are not read first (100 GB of them took
+        // minutes before the refusal).
+        let held = (train_n.min(d.limit.unwrap_or(usize::MAX)) as u64)
+            .saturating_add(test_n as u64)
+            .saturating_mul(cifar::PIXELS as u64);
+        let (room, what) = match machine.host_memory {
+            Some(h) if h.bytes < super::resources::ABSOLUTE_CAP => (h.bytes, h.what),
+            _ => (super::resources::ABSOLUTE_CAP, "the cap of any machine"),
+        };
+        if held > room {
+            let gib = super::resources::gib;
+            self.err(
+                "data.train",
+                format!(
+                    "the data takes {} in memory ({} images of {} bytes), more than {what} ({})",
+                    gib(held),
+                    held / cifar::PIXELS as u64,
+                    cifar::PIXELS,
+                    gib(room)
+                ),
+                match (test_n as u64).saturating_mul(cifar::PIXELS as u64) < room {
+                    true => "set data.limit to use part of the training data",
+                    false => "the test set alone is more: give data.test a smaller file (data.limit cuts only the training data)",
+                },
+            );
+        }
         // Labels are read now, so a bad byte is an error before anything runs: every
         // file's, each with its own count of bad records.
-        let train_ok = self.labels_ok("data.train", &train, classes);
-        let test_ok = test
-            .as_ref()
-            .is_none_or(|t| self.labels_ok("data.test", t, classes));
+        let read = held <= room;
+        let train_ok = !read || self.labels_ok("data.train", &train, classes);
+        let test_ok = !read
+            || test
+                .as_ref()
+                .is_none_or(|t| self.labels_ok("data.test", t, classes));
         let test = test?;
         if !(train_ok && test_ok) {
             return None;

@@ -606,7 +606,7 @@ impl<'a> Validator<'a> {
             );
         }
         let kernels = self.kernels(device, machine);
-        let data = self.data();
+        let data = self.data(machine);
         let model = self.model(data.as_ref());
         let loader = self.loader(device);
         let optim = self.optim();

@@ -1275,6 +1275,55 @@ fn a_recipe_beyond_the_address_space_limit_is_refused_before_it_starts() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// Image data that cannot be held is refused at once, by its size: its labels are not read
+/// first (a 100 GB file was read to its end, minutes, before the memory check refused it).
+/// Cut with `data.limit` to what fits, it is read, and a bad label in what is used found.
+#[test]
+fn image_data_too_large_to_hold_is_refused_before_its_labels_are_read() {
+    use std::os::unix::fs::FileExt;
+    let dir = tempdir("data-too-large");
+    let records = 400_000u64;
+    let record = 3073u64;
+    let file = std::fs::File::create(dir.join("data_batch_1.bin")).unwrap();
+    // Sparse: 1.2 GB of labels 0 and black pixels that take no disk.
+    file.set_len(records * record).unwrap();
+    file.write_at(&[200], 7 * record).unwrap();
+    let recipe = dir.join("big.toml");
+    std::fs::write(
+        &recipe,
+        format!(
+            "[model]\narch = \"mlp\"\n[data]\nformat = \"cifar10-bin\"\ntrain = \"data_batch_1.bin\"\n[run]\nmax_steps = 1\neval = \"never\"\n[log]\ndir = \"{}\"\n",
+            dir.join("runs").display()
+        ),
+    )
+    .unwrap();
+    let run = |sets: &[&str]| {
+        let mut cmd = runner_cmd();
+        cmd.arg(&recipe).arg("-q");
+        for s in sets {
+            cmd.args(["--set", s]);
+        }
+        limit_address_space(&mut cmd, 600 << 20);
+        cmd.output().unwrap()
+    };
+    let out = run(&[]);
+    expect_exit(&out, 2);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("data.train: the data takes 1.1 GiB in memory (400000 images")
+            && stderr.contains("more than the address space left under `ulimit -v`")
+            && stderr.contains("set data.limit")
+            && !stderr.contains("label"),
+        "{stderr}"
+    );
+    let out = run(&["data.limit=1000"]);
+    expect_exit(&out, 2);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("label 200"), "{stderr}");
+    assert!(!dir.join("runs").exists(), "a run directory was created");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// A Transformer's attention scores (batch × heads × L² per layer) count in the memory
 /// check: rows of 8,192 tokens need 32 GiB a score matrix, and such a run passed the check
 /// and aborted at its first allocation (exit 134, a backtrace, its summary left
