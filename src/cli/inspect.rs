@@ -89,9 +89,18 @@ pub(crate) fn show(args: &CheckArgs, cell: Option<usize>) -> ExitCode {
                     runner::outln!("{:>4}  {}  {}", cell.index, cell.id, cell.name);
                 }
             }
-            (_, Some(i)) if i >= c.cells.len() => {
+            // As `runner run --cell` refuses it: a recipe without [sweep] has no cells.
+            (false, Some(i)) => {
                 runner::errln!(
-                    "error: --cell {i}: {} has {} cell(s), 0 to {}",
+                    "error: --cell {i}: {} has no [sweep] table, so no cells\n  = help: `runner show {}` prints it",
+                    c.path.display(),
+                    c.path.display()
+                );
+                return ExitCode::from(2);
+            }
+            (true, Some(i)) if i >= c.cells.len() => {
+                runner::errln!(
+                    "error: --cell {i}: {} has {} cells, 0 to {}",
                     c.path.display(),
                     c.cells.len(),
                     c.cells.len() - 1

@@ -211,7 +211,7 @@ fn set_tilde_removes_a_key_the_recipe_sets() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
         err.contains(
-            "--set:1:2: `model.widht` is not set by the recipe, so there is nothing to remove"
+            "--set: `model.widht` is not set by the recipe, so there is nothing to remove"
         ) && err.contains("help: did you mean `model.width`?"),
         "{err}"
     );
@@ -385,6 +385,28 @@ fn small_input_mistakes_get_plain_answers() {
     expect_exit(
         &runner_cmd().arg("validate").arg(&recipe).output().unwrap(),
         0,
+    );
+    // `show --cell` of a recipe that is no grid is refused, as `run --cell` is (it printed
+    // the recipe as if it were cell 0); past a grid's last cell, the cells are counted.
+    let out = runner_cmd()
+        .args(["show", "--cell", "0", "recipes/quickstart.toml"])
+        .output()
+        .unwrap();
+    expect_exit(&out, 2);
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("has no [sweep] table, so no cells"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = runner_cmd()
+        .args(["show", "--cell", "8", "recipes/article_grid.toml"])
+        .output()
+        .unwrap();
+    expect_exit(&out, 2);
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("has 8 cells, 0 to 7"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
     );
     // --max-cells 0 says what it means.
     let out = runner_cmd()
