@@ -126,7 +126,9 @@ impl fmt::Display for Diagnostic {
             Severity::Warning => "warning",
         };
         write!(f, "{label}: {}", self.file.display())?;
-        if let (Some(l), Some(c)) = (self.line, self.col) {
+        // A `--set` is one line, shown with a caret: `--set:1:16` named no place to go.
+        let from_set = self.file == Path::new("--set");
+        if let (Some(l), Some(c), false) = (self.line, self.col, from_set) {
             write!(f, ":{l}:{c}")?;
         }
         write!(f, ": ")?;
@@ -135,7 +137,8 @@ impl fmt::Display for Diagnostic {
         }
         write!(f, "{}", self.message)?;
         if let (Some(l), Some((text, cols))) = (self.line, &self.snippet) {
-            let gutter = l.to_string().len();
+            let l = if from_set { " ".into() } else { l.to_string() };
+            let gutter = l.len();
             let (text, marks) = crate::columns::underline(text, cols.clone());
             write!(
                 f,

@@ -749,7 +749,7 @@ mod tests {
         let e: Vec<String> = l.findings.errors().map(|d| d.to_string()).collect();
         assert_eq!(e.len(), 1, "{e:?}");
         assert!(
-            e[0].starts_with("error: --set:1:16: loader.workers: invalid type: string \"four\""),
+            e[0].starts_with("error: --set: loader.workers: invalid type: string \"four\""),
             "{}",
             e[0]
         );

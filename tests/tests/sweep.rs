@@ -1589,12 +1589,12 @@ fn set_narrows_a_grid_axis_written_quoted() {
         expect_exit(&out, 2);
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert!(
-            stderr.contains("error: --set:1:")
+            stderr.contains("error: --set:")
                 && stderr.contains("5000")
                 && stderr
                     .lines()
                     .filter(|l| l.starts_with("error:"))
-                    .all(|l| l.starts_with("error: --set:1:")),
+                    .all(|l| l.starts_with("error: --set:")),
             "{set}: {stderr}"
         );
     }

@@ -197,17 +197,17 @@ fn text_recipes_are_checked_like_any_other() {
         (
             "recipes/quickstart.toml",
             "padding.max_length=5",
-            "--set:1:1: padding: applies to text data",
+            "--set: padding: applies to text data",
         ),
         (
             "recipes/quickstart.toml",
             "data.tokenizer.kind=\"byte\"",
-            "--set:1:1: data.tokenizer: only applies to text data",
+            "--set: data.tokenizer: only applies to text data",
         ),
         (
             "recipes/text/rotten_tomatoes.toml",
             "data.augment.hflip=true",
-            "--set:1:1: data.augment: only applies to image data",
+            "--set: data.augment: only applies to image data",
         ),
     ] {
         let out = runner_cmd()
