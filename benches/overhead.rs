@@ -85,9 +85,10 @@ fn bare(p: &Plan) -> Vec<f64> {
         loop {
             let t = Instant::now();
             let Some(b) = it.next() else { break };
-            let (x, y) = batcher.to_device::<B>(b.value, &device);
-            let mut acc = Accumulation::<B>::new(1);
-            acc.micro_batch(&model, &loss_fn, x, y);
+            let samples = b.samples;
+            let xy = batcher.to_device::<B>(b.value, &device);
+            let mut acc = Accumulation::<B>::new(1, samples);
+            acc.micro_batch(&model, &loss_fn, xy, samples);
             let loss = acc.mean_loss();
             model = optim.update(&p.optim, p.optim.lr, model, acc);
             let _: f32 = loss.into_scalar();

@@ -23,7 +23,11 @@ pub struct LoaderConfig {
     /// Finished batches each worker may hold for the consumer (PyTorch's `prefetch_factor`).
     pub prefetch: usize,
     pub shuffle: bool,
+    /// Drops the batches that do not make a whole optimizer step: the last batch when it
+    /// is short, and after it the batches too few for `step_batches` of them.
     pub drop_last: bool,
+    /// Micro-batches of an optimizer step (`optim.accumulation_steps`).
+    pub step_batches: usize,
     pub seed: u64,
     pub batching: Batching,
 }
@@ -42,6 +46,18 @@ pub enum Batching {
 
 /// The sample indices of every batch of an epoch, in delivery order.
 pub fn epoch_batches(n: usize, cfg: &LoaderConfig, epoch: usize) -> Vec<Vec<usize>> {
+    let mut batches = batches_of(n, cfg, epoch);
+    // With drop_last, what would make a short optimizer step goes too: a step is then
+    // always `batch_size × step_batches` samples, as one batch that large would be (a
+    // short step at full learning rate took what the large batch dropped).
+    if cfg.drop_last {
+        let step = cfg.step_batches.max(1);
+        batches.truncate(batches.len() / step * step);
+    }
+    batches
+}
+
+fn batches_of(n: usize, cfg: &LoaderConfig, epoch: usize) -> Vec<Vec<usize>> {
     if let Batching::Buckets { lengths, bounds } = &cfg.batching {
         return crate::data::pad::bucket_batches(
             lengths,
@@ -252,6 +268,11 @@ impl<T: Send + 'static> EpochIter<'_, T> {
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
+    /// The samples of the next `k` batches (fewer where the epoch has fewer): what an
+    /// optimizer step of `k` micro-batches weighs each of them against.
+    pub fn samples_ahead(&self, k: usize) -> usize {
+        self.batches[self.next..].iter().take(k).map(Vec::len).sum()
+    }
 }
 
 impl<T: Send + 'static> Iterator for EpochIter<'_, T> {
@@ -309,6 +330,7 @@ mod tests {
             prefetch: 2,
             shuffle: true,
             drop_last: false,
+            step_batches: 1,
             seed: 9,
             batching: Batching::Sequential,
         }
@@ -335,6 +357,17 @@ mod tests {
             ..c.clone()
         };
         assert_eq!(epoch_batches(10, &d, 0).len(), 2);
+        // Steps of 3 batches: 9 samples of 31 make 7 whole batches, 2 whole steps.
+        let steps = LoaderConfig {
+            step_batches: 3,
+            ..d.clone()
+        };
+        assert_eq!(epoch_batches(31, &steps, 0).len(), 6);
+        let kept = LoaderConfig {
+            drop_last: false,
+            ..steps
+        };
+        assert_eq!(epoch_batches(31, &kept, 0).len(), 8);
         assert_ne!(
             epoch_batches(10, &c, 0),
             epoch_batches(10, &c, 1),

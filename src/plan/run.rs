@@ -174,7 +174,7 @@ impl<'a> Validator<'a> {
             // Said where the data is counted (an empty file, data.limit = 0).
             return None;
         }
-        let micro = if loader.drop_last {
+        let mut micro = if loader.drop_last {
             n / bs
         } else {
             n.div_ceil(bs)
@@ -195,6 +195,22 @@ impl<'a> Validator<'a> {
             return None;
         }
         let acc = optim.accumulation_steps as u64;
+        // drop_last drops what does not make a whole optimizer step (see the loader).
+        if loader.drop_last && acc > 1 {
+            let whole = micro / acc * acc;
+            if whole == 0 {
+                self.err(
+                    "loader.drop_last",
+                    format!(
+                        "drops every step: the {micro} batch{} of {bs} make no whole step of accumulation_steps = {acc} batches",
+                        if micro == 1 { "" } else { "es" }
+                    ),
+                    format!("lower optim.accumulation_steps to at most {micro}, or set drop_last = false"),
+                );
+                return None;
+            }
+            micro = whole;
+        }
         if acc > micro {
             // Steps do not span epochs: the step is the epoch, and the recipe's figure lies.
             self.warn(

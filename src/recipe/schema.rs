@@ -776,7 +776,8 @@ pub struct LoaderSection {
     pub prefetch: usize,
     /// Reshuffle the training samples every epoch. Default true.
     pub shuffle: bool,
-    /// Drop the last incomplete batch of an epoch. Default false.
+    /// Drop the last incomplete batch of an epoch, and with `optim.accumulation_steps` the
+    /// batches too few for a whole optimizer step. Default false.
     pub drop_last: bool,
 }
 
@@ -820,8 +821,9 @@ pub struct OptimSection {
     #[serde(skip_serializing_if = "Option::is_none")]
     #[schemars(extend("exclusiveMinimum" = 0.0))]
     pub eps: Option<f64>,
-    /// Micro-batches whose gradients are summed (loss scaled by 1/N) before one optimizer
-    /// step; the effective batch is `batch_size × accumulation_steps`. Default 1.
+    /// Micro-batches whose gradients are summed (each loss weighted by its share of the
+    /// step's samples: 1/N when they are alike) before one optimizer step; the effective
+    /// batch is `batch_size × accumulation_steps`. Default 1.
     #[schemars(range(min = 1))]
     pub accumulation_steps: usize,
     /// `constant`, `cosine` (to `min_lr` at the last step) or `step` (× `gamma` every

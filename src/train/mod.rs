@@ -189,6 +189,7 @@ pub fn loader_config(plan: &Plan, train: &Dataset) -> LoaderConfig {
         prefetch: l.prefetch,
         shuffle: l.shuffle,
         drop_last: l.drop_last,
+        step_batches: plan.optim.accumulation_steps,
         seed: plan.seed,
         batching: batching(plan, train),
     }

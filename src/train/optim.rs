@@ -120,57 +120,68 @@ pub fn loss_config(plan: &Plan) -> CrossEntropyLossConfig {
 }
 
 /// One optimizer step's micro-batches: their gradients, summed, and their losses. Burn's
-/// `GradientsAccumulator` sums, so each micro-batch's loss is scaled by 1/k first: the step
-/// then sees the mean gradient, as one batch k times larger would give. The training loop
-/// and `runner warmup` both run a step through this, so warm-up compiles what a run runs.
+/// `GradientsAccumulator` sums, so each micro-batch's loss is first weighted by its share
+/// of the step's samples (1/k where the k micro-batches are alike): the step then sees the
+/// mean gradient over its samples, as one batch of them all would give, also where a
+/// micro-batch is short (an epoch's last, a bucket's last). The training loop and `runner
+/// warmup` both run a step through this, so warm-up compiles what a run runs.
 pub struct Accumulation<B: TrainBackend> {
     group: usize,
+    /// The samples of the step's micro-batches together.
+    samples: usize,
     acc: GradientsAccumulator<Net<B>>,
     single: Option<GradientsParams>,
-    /// The sum of the micro-batches' losses so far, detached, on the device.
+    /// The micro-batches' losses so far, each weighted by its share, detached, on the
+    /// device: their sum is the step's loss.
     loss_sum: Option<Tensor<B::InnerBackend, 1>>,
 }
 
 impl<B: TrainBackend> Accumulation<B> {
-    /// For a step of `group` micro-batches.
-    pub fn new(group: usize) -> Self {
+    /// For a step of `group` micro-batches holding `samples` samples in all.
+    pub fn new(group: usize, samples: usize) -> Self {
         Self {
             group,
+            samples: samples.max(1),
             acc: GradientsAccumulator::new(),
             single: None,
             loss_sum: None,
         }
     }
 
-    /// One micro-batch: the forward pass, the training loss, and its backward pass into
-    /// the step's gradients.
+    /// One micro-batch of `samples` samples: the forward pass, the training loss, and its
+    /// backward pass into the step's gradients.
     pub fn micro_batch(
         &mut self,
         model: &Net<B>,
         loss_fn: &CrossEntropyLoss<B>,
-        x: Input<B>,
-        y: Tensor<B, 1, Int>,
+        (x, y): (Input<B>, Tensor<B, 1, Int>),
+        samples: usize,
     ) {
         let loss = loss_fn.forward(model.forward(x), y);
+        // Divided by the step's samples over its own: k, exactly, for k micro-batches
+        // alike (as 1/k was), so a run whose micro-batches are all alike is unchanged.
+        let parts = self.samples as f32 / samples.max(1) as f32;
         let value = loss.clone().inner();
-        if self.group == 1 {
+        let value = if self.group == 1 {
             self.single = Some(GradientsParams::from_grads(loss.backward(), model));
+            value
         } else {
-            let scaled = loss / self.group as f32;
+            let scaled = loss / parts;
             self.acc
                 .accumulate(model, GradientsParams::from_grads(scaled.backward(), model));
-        }
+            value / parts
+        };
         self.loss_sum = Some(match self.loss_sum.take() {
             Some(s) => s + value,
             None => value,
         });
     }
 
-    /// The step's loss: the mean of its micro-batches' losses, unscaled, on the device
-    /// (read back with other steps' later, so the step does not wait on it).
+    /// The step's loss: the mean over its samples (its micro-batches' losses, each
+    /// weighted by its share), on the device (read back with other steps' later, so the
+    /// step does not wait on it).
     pub fn mean_loss(&self) -> Tensor<B::InnerBackend, 1> {
-        let sum = self.loss_sum.clone().expect("a step has micro-batches");
-        sum / self.group as f32
+        self.loss_sum.clone().expect("a step has micro-batches")
     }
 
     pub fn grads(mut self) -> GradientsParams {

@@ -366,7 +366,7 @@ impl<'a, B: TrainBackend> Trainer<'a, B> {
     ) -> Accumulation<B> {
         let device = self.io.device.clone();
         let synced = rec.synced;
-        let mut acc = Accumulation::<B>::new(group);
+        let mut acc = Accumulation::<B>::new(group, batches.samples_ahead(group));
         for _ in 0..group {
             let b = batches.next().expect("the epoch has this many batches");
             rec.data_wait_ms += b.wait.as_secs_f64() * 1e3;
@@ -376,11 +376,12 @@ impl<'a, B: TrainBackend> Trainer<'a, B> {
                 *rec.padded_tokens.get_or_insert(0) += padded as u64;
             }
             let batcher = self.io.batcher;
-            let ((x, y), h2d) =
+            let samples = b.samples;
+            let (xy, h2d) =
                 phase::<B, _>(synced, &device, || batcher.to_device::<B>(b.value, &device));
             rec.h2d_ms += h2d;
             let ((), fb) = phase::<B, _>(synced, &device, || {
-                acc.micro_batch(&self.model, &self.loss_fn, x, y)
+                acc.micro_batch(&self.model, &self.loss_fn, xy, samples)
             });
             rec.forward_backward_ms += fb;
         }

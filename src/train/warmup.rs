@@ -138,10 +138,10 @@ pub fn warm_up<B: TrainBackend>(
     // losses read back together.
     let mut losses = Vec::new();
     for (group, idx) in groups {
-        let mut acc = Accumulation::<B>::new(group);
+        let mut acc = Accumulation::<B>::new(group, group * idx.len());
         for _ in 0..group {
-            let (x, y) = batcher.to_device::<B>(batcher.host(train, idx, 0, true), device);
-            acc.micro_batch(&model, &loss_fn, x, y);
+            let xy = batcher.to_device::<B>(batcher.host(train, idx, 0, true), device);
+            acc.micro_batch(&model, &loss_fn, xy, idx.len());
             warmed.micro_batches += 1;
         }
         losses.push(acc.mean_loss());

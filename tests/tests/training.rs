@@ -116,35 +116,41 @@ fn accumulation_of_4_micro_batches_of_2_equals_one_batch_of_8() {
             Tensor::<B, 1, Int>::from_data(TensorData::new(y[from..from + n].to_vec(), [n]), &d);
         (xs, ys)
     };
-    let mut one = Accumulation::<B>::new(1);
-    let (xs, ys) = batch(0, 8);
-    one.micro_batch(&model, &loss_fn, Input::Images(xs), ys);
-    let loss8 = one.mean_loss().into_scalar();
-    let g1 = one.grads();
-    let mut four = Accumulation::<B>::new(4);
-    for k in 0..4 {
-        let (xs, ys) = batch(2 * k, 2);
-        four.micro_batch(&model, &loss_fn, Input::Images(xs), ys);
-    }
-    let loss4 = four.mean_loss().into_scalar();
-    let g4 = four.grads();
-    let mut v = GradDiff::<B> {
-        a: &g1,
-        b: &g4,
-        max: 0.0,
-        params: 0,
-        _b: Default::default(),
+    // A step of micro-batches of these sizes, in order over the 8 samples.
+    let step = |sizes: &[usize]| {
+        let mut acc = Accumulation::<B>::new(sizes.len(), sizes.iter().sum());
+        let mut from = 0;
+        for &n in sizes {
+            let (xs, ys) = batch(from, n);
+            acc.micro_batch(&model, &loss_fn, (Input::Images(xs), ys), n);
+            from += n;
+        }
+        let loss = acc.mean_loss().into_scalar();
+        (loss, acc.grads())
     };
-    model.visit(&mut v);
-    assert_eq!(v.params, 6, "3 linear layers, weight and bias each");
-    assert!(v.max < 1e-5, "gradients differ by {}", v.max);
-    assert!((loss8 - loss4).abs() < 1e-5, "{loss8} vs {loss4}");
+    let (loss8, g1) = step(&[8]);
+    // Alike, and unequal: an epoch's short last micro-batch weighs by its samples (at 1/k
+    // each, 7 + 1 gave the one sample as much weight as the seven).
+    let mut g4 = None;
+    for sizes in [&[2, 2, 2, 2][..], &[5, 3], &[7, 1]] {
+        let (loss, g) = step(sizes);
+        let mut v = GradDiff::<B> {
+            a: &g1,
+            b: &g,
+            max: 0.0,
+            params: 0,
+            _b: Default::default(),
+        };
+        model.visit(&mut v);
+        assert_eq!(v.params, 6, "3 linear layers, weight and bias each");
+        assert!(v.max < 1e-5, "{sizes:?}: gradients differ by {}", v.max);
+        assert!((loss8 - loss).abs() < 1e-5, "{sizes:?}: {loss8} vs {loss}");
+        g4.get_or_insert((loss, g));
+    }
+    let (loss4, g4) = g4.unwrap();
     // And the comparison can fail: the first micro-batch's gradient alone is not the mean.
-    let mut first = Accumulation::<B>::new(1);
-    let (xs, ys) = batch(0, 2);
-    first.micro_batch(&model, &loss_fn, Input::Images(xs), ys);
-    assert!((first.mean_loss().into_scalar() - loss4).abs() > 1e-4);
-    let g = first.grads();
+    let (first_loss, g) = step(&[2]);
+    assert!((first_loss - loss4).abs() > 1e-4);
     let mut v = GradDiff::<B> {
         a: &g,
         b: &g4,
@@ -154,6 +160,56 @@ fn accumulation_of_4_micro_batches_of_2_equals_one_batch_of_8() {
     };
     model.visit(&mut v);
     assert!(v.max > 1e-3, "a wrong gradient went unnoticed");
+}
+
+/// Through the binary, over epochs whose sample count no batch divides: batch_size × 1
+/// and the same samples in micro-batches take the same steps, with the same losses. A
+/// short micro-batch (250 = 41 × 6 + 4: an epoch's last step is 3 + 1) weighs by its
+/// samples (at 1/2 each, its loss read 1.93 against 1.45); with drop_last, the
+/// micro-batches too few for a whole step are dropped with the short batch, as the large
+/// batch drops them (a short step was taken at full learning rate: 32 steps an epoch
+/// against 31).
+#[test]
+fn micro_batches_take_the_steps_one_large_batch_would() {
+    let dir = tempdir("accumulation-cli");
+    let losses = |name: &str, batch: usize, accumulation: usize, drop_last: bool| {
+        let recipe = tiny_recipe(
+            &dir,
+            name,
+            &format!("[optim]\naccumulation_steps = {accumulation}\n"),
+        );
+        let text = std::fs::read_to_string(&recipe)
+            .unwrap()
+            .replace("samples = 100,", "samples = 250,")
+            .replace(
+                "batch_size = 32",
+                &format!("batch_size = {batch}\ndrop_last = {drop_last}"),
+            )
+            .replace("epochs = 1", "epochs = 2");
+        std::fs::write(&recipe, text).unwrap();
+        expect_exit(&runner_cmd().arg(&recipe).arg("-q").output().unwrap(), 0);
+        let steps = records(&only_run(&dir.join("runs").join(name)));
+        steps
+            .iter()
+            .map(|r| (r.epoch, r.samples, r.loss))
+            .collect::<Vec<_>>()
+    };
+    for (large, small, drop_last, per_epoch) in
+        [((6, 1), (3, 2), false, 42), ((8, 1), (2, 4), true, 31)]
+    {
+        let a = losses(&format!("a{drop_last}"), large.0, large.1, drop_last);
+        let b = losses(&format!("b{drop_last}"), small.0, small.1, drop_last);
+        assert_eq!(a.len(), 2 * per_epoch, "drop_last = {drop_last}");
+        assert_eq!(a.len(), b.len(), "drop_last = {drop_last}");
+        for (x, y) in a.iter().zip(&b) {
+            assert_eq!((x.0, x.1), (y.0, y.1), "drop_last = {drop_last}");
+            assert!(
+                (x.2 - y.2).abs() < 1e-4,
+                "drop_last = {drop_last}: {a:?}\n{b:?}"
+            );
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]
