@@ -611,6 +611,16 @@ impl Tokenizer {
         crate::metrics::write_json_atomic(path, self)
     }
 
+    /// The SHA-256 of the file `save` writes (a summary's `tokenizer_sha256`), hex.
+    pub fn sha256(&self) -> String {
+        use sha2::{Digest, Sha256};
+        let text = serde_json::to_string_pretty(self).unwrap_or_default() + "\n";
+        Sha256::digest(text.as_bytes())
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect()
+    }
+
     /// A tokenizer `save` wrote (a run's `tokenizer.json`), checked: its reserved ids in
     /// range, a word vocabulary without repeats, 256 byte ids.
     pub fn load(path: &Path) -> Result<Self, String> {

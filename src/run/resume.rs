@@ -74,6 +74,21 @@ pub fn resume(
             "error: {e}\n  = help: the checkpoint does not fit the model this recipe builds (written by another version of the runner?); resume it with the runner that wrote it"
         )));
         }
+        // The vocabulary is made again from the training data (its sums checked above):
+        // one that is not what the run trained with (its sum in the summary) would feed
+        // the weights other token ids.
+        let tokenizer = prepared.sets.tokenizer.as_ref().map(|t| (t, t.sha256()));
+        if let (Some((_, made)), Ok(Some(wrote))) = (
+            &tokenizer,
+            read_summary.as_ref().map(|s| s.tokenizer_sha256.as_ref()),
+        ) {
+            if made != wrote {
+                return Err(input(format!(
+                    "error: {}: the vocabulary made from the training data is not the one the run trained with (the sum summary.json records for tokenizer.json)\n  = help: resume it with the runner that started it",
+                    run_dir.display()
+                )));
+            }
+        }
         // Nothing is written yet: a metrics file that cannot be continued is bad input.
         let (metrics, records) = JsonLines::reopen::<StepRecord>(&metrics_path, state.metrics_lines)
         .map_err(|e| {
@@ -87,6 +102,9 @@ pub fn resume(
             read_summary.unwrap_or_else(|why| rebuilt_summary(run_dir, &plan, &prepared, &why));
         let evals = rewind(&mut summary, &state, &records);
         summary.best_weights_sha256 = best_weights_at(run_dir, &state);
+        if let Some((t, made)) = tokenizer {
+            restore_tokenizer(run_dir, t, made, &mut summary).map_err(fail)?;
+        }
         write_json_keeping_room(&run_dir.join("summary.json"), &summary, KEPT_ROOM)
             .map_err(|e| fail(format!("summary.json: {e}")))?;
         update_env(run_dir, &env, &moved, state.step).map_err(fail)?;
@@ -111,6 +129,34 @@ pub fn resume(
         };
         drive(&plan, opts, prepared, files)
     })
+}
+
+/// A text run's `tokenizer.json`, missing or not the file the run wrote, written again
+/// from the vocabulary the resume made (the run's, checked against its sum): the run went
+/// on without it, and `runner eval` of the finished run then had no vocabulary, or scored
+/// with another's.
+fn restore_tokenizer(
+    run_dir: &Path,
+    t: &crate::data::text::Tokenizer,
+    made: String,
+    summary: &mut Summary,
+) -> Result<(), String> {
+    let path = run_dir.join("tokenizer.json");
+    let on_disk = crate::checkpoint::sha256_of(&path).ok();
+    if on_disk.as_deref() != Some(made.as_str()) {
+        t.save(&path)
+            .map_err(|e| format!("{}: {e}", path.display()))?;
+        crate::errln!(
+            "note: {}: {}; written again from the training data (the vocabulary the run trains with)",
+            path.display(),
+            match on_disk {
+                Some(_) => "not the file the run wrote",
+                None => "missing",
+            }
+        );
+    }
+    summary.tokenizer_sha256 = Some(made);
+    Ok(())
 }
 
 /// `summary.json`'s `best_weights_sha256` for a run resumed from the checkpoint of

@@ -1214,6 +1214,55 @@ fn an_edited_state_is_not_resumed_from_and_a_missing_env_is_written_again() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// A text run's `tokenizer.json` changed (or removed) before a resume is written again
+/// from the vocabulary the resume makes, the run's: the resume went on in silence, and
+/// `runner eval` of the finished run then scored with another vocabulary (or had none).
+#[test]
+fn a_resume_writes_back_a_changed_tokenizer() {
+    let dir = tempdir("tokenizer-changed");
+    let recipe = dir.join("t.toml");
+    std::fs::write(
+        &recipe,
+        format!(
+            "name = \"t\"\n[model]\narch = \"bag\"\n[data]\nformat = \"jsonl\"\ntrain = \"{}\"\ntest = \"{}\"\n[run]\nepochs = 200\nmax_steps = 4000\n[checkpoint]\nevery = 5\n[log]\ndir = \"{}\"\n",
+            root().join("datasets/rotten_tomatoes/train.jsonl").display(),
+            root().join("datasets/rotten_tomatoes/test.jsonl").display(),
+            dir.join("runs").display()
+        ),
+    )
+    .unwrap();
+    let out = kill_after(
+        &[recipe.as_os_str(), "-q".as_ref()],
+        &dir.join("runs"),
+        23,
+        "-TERM",
+    );
+    expect_exit(&out, 143);
+    let run = only_run(&dir.join("runs/t"));
+    let path = run.join("tokenizer.json");
+    let wrote = std::fs::read_to_string(&path).unwrap();
+    let mut t: serde_json::Value = serde_json::from_str(&wrote).unwrap();
+    t["vocab"].as_array_mut().unwrap().swap(2, 3);
+    std::fs::write(&path, serde_json::to_string_pretty(&t).unwrap()).unwrap();
+    let out = resume_quietly(&run);
+    expect_exit(&out, 0);
+    assert!(
+        String::from_utf8_lossy(&out.stderr)
+            .contains("tokenizer.json: not the file the run wrote; written again"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(std::fs::read_to_string(&path).unwrap(), wrote);
+    let out = runner_cmd().arg("eval").arg(&run).output().unwrap();
+    expect_exit(&out, 0);
+    assert!(
+        !String::from_utf8_lossy(&out.stderr).contains("warning"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// Data that moved (its paths edited in the run's recipe.toml) is the same recipe when
 /// the files are the same by content: the run resumes on them, bit for bit (it could
 /// never be resumed again: the edit was refused as a changed recipe).
