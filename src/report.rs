@@ -15,11 +15,13 @@ pub struct Run {
     pub dir: PathBuf,
     pub name: String,
     /// What the run ran, as `(key, value)` pairs: its resolved `recipe.toml` flattened to
-    /// dotted keys, without what changes nothing that runs (`[log]`, `[slurm]`,
-    /// `description`, `backend.cache_dir`) and with the data files by content (their size and CRC-32 from
-    /// `env.json`) instead of by path, so the same recipe run from two clones is the same,
-    /// and the device it ran on (`device`, from `summary.json`). Runs of one name are
-    /// repeats only where these are equal. Empty when the run has no `recipe.toml`.
+    /// dotted keys, without what changes nothing that runs (`[log]` but `log.every`,
+    /// `[slurm]`, `description`, `backend.cache_dir`) and with the data files by content
+    /// (their size and CRC-32 from `env.json`) instead of by path, so the same recipe run
+    /// from two clones is the same, and the device it ran on (`device`, from
+    /// `summary.json`; on the CPU its threads and the cores it could use, from `env.json`).
+    /// Runs of one name are repeats only where these are equal. Empty when the run has no
+    /// `recipe.toml`.
     pub recipe: Vec<(String, String)>,
     pub records: Vec<StepRecord>,
     /// Recomputed from `records` (and `summary.json` for what metrics lines lack).
@@ -128,8 +130,12 @@ pub fn find_runs_said(paths: &[PathBuf]) -> Result<(Vec<PathBuf>, Vec<Excluded>)
         let there = |f: &str| d.join(f).symlink_metadata().is_ok();
         there("summary.json") || there("metrics.jsonl")
     };
+    // Paths given that hold no run: refused as one that does not exist is (beside others
+    // that hold runs, they were left out in silence).
+    let mut empty = vec![];
     for p in paths {
         let mut found = vec![];
+        let again_before = again.len();
         let mut cells: Vec<(PathBuf, usize, PathBuf)> = vec![];
         if !p.exists() {
             return Err(Error::Input(format!("error: {} does not exist\n  = help: give run directories or folders holding them, e.g. runs/", p.display())));
@@ -214,7 +220,23 @@ pub fn find_runs_said(paths: &[PathBuf]) -> Result<(Vec<PathBuf>, Vec<Excluded>)
                 .unwrap_or((usize::MAX, usize::MAX))
         };
         found.sort_by_cached_key(|d| (place(d), d.clone()));
+        if found.is_empty() && again.len() == again_before {
+            empty.push(p);
+        }
         out.extend(found);
+    }
+    if !out.is_empty() && !empty.is_empty() {
+        let said: Vec<String> = empty
+            .iter()
+            .map(|p| match p.is_dir() {
+                true => format!("{} holds no run directory", p.display()),
+                false => format!("{} is a file, not a run directory", p.display()),
+            })
+            .collect();
+        return Err(Error::Input(format!(
+            "error: {}\n  = help: give run directories (with summary.json or metrics.jsonl) or folders holding them, e.g. runs/; leave out the paths without runs",
+            said.join("; ")
+        )));
     }
     if out.is_empty() {
         return Err(Error::Input(format!(
@@ -340,12 +362,14 @@ pub fn load_run(dir: &Path) -> Result<Run, Error> {
     // On the CPU, the threads it ran on (`threads = 0` is one per core, which differs
     // between machines): its speed, and the bits of its sums, follow them.
     if !recipe.is_empty() && stored.backend.contains("cpu") {
-        let threads = crate::metrics::read_text(dir.join("env.json"))
-            .ok()
-            .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
-            .and_then(|e| e.get("threads").and_then(|n| n.as_u64()));
+        let threads = env_u64(dir, "threads");
         if let Some(n) = threads {
             recipe.push(("cpu threads".into(), n.to_string()));
+        }
+        // And the cores it could use (`taskset`, a cgroup's quota): its loader's workers
+        // share them, and its CPU util is a share of them.
+        if let Some(n) = env_u64(dir, "cpus") {
+            recipe.push(("cpus".into(), n.to_string()));
         }
     }
     Ok(Run {
@@ -357,6 +381,14 @@ pub fn load_run(dir: &Path) -> Result<Run, Error> {
     })
 }
 
+/// A number at the top of the run's `env.json`.
+fn env_u64(dir: &Path, key: &str) -> Option<u64> {
+    crate::metrics::read_text(dir.join("env.json"))
+        .ok()
+        .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
+        .and_then(|e| e.get(key).and_then(|n| n.as_u64()))
+}
+
 /// [`Run::recipe`] of the run in `dir`.
 fn what_ran(dir: &Path) -> Vec<(String, String)> {
     let Some(mut recipe) = crate::metrics::read_text(dir.join("recipe.toml"))
@@ -365,7 +397,15 @@ fn what_ran(dir: &Path) -> Vec<(String, String)> {
     else {
         return vec![];
     };
+    // Where and what it logs changes nothing that runs, but how often it reads the
+    // losses back does: on a GPU the step that reads waits for the steps queued before it.
+    let every = recipe.get("log").and_then(|l| l.get("every")).cloned();
     recipe.remove("log");
+    if let Some(every) = every {
+        let mut log = toml::Table::new();
+        log.insert("every".into(), every);
+        recipe.insert("log".into(), toml::Value::Table(log));
+    }
     recipe.remove("description");
     // How the job is submitted, not what it runs: a grid resubmitted with more time was
     // split into rows (a cell's id leaves `[slurm]` out too).
@@ -750,6 +790,23 @@ fn labelled(row: &Row, name: &str) -> bool {
 /// What `--baseline NAME` left to chance: where NAME is no row's whole label but the name of
 /// several rows' recipe, the note says which row was taken and how to name another.
 pub fn baseline_note(rows: &[Row], name: &str) -> Option<String> {
+    // A baseline without a timed run compares with nothing: every ratio is `-`.
+    if let Some(b) = rows.iter().find(|r| r.is_baseline && r.timed == 0) {
+        let timed: Vec<String> = rows
+            .iter()
+            .filter(|r| r.timed > 0)
+            .take(3)
+            .map(|r| format!("--baseline {}", crate::slurm::shell_word(&r.recipe)))
+            .collect();
+        return Some(format!(
+            "note: --baseline {name}: `{}` has no timed step (its runs ended within run.warmup_steps), so no row is compared with it\n  = help: {}",
+            b.recipe,
+            match timed.is_empty() {
+                true => "no row has a timed step: run longer than run.warmup_steps".to_string(),
+                false => format!("name a row with timed runs: {}", timed.join(", ")),
+            }
+        ));
+    }
     if rows.iter().any(|r| r.recipe == name) {
         return None;
     }
@@ -1183,7 +1240,7 @@ pub fn render(rows: &[Row], format: Format) -> String {
          steps take another number of samples (batch × accumulation) is compared per sample \
          (x/sample: the baseline's samples/s over the row's). p95 ms, samples/s, data wait % and \
          cleanup %: means over the timed runs; GPU/CPU util % and test acc %: means over the runs \
-         (CPU util: of all the machine's cores); memory: the largest over the runs.\n",
+         (CPU util: of the cores the run could use); memory: the largest over the runs.\n",
     );
     out
 }

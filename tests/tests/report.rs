@@ -59,6 +59,83 @@ fn report_recomputes_the_table_from_metrics_files() {
     );
 }
 
+/// Runs that read their losses back at another interval (`log.every`: on a GPU the step
+/// that reads waits for those queued before it) are rows of their own, not repeats; a path
+/// given that holds no run is refused beside one that does (it was left out in silence);
+/// a named baseline without a timed step is said (every ratio read `-`, in silence).
+#[test]
+fn report_refuses_a_path_without_runs_and_tells_log_intervals_apart() {
+    let dir = tempdir("report-paths");
+    for (name, extra) in [("a", "every = 2\n"), ("b", ""), ("c", ""), ("d", "")] {
+        let recipe = tiny_recipe(&dir, name, extra);
+        let text = std::fs::read_to_string(&recipe)
+            .unwrap()
+            .replace(&format!("name = \"{name}\""), "name = \"same\"")
+            .replace(
+                "warmup_steps = 1",
+                match name {
+                    "c" => "warmup_steps = 9",
+                    _ => "warmup_steps = 1",
+                },
+            );
+        std::fs::write(&recipe, text).unwrap();
+        expect_exit(&runner_cmd().arg(&recipe).arg("-q").output().unwrap(), 0);
+    }
+    let out = csv_report([dir.join("runs")]);
+    expect_exit(&out, 0);
+    let table = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        table.contains("same [log.every=2]")
+            && table.contains("same,2,2,")
+            && table.lines().count() == 4,
+        "{table}"
+    );
+    // On fewer cores (`taskset`, a cgroup's quota) the same recipe is another row.
+    let runs: Vec<PathBuf> = std::fs::read_dir(dir.join("runs/same"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    let last = runs.iter().max().unwrap();
+    let mut env = json(&last.join("env.json"));
+    env["cpus"] = serde_json::json!(99);
+    std::fs::write(last.join("env.json"), env.to_string()).unwrap();
+    let table = String::from_utf8_lossy(&csv_report([dir.join("runs")]).stdout).into_owned();
+    assert!(
+        table.contains("cpus=99") && table.lines().count() == 5,
+        "{table}"
+    );
+    std::fs::remove_dir_all(last).unwrap();
+    let empty = dir.join("empty");
+    std::fs::create_dir(&empty).unwrap();
+    let out = csv_report([dir.join("runs"), empty.clone(), dir.join("a.toml")]);
+    expect_exit(&out, 2);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains(&format!("{} holds no run directory", empty.display()))
+            && stderr.contains("a.toml is a file, not a run directory"),
+        "{stderr}"
+    );
+    let untimed = table
+        .lines()
+        .find(|l| l.contains("warmup_steps=9"))
+        .and_then(|l| l.split(',').next())
+        .unwrap_or_else(|| panic!("{table}"))
+        .trim_matches('"')
+        .to_string();
+    let out = runner_cmd()
+        .args(["report", "--baseline", &untimed])
+        .arg(dir.join("runs"))
+        .output()
+        .unwrap();
+    expect_exit(&out, 0);
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("has no timed step"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// Step times near f64's largest (a hand-edited or damaged metrics.jsonl) made the plot's
 /// axis infinite, and `report --plot` looked for its ticks for good, at 100% of a core.
 #[test]
