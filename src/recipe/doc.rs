@@ -232,6 +232,25 @@ impl Doc {
         for arg in sets {
             let text = arg.clone();
             let name = PathBuf::from("--set");
+            // `~KEY=VALUE`: a removal takes no value (it was read as the key `~optim`).
+            if let Some((k, v)) = arg.strip_prefix('~').and_then(|r| r.split_once('=')) {
+                sources.push(SourceFile {
+                    name: name.clone(),
+                    text: text.clone(),
+                    dir: PathBuf::from("."),
+                });
+                self.sources = Arc::new(sources.clone());
+                let k = k.trim();
+                report.push(
+                    Diagnostic::error(&name, "`~KEY` removes a key and takes no value")
+                        .at(&text, 0..text.len())
+                        .help(format!(
+                            "to remove it: --set '~{k}'; to set it: --set '{k}={}'",
+                            v.trim()
+                        )),
+                );
+                continue;
+            }
             // `~KEY` removes a key the recipe (or a file it extends) sets, as Hydra's `~`.
             if let Some(rest) = arg.strip_prefix('~').filter(|_| !arg.contains('=')) {
                 sources.push(SourceFile {
@@ -366,10 +385,18 @@ impl Doc {
                 if raw.starts_with(['"', '\'']) || (raw.starts_with(['[', '{']) && !free_text) {
                     let what = e.message().trim_end_matches('\n').replace('\n', "; ");
                     let shown = super::diag::shorten(raw, 60);
+                    // `[trim_host]`: words in an array are strings, which TOML quotes.
+                    let help = match quoted_words(raw) {
+                        Some(fixed) => format!("the words in it are strings, which TOML quotes: --set '{key}={fixed}'"),
+                        None => "close the array, table or string; a string with no quotes in it may go unquoted: --set name=my-run, or in single quotes for the shell: --set 'name=\"my run\"'".into(),
+                    };
                     report.push(
-                        Diagnostic::error(&name, format!("{key}: {shown} is not a TOML value: {what}"))
-                            .at(&text, at..text.len())
-                            .help("close the array, table or string; a string with no quotes in it may go unquoted: --set name=my-run, or in single quotes for the shell: --set 'name=\"my run\"'"),
+                        Diagnostic::error(
+                            &name,
+                            format!("{key}: {shown} is not a TOML value: {what}"),
+                        )
+                        .at(&text, at..text.len())
+                        .help(help),
                     );
                     continue;
                 }
@@ -858,6 +885,38 @@ fn index_spans(t: &DeTable<'_>, prefix: &str, source: usize, out: &mut BTreeMap<
             },
         );
     }
+}
+
+/// An array of bare words (`[trim_host, sync]`) with each word quoted, where that makes it
+/// a TOML array: what an unquoted list of strings was meant to be.
+fn quoted_words(raw: &str) -> Option<String> {
+    let inner = raw.trim().strip_prefix('[')?.strip_suffix(']')?;
+    let bare = |w: &str| {
+        w.starts_with(|c: char| c.is_ascii_alphabetic() || c == '_')
+            && !matches!(w, "true" | "false" | "inf" | "nan")
+            && w.chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'))
+    };
+    let words: Vec<&str> = inner
+        .split(',')
+        .map(str::trim)
+        .filter(|w| !w.is_empty())
+        .collect();
+    if !words.iter().any(|w| bare(w)) {
+        return None;
+    }
+    let fixed = words
+        .iter()
+        .map(|w| match bare(w) {
+            true => format!("\"{w}\""),
+            false => w.to_string(),
+        })
+        .collect::<Vec<_>>()
+        .join(", ");
+    let fixed = format!("[{fixed}]");
+    toml::from_str::<toml::Table>(&format!("v = {fixed}"))
+        .is_ok()
+        .then_some(fixed)
 }
 
 #[cfg(test)]

@@ -82,10 +82,21 @@ impl Loaded {
     /// Whether the key's value came from `--set` (its paths are then relative to the
     /// working directory, not to a recipe file).
     pub fn set_on_command_line(&self, key: &str) -> bool {
-        self.doc
-            .origins
-            .get(key)
-            .is_some_and(|o| self.doc.source(o).name == Path::new("--set"))
+        let from_set = |o: &Origin| self.doc.source(o).name == Path::new("--set");
+        match self.doc.origins.get(key) {
+            Some(o) => from_set(o),
+            // A table that only --set keys below it made (`--set data.normalize.on=device`).
+            None => {
+                let below = format!("{key}.");
+                let mut keys = self
+                    .doc
+                    .origins
+                    .iter()
+                    .filter(|(k, _)| k.starts_with(&below))
+                    .peekable();
+                keys.peek().is_some() && keys.all(|(_, o)| from_set(o))
+            }
+        }
     }
 
     /// The directory a relative path in `key` is resolved against: that of the file that
@@ -618,6 +629,14 @@ fn value_help(msg: &str) -> Option<String> {
                 _ => "write a whole number, e.g. 4".into(),
             });
         }
+    }
+    // A number, a boolean, `nan` or `inf` where text goes (`--set name=nan`).
+    if msg.starts_with("invalid type: ")
+        && msg.ends_with("expected a string")
+        && !msg.starts_with("invalid type: sequence")
+        && !msg.starts_with("invalid type: map")
+    {
+        return Some("write it in quotes: unquoted, TOML reads numbers, true, false, nan and inf as other types than text (on the command line, in single quotes for the shell: --set 'name=\"nan\"')".into());
     }
     // One value where a list goes.
     if msg.starts_with("invalid type: ")

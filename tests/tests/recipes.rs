@@ -553,6 +553,19 @@ fn a_non_utf8_recipe_and_a_multi_key_set_are_refused_with_where() {
         &["--set", "loader.workers=04"],
         "help: write 4: TOML integers have no leading zeros",
     );
+    // Text that TOML reads as another type, a removal given a value, words in an array:
+    // each with the --set to write (none had one, or a wrong one).
+    refused(&recipe, &["--set", "name=nan"], "help: write it in quotes");
+    refused(
+        &recipe,
+        &["--set", "~optim.lr=3"],
+        "help: to remove it: --set '~optim.lr'; to set it: --set 'optim.lr=3'",
+    );
+    refused(
+        &recipe,
+        &["--set", "cleanup.actions=[trim_host, sync]"],
+        r#"--set 'cleanup.actions=["trim_host", "sync"]'"#,
+    );
 }
 
 #[test]
