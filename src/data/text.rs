@@ -47,6 +47,12 @@ pub struct Scan {
     /// many a `max_length` cuts, of the first `data.limit`.
     pub word_lengths: Vec<u32>,
     pub byte_lengths: Vec<u32>,
+    /// The most times one word occurs in the file: a `min_freq` above it keeps no word.
+    pub top_word_count: usize,
+    /// The texts (0-based, in file order) with no word (empty, or only white space) and
+    /// with no byte (empty): each is one unknown token to its tokenizer.
+    pub no_words: Vec<usize>,
+    pub no_bytes: Vec<usize>,
 }
 
 impl Scan {
@@ -113,11 +119,12 @@ pub fn scan_jsonl(
         return Ok(scan);
     }
     let rows = read_jsonl(path, text_field, label_field, classes, usize::MAX)?;
-    let mut seen_words = std::collections::HashSet::new();
+    let mut seen_words: std::collections::HashMap<String, usize> = std::collections::HashMap::new();
     let (mut longest_words, mut longest_bytes) = (1, 1);
     let mut word_lengths = Vec::with_capacity(rows.len());
     let mut byte_lengths = Vec::with_capacity(rows.len());
-    for (text, _) in &rows {
+    let (mut no_words, mut no_bytes) = (vec![], vec![]);
+    for (row, (text, _)) in rows.iter().enumerate() {
         let lower;
         let t = if lowercase {
             lower = text.to_lowercase();
@@ -129,9 +136,18 @@ pub fn scan_jsonl(
         let mut n = 0;
         for w in words(t) {
             n += 1;
-            if !seen_words.contains(w) {
-                seen_words.insert(w.to_string());
+            match seen_words.get_mut(w) {
+                Some(k) => *k += 1,
+                None => {
+                    seen_words.insert(w.to_string(), 1);
+                }
             }
+        }
+        if n == 0 {
+            no_words.push(row);
+        }
+        if t.is_empty() {
+            no_bytes.push(row);
         }
         longest_words = longest_words.max(n);
         // An empty text is one (unknown) token.
@@ -146,6 +162,9 @@ pub fn scan_jsonl(
         distinct_words: seen_words.len(),
         word_lengths,
         byte_lengths,
+        top_word_count: seen_words.values().copied().max().unwrap_or(0),
+        no_words,
+        no_bytes,
     };
     SEEN.lock()
         .unwrap_or_else(|p| p.into_inner())

@@ -308,7 +308,14 @@ impl<'a> Validator<'a> {
             self.same_classes(names.as_deref(), test, crate::data::text::class_names);
         }
         let named = names.as_ref().map(|n| n.len());
-        let limit = self.recipe().model.num_classes.or(named);
+        // A count too small for a classifier is said at its key (model.num_classes), not
+        // as every line's label out of range.
+        let limit = self
+            .recipe()
+            .model
+            .num_classes
+            .filter(|&n| n >= 2)
+            .or(named);
         let mut max_label = 0;
         let mut train_max = 0;
         let mut distinct = std::collections::BTreeSet::new();
@@ -331,6 +338,10 @@ impl<'a> Validator<'a> {
             match crate::data::text::scan_jsonl(path, &tf, &lf, limit, tokenizer.lowercase) {
                 Ok(scan) => {
                     counts[i] = scan.rows;
+                    self.texts_without_tokens(key, path, &scan, tokenizer.kind);
+                    if i == 0 {
+                        self.vocabulary_left(&scan, &tokenizer);
+                    }
                     seen.longest = seen.longest.max(match tokenizer.kind {
                         crate::recipe::TokenizerKind::Word => scan.longest_words,
                         crate::recipe::TokenizerKind::Byte => scan.longest_bytes,
@@ -402,10 +413,16 @@ impl<'a> Validator<'a> {
             _ => {}
         }
         if named.is_none() && classes > 10 && distinct.len() * 2 < classes {
+            // The file the largest label is in; the labels counted are both files'.
+            let (key, files) = match (max_label > train_max, test.is_some()) {
+                (true, _) => ("data.test", "the training and test files"),
+                (false, true) => ("data.train", "the training and test files"),
+                (false, false) => ("data.train", "the training file"),
+            };
             self.warn(
-                "data.train",
+                key,
                 format!(
-                    "labels run up to {max_label}, so the model gets {classes} classes, but only {} distinct labels occur",
+                    "labels run up to {max_label}, so the model gets {classes} classes, but only {} distinct labels occur in {files}",
                     distinct.len()
                 ),
                 "a stray label makes every other class empty: check the data, or name the classes in labels.txt beside the file",
@@ -702,6 +719,68 @@ impl<'a> Validator<'a> {
         }
     }
 
+    /// Texts with nothing for the tokenizer (empty, or white space only to the word
+    /// tokenizer): each is one unknown token, all alike to the model. Said, with how many
+    /// (they trained, or were scored, without a word).
+    fn texts_without_tokens(
+        &mut self,
+        key: &str,
+        path: &Path,
+        scan: &crate::data::text::Scan,
+        kind: crate::recipe::TokenizerKind,
+    ) {
+        let (none, what) = match kind {
+            crate::recipe::TokenizerKind::Word => {
+                (&scan.no_words, "no word (empty, or only white space)")
+            }
+            crate::recipe::TokenizerKind::Byte => (&scan.no_bytes, "no byte (empty)"),
+        };
+        let Some(&first) = none.first() else { return };
+        let file = crate::recipe::lexical(path);
+        let message = if none.len() == scan.rows {
+            format!("every text of {} has {what}", file.display())
+        } else {
+            format!(
+                "{} of the {} texts of {} have {what}, the first being text {} (blank lines not counted)",
+                none.len(),
+                scan.rows,
+                file.display(),
+                first + 1
+            )
+        };
+        self.warn(
+            key,
+            format!("{message}: each is one unknown token, so the model tells none of them apart"),
+            "check data.text_field, or leave such lines out of the file",
+        );
+    }
+
+    /// A `min_freq` above every training word's count keeps no word: every text is then
+    /// unknown tokens, and the run trained on nothing, in silence.
+    fn vocabulary_left(
+        &mut self,
+        scan: &crate::data::text::Scan,
+        t: &crate::recipe::TokenizerSection,
+    ) {
+        if t.kind == crate::recipe::TokenizerKind::Word
+            && scan.top_word_count > 0
+            && t.min_freq > scan.top_word_count
+        {
+            self.warn(
+                "data.tokenizer.min_freq",
+                format!(
+                    "{} is more than any training word occurs (the most frequent, {}): the vocabulary holds no word, and every text is unknown tokens",
+                    t.min_freq,
+                    match scan.top_word_count {
+                        1 => "once".to_string(),
+                        n => format!("{n} times"),
+                    }
+                ),
+                format!("use at most {} (1 or 2 is usual)", scan.top_word_count),
+            );
+        }
+    }
+
     /// The text plan: fields, tokenizer and padding.
     fn text_plan(&mut self, seen: TextSeen) -> TextPlan {
         let r = self.recipe();
@@ -766,6 +845,26 @@ impl<'a> Validator<'a> {
                 format!("{} would need an embedding table that large", p.pad_id),
                 "use a small id; 0 is usual",
             );
+        } else {
+            // Past the vocabulary's ids the embedding table grows to hold it, the rows
+            // between unused (1,000,000 made a 4,611-parameter model one of 64 million,
+            // and its steps 4,000 times slower).
+            let ids = match t.kind {
+                crate::recipe::TokenizerKind::Word => t.max_vocab.min(seen.words) + 2,
+                crate::recipe::TokenizerKind::Byte => 258,
+            };
+            let pad = p.pad_id as usize;
+            if pad > ids {
+                self.warn(
+                    "padding.pad_id",
+                    format!(
+                        "{pad} is past the vocabulary's {ids} ids: the embedding table grows to {} rows to hold it, {} of them never used",
+                        pad + 1,
+                        pad - ids
+                    ),
+                    "use 0 (the usual): the tokenizer leaves the padding id free wherever it is",
+                );
+            }
         }
         TextPlan {
             text_field: r.data.text_field.clone().unwrap_or("text".into()),

@@ -173,7 +173,10 @@ impl<'a> Validator<'a> {
         } else if num_classes < 2 {
             self.err(
                 "model.num_classes",
-                format!("{num_classes} class: too few"),
+                format!(
+                    "{num_classes} class{}: too few",
+                    if num_classes == 1 { "" } else { "es" }
+                ),
                 "a classifier needs at least 2",
             );
         } else if num_classes < data.classes {

@@ -217,6 +217,14 @@ fn text_recipes_are_checked_like_any_other() {
         expect_exit(&out, 2);
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert!(stderr.contains(want), "{set}: {stderr}");
+        // The user's own --set made the table: the help says to leave it out, not to
+        // remove it with '~' (which would take back that --set).
+        if want.contains("only applies") {
+            assert!(
+                stderr.contains("help: leave this --set out"),
+                "{set}: {stderr}"
+            );
+        }
     }
     // An out-of-range width is one error, not also one for the ff_dim it defaults.
     let out = runner_cmd()
@@ -462,6 +470,56 @@ fn one_class_or_one_based_labels_are_warned() {
             _ => assert!(stderr.contains(want), "{stderr}"),
         }
     }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// What would train on nothing, in silence, is warned: texts with no word (each one
+/// unknown token, all alike to the model), a `min_freq` no word reaches (no vocabulary), a
+/// `pad_id` past the vocabulary (an embedding table of a million unused rows); a stray
+/// label is blamed on the file it is in; `num_classes = 0` is said at its key (every line's
+/// label was called out of range).
+#[test]
+fn text_that_would_train_on_nothing_is_warned() {
+    let dir = tempdir("text-nothing");
+    let train = dir.join("train.jsonl");
+    std::fs::write(
+        &train,
+        "{\"text\": \"\", \"label\": 0}\n{\"text\": \"a good film\", \"label\": 1}\n{\"text\": \" \", \"label\": 0}\n{\"text\": \"a bad one\", \"label\": 1}\n",
+    )
+    .unwrap();
+    let test = dir.join("test.jsonl");
+    std::fs::write(&test, "{\"text\": \"a film\", \"label\": 40}\n").unwrap();
+    let validate = |sets: &[&str]| {
+        let mut cmd = runner_cmd();
+        cmd.args(["validate", "recipes/text/rotten_tomatoes.toml", "--set"])
+            .arg(format!("data.train=\"{}\"", train.display()))
+            .arg("--set")
+            .arg(format!("data.test=\"{}\"", test.display()));
+        for s in sets {
+            cmd.args(["--set", s]);
+        }
+        cmd.output().unwrap()
+    };
+    let out = validate(&["data.tokenizer.min_freq=3", "padding.pad_id=100000"]);
+    expect_exit(&out, 0);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    for want in [
+        "data.train: 2 of the 4 texts of",
+        "have no word (empty, or only white space), the first being text 1",
+        "data.tokenizer.min_freq: 3 is more than any training word occurs (the most frequent, 2 times)",
+        "padding.pad_id: 100000 is past the vocabulary's 7 ids",
+        "data.test: labels run up to 40, so the model gets 41 classes, but only 3 distinct labels occur in the training and test files",
+    ] {
+        assert!(stderr.contains(want), "{want}\n{stderr}");
+    }
+    let out = validate(&["model.num_classes=0"]);
+    expect_exit(&out, 2);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("model.num_classes: 0 classes: too few")
+            && !stderr.contains("out of range"),
+        "{stderr}"
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }
 
