@@ -83,6 +83,12 @@ pub struct StepRecord {
     pub micro_batches: usize,
     /// Inside the `[profile] steps` window: every phase below ended with a device sync.
     pub synced: bool,
+    /// Among the first `run.warmup_steps` steps of a resumed process (its kernels loaded
+    /// or compiled again, its caches cold): left out of the timing, as the run's own first
+    /// steps are. (A resume's first steps were timed: 40 ms among steps of 20 on the CPU,
+    /// seconds of compiling on a GPU.)
+    #[serde(default)]
+    pub rewarm: bool,
     /// Whole step: from asking for its first batch to the end of its logging.
     pub iter_ms: f64,
     /// Waiting for the loader (or, with no workers, building the batch).
@@ -493,7 +499,10 @@ impl Summary {
             .iter()
             .fold(0u64, |a, r| a.saturating_add(r.samples as u64));
         self.final_loss = records.last().map(|r| r.loss);
-        let after: Vec<&StepRecord> = records.iter().filter(|r| r.step > warmup_steps).collect();
+        let after: Vec<&StepRecord> = records
+            .iter()
+            .filter(|r| r.step > warmup_steps && !r.rewarm)
+            .collect();
         let unsynced: Vec<&StepRecord> = after.iter().copied().filter(|r| !r.synced).collect();
         let timed = if unsynced.is_empty() { after } else { unsynced };
         let iters: Vec<f64> = timed.iter().map(|r| r.iter_ms).collect();

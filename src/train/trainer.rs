@@ -295,6 +295,7 @@ impl<'a, B: TrainBackend> Trainer<'a, B> {
             lr: self.schedule.at(self.step),
             micro_batches: group,
             synced,
+            rewarm: self.first_step > 1 && self.step + 1 < self.first_step + plan.run.warmup_steps,
             ..Default::default()
         };
         let acc = self.micro_batches(batches, group, &mut rec);

@@ -178,6 +178,12 @@ fn a_resumed_run_ends_bitwise_where_the_uninterrupted_one_does() {
         expect_exit(&out, 0);
         let s = summary(&run);
         assert_eq!((s.status, s.resumes), (RunStatus::Completed, 1));
+        // The resume's first step (run.warmup_steps = 1) is a warm-up of its own, left out
+        // of the timing as the run's first step is.
+        let lines = records(&run);
+        let rewarmed: Vec<u64> = lines.iter().filter(|r| r.rewarm).map(|r| r.step).collect();
+        assert_eq!(rewarmed, [state.step + 1]);
+        assert_eq!(s.iter_ms.count as u64, s.steps - 2);
         // env.json stays the start's (its command, its time), the resume in `resumes`.
         let env = json(&run.join("env.json"));
         assert_eq!(env["command"][1], recipe.display().to_string(), "{env}");
