@@ -61,6 +61,12 @@ enum Command {
         /// GPU memory.
         #[arg(short, long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..))]
         jobs: u16,
+        /// Grids: warm only if the grid is still the one with this id (its sweep
+        /// directory's name), as `run --grid`: the warm-up job `sweep --slurm` writes is
+        /// given it, so that after the recipe is edited it refuses rather than warm cells
+        /// the array will not run.
+        #[arg(long, value_name = "ID")]
+        grid: Option<String>,
     },
     /// Continue an interrupted run in its own directory from its latest checkpoint: the
     /// same batches the uninterrupted run would have seen, metrics without a gap.
@@ -206,7 +212,12 @@ fn main() -> ExitCode {
         Some(Command::Sweep(args)) if args.slurm => slurm(&args),
         Some(Command::Sweep(args)) => run_all(&args.run),
         Some(Command::Validate(args)) => printed(validate(&args)),
-        Some(Command::Warmup { check, quiet, jobs }) => warmup(&check, quiet, jobs.into()),
+        Some(Command::Warmup {
+            check,
+            quiet,
+            jobs,
+            grid,
+        }) => warmup(&check, quiet, jobs.into(), grid.as_deref()),
         Some(Command::Resume { run_dir, quiet }) => resume(&run_dir, quiet),
         Some(Command::Eval {
             run_dir,

@@ -94,6 +94,8 @@ pub fn write(
             "warmup".into(),
             "--jobs".into(),
             jobs,
+            "--grid".into(),
+            crate::sweep::grid_id(&c.cells),
             recipe_abs,
         ]);
         let text = warmup_script(slurm, &job, &logs, &workdir, &command);

@@ -718,7 +718,7 @@ struct WarmupTask {
     part: (usize, usize),
 }
 
-pub(crate) fn warmup(args: &CheckArgs, quiet: bool, jobs: usize) -> ExitCode {
+pub(crate) fn warmup(args: &CheckArgs, quiet: bool, jobs: usize, grid: Option<&str>) -> ExitCode {
     let machine = runner::backend::probe();
     // A process `warmup` started: the recipes' warnings were said by the one that started
     // it (each of `--jobs N` said them again).
@@ -729,6 +729,10 @@ pub(crate) fn warmup(args: &CheckArgs, quiet: bool, jobs: usize) -> ExitCode {
     else {
         return ExitCode::from(2);
     };
+    if let Some(e) = checked.iter().find_map(|c| other_grid(c, grid)) {
+        runner::errln!("{e}");
+        return ExitCode::from(2);
+    }
     let plans: Vec<&Plan> = checked.iter().flat_map(|c| &c.plans).collect();
     // What CubeCL takes once per process: one process for each setting the plans ask for
     // (cells warmed under another cell's level or into its cache directory would compile
@@ -965,7 +969,7 @@ fn other_grid(c: &sweep::Checked, want: Option<&str>) -> Option<String> {
     let now = sweep::grid_id(&c.cells);
     let want = want.filter(|w| *w != now)?;
     Some(format!(
-        "error: {}: the grid is not the one this command was written for (grid {want}; it is grid {now} now: the recipe, a file it extends or a --set changed its cells since), so no cell is run\n  = help: a Slurm array: write it again with `runner sweep --slurm {}` (with the same --set) and submit that; the cells already done are kept",
+        "error: {}: the grid is not the one this command was written for (grid {want}; it is grid {now} now: the recipe, a file it extends or a --set changed its cells since), so no cell is run or warmed\n  = help: a Slurm array: write it again with `runner sweep --slurm {}` (with the same --set) and submit that; the cells already done are kept",
         c.path.display(),
         c.path.display()
     ))

@@ -431,7 +431,10 @@ fn a_gpu_grid_gets_a_warmup_job_and_its_array_starts_after_it() {
             && warmup.contains("#SBATCH --ntasks=1")
             && warmup.contains("#SBATCH --cpus-per-task=4\n")
             && !warmup.contains("--array")
-            && warmup.contains(" warmup --jobs 4 ")
+            && warmup.contains(&format!(
+                " warmup --jobs 4 --grid {} ",
+                sweep.file_name().unwrap().to_string_lossy()
+            ))
             && warmup.contains("tiny_grid.toml --set ")
             && warmup.contains(" --set slurm.gpus_per_task=1"),
         "{warmup}"
