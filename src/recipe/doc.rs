@@ -590,10 +590,27 @@ fn load_chain(
         return None;
     }
     // `..` after a folder that is a symbolic link leaves the link's target, as the OS has
-    // it: where folding it away finds no file, the path is taken as written.
-    let parent_path = match super::lexical(&dir.join(parent)) {
-        p if !p.exists() && dir.join(parent).exists() => dir.join(parent),
-        p => p,
+    // it (and as data paths are opened): the path folded (`a/b/../c` as `a/c`, for
+    // messages) only where it is the same file; else as written. (Folded first, a base
+    // file beside the link was read where the OS opens the one beside its target.)
+    // `~/` is this user's home, as in the recipe's other paths.
+    let raw = match super::home_path(parent) {
+        Ok(p) => dir.join(p),
+        Err(e) => {
+            report.push(
+                Diagnostic::error(path, e)
+                    .key("extends")
+                    .at(&text, here("extends").0),
+            );
+            return None;
+        }
+    };
+    let folded = super::lexical(&raw);
+    let same_file = |a: &Path, b: &Path| matches!((std::fs::canonicalize(a), std::fs::canonicalize(b)), (Ok(x), Ok(y)) if x == y);
+    let parent_path = match raw.exists() {
+        true if same_file(&raw, &folded) => folded,
+        true => raw,
+        false => folded,
     };
     let canonical = std::fs::canonicalize(&parent_path).unwrap_or_else(|_| parent_path.clone());
     let me_canonical = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf());

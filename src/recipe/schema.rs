@@ -1330,14 +1330,64 @@ pub fn json_schema() -> serde_json::Value {
             "description": "Path of a recipe this one builds on, relative to this file; its tables are merged under this file's."
         }),
     );
-    props.insert(
-        "sweep".into(),
-        serde_json::json!({
-            "type": "object",
-            "description": "A grid: dotted recipe keys mapped to lists of values; the cartesian product runs, the last key varying fastest.",
-            "additionalProperties": { "type": "array", "minItems": 1 }
-        }),
-    );
+    let mut sweep = sweep_node("");
+    sweep["description"] = "A grid: recipe keys mapped to lists of values, written quoted (\"loader.workers\" = [0, 2]), dotted or as tables ([sweep.loader] workers = [0, 2]); the cartesian product runs, the last key varying fastest. `name`, `description` and [slurm] cannot be swept.".into();
+    props.insert("sweep".into(), sweep);
     schema["title"] = "runner recipe".into();
     schema
+}
+
+/// The keys a grid may sweep: every leaf of the format but those of the grid as a whole
+/// (`name`, `description`, `[slurm]`).
+fn sweepable() -> Vec<String> {
+    let tables = tables();
+    let mut out = vec![];
+    for (t, fields) in &tables {
+        for f in *fields {
+            let k = if t.is_empty() {
+                f.to_string()
+            } else {
+                format!("{t}.{f}")
+            };
+            let whole_grid = matches!(k.as_str(), "name" | "description" | "extends" | "sweep")
+                || k.starts_with("slurm.")
+                || k == "slurm";
+            if !whole_grid && !tables.iter().any(|(p, _)| *p == k) {
+                out.push(k);
+            }
+        }
+    }
+    out
+}
+
+/// The schema of `[sweep]` at the table `prefix` (`""` for `[sweep]` itself): each key
+/// below it, however much of it is written dotted, maps to a list of values; each table
+/// below it, written as a table, is a node of its own. Nothing else is allowed (a typo in
+/// a swept key was accepted, and the dotted and table forms refused).
+fn sweep_node(prefix: &str) -> serde_json::Value {
+    let below = |k: &str| match prefix {
+        "" => Some(k.to_string()),
+        p => k.strip_prefix(&format!("{p}.")).map(str::to_string),
+    };
+    let mut props = serde_json::Map::new();
+    let mut children = std::collections::BTreeSet::new();
+    for k in sweepable() {
+        let Some(rest) = below(&k) else { continue };
+        if let Some((child, _)) = rest.split_once('.') {
+            children.insert(child.to_string());
+        }
+        props.insert(rest, serde_json::json!({ "type": "array", "minItems": 1 }));
+    }
+    for child in children {
+        let path = match prefix {
+            "" => child.clone(),
+            p => format!("{p}.{child}"),
+        };
+        props.insert(child, sweep_node(&path));
+    }
+    serde_json::json!({
+        "type": "object",
+        "properties": props,
+        "additionalProperties": false
+    })
 }

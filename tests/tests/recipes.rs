@@ -329,6 +329,29 @@ fn extends_chains_merge_by_table_and_refuse_cycles() {
         .unwrap_err()
         .to_string();
     assert!(e.contains("cannot read recipe"), "{e}");
+    // In a folder that is a symbolic link, `..` leaves the link's target, as the OS opens
+    // it (and the recipe's data paths): with a base file beside the link too, that one was
+    // read, and one recipe file made two recipes.
+    let elsewhere = dir.join("elsewhere");
+    std::fs::create_dir_all(elsewhere.join("shared")).unwrap();
+    std::fs::write(
+        elsewhere.join("a.toml"),
+        format!(
+            "extends = {:?}\nseed = 7\n",
+            dir.join("a.toml").display().to_string()
+        ),
+    )
+    .unwrap();
+    std::fs::write(elsewhere.join("shared/e.toml"), "extends = \"../a.toml\"\n").unwrap();
+    std::os::unix::fs::symlink(elsewhere.join("shared"), dir.join("linked")).unwrap();
+    for path in [dir.join("linked/e.toml"), elsewhere.join("shared/e.toml")] {
+        assert_eq!(
+            recipe::load(&path).unwrap().recipe.seed,
+            7,
+            "{}",
+            path.display()
+        );
+    }
 }
 
 #[test]
@@ -404,6 +427,38 @@ fn the_schema_accepts_every_shipped_recipe_and_rejects_a_wrong_one() {
             !validator.is_valid(&v),
             "the schema accepts tests/fixtures/invalid/{bad}.toml"
         );
+    }
+    // A grid's axes as the runner reads them: quoted, dotted, as tables, or mixed; a typo
+    // in a swept key, and a key swept for the whole grid, as the runner refuses them (the
+    // schema took any key, and refused the dotted and table forms).
+    let grid = |sweep: &str| -> serde_json::Value {
+        let t: toml::Table = toml::from_str(&format!(
+            "[model]\narch = \"mlp\"\n[data]\nformat = \"synthetic\"\n{sweep}"
+        ))
+        .unwrap();
+        serde_json::to_value(t).unwrap()
+    };
+    for ok in [
+        "[sweep]\n\"loader.workers\" = [0, 2]\n",
+        "[sweep]\nloader.workers = [0, 2]\n",
+        "[sweep.loader]\nworkers = [0, 2]\n",
+        "[sweep.data]\n\"normalize.on\" = [\"host\", \"device\"]\n",
+        "[sweep]\ndata.normalize.on = [\"host\"]\nseed = [1, 2]\n",
+    ] {
+        let errors: Vec<String> = validator
+            .iter_errors(&grid(ok))
+            .map(|e| e.to_string())
+            .collect();
+        assert!(errors.is_empty(), "{ok}: {errors:?}");
+    }
+    for bad in [
+        "[sweep]\n\"loader.wokers\" = [0, 2]\n",
+        "[sweep.loader]\nwokers = [0, 2]\n",
+        "[sweep]\nname = [\"a\", \"b\"]\n",
+        "[sweep]\n\"slurm.time\" = [\"1:00:00\"]\n",
+        "[sweep]\n\"loader.workers\" = 2\n",
+    ] {
+        assert!(!validator.is_valid(&grid(bad)), "the schema accepts {bad}");
     }
     // A value out of one key's range is refused by the schema as by the runner, so an
     // editor marks it (the schema took each of these, which validation refuses).
