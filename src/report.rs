@@ -136,6 +136,9 @@ pub fn find_runs_said(paths: &[PathBuf]) -> Result<(Vec<PathBuf>, Vec<Excluded>)
     for p in paths {
         let mut found = vec![];
         let again_before = again.len();
+        // Walked already under a path given before (`runs runs/quickstart`): its runs are
+        // counted there.
+        let covered = walked.contains_key(&canonical(p));
         let mut cells: Vec<(PathBuf, usize, PathBuf)> = vec![];
         if !p.exists() {
             return Err(Error::Input(format!("error: {} does not exist\n  = help: give run directories or folders holding them, e.g. runs/", p.display())));
@@ -220,7 +223,7 @@ pub fn find_runs_said(paths: &[PathBuf]) -> Result<(Vec<PathBuf>, Vec<Excluded>)
                 .unwrap_or((usize::MAX, usize::MAX))
         };
         found.sort_by_cached_key(|d| (place(d), d.clone()));
-        if found.is_empty() && again.len() == again_before {
+        if found.is_empty() && again.len() == again_before && !covered {
             empty.push(p);
         }
         out.extend(found);

@@ -134,14 +134,20 @@ pub(crate) fn ls() -> ExitCode {
         Some(d) => {
             let mut files = vec![];
             let mut stack = vec![d.clone()];
+            // Each folder once, by where it really is: a linked folder is followed (a
+            // team's recipes linked in, which run and validate took, were not listed), a
+            // link back up (`up -> ..`, which listed the tree 800 times over) is not.
+            let mut seen = std::collections::HashSet::new();
             while let Some(x) = stack.pop() {
+                if !seen.insert(std::fs::canonicalize(&x).unwrap_or_else(|_| x.clone())) {
+                    continue;
+                }
                 for e in std::fs::read_dir(&x).into_iter().flatten().flatten() {
-                    // Linked folders are not followed (`up -> ..` listed the tree 800
-                    // times over), and only regular files are read (a pipe named
-                    // `*.toml` blocked the listing).
+                    // Only regular files are read (a pipe named `*.toml` blocked the
+                    // listing).
                     let Ok(kind) = e.file_type() else { continue };
                     let p = e.path();
-                    if kind.is_dir() {
+                    if kind.is_dir() || (kind.is_symlink() && p.is_dir()) {
                         stack.push(p);
                     } else if p.extension().is_some_and(|e| e == "toml") && p.is_file() {
                         files.push(p);

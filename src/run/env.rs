@@ -163,6 +163,10 @@ pub struct GitInfo {
 
 /// The commit of the git repository holding `file`, if any, and whether the file differs.
 pub fn git_info(file: &Path) -> Option<GitInfo> {
+    // A recipe that is a symbolic link (to a team's repository) is its target's, as its
+    // paths are: the link's folder, outside any repository, recorded no commit.
+    let real = std::fs::canonicalize(file).ok();
+    let file = real.as_deref().unwrap_or(file);
     let dir = match file.parent() {
         Some(p) if !p.as_os_str().is_empty() => p,
         _ => Path::new("."),

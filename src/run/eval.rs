@@ -315,6 +315,23 @@ pub fn eval(
             "warning: {why}: damaged or replaced since\n  = help: this score is not of the weights the run saved; restore them from a copy, or train again"
         );
     }
+    // A summary that cannot be read cannot vouch for them either: said, not passed over.
+    let summary_path = run_dir.join("summary.json");
+    if as_saved.is_none() && summary_path.exists() {
+        let unreadable = match crate::metrics::read_text(&summary_path) {
+            Ok(t) => serde_json::from_str::<crate::metrics::Summary>(&t)
+                .err()
+                .map(|e| e.to_string()),
+            Err(e) => Some(e.to_string()),
+        };
+        if let Some(why) = unreadable {
+            crate::errln!(
+                "warning: {}: {why}: the weights cannot be checked against the SHA-256 the run recorded\n  = help: `runner resume` writes a damaged summary again where the run has a checkpoint; this score is of {} as it is",
+                summary_path.display(),
+                weights.display()
+            );
+        }
+    }
     // Absolute, as the resolved recipe's data paths: the working directory is not written.
     let whole = |p: &Path| std::path::absolute(p).unwrap_or_else(|_| p.to_path_buf());
     let mut report = EvalReport {

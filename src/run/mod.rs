@@ -263,7 +263,18 @@ fn run_plan(
     sets: &[String],
     machine: &crate::plan::Machine,
 ) -> Result<Plan, crate::recipe::Diagnostics> {
-    let checked = crate::sweep::check(recipe_path, sets, machine, 1)?;
+    let checked = crate::sweep::check(recipe_path, sets, machine, 1).map_err(|mut d| {
+        // Resume and eval take no --set, which a help may offer: the file is to be edited.
+        for e in d.0.iter_mut() {
+            if e.help.as_deref().is_some_and(|h| h.contains("--set")) && e.note.is_none() {
+                e.note = Some(format!(
+                    "`runner resume` and `runner eval` take no --set: edit {} instead",
+                    recipe_path.display()
+                ));
+            }
+        }
+        d
+    })?;
     Ok(checked
         .plans
         .into_iter()

@@ -5,8 +5,8 @@ use std::path::Path;
 use runner::metrics::RunStatus;
 
 use crate::common::{
-    expect_exit, json, only_run, root, runner_cmd, statuses, summary, tempdir, tiny_recipe,
-    with_sets,
+    expect_exit, json, only_run, refuses, root, runner_cmd, statuses, summary, tempdir,
+    tiny_recipe, with_sets,
 };
 
 #[test]
@@ -388,25 +388,13 @@ fn small_input_mistakes_get_plain_answers() {
     );
     // `show --cell` of a recipe that is no grid is refused, as `run --cell` is (it printed
     // the recipe as if it were cell 0); past a grid's last cell, the cells are counted.
-    let out = runner_cmd()
-        .args(["show", "--cell", "0", "recipes/quickstart.toml"])
-        .output()
-        .unwrap();
-    expect_exit(&out, 2);
-    assert!(
-        String::from_utf8_lossy(&out.stderr).contains("has no [sweep] table, so no cells"),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    refuses(
+        &["show", "--cell", "0", "recipes/quickstart.toml"],
+        "has no [sweep] table, so no cells",
     );
-    let out = runner_cmd()
-        .args(["show", "--cell", "8", "recipes/article_grid.toml"])
-        .output()
-        .unwrap();
-    expect_exit(&out, 2);
-    assert!(
-        String::from_utf8_lossy(&out.stderr).contains("has 8 cells, 0 to 7"),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    refuses(
+        &["show", "--cell", "8", "recipes/article_grid.toml"],
+        "has 8 cells, 0 to 7",
     );
     // --max-cells 0 says what it means.
     let out = runner_cmd()
@@ -1557,6 +1545,12 @@ fn the_git_record_is_true_of_the_recipe() {
         (g["commit"].as_str(), g["dirty"].as_bool()),
         (Some(head.as_str()), Some(true))
     );
+    // Through a symbolic link from outside the repository: the target's record.
+    let outside = dir.join("mine");
+    std::fs::create_dir_all(&outside).unwrap();
+    std::os::unix::fs::symlink(&tracked, outside.join("t.toml")).unwrap();
+    let env = env_of(&outside.join("t.toml"), "t", &dir.join("runs-link"));
+    assert_eq!(env["sources"][0]["git"]["commit"], head, "{env}");
     let patch = dir.join("p.diff");
     std::fs::write(&patch, g["diff"].as_str().unwrap()).unwrap();
     git(&repo, &["stash", "-q"]);
@@ -1565,6 +1559,26 @@ fn the_git_record_is_true_of_the_recipe() {
         std::fs::read_to_string(&tracked).unwrap(),
         format!("{text}# edited\n")
     );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `runner ls` follows a linked folder of recipes (a team's, linked in: run and validate
+/// took them, ls left them out), each folder once (a link back up is no loop).
+#[test]
+fn ls_lists_a_linked_folder_of_recipes_once() {
+    let dir = tempdir("ls-linked");
+    let team = dir.join("team");
+    std::fs::create_dir_all(&team).unwrap();
+    std::fs::create_dir_all(dir.join("recipes")).unwrap();
+    tiny_recipe(&dir.join("recipes"), "own", "");
+    tiny_recipe(&team, "theirs", "");
+    std::os::unix::fs::symlink(&team, dir.join("recipes/team")).unwrap();
+    std::os::unix::fs::symlink("..", dir.join("recipes/up")).unwrap();
+    let out = runner_cmd().arg("ls").current_dir(&dir).output().unwrap();
+    expect_exit(&out, 0);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(text.matches("own.toml").count(), 1, "{text}");
+    assert_eq!(text.matches("theirs.toml").count(), 1, "{text}");
     let _ = std::fs::remove_dir_all(&dir);
 }
 

@@ -122,6 +122,18 @@ pub fn runner_logged(logs: &Path, args: &[&str], extra: &[&str]) -> std::process
         .unwrap()
 }
 
+/// Runs `runner args` and asserts it exits 2 (bad input) with `want` on stderr.
+pub fn refuses(args: &[&str], want: &str) {
+    let out = runner_cmd().args(args).output().unwrap();
+    expect_exit(&out, 2);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains(want),
+        "`runner {}`: {stderr}",
+        args.join(" ")
+    );
+}
+
 /// Asserts `runner`'s exit code, showing what it printed when the code differs.
 pub fn expect_exit(out: &std::process::Output, code: i32) {
     assert_eq!(

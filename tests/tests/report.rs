@@ -105,6 +105,9 @@ fn report_refuses_a_path_without_runs_and_tells_log_intervals_apart() {
         "{table}"
     );
     std::fs::remove_dir_all(last).unwrap();
+    // A path whose runs another path given holds already is no path without runs.
+    let out = csv_report([dir.join("runs"), dir.join("runs/same")]);
+    expect_exit(&out, 0);
     let empty = dir.join("empty");
     std::fs::create_dir(&empty).unwrap();
     let out = csv_report([dir.join("runs"), empty.clone(), dir.join("a.toml")]);

@@ -64,6 +64,19 @@ fn reference_run(recipe: &Path, dir: &Path, name: &str) -> PathBuf {
     only_run(&dir.join("ref").join(name))
 }
 
+/// Runs `recipe` (named `name`, its runs under `dir/runs`) to a SIGTERM after 23 steps;
+/// returns the run directory.
+fn stopped(recipe: &Path, dir: &Path, name: &str) -> PathBuf {
+    let out = kill_after(
+        &[recipe.as_os_str(), "-q".as_ref()],
+        &dir.join("runs"),
+        23,
+        "-TERM",
+    );
+    expect_exit(&out, 143);
+    only_run(&dir.join("runs").join(name))
+}
+
 /// Runs `recipe` (named `name`) to a SIGTERM after 23 steps, then changes one number of
 /// its latest checkpoint's `state.json`: `edit` gives the key, its value and the new one.
 /// Returns the run directory.
@@ -73,14 +86,7 @@ fn stopped_and_edited(
     name: &str,
     edit: impl Fn(&runner::checkpoint::State) -> (&'static str, u64, u64),
 ) -> PathBuf {
-    let out = kill_after(
-        &[recipe.as_os_str(), "-q".as_ref()],
-        &dir.join("runs"),
-        23,
-        "-TERM",
-    );
-    expect_exit(&out, 143);
-    let run = only_run(&dir.join("runs").join(name));
+    let run = stopped(recipe, dir, name);
     let (latest, state) = runner::checkpoint::latest(&run).unwrap();
     let path = latest.join("state.json");
     let text = std::fs::read_to_string(&path).unwrap();
@@ -1237,14 +1243,7 @@ fn a_resume_writes_back_a_changed_tokenizer() {
         ),
     )
     .unwrap();
-    let out = kill_after(
-        &[recipe.as_os_str(), "-q".as_ref()],
-        &dir.join("runs"),
-        23,
-        "-TERM",
-    );
-    expect_exit(&out, 143);
-    let run = only_run(&dir.join("runs/t"));
+    let run = stopped(&recipe, &dir, "t");
     let path = run.join("tokenizer.json");
     let wrote = std::fs::read_to_string(&path).unwrap();
     let mut t: serde_json::Value = serde_json::from_str(&wrote).unwrap();
@@ -1287,14 +1286,7 @@ fn a_run_whose_data_moved_resumes_on_the_same_files_at_their_new_path() {
     let text = text.replace(shipped.to_str().unwrap(), data.to_str().unwrap());
     std::fs::write(&recipe, text).unwrap();
     let reference = reference_run(&recipe, &dir, "m");
-    let out = kill_after(
-        &[recipe.as_os_str(), "-q".as_ref()],
-        &dir.join("runs"),
-        23,
-        "-TERM",
-    );
-    expect_exit(&out, 143);
-    let run = only_run(&dir.join("runs/m"));
+    let run = stopped(&recipe, &dir, "m");
     let moved = dir.join("moved");
     std::fs::rename(&data, &moved).unwrap();
     let resume = || resume_quietly(&run);
@@ -1571,14 +1563,7 @@ fn a_damaged_or_missing_summary_is_written_again_by_resume() {
     let dir = tempdir("resume-summary");
     let recipe = long_recipe(&dir, "s", "[checkpoint]\nevery = 5\n");
     let reference = reference_run(&recipe, &dir, "s");
-    let out = kill_after(
-        &[recipe.as_os_str(), "-q".as_ref()],
-        &dir.join("runs"),
-        23,
-        "-TERM",
-    );
-    expect_exit(&out, 143);
-    let run = only_run(&dir.join("runs/s"));
+    let run = stopped(&recipe, &dir, "s");
     let copy = |to: &str| {
         let to = dir.join(to);
         copy_dir(&run, &to);

@@ -3,7 +3,7 @@
 use std::path::{Path, PathBuf};
 
 use crate::common::{
-    expect_exit, json, only_run, records, root, runner_cmd, summary, tempdir, tiny_recipe,
+    expect_exit, json, only_run, records, refuses, root, runner_cmd, summary, tempdir, tiny_recipe,
 };
 
 #[test]
@@ -181,20 +181,14 @@ fn warmup_runs_every_shape_once_and_creates_no_run() {
     assert!(!dir.join("runs").exists(), "warmup --jobs created a run");
     // The warm-up job of a Slurm array is given its grid's id: another grid (the recipe
     // edited while the job waited) is refused, as the array's tasks refuse it.
-    let out = runner_cmd()
-        .args([
+    refuses(
+        &[
             "warmup",
             "--grid",
             "0123456789ab",
             "recipes/article_grid.toml",
-        ])
-        .output()
-        .unwrap();
-    expect_exit(&out, 2);
-    assert!(
-        String::from_utf8_lossy(&out.stderr).contains("so no cell is run or warmed"),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+        ],
+        "so no cell is run or warmed",
     );
     // --jobs 0 is a usage error.
     let out = runner_cmd()
