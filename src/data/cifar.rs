@@ -154,32 +154,60 @@ pub fn class_names(path: &Path) -> Result<Option<Vec<String>>, DataError> {
     super::names_beside(path, "batches.meta.txt")
 }
 
-/// Reads the first `limit` records of the files, in order, checking each label.
+/// Reads the first `limit` records of the files, in order, checking each label. Only
+/// those are held: a file is read record by record (read whole, a 180 GB file with
+/// `data.limit = 300` aborted the process allocating 180 GB), the rest of it passing
+/// through its sum for env.json unless this process summed the file as it is already
+/// (the labels' check reads it whole before a run).
 pub fn read(files: &[PathBuf], limit: usize, classes: usize) -> Result<Images, DataError> {
-    let mut pixels = Vec::with_capacity(limit * PIXELS);
-    let mut labels = Vec::with_capacity(limit);
+    use std::io::Read;
+    // Reserved up to what the files hold (a `limit` of usize::MAX is "all").
+    let records: usize = files
+        .iter()
+        .filter_map(|f| std::fs::metadata(f).ok())
+        .map(|m| usize::try_from(m.len()).unwrap_or(usize::MAX) / RECORD)
+        .fold(0, usize::saturating_add);
+    let held = limit.min(records);
+    let mut pixels = Vec::with_capacity(held.saturating_mul(PIXELS));
+    let mut labels = Vec::with_capacity(held);
+    let mut rec = vec![0u8; RECORD];
     for path in files {
         if labels.len() >= limit {
             break;
         }
-        let bytes = super::sums::read(path).map_err(|e| DataError::io(path, e))?;
-        check_whole(path, bytes.len())?;
-        for (i, rec) in bytes.chunks_exact(RECORD).enumerate() {
-            if labels.len() >= limit {
-                break;
+        let io = |e| DataError::io(path, e);
+        let len = std::fs::metadata(path).map_err(io)?.len();
+        check_whole(path, usize::try_from(len).unwrap_or(usize::MAX))?;
+        let mut reader = std::io::BufReader::with_capacity(
+            1 << 20,
+            super::sums::Summing::open(path).map_err(io)?,
+        );
+        let mut i = 0usize;
+        while labels.len() < limit {
+            match reader.read_exact(&mut rec) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => break,
+                Err(e) => return Err(io(e)),
             }
-            let label = rec[0] as usize;
-            if label >= classes {
+            let label = rec[0];
+            if label as usize >= classes {
                 let mut more = super::MoreBad::default();
-                for (j, rec) in bytes.chunks_exact(RECORD).enumerate().skip(i + 1) {
+                let mut j = i + 1;
+                while reader.read_exact(&mut rec).is_ok() {
                     if rec[0] as usize >= classes {
                         more.add(j);
                     }
+                    j += 1;
                 }
-                return Err(more.said_after(bad_label(path, i, rec[0], classes), "record"));
+                return Err(more.said_after(bad_label(path, i, label, classes), "record"));
             }
             labels.push(label as u32);
             pixels.extend_from_slice(&rec[1..]);
+            i += 1;
+        }
+        if super::sums::recorded(path).is_none() {
+            std::io::copy(&mut reader, &mut std::io::sink()).map_err(io)?;
+            reader.into_inner().finish().map_err(io)?;
         }
     }
     Ok(Images {

@@ -59,7 +59,7 @@ impl<'a> Validator<'a> {
         };
         let (train_len, validation_len) = self.split(train_total);
         let (validation_len, validation_files, validation_longest) =
-            self.validation_file(format, classes, validation_len)?;
+            self.validation_file(format, classes, validation_len, machine)?;
         let test_len = d.test_limit.map_or(test_total, |n| n.min(test_total));
         if d.test_limit.is_some() && test_total == 0 {
             self.err(
@@ -166,36 +166,19 @@ impl<'a> Validator<'a> {
             self.same_classes(names.as_deref(), first, cifar::class_names);
         }
         let classes = names.as_ref().map_or(10, |n| n.len());
-        // Data that cannot be held is refused by the memory check (`preflight`) once the
-        // rest of the plan is known: its labels are not read first (100 GB of them took
-        // minutes before the refusal).
-        let held = (train_n.min(d.limit.unwrap_or(usize::MAX)) as u64)
-            .saturating_add(test_n as u64)
-            .saturating_mul(cifar::PIXELS as u64);
-        let (room, what) = match machine.host_memory {
-            Some(h) if h.bytes < super::resources::ABSOLUTE_CAP => (h.bytes, h.what),
-            _ => (super::resources::ABSOLUTE_CAP, "the cap of any machine"),
+        // Data that cannot be held is refused here, by its size: its labels are not read
+        // first (100 GB of them took minutes before the memory check refused it). What is
+        // held is what the limits keep.
+        let image_bytes = |n: usize, limit: Option<usize>| {
+            (n.min(limit.unwrap_or(usize::MAX)) as u64).saturating_mul(cifar::PIXELS as u64)
         };
-        if held > room {
-            let gib = super::resources::gib;
-            self.err(
-                "data.train",
-                format!(
-                    "the data takes {} in memory ({} images of {} bytes), more than {what} ({})",
-                    gib(held),
-                    held / cifar::PIXELS as u64,
-                    cifar::PIXELS,
-                    gib(room)
-                ),
-                match (test_n as u64).saturating_mul(cifar::PIXELS as u64) < room {
-                    true => "set data.limit to use part of the training data",
-                    false => "the test set alone is more: give data.test a smaller file (data.limit cuts only the training data)",
-                },
-            );
-        }
+        let parts = [
+            ("data.train", image_bytes(train_n, d.limit)),
+            ("data.test", image_bytes(test_n, d.test_limit)),
+        ];
+        let read = self.image_room(&parts, machine);
         // Labels are read now, so a bad byte is an error before anything runs: every
         // file's, each with its own count of bad records.
-        let read = held <= room;
         let train_ok = !read || self.labels_ok("data.train", &train, classes);
         let test_ok = !read
             || test
@@ -224,6 +207,43 @@ impl<'a> Validator<'a> {
             train_total: train_n,
             test_total: test_n,
         })
+    }
+
+    /// Whether image data of these `(key, bytes)` parts fits in the host memory this
+    /// process may use (or the cap of any machine); if not, the error, at the key of the
+    /// larger part, with the limit that cuts it.
+    fn image_room(&mut self, parts: &[(&str, u64)], machine: &Machine) -> bool {
+        let (room, what) = match machine.host_memory {
+            Some(h) if h.bytes < super::resources::ABSOLUTE_CAP => (h.bytes, h.what),
+            _ => (super::resources::ABSOLUTE_CAP, "the cap of any machine"),
+        };
+        let held = parts.iter().fold(0u64, |a, (_, b)| a.saturating_add(*b));
+        if held <= room {
+            return true;
+        }
+        let (key, _) = parts
+            .iter()
+            .max_by_key(|(_, b)| *b)
+            .copied()
+            .unwrap_or(("data.train", 0));
+        let gib = super::resources::gib;
+        let help = match key {
+            "data.train" => "set data.limit to use part of the training data",
+            "data.test" => "set data.test_limit to score part of the test data",
+            _ => "give it a smaller file, or hold out part of the training data instead (data.validation)",
+        };
+        self.err(
+            key,
+            format!(
+                "the data takes {} in memory ({} images of {} bytes), more than {what} ({})",
+                gib(held),
+                held / cifar::PIXELS as u64,
+                cifar::PIXELS,
+                gib(room)
+            ),
+            help,
+        );
+        false
     }
 
     /// Whether every label byte of the CIFAR-10 files is a class (of `classes`, or of
@@ -551,6 +571,7 @@ impl<'a> Validator<'a> {
         format: DataFormat,
         classes: usize,
         held_out: usize,
+        machine: &Machine,
     ) -> Option<(usize, Vec<PathBuf>, usize)> {
         let d = &self.recipe().data;
         let mut validation_files = vec![];
@@ -575,6 +596,13 @@ impl<'a> Validator<'a> {
             (Some(f), DataFormat::Cifar10Bin) => {
                 let files = self.cifar_files("data.validation_file", f, "")?;
                 let n = self.count_records("data.validation_file", &files)?;
+                // Held whole, beside the training data (which the memory check counts
+                // with it): a file that alone cannot be held is refused before its labels
+                // are read.
+                let bytes = (n as u64).saturating_mul(cifar::PIXELS as u64);
+                if !self.image_room(&[("data.validation_file", bytes)], machine) {
+                    return None;
+                }
                 if !self.labels_ok("data.validation_file", &files, classes) {
                     return None;
                 }

@@ -188,7 +188,8 @@ pub fn estimate(
     let (data_bytes, per_input, element_bytes) = match &data.source {
         DataSource::Cifar { image: i, .. } | DataSource::Synthetic { image: i, .. } => {
             let sample = (i.channels * i.height * i.width) as u64;
-            let samples = (data.train_len + data.test_len) as u64;
+            // The validation set is held too (held out of the training file, or a file).
+            let samples = (data.train_len + data.test_len + data.validation_len) as u64;
             (sample.saturating_mul(samples), sample, 1)
         }
         // `max_length` pads every row to it; `dynamic` and `bucket` to the batch's longest

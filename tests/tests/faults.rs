@@ -1321,6 +1321,34 @@ fn image_data_too_large_to_hold_is_refused_before_its_labels_are_read() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("label 200"), "{stderr}");
     assert!(!dir.join("runs").exists(), "a run directory was created");
+    // A validation file is held too: one that cannot be is refused at its key.
+    let clean = dir.join("clean.bin");
+    std::fs::File::create(&clean)
+        .unwrap()
+        .set_len(records * record)
+        .unwrap();
+    let out = run(&[
+        "data.limit=1000",
+        &format!("data.train={:?}", clean.display().to_string()),
+        &format!(
+            "data.validation_file={:?}",
+            dir.join("data_batch_1.bin").display().to_string()
+        ),
+    ]);
+    expect_exit(&out, 2);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("data.validation_file: the data takes 1.1 GiB in memory")
+            && !stderr.contains("label 200"),
+        "{stderr}"
+    );
+    // data.limit bounds what is held: the file is read record by record (read whole,
+    // the process aborted allocating it).
+    let out = run(&[
+        "data.limit=64",
+        &format!("data.train={:?}", clean.display().to_string()),
+    ]);
+    expect_exit(&out, 0);
     let _ = std::fs::remove_dir_all(&dir);
 }
 
