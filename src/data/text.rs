@@ -172,6 +172,25 @@ pub fn scan_jsonl(
     Ok(scan)
 }
 
+/// The distinct words of `texts` (as the word tokenizer splits them) and the most times
+/// one occurs: what a vocabulary built from them can hold.
+pub fn word_counts<'a>(texts: impl Iterator<Item = &'a str>, lowercase: bool) -> (usize, usize) {
+    let mut counts: std::collections::HashMap<String, usize> = std::collections::HashMap::new();
+    for text in texts {
+        let lower;
+        let t = if lowercase {
+            lower = text.to_lowercase();
+            &lower
+        } else {
+            text
+        };
+        for w in words(t) {
+            *counts.entry(w.to_string()).or_default() += 1;
+        }
+    }
+    (counts.len(), counts.values().copied().max().unwrap_or(0))
+}
+
 /// Reads `(text, label)` pairs. Blank lines are skipped; anything else that is not an object
 /// with a string `text_field` and an integer `label_field` in `0..classes` is an error.
 pub fn read_jsonl(

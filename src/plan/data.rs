@@ -350,6 +350,7 @@ impl<'a> Validator<'a> {
             longest: 1,
             words: 0,
         };
+        let mut used_words = 0;
         for (i, (key, path)) in [("data.train", Some(&train)), ("data.test", test.as_ref())]
             .into_iter()
             .enumerate()
@@ -358,9 +359,28 @@ impl<'a> Validator<'a> {
             match crate::data::text::scan_jsonl(path, &tf, &lf, limit, tokenizer.lowercase) {
                 Ok(scan) => {
                     counts[i] = scan.rows;
-                    self.texts_without_tokens(key, path, &scan, tokenizer.kind);
+                    // Of the texts the limits keep: those past them are never read.
+                    let first = match i {
+                        0 => self.recipe().data.limit,
+                        _ => self.recipe().data.test_limit,
+                    }
+                    .unwrap_or(usize::MAX);
+                    self.texts_without_tokens(key, path, &scan, tokenizer.kind, first);
                     if i == 0 {
-                        self.vocabulary_left(&scan, &tokenizer);
+                        let words = match first < scan.rows {
+                            // The vocabulary is built from the texts used only.
+                            true => crate::data::text::read_jsonl(path, &tf, &lf, limit, first)
+                                .map(|rows| {
+                                    crate::data::text::word_counts(
+                                        rows.iter().map(|(t, _)| t.as_str()),
+                                        tokenizer.lowercase,
+                                    )
+                                })
+                                .unwrap_or((scan.distinct_words, scan.top_word_count)),
+                            false => (scan.distinct_words, scan.top_word_count),
+                        };
+                        self.vocabulary_left(words.1, &tokenizer);
+                        used_words = words.0;
                     }
                     seen.longest = seen.longest.max(match tokenizer.kind {
                         crate::recipe::TokenizerKind::Word => scan.longest_words,
@@ -368,7 +388,7 @@ impl<'a> Validator<'a> {
                     });
                     // The vocabulary is built from the training file.
                     if i == 0 {
-                        seen.words = scan.distinct_words;
+                        seen.words = used_words;
                         train_labels = scan.labels.clone();
                         let first = self.recipe().data.limit.unwrap_or(usize::MAX);
                         (cut, train_longest) = scan.longer_than(tokenizer.kind, max_length, first);
@@ -756,6 +776,7 @@ impl<'a> Validator<'a> {
         path: &Path,
         scan: &crate::data::text::Scan,
         kind: crate::recipe::TokenizerKind,
+        used: usize,
     ) {
         let (none, what) = match kind {
             crate::recipe::TokenizerKind::Word => {
@@ -763,15 +784,26 @@ impl<'a> Validator<'a> {
             }
             crate::recipe::TokenizerKind::Byte => (&scan.no_bytes, "no byte (empty)"),
         };
+        let used = used.min(scan.rows);
+        let none: Vec<usize> = none.iter().copied().filter(|&i| i < used).collect();
         let Some(&first) = none.first() else { return };
         let file = crate::recipe::lexical(path);
-        let message = if none.len() == scan.rows {
-            format!("every text of {} has {what}", file.display())
+        let rows = match used < scan.rows {
+            true => format!("first {used}"),
+            false => used.to_string(),
+        };
+        let message = if none.len() == used {
+            match used < scan.rows {
+                true => format!(
+                    "each of the first {used} texts of {} has {what}",
+                    file.display()
+                ),
+                false => format!("every text of {} has {what}", file.display()),
+            }
         } else {
             format!(
-                "{} of the {} texts of {} have {what}, the first being text {} (blank lines not counted)",
+                "{} of the {rows} texts of {} have {what}, the first being text {} (blank lines not counted)",
                 none.len(),
-                scan.rows,
                 file.display(),
                 first + 1
             )
@@ -785,26 +817,22 @@ impl<'a> Validator<'a> {
 
     /// A `min_freq` above every training word's count keeps no word: every text is then
     /// unknown tokens, and the run trained on nothing, in silence.
-    fn vocabulary_left(
-        &mut self,
-        scan: &crate::data::text::Scan,
-        t: &crate::recipe::TokenizerSection,
-    ) {
+    fn vocabulary_left(&mut self, top_word_count: usize, t: &crate::recipe::TokenizerSection) {
         if t.kind == crate::recipe::TokenizerKind::Word
-            && scan.top_word_count > 0
-            && t.min_freq > scan.top_word_count
+            && top_word_count > 0
+            && t.min_freq > top_word_count
         {
             self.warn(
                 "data.tokenizer.min_freq",
                 format!(
                     "{} is more than any training word occurs (the most frequent, {}): the vocabulary holds no word, and every text is unknown tokens",
                     t.min_freq,
-                    match scan.top_word_count {
+                    match top_word_count {
                         1 => "once".to_string(),
                         n => format!("{n} times"),
                     }
                 ),
-                format!("use at most {} (1 or 2 is usual)", scan.top_word_count),
+                format!("use at most {top_word_count} (1 or 2 is usual)"),
             );
         }
     }

@@ -512,6 +512,22 @@ fn text_that_would_train_on_nothing_is_warned() {
     ] {
         assert!(stderr.contains(want), "{want}\n{stderr}");
     }
+    // Of the texts the limits keep: those past them are never read.
+    let out = validate(&[
+        "data.limit=2",
+        "data.test_limit=1",
+        "data.tokenizer.min_freq=2",
+        "padding.pad_id=6",
+    ]);
+    expect_exit(&out, 0);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    for want in [
+        "data.train: 1 of the first 2 texts of",
+        "min_freq: 2 is more than any training word occurs (the most frequent, once)",
+        "padding.pad_id: 6 is past the vocabulary's 5 ids",
+    ] {
+        assert!(stderr.contains(want), "{want}\n{stderr}");
+    }
     let out = validate(&["model.num_classes=0"]);
     expect_exit(&out, 2);
     let stderr = String::from_utf8_lossy(&out.stderr);
