@@ -63,6 +63,7 @@ fn batches_of(n: usize, cfg: &LoaderConfig, epoch: usize) -> Vec<Vec<usize>> {
             lengths,
             bounds,
             cfg.batch_size,
+            cfg.step_batches,
             cfg.shuffle,
             cfg.drop_last,
             cfg.seed,

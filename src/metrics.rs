@@ -71,7 +71,7 @@ pub struct StepRecord {
     pub epoch: usize,
     /// When the step ended, milliseconds since the run started.
     pub t_ms: f64,
-    /// Mean training loss over the step's micro-batches; `null` when it was not a number
+    /// Training loss over the step's samples (its micro-batches' weighted by size); `null` when it was not a number
     /// (a diverged step).
     #[serde(deserialize_with = "nan_from_null")]
     pub loss: f64,

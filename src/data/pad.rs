@@ -100,13 +100,20 @@ pub fn bucket_bounds(lengths: &[usize], buckets: usize) -> Vec<usize> {
 
 /// One epoch of bucketed batches: each sample goes to the first bucket whose bound holds its
 /// length; each bucket is shuffled (by seed and epoch); the buckets are laid end to end in
-/// length order and cut into batches, so a batch holds one bucket's samples (or, where two
-/// buckets meet, two neighbours'); then the batches are shuffled. Every sample is in
-/// exactly one batch, and an epoch has as many batches as without buckets.
+/// length order and cut into optimizer steps of `batch_size × step_batches` samples, so a
+/// step holds one bucket's samples (or, where two buckets meet, two neighbours'); the whole
+/// steps are shuffled, the short one (if any, unless `drop_last` drops it) kept last, as an
+/// epoch's last step is without buckets; then each step is cut into its `step_batches`
+/// batches. Every sample is in exactly one batch, and an epoch has as many batches as
+/// without buckets. With accumulation, a step's micro-batches are the samples one batch of
+/// the step's size would hold (they were shuffled one by one: a step mixed buckets, and a
+/// short micro-batch fell mid-epoch).
+#[allow(clippy::too_many_arguments)]
 pub fn bucket_batches(
     lengths: &[usize],
     bounds: &[usize],
     batch_size: usize,
+    step_batches: usize,
     shuffle: bool,
     drop_last: bool,
     seed: u64,
@@ -129,15 +136,24 @@ pub fn bucket_batches(
         order.extend(members);
     }
     let bs = batch_size.max(1);
-    let mut batches: Vec<Vec<usize>> = order
-        .chunks(bs)
+    let step = bs.saturating_mul(step_batches.max(1));
+    let mut steps: Vec<&[usize]> = order.chunks(step).collect();
+    let short = steps
+        .last()
+        .filter(|s| s.len() < step)
+        .is_some()
+        .then(|| steps.pop())
+        .flatten();
+    if shuffle {
+        rng.fork(u64::MAX).shuffle(&mut steps);
+    }
+    steps.extend(short.filter(|_| !drop_last));
+    steps
+        .into_iter()
+        .flat_map(|s| s.chunks(bs))
         .filter(|c| !(drop_last && c.len() < bs))
         .map(<[usize]>::to_vec)
-        .collect();
-    if shuffle {
-        rng.fork(u64::MAX).shuffle(&mut batches);
-    }
-    batches
+        .collect()
 }
 
 #[cfg(test)]
@@ -222,15 +238,15 @@ mod tests {
         let bounds = bucket_bounds(&lengths, 4);
         assert_eq!(bounds.len(), 4);
         assert_eq!(*bounds.last().unwrap(), 50);
-        let a = bucket_batches(&lengths, &bounds, 8, true, false, 3, 0);
+        let a = bucket_batches(&lengths, &bounds, 8, 1, true, false, 3, 0);
         assert_eq!(
             a,
-            bucket_batches(&lengths, &bounds, 8, true, false, 3, 0),
+            bucket_batches(&lengths, &bounds, 8, 1, true, false, 3, 0),
             "same seed, same batches"
         );
         assert_ne!(
             a,
-            bucket_batches(&lengths, &bounds, 8, true, false, 3, 1),
+            bucket_batches(&lengths, &bounds, 8, 1, true, false, 3, 1),
             "a new order each epoch"
         );
         let mut all: Vec<usize> = a.concat();
@@ -258,7 +274,16 @@ mod tests {
             .filter(|b| b.iter().any(|&i| bucket(i) != bucket(b[0])))
             .count();
         assert!(mixed < bounds.len(), "only where buckets meet");
-        let dropped = bucket_batches(&lengths, &bounds, 8, true, true, 3, 0);
+        let dropped = bucket_batches(&lengths, &bounds, 8, 1, true, true, 3, 0);
         assert!(dropped.iter().all(|b| b.len() == 8) && dropped.len() == 103 / 8);
+        // The short batch is the epoch's last, as without buckets.
+        assert_eq!(a.last().map(Vec::len), Some(103 % 8));
+        // Steps of 4 batches of 2: each step is one batch of 8 of the unaccumulated
+        // epoch, cut in four (its short batch, the last).
+        let steps = bucket_batches(&lengths, &bounds, 2, 4, true, false, 3, 0);
+        let joined: Vec<Vec<usize>> = steps.chunks(4).map(|s| s.concat()).collect();
+        assert_eq!(joined, a);
+        let dropped_steps = bucket_batches(&lengths, &bounds, 2, 4, true, true, 3, 0);
+        assert_eq!(dropped_steps.len(), 103 / 8 * 4);
     }
 }

@@ -130,6 +130,44 @@ fn a_short_run_on_rotten_tomatoes_beats_chance_and_counts_padding() {
     );
 }
 
+/// Bucketed batches and accumulation: a step of 4 micro-batches of 16 holds the samples
+/// one batch of 64 would (they were bucketed and shuffled one by one: a step mixed buckets,
+/// and the losses of 64 × 1 and 16 × 4 differed by up to 0.13), its short step last.
+#[test]
+fn bucketed_micro_batches_make_the_steps_one_large_batch_would() {
+    let logs = tempdir("bucket-accumulation");
+    let losses = |name: &str, batch: &str, accumulation: &str| {
+        let out = runner_logged(
+            &logs,
+            &["recipes/text/rotten_tomatoes_bucket.toml", "-q"],
+            &[
+                "--set",
+                &format!("name=\"{name}\""),
+                "--set",
+                "data.limit=410",
+                "--set",
+                "run.epochs=2",
+                "--set",
+                &format!("loader.batch_size={batch}"),
+                "--set",
+                &format!("optim.accumulation_steps={accumulation}"),
+            ],
+        );
+        expect_exit(&out, 0);
+        records(&only_run(&logs.join(name)))
+            .iter()
+            .map(|r| (r.samples, r.loss))
+            .collect::<Vec<_>>()
+    };
+    let one = losses("one", "64", "1");
+    let four = losses("four", "16", "4");
+    assert_eq!(one.len(), four.len());
+    for (a, b) in one.iter().zip(&four) {
+        assert!(a.0 == b.0 && (a.1 - b.1).abs() < 1e-5, "{one:?}\n{four:?}");
+    }
+    let _ = std::fs::remove_dir_all(&logs);
+}
+
 #[test]
 fn bucketed_batches_pad_less_than_dynamic_on_the_same_data() {
     let logs = tempdir("buckets");
