@@ -71,8 +71,8 @@ pub struct StepRecord {
     pub epoch: usize,
     /// When the step ended, milliseconds since the run started.
     pub t_ms: f64,
-    /// Training loss over the step's samples (its micro-batches' weighted by size); `null` when it was not a number
-    /// (a diverged step).
+    /// Training loss over the step's samples (its micro-batches' weighted by their size);
+    /// `null` when it was not a number (a diverged step).
     #[serde(deserialize_with = "nan_from_null")]
     pub loss: f64,
     /// Learning rate used for this step.
