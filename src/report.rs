@@ -371,8 +371,8 @@ pub fn load_run(dir: &Path) -> Result<Run, Error> {
         }
         // And the cores it could use (`taskset`, a cgroup's quota): its loader's workers
         // share them, and its CPU util is a share of them.
-        if let Some(n) = env_u64(dir, "cpus") {
-            recipe.push(("cpus".into(), n.to_string()));
+        if let Some(cpus) = cpus_of(dir) {
+            recipe.push(("cpus".into(), cpus));
         }
     }
     Ok(Run {
@@ -386,10 +386,37 @@ pub fn load_run(dir: &Path) -> Result<Run, Error> {
 
 /// A number at the top of the run's `env.json`.
 fn env_u64(dir: &Path, key: &str) -> Option<u64> {
+    env_json(dir).and_then(|e| e.get(key).and_then(|n| n.as_u64()))
+}
+
+fn env_json(dir: &Path) -> Option<serde_json::Value> {
     crate::metrics::read_text(dir.join("env.json"))
         .ok()
         .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
-        .and_then(|e| e.get(key).and_then(|n| n.as_u64()))
+}
+
+/// The CPUs the run's processes could use, in order, each count once: `2`, or `2,1` for a
+/// run resumed on one (its steps on both are no repeat of either).
+fn cpus_of(dir: &Path) -> Option<String> {
+    let env = env_json(dir)?;
+    let mut counts = vec![env.get("cpus")?.as_u64()?];
+    let resumed = env.get("resumes").and_then(|r| r.as_array());
+    for n in resumed
+        .into_iter()
+        .flatten()
+        .filter_map(|r| r.get("cpus")?.as_u64())
+    {
+        if !counts.contains(&n) {
+            counts.push(n);
+        }
+    }
+    Some(
+        counts
+            .iter()
+            .map(u64::to_string)
+            .collect::<Vec<_>>()
+            .join(","),
+    )
 }
 
 /// [`Run::recipe`] of the run in `dir`.

@@ -55,6 +55,9 @@ pub struct Resumed {
     pub backend: String,
     pub device: String,
     pub threads: usize,
+    /// The CPUs this process could use (as the run's `cpus`): a resume under `taskset`
+    /// or a smaller Slurm task runs its steps on fewer.
+    pub cpus: usize,
     pub hostname: Option<String>,
     pub command: Vec<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -73,6 +76,7 @@ impl Resumed {
             backend: env.backend.clone(),
             device: env.device.clone(),
             threads: env.threads,
+            cpus: env.cpus,
             hostname: env.hostname.clone(),
             command: env.command.clone(),
             cwd: env.cwd.clone(),

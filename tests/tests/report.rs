@@ -96,7 +96,17 @@ fn report_refuses_a_path_without_runs_and_tells_log_intervals_apart() {
         .map(|e| e.unwrap().path())
         .collect();
     let last = runs.iter().max().unwrap();
-    let mut env = json(&last.join("env.json"));
+    let started = json(&last.join("env.json"));
+    // Resumed on fewer cores: its steps on both are no repeat of either.
+    let mut env = started.clone();
+    env["resumes"] = serde_json::json!([{ "cpus": 77 }]);
+    std::fs::write(last.join("env.json"), env.to_string()).unwrap();
+    let table = String::from_utf8_lossy(&csv_report([dir.join("runs")]).stdout).into_owned();
+    assert!(
+        table.contains(&format!("cpus={},77", started["cpus"])) && table.lines().count() == 5,
+        "{table}"
+    );
+    let mut env = started;
     env["cpus"] = serde_json::json!(99);
     std::fs::write(last.join("env.json"), env.to_string()).unwrap();
     let table = String::from_utf8_lossy(&csv_report([dir.join("runs")]).stdout).into_owned();
