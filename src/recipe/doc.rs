@@ -240,14 +240,15 @@ impl Doc {
                     dir: PathBuf::from("."),
                 });
                 self.sources = Arc::new(sources.clone());
-                let k = k.trim();
+                let (k, v) = (k.trim(), v.trim());
+                let help = match v.is_empty() {
+                    true => format!("to remove it: --set '~{k}'"),
+                    false => format!("to remove it: --set '~{k}'; to set it: --set '{k}={v}'"),
+                };
                 report.push(
                     Diagnostic::error(&name, "`~KEY` removes a key and takes no value")
                         .at(&text, 0..text.len())
-                        .help(format!(
-                            "to remove it: --set '~{k}'; to set it: --set '{k}={}'",
-                            v.trim()
-                        )),
+                        .help(help),
                 );
                 continue;
             }
@@ -904,9 +905,36 @@ fn index_spans(t: &DeTable<'_>, prefix: &str, source: usize, out: &mut BTreeMap<
     }
 }
 
-/// An array of bare words (`[trim_host, sync]`) with each word quoted, where that makes it
-/// a TOML array: what an unquoted list of strings was meant to be.
+/// An array of bare words (`[trim_host, sync]`), or an inline table of bare-word values
+/// (`{on = host}`), with each word quoted, where that makes it TOML: what an unquoted
+/// string in it was meant to be.
 fn quoted_words(raw: &str) -> Option<String> {
+    if let Some(inner) = raw
+        .trim()
+        .strip_prefix('{')
+        .and_then(|r| r.strip_suffix('}'))
+    {
+        let mut changed = false;
+        let pairs: Vec<String> = inner
+            .split(',')
+            .map(|pair| match pair.split_once('=') {
+                Some((k, v)) => {
+                    let v = v.trim();
+                    match quoted_words(&format!("[{v}]")) {
+                        Some(q) => {
+                            changed = true;
+                            format!("{} = {}", k.trim(), &q[1..q.len() - 1])
+                        }
+                        None => format!("{} = {v}", k.trim()),
+                    }
+                }
+                None => pair.trim().to_string(),
+            })
+            .collect();
+        let fixed = format!("{{{}}}", pairs.join(", "));
+        return (changed && toml::from_str::<toml::Table>(&format!("v = {fixed}")).is_ok())
+            .then_some(fixed);
+    }
     let inner = raw.trim().strip_prefix('[')?.strip_suffix(']')?;
     let bare = |w: &str| {
         w.starts_with(|c: char| c.is_ascii_alphabetic() || c == '_')

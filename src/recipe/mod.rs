@@ -580,6 +580,17 @@ fn friendly(msg: &str) -> String {
 
 /// What to do about a value serde rejected: the nearest allowed word, or the quotes to drop.
 fn value_help(msg: &str) -> Option<String> {
+    // One word where a list of words goes (`--set cleanup.actions=trim_host`).
+    if let Some(rest) = msg.strip_prefix("invalid type: string \"") {
+        if let Some((got, _)) = rest
+            .split_once("\", expected a")
+            .filter(|_| msg.ends_with("expected an array") || msg.ends_with("expected a sequence"))
+        {
+            return Some(format!(
+                "write an array: [\"{got}\"] (on the command line: 'KEY=[\"{got}\"]')"
+            ));
+        }
+    }
     if let Some(rest) = msg.strip_prefix("invalid type: string \"") {
         let (got, expected) = rest.split_once("\", expected ")?;
         let expected = friendly(&format!("expected {expected}"));
@@ -636,7 +647,16 @@ fn value_help(msg: &str) -> Option<String> {
         && !msg.starts_with("invalid type: sequence")
         && !msg.starts_with("invalid type: map")
     {
-        return Some("write it in quotes: unquoted, TOML reads numbers, true, false, nan and inf as other types than text (on the command line, in single quotes for the shell: --set 'name=\"nan\"')".into());
+        let got = msg
+            .split_once('`')
+            .and_then(|(_, r)| r.split_once('`'))
+            .map(|(v, _)| match v {
+                "NaN" => "nan",
+                "inf" | "+inf" => "inf",
+                v => v,
+            })
+            .unwrap_or("...");
+        return Some(format!("write it in quotes, \"{got}\": unquoted, TOML reads numbers, true, false, nan and inf as other types than text (on the command line, in single quotes for the shell: 'KEY=\"{got}\"')"));
     }
     // One value where a list goes.
     if msg.starts_with("invalid type: ")

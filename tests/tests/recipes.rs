@@ -621,6 +621,26 @@ fn a_non_utf8_recipe_and_a_multi_key_set_are_refused_with_where() {
         &["--set", "cleanup.actions=[trim_host, sync]"],
         r#"--set 'cleanup.actions=["trim_host", "sync"]'"#,
     );
+    refused(
+        &recipe,
+        &["--set", "data.normalize={on=host}"],
+        r#"--set 'data.normalize={on = "host"}'"#,
+    );
+    refused(
+        &recipe,
+        &["--set", "cleanup.actions=trim_host"],
+        r#"help: write an array: ["trim_host"]"#,
+    );
+    refused(
+        &recipe,
+        &["--set", "description=123"],
+        r#"write it in quotes, "123""#,
+    );
+    refused(
+        &recipe,
+        &["--set", "~optim.lr="],
+        "help: to remove it: --set '~optim.lr'\n",
+    );
 }
 
 #[test]
