@@ -37,8 +37,9 @@ What it matches
       drop_last, a generator seeded with `seed`; a pinned batch is copied non_blocking.
     - Optimizer: SGD (momentum, dampening 0, nesterov, weight_decay as L2 on the gradient)
       or AdamW (betas, eps, decoupled weight_decay); `accumulation_steps` k: each micro-batch
-      loss scaled by 1/k (an epoch's last, shorter step by its own count), one optimizer step
-      per k micro-batches; every schedule of src/schedule.rs (constant, cosine, step, each
+      loss weighted by its share of the step's samples (1/k when they are alike; an epoch's
+      last, shorter step by its own), one optimizer step per k micro-batches, and with
+      drop_last the micro-batches too few for a whole step dropped too; every schedule of src/schedule.rs (constant, cosine, step, each
       after the linear lr_warmup_steps), set per optimizer step; `label_smoothing` as
       F.cross_entropy's, `clip_grad_norm` as torch.nn.utils.clip_grad_norm_ before the step.
     - Cleanup ([cleanup] every = "never" | "step" | "epoch" | N, in recipe order):
@@ -535,6 +536,7 @@ def main(argv=None):
 
     import torch
     import torch.nn.functional as F
+    import numpy as np
     import torchvision
 
     if args.device:
@@ -595,8 +597,11 @@ def main(argv=None):
     loader = torch.utils.data.DataLoader(
         ImageSet(train_px, train_y, make_transform(rc, side, channels, True)), **loader_kw)
     micro_per_epoch = len(loader)
+    if rc.drop_last:
+        # As the runner: what does not make a whole optimizer step is dropped too.
+        micro_per_epoch -= micro_per_epoch % rc.accum
     if micro_per_epoch == 0:
-        print("torch_ref: loader.drop_last drops every batch", file=sys.stderr)
+        print("torch_ref: loader.drop_last drops every batch (or every step)", file=sys.stderr)
         return 2
     steps_per_epoch = -(-micro_per_epoch // rc.accum)
     total = steps_per_epoch * rc.epochs
@@ -737,17 +742,24 @@ def main(argv=None):
                     g["lr"] = lr
                 rec = dict(step=step + 1, samples=0, data_wait_ms=0.0, cleanup_ms=0.0)
                 loss_sum = None
+                # The step's batches first: each micro-batch's loss is weighted by its share
+                # of the step's samples, as the runner's (a short one weighs less).
+                drawn = []
                 for _ in range(group):
                     t = time.perf_counter()
-                    x, y = next(batches)
+                    drawn.append(next(batches))
                     rec["data_wait_ms"] += (time.perf_counter() - t) * 1e3
+                total_samples = sum(len(y) for _, y in drawn)
+                for x, y in drawn:
                     rec["samples"] += len(y)
+                    parts = float(np.float32(total_samples) / np.float32(len(y)))
                     x, y = to_device(x, y)
                     if synced:
                         sync()
                     loss = F.cross_entropy(model(x), y, label_smoothing=rc.label_smoothing)
-                    (loss / group if group > 1 else loss).backward()
-                    loss_sum = loss.detach() if loss_sum is None else loss_sum + loss.detach()
+                    (loss / parts if group > 1 else loss).backward()
+                    weighted = loss.detach() / parts if group > 1 else loss.detach()
+                    loss_sum = weighted if loss_sum is None else loss_sum + weighted
                     if synced:
                         sync()
                 if rc.clip_grad_norm is not None:
@@ -772,7 +784,7 @@ def main(argv=None):
                     mem_after[1] = max(mem_after[1], torch.cuda.memory_reserved(device))
                 rec["iter_ms"] = (time.perf_counter() - started) * 1e3
                 records.append(rec)
-                pending.append((rec, loss_sum / group))
+                pending.append((rec, loss_sum))
                 if len(pending) >= rc.log_every or epoch_done:
                     flush()
                 if startup_s is None:
