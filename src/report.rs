@@ -143,6 +143,10 @@ pub fn find_runs_said(paths: &[PathBuf]) -> Result<(Vec<PathBuf>, Vec<Excluded>)
         if !p.exists() {
             return Err(Error::Input(format!("error: {} does not exist\n  = help: give run directories or folders holding them, e.g. runs/", p.display())));
         }
+        if !p.is_dir() {
+            empty.push(p);
+            continue;
+        }
         let mut stack = vec![p.clone()];
         let mut links = vec![];
         // A link up to the path given or above it (`up -> ..`) would walk what holds it.
@@ -228,7 +232,7 @@ pub fn find_runs_said(paths: &[PathBuf]) -> Result<(Vec<PathBuf>, Vec<Excluded>)
         }
         out.extend(found);
     }
-    if !out.is_empty() && !empty.is_empty() {
+    if !empty.is_empty() && (!out.is_empty() || empty.iter().any(|p| !p.is_dir())) {
         let said: Vec<String> = empty
             .iter()
             .map(|p| match p.is_dir() {

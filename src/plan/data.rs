@@ -221,16 +221,18 @@ impl<'a> Validator<'a> {
         if held <= room {
             return true;
         }
-        let (key, _) = parts
+        let (key, bytes) = parts
             .iter()
             .max_by_key(|(_, b)| *b)
             .copied()
             .unwrap_or(("data.train", 0));
         let gib = super::resources::gib;
+        // The most images of the larger part that fit beside the others.
+        let fits = room.saturating_sub(held - bytes) / cifar::PIXELS as u64;
         let help = match key {
-            "data.train" => "set data.limit to use part of the training data",
-            "data.test" => "set data.test_limit to score part of the test data",
-            _ => "give it a smaller file, or hold out part of the training data instead (data.validation)",
+            "data.train" => format!("set data.limit to at most {fits} (the training images that fit)"),
+            "data.test" => format!("set data.test_limit to at most {fits} (the test images that fit)"),
+            _ => "give it a smaller file, or hold out part of the training data instead (data.validation)".into(),
         };
         self.err(
             key,

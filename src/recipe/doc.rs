@@ -649,6 +649,10 @@ fn load_chain(
             )
         } else {
             match super::why_missing(&parent_path).as_str() {
+                "does not exist" if parent.starts_with('~') => (
+                    "no such file",
+                    "a leading ~ is $HOME; check the path under it",
+                ),
                 "does not exist" => ("no such file", "the path is relative to this recipe file"),
                 _ => (
                     "cannot be read (a dangling or looping symbolic link, or a folder on the way this user may not enter)",

@@ -491,7 +491,26 @@ fn check_types(path: &Path, doc: &mut Doc, report: &mut Diagnostics, dropped: &m
                             full.rsplit('.').next().unwrap_or(&full)
                         )),
                     ),
-                    None => (friendly(&msg), value_help(&msg)),
+                    None => {
+                        // The value as written (`0x1F`, not serde's 31), for a help that
+                        // quotes it.
+                        let written = doc.origins.get(&full).and_then(|o| {
+                            doc.source(o)
+                                .text
+                                .get(o.value.clone())
+                                .map(|t| t.trim().to_string())
+                        });
+                        let help = value_help(&msg).map(|h| {
+                            let h = h.replace("--set 'KEY=", &format!("--set '{full}="));
+                            match (&written, quoted_value(&msg)) {
+                                (Some(w), Some(q)) if !w.starts_with(['"', '\'']) => {
+                                    h.replace(&format!("\"{q}\""), &format!("\"{w}\""))
+                                }
+                                _ => h,
+                            }
+                        });
+                        (friendly(&msg), help)
+                    }
                 };
                 let mut d =
                     doc.diagnostic(path, &full, Diagnostic::error(path, said).key(full.clone()));
@@ -578,6 +597,18 @@ fn friendly(msg: &str) -> String {
     m
 }
 
+/// The value serde names between backticks in `msg` (`NaN`, `123`, `true`), as TOML
+/// writes it.
+fn quoted_value(msg: &str) -> Option<String> {
+    let (_, rest) = msg.split_once('`')?;
+    let (v, _) = rest.split_once('`')?;
+    Some(match v {
+        "NaN" => "nan".into(),
+        "inf" | "+inf" => "inf".into(),
+        v => v.into(),
+    })
+}
+
 /// What to do about a value serde rejected: the nearest allowed word, or the quotes to drop.
 fn value_help(msg: &str) -> Option<String> {
     // One word where a list of words goes (`--set cleanup.actions=trim_host`).
@@ -586,8 +617,16 @@ fn value_help(msg: &str) -> Option<String> {
             .split_once("\", expected a")
             .filter(|_| msg.ends_with("expected an array") || msg.ends_with("expected a sequence"))
         {
+            // Words joined by commas are a list's words.
+            let words: Vec<String> = got
+                .split(',')
+                .map(str::trim)
+                .filter(|w| !w.is_empty())
+                .map(|w| format!("\"{w}\""))
+                .collect();
+            let list = format!("[{}]", words.join(", "));
             return Some(format!(
-                "write an array: [\"{got}\"] (on the command line: 'KEY=[\"{got}\"]')"
+                "write an array: {list} (on the command line: --set 'KEY={list}')"
             ));
         }
     }
@@ -647,16 +686,8 @@ fn value_help(msg: &str) -> Option<String> {
         && !msg.starts_with("invalid type: sequence")
         && !msg.starts_with("invalid type: map")
     {
-        let got = msg
-            .split_once('`')
-            .and_then(|(_, r)| r.split_once('`'))
-            .map(|(v, _)| match v {
-                "NaN" => "nan",
-                "inf" | "+inf" => "inf",
-                v => v,
-            })
-            .unwrap_or("...");
-        return Some(format!("write it in quotes, \"{got}\": unquoted, TOML reads numbers, true, false, nan and inf as other types than text (on the command line, in single quotes for the shell: 'KEY=\"{got}\"')"));
+        let got = quoted_value(msg).unwrap_or_else(|| "...".into());
+        return Some(format!("write it in quotes, \"{got}\": unquoted, TOML reads numbers, true, false, nan and inf as other types than text (on the command line, in single quotes for the shell: --set 'KEY=\"{got}\"')"));
     }
     // One value where a list goes.
     if msg.starts_with("invalid type: ")

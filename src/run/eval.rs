@@ -203,6 +203,13 @@ pub fn eval(
         )),
         None => input(d.to_string()),
     };
+    // Evaluation holds the weights and the set it scores, not the training data: the
+    // memory check is not made against this machine (under `ulimit -v` eval of a run on
+    // large training data was refused, with a --set it takes none of as the help).
+    let machine = &crate::plan::Machine {
+        host_memory: None,
+        ..machine.clone()
+    };
     let plan = match run_plan(&recipe_path, &sets, machine) {
         Ok(plan) => plan,
         // The training data gone (a scratch disk cleaned, the run copied to another

@@ -1312,7 +1312,7 @@ fn image_data_too_large_to_hold_is_refused_before_its_labels_are_read() {
     assert!(
         stderr.contains("data.train: the data takes 1.1 GiB in memory (400000 images")
             && stderr.contains("more than the address space left under `ulimit -v`")
-            && stderr.contains("set data.limit")
+            && stderr.contains("set data.limit to at most")
             && !stderr.contains("label"),
         "{stderr}"
     );
@@ -1349,6 +1349,30 @@ fn image_data_too_large_to_hold_is_refused_before_its_labels_are_read() {
         &format!("data.train={:?}", clean.display().to_string()),
     ]);
     expect_exit(&out, 0);
+    // Evaluation holds the weights and the test set, not the training data: a run on all
+    // of it (made without the limit) is scored under the limit (it was refused, with a
+    // --set eval takes none of as the help).
+    let test = root().join("datasets/fashion_mnist/test_batch.bin");
+    let out = runner_cmd()
+        .arg(&recipe)
+        .arg("-q")
+        .args([
+            "--set",
+            &format!("data.train={:?}", clean.display().to_string()),
+        ])
+        .args([
+            "--set",
+            &format!("data.test={:?}", test.display().to_string()),
+        ])
+        .args(["--set", "log.dir=\"big-runs\""])
+        .current_dir(&dir)
+        .output()
+        .unwrap();
+    expect_exit(&out, 0);
+    let mut eval = runner_cmd();
+    eval.arg("eval").arg(only_run(&dir.join("big-runs/big")));
+    limit_address_space(&mut eval, 600 << 20);
+    expect_exit(&eval.output().unwrap(), 0);
     let _ = std::fs::remove_dir_all(&dir);
 }
 

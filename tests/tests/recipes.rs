@@ -352,6 +352,16 @@ fn extends_chains_merge_by_table_and_refuse_cycles() {
             path.display()
         );
     }
+    // `~/` is $HOME, and a base missing there is not said to be relative to the recipe.
+    std::fs::write(
+        dir.join("home.toml"),
+        "extends = \"~/no-such-runner-base.toml\"\n",
+    )
+    .unwrap();
+    let e = recipe::load(&dir.join("home.toml"))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("a leading ~ is $HOME"), "{e}");
 }
 
 #[test]
@@ -629,7 +639,7 @@ fn a_non_utf8_recipe_and_a_multi_key_set_are_refused_with_where() {
     refused(
         &recipe,
         &["--set", "cleanup.actions=trim_host"],
-        r#"help: write an array: ["trim_host"]"#,
+        r#"help: write an array: ["trim_host"] (on the command line: --set 'cleanup.actions=["trim_host"]')"#,
     );
     refused(
         &recipe,
