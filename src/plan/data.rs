@@ -353,6 +353,7 @@ impl<'a> Validator<'a> {
             words: 0,
         };
         let mut used_words = 0;
+        let mut kept_labels: Option<std::collections::BTreeSet<u32>> = None;
         for (i, (key, path)) in [("data.train", Some(&train)), ("data.test", test.as_ref())]
             .into_iter()
             .enumerate()
@@ -369,20 +370,23 @@ impl<'a> Validator<'a> {
                     .unwrap_or(usize::MAX);
                     self.texts_without_tokens(key, path, &scan, tokenizer.kind, first);
                     if i == 0 {
-                        let words = match first < scan.rows {
-                            // The vocabulary is built from the texts used only.
-                            true => crate::data::text::read_jsonl(path, &tf, &lf, limit, first)
-                                .map(|rows| {
-                                    crate::data::text::word_counts(
-                                        rows.iter().map(|(t, _)| t.as_str()),
-                                        tokenizer.lowercase,
-                                    )
-                                })
-                                .unwrap_or((scan.distinct_words, scan.top_word_count)),
-                            false => (scan.distinct_words, scan.top_word_count),
+                        // The vocabulary is built from the texts used only, and only their
+                        // labels are trained.
+                        let kept = (first < scan.rows)
+                            .then(|| {
+                                crate::data::text::read_jsonl(path, &tf, &lf, limit, first).ok()
+                            })
+                            .flatten();
+                        let words = match &kept {
+                            Some(rows) => crate::data::text::word_counts(
+                                rows.iter().map(|(t, _)| t.as_str()),
+                                tokenizer.lowercase,
+                            ),
+                            None => (scan.distinct_words, scan.top_word_count),
                         };
                         self.vocabulary_left(words.1, &tokenizer);
                         used_words = words.0;
+                        kept_labels = kept.map(|rows| rows.iter().map(|(_, l)| *l).collect());
                     }
                     seen.longest = seen.longest.max(match tokenizer.kind {
                         crate::recipe::TokenizerKind::Word => scan.longest_words,
@@ -391,7 +395,7 @@ impl<'a> Validator<'a> {
                     // The vocabulary is built from the training file.
                     if i == 0 {
                         seen.words = used_words;
-                        train_labels = scan.labels.clone();
+                        train_labels = kept_labels.clone().unwrap_or_else(|| scan.labels.clone());
                         let first = self.recipe().data.limit.unwrap_or(usize::MAX);
                         (cut, train_longest) = scan.longer_than(tokenizer.kind, max_length, first);
                         used = scan.rows.min(first);
@@ -423,6 +427,22 @@ impl<'a> Validator<'a> {
                     "label {max_label} occurs in the test set, but training labels run up to {train_max}: the model gets {classes} classes, and those above {train_max} are never trained"
                 ),
                 "check the test file's labels, or name the classes in labels.txt beside the training file",
+            );
+        }
+        // Labels only the texts past data.limit have still count as classes, never trained.
+        let kept_max = train_labels.last().map_or(0, |&l| l as usize);
+        if limit.is_none()
+            && kept_labels.is_some()
+            && train_max > kept_max
+            && max_label == train_max
+        {
+            self.warn(
+                "data.limit",
+                format!(
+                    "label {train_max} occurs in the training file past its first {} texts: the model gets {classes} classes, and those above {kept_max} are never trained",
+                    self.recipe().data.limit.unwrap_or(0)
+                ),
+                "name the classes in labels.txt beside the training file, or raise data.limit",
             );
         }
         // Texts cut to max_length lose their ends in silence (and the run's token counts

@@ -566,6 +566,25 @@ fn text_that_would_train_on_nothing_is_warned() {
     ] {
         assert!(stderr.contains(want), "{want}\n{stderr}");
     }
+    // A label only the texts past data.limit have is a class never trained.
+    let past = dir.join("past.jsonl");
+    std::fs::write(
+        &past,
+        "{\"text\": \"a\", \"label\": 0}\n{\"text\": \"b\", \"label\": 1}\n{\"text\": \"c\", \"label\": 5}\n",
+    )
+    .unwrap();
+    let out = validate(&[
+        &format!("data.train=\"{}\"", past.display()),
+        "data.limit=2",
+        "~data.test",
+        "run.eval=\"never\"",
+    ]);
+    expect_exit(&out, 0);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("data.limit: label 5 occurs in the training file past its first 2 texts: the model gets 6 classes"),
+        "{stderr}"
+    );
     let out = validate(&["model.num_classes=0"]);
     expect_exit(&out, 2);
     let stderr = String::from_utf8_lossy(&out.stderr);
