@@ -125,13 +125,8 @@ pub fn scan_jsonl(
     let mut byte_lengths = Vec::with_capacity(rows.len());
     let (mut no_words, mut no_bytes) = (vec![], vec![]);
     for (row, (text, _)) in rows.iter().enumerate() {
-        let lower;
-        let t = if lowercase {
-            lower = text.to_lowercase();
-            &lower
-        } else {
-            text
-        };
+        let cased = cased(text, lowercase);
+        let t = &*cased;
         longest_bytes = longest_bytes.max(t.len());
         let mut n = 0;
         for w in words(t) {
@@ -172,19 +167,20 @@ pub fn scan_jsonl(
     Ok(scan)
 }
 
+/// `text` lower-cased where the tokenizer lower-cases.
+fn cased(text: &str, lowercase: bool) -> std::borrow::Cow<'_, str> {
+    match lowercase {
+        true => text.to_lowercase().into(),
+        false => text.into(),
+    }
+}
+
 /// The distinct words of `texts` (as the word tokenizer splits them) and the most times
 /// one occurs: what a vocabulary built from them can hold.
 pub fn word_counts<'a>(texts: impl Iterator<Item = &'a str>, lowercase: bool) -> (usize, usize) {
     let mut counts: std::collections::HashMap<String, usize> = std::collections::HashMap::new();
     for text in texts {
-        let lower;
-        let t = if lowercase {
-            lower = text.to_lowercase();
-            &lower
-        } else {
-            text
-        };
-        for w in words(t) {
+        for w in words(&cased(text, lowercase)) {
             *counts.entry(w.to_string()).or_default() += 1;
         }
     }

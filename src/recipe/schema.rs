@@ -1337,9 +1337,9 @@ pub fn json_schema() -> serde_json::Value {
     schema
 }
 
-/// The keys a grid may sweep: every leaf of the format but those of the grid as a whole
-/// (`name`, `description`, `[slurm]`).
-fn sweepable() -> Vec<String> {
+/// Every leaf key of the format (`loader.workers`, ...): the tables' fields that are not
+/// tables themselves.
+pub fn leaf_keys() -> Vec<String> {
     let tables = tables();
     let mut out = vec![];
     for (t, fields) in &tables {
@@ -1349,15 +1349,24 @@ fn sweepable() -> Vec<String> {
             } else {
                 format!("{t}.{f}")
             };
-            let whole_grid = matches!(k.as_str(), "name" | "description" | "extends" | "sweep")
-                || k.starts_with("slurm.")
-                || k == "slurm";
-            if !whole_grid && !tables.iter().any(|(p, _)| *p == k) {
+            if !tables.iter().any(|(p, _)| *p == k) {
                 out.push(k);
             }
         }
     }
     out
+}
+
+/// The keys a grid may sweep: every leaf of the format but those of the grid as a whole
+/// (`name`, `description`, `[slurm]`).
+fn sweepable() -> Vec<String> {
+    leaf_keys()
+        .into_iter()
+        .filter(|k| {
+            !(matches!(k.as_str(), "name" | "description" | "extends" | "sweep")
+                || k.starts_with("slurm."))
+        })
+        .collect()
 }
 
 /// The schema of `[sweep]` at the table `prefix` (`""` for `[sweep]` itself): each key

@@ -57,21 +57,7 @@ pub struct Cell {
 
 /// Every leaf key of the format (`loader.workers`, ...).
 fn all_keys() -> Vec<String> {
-    let tables = schema::tables();
-    let mut out = vec![];
-    for (t, fields) in &tables {
-        for f in *fields {
-            let k = if t.is_empty() {
-                f.to_string()
-            } else {
-                format!("{t}.{f}")
-            };
-            if !tables.iter().any(|(p, _)| *p == k) {
-                out.push(k);
-            }
-        }
-    }
-    out
+    schema::leaf_keys()
 }
 
 /// The shortest dotted suffix of `key` that no other key of the format ends with (at least
