@@ -362,20 +362,22 @@ pub fn load_run(dir: &Path) -> Result<Run, Error> {
     summary.absorb(&records, stored.warmup_steps);
     // What it ran on, too: one recipe on an H100 and an H200 (or two CPUs) is no repeat,
     // and their mean is neither machine's figure.
-    let mut recipe = what_ran(dir);
+    // env.json once: the data files, the threads and the cores.
+    let env = env_json(dir);
+    let mut recipe = what_ran(dir, env.as_ref());
     if !recipe.is_empty() && !stored.device.is_empty() {
         recipe.push(("device".into(), stored.device.clone()));
     }
     // On the CPU, the threads it ran on (`threads = 0` is one per core, which differs
     // between machines): its speed, and the bits of its sums, follow them.
     if !recipe.is_empty() && stored.backend.contains("cpu") {
-        let threads = env_u64(dir, "threads");
+        let threads = env.as_ref().and_then(|e| e.get("threads")?.as_u64());
         if let Some(n) = threads {
             recipe.push(("cpu threads".into(), n.to_string()));
         }
         // And the cores it could use (`taskset`, a cgroup's quota): its loader's workers
         // share them, and its CPU util is a share of them.
-        if let Some(cpus) = cpus_of(dir) {
+        if let Some(cpus) = env.as_ref().and_then(cpus_of) {
             recipe.push(("cpus".into(), cpus));
         }
     }
@@ -388,11 +390,6 @@ pub fn load_run(dir: &Path) -> Result<Run, Error> {
     })
 }
 
-/// A number at the top of the run's `env.json`.
-fn env_u64(dir: &Path, key: &str) -> Option<u64> {
-    env_json(dir).and_then(|e| e.get(key).and_then(|n| n.as_u64()))
-}
-
 fn env_json(dir: &Path) -> Option<serde_json::Value> {
     crate::metrics::read_text(dir.join("env.json"))
         .ok()
@@ -401,8 +398,7 @@ fn env_json(dir: &Path) -> Option<serde_json::Value> {
 
 /// The CPUs the run's processes could use, in order, each count once: `2`, or `2,1` for a
 /// run resumed on one (its steps on both are no repeat of either).
-fn cpus_of(dir: &Path) -> Option<String> {
-    let env = env_json(dir)?;
+fn cpus_of(env: &serde_json::Value) -> Option<String> {
     let mut counts = vec![env.get("cpus")?.as_u64()?];
     let resumed = env.get("resumes").and_then(|r| r.as_array());
     for n in resumed
@@ -423,8 +419,8 @@ fn cpus_of(dir: &Path) -> Option<String> {
     )
 }
 
-/// [`Run::recipe`] of the run in `dir`.
-fn what_ran(dir: &Path) -> Vec<(String, String)> {
+/// [`Run::recipe`] of the run in `dir`, its `env.json` given.
+fn what_ran(dir: &Path, env: Option<&serde_json::Value>) -> Vec<(String, String)> {
     let Some(mut recipe) = crate::metrics::read_text(dir.join("recipe.toml"))
         .ok()
         .and_then(|t| t.parse::<toml::Table>().ok())
@@ -454,10 +450,7 @@ fn what_ran(dir: &Path) -> Vec<(String, String)> {
         }
         // The files read, by content; the order is the runner's (training, test,
         // validation), the same for the same recipe.
-        let env: Option<serde_json::Value> = crate::metrics::read_text(dir.join("env.json"))
-            .ok()
-            .and_then(|t| serde_json::from_str(&t).ok());
-        files = env.as_ref().and_then(|e| e["data"].as_array()).map(|all| {
+        files = env.and_then(|e| e["data"].as_array()).map(|all| {
             all.iter()
                 .map(|f| format!("{}:{}", f["bytes"], f["crc32"].as_str().unwrap_or("?")))
                 .collect::<Vec<_>>()
