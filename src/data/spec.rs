@@ -110,7 +110,8 @@ pub struct TextPlan {
 }
 
 /// The longest text of the training, test and validation files in tokens (before the cut to
-/// `max_length`), and the distinct words of the training file (a word vocabulary's most).
+/// `max_length`), and the words a word vocabulary built from the training texts keeps
+/// (`min_freq`, `max_vocab`).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct TextSeen {
     pub longest: usize,

@@ -41,14 +41,13 @@ pub struct Scan {
     /// words as [`words`] splits them, and UTF-8 bytes.
     pub longest_words: usize,
     pub longest_bytes: usize,
-    /// Distinct words of the file (so a word vocabulary built from it has at most these).
-    pub distinct_words: usize,
+    /// How many times each distinct word of the file occurs, the most first: a word
+    /// vocabulary built from it holds those at `min_freq` or more, at most `max_vocab`.
+    pub word_freqs: Vec<usize>,
     /// Each text's length in words and in bytes (as `longest_*`), in the file's order: how
     /// many a `max_length` cuts, of the first `data.limit`.
     pub word_lengths: Vec<u32>,
     pub byte_lengths: Vec<u32>,
-    /// The most times one word occurs in the file: a `min_freq` above it keeps no word.
-    pub top_word_count: usize,
     /// The texts (0-based, in file order) with no word (empty, or only white space) and
     /// with no byte (empty): each is one unknown token to its tokenizer.
     pub no_words: Vec<usize>,
@@ -154,10 +153,9 @@ pub fn scan_jsonl(
         labels: rows.iter().map(|(_, l)| *l).collect(),
         longest_words,
         longest_bytes,
-        distinct_words: seen_words.len(),
+        word_freqs: most_first(seen_words),
         word_lengths,
         byte_lengths,
-        top_word_count: seen_words.values().copied().max().unwrap_or(0),
         no_words,
         no_bytes,
     };
@@ -175,16 +173,28 @@ fn cased(text: &str, lowercase: bool) -> std::borrow::Cow<'_, str> {
     }
 }
 
-/// The distinct words of `texts` (as the word tokenizer splits them) and the most times
-/// one occurs: what a vocabulary built from them can hold.
-pub fn word_counts<'a>(texts: impl Iterator<Item = &'a str>, lowercase: bool) -> (usize, usize) {
+/// How many times each distinct word of `texts` (as the word tokenizer splits them)
+/// occurs, the most first: what a vocabulary built from them can hold.
+pub fn word_counts<'a>(texts: impl Iterator<Item = &'a str>, lowercase: bool) -> Vec<usize> {
     let mut counts: std::collections::HashMap<String, usize> = std::collections::HashMap::new();
     for text in texts {
         for w in words(&cased(text, lowercase)) {
             *counts.entry(w.to_string()).or_default() += 1;
         }
     }
-    (counts.len(), counts.values().copied().max().unwrap_or(0))
+    most_first(counts)
+}
+
+fn most_first(counts: std::collections::HashMap<String, usize>) -> Vec<usize> {
+    let mut freqs: Vec<usize> = counts.into_values().collect();
+    freqs.sort_unstable_by(|a, b| b.cmp(a));
+    freqs
+}
+
+/// The words a vocabulary keeps ([`Tokenizer::build_word`]) of words occurring `freqs`
+/// times (the most first): those seen `min_freq` times or more, at most `max_vocab`.
+pub fn kept_words(freqs: &[usize], min_freq: usize, max_vocab: usize) -> usize {
+    freqs.partition_point(|&n| n >= min_freq).min(max_vocab)
 }
 
 /// Reads `(text, label)` pairs. Blank lines are skipped; anything else that is not an object
@@ -824,11 +834,14 @@ mod tests {
         .unwrap();
         let s = scan_jsonl(&p, "text", "label", None, true).unwrap();
         assert_eq!(
-            (s.longest_words, s.longest_bytes, s.distinct_words),
-            (5, 16, 4)
+            (s.longest_words, s.longest_bytes, &s.word_freqs[..]),
+            (5, 16, &[2, 1, 1, 1][..])
         );
         let s = scan_jsonl(&p, "text", "label", None, false).unwrap();
-        assert_eq!(s.distinct_words, 5);
+        assert_eq!(s.word_freqs, [1; 5]);
+        assert_eq!(kept_words(&[3, 2, 2, 1], 2, 10), 3);
+        assert_eq!(kept_words(&[3, 2, 2, 1], 2, 1), 1);
+        assert_eq!(kept_words(&[3, 2, 2, 1], 4, 10), 0);
         assert_eq!(
             [4, 5].map(|m| s.longer_than(TokenizerKind::Word, m, usize::MAX)),
             [(1, 5), (0, 5)]

@@ -370,23 +370,36 @@ impl<'a> Validator<'a> {
                     .unwrap_or(usize::MAX);
                     self.texts_without_tokens(key, path, &scan, tokenizer.kind, first);
                     if i == 0 {
-                        // The vocabulary is built from the texts used only, and only their
-                        // labels are trained.
-                        let kept = (first < scan.rows)
+                        // The vocabulary is built from the texts used only, less those
+                        // `data.validation` holds out (as `data::load` splits them), and
+                        // only the used texts' labels are trained.
+                        let held = self.held_out(first.min(scan.rows));
+                        let rows = (first < scan.rows || held > 0)
                             .then(|| {
                                 crate::data::text::read_jsonl(path, &tf, &lf, limit, first).ok()
                             })
                             .flatten();
-                        let words = match &kept {
-                            Some(rows) => crate::data::text::word_counts(
-                                rows.iter().map(|(t, _)| t.as_str()),
-                                tokenizer.lowercase,
-                            ),
-                            None => (scan.distinct_words, scan.top_word_count),
+                        let freqs = match &rows {
+                            Some(rows) => {
+                                let labels: Vec<u32> = rows.iter().map(|(_, l)| *l).collect();
+                                let seed = self.recipe().seed;
+                                let kept = crate::data::stratified_split(&labels, held, seed).0;
+                                crate::data::text::word_counts(
+                                    kept.iter().map(|&k| rows[k].0.as_str()),
+                                    tokenizer.lowercase,
+                                )
+                            }
+                            None => scan.word_freqs.clone(),
                         };
-                        self.vocabulary_left(words.1, &tokenizer);
-                        used_words = words.0;
-                        kept_labels = kept.map(|rows| rows.iter().map(|(_, l)| *l).collect());
+                        self.vocabulary_left(freqs.first().copied().unwrap_or(0), &tokenizer);
+                        used_words = crate::data::text::kept_words(
+                            &freqs,
+                            tokenizer.min_freq,
+                            tokenizer.max_vocab,
+                        );
+                        kept_labels = rows
+                            .filter(|_| first < scan.rows)
+                            .map(|rows| rows.iter().map(|(_, l)| *l).collect());
                     }
                     seen.longest = seen.longest.max(match tokenizer.kind {
                         crate::recipe::TokenizerKind::Word => scan.longest_words,
@@ -837,6 +850,23 @@ impl<'a> Validator<'a> {
         );
     }
 
+    /// How many of the `used` training samples `data.validation` (a fraction) holds out:
+    /// as `split` counts them, 0 where it refuses the fraction or a file of its own is named.
+    fn held_out(&self, used: usize) -> usize {
+        let d = &self.recipe().data;
+        match d.validation {
+            Some(f) if f > 0.0 && f < 1.0 && d.validation_file.is_none() => {
+                let v = (f * used as f64).round() as usize;
+                if v < used {
+                    v
+                } else {
+                    0
+                }
+            }
+            _ => 0,
+        }
+    }
+
     /// A `min_freq` above every training word's count keeps no word: every text is then
     /// unknown tokens, and the run trained on nothing, in silence.
     fn vocabulary_left(&mut self, top_word_count: usize, t: &crate::recipe::TokenizerSection) {
@@ -928,7 +958,7 @@ impl<'a> Validator<'a> {
             // between unused (1,000,000 made a 4,611-parameter model one of 64 million,
             // and its steps 4,000 times slower).
             let ids = match t.kind {
-                crate::recipe::TokenizerKind::Word => t.max_vocab.min(seen.words) + 2,
+                crate::recipe::TokenizerKind::Word => seen.words + 2,
                 crate::recipe::TokenizerKind::Byte => 258,
             };
             let pad = p.pad_id as usize;

@@ -57,14 +57,14 @@ pub fn gib(bytes: u64) -> String {
     format!("{:.1} GiB", bytes as f64 / (1u64 << 30) as f64)
 }
 
-/// The vocabulary a text plan can reach: the word tokenizer's cap or the training file's
-/// distinct words, whichever is fewer (plus its specials), or the byte tokenizer's 256 (plus
-/// its specials). (The cap alone was taken: `max_vocab = 100000000` over a file of four
+/// The vocabulary a text plan can reach: the words the word tokenizer keeps of the training
+/// texts (at most its cap, those seen `min_freq` times; plus its specials), or the byte
+/// tokenizer's 256 (plus its specials). (The cap alone was taken: `max_vocab = 100000000` over a file of four
 /// words was refused as a 6.4-billion-parameter model.)
 fn vocab_bound(data: &DataPlan, pad_id: usize) -> u64 {
     let t = data.text();
     let v = match t.map(|t| t.tokenizer.kind) {
-        Some(TokenizerKind::Word) => t.map_or(0, |t| t.tokenizer.max_vocab.min(t.seen.words)) + 2,
+        Some(TokenizerKind::Word) => t.map_or(0, |t| t.seen.words) + 2,
         _ => 258,
     };
     (v.max(pad_id + 1)) as u64

@@ -545,7 +545,7 @@ fn text_that_would_train_on_nothing_is_warned() {
         "data.train: 2 of the 4 texts of",
         "have no word (empty, or only white space), the first being text 1",
         "data.tokenizer.min_freq: 3 is more than any training word occurs (the most frequent, 2 times)",
-        "padding.pad_id: 100000 is past the vocabulary's 7 ids",
+        "padding.pad_id: 100000 is past the vocabulary's 2 ids",
         "data.test: labels run up to 40, so the model gets 41 classes, but only 3 distinct labels occur in the training and test files",
     ] {
         assert!(stderr.contains(want), "{want}\n{stderr}");
@@ -562,7 +562,7 @@ fn text_that_would_train_on_nothing_is_warned() {
     for want in [
         "data.train: 1 of the first 2 texts of",
         "min_freq: 2 is more than any training word occurs (the most frequent, once)",
-        "padding.pad_id: 6 is past the vocabulary's 5 ids",
+        "padding.pad_id: 6 is past the vocabulary's 2 ids",
     ] {
         assert!(stderr.contains(want), "{want}\n{stderr}");
     }
@@ -583,6 +583,56 @@ fn text_that_would_train_on_nothing_is_warned() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
         stderr.contains("data.limit: label 5 occurs in the training file past its first 2 texts: the model gets 6 classes"),
+        "{stderr}"
+    );
+    // Nor of the texts data.validation holds out: the vocabulary is built without them.
+    // "shared" is in all 10 texts, so in the 5 trained on.
+    let split = dir.join("split.jsonl");
+    let rows: String = (0..10)
+        .map(|i| format!("{{\"text\": \"shared w{i}\", \"label\": {}}}\n", i % 2))
+        .collect();
+    std::fs::write(&split, rows).unwrap();
+    let out = validate(&[
+        &format!("data.train=\"{}\"", split.display()),
+        "~data.test",
+        "run.eval=\"never\"",
+        "data.validation=0.5",
+        "data.tokenizer.min_freq=6",
+    ]);
+    expect_exit(&out, 0);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains(
+            "min_freq: 6 is more than any training word occurs (the most frequent, 5 times)"
+        ),
+        "{stderr}"
+    );
+    let out = validate(&[
+        &format!("data.train=\"{}\"", split.display()),
+        "~data.test",
+        "run.eval=\"never\"",
+        "data.validation=0.5",
+        "padding.pad_id=9",
+    ]);
+    expect_exit(&out, 0);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("padding.pad_id: 9 is past the vocabulary's 8 ids"),
+        "{stderr}"
+    );
+    // The vocabulary keeps only the words seen min_freq times: "shared" (5 times), no wN.
+    let out = validate(&[
+        &format!("data.train=\"{}\"", split.display()),
+        "~data.test",
+        "run.eval=\"never\"",
+        "data.validation=0.5",
+        "data.tokenizer.min_freq=2",
+        "padding.pad_id=4",
+    ]);
+    expect_exit(&out, 0);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("padding.pad_id: 4 is past the vocabulary's 3 ids"),
         "{stderr}"
     );
     let out = validate(&["model.num_classes=0"]);
