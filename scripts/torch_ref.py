@@ -72,8 +72,8 @@ Output (one JSON line): name, framework, device, device_name, torch, torchvision
 threads, parameters, steps, timed_steps, median_ms, p95_ms, mean_ms, samples_per_s,
 startup_s (process start to the end of the first step), wall_s, mem_allocated_bytes /
 mem_reserved_bytes (torch.cuda.max_memory_allocated / max_memory_reserved: true peaks),
-mem_in_use_after_step_bytes / mem_reserved_after_step_bytes (largest reading after a step:
-what the runner's peak_mem_in_use_bytes / peak_mem_reserved_bytes measure), peak_rss_bytes,
+mem_in_use_after_step_bytes / mem_reserved_after_step_bytes (largest reading after a step,
+before its cleanup: what the runner's peak_mem_in_use_bytes / peak_mem_reserved_bytes measure), peak_rss_bytes,
 data_wait_pct, cleanup_ms_total, cleanup_pct, first_losses, final_loss, test_accuracy, and
 the settings that shape the kernels.
 """
@@ -773,15 +773,16 @@ def main(argv=None):
                 epoch_done = left == 0 or step == total
                 if epoch_done and due("epoch", step):
                     actions += rc.actions
+                # As the runner reads a step's memory: after it, before its cleanup.
+                if cuda:
+                    mem_after[0] = max(mem_after[0], torch.cuda.memory_allocated(device))
+                    mem_after[1] = max(mem_after[1], torch.cuda.memory_reserved(device))
                 if actions:
                     t = time.perf_counter()
                     cleanup(actions)
                     if synced:
                         sync()
                     rec["cleanup_ms"] = (time.perf_counter() - t) * 1e3
-                if cuda:
-                    mem_after[0] = max(mem_after[0], torch.cuda.memory_allocated(device))
-                    mem_after[1] = max(mem_after[1], torch.cuda.memory_reserved(device))
                 rec["iter_ms"] = (time.perf_counter() - started) * 1e3
                 records.append(rec)
                 pending.append((rec, loss_sum))

@@ -237,6 +237,34 @@ pub struct EvalRecord {
     pub ms: f64,
 }
 
+/// The steps whose time counts: after the warm-up (the run's first `warmup_steps`, and a
+/// resumed process's own, `rewarm`), outside the profile window (synced, so slower) unless
+/// every such step is in it.
+pub fn timed_steps<'a>(
+    records: impl IntoIterator<Item = &'a StepRecord>,
+    warmup_steps: u64,
+) -> Vec<&'a StepRecord> {
+    let after: Vec<&StepRecord> = records
+        .into_iter()
+        .filter(|r| r.step > warmup_steps && !r.rewarm)
+        .collect();
+    let unsynced: Vec<&StepRecord> = after.iter().copied().filter(|r| !r.synced).collect();
+    if unsynced.is_empty() {
+        after
+    } else {
+        unsynced
+    }
+}
+
+/// A step's loss is the mean over its samples: the mean of several steps' weights each by
+/// them (a short last batch's 8 samples counted as much as a full step's 96).
+pub fn mean_loss<'a>(records: impl IntoIterator<Item = &'a StepRecord>) -> f64 {
+    let (sum, n) = records.into_iter().fold((0.0, 0usize), |(s, n), r| {
+        (s + r.loss * r.samples as f64, n + r.samples)
+    });
+    sum / n as f64
+}
+
 /// Per-phase medians over a set of steps, milliseconds.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Phases {
@@ -249,7 +277,9 @@ pub struct Phases {
     pub log_ms: f64,
     #[serde(default)]
     pub mem_query_ms: f64,
-    /// What the step spent outside the phases above (bookkeeping, scheduling).
+    /// What the step spent outside the phases above (bookkeeping, scheduling): the
+    /// median of each step's rest, so the medians above and this one need not add up to
+    /// `iter_ms`'s. A checkpoint is not in the step (`iter_ms`), nor taken from it here.
     pub other_ms: f64,
     pub iter_ms: f64,
 }
@@ -278,7 +308,6 @@ impl Phases {
                     - r.forward_backward_ms
                     - r.optimizer_ms
                     - r.cleanup_ms
-                    - r.checkpoint_ms
                     - r.log_ms
                     - r.mem_query_ms
             }),
@@ -499,12 +528,7 @@ impl Summary {
             .iter()
             .fold(0u64, |a, r| a.saturating_add(r.samples as u64));
         self.final_loss = records.last().map(|r| r.loss);
-        let after: Vec<&StepRecord> = records
-            .iter()
-            .filter(|r| r.step > warmup_steps && !r.rewarm)
-            .collect();
-        let unsynced: Vec<&StepRecord> = after.iter().copied().filter(|r| !r.synced).collect();
-        let timed = if unsynced.is_empty() { after } else { unsynced };
+        let timed = timed_steps(records, warmup_steps);
         let iters: Vec<f64> = timed.iter().map(|r| r.iter_ms).collect();
         self.iter_ms = Stats::of(&iters);
         let total_ms: f64 = iters.iter().sum();
@@ -1097,6 +1121,18 @@ mod tests {
         assert_eq!(read("1\n2\n{\"st"), Ok(vec![1, 2]));
         assert_eq!(read("1\n3"), Ok(vec![1, 3]));
         assert_eq!(read("1\nx\n2\n"), Err(2));
+    }
+
+    #[test]
+    fn a_steps_rest_leaves_out_its_checkpoint_as_its_time_does() {
+        let r = StepRecord {
+            iter_ms: 10.0,
+            forward_backward_ms: 6.0,
+            optimizer_ms: 1.0,
+            checkpoint_ms: 5.0,
+            ..Default::default()
+        };
+        assert_eq!(Phases::of(&[&r]).unwrap().other_ms, 3.0);
     }
 
     #[test]

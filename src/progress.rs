@@ -31,6 +31,8 @@ pub struct Progress {
     /// Kernels are compiled at run time (CUDA): watch for them after start-up too.
     watch: bool,
     total_steps: u64,
+    /// `run.warmup_steps`: left out of an epoch's ms/iter, as out of the run's.
+    warmup_steps: u64,
     /// Without a terminal (a Slurm log, `nohup`): a step line every `STEP_LINE_EVERY`.
     step_lines: Option<StepLines>,
     /// The bar's last steps' times, for its ms/iter (one step's time jumps about).
@@ -411,6 +413,7 @@ impl Progress {
             watch,
             started: false,
             total_steps: plan.run.total_steps,
+            warmup_steps: plan.run.warmup_steps,
             step_lines,
             recent_ms: Default::default(),
         }
@@ -510,10 +513,16 @@ impl Progress {
         if this.is_empty() {
             return;
         }
-        let loss = this.iter().map(|r| r.loss).sum::<f64>() / this.len() as f64;
-        let iters: Vec<f64> = this.iter().map(|r| r.iter_ms).collect();
+        let loss = crate::metrics::mean_loss(this.iter().copied());
+        // The steps the run's ms/iter counts; an epoch of warm-up steps only, those, said.
+        let timed = crate::metrics::timed_steps(this.iter().copied(), self.warmup_steps);
+        let (steps, warm) = match timed.is_empty() {
+            true => (&this, " (warm-up steps)"),
+            false => (&timed, ""),
+        };
+        let iters: Vec<f64> = steps.iter().map(|r| r.iter_ms).collect();
         self.line(format!(
-            "epoch {}/{}: {} step{}{}, mean loss {loss:.4}, median {:.1} ms/iter",
+            "epoch {}/{}: {} step{}{}, mean loss {loss:.4}, median {:.1} ms/iter{warm}",
             epoch + 1,
             self.epochs,
             this.len(),

@@ -785,12 +785,14 @@ pub struct Row {
     /// of its recipe); `None` where the run kept no recipe.
     pub samples_per_step: Option<u64>,
     /// `ms_median / baseline's ms_median`; where the row's steps take another number of
-    /// samples than the baseline's ([`Row::per_sample`]), the time per sample's ratio,
-    /// `baseline's samples_per_s / samples_per_s`.
+    /// samples than the baseline's ([`Row::per_sample`]), the ratio of those medians per
+    /// sample (each over its `samples_per_step`): medians both ways, so a heavy tail turns
+    /// neither (the mean rate, `samples_per_s`, made a row faster by its median read slower).
     pub ratio: f64,
     /// The ratio compares time per sample, not per step (another batch size).
     pub per_sample: bool,
-    /// The difference to the baseline is smaller than twice the combined spread.
+    /// The difference to the baseline is smaller than twice the combined spread: of the
+    /// ratio's logarithm, so the verdict is the same whichever of two rows is the baseline.
     /// `None` where the row's or the baseline's spread is unknown (one timed step).
     pub within_noise: Option<bool>,
     pub is_baseline: bool,
@@ -983,22 +985,22 @@ pub fn rows(runs: &[Run], baseline: Option<&str>) -> Result<Vec<Row>, Error> {
     };
     out[base].is_baseline = true;
     let (bm, bcv) = (out[base].ms_median, out[base].cv_pct);
-    let (bn, bs) = (out[base].samples_per_step, out[base].samples_per_s);
+    let bn = out[base].samples_per_step;
     for r in &mut out {
         // A step of another batch size is another amount of work: compared per sample.
         r.per_sample = matches!((r.samples_per_step, bn), (Some(a), Some(b)) if a != b);
         // NaN (shown as `-`) when either side has no timed step.
-        r.ratio = match (r.per_sample, bm > 0.0) {
-            (true, _) if r.samples_per_s > 0.0 => bs / r.samples_per_s,
-            (false, true) => r.ms_median / bm,
-            _ => f64::NAN,
+        r.ratio = match (r.samples_per_step, bn) {
+            _ if bm.is_nan() || bm <= 0.0 => f64::NAN,
+            (Some(a), Some(b)) if r.per_sample => (r.ms_median / a as f64) / (bm / b as f64),
+            _ => r.ms_median / bm,
         };
         // `None` where a spread is unknown: no claim either way.
         let noise = 2.0 * ((r.cv_pct / 100.0).powi(2) + (bcv / 100.0).powi(2)).sqrt();
         r.within_noise = if r.is_baseline {
             Some(true)
         } else {
-            (!noise.is_nan()).then(|| (r.ratio - 1.0).abs() <= noise)
+            (!noise.is_nan()).then(|| r.ratio.ln().abs() <= noise)
         };
     }
     Ok(out)
@@ -1265,7 +1267,7 @@ pub fn render(rows: &[Row], format: Format) -> String {
          combined spread; ?: a spread is unknown, so noise cannot be told apart. vs baseline: the \
          row's ms/iter over the baseline's (above 1x: slower per iteration); a row whose \
          steps take another number of samples (batch × accumulation) is compared per sample \
-         (x/sample: the baseline's samples/s over the row's). p95 ms, samples/s, data wait % and \
+         (x/sample: the row's ms/iter per sample over the baseline's). p95 ms, samples/s, data wait % and \
          cleanup %: means over the timed runs; GPU/CPU util % and test acc %: means over the runs \
          (CPU util: of the cores the run could use); memory: the largest over the runs.\n",
     );
@@ -1490,9 +1492,7 @@ mod tests {
         ];
         let r = rows(&runs, None).unwrap();
         // 64 samples in 30 ms is faster per sample than 16 in 10 ms, though slower per step.
-        assert!(
-            r[1].per_sample && (r[1].ratio - r[0].samples_per_s / r[1].samples_per_s).abs() < 1e-12
-        );
+        assert!(r[1].per_sample && (r[1].ratio - (30.0 / 64.0) / (10.0 / 16.0)).abs() < 1e-12);
         assert!(r[1].ratio < 1.0, "{}", r[1].ratio);
         // 8 × 2 accumulated is the baseline's 16 a step: compared per step.
         assert!(!r[2].per_sample && (r[2].ratio - 1.2).abs() < 1e-12);
@@ -1505,6 +1505,23 @@ mod tests {
         let csv = render(&r, Format::Csv);
         assert!(csv.lines().nth(2).unwrap().contains(",sample,"), "{csv}");
         assert!(csv.lines().nth(3).unwrap().contains(",step,"), "{csv}");
+    }
+
+    #[test]
+    fn the_noise_verdict_is_the_same_whichever_row_is_the_baseline() {
+        // Spread 12.9% each, so noise 0.36: 0.7x is 0.30 from 1 and its inverse, 1.43x,
+        // 0.43 (a verdict that turned with the baseline); the ratio's logarithm is 0.357.
+        let runs = vec![
+            run("a", &[10.0, 10.0, 10.0]),
+            run("a", &[12.0, 12.0, 12.0]),
+            run("b", &[7.0, 7.0, 7.0]),
+            run("b", &[8.4, 8.4, 8.4]),
+        ];
+        let from_a = rows(&runs, Some("a")).unwrap();
+        let from_b = rows(&runs, Some("b")).unwrap();
+        assert!((from_a[1].ratio - 0.7).abs() < 1e-12, "{}", from_a[1].ratio);
+        assert_eq!(from_a[1].within_noise, Some(true));
+        assert_eq!(from_b[0].within_noise, Some(true));
     }
 
     #[test]

@@ -305,7 +305,6 @@ impl<'a, B: TrainBackend> Trainer<'a, B> {
         let step = self.step;
         let epoch_done = pos.left == 0 || step == plan.run.total_steps;
         self.cleanup(epoch_done, &mut rec);
-        rec.rss_bytes = rss_bytes();
         if step == self.first_step {
             // The first step ends when the device has run it: on a GPU that is when its
             // kernels are compiled and tuned, which is the start-up users wait for.
@@ -420,22 +419,25 @@ impl<'a, B: TrainBackend> Trainer<'a, B> {
             rec.mem_query_ms += ms(t);
             m
         };
-        // What a cleanup frees: the pool's reserved bytes on a device with one, else RSS.
-        let cleanup_mem =
-            |rec: &mut StepRecord| mem(rec).map(|(_, reserved)| reserved).or_else(rss_bytes);
+        // The memory as the step left it, before its cleanup: the step's own figures, and
+        // so the run's peaks (read after a cleanup they were the memory between steps: a
+        // cleanup every step read as a smaller peak).
+        let pool = match self.io.plan.profile.memory || !actions.is_empty() {
+            true => mem(rec),
+            false => None,
+        };
+        rec.rss_bytes = rss_bytes();
+        if self.io.plan.profile.memory {
+            rec.mem_in_use_bytes = pool.map(|(in_use, _)| in_use);
+            rec.mem_reserved_bytes = pool.map(|(_, reserved)| reserved);
+        }
         if !actions.is_empty() {
-            rec.cleanup_mem_before_bytes = cleanup_mem(rec);
+            // What a cleanup frees: the pool's reserved bytes on a device with one, else RSS.
+            rec.cleanup_mem_before_bytes = pool.map(|(_, reserved)| reserved).or(rec.rss_bytes);
             let run = || run_cleanup::<B>(&actions, &device);
             let ((), took) = phase::<B, _>(rec.synced, &device, run);
             rec.cleanup_ms = took;
-            rec.cleanup_mem_after_bytes = cleanup_mem(rec);
-        }
-        if !self.io.plan.profile.memory {
-            return;
-        }
-        if let Some((in_use, reserved)) = mem(rec) {
-            rec.mem_in_use_bytes = Some(in_use);
-            rec.mem_reserved_bytes = Some(reserved);
+            rec.cleanup_mem_after_bytes = mem(rec).map(|(_, reserved)| reserved).or_else(rss_bytes);
         }
     }
 

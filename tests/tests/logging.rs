@@ -70,6 +70,11 @@ fn a_cpu_run_records_every_phase_and_its_profile_window() {
             r.step
         );
         assert_eq!(r.cleanup_mem_before_bytes.is_some(), r.step % 4 == 0);
+        // A step's memory is read as the step left it, before its cleanup (read after it,
+        // a cleanup every step made the run's peak that of the memory between steps).
+        if r.cleanup_mem_before_bytes.is_some() {
+            assert_eq!(r.rss_bytes, r.cleanup_mem_before_bytes, "step {}", r.step);
+        }
         let u = r.cpu_util_pct.expect("the /proc sampler covers every step");
         assert!((0.0..=100.0).contains(&u));
     }
@@ -85,6 +90,12 @@ fn a_cpu_run_records_every_phase_and_its_profile_window() {
     // The window's steps (slower: they sync) are left out of ms/iter, as the warm-up is.
     assert_eq!(s.iter_ms.count, 24 - 2 - 5);
     assert!(s.cleanup_freed_bytes.is_some());
+    let most = recs.iter().filter_map(|r| r.cleanup_mem_before_bytes).max();
+    assert!(
+        s.peak_rss_bytes >= most,
+        "{:?} < {most:?}",
+        s.peak_rss_bytes
+    );
     let samples = std::fs::read_to_string(out.dir.join("samples.jsonl")).unwrap();
     assert!(samples.lines().count() >= 3);
 }

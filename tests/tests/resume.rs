@@ -1165,9 +1165,10 @@ fn a_checkpoint_out_of_line_with_the_metrics_is_not_resumed_from() {
 fn an_epoch_line_counts_the_step_its_checkpoint_waits_on() {
     let dir = tempdir("epoch-line");
     let recipe = long_recipe(&dir, "e", "[checkpoint]\nevery = \"epoch\"\n");
+    // 600 samples: each epoch's last step is one micro-batch of 24, the others 64.
     let out = runner_cmd()
         .arg(&recipe)
-        .args(["--set", "run.epochs=3"])
+        .args(["--set", "run.epochs=3", "--set", "data.limit=600"])
         .output()
         .unwrap();
     expect_exit(&out, 0);
@@ -1175,12 +1176,15 @@ fn an_epoch_line_counts_the_step_its_checkpoint_waits_on() {
     let recs = records(&run);
     let stderr = String::from_utf8_lossy(&out.stderr);
     for epoch in 0..3 {
-        let this: Vec<f64> = recs
+        // Each step's loss weighted by its samples (a short last batch counts as little).
+        let this: Vec<(f64, f64)> = recs
             .iter()
             .filter(|r| r.epoch == epoch)
-            .map(|r| r.loss)
+            .map(|r| (r.loss, r.samples as f64))
             .collect();
-        let mean = this.iter().sum::<f64>() / this.len() as f64;
+        assert!(this.iter().any(|&(_, s)| s == 24.0), "{this:?}");
+        let n: f64 = this.iter().map(|(_, s)| s).sum();
+        let mean = this.iter().map(|(l, s)| l * s).sum::<f64>() / n;
         let want = format!(
             "epoch {}/3: {} steps, mean loss {mean:.4},",
             epoch + 1,
