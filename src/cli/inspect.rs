@@ -279,9 +279,17 @@ pub(crate) fn schema(output: Option<&Path>) -> ExitCode {
             );
             ExitCode::from(2)
         }
-        Some(p) if p.exists() && !is_json_schema(p) => {
+        // A pipe there would block the check's read (and the write).
+        Some(p) if p.exists() && !p.is_file() => {
             runner::errln!(
-                "error: {}: exists and is not a JSON Schema: not overwritten\n  = help: remove it, or choose another name",
+                "error: {}: is not a regular file (a pipe or a device?): not written\n  = help: give a file name, e.g. -o recipe.schema.json",
+                p.display()
+            );
+            ExitCode::from(2)
+        }
+        Some(p) if p.exists() && !is_recipe_schema(p) => {
+            runner::errln!(
+                "error: {}: exists and is not runner's recipe schema: not overwritten\n  = help: remove it, or choose another name",
                 p.display()
             );
             ExitCode::from(2)
@@ -296,16 +304,21 @@ pub(crate) fn schema(output: Option<&Path>) -> ExitCode {
     }
 }
 
-/// Whether the file at `p` starts as a JSON Schema does (an earlier `runner schema -o`):
-/// its first bytes only, so a large dataset there is not read.
-fn is_json_schema(p: &Path) -> bool {
+/// Whether the file at `p` is empty or starts as runner's recipe schema does (an earlier
+/// `runner schema -o`): a JSON Schema titled "runner recipe" (any JSON Schema was taken,
+/// and a tsconfig or renovate.json naming its `$schema` was overwritten). Its first bytes
+/// only, so a large dataset there is not read.
+fn is_recipe_schema(p: &Path) -> bool {
     use std::io::Read;
     let mut head = vec![0u8; 4096];
     let n = std::fs::File::open(p)
         .and_then(|mut f| f.read(&mut head))
         .unwrap_or(0);
     let text = String::from_utf8_lossy(&head[..n]);
-    n == 0 || (text.trim_start().starts_with('{') && text.contains("\"$schema\""))
+    n == 0
+        || (text.trim_start().starts_with('{')
+            && text.contains("\"$schema\"")
+            && text.contains(&format!("\"title\": \"{}\"", recipe::schema::TITLE)))
 }
 
 pub(crate) fn report_cmd(

@@ -127,6 +127,20 @@ pub fn names_beside(path: &Path, file: &str) -> Result<Option<Vec<String>>, Data
             );
         }
     }
+    // Class names are short: a huge file is not a list of them (a 64 GiB one was read whole).
+    const MAX_BYTES: u64 = 16 << 20;
+    if let Ok(m) = std::fs::metadata(&names_path) {
+        if m.is_file() && m.len() > MAX_BYTES {
+            return Err(DataError::new(
+                &names_path,
+                format!(
+                    "is {} bytes, too large for a list of class names (at most {MAX_BYTES})",
+                    m.len()
+                ),
+            )
+            .help(format!("{help}; is it the file you meant?")));
+        }
+    }
     let bytes = match std::fs::read(&names_path) {
         Ok(b) => b,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
@@ -155,7 +169,15 @@ pub fn names_beside(path: &Path, file: &str) -> Result<Option<Vec<String>>, Data
     if names.is_empty() {
         return Err(DataError::new(&names_path, "holds no class name").help(help));
     }
+    let mut seen: std::collections::HashMap<&str, usize> = Default::default();
     for (i, name) in names.iter().enumerate() {
+        if name.chars().any(|c| c.is_control() && c != '\t') {
+            return Err(DataError::new(
+                &names_path,
+                format!("line {} holds a control character: not text", i + 1),
+            )
+            .help(format!("{help}, as plain text")));
+        }
         if name.is_empty() {
             return Err(DataError::new(
                 &names_path,
@@ -168,7 +190,7 @@ pub fn names_beside(path: &Path, file: &str) -> Result<Option<Vec<String>>, Data
                 "{help}; name that class, or remove the line if no label is {i}"
             )));
         }
-        if let Some(first) = names[..i].iter().position(|n| n == name) {
+        if let Some(first) = seen.insert(name, i) {
             return Err(DataError::new(
                 &names_path,
                 format!(
@@ -245,6 +267,14 @@ impl DataError {
             return Self::new(path, changed.to_string()).help(
                 "something writes to it (a copy or download still going?): run again once it is written whole",
             );
+        }
+        if e.kind() == std::io::ErrorKind::OutOfMemory {
+            let size = std::fs::metadata(path).map_or(0, |m| m.len());
+            return Self::new(
+                path,
+                format!("cannot be held in memory ({size} bytes, read whole)"),
+            )
+            .help("use a smaller file, or run where there is more memory");
         }
         Self::new(path, format!("cannot be read: {e}")).help("check the path and its permissions")
     }

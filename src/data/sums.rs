@@ -90,7 +90,11 @@ fn keep(path: &Path, identity: Identity, bytes: u64, crc: u32) {
 pub fn read(path: &Path) -> std::io::Result<Vec<u8>> {
     let mut file = std::fs::File::open(path)?;
     let identity = Identity::of(&file.metadata()?);
-    let mut bytes = Vec::with_capacity(identity.len as usize);
+    // A file larger than memory is an error, not an abort allocating it.
+    let mut bytes = Vec::new();
+    bytes
+        .try_reserve_exact(identity.len as usize)
+        .map_err(|_| std::io::Error::from(std::io::ErrorKind::OutOfMemory))?;
     file.read_to_end(&mut bytes)?;
     unchanged(&file, &identity, bytes.len() as u64)?;
     keep(path, identity, bytes.len() as u64, crc32fast::hash(&bytes));

@@ -54,7 +54,7 @@ impl<'a> Validator<'a> {
             test_total,
         } = match format {
             DataFormat::Cifar10Bin => self.cifar_data(machine)?,
-            DataFormat::Jsonl => self.jsonl_data()?,
+            DataFormat::Jsonl => self.jsonl_data(machine)?,
             DataFormat::Synthetic => self.synthetic_data()?,
         };
         let (train_len, validation_len) = self.split(train_total);
@@ -213,10 +213,7 @@ impl<'a> Validator<'a> {
     /// process may use (or the cap of any machine); if not, the error, at the key of the
     /// larger part, with the limit that cuts it.
     fn image_room(&mut self, parts: &[(&str, u64)], machine: &Machine) -> bool {
-        let (room, what) = match machine.host_memory {
-            Some(h) if h.bytes < super::resources::ABSOLUTE_CAP => (h.bytes, h.what),
-            _ => (super::resources::ABSOLUTE_CAP, "the cap of any machine"),
-        };
+        let (room, what) = host_room(machine);
         let held = parts.iter().fold(0u64, |a, (_, b)| a.saturating_add(*b));
         if held <= room {
             return true;
@@ -246,6 +243,32 @@ impl<'a> Validator<'a> {
             help,
         );
         false
+    }
+
+    /// Whether the JSONL files of these keys can be read: each is read whole, and its texts
+    /// held beside it, so twice its size must fit in the host memory this process may use
+    /// (a 64 GiB file aborted the process allocating it). If not, the error at its key.
+    fn text_room(&mut self, files: &[(&str, &Path)], machine: &Machine) -> bool {
+        let (room, what) = host_room(machine);
+        let gib = super::resources::gib;
+        let mut ok = true;
+        for (key, path) in files {
+            let size = std::fs::metadata(path).map_or(0, |m| m.len());
+            if size.saturating_mul(2) > room {
+                self.err(
+                    key,
+                    format!(
+                        "{} is {}: read whole, with its texts beside it, that is more than {what} ({})",
+                        crate::recipe::lexical(path).display(),
+                        gib(size),
+                        gib(room)
+                    ),
+                    "use a smaller file (data.limit keeps its first texts, but the file is read whole), or run where there is more memory",
+                );
+                ok = false;
+            }
+        }
+        ok
     }
 
     /// Whether every label byte of the CIFAR-10 files is a class (of `classes`, or of
@@ -294,7 +317,7 @@ impl<'a> Validator<'a> {
     }
 
     /// `jsonl`: the files, every line parsed for its text and label, the classes.
-    fn jsonl_data(&mut self) -> Option<Found> {
+    fn jsonl_data(&mut self, machine: &Machine) -> Option<Found> {
         let d = &self.recipe().data;
         self.only_for("data.synthetic", "to format = \"synthetic\"");
         let Some(train) = &d.train else {
@@ -319,6 +342,14 @@ impl<'a> Validator<'a> {
             (Some(train), Some(None)) => (train, None, true),
             (None, _) => return None,
         };
+        let files: Vec<(&str, &Path)> =
+            [("data.train", Some(&train)), ("data.test", test.as_ref())]
+                .into_iter()
+                .filter_map(|(k, p)| Some((k, p?.as_path())))
+                .collect();
+        if !self.text_room(&files, machine) {
+            return None;
+        }
         let names = match crate::data::text::class_names(&train) {
             Ok(names) => names,
             Err(e) => {
@@ -666,6 +697,9 @@ impl<'a> Validator<'a> {
             }
             (Some(f), DataFormat::Jsonl) => {
                 let path = self.jsonl_file("data.validation_file", f)?;
+                if !self.text_room(&[("data.validation_file", &path)], machine) {
+                    return None;
+                }
                 let (tf, lf) = (
                     d.text_field.clone().unwrap_or("text".into()),
                     d.label_field.clone().unwrap_or("label".into()),
@@ -1081,6 +1115,15 @@ fn natural_key(name: &str) -> Vec<(bool, String)> {
         key.push((digits, part));
     }
     key
+}
+
+/// The host memory this process may use, and what limits it (the cap of any machine where
+/// nothing else does).
+fn host_room(machine: &Machine) -> (u64, &'static str) {
+    match machine.host_memory {
+        Some(h) if h.bytes < super::resources::ABSOLUTE_CAP => (h.bytes, h.what),
+        _ => (super::resources::ABSOLUTE_CAP, "the cap of any machine"),
+    }
 }
 
 #[cfg(test)]

@@ -250,7 +250,11 @@ impl<'a> Validator<'a> {
                 "set cleanup.every to run them",
             );
         }
-        if c.every != Every::Never && device == Device::Cpu {
+        // Of the actions written: not the defaults that stand in for a list refused above.
+        if c.every != Every::Never
+            && device == Device::Cpu
+            && !self.l.was_dropped("cleanup.actions")
+        {
             let noop: Vec<String> = c
                 .actions
                 .iter()

@@ -472,6 +472,11 @@ fn check_types(path: &Path, doc: &mut Doc, report: &mut Diagnostics, dropped: &m
                 continue;
             }
             let word_of = v.type_str();
+            // In a list of words (cleanup.actions), the element that is not one.
+            let element = match &v {
+                toml::Value::Array(a) => a.iter().find(|x| !x.is_str()).map(|x| x.type_str()),
+                _ => None,
+            };
             if let Err(e) = Recipe::deserialize(alone(&full, v)) {
                 let msg = e.message().to_string();
                 // A number or true where a word goes: serde said "unit variant, expected
@@ -480,18 +485,27 @@ fn check_types(path: &Path, doc: &mut Doc, report: &mut Diagnostics, dropped: &m
                     .contains("expected string only")
                     .then(|| allowed_words(&full))
                     .flatten();
-                let (said, help) = match words {
-                    Some((words, first)) => (
+                let leaf = full.rsplit('.').next().unwrap_or(&full);
+                let (said, help) = match (words, element) {
+                    (Some((words, first)), Some(element)) => (
+                        format!(
+                            "invalid type: {} {element} in the list, expected words in quotes, each one of {words}",
+                            article(element)
+                        ),
+                        Some(format!(
+                            "write {leaf} = [\"{first}\"] (or others of the words, in quotes)"
+                        )),
+                    ),
+                    (Some((words, first)), None) => (
                         format!(
                             "invalid type: {} {word_of}, expected a word in quotes, one of {words}",
                             article(word_of)
                         ),
                         Some(format!(
-                            "write {} = \"{first}\" (or another of the words, in quotes)",
-                            full.rsplit('.').next().unwrap_or(&full)
+                            "write {leaf} = \"{first}\" (or another of the words, in quotes)"
                         )),
                     ),
-                    None => {
+                    (None, _) => {
                         // The value as written (`0x1F`, not serde's 31), for a help that
                         // quotes it.
                         let written = doc.origins.get(&full).and_then(|o| {
@@ -543,9 +557,24 @@ fn alone(key: &str, value: toml::Value) -> toml::Value {
 /// The words a key of a closed set takes (`` `a`, `b` ``) and the first of them, as serde
 /// lists them for a word it does not know.
 fn allowed_words(key: &str) -> Option<(String, String)> {
-    let e = Recipe::deserialize(alone(key, toml::Value::String("\u{1}".into()))).err()?;
+    let word = toml::Value::String("\u{1}".into());
+    // A key of one word, or a list of them.
+    let e = Recipe::deserialize(alone(key, word.clone()))
+        .err()
+        .filter(|e| e.message().contains("unknown variant"))
+        .or_else(|| Recipe::deserialize(alone(key, toml::Value::Array(vec![word]))).err())?;
     let msg = e.message().to_string();
-    let words = msg.split_once("expected one of ")?.1.trim().to_string();
+    // serde lists three words or more as "one of `a`, `b`, `c`", two as "`a` or `b`" (the
+    // help was left out for the two-word keys: optimizer, stem, mode...).
+    let listed = msg
+        .split_once("unknown variant ")?
+        .1
+        .split_once(", expected ")?
+        .1
+        .trim();
+    let words = listed
+        .strip_prefix("one of ")
+        .map_or_else(|| listed.replace("` or `", "`, `"), str::to_string);
     let first = words.split('`').nth(1)?.to_string();
     Some((words, first))
 }

@@ -1315,6 +1315,9 @@ fn fields_of<T: serde::de::DeserializeOwned>() -> &'static [&'static str] {
     probe.0.unwrap_or(&[])
 }
 
+/// The schema's title: `runner schema -o` overwrites only a file that has it.
+pub const TITLE: &str = "runner recipe";
+
 /// The JSON Schema of the recipe format (draft 2020-12), for editors (taplo, VS Code's Even
 /// Better TOML) and CI of recipe repositories. `extends` and `[sweep]` are read before the
 /// typed tables, so they are added by hand.
@@ -1333,7 +1336,7 @@ pub fn json_schema() -> serde_json::Value {
     let mut sweep = sweep_node("");
     sweep["description"] = "A grid: recipe keys mapped to lists of values, written quoted (\"loader.workers\" = [0, 2]), dotted or as tables ([sweep.loader] workers = [0, 2]); the cartesian product runs, the last key varying fastest. `name`, `description` and [slurm] cannot be swept.".into();
     props.insert("sweep".into(), sweep);
-    schema["title"] = "runner recipe".into();
+    schema["title"] = TITLE.into();
     schema
 }
 

@@ -267,6 +267,20 @@ fn sweep_values(
         ));
         return None;
     }
+    // More values than any grid may have cells is refused before they are compared, pair
+    // by pair (100,000 of them took minutes).
+    if values.len() > MAX_CELLS_LIMIT {
+        report.push(err(
+            okey,
+            key,
+            format!(
+                "{} values: more than any grid may have cells ({MAX_CELLS_LIMIT})",
+                values.len()
+            ),
+            format!("sweep fewer values, or split the grid into recipes of at most {MAX_CELLS_LIMIT} cells"),
+        ));
+        return None;
+    }
     if let Some(j) =
         (1..values.len()).find(|&j| values[..j].iter().any(|v| same_value(v, &values[j])))
     {

@@ -607,9 +607,36 @@ fn schema_output_keeps_a_file_that_is_not_a_schema() {
         std::fs::read(root().join("recipe.schema.json")).unwrap()
     );
     // Again over it: an earlier schema is replaced.
-    std::fs::write(&fresh, b"{\n  \"$schema\": \"old\"\n}\n").unwrap();
+    std::fs::write(
+        &fresh,
+        b"{\n  \"$schema\": \"old\",\n  \"title\": \"runner recipe\"\n}\n",
+    )
+    .unwrap();
     expect_exit(&schema(&fresh), 0);
     assert_eq!(std::fs::read(&fresh).unwrap(), written);
+    // Another tool's file naming its schema is kept (a renovate.json was replaced).
+    let other = dir.join("renovate.json");
+    let theirs = b"{\n  \"$schema\": \"https://docs.renovatebot.com/renovate-schema.json\"\n}\n";
+    std::fs::write(&other, theirs).unwrap();
+    let out = schema(&other);
+    expect_exit(&out, 2);
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("is not runner's recipe schema"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(std::fs::read(&other).unwrap(), theirs);
+    // A pipe is refused, not opened (the check's read blocked).
+    let fifo = dir.join("pipe");
+    if std::process::Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .is_ok_and(|s| s.success())
+    {
+        let out = schema(&fifo);
+        expect_exit(&out, 2);
+        assert!(String::from_utf8_lossy(&out.stderr).contains("is not a regular file"));
+    }
     let recipe = dir.join("r.toml");
     std::fs::copy(root().join("recipes/quickstart.toml"), &recipe).unwrap();
     let before = std::fs::read(&recipe).unwrap();
@@ -618,7 +645,7 @@ fn schema_output_keeps_a_file_that_is_not_a_schema() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
         stderr.contains(&format!(
-            "error: {}: exists and is not a JSON Schema: not overwritten",
+            "error: {}: exists and is not runner's recipe schema: not overwritten",
             recipe.display()
         )),
         "{stderr}"

@@ -1275,6 +1275,83 @@ fn a_recipe_beyond_the_address_space_limit_is_refused_before_it_starts() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// A JSONL file is read whole, its texts held beside it: one too large for the memory this
+/// process may use is refused at its key (a 64 GiB file aborted the process allocating it),
+/// and a list of class names beside a file is short (a huge one was read whole too).
+#[test]
+fn text_too_large_to_hold_is_refused_at_its_key() {
+    let dir = tempdir("text-too-large");
+    let big = dir.join("big.jsonl");
+    // Sparse: 1 GB that takes no disk.
+    std::fs::File::create(&big)
+        .unwrap()
+        .set_len(1 << 30)
+        .unwrap();
+    let command = |first: &[&str], sets: &[String]| {
+        let mut cmd = runner_cmd();
+        cmd.args(first).arg("recipes/text/rotten_tomatoes.toml");
+        for s in sets {
+            cmd.args(["--set", s]);
+        }
+        cmd.args([
+            "--set",
+            &format!("log.dir={:?}", dir.join("runs").display().to_string()),
+        ]);
+        limit_address_space(&mut cmd, 600 << 20);
+        cmd.output().unwrap()
+    };
+    let run = |sets: &[String]| command(&["-q"], sets);
+    let out = run(&[format!("data.test={:?}", big.display().to_string())]);
+    expect_exit(&out, 2);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("data.test: ")
+            && stderr.contains("big.jsonl is 1.0 GiB: read whole, with its texts beside it, that is more than the address space left under `ulimit -v`"),
+        "{stderr}"
+    );
+    assert!(!dir.join("runs").exists(), "a run directory was created");
+    // `validate` checks for any machine, not this one's memory: reading it fails, said.
+    let out = command(
+        &["validate"],
+        &[format!("data.test={:?}", big.display().to_string())],
+    );
+    expect_exit(&out, 2);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("big.jsonl cannot be held in memory (1073741824 bytes, read whole)"),
+        "{stderr}"
+    );
+    // Class names: a file far larger than any list of them is refused, not read.
+    let names = dir.join("labels.txt");
+    std::fs::File::create(&names)
+        .unwrap()
+        .set_len(1 << 30)
+        .unwrap();
+    let train = dir.join("train.jsonl");
+    std::fs::write(
+        &train,
+        "{\"text\": \"a\", \"label\": 0}\n{\"text\": \"b\", \"label\": 1}\n",
+    )
+    .unwrap();
+    let out = run(&[format!("data.train={:?}", train.display().to_string())]);
+    expect_exit(&out, 2);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("labels.txt is 1073741824 bytes, too large for a list of class names"),
+        "{stderr}"
+    );
+    // A binary one (NUL bytes) is not a class name.
+    std::fs::write(&names, b"\0\0\0\n").unwrap();
+    let out = run(&[format!("data.train={:?}", train.display().to_string())]);
+    expect_exit(&out, 2);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("line 1 holds a control character"),
+        "{stderr}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// Image data that cannot be held is refused at once, by its size: its labels are not read
 /// first (a 100 GB file was read to its end, minutes, before the memory check refused it).
 /// Cut with `data.limit` to what fits, it is read, and a bad label in what is used found.

@@ -2044,3 +2044,29 @@ fn resume_adopts_an_earlier_sweep_s_done_cell_only_on_the_same_data() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// An axis of more values than any grid may have cells is refused at once: its values were
+/// compared pair by pair first (100,000 took minutes, under the default cap of 256 cells).
+#[test]
+fn an_axis_longer_than_any_grid_is_refused_before_its_values_are_compared() {
+    let dir = tempdir("sweep-long-axis");
+    let grid = dir.join("g.toml");
+    let seeds: Vec<String> = (0..100_000).map(|i| i.to_string()).collect();
+    std::fs::write(
+        &grid,
+        format!(
+            "extends = {:?}\n[sweep]\nseed = [{}]\n",
+            root().join("recipes/quickstart.toml").display().to_string(),
+            seeds.join(", ")
+        ),
+    )
+    .unwrap();
+    let out = runner_cmd().arg("validate").arg(&grid).output().unwrap();
+    expect_exit(&out, 2);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("sweep.seed: 100000 values: more than any grid may have cells (10000)"),
+        "{stderr}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
