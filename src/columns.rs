@@ -41,6 +41,27 @@ pub fn tail(s: &str, cols: usize) -> String {
     std::iter::once('…').chain(kept.into_iter().rev()).collect()
 }
 
+/// `s` safe to print on a terminal: control chars (but line breaks and tabs where `lines`)
+/// and the bidirectional overrides shown escaped, as `\u{1b}`. Keys, paths and words from a
+/// recipe reach error lines: an ESC there set the window title or cleared the screen, and a
+/// U+202E turned the line's text around.
+pub fn printable(s: &str, lines: bool) -> std::borrow::Cow<'_, str> {
+    let bad = |c: char| {
+        (c.is_control() && !(lines && matches!(c, '\n' | '\t')))
+            || matches!(c, '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
+    };
+    if !s.chars().any(bad) {
+        return s.into();
+    }
+    s.chars()
+        .flat_map(|c| match bad(c) {
+            true => c.escape_default().collect::<Vec<_>>(),
+            false => vec![c],
+        })
+        .collect::<String>()
+        .into()
+}
+
 /// A source line as shown under a finding, and the line of carets under its chars
 /// `span`: a control char other than a tab is shown escaped (an ESC in a recipe line
 /// reached the terminal), a tab is kept in both lines so the terminal moves both alike,

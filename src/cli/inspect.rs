@@ -181,13 +181,7 @@ pub(crate) fn ls() -> ExitCode {
                 };
                 // A description's control characters shown escaped: an ESC in a shared
                 // recipe's description reached the terminal as it was.
-                let about: String = about
-                    .chars()
-                    .flat_map(|c| match c.is_control() {
-                        true => c.escape_default().collect::<Vec<_>>(),
-                        false => vec![c],
-                    })
-                    .collect();
+                let about = runner::columns::printable(&about, false);
                 let name = runner::columns::pad_right(&f.display().to_string(), width);
                 runner::outln!("  {name}  {about}");
             }

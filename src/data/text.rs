@@ -236,7 +236,16 @@ pub fn read_jsonl(
     })?;
     // UTF-16 without a byte-order mark is valid UTF-8 where it is ASCII (a NUL beside every
     // character), and failed as JSON on every line: said as what it is.
-    if utf16_zeros(&text.as_bytes()[..text.len().min(4096)]) {
+    let head = &text.as_bytes()[..text.len().min(4096)];
+    // Zero bytes only (a file allocated and never written, a disk image) are no text either.
+    if head.len() >= 8 && head.iter().all(|&b| b == 0) {
+        return Err(
+            DataError::new(path, "starts with zero bytes only: it holds no text").help(
+                "check the file (was it written whole?): JSON Lines are UTF-8 text, one object a line",
+            ),
+        );
+    }
+    if utf16_zeros(head) {
         return Err(DataError::new(path, "is UTF-16 text, not UTF-8").help(UTF16_HELP));
     }
     // A byte-order mark (some editors write one) is not part of the first object.
@@ -946,10 +955,12 @@ mod tests {
             .collect();
         let gzip = [0x1f, 0x8b, 0x08, 0x00, 0xde, 0xad, 0xbe, 0xef];
         let no_bom = &utf16[2..];
+        let zeros = [0u8; 512];
         for (bytes, want) in [
             (&utf16[..], "UTF-16"),
             (no_bom, "UTF-16"),
             (&gzip[..], "gzip file"),
+            (&zeros[..], "was it written whole?"),
         ] {
             std::fs::write(&p, bytes).unwrap();
             let e = read_jsonl(&p, "text", "label", Some(2), usize::MAX).unwrap_err();

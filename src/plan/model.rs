@@ -170,6 +170,17 @@ impl<'a> Validator<'a> {
                 ),
                 "each class is a row of the last layer; remove the key to use the data's classes",
             );
+        } else if num_classes < 2 && m.num_classes.is_none() {
+            // The count came from the data: its class names (it was blamed on a key the
+            // recipe never set).
+            self.err(
+                "data.train",
+                format!(
+                    "its class names (batches.meta.txt or labels.txt beside it) name {num_classes} class{}: too few for a classifier",
+                    if num_classes == 1 { "" } else { "es" }
+                ),
+                "name at least 2 classes there, one per line (line k names label k - 1)",
+            );
         } else if num_classes < 2 {
             self.err(
                 "model.num_classes",

@@ -125,7 +125,12 @@ impl fmt::Display for Diagnostic {
             Severity::Error => "error",
             Severity::Warning => "warning",
         };
-        write!(f, "{label}: {}", self.file.display())?;
+        let shown = crate::columns::printable;
+        write!(
+            f,
+            "{label}: {}",
+            shown(&self.file.display().to_string(), false)
+        )?;
         // A `--set` is one line, shown with a caret: `--set:1:16` named no place to go.
         let from_set = self.file == Path::new("--set");
         if let (Some(l), Some(c), false) = (self.line, self.col, from_set) {
@@ -133,9 +138,9 @@ impl fmt::Display for Diagnostic {
         }
         write!(f, ": ")?;
         if let Some(k) = &self.key {
-            write!(f, "{k}: ")?;
+            write!(f, "{}: ", shown(k, false))?;
         }
-        write!(f, "{}", self.message)?;
+        write!(f, "{}", shown(&self.message, true))?;
         if let (Some(l), Some((text, cols))) = (self.line, &self.snippet) {
             let l = if from_set { " ".into() } else { l.to_string() };
             let gutter = l.len();
@@ -147,10 +152,10 @@ impl fmt::Display for Diagnostic {
             )?;
         }
         if let Some(n) = &self.note {
-            write!(f, "\n  = note: {n}")?;
+            write!(f, "\n  = note: {}", shown(n, true))?;
         }
         if let Some(h) = &self.help {
-            write!(f, "\n  = help: {h}")?;
+            write!(f, "\n  = help: {}", shown(h, true))?;
         }
         Ok(())
     }
@@ -198,11 +203,16 @@ impl fmt::Display for Diagnostics {
             }
             let s = |n: usize| if n == 1 { "" } else { "s" };
             if let [(file, _)] = files[..] {
-                write!(f, "{n} error{} in {}", s(n), file.display())?;
+                let file =
+                    crate::columns::printable(&file.display().to_string(), false).into_owned();
+                write!(f, "{n} error{} in {file}", s(n))?;
             } else {
                 let parts: Vec<String> = files
                     .iter()
-                    .map(|(p, k)| format!("{k} in {}", p.display()))
+                    .map(|(p, k)| {
+                        let p = p.display().to_string();
+                        format!("{k} in {}", crate::columns::printable(&p, false))
+                    })
                     .collect();
                 write!(f, "{n} error{}: {}", s(n), parts.join(", "))?;
             }

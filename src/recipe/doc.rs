@@ -325,6 +325,15 @@ impl Doc {
                 text: text.clone(),
                 dir: PathBuf::from("."),
             });
+            // `extends` is followed before any override is applied.
+            if key == "extends" {
+                report.push(
+                    Diagnostic::error(&name, "extends cannot be set with --set: the recipe's own `extends` is read before any --set")
+                        .at(&text, key_span)
+                        .help("run the other recipe with these --set, or write a recipe that extends it"),
+                );
+                continue;
+            }
             let parsed = toml::from_str::<toml::Table>(&format!("v = {raw}"));
             // `--set 'name="a"\nseed=5'` is TOML for two keys: the second would be dropped.
             if parsed.as_ref().is_ok_and(|t| t.len() > 1) {
@@ -338,11 +347,14 @@ impl Doc {
                 );
                 continue;
             }
-            // A number TOML cannot hold would otherwise become a string, and be refused as one.
+            // A number TOML cannot hold would otherwise become a string, and be refused as one;
+            // for a key that takes no number (`name=007`, `checkpoint.save_final=01`) it is the
+            // string, as any word TOML does not read (the help said to write 7: refused next).
             let digits = raw.strip_prefix(['-', '+']).unwrap_or(raw);
             if parsed.is_err()
                 && !digits.is_empty()
                 && digits.chars().all(|c| c.is_ascii_digit() || c == '_')
+                && super::takes_number(key)
             {
                 let written = digits.replace('_', "");
                 let help = match written.trim_start_matches('0') {
@@ -767,7 +779,15 @@ fn read_text(path: &Path, text: Option<String>, report: &mut Diagnostics) -> Opt
             }
         },
         Err(e) => {
-            let help = if e.kind() == std::io::ErrorKind::NotFound {
+            let shown = path.display().to_string();
+            // `runner validate loader.workers=1`: an override without its `--set`.
+            let set = format!("to change a key of a recipe: runner RECIPE --set '{shown}'");
+            let help = if e.kind() == std::io::ErrorKind::NotFound
+                && shown.contains('=')
+                && !shown.contains('/')
+            {
+                set.as_str()
+            } else if e.kind() == std::io::ErrorKind::NotFound {
                 "check the path; recipes ship under recipes/ (`runner ls` lists them)"
             } else if path.is_dir() {
                 "give a recipe file (.toml), not a directory; `runner ls` lists the shipped ones"

@@ -540,6 +540,14 @@ fn check_types(path: &Path, doc: &mut Doc, report: &mut Diagnostics, dropped: &m
 }
 
 /// A recipe holding only `key` (dotted) = `value`, for serde to check it alone.
+/// Whether the recipe key takes a number (a value it could be given is an integer or a
+/// float): so a `--set` value of digits TOML cannot read is a number mistyped, not a word.
+fn takes_number(key: &str) -> bool {
+    [toml::Value::Integer(1), toml::Value::Float(1.0)]
+        .into_iter()
+        .any(|v| Recipe::deserialize(alone(key, v)).is_ok())
+}
+
 fn alone(key: &str, value: toml::Value) -> toml::Value {
     let mut alone = toml::Value::Table(toml::Table::new());
     let mut slot = &mut alone;

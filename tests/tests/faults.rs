@@ -1581,3 +1581,27 @@ fn metrics_removed_mid_run_are_written_again() {
     expect_exit(&report, 0);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A class-names file of one name is blamed on the data it names, not on
+/// `model.num_classes`, a key the recipe never set.
+#[test]
+fn one_class_named_beside_the_data_is_blamed_on_the_data() {
+    let dir = tempdir("one-class");
+    std::fs::write(dir.join("data_batch.bin"), [[0u8; 3073]; 4].concat()).unwrap();
+    std::fs::write(dir.join("batches.meta.txt"), "only\n").unwrap();
+    let recipe = dir.join("r.toml");
+    std::fs::write(
+        &recipe,
+        "[model]\narch = \"mlp\"\n[data]\nformat = \"cifar10-bin\"\ntrain = \"data_batch.bin\"\n[run]\neval = \"never\"\n",
+    )
+    .unwrap();
+    let out = runner_cmd().arg("validate").arg(&recipe).output().unwrap();
+    expect_exit(&out, 2);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("r.toml:5:9: data.train: its class names (batches.meta.txt or labels.txt beside it) name 1 class")
+            && !stderr.contains("model.num_classes"),
+        "{stderr}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -618,6 +618,37 @@ fn a_non_utf8_recipe_and_a_multi_key_set_are_refused_with_where() {
         &["--set", "loader.workers=04"],
         "help: write 4: TOML integers have no leading zeros",
     );
+    refused(
+        &recipe,
+        &["--set", "extends=x.toml"],
+        "error: --set: extends cannot be set with --set",
+    );
+    // An override without its --set is taken for a recipe's path: the --set is suggested.
+    let out = runner_cmd()
+        .args(["validate", "loader.workers=1"])
+        .output()
+        .unwrap();
+    expect_exit(&out, 2);
+    assert!(
+        String::from_utf8_lossy(&out.stderr)
+            .contains("help: to change a key of a recipe: runner RECIPE --set 'loader.workers=1'"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // For a key that takes no number, digits are a word, as any text TOML does not read
+    // (the help said to write 7, which was refused next as no string).
+    let out = runner_cmd()
+        .args(["show"])
+        .arg(&recipe)
+        .args(["--set", "name=007"])
+        .output()
+        .unwrap();
+    expect_exit(&out, 0);
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("name = \"007\""),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
     // Text that TOML reads as another type, a removal given a value, words in an array:
     // each with the --set to write (none had one, or a wrong one).
     refused(&recipe, &["--set", "name=nan"], "help: write it in quotes");
