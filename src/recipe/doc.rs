@@ -813,18 +813,35 @@ fn parse(
         // The recovering parser may meet one mistake twice (an inline table extended by a
         // later header): said once.
         let mut said: Vec<(String, Option<std::ops::Range<usize>>)> = vec![];
+        // After a carriage return alone the parser reads the rest of its line as new keys:
+        // errors it then finds on that line are the same mistake.
+        let mut bare_cr_line: Option<usize> = None;
+        let line_of =
+            |s: &std::ops::Range<usize>| text[..s.start.min(text.len())].matches('\n').count();
         for e in syntax {
             let key = (e.message().trim().to_string(), e.span());
             if said.contains(&key) {
                 continue;
             }
+            if e.span().is_some_and(|s| Some(line_of(&s)) == bare_cr_line) {
+                continue;
+            }
             said.push(key);
-            let d = Diagnostic::error(path, format!("TOML syntax: {}", e.message().trim()));
+            let message = e.message().trim();
+            let d = Diagnostic::error(path, format!("TOML syntax: {message}"));
             let d = match e.span() {
                 Some(s) => d.at(text, s),
                 None => d,
             };
-            report.push(d.help("see https://toml.io for the syntax"));
+            let help = if message.starts_with("carriage return") {
+                bare_cr_line = e.span().map(|s| line_of(&s));
+                "a carriage return alone is no line end in TOML (classic Mac OS wrote them): save the file with LF or CRLF line ends"
+            } else if message.starts_with("duplicate key") {
+                "a table or key is written once in a file: merge this one into the first"
+            } else {
+                "see https://toml.io for the syntax"
+            };
+            report.push(d.help(help));
         }
         return None;
     }
@@ -840,6 +857,14 @@ fn parse(
             {
                 Some((n, _)) => Diagnostic::error(path, format!("{n} is not a TOML integer"))
                     .help("TOML integers are 64-bit signed: at most 9223372036854775807"),
+                None if message.contains("value was too large") => {
+                    Diagnostic::error(path, "integer too large for TOML")
+                        .help("TOML integers are 64-bit signed: at most 9223372036854775807")
+                }
+                None if message.contains("number overflowed") => {
+                    Diagnostic::error(path, "number too large for a TOML float")
+                        .help("TOML floats are 64-bit: at most 1.7976931348623157e308")
+                }
                 None => Diagnostic::error(path, format!("TOML: {message}")),
             };
             report.push(match e.span() {
