@@ -741,6 +741,17 @@ fn read_text(path: &Path, text: Option<String>, report: &mut Diagnostics) -> Opt
             Ok(bytes)
         });
     match read {
+        // `/dev/null` read as an empty recipe, then refused for what it lacks.
+        Ok(bytes) if bytes.is_empty() && super::odd_kind(path) == Some("a device") => {
+            report.push(
+                Diagnostic::error(
+                    path,
+                    "cannot read recipe: a device, not a file (it reads empty)",
+                )
+                .help("give the recipe file (.toml)"),
+            );
+            None
+        }
         Ok(bytes) if pipe && bytes.is_empty() => {
             report.push(
                 Diagnostic::error(

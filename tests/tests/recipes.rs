@@ -574,6 +574,12 @@ fn a_non_utf8_recipe_and_a_multi_key_set_are_refused_with_where() {
     for file in [Path::new("/dev/zero"), &big] {
         refused(file, &[], "cannot read recipe: more than 4 MiB");
     }
+    // Nor is a device that reads empty taken for an empty recipe ("data.format: missing").
+    refused(
+        Path::new("/dev/null"),
+        &[],
+        "cannot read recipe: a device, not a file (it reads empty)",
+    );
     refused(
         &recipe,
         &["--set", "name=\"a\"\nseed=5"],
