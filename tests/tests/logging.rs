@@ -430,3 +430,37 @@ fn epoch_lines_count_the_epochs_max_steps_leaves() {
         "{err}"
     );
 }
+
+/// A validation inside the epoch is not part of its step's time, as a checkpoint is not:
+/// its own record holds it (a validation every 3 steps made those steps ten times as long,
+/// and the run's p95 theirs).
+#[test]
+fn a_validation_is_timed_apart_from_its_step() {
+    let dir = tempdir("validation-time");
+    let out = runner_cmd()
+        .arg("recipes/quickstart.toml")
+        .arg("-q")
+        .args(["--set", "data.validation=0.5", "--set", "run.validate=3"])
+        .args(["--set", "run.max_steps=9", "--set", "run.eval=\"never\""])
+        .arg("--set")
+        .arg(format!("log.dir={:?}", dir.display().to_string()))
+        .output()
+        .unwrap();
+    expect_exit(&out, 0);
+    let run = only_run(&dir.join("quickstart"));
+    let recs = records(&run);
+    let s = summary(&run);
+    assert_eq!(s.validations.len(), 3);
+    for v in &s.validations {
+        // Half the training set scored, against one batch trained: the step is far shorter.
+        let step = recs.iter().find(|r| r.step == v.step).unwrap();
+        assert!(
+            step.iter_ms < v.ms,
+            "step {}: {} ms, its validation {} ms",
+            v.step,
+            step.iter_ms,
+            v.ms
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
