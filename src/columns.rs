@@ -41,15 +41,23 @@ pub fn tail(s: &str, cols: usize) -> String {
     std::iter::once('…').chain(kept.into_iter().rev()).collect()
 }
 
+/// A char that acts on a terminal rather than shows: a control char, or a mark that
+/// turns the direction of the text around it (U+202A-U+202E, U+2066-U+2069, and the
+/// left-to-right, right-to-left and Arabic letter marks).
+pub fn unsafe_char(c: char) -> bool {
+    c.is_control()
+        || matches!(
+            c,
+            '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}' | '\u{200e}' | '\u{200f}' | '\u{061c}'
+        )
+}
+
 /// `s` safe to print on a terminal: control chars (but line breaks and tabs where `lines`)
 /// and the bidirectional overrides shown escaped, as `\u{1b}`. Keys, paths and words from a
 /// recipe reach error lines: an ESC there set the window title or cleared the screen, and a
 /// U+202E turned the line's text around.
-pub fn printable(s: &str, lines: bool) -> std::borrow::Cow<'_, str> {
-    let bad = |c: char| {
-        (c.is_control() && !(lines && matches!(c, '\n' | '\t')))
-            || matches!(c, '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
-    };
+pub fn escaped(s: &str, lines: bool) -> std::borrow::Cow<'_, str> {
+    let bad = |c: char| unsafe_char(c) && !(lines && matches!(c, '\n' | '\t'));
     if !s.chars().any(bad) {
         return s.into();
     }
@@ -63,8 +71,8 @@ pub fn printable(s: &str, lines: bool) -> std::borrow::Cow<'_, str> {
 }
 
 /// A source line as shown under a finding, and the line of carets under its chars
-/// `span`: a control char other than a tab is shown escaped (an ESC in a recipe line
-/// reached the terminal), a tab is kept in both lines so the terminal moves both alike,
+/// `span`: a control char other than a tab, or a direction mark ([`unsafe_char`]), is
+/// shown escaped (an ESC in a recipe line reached the terminal), a tab is kept in both lines so the terminal moves both alike,
 /// and every other char takes its own width of spaces or carets.
 pub fn underline(line: &str, span: std::ops::Range<usize>) -> (String, String) {
     let (mut shown, mut marks) = (String::new(), String::new());
@@ -72,7 +80,7 @@ pub fn underline(line: &str, span: std::ops::Range<usize>) -> (String, String) {
     for (i, c) in line.chars().enumerate() {
         let (text, w) = match c {
             '\t' => ("\t".to_string(), 0),
-            c if c.is_control() => {
+            c if unsafe_char(c) => {
                 let e: String = c.escape_default().collect();
                 let w = e.len();
                 (e, w)

@@ -41,6 +41,9 @@ static OUTPUT_ERROR: std::sync::OnceLock<String> = std::sync::OnceLock::new();
 #[doc(hidden)]
 pub fn print_to(stderr: bool, text: String) {
     use std::io::Write as _;
+    // Names from files and folders (a run directory's, a path given) reach these lines: a
+    // control char in one is shown escaped, not acted on by the terminal.
+    let text = columns::escaped(&text, true);
     let written = if stderr {
         std::io::stderr().lock().write_all(text.as_bytes())
     } else {

@@ -181,7 +181,7 @@ pub(crate) fn ls() -> ExitCode {
                 };
                 // A description's control characters shown escaped: an ESC in a shared
                 // recipe's description reached the terminal as it was.
-                let about = runner::columns::printable(&about, false);
+                let about = runner::columns::escaped(&about, false);
                 let name = runner::columns::pad_right(&f.display().to_string(), width);
                 runner::outln!("  {name}  {about}");
             }

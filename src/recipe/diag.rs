@@ -125,7 +125,7 @@ impl fmt::Display for Diagnostic {
             Severity::Error => "error",
             Severity::Warning => "warning",
         };
-        let shown = crate::columns::printable;
+        let shown = crate::columns::escaped;
         write!(
             f,
             "{label}: {}",
@@ -203,15 +203,14 @@ impl fmt::Display for Diagnostics {
             }
             let s = |n: usize| if n == 1 { "" } else { "s" };
             if let [(file, _)] = files[..] {
-                let file =
-                    crate::columns::printable(&file.display().to_string(), false).into_owned();
+                let file = crate::columns::escaped(&file.display().to_string(), false).into_owned();
                 write!(f, "{n} error{} in {file}", s(n))?;
             } else {
                 let parts: Vec<String> = files
                     .iter()
                     .map(|(p, k)| {
                         let p = p.display().to_string();
-                        format!("{k} in {}", crate::columns::printable(&p, false))
+                        format!("{k} in {}", crate::columns::escaped(&p, false))
                     })
                     .collect();
                 write!(f, "{n} error{}: {}", s(n), parts.join(", "))?;

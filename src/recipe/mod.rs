@@ -481,22 +481,36 @@ fn check_types(path: &Path, doc: &mut Doc, report: &mut Diagnostics, dropped: &m
                 let msg = e.message().to_string();
                 // A number or true where a word goes: serde said "unit variant, expected
                 // string only", naming neither the value's type nor the words allowed.
-                let words = msg
-                    .contains("expected string only")
-                    .then(|| allowed_words(&full))
-                    .flatten();
+                let words = match (
+                    msg.contains("expected string only"),
+                    msg.contains("expected a sequence"),
+                ) {
+                    (true, _) => allowed_words(&full),
+                    // A list of words given one value that is no word (`cleanup.actions=3`;
+                    // a word has its own help: that word in a list).
+                    (_, true) if word_of != "string" => {
+                        allowed_words(&full).filter(|(_, _, list)| *list)
+                    }
+                    _ => None,
+                };
                 let leaf = full.rsplit('.').next().unwrap_or(&full);
                 let (said, help) = match (words, element) {
-                    (Some((words, first)), Some(element)) => (
-                        format!(
-                            "invalid type: {} {element} in the list, expected words in quotes, each one of {words}",
-                            article(element)
-                        ),
+                    (Some((words, first, true)), element) => (
+                        match element {
+                            Some(element) => format!(
+                                "invalid type: {} {element} in the list, expected words in quotes, each one of {words}",
+                                article(element)
+                            ),
+                            None => format!(
+                                "invalid type: {} {word_of}, expected a list of words in quotes, each one of {words}",
+                                article(word_of)
+                            ),
+                        },
                         Some(format!(
                             "write {leaf} = [\"{first}\"] (or others of the words, in quotes)"
                         )),
                     ),
-                    (Some((words, first)), None) => (
+                    (Some((words, first, _)), _) => (
                         format!(
                             "invalid type: {} {word_of}, expected a word in quotes, one of {words}",
                             article(word_of)
@@ -564,13 +578,17 @@ fn alone(key: &str, value: toml::Value) -> toml::Value {
 
 /// The words a key of a closed set takes (`` `a`, `b` ``) and the first of them, as serde
 /// lists them for a word it does not know.
-fn allowed_words(key: &str) -> Option<(String, String)> {
+fn allowed_words(key: &str) -> Option<(String, String, bool)> {
     let word = toml::Value::String("\u{1}".into());
-    // A key of one word, or a list of them.
-    let e = Recipe::deserialize(alone(key, word.clone()))
+    // A key of one word, or (`true`) a list of them.
+    let one = Recipe::deserialize(alone(key, word.clone()))
         .err()
-        .filter(|e| e.message().contains("unknown variant"))
-        .or_else(|| Recipe::deserialize(alone(key, toml::Value::Array(vec![word]))).err())?;
+        .filter(|e| e.message().contains("unknown variant"));
+    let list = one.is_none();
+    let e = match one {
+        Some(e) => e,
+        None => Recipe::deserialize(alone(key, toml::Value::Array(vec![word]))).err()?,
+    };
     let msg = e.message().to_string();
     // serde lists three words or more as "one of `a`, `b`, `c`", two as "`a` or `b`" (the
     // help was left out for the two-word keys: optimizer, stem, mode...).
@@ -584,7 +602,7 @@ fn allowed_words(key: &str) -> Option<(String, String)> {
         .strip_prefix("one of ")
         .map_or_else(|| listed.replace("` or `", "`, `"), str::to_string);
     let first = words.split('`').nth(1)?.to_string();
-    Some((words, first))
+    Some((words, first, list))
 }
 
 fn article(word: &str) -> &'static str {

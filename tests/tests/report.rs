@@ -863,3 +863,21 @@ fn report_keeps_each_grids_cells_together() {
         .unwrap_or_else(|| panic!("{stdout}"));
     assert!(base.ends_with("baseline"), "{stdout}");
 }
+
+/// A run directory's name reaches the report's lines: a control char in it is shown
+/// escaped, not acted on by the terminal (an ESC cleared the screen of whoever ran
+/// `runner report` over a shared runs/ tree).
+#[test]
+fn a_control_char_in_a_run_directory_name_is_shown_escaped() {
+    let dir = tempdir("report-escape");
+    let run = dir.join("x\u{1b}[2Jy");
+    std::fs::create_dir_all(&run).unwrap();
+    std::fs::write(run.join("metrics.jsonl"), "x\n").unwrap();
+    let out = runner_cmd().arg("report").arg(&dir).output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !stderr.contains('\u{1b}') && stderr.contains("x\\u{1b}[2Jy"),
+        "{stderr}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
