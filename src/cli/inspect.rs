@@ -273,15 +273,18 @@ pub(crate) fn schema(output: Option<&Path>) -> ExitCode {
             );
             ExitCode::from(2)
         }
-        // A pipe there would block the check's read (and the write).
-        Some(p) if p.exists() && !p.is_file() => {
+        // A pipe there would block the check's read (and the write); a device (`/dev/null`,
+        // a terminal's `/dev/stdout`) is written as it is, unchecked.
+        Some(p)
+            if p.exists() && !p.is_file() && runner::recipe::odd_kind(p) != Some("a device") =>
+        {
             runner::errln!(
                 "error: {}: is not a regular file (a pipe or a device?): not written\n  = help: give a file name, e.g. -o recipe.schema.json",
                 p.display()
             );
             ExitCode::from(2)
         }
-        Some(p) if p.exists() && !is_recipe_schema(p) => {
+        Some(p) if p.is_file() && !is_recipe_schema(p) => {
             runner::errln!(
                 "error: {}: exists and is not runner's recipe schema: not overwritten\n  = help: remove it, or choose another name",
                 p.display()
@@ -298,21 +301,22 @@ pub(crate) fn schema(output: Option<&Path>) -> ExitCode {
     }
 }
 
-/// Whether the file at `p` is empty or starts as runner's recipe schema does (an earlier
-/// `runner schema -o`): a JSON Schema titled "runner recipe" (any JSON Schema was taken,
-/// and a tsconfig or renovate.json naming its `$schema` was overwritten). Its first bytes
-/// only, so a large dataset there is not read.
+/// Whether the file at `p` is empty or is runner's recipe schema (an earlier `runner
+/// schema -o`, however reformatted): a JSON object with a `$schema` and the title "runner
+/// recipe" (any JSON Schema was taken, and a tsconfig or renovate.json naming its `$schema`
+/// was overwritten). Read only up to a few MiB, so a large dataset there is not read whole.
 fn is_recipe_schema(p: &Path) -> bool {
     use std::io::Read;
-    let mut head = vec![0u8; 4096];
-    let n = std::fs::File::open(p)
-        .and_then(|mut f| f.read(&mut head))
-        .unwrap_or(0);
-    let text = String::from_utf8_lossy(&head[..n]);
-    n == 0
-        || (text.trim_start().starts_with('{')
-            && text.contains("\"$schema\"")
-            && text.contains(&format!("\"title\": \"{}\"", recipe::schema::TITLE)))
+    let mut text = vec![];
+    let read = std::fs::File::open(p).and_then(|f| f.take(4 << 20).read_to_end(&mut text));
+    if read.is_err() {
+        return false;
+    }
+    text.is_empty()
+        || serde_json::from_slice::<serde_json::Value>(&text).is_ok_and(|v| {
+            v.get("$schema").is_some()
+                && v.get("title").and_then(|t| t.as_str()) == Some(recipe::schema::TITLE)
+        })
 }
 
 pub(crate) fn report_cmd(

@@ -117,8 +117,10 @@ pub fn names_beside(path: &Path, file: &str) -> Result<Option<Vec<String>>, Data
     };
     let names_path = dir.join(file);
     let help = format!("{file} holds one class name per line, line k naming label k - 1");
-    // A FIFO or a device there would block the read, or never end it.
+    // Class names are short: a huge file is not a list of them (a 64 GiB one was read whole).
+    const MAX_BYTES: u64 = 16 << 20;
     if let Ok(m) = std::fs::metadata(&names_path) {
+        // A FIFO or a device there would block the read, or never end it.
         if !m.is_file() && !m.is_dir() {
             return Err(
                 DataError::new(&names_path, "is not a regular file").help(format!(
@@ -126,10 +128,6 @@ pub fn names_beside(path: &Path, file: &str) -> Result<Option<Vec<String>>, Data
                 )),
             );
         }
-    }
-    // Class names are short: a huge file is not a list of them (a 64 GiB one was read whole).
-    const MAX_BYTES: u64 = 16 << 20;
-    if let Ok(m) = std::fs::metadata(&names_path) {
         if m.is_file() && m.len() > MAX_BYTES {
             return Err(DataError::new(
                 &names_path,
@@ -168,6 +166,13 @@ pub fn names_beside(path: &Path, file: &str) -> Result<Option<Vec<String>>, Data
     let names = &lines[..used];
     if names.is_empty() {
         return Err(DataError::new(&names_path, "holds no class name").help(help));
+    }
+    if text.replace("\r\n", "").contains('\r') {
+        return Err(DataError::new(
+            &names_path,
+            "has lines ended by a carriage return alone (classic Mac OS line ends)",
+        )
+        .help(format!("{help}: save it with LF (or CRLF) line ends")));
     }
     let mut seen: std::collections::HashMap<&str, usize> = Default::default();
     for (i, name) in names.iter().enumerate() {

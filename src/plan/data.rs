@@ -213,7 +213,7 @@ impl<'a> Validator<'a> {
     /// process may use (or the cap of any machine); if not, the error, at the key of the
     /// larger part, with the limit that cuts it.
     fn image_room(&mut self, parts: &[(&str, u64)], machine: &Machine) -> bool {
-        let (room, what) = host_room(machine);
+        let (room, what) = super::resources::host_room(machine);
         let held = parts.iter().fold(0u64, |a, (_, b)| a.saturating_add(*b));
         if held <= room {
             return true;
@@ -249,7 +249,7 @@ impl<'a> Validator<'a> {
     /// held beside it, so twice its size must fit in the host memory this process may use
     /// (a 64 GiB file aborted the process allocating it). If not, the error at its key.
     fn text_room(&mut self, files: &[(&str, &Path)], machine: &Machine) -> bool {
-        let (room, what) = host_room(machine);
+        let (room, what) = super::resources::host_room(machine);
         let gib = super::resources::gib;
         let mut ok = true;
         for (key, path) in files {
@@ -258,9 +258,10 @@ impl<'a> Validator<'a> {
                 self.err(
                     key,
                     format!(
-                        "{} is {}: read whole, with its texts beside it, that is more than {what} ({})",
+                        "{} is {}: read whole, with its texts beside it, it needs about {}, more than {what} ({})",
                         crate::recipe::lexical(path).display(),
                         gib(size),
+                        gib(size.saturating_mul(2)),
                         gib(room)
                     ),
                     "use a smaller file (data.limit keeps its first texts, but the file is read whole), or run where there is more memory",
@@ -996,13 +997,14 @@ impl<'a> Validator<'a> {
                 crate::recipe::TokenizerKind::Byte => 258,
             };
             let pad = p.pad_id as usize;
-            if pad > ids {
+            // Ids run 0..ids: one at `ids` is past them too (one row never used).
+            if pad >= ids {
                 self.warn(
                     "padding.pad_id",
                     format!(
                         "{pad} is past the vocabulary's {ids} ids: the embedding table grows to {} rows to hold it, {} of them never used",
                         pad + 1,
-                        pad - ids
+                        pad + 1 - ids
                     ),
                     "use 0 (the usual): the tokenizer leaves the padding id free wherever it is",
                 );
@@ -1115,15 +1117,6 @@ fn natural_key(name: &str) -> Vec<(bool, String)> {
         key.push((digits, part));
     }
     key
-}
-
-/// The host memory this process may use, and what limits it (the cap of any machine where
-/// nothing else does).
-fn host_room(machine: &Machine) -> (u64, &'static str) {
-    match machine.host_memory {
-        Some(h) if h.bytes < super::resources::ABSOLUTE_CAP => (h.bytes, h.what),
-        _ => (super::resources::ABSOLUTE_CAP, "the cap of any machine"),
-    }
 }
 
 #[cfg(test)]

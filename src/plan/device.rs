@@ -313,10 +313,7 @@ impl<'a> Validator<'a> {
             (f.data_bytes, "the data"),
             (f.loader_bytes, "the batches loaded ahead"),
         );
-        let host = match machine.host_memory {
-            Some(h) => cap(Some(h.bytes), h.what),
-            None => cap(None, ""),
-        };
+        let host = preflight::host_room(machine);
         // Under `ulimit -v`, the threads' stacks count too (reserved address space).
         let stacks = match host.1 == preflight::ADDRESS_SPACE {
             true => preflight::thread_stacks(threads, loader.workers),

@@ -176,7 +176,7 @@ impl<'a> Validator<'a> {
             self.err(
                 "data.train",
                 format!(
-                    "its class names (batches.meta.txt or labels.txt beside it) name {num_classes} class{}: too few for a classifier",
+                    "its class names (batches.meta.txt beside it) name {num_classes} class{}: too few for a classifier",
                     if num_classes == 1 { "" } else { "es" }
                 ),
                 "name at least 2 classes there, one per line (line k names label k - 1)",

@@ -240,6 +240,15 @@ pub fn estimate(
 /// which knows no machine): 4 TiB.
 pub const ABSOLUTE_CAP: u64 = 4 << 40;
 
+/// The host memory this process may use, and what limits it (the cap of any machine where
+/// nothing else does, or where that is less).
+pub(super) fn host_room(machine: &super::Machine) -> (u64, &'static str) {
+    match machine.host_memory {
+        Some(h) if h.bytes > 0 => (h.bytes.min(ABSOLUTE_CAP), h.what),
+        _ => (ABSOLUTE_CAP, "the cap of any machine"),
+    }
+}
+
 /// The most host memory a run may count on (Linux): the least of the machine's memory
 /// (`/proc/meminfo`), what is left of this process's address space under `ulimit -v`
 /// (its limit less what is mapped already), and its cgroup's memory limit (a container's,

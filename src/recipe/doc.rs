@@ -379,6 +379,7 @@ impl Doc {
             if parsed.is_err()
                 && digits.starts_with(|c: char| c.is_ascii_digit())
                 && raw.parse::<f64>().is_ok_and(f64::is_infinite)
+                && super::takes_number(key)
             {
                 report.push(
                     Diagnostic::error(&name, format!("{key}: {raw} is too large for a float"))

@@ -547,15 +547,17 @@ fn over_cap(loaded: &Loaded, sizes: &[usize], max_cells: usize) -> Option<Diagno
     // (Past 2^64 it said 18446744073709551615.)
     let count = count.map_or_else(|| "more than 2^64".to_string(), |c| c.to_string());
     let dims: Vec<String> = sizes.iter().map(|n| n.to_string()).collect();
+    // The product spelled out where there is one (one axis: "10000 cells (10000)" said it twice).
+    let product = match dims.len() {
+        1 => String::new(),
+        _ => format!(" ({})", dims.join(" × ")),
+    };
     let d = loaded.doc.diagnostic(
         &loaded.path,
         "sweep",
         Diagnostic::error(
             &loaded.path,
-            format!(
-                "the grid has {count} cells ({}), over the cap of {max_cells}",
-                dims.join(" × ")
-            ),
+            format!("the grid has {count} cells{product}, over the cap of {max_cells}"),
         )
         .key("sweep"),
     );

@@ -614,6 +614,13 @@ fn schema_output_keeps_a_file_that_is_not_a_schema() {
     .unwrap();
     expect_exit(&schema(&fresh), 0);
     assert_eq!(std::fs::read(&fresh).unwrap(), written);
+    // However it was reformatted (minified here).
+    let minified: serde_json::Value = serde_json::from_slice(&written).unwrap();
+    std::fs::write(&fresh, serde_json::to_vec(&minified).unwrap()).unwrap();
+    expect_exit(&schema(&fresh), 0);
+    assert_eq!(std::fs::read(&fresh).unwrap(), written);
+    // A device is written as it is.
+    expect_exit(&schema(std::path::Path::new("/dev/null")), 0);
     // Another tool's file naming its schema is kept (a renovate.json was replaced).
     let other = dir.join("renovate.json");
     let theirs = b"{\n  \"$schema\": \"https://docs.renovatebot.com/renovate-schema.json\"\n}\n";

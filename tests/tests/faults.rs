@@ -1306,7 +1306,7 @@ fn text_too_large_to_hold_is_refused_at_its_key() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
         stderr.contains("data.test: ")
-            && stderr.contains("big.jsonl is 1.0 GiB: read whole, with its texts beside it, that is more than the address space left under `ulimit -v`"),
+            && stderr.contains("big.jsonl is 1.0 GiB: read whole, with its texts beside it, it needs about 2.0 GiB, more than the address space left under `ulimit -v`"),
         "{stderr}"
     );
     assert!(!dir.join("runs").exists(), "a run directory was created");
@@ -1338,6 +1338,15 @@ fn text_too_large_to_hold_is_refused_at_its_key() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
         stderr.contains("labels.txt is 1073741824 bytes, too large for a list of class names"),
+        "{stderr}"
+    );
+    // Lines ended by a carriage return alone are said as such (not as "a control char").
+    std::fs::write(&names, b"neg\rpos\r").unwrap();
+    let out = run(&[format!("data.train={:?}", train.display().to_string())]);
+    expect_exit(&out, 2);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("has lines ended by a carriage return alone"),
         "{stderr}"
     );
     // A binary one (NUL bytes) is not a class name.
@@ -1599,8 +1608,9 @@ fn one_class_named_beside_the_data_is_blamed_on_the_data() {
     expect_exit(&out, 2);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
-        stderr.contains("r.toml:5:9: data.train: its class names (batches.meta.txt or labels.txt beside it) name 1 class")
-            && !stderr.contains("model.num_classes"),
+        stderr.contains(
+            "r.toml:5:9: data.train: its class names (batches.meta.txt beside it) name 1 class"
+        ) && !stderr.contains("model.num_classes"),
         "{stderr}"
     );
     let _ = std::fs::remove_dir_all(&dir);

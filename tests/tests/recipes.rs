@@ -643,18 +643,20 @@ fn a_non_utf8_recipe_and_a_multi_key_set_are_refused_with_where() {
     );
     // For a key that takes no number, digits are a word, as any text TOML does not read
     // (the help said to write 7, which was refused next as no string).
-    let out = runner_cmd()
-        .args(["show"])
-        .arg(&recipe)
-        .args(["--set", "name=007"])
-        .output()
-        .unwrap();
-    expect_exit(&out, 0);
-    assert!(
-        String::from_utf8_lossy(&out.stdout).contains("name = \"007\""),
-        "{}",
-        String::from_utf8_lossy(&out.stdout)
-    );
+    for word in ["007", "1e400"] {
+        let out = runner_cmd()
+            .args(["show"])
+            .arg(&recipe)
+            .args(["--set", &format!("name={word}")])
+            .output()
+            .unwrap();
+        expect_exit(&out, 0);
+        assert!(
+            String::from_utf8_lossy(&out.stdout).contains(&format!("name = \"{word}\"")),
+            "{}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+    }
     // Text that TOML reads as another type, a removal given a value, words in an array:
     // each with the --set to write (none had one, or a wrong one).
     refused(&recipe, &["--set", "name=nan"], "help: write it in quotes");

@@ -627,12 +627,13 @@ fn text_that_would_train_on_nothing_is_warned() {
         "run.eval=\"never\"",
         "data.validation=0.5",
         "data.tokenizer.min_freq=2",
-        "padding.pad_id=4",
+        "padding.pad_id=3",
     ]);
     expect_exit(&out, 0);
     let stderr = String::from_utf8_lossy(&out.stderr);
+    // Ids run 0..3: 3 is past them, and one row of the four is never used.
     assert!(
-        stderr.contains("padding.pad_id: 4 is past the vocabulary's 3 ids"),
+        stderr.contains("padding.pad_id: 3 is past the vocabulary's 3 ids: the embedding table grows to 4 rows to hold it, 1 of them never used"),
         "{stderr}"
     );
     let out = validate(&["model.num_classes=0"]);
