@@ -956,10 +956,27 @@ pub fn write_json_keeping_room<T: Serialize>(
     write_json(path, value, room)
 }
 
+/// Writes `bytes` to a new file at `path`: whatever is there first removed (a link is
+/// removed, not followed), and the file created only if nothing is there then. A temporary
+/// file of a known name (`summary.json.tmp`, `plot.svg.tmp`) planted as a link to another
+/// file had that file overwritten.
+pub fn write_new(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    use std::io::Write as _;
+    match std::fs::remove_file(path) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
+        _ => {}
+    }
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(path)?
+        .write_all(bytes)
+}
+
 fn write_json<T: Serialize>(path: &Path, value: &T, room: u64) -> std::io::Result<()> {
     let tmp = path.with_extension("json.tmp");
     let text = serde_json::to_string_pretty(value).map_err(std::io::Error::other)? + "\n";
-    match std::fs::write(&tmp, &text).and_then(|()| std::fs::rename(&tmp, path)) {
+    match write_new(&tmp, text.as_bytes()).and_then(|()| std::fs::rename(&tmp, path)) {
         Ok(()) => {
             if room > 0 {
                 keep_room(path, text.len() as u64 + room);

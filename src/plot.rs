@@ -49,9 +49,12 @@ pub fn draw(path: &Path, runs: &[Run], rows: &[Row]) -> Result<(), String> {
     let mut tmp = path.as_os_str().to_owned();
     tmp.push(".tmp");
     let tmp = std::path::PathBuf::from(tmp);
+    // Drawn in memory, then written to a new file (never through a link left at the
+    // temporary name), marked as runner's so that a later plot may replace it.
+    let mut svg = String::new();
     let drawn = (|| {
         let key_h = 24 + KEY_LINE * rows.len() as u32;
-        let root = SVGBackend::new(&tmp, (W, H + key_h)).into_drawing_area();
+        let root = SVGBackend::with_string(&mut svg, (W, H + key_h)).into_drawing_area();
         root.fill(&WHITE).map_err(|e| err(&e))?;
         let (top, rest) = root.split_vertically(440);
         let (bottom, below) = rest.split_vertically(H - 440);
@@ -60,7 +63,13 @@ pub fn draw(path: &Path, runs: &[Run], rows: &[Row]) -> Result<(), String> {
         key(&below, rows, &err)?;
         root.present().map_err(|e| err(&e))
     })();
-    match drawn.and_then(|()| std::fs::rename(&tmp, path).map_err(|e| err(&e))) {
+    let written = drawn.and_then(|()| {
+        let text = format!("{MARK}\n{svg}");
+        crate::metrics::write_new(&tmp, text.as_bytes())
+            .and_then(|()| std::fs::rename(&tmp, path))
+            .map_err(|e| err(&e))
+    });
+    match written {
         Ok(()) => Ok(()),
         Err(e) => {
             let _ = std::fs::remove_file(&tmp);
@@ -69,8 +78,12 @@ pub fn draw(path: &Path, runs: &[Run], rows: &[Row]) -> Result<(), String> {
     }
 }
 
-/// Whether `path` may receive the plot: an `.svg` name, and not a file other than an SVG
-/// (`--plot runs/x/metrics.jsonl` would replace a run's records).
+/// The first line of a plot runner drew: only a file that starts with it is replaced.
+const MARK: &str = "<!-- runner report --plot -->";
+
+/// Whether `path` may receive the plot: an `.svg` name, and nothing there but an earlier
+/// plot of runner's (`--plot runs/x/metrics.jsonl` would replace a run's records, and any
+/// SVG was replaced: a hand-drawn logo), nor a pipe or a device (a pipe hung the write).
 pub fn check_target(path: &Path) -> Result<(), String> {
     let svg = path
         .extension()
@@ -94,14 +107,17 @@ pub fn check_target(path: &Path) -> Result<(), String> {
         };
         return Err(format!("its folder {} {why}", folder.display()));
     }
+    if let Some(kind) = crate::recipe::odd_kind(path) {
+        return Err(format!(
+            "is {kind}, not a file: give a file name ending in .svg"
+        ));
+    }
     if let Ok(mut f) = std::fs::File::open(path) {
         use std::io::Read;
-        let mut head = [0u8; 256];
+        let mut head = [0u8; MARK.len()];
         let n = f.read(&mut head).unwrap_or(0);
-        let text = String::from_utf8_lossy(&head[..n]);
-        let text = text.trim_start();
-        if n > 0 && !(text.starts_with("<svg") || text.starts_with("<?xml")) {
-            return Err("exists and is not an SVG file: not overwritten (remove it, or choose another name)".into());
+        if n > 0 && &head[..n] != MARK.as_bytes() {
+            return Err("exists and is not a plot runner drew: not overwritten (remove it, or choose another name)".into());
         }
     }
     Ok(())

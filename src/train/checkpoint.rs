@@ -502,6 +502,9 @@ pub fn save_weights<B: crate::ops::ModelBackend>(
 ) -> Result<String, String> {
     use burn_store::{ModuleSnapshot, SafetensorsStore};
     let tmp = path.with_extension("safetensors.tmp");
+    // Whatever is at the temporary name goes first: a link planted there was written
+    // through (burn-store opens the file itself).
+    let _ = std::fs::remove_file(&tmp);
     // One metadata entry: Burn's three are kept in a HashMap, written in a random order, so
     // two identical models made files that differed (and no checksum could say "the same").
     let producer = format!("runner {} (burn 0.21.0)", env!("CARGO_PKG_VERSION"));

@@ -189,7 +189,9 @@ fn a_plot_of_step_times_near_the_largest_float_is_drawn() {
         std::thread::sleep(std::time::Duration::from_millis(50));
     };
     assert!(status.success(), "{status}");
-    assert!(std::fs::read_to_string(&svg).unwrap().starts_with("<svg"));
+    assert!(std::fs::read_to_string(&svg)
+        .unwrap()
+        .starts_with("<!-- runner report --plot -->\n<svg"));
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -215,7 +217,7 @@ fn report_command_prints_markdown_and_draws_a_plot() {
     assert_eq!(String::from_utf8_lossy(&out.stdout), want);
     let picture = std::fs::read_to_string(&svg).unwrap();
     assert!(
-        picture.starts_with("<svg")
+        picture.starts_with("<!-- runner report --plot -->\n<svg")
             && picture.contains("gc_every_step")
             && picture.contains("optimizer step")
     );
@@ -231,11 +233,33 @@ fn report_command_prints_markdown_and_draws_a_plot() {
     std::fs::write(&records, "{\"step\": 1}\n").unwrap();
     let kept = out_dir.join("notes.svg");
     std::fs::write(&kept, "my notes\n").unwrap();
+    // An SVG runner did not draw (a logo) is kept too, and a pipe is refused, not written.
+    let logo = out_dir.join("logo.svg");
+    std::fs::write(&logo, "<svg xmlns=\"http://www.w3.org/2000/svg\"></svg>\n").unwrap();
+    let pipe = out_dir.join("pipe.svg");
+    let has_pipe = std::process::Command::new("mkfifo")
+        .arg(&pipe)
+        .status()
+        .is_ok_and(|s| s.success());
+    // A link planted at the temporary name is removed, not written through.
+    let precious = out_dir.join("precious.txt");
+    std::fs::write(&precious, "mine\n").unwrap();
+    let fresh = out_dir.join("fresh.svg");
+    std::os::unix::fs::symlink(&precious, out_dir.join("fresh.svg.tmp")).unwrap();
+    let drawn = runner_cmd()
+        .args(["report", "tests/fixtures/report", "--plot"])
+        .arg(&fresh)
+        .output()
+        .unwrap();
+    expect_exit(&drawn, 0);
+    assert_eq!(std::fs::read_to_string(&precious).unwrap(), "mine\n");
+    assert!(std::fs::symlink_metadata(&fresh).unwrap().is_file());
     // A folder that is not there is found before the table is printed, not after it.
     let nowhere = out_dir.join("no-such-folder/plot.svg");
     for (target, want) in [
         (&records, "give a name ending in .svg".to_string()),
-        (&kept, "exists and is not an SVG file".to_string()),
+        (&kept, "exists and is not a plot runner drew".to_string()),
+        (&logo, "exists and is not a plot runner drew".to_string()),
         (
             &nowhere,
             format!(
@@ -261,6 +285,16 @@ fn report_command_prints_markdown_and_draws_a_plot() {
         "{\"step\": 1}\n"
     );
     assert_eq!(std::fs::read_to_string(&kept).unwrap(), "my notes\n");
+    assert!(std::fs::read_to_string(&logo).unwrap().starts_with("<svg"));
+    if has_pipe {
+        let refused = runner_cmd()
+            .args(["report", "tests/fixtures/report", "--plot"])
+            .arg(&pipe)
+            .output()
+            .unwrap();
+        expect_exit(&refused, 2);
+        assert!(String::from_utf8_lossy(&refused.stderr).contains("is a named pipe, not a file"));
+    }
     let bad = runner_cmd()
         .args(["report", "tests/fixtures/report", "--baseline", "nope"])
         .output()
