@@ -294,7 +294,10 @@ pub(crate) fn schema(output: Option<&Path>) -> ExitCode {
         Some(p) => match std::fs::write(p, text) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
-                runner::errln!("error: {}: {e}", p.display());
+                runner::errln!(
+                    "error: {}: {e}\n  = help: write it into a folder that exists and you may write to",
+                    p.display()
+                );
                 ExitCode::from(2)
             }
         },
