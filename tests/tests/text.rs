@@ -592,49 +592,33 @@ fn text_that_would_train_on_nothing_is_warned() {
         .map(|i| format!("{{\"text\": \"shared w{i}\", \"label\": {}}}\n", i % 2))
         .collect();
     std::fs::write(&split, rows).unwrap();
-    let out = validate(&[
-        &format!("data.train=\"{}\"", split.display()),
-        "~data.test",
-        "run.eval=\"never\"",
-        "data.validation=0.5",
-        "data.tokenizer.min_freq=6",
-    ]);
-    expect_exit(&out, 0);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        stderr.contains(
-            "min_freq: 6 is more than any training word occurs (the most frequent, 5 times)"
-        ),
-        "{stderr}"
+    let on_split = |sets: &[&str], want: &str| {
+        let train = format!("data.train=\"{}\"", split.display());
+        let mut all = vec![
+            train.as_str(),
+            "~data.test",
+            "run.eval=\"never\"",
+            "data.validation=0.5",
+        ];
+        all.extend_from_slice(sets);
+        let out = validate(&all);
+        expect_exit(&out, 0);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.contains(want), "{want}\n{stderr}");
+    };
+    on_split(
+        &["data.tokenizer.min_freq=6"],
+        "min_freq: 6 is more than any training word occurs (the most frequent, 5 times)",
     );
-    let out = validate(&[
-        &format!("data.train=\"{}\"", split.display()),
-        "~data.test",
-        "run.eval=\"never\"",
-        "data.validation=0.5",
-        "padding.pad_id=9",
-    ]);
-    expect_exit(&out, 0);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        stderr.contains("padding.pad_id: 9 is past the vocabulary's 8 ids"),
-        "{stderr}"
+    on_split(
+        &["padding.pad_id=9"],
+        "padding.pad_id: 9 is past the vocabulary's 8 ids",
     );
     // The vocabulary keeps only the words seen min_freq times: "shared" (5 times), no wN.
-    let out = validate(&[
-        &format!("data.train=\"{}\"", split.display()),
-        "~data.test",
-        "run.eval=\"never\"",
-        "data.validation=0.5",
-        "data.tokenizer.min_freq=2",
-        "padding.pad_id=3",
-    ]);
-    expect_exit(&out, 0);
-    let stderr = String::from_utf8_lossy(&out.stderr);
     // Ids run 0..3: 3 is past them, and one row of the four is never used.
-    assert!(
-        stderr.contains("padding.pad_id: 3 is past the vocabulary's 3 ids: the embedding table grows to 4 rows to hold it, 1 of them never used"),
-        "{stderr}"
+    on_split(
+        &["data.tokenizer.min_freq=2", "padding.pad_id=3"],
+        "padding.pad_id: 3 is past the vocabulary's 3 ids: the embedding table grows to 4 rows to hold it, 1 of them never used",
     );
     let out = validate(&["model.num_classes=0"]);
     expect_exit(&out, 2);
