@@ -41,6 +41,24 @@ pub fn tail(s: &str, cols: usize) -> String {
     std::iter::once('…').chain(kept.into_iter().rev()).collect()
 }
 
+/// The start of `s` that fits in `cols` columns, then a `…` when it was cut.
+pub fn head(s: &str, cols: usize) -> String {
+    if width(s) <= cols {
+        return s.to_string();
+    }
+    let mut kept = String::new();
+    let mut used = 1; // the `…`
+    for c in s.chars() {
+        let w = c.width().unwrap_or(0);
+        if used + w > cols {
+            break;
+        }
+        used += w;
+        kept.push(c);
+    }
+    kept + "…"
+}
+
 /// A char that acts on a terminal rather than shows: a control char, or a mark that
 /// turns the direction of the text around it (U+202A-U+202E, U+2066-U+2069, and the
 /// left-to-right, right-to-left and Arabic letter marks).

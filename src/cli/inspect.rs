@@ -166,22 +166,22 @@ pub(crate) fn ls() -> ExitCode {
             // Checked as `runner validate` checks (it said "does not validate" only of a
             // file that was not TOML, and listed one missing model.arch as fine).
             for f in files {
-                let about = if !f.exists() {
-                    "(a link to nothing)".to_string()
+                let (description, note) = if !f.exists() {
+                    (String::new(), "(a link to nothing)")
                 } else {
                     let checked = runner::sweep::check(&f, &[], &any_machine(), runner::sweep::DEFAULT_MAX_CELLS);
+                    let invalid = "(does not validate: runner validate says why)";
                     match (recipe::load(&f), checked) {
-                        (Ok(l), Ok(_)) => l.recipe.description,
-                        (Ok(l), Err(_)) if !l.recipe.description.is_empty() => format!(
-                            "{} (does not validate: runner validate says why)",
-                            l.recipe.description
-                        ),
-                        _ => "(does not validate: runner validate says why)".into(),
+                        (Ok(l), Ok(_)) => (l.recipe.description, ""),
+                        (Ok(l), Err(_)) => (l.recipe.description, invalid),
+                        _ => (String::new(), invalid),
                     }
                 };
-                // A description's control characters shown escaped: an ESC in a shared
-                // recipe's description reached the terminal as it was.
-                let about = runner::columns::escaped(&about, false);
+                let about = [about_line(&description), note.to_string()]
+                    .into_iter()
+                    .filter(|s| !s.is_empty())
+                    .collect::<Vec<_>>()
+                    .join(" ");
                 let name = runner::columns::pad_right(&f.display().to_string(), width);
                 runner::outln!("  {name}  {about}");
             }
@@ -203,6 +203,24 @@ pub(crate) fn ls() -> ExitCode {
         runner::outln!("  {line}");
     }
     ExitCode::SUCCESS
+}
+
+/// The columns of a recipe's description in `runner ls`.
+const ABOUT_COLUMNS: usize = 100;
+
+/// A recipe's description as `ls` lists it: its first line, cut to `ABOUT_COLUMNS` (a
+/// 200 KB description filled the screen, and one of several lines broke the listing),
+/// control characters escaped (an ESC in a shared recipe's description reached the
+/// terminal as it was).
+fn about_line(description: &str) -> String {
+    let description = description.trim();
+    let first = description.lines().next().unwrap_or("").trim();
+    let shown = runner::columns::head(&runner::columns::escaped(first, false), ABOUT_COLUMNS);
+    if first.len() < description.len() && !shown.ends_with('…') {
+        shown + " …"
+    } else {
+        shown
+    }
 }
 
 /// What each backend would run on here: the CPU, the CUDA devices the driver reports and

@@ -366,6 +366,11 @@ impl Doc {
                             if n.is_empty() { "0" } else { n }
                         )
                     }
+                    // `1_0_`: an underscore only between two digits.
+                    n if raw.contains('_') && n.parse::<i64>().is_ok() => {
+                        let sign = if raw.starts_with('-') { "-" } else { "" };
+                        format!("write {sign}{n}: in TOML an underscore goes between two digits")
+                    }
                     _ => "TOML integers are 64-bit signed: at most 9223372036854775807".into(),
                 };
                 report.push(

@@ -528,7 +528,7 @@ fn check_types(path: &Path, doc: &mut Doc, report: &mut Diagnostics, dropped: &m
                                 .get(o.value.clone())
                                 .map(|t| t.trim().to_string())
                         });
-                        let help = value_help(&msg).map(|h| {
+                        let help = value_help(&msg, takes_numbers(&full)).map(|h| {
                             let h = h.replace("--set 'KEY=", &format!("--set '{full}="));
                             match (&written, quoted_value(&msg)) {
                                 (Some(w), Some(q)) if !w.starts_with(['"', '\'']) => {
@@ -556,6 +556,25 @@ fn check_types(path: &Path, doc: &mut Doc, report: &mut Diagnostics, dropped: &m
 /// A recipe holding only `key` (dotted) = `value`, for serde to check it alone.
 /// Whether the recipe key takes a number (a value it could be given is an integer or a
 /// float): so a `--set` value of digits TOML cannot read is a number mistyped, not a word.
+/// Whether the recipe key takes a list of numbers (`data.normalize.mean`).
+fn takes_numbers(key: &str) -> bool {
+    Recipe::deserialize(alone(
+        key,
+        toml::Value::Array(vec![toml::Value::Float(1.0)]),
+    ))
+    .is_ok()
+}
+
+/// A number Rust reads but TOML may not (`01`, `.5`, `1_0_`), as TOML writes it.
+fn toml_number(word: &str) -> Option<String> {
+    let x = word
+        .replace('_', "")
+        .parse::<f64>()
+        .ok()
+        .filter(|x| x.is_finite())?;
+    Some(format!("{x}"))
+}
+
 fn takes_number(key: &str) -> bool {
     [toml::Value::Integer(1), toml::Value::Float(1.0)]
         .into_iter()
@@ -665,7 +684,7 @@ fn quoted_value(msg: &str) -> Option<String> {
 }
 
 /// What to do about a value serde rejected: the nearest allowed word, or the quotes to drop.
-fn value_help(msg: &str) -> Option<String> {
+fn value_help(msg: &str, numbers: bool) -> Option<String> {
     // One word where a list of words goes (`--set cleanup.actions=trim_host`).
     if let Some(rest) = msg.strip_prefix("invalid type: string \"") {
         if let Some((got, _)) = rest
@@ -673,12 +692,18 @@ fn value_help(msg: &str) -> Option<String> {
             .filter(|_| msg.ends_with("expected an array") || msg.ends_with("expected a sequence"))
         {
             // Words joined by commas are a list's words.
-            let words: Vec<String> = got
+            let words: Vec<&str> = got
                 .split(',')
                 .map(str::trim)
                 .filter(|w| !w.is_empty())
-                .map(|w| format!("\"{w}\""))
                 .collect();
+            // A list of numbers (`normalize.mean=01`): the numbers as TOML writes them, not
+            // in quotes (`["01"]` was refused next as text).
+            let as_numbers: Option<Vec<String>> = numbers
+                .then(|| words.iter().map(|w| toml_number(w)).collect())
+                .flatten();
+            let words =
+                as_numbers.unwrap_or_else(|| words.iter().map(|w| format!("\"{w}\"")).collect());
             let list = format!("[{}]", words.join(", "));
             return Some(format!(
                 "write an array: {list} (on the command line: --set 'KEY={list}')"

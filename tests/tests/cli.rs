@@ -1099,6 +1099,15 @@ fn ls_marks_what_does_not_validate() {
     let wide = tiny_recipe(&recipes, "ベースライン", "");
     let text = std::fs::read_to_string(&wide).unwrap();
     std::fs::write(&wide, format!("description = \"wide\"\n{text}")).unwrap();
+    // A description of many lines, or a long one: its first line, cut to a line's room.
+    let long = tiny_recipe(&recipes, "long", "");
+    let text = std::fs::read_to_string(&long).unwrap();
+    let lines = format!("first line\n{}", "more ".repeat(40_000));
+    std::fs::write(&long, format!("description = '''\n{lines}'''\n{text}")).unwrap();
+    let one = tiny_recipe(&recipes, "single", "");
+    let text = std::fs::read_to_string(&one).unwrap();
+    let words = "word ".repeat(40_000);
+    std::fs::write(&one, format!("description = \"{words}\"\n{text}")).unwrap();
     let out = runner_cmd().current_dir(&dir).arg("ls").output().unwrap();
     expect_exit(&out, 0);
     let text = String::from_utf8_lossy(&out.stdout);
@@ -1115,6 +1124,10 @@ fn ls_marks_what_does_not_validate() {
         "{text}"
     );
     assert!(line("gone.toml").ends_with("(a link to nothing)"), "{text}");
+    assert!(line("long.toml").ends_with("first line …"), "{text}");
+    assert!(!text.contains("more"), "{text}");
+    let one = line("single.toml");
+    assert!(one.ends_with("word…") && one.len() < 200, "{one}");
     let at = |name: &str, about: &str| {
         let l = line(name);
         runner::columns::width(&l[..l.find(about).unwrap()])

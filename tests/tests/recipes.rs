@@ -626,6 +626,17 @@ fn a_non_utf8_recipe_and_a_multi_key_set_are_refused_with_where() {
     );
     refused(
         &recipe,
+        &["--set", "loader.batch_size=1_0_"],
+        "help: write 10: in TOML an underscore goes between two digits",
+    );
+    // A list of numbers given one number TOML does not read: the list of it, unquoted.
+    refused(
+        &recipe,
+        &["--set", "data.normalize.mean=01"],
+        "help: write an array: [1] (on the command line: --set 'data.normalize.mean=[1]')",
+    );
+    refused(
+        &recipe,
         &["--set", "extends=x.toml"],
         "error: --set: extends cannot be set with --set",
     );
