@@ -791,9 +791,10 @@ pub struct Row {
     pub ratio: f64,
     /// The ratio compares time per sample, not per step (another batch size).
     pub per_sample: bool,
-    /// The difference to the baseline is smaller than twice the combined spread: of the
-    /// ratio's logarithm, so the verdict is the same whichever of two rows is the baseline.
-    /// `None` where the row's or the baseline's spread is unknown (one timed step).
+    /// The difference to the baseline is smaller than twice the combined spread between
+    /// runs (a row of one run: the pooled spread of the rows with repeats): of the ratio's
+    /// logarithm, so the verdict is the same whichever of two rows is the baseline. `None`
+    /// where the row's or the baseline's spread is unknown (no row of the table repeated).
     pub within_noise: Option<bool>,
     pub is_baseline: bool,
 }
@@ -984,7 +985,27 @@ pub fn rows(runs: &[Run], baseline: Option<&str>) -> Result<Vec<Row>, Error> {
         }
     };
     out[base].is_baseline = true;
-    let (bm, bcv) = (out[base].ms_median, out[base].cv_pct);
+    // The spread between runs the verdict needs: a row's own over its repeats; a row of one
+    // run takes the pooled spread (root mean square) of the rows with repeats, as runs on
+    // one machine share its noise; with no repeats in the table there is none (`?`). One
+    // run's standard error tells how well its median is known, not how far another run of
+    // it would land: five runs of one recipe read 0.97x to 1.11x of each other, at 0.8%
+    // each, and each of those differences was claimed.
+    let repeated: Vec<f64> = out
+        .iter()
+        .filter(|r| r.timed > 1 && r.cv_pct.is_finite())
+        .map(|r| r.cv_pct)
+        .collect();
+    let pooled = (!repeated.is_empty())
+        .then(|| (repeated.iter().map(|c| c * c).sum::<f64>() / repeated.len() as f64).sqrt());
+    let between = |r: &Row| {
+        if r.timed > 1 {
+            r.cv_pct
+        } else {
+            pooled.unwrap_or(f64::NAN)
+        }
+    };
+    let (bm, bcv) = (out[base].ms_median, between(&out[base]));
     let bn = out[base].samples_per_step;
     for r in &mut out {
         // A step of another batch size is another amount of work: compared per sample.
@@ -996,7 +1017,7 @@ pub fn rows(runs: &[Run], baseline: Option<&str>) -> Result<Vec<Row>, Error> {
             _ => r.ms_median / bm,
         };
         // `None` where a spread is unknown: no claim either way.
-        let noise = 2.0 * ((r.cv_pct / 100.0).powi(2) + (bcv / 100.0).powi(2)).sqrt();
+        let noise = 2.0 * ((between(r) / 100.0).powi(2) + (bcv / 100.0).powi(2)).sqrt();
         r.within_noise = if r.is_baseline {
             Some(true)
         } else {
@@ -1134,6 +1155,9 @@ struct CsvRow<'a> {
     backend: &'a str,
     ms_median: Option<f64>,
     ms_p95: Option<f64>,
+    /// The table's `± %`: a coefficient of variation over repeats, or one run's standard
+    /// error (`cv_pct` named it for the first alone).
+    #[serde(rename = "spread_pct")]
     cv_pct: Option<f64>,
     samples_per_s: Option<f64>,
     gpu_util_pct: Option<f64>,
@@ -1264,7 +1288,9 @@ pub fn render(rows: &[Row], format: Format) -> String {
         "\nms/iter: mean over the timed runs of each run's median step time after warm-up; ± %: spread of that \
          median (coefficient of variation over repeats, or one run's standard error; - for a \
          single run of one timed step); ≈: the difference to the baseline is within twice the \
-         combined spread; ?: a spread is unknown, so noise cannot be told apart. vs baseline: the \
+         combined spread between runs (a row of one run takes the pooled spread of the rows \
+         with repeats); ?: no row was repeated, so noise cannot be told apart from a \
+         difference (run the recipes again, then runner report). vs baseline: the \
          row's ms/iter over the baseline's (above 1x: slower per iteration); a row whose \
          steps take another number of samples (batch × accumulation) is compared per sample \
          (x/sample: the row's ms/iter per sample over the baseline's). p95 ms, samples/s, data wait % and \
@@ -1497,11 +1523,12 @@ mod tests {
         // 8 × 2 accumulated is the baseline's 16 a step: compared per step.
         assert!(!r[2].per_sample && (r[2].ratio - 1.2).abs() < 1e-12);
         let (_, body) = cells(&r);
+        // (One run each: no spread between runs, so no verdict on noise.)
         assert_eq!(
             body[1].last().unwrap(),
-            &format!("{:.2}x/sample", r[1].ratio)
+            &format!("{:.2}x/sample ?", r[1].ratio)
         );
-        assert_eq!(body[2].last().unwrap(), "1.20x");
+        assert_eq!(body[2].last().unwrap(), "1.20x ?");
         let csv = render(&r, Format::Csv);
         assert!(csv.lines().nth(2).unwrap().contains(",sample,"), "{csv}");
         assert!(csv.lines().nth(3).unwrap().contains(",step,"), "{csv}");

@@ -915,3 +915,36 @@ fn a_control_char_in_a_run_directory_name_is_shown_escaped() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// One run's standard error is no spread between runs: with no recipe of the table run
+/// twice, no ratio is said to be within the noise or past it (`?`); a row of one run beside
+/// rows with repeats takes their pooled spread (five runs of one recipe read 0.97x to
+/// 1.11x of each other, at ±0.8% each, and each difference read as real).
+#[test]
+fn a_verdict_on_noise_needs_a_recipe_run_twice() {
+    let fixtures = root().join("tests/fixtures/report");
+    let table = |paths: &[&str]| {
+        let out = runner_cmd()
+            .arg("report")
+            .args(paths.iter().map(|p| fixtures.join(p)))
+            .output()
+            .unwrap();
+        expect_exit(&out, 0);
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let row = |text: &str, name: &str| {
+        text.lines()
+            .find(|l| l.starts_with(name))
+            .unwrap_or_else(|| panic!("no {name} row:\n{text}"))
+            .to_string()
+    };
+    let single = table(&["default/run1", "gc_every_step", "tuned"]);
+    assert!(row(&single, "gc_every_step").ends_with("x ?"), "{single}");
+    assert!(row(&single, "tuned").ends_with("x ?"), "{single}");
+    let repeated = table(&["default", "gc_every_step", "tuned"]);
+    assert!(
+        row(&repeated, "gc_every_step").ends_with("1.93x"),
+        "{repeated}"
+    );
+    assert!(row(&repeated, "tuned").ends_with("1.00x ≈"), "{repeated}");
+}
