@@ -69,6 +69,18 @@ pub fn output_error() -> Option<&'static str> {
     OUTPUT_ERROR.get().map(String::as_str)
 }
 
+/// This program as it was started, for a command line to copy from a message: `runner`
+/// where the shell found it on `PATH` by that name, else the path it was started by
+/// (`./target/release/runner`, `/opt/runner/bin/runner`), as a shell word. Said as
+/// `runner resume ...`, a hint failed where no `runner` is on `PATH` (a build run from its
+/// checkout), while the grid's "continue" line, from the start, worked.
+pub fn program() -> String {
+    let exe = std::env::args_os()
+        .next()
+        .map_or_else(|| "runner".into(), |a| a.to_string_lossy().into_owned());
+    slurm::shell_word(if exe.is_empty() { "runner" } else { &exe })
+}
+
 pub mod backend;
 pub mod clock;
 pub mod columns;

@@ -207,10 +207,10 @@ fn main() -> ExitCode {
     }
     match cli.command {
         None if mistyped_command(&cli.run) => ExitCode::from(2),
-        None => run_all(&cli.run),
-        Some(Command::Run(args)) => run_all(&args),
-        Some(Command::Sweep(args)) if args.slurm => slurm(&args),
-        Some(Command::Sweep(args)) => run_all(&args.run),
+        None => printed(run_all(&cli.run)),
+        Some(Command::Run(args)) => printed(run_all(&args)),
+        Some(Command::Sweep(args)) if args.slurm => printed(slurm(&args)),
+        Some(Command::Sweep(args)) => printed(run_all(&args.run)),
         Some(Command::Validate(args)) => printed(validate(&args)),
         Some(Command::Warmup {
             check,
@@ -218,12 +218,12 @@ fn main() -> ExitCode {
             jobs,
             grid,
         }) => warmup(&check, quiet, jobs.into(), grid.as_deref()),
-        Some(Command::Resume { run_dir, quiet }) => resume(&run_dir, quiet),
+        Some(Command::Resume { run_dir, quiet }) => printed(resume(&run_dir, quiet)),
         Some(Command::Eval {
             run_dir,
             data,
             best,
-        }) => eval(&run_dir, data.as_deref(), best),
+        }) => printed(eval(&run_dir, data.as_deref(), best)),
         Some(Command::Show { check, cell }) => printed(show(&check, cell)),
         Some(Command::Ls) => printed(ls()),
         Some(Command::Schema { output }) => printed(schema(output.as_deref())),
@@ -266,9 +266,11 @@ fn mistyped_command(args: &RunArgs) -> bool {
     }
 }
 
-/// A command whose output is its result fails (exit 1) when standard output could not take
-/// it (`runner schema > s.json` on a full disk); the error was said when it happened. A
-/// reader that left (`| head`) is no failure.
+/// A command fails (exit 1) when standard output could not take what it printed
+/// (`runner schema > s.json` on a full disk); the error was said when it happened. A run
+/// goes on to its end regardless (its results are in its files), then exits 1 too: a
+/// script saw exit 0 after "error: cannot write to standard output". A reader that left
+/// (`| head`) is no failure.
 fn printed(code: ExitCode) -> ExitCode {
     if code == ExitCode::SUCCESS && runner::output_error().is_some() {
         ExitCode::FAILURE
@@ -317,7 +319,7 @@ fn check_each(
         let result = sweep::check(path, &args.sets, machine, args.max_cells);
         match result {
             Ok(c) => {
-                for w in c.plans.iter().flat_map(|p| &p.warnings).filter(|_| warn) {
+                for w in c.warnings.iter().filter(|_| warn) {
                     let text = w.to_string();
                     if warned.contains(&text) {
                         continue;

@@ -514,7 +514,12 @@ impl Summary {
             )
         };
         let s = if self.steps == 1 { "" } else { "s" };
-        format!("{} step{s}, {speed}, {acc}", self.steps)
+        // A run that went on past its divergence (`run.stop_on_divergence = false`) says
+        // so where its figures are read.
+        let diverged = self
+            .diverged_at_step
+            .map_or(String::new(), |d| format!(" (diverged at step {d})"));
+        format!("{} step{s}{diverged}, {speed}, {acc}", self.steps)
     }
 
     /// Fills the statistics from the step records. Timed ones are those after warm-up and

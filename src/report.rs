@@ -147,6 +147,17 @@ pub fn find_runs_said(paths: &[PathBuf]) -> Result<(Vec<PathBuf>, Vec<Excluded>)
             empty.push(p);
             continue;
         }
+        // A grid's sweep directory (`runs/<grid>/sweeps/<id>`, the "state in" a grid
+        // prints): the runs its cells name, in the grid's order (it held no run, and was
+        // "no run directories ... run a recipe first" of a grid whose cells were done).
+        if let Some(runs) = sweep_runs(p) {
+            for d in runs {
+                if walked.insert(canonical(&d), d.clone()).is_none() {
+                    out.push(d);
+                }
+            }
+            continue;
+        }
         let mut stack = vec![p.clone()];
         let mut links = vec![];
         // A link up to the path given or above it (`up -> ..`) would walk what holds it.
@@ -254,6 +265,41 @@ pub fn find_runs_said(paths: &[PathBuf]) -> Result<(Vec<PathBuf>, Vec<Excluded>)
     Ok((out, again))
 }
 
+/// Where `dir` is a grid's sweep directory (its `manifest.json` and `cells/`), the run
+/// directories its cells' states name, in the cells' order; runs that are gone are left
+/// out.
+fn sweep_runs(dir: &Path) -> Option<Vec<PathBuf>> {
+    if !dir.join("manifest.json").is_file() || !dir.join("cells").is_dir() {
+        return None;
+    }
+    let mut states: Vec<PathBuf> = std::fs::read_dir(dir.join("cells"))
+        .ok()?
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|e| e == "json"))
+        .collect();
+    // `<index>-<id>.json`, the index written to four digits or more: in the grid's order.
+    states.sort_by_key(|p| {
+        let name = p.file_name().map(|n| n.to_string_lossy().into_owned());
+        let index = name
+            .as_deref()
+            .and_then(|n| n.split('-').next()?.parse::<usize>().ok());
+        (index.unwrap_or(usize::MAX), p.clone())
+    });
+    Some(
+        states
+            .iter()
+            .filter_map(|p| {
+                let text = crate::metrics::read_text(p).ok()?;
+                serde_json::from_str::<crate::sweep::CellStatus>(&text)
+                    .ok()?
+                    .run_dir
+            })
+            .filter(|d| d.join("summary.json").is_file())
+            .collect(),
+    )
+}
+
 /// The cells of the grids whose sweep directories are in `sweeps`: each one's sweep
 /// directory, index and name as a path.
 fn grid_order(sweeps: &Path) -> Vec<(PathBuf, usize, PathBuf)> {
@@ -357,6 +403,7 @@ pub fn load_run(dir: &Path) -> Result<Run, Error> {
         startup_s: stored.startup_s,
         first_step_ms: stored.first_step_ms,
         kernels: stored.kernels,
+        diverged_at_step: stored.diverged_at_step,
         ..Default::default()
     };
     summary.absorb(&records, stored.warmup_steps);

@@ -74,16 +74,20 @@ pub(crate) fn validate(args: &CheckArgs) -> ExitCode {
 }
 
 pub(crate) fn show(args: &CheckArgs, cell: Option<usize>) -> ExitCode {
-    let Some(all) = check_all(args, &any_machine()) else {
+    // One cell's warnings are its own, said below (every cell's were said of cell 0).
+    let checked = check_each(args, &any_machine(), cell.is_none());
+    let Some(all) = checked.and_then(|(out, failed)| failed.is_empty().then_some(out)) else {
         return ExitCode::from(2);
     };
     for c in all {
         match (c.grid, cell) {
             (true, None) => {
                 runner::outln!(
-                    "# {}: a grid of {} cells (runner show --cell N for one)",
+                    "# {}: a grid of {} cells ({} show {} --cell N for one)",
                     c.path.display(),
-                    c.cells.len()
+                    c.cells.len(),
+                    runner::program(),
+                    runner::slurm::shell_word(&c.path.display().to_string()),
                 );
                 for cell in &c.cells {
                     runner::outln!("{:>4}  {}  {}", cell.index, cell.id, cell.name);
@@ -109,6 +113,11 @@ pub(crate) fn show(args: &CheckArgs, cell: Option<usize>) -> ExitCode {
             }
             (grid, i) => {
                 let at = i.unwrap_or(0);
+                if i.is_some() {
+                    for w in &c.plans[at].warnings {
+                        runner::errln!("{w}");
+                    }
+                }
                 // A recipe that is not a grid is not a cell (it said "cell 0").
                 let which = match grid {
                     true => format!("cell {at}, id {}", c.cells[at].id),
@@ -387,6 +396,21 @@ pub(crate) fn report_cmd(
         if runs.is_empty() {
             runner::errln!("error: no completed run to compare");
             return Ok(false);
+        }
+        // In the table, and said: runs that went on past a divergence (`run.stop_on_divergence
+        // = false`) read like any other (its NaN losses and chance accuracy unmarked).
+        let diverged: Vec<_> = runs
+            .iter()
+            .filter_map(|r| Some((r, r.summary.diverged_at_step?)))
+            .collect();
+        if !diverged.is_empty() {
+            runner::errln!(
+                "note: in the table, {} run(s) that diverged and went on (run.stop_on_divergence = false): their figures are of a diverged model",
+                diverged.len()
+            );
+            for (r, step) in &diverged {
+                runner::errln!("  {}: diverged at step {step}", r.dir.display());
+            }
         }
         let rows = report::rows(&runs, baseline)?;
         if let Some(note) = baseline.and_then(|b| report::baseline_note(&rows, b)) {

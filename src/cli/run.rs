@@ -219,7 +219,8 @@ fn say_interrupted(name: &str, dir: &Path, signal: i32, opts: &RunOptions) {
     let again = match &opts.again {
         Some(cmd) => format!("continue the grid with: {cmd}"),
         None => format!(
-            "continue it with: runner resume {}",
+            "continue it with: {} resume {}",
+            runner::program(),
             slurm::shell_word(&dir.display().to_string())
         ),
     };
@@ -274,11 +275,10 @@ fn grid_again(c: &Checked, args: &RunArgs) -> String {
 /// `--cell`/`--shard` are kept (without the sets, `--resume` expanded another grid and
 /// trained its cells from the start), `-q` too, and `--resume` where `resume`.
 fn command_for(recipes: &[Checked], args: &RunArgs, resume: bool) -> String {
-    let exe = std::env::args_os()
-        .next()
-        .map_or("runner".into(), |a| a.to_string_lossy().into_owned());
-    let mut words = vec![exe];
-    words.extend(recipes.iter().map(|c| c.path.display().to_string()));
+    let mut words: Vec<String> = recipes
+        .iter()
+        .map(|c| c.path.display().to_string())
+        .collect();
     words.extend(sweep::check_args(&args.check.sets, args.check.max_cells));
     if let Some(shard) = &args.shard {
         words.extend(["--shard".into(), shard.clone()]);
@@ -296,7 +296,7 @@ fn command_for(recipes: &[Checked], args: &RunArgs, resume: bool) -> String {
         words.push("--resume".into());
     }
     let words: Vec<String> = words.iter().map(|w| slurm::shell_word(w)).collect();
-    words.join(" ")
+    format!("{} {}", runner::program(), words.join(" "))
 }
 
 pub(crate) fn run_grid(c: &Checked, sel: Selection, opts: &RunOptions) -> Result<(), RunError> {
@@ -471,9 +471,10 @@ pub(crate) fn run_grid(c: &Checked, sel: Selection, opts: &RunOptions) -> Result
                 // run directory.
                 if !runner::checkpoint::list(&run_dir).is_empty() || !opts.quiet {
                     runner::errln!(
-                        "{}: {} has no checkpoint to resume from (`runner resume {}` says why); the cell starts over",
+                        "{}: {} has no checkpoint to resume from (`{} resume {}` says why); the cell starts over",
                         cell.name,
                         run_dir.display(),
+                        runner::program(),
                         slurm::shell_word(&run_dir.display().to_string())
                     );
                 }
@@ -624,7 +625,8 @@ pub(crate) fn resume(run_dir: &Path, quiet: bool) -> ExitCode {
                 ),
                 RunError::Interrupted { dir, .. } => {
                     runner::errln!(
-                        "{e}; resume it again with: runner resume {}",
+                        "{e}; resume it again with: {} resume {}",
+                        runner::program(),
                         slurm::shell_word(&dir.display().to_string())
                     )
                 }
@@ -969,9 +971,10 @@ fn other_grid(c: &sweep::Checked, want: Option<&str>) -> Option<String> {
     let now = sweep::grid_id(&c.cells);
     let want = want.filter(|w| *w != now)?;
     Some(format!(
-        "error: {}: the grid is not the one this command was written for (grid {want}; it is grid {now} now: the recipe, a file it extends or a --set changed its cells since), so no cell is run or warmed\n  = help: a Slurm array: write it again with `runner sweep --slurm {}` (with the same --set) and submit that; the cells already done are kept",
+        "error: {}: the grid is not the one this command was written for (grid {want}; it is grid {now} now: the recipe, a file it extends or a --set changed its cells since), so no cell is run or warmed\n  = help: a Slurm array: write it again with `{} sweep --slurm {}` (with the same --set) and submit that; the cells already done are kept",
         c.path.display(),
-        c.path.display()
+        runner::program(),
+        slurm::shell_word(&c.path.display().to_string())
     ))
 }
 
@@ -1006,9 +1009,10 @@ pub(crate) fn slurm(args: &SweepArgs) -> ExitCode {
     }
     if let Some(c) = all.iter().find(|c| !c.grid) {
         runner::errln!(
-            "error: {}: has no [sweep] table, so there is no grid to split into array tasks\n  = help: run it with `runner {}` (in an sbatch script of your own), or add a [sweep] table",
+            "error: {}: has no [sweep] table, so there is no grid to split into array tasks\n  = help: run it with `{} {}` (in an sbatch script of your own), or add a [sweep] table",
             c.path.display(),
-            c.path.display()
+            runner::program(),
+            slurm::shell_word(&c.path.display().to_string())
         );
         return ExitCode::from(2);
     }

@@ -393,7 +393,13 @@ fn check_unknown_keys(
             let near_table = written_as_table
                 .then(|| diag::near_key(&key, &tables_here))
                 .flatten();
-            let d = match (home, diag::near_key_by(&key, allowed)) {
+            // `extends` and `[sweep]` are read before the format's keys: known at the top
+            // level too (`extend = ...` got a list without them, and no "did you mean").
+            let mut known: Vec<&str> = allowed.to_vec();
+            if table_path.is_empty() {
+                known.extend(["extends", "sweep"]);
+            }
+            let d = match (home, diag::near_key_by(&key, &known)) {
                 _ if near_table.is_some() => d.help(format!(
                     "did you mean [{}]?",
                     join(table_path, near_table.unwrap_or_default())
@@ -405,7 +411,7 @@ fn check_unknown_keys(
                 (Some(home), _) if is_table => d.help(format!("`{key}` is {home}")),
                 (Some(home), _) => d.help(format!("`{key}` belongs {home}")),
                 (None, Some((s, _))) => d.help(format!("did you mean `{s}`?")),
-                (None, None) => d.help(format!("known keys {where_}: {}", allowed.join(", "))),
+                (None, None) => d.help(format!("known keys {where_}: {}", known.join(", "))),
             };
             // A quoted key holding dots (`"loader.workers" = 1`) is one key of this table,
             // not a path: said, and removed whole (split, it was left for serde to refuse

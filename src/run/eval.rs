@@ -99,9 +99,13 @@ fn missing_weights(run_dir: &Path, weights: &Path, best: bool) -> String {
             ),
             Some((RunStatus::Failed, _, e)) => format!(
                 "error: {} does not exist: the run failed ({}), so it saved no weights
-  = help: fix what its error names, then `runner resume` it if it wrote a checkpoint, or start it again",
+  = help: fix what its error names, then {}",
                 weights.display(),
-                e.map_or("no error recorded".to_string(), first)
+                e.map_or("no error recorded".to_string(), first),
+                match resumable(run_dir) {
+                    true => format!("resume it ({})", resume_command(run_dir)),
+                    false => format!("run its recipe again (it has no checkpoint to resume from): {}", again_command(run_dir)),
+                }
             ),
             Some((RunStatus::Completed, _, _)) => match saves_final(run_dir) {
                 true => removed("after its last step".to_string()),
@@ -110,12 +114,38 @@ fn missing_weights(run_dir: &Path, weights: &Path, best: bool) -> String {
                     weights.display()
                 ),
             },
+            // Stopped (interrupted, killed): resume it where it can be, else it can only
+            // be run again (it said "resume it", and the resume said it had no checkpoint).
+            _ if resumable(run_dir) => format!(
+                "error: {} does not exist: the run has not completed\n  = help: resume it, then evaluate it: {}",
+                weights.display(),
+                resume_command(run_dir)
+            ),
             _ => format!(
-                "error: {} does not exist: the run has not completed (resume it), or ran with [checkpoint] save_final = false",
-                weights.display()
+                "error: {} does not exist: the run stopped before its first checkpoint, so it saved no weights and cannot be resumed\n  = help: run its recipe again: {}",
+                weights.display(),
+                again_command(run_dir)
             ),
         }
     }
+}
+
+/// `runner resume RUN`, as this program was started.
+fn resume_command(run_dir: &Path) -> String {
+    format!(
+        "{} resume {}",
+        crate::program(),
+        crate::slurm::shell_word(&run_dir.display().to_string())
+    )
+}
+
+/// `runner RUN/recipe.toml`: the run's own resolved recipe, as this program was started.
+fn again_command(run_dir: &Path) -> String {
+    format!(
+        "{} {}",
+        crate::program(),
+        crate::slurm::shell_word(&run_dir.join("recipe.toml").display().to_string())
+    )
 }
 
 /// Whether the run's recipe (its `recipe.toml`) saved its weights after its last step:

@@ -645,7 +645,10 @@ fn stop_before_first_step(
             ),
             Some(step) => (
                 format!("interrupted by {signal} after step {step}, again before the first step of its resume was done"),
-                format!("its checkpoint of step {step} is kept: resume it again with: runner resume"),
+                format!(
+                    "its checkpoint of step {step} is kept: resume it again with: {} resume",
+                    crate::program()
+                ),
             ),
         };
         summary.error = Some(error);
@@ -831,16 +834,18 @@ fn stop_at_second_signal(
             .any(|e| e.file_name().to_string_lossy().starts_with(".tmp-step-"));
         let resume = latest.map(|(_, state)| {
             format!(
-                "resume it from its checkpoint of step {} with: runner resume {}",
+                "resume it from its checkpoint of step {} with: {} resume {}",
                 state.step,
+                crate::program(),
                 crate::slurm::shell_word(&d.display().to_string())
             )
         });
         // Saved after the last step, before the final evaluation this signal cut short.
         let weights = crate::signals::final_weights().then(|| {
             format!(
-                "its trained weights are in {}: score them with: runner eval {}",
+                "its trained weights are in {}: score them with: {} eval {}",
                 d.join(crate::train::WEIGHTS).display(),
+                crate::program(),
                 crate::slurm::shell_word(&d.display().to_string())
             )
         });
@@ -849,7 +854,8 @@ fn stop_at_second_signal(
             (Some(w), None) => w,
             (None, Some(r)) => r,
             (None, None) if being_written => format!(
-                "a checkpoint was being written as it exited: `runner resume {}` takes it if it was completed, else says so",
+                "a checkpoint was being written as it exited: `{} resume {}` takes it if it was completed, else says so",
+                crate::program(),
                 crate::slurm::shell_word(&d.display().to_string())
             ),
             (None, None) => "it has no checkpoint: run the recipe again to start over".into(),

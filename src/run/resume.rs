@@ -422,9 +422,10 @@ fn same_recipe(
     }
     let Some(moved) = moved else {
         return Err(RunError::Input(format!(
-            "error: {} was changed after {} was written; a checkpoint resumes only the recipe that wrote it\n  = help: put recipe.toml back as the run wrote it, or run the changed recipe as a new run: runner {}",
+            "error: {} was changed after {} was written; a checkpoint resumes only the recipe that wrote it\n  = help: put recipe.toml back as the run wrote it, or run the changed recipe as a new run: {} {}",
             recipe_path.display(),
             ckpt_dir.display(),
+            crate::program(),
             crate::slurm::shell_word(&recipe_path.display().to_string())
         )));
     };

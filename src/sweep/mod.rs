@@ -578,6 +578,9 @@ pub struct Checked {
     pub base: String,
     pub cells: Vec<Cell>,
     pub plans: Vec<Plan>,
+    /// The cells' warnings, each once, with the cells it holds in where not all (a plan's
+    /// own `warnings` are its cell's alone, for its run's `warnings.txt`).
+    pub warnings: Vec<Diagnostic>,
 }
 
 /// Loads, expands and validates one recipe, every cell of a grid, with `--set` overrides:
@@ -623,7 +626,14 @@ pub fn check_loaded(
     let mut found = vec![];
     for c in &cells {
         match plan::validate(&c.loaded, machine) {
-            Ok(p) => plans.push(p),
+            // Its warnings counted with the failed cells' (a warning of cells 4 to 7 was
+            // said of 4 and 5, the two that also failed).
+            Ok(p) => {
+                if !p.warnings.is_empty() {
+                    found.push((c, Diagnostics(p.warnings.clone())));
+                }
+                plans.push(p);
+            }
             Err(r) => found.push((c, r)),
         }
     }
@@ -646,6 +656,15 @@ pub fn check_loaded(
             c.earlier_ids.push(by_index);
         }
     }
+    // Said once for the grid, naming its cells where not all have it (it was said with no
+    // note, as if of every cell).
+    let warned = cells
+        .iter()
+        .zip(&plans)
+        .filter(|(_, p)| !p.warnings.is_empty())
+        .map(|(c, p)| (c, Diagnostics(p.warnings.clone())))
+        .collect();
+    let warnings = in_cells(warned, &cells).0;
     let base = loaded.recipe.name.clone().unwrap_or_else(|| {
         path.file_stem()
             .map_or("recipe".into(), |s| s.to_string_lossy().into_owned())
@@ -656,6 +675,7 @@ pub fn check_loaded(
         base,
         cells,
         plans,
+        warnings,
     })
 }
 

@@ -130,11 +130,7 @@ impl std::fmt::Display for Stop {
                 loss,
                 max_loss,
             } => {
-                // A huge loss in a float's short form (it was written out in 35 digits).
-                let loss = match loss.is_finite() && loss.abs() >= 1e6 {
-                    true => format!("{loss:.3e}"),
-                    false => loss.to_string(),
-                };
+                let loss = short_float(*loss);
                 write!(
                     f,
                     "diverged at step {step}: the loss is {loss} (above run.max_loss = {max_loss}, or not a number); lower optim.lr, or set run.stop_on_divergence = false to go on"
@@ -143,6 +139,15 @@ impl std::fmt::Display for Stop {
             Stop::Signal(s) => write!(f, "interrupted by {}", crate::signals::name(*s)),
             Stop::Failed(m) => f.write_str(m),
         }
+    }
+}
+
+/// A loss as said in a message: a huge one in a float's short form (it was written out in
+/// 35 digits).
+fn short_float(loss: f64) -> String {
+    match loss.is_finite() && loss.abs() >= 1e6 {
+        true => format!("{loss:.3e}"),
+        false => loss.to_string(),
     }
 }
 
@@ -420,6 +425,17 @@ fn flush<B: Backend>(
         }
         if diverged.is_none() && !(r.loss.is_finite() && r.loss <= plan.run.max_loss) {
             *diverged = Some((r.step, r.loss));
+            // Going on (`run.stop_on_divergence = false`): said when it happens, not only
+            // in summary.json (the console said "mean loss NaN", then a summary line like
+            // any run's).
+            if !plan.run.stop_on_divergence {
+                sink.note(&format!(
+                    "warning: diverged at step {}: the loss is {} (above run.max_loss = {}, or not a number); going on, as run.stop_on_divergence = false asks (summary.json records diverged_at_step)",
+                    r.step,
+                    short_float(r.loss),
+                    plan.run.max_loss
+                ));
+            }
         }
         if hold_last && i + 1 == n {
             held = Some(r);

@@ -362,6 +362,31 @@ fn a_closed_stdout_or_stderr_stops_nothing() {
                 "{args:?}: {stderr}"
             );
         }
+        // A run goes on to its end, its results in its files, and then fails too (it
+        // exited 0 after saying the error).
+        let one = tiny_recipe(&dir, "one", "");
+        let out = runner_cmd()
+            .arg(&one)
+            .arg("-q")
+            .stdout(full().unwrap())
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{stderr}");
+        assert!(
+            stderr.contains("error: cannot write to standard output"),
+            "{stderr}"
+        );
+        let run = only_run(&dir.join("runs/one"));
+        let summary = std::fs::read_to_string(run.join("summary.json")).unwrap();
+        assert!(summary.contains("\"status\": \"completed\""), "{summary}");
+        let eval = runner_cmd()
+            .arg("eval")
+            .arg(&run)
+            .stdout(full().unwrap())
+            .output()
+            .unwrap();
+        assert_eq!(eval.status.code(), Some(1));
     }
 }
 

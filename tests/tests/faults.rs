@@ -431,9 +431,11 @@ fn a_second_signal_exits_at_once_with_the_summary_marked_interrupted() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
         stderr.contains(&format!(
-            "SIGINT again: exiting now, after step 1; {} is marked interrupted, its trained weights are in {}: score them with: runner eval {}",
+            "SIGINT again: exiting now, after step 1; {} is marked interrupted, its trained weights are in {}: score them with: {} eval {}",
             run.display(),
             weights.display(),
+            // The program as started (no `runner` need be on PATH).
+            env!("CARGO_BIN_EXE_runner"),
             run.display()
         )),
         "{stderr}"
@@ -1613,5 +1615,41 @@ fn one_class_named_beside_the_data_is_blamed_on_the_data() {
         ) && !stderr.contains("model.num_classes"),
         "{stderr}"
     );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `runner eval` of a run killed before its first checkpoint says it cannot be resumed
+/// and how to run it again (it said "resume it", and the resume said there was nothing to
+/// resume from); its commands are this program as it was started.
+#[test]
+fn eval_of_a_run_killed_before_any_checkpoint_says_to_run_it_again() {
+    let dir = tempdir("eval-killed-early");
+    let recipe = long_recipe(&dir, "early", "[checkpoint]\nevery = \"never\"\n");
+    let mut cmd = runner_cmd();
+    cmd.arg(&recipe).arg("-q");
+    let (child, metrics) = spawn_until(cmd, &dir.join("runs"), has_a_line);
+    send("-KILL", &child);
+    let _ = child.wait_with_output().unwrap();
+    let run = metrics.parent().unwrap().to_path_buf();
+    let out = runner_cmd().arg("eval").arg(&run).output().unwrap();
+    expect_exit(&out, 2);
+    let err = String::from_utf8_lossy(&out.stderr);
+    let again = format!(
+        "run its recipe again: {} {}",
+        env!("CARGO_BIN_EXE_runner"),
+        run.join("recipe.toml").display()
+    );
+    assert!(
+        err.contains("the run stopped before its first checkpoint, so it saved no weights and cannot be resumed")
+            && err.contains(&again),
+        "{err}"
+    );
+    // What it says to run is a recipe that runs.
+    let check = runner_cmd()
+        .arg("validate")
+        .arg(run.join("recipe.toml"))
+        .output()
+        .unwrap();
+    expect_exit(&check, 0);
     let _ = std::fs::remove_dir_all(&dir);
 }

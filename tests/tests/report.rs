@@ -390,6 +390,26 @@ fn a_diverged_run_fails_at_that_step_and_report_keeps_it_apart() {
         .output()
         .unwrap();
     expect_exit(&out, 0);
+    // Said when it happens and in the summary line, not only in summary.json.
+    let went_on = std::fs::read_dir(dir.join("runs/div"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| *p != run)
+        .unwrap();
+    let at = summary(&went_on)
+        .diverged_at_step
+        .expect("diverged_at_step");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains(&format!("warning: diverged at step {at}: the loss is "))
+            && stderr.contains("going on, as run.stop_on_divergence = false asks"),
+        "{stderr}"
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout.contains(&format!("(diverged at step {at}), ")),
+        "{stdout}"
+    );
     // `runner report --format csv` of every run: one row (and the header), and what it
     // said on stderr.
     let one_row = || {
@@ -401,6 +421,11 @@ fn a_diverged_run_fails_at_that_step_and_report_keeps_it_apart() {
     };
     // report: only the completed one is in the table; the failed one is listed apart.
     let stderr = one_row();
+    assert!(
+        stderr.contains("note: in the table, 1 run(s) that diverged and went on")
+            && stderr.contains(&format!("  {}: diverged at step {at}", went_on.display())),
+        "{stderr}"
+    );
     assert!(
         stderr.contains("not in the table (1 run(s); each with why)")
             && stderr.contains(&format!("{}: failed: diverged at step", run.display())),
@@ -896,6 +921,24 @@ fn report_keeps_each_grids_cells_together() {
         .find(|l| l.contains("gb/optim.lr=0.1"))
         .unwrap_or_else(|| panic!("{stdout}"));
     assert!(base.ends_with("baseline"), "{stdout}");
+    // The sweep directory a grid names ("state in ...") reports that grid's cells, in
+    // its order (it held "no run directories").
+    let sweeps = dir.join("runs/gb/sweeps");
+    let state = std::fs::read_dir(&sweeps)
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap()
+        .path();
+    let out = csv_report([state]);
+    expect_exit(&out, 0);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let rows: Vec<&str> = stdout
+        .lines()
+        .skip(1)
+        .map(|l| l.split(',').next().unwrap())
+        .collect();
+    assert_eq!(rows, ["gb/optim.lr=0.1", "gb/optim.lr=0.2"], "{stdout}");
 }
 
 /// A run directory's name reaches the report's lines: a control char in it is shown

@@ -266,7 +266,10 @@ fn shards_split_a_grid_and_their_union_is_the_whole() {
     assert!(
         err.contains(&format!(
             "tiny_grid.toml: the grid is not the one this command was written for (grid {grid}; it is grid "
-        )) && err.contains("write it again with `runner sweep --slurm"),
+        )) && err.contains(&format!(
+            "write it again with `{} sweep --slurm",
+            env!("CARGO_BIN_EXE_runner")
+        )),
         "{err}"
     );
     assert_eq!(sweep_dir(&logs), dir, "a sweep directory was made");
@@ -2069,4 +2072,45 @@ fn an_axis_longer_than_any_grid_is_refused_before_its_values_are_compared() {
         "{stderr}"
     );
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A warning of some cells of a grid names those cells, whether or not other cells fail
+/// (it named the cells that also failed, or, with none failing, no cells at all, as if of
+/// every cell); `show --cell N` says that cell's warnings alone.
+#[test]
+fn a_grid_warning_names_the_cells_it_holds_in() {
+    let grid = root().join("recipes/article_grid.toml");
+    let of_step_cells = "note: in 4 of the 8 cells: 4 (cleanup.every=step,workers=0,normalize.on=host), 5 (cleanup.every=step,workers=0,normalize.on=device), 6 (cleanup.every=step,workers=2,normalize.on=host) and 1 more";
+    let ok = runner_cmd().arg("validate").arg(&grid).output().unwrap();
+    expect_exit(&ok, 0);
+    let err = String::from_utf8_lossy(&ok.stderr);
+    assert!(err.contains(of_step_cells), "{err}");
+    let failing = runner_cmd()
+        .arg("validate")
+        .arg(&grid)
+        .args(["--set", "loader.persistent_workers=true"])
+        .output()
+        .unwrap();
+    expect_exit(&failing, 2);
+    let err = String::from_utf8_lossy(&failing.stderr);
+    assert!(err.contains(of_step_cells), "{err}");
+    let show = |cell: &str| {
+        let out = runner_cmd()
+            .arg("show")
+            .arg(&grid)
+            .args(["--cell", cell])
+            .output()
+            .unwrap();
+        expect_exit(&out, 0);
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    assert!(
+        !show("0").contains("cleanup.actions"),
+        "cell 0 cleans nothing up"
+    );
+    let five = show("5");
+    assert!(
+        five.contains("warning:") && five.contains("cleanup.actions") && !five.contains("note: in"),
+        "{five}"
+    );
 }
