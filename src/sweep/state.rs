@@ -683,9 +683,19 @@ impl CellLock {
     fn owner(text: &str) -> String {
         let mut parts = text.split_whitespace();
         match (parts.next(), parts.next()) {
-            (Some(host), Some(pid)) => format!("{host} pid {pid}"),
-            (Some(host), None) => host.to_string(),
-            _ => String::new(),
+            (Some(host), Some(pid)) if pid.parse::<u32>().is_ok() => format!("{host} pid {pid}"),
+            (None, _) => String::new(),
+            // Not a lock the runner wrote (`host pid namespace`): what it holds, quoted
+            // and cut short ("process garbage is running" named no process).
+            _ => {
+                let shown: String = text.trim().chars().take(40).collect();
+                let cut = if shown.len() < text.trim().len() {
+                    "…"
+                } else {
+                    ""
+                };
+                format!("unknown (its lock holds {shown:?}{cut}, not a host and pid)")
+            }
         }
     }
 
@@ -763,6 +773,22 @@ impl Drop for CellLock {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A lock that holds no `host pid` (written by hand, or damaged) is said as such
+    /// while fresh ("process garbage is running" named no process).
+    #[test]
+    fn a_lock_of_no_host_and_pid_is_said_as_one() {
+        let dir = crate::scratch::Scratch::new("garbage-lock");
+        let lock = dir.join("run.lock");
+        std::fs::write(&lock, "garbage\n").unwrap();
+        let owner = CellLock::acquire(&lock).unwrap().err().unwrap();
+        assert_eq!(
+            owner,
+            "process unknown (its lock holds \"garbage\", not a host and pid)"
+        );
+        assert_eq!(CellLock::owner("h 12 ns"), "h pid 12");
+        assert_eq!(CellLock::owner(""), "");
+    }
 
     /// A stale lock is taken over by the one process that holds `<lock>.takeover`: a
     /// second that found it stale too waits its turn instead of removing the new lock.
