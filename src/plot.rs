@@ -112,6 +112,14 @@ pub fn check_target(path: &Path) -> Result<(), String> {
             "is {kind}, not a file: give a file name ending in .svg"
         ));
     }
+    // A folder no file can be made in (`/proc`, a read-only mount, another user's):
+    // found before the table, with what to do (it failed after it, saying "No such file").
+    if let Err(e) = crate::metrics::takes_new_file(folder) {
+        return Err(format!(
+            "no file can be made in its folder {} ({e}): give a path in a folder this user can write",
+            folder.display()
+        ));
+    }
     if let Ok(mut f) = std::fs::File::open(path) {
         use std::io::Read;
         let mut head = [0u8; MARK.len()];

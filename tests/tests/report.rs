@@ -256,7 +256,10 @@ fn report_command_prints_markdown_and_draws_a_plot() {
     assert!(std::fs::symlink_metadata(&fresh).unwrap().is_file());
     // A folder that is not there is found before the table is printed, not after it.
     let nowhere = out_dir.join("no-such-folder/plot.svg");
+    // A folder no file can be made in: said before the table too (it failed after it).
+    let proc = std::path::PathBuf::from("/proc/plot.svg");
     for (target, want) in [
+        (&proc, "no file can be made in its folder /proc".to_string()),
         (&records, "give a name ending in .svg".to_string()),
         (&kept, "exists and is not a plot runner drew".to_string()),
         (&logo, "exists and is not a plot runner drew".to_string()),
