@@ -34,6 +34,9 @@ static RECEIVED: AtomicUsize = AtomicUsize::new(0);
 static SECOND: AtomicUsize = AtomicUsize::new(0);
 /// Whether something is armed for a second signal: without, the handler exits itself.
 static AT_SECOND_ARMED: AtomicBool = AtomicBool::new(false);
+/// The run has written its own summary ([`AtSecond::disarm_while`]): what is left (its
+/// result line, its lock's removal) takes moments, and a second signal lets it end.
+static RESULTS_WRITTEN: AtomicBool = AtomicBool::new(false);
 
 /// What ends the process at a signal while a run waits for its first step (see
 /// [`exit_before_first_step`]): it records the stop and says how, on the signals thread.
@@ -62,27 +65,34 @@ static FINAL_WEIGHTS: AtomicBool = AtomicBool::new(false);
 type Best = (u64, f64, Option<String>);
 static BEST_SAVED: Mutex<Option<Best>> = Mutex::new(None);
 
-/// What a signal arriving at `now` does, the first having come at `first` (both in
-/// microseconds on one clock; `first` 0: none yet).
+/// What a signal arriving at `now` does, the first having come at `first` and the
+/// second at `second` (all in microseconds on one clock; 0: none yet).
 #[derive(Debug, PartialEq)]
 enum Action {
     /// The first: stop at the next step boundary.
     Stop,
-    /// The first one again, delivered twice.
+    /// The first or the second one again, delivered twice.
     Ignore,
-    /// A second one: exit now.
+    /// A second one (or a third, later): exit now.
     Exit,
 }
 
-fn action(first: u64, now: u64) -> Action {
+fn action(first: u64, second: u64, now: u64) -> Action {
+    let soon_after = |at: u64| now.saturating_sub(at) < SAME_SIGNAL.as_micros() as u64;
     if first == 0 {
         Action::Stop
-    } else if now.saturating_sub(first) < SAME_SIGNAL.as_micros() as u64 {
+    } else if soon_after(first) || (second != 0 && soon_after(second)) {
+        // The second one delivered twice too (a wrapper that signals the process and then
+        // its group): it was taken for a third, which exits from the handler at once, and
+        // the summary was left `running`, its lock behind and nothing said.
         Action::Ignore
     } else {
         Action::Exit
     }
 }
+
+/// When the second signal came, as `FIRST_AT`; 0 until then.
+static SECOND_AT: AtomicU64 = AtomicU64::new(0);
 
 /// The handler: only atomics, the monotonic clock (`clock_gettime`) and `_exit`, all
 /// async-signal-safe.
@@ -93,13 +103,27 @@ fn on_signal(sig: i32) {
         Ok(_) => 0,
         Err(first) => first,
     };
-    match action(first, now) {
+    // The first signal that is not the first one again is the second: its time is kept.
+    let second = match action(first, 0, now) {
+        Action::Exit => {
+            match SECOND_AT.compare_exchange(0, now, Ordering::SeqCst, Ordering::SeqCst) {
+                Ok(_) => 0,
+                Err(second) => second,
+            }
+        }
+        _ => 0,
+    };
+    match action(first, second, now) {
         Action::Stop => RECEIVED.store(sig as usize, Ordering::SeqCst),
         Action::Ignore => {}
         // The signals thread marks the run's summary and exits; a third signal (or a
         // second with nothing armed) exits from here, whatever that thread is doing.
+        // Once the run has written its own results, the signals thread lets it end by
+        // itself (see `watch`): a second signal there exited at once, leaving a completed
+        // run with exit 130, nothing said and its run.lock behind.
         Action::Exit
-            if AT_SECOND_ARMED.load(Ordering::SeqCst)
+            if (AT_SECOND_ARMED.load(Ordering::SeqCst)
+                || RESULTS_WRITTEN.load(Ordering::SeqCst))
                 && SECOND
                     .compare_exchange(0, sig as usize, Ordering::SeqCst, Ordering::SeqCst)
                     .is_ok() => {}
@@ -179,11 +203,26 @@ fn watch() {
             let sig = second as i32;
             // Held to the end, as above: the run writes no summary meanwhile.
             let mut armed = AT_SECOND.lock().unwrap_or_else(|e| e.into_inner());
-            if let Some(at_once) = armed.take() {
-                let how = at_once(sig);
-                crate::errln!("\n{} again: {how}", name(sig));
+            match armed.take() {
+                Some(at_once) => {
+                    let how = at_once(sig);
+                    crate::errln!("\n{} again: {how}", name(sig));
+                    signal_hook::low_level::exit(128 + sig);
+                }
+                // The run had disarmed: its own summary is written (the lock was held
+                // while it wrote it), and what is left, its result line and its lock's
+                // removal, takes moments. Exiting here left a `completed` run with exit
+                // 130, nothing said, and its run.lock behind. A further signal still
+                // exits from the handler at once.
+                None => {
+                    drop(armed);
+                    crate::errln!(
+                        "\n{} again: the run's results are already written; it ends in a moment",
+                        name(sig)
+                    );
+                    return;
+                }
             }
-            signal_hook::low_level::exit(128 + sig);
         }
         std::thread::sleep(Duration::from_millis(50));
     }
@@ -273,6 +312,7 @@ impl Drop for Armed {
 /// 128 + the signal. Before, a second Ctrl-C left the summary `running`, as `kill -9` does.
 pub fn exit_at_second_signal(at_once: impl FnOnce(i32) -> String + Send + 'static) -> AtSecond {
     *AT_SECOND.lock().unwrap_or_else(|e| e.into_inner()) = Some(Box::new(at_once));
+    RESULTS_WRITTEN.store(false, Ordering::SeqCst);
     AT_SECOND_ARMED.store(true, Ordering::SeqCst);
     AtSecond(())
 }
@@ -289,6 +329,7 @@ impl AtSecond {
         let mut armed = AT_SECOND.lock().unwrap_or_else(|e| e.into_inner());
         armed.take();
         let written = write();
+        RESULTS_WRITTEN.store(true, Ordering::SeqCst);
         AT_SECOND_ARMED.store(false, Ordering::SeqCst);
         written
     }
@@ -369,10 +410,20 @@ mod tests {
 
     #[test]
     fn a_second_signal_within_half_a_second_is_the_first_delivered_twice() {
-        assert_eq!(action(0, 5), Action::Stop);
-        assert_eq!(action(1_000, 1_000), Action::Ignore);
-        assert_eq!(action(1_000, 1_000 + 499_999), Action::Ignore);
-        assert_eq!(action(1_000, 1_000 + 500_000), Action::Exit);
-        assert_eq!(action(1_000, 9_000_000), Action::Exit);
+        assert_eq!(action(0, 0, 5), Action::Stop);
+        assert_eq!(action(1_000, 0, 1_000), Action::Ignore);
+        assert_eq!(action(1_000, 0, 1_000 + 499_999), Action::Ignore);
+        assert_eq!(action(1_000, 0, 1_000 + 500_000), Action::Exit);
+        assert_eq!(action(1_000, 0, 9_000_000), Action::Exit);
+    }
+
+    /// The second signal delivered twice (5 ms apart) is one second signal, not a third
+    /// that exits at once; a third later still exits.
+    #[test]
+    fn a_second_signal_delivered_twice_is_one() {
+        let (first, second) = (1_000, 700_000);
+        assert_eq!(action(first, second, second), Action::Ignore);
+        assert_eq!(action(first, second, second + 5_000), Action::Ignore);
+        assert_eq!(action(first, second, second + 500_000), Action::Exit);
     }
 }
