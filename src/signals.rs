@@ -216,10 +216,11 @@ fn watch() {
                 // exits from the handler at once.
                 None => {
                     drop(armed);
-                    crate::errln!(
-                        "\n{} again: the run's results are already written; it ends in a moment",
-                        name(sig)
-                    );
+                    let done = match RESULTS_WRITTEN.load(Ordering::SeqCst) {
+                        true => "the run's results are already written",
+                        false => "the run has stopped",
+                    };
+                    crate::errln!("\n{} again: {done}; it ends in a moment", name(sig));
                     return;
                 }
             }

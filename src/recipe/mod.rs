@@ -559,9 +559,14 @@ fn check_types(path: &Path, doc: &mut Doc, report: &mut Diagnostics, dropped: &m
     }
 }
 
-/// A recipe holding only `key` (dotted) = `value`, for serde to check it alone.
 /// Whether the recipe key takes a number (a value it could be given is an integer or a
 /// float): so a `--set` value of digits TOML cannot read is a number mistyped, not a word.
+fn takes_number(key: &str) -> bool {
+    [toml::Value::Integer(1), toml::Value::Float(1.0)]
+        .into_iter()
+        .any(|v| Recipe::deserialize(alone(key, v)).is_ok())
+}
+
 /// Whether the recipe key takes a list of numbers (`data.normalize.mean`).
 fn takes_numbers(key: &str) -> bool {
     Recipe::deserialize(alone(
@@ -571,7 +576,7 @@ fn takes_numbers(key: &str) -> bool {
     .is_ok()
 }
 
-/// A number Rust reads but TOML may not (`01`, `.5`, `1_0_`), as TOML writes it.
+/// A number Rust reads but TOML may not (`01`, `.5`), as TOML writes it.
 fn toml_number(word: &str) -> Option<String> {
     let x = word
         .replace('_', "")
@@ -581,12 +586,7 @@ fn toml_number(word: &str) -> Option<String> {
     Some(format!("{x}"))
 }
 
-fn takes_number(key: &str) -> bool {
-    [toml::Value::Integer(1), toml::Value::Float(1.0)]
-        .into_iter()
-        .any(|v| Recipe::deserialize(alone(key, v)).is_ok())
-}
-
+/// A recipe holding only `key` (dotted) = `value`, for serde to check it alone.
 fn alone(key: &str, value: toml::Value) -> toml::Value {
     let mut alone = toml::Value::Table(toml::Table::new());
     let mut slot = &mut alone;
