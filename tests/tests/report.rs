@@ -886,14 +886,19 @@ fn report_keeps_each_grids_cells_together() {
         let grid = tiny_recipe(&dir, g, "[sweep]\n\"optim.lr\" = [0.1, 0.2]\n");
         expect_exit(&runner_cmd().arg(&grid).arg("-q").output().unwrap(), 0);
     }
-    let out = csv_report([dir.join("runs")]);
-    expect_exit(&out, 0);
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let rows: Vec<&str> = stdout
-        .lines()
-        .skip(1)
-        .map(|l| l.split(',').next().unwrap())
-        .collect();
+    // The first column of `report --format csv`'s rows.
+    let labels = |path: &Path| {
+        let out = csv_report([path]);
+        expect_exit(&out, 0);
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let rows: Vec<String> = stdout
+            .lines()
+            .skip(1)
+            .map(|l| l.split(',').next().unwrap().to_string())
+            .collect();
+        (rows, stdout.into_owned())
+    };
+    let (rows, stdout) = labels(&dir.join("runs"));
     assert_eq!(
         rows,
         [
@@ -933,14 +938,7 @@ fn report_keeps_each_grids_cells_together() {
         .unwrap()
         .unwrap()
         .path();
-    let out = csv_report([state]);
-    expect_exit(&out, 0);
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let rows: Vec<&str> = stdout
-        .lines()
-        .skip(1)
-        .map(|l| l.split(',').next().unwrap())
-        .collect();
+    let (rows, stdout) = labels(&state);
     assert_eq!(rows, ["gb/optim.lr=0.1", "gb/optim.lr=0.2"], "{stdout}");
 }
 
