@@ -1337,7 +1337,8 @@ pub fn render(rows: &[Row], format: Format) -> String {
          single run of one timed step); ≈: the difference to the baseline is within twice the \
          combined spread between runs (a row of one run takes the pooled spread of the rows \
          with repeats); ?: no row was repeated, so noise cannot be told apart from a \
-         difference (run the recipes again, then runner report). vs baseline: the \
+         difference (run the recipes again, then runner report, or run them with --repeat 2). vs \
+         baseline: the \
          row's ms/iter over the baseline's (above 1x: slower per iteration); a row whose \
          steps take another number of samples (batch × accumulation) is compared per sample \
          (x/sample: the row's ms/iter per sample over the baseline's). p95 ms, samples/s, data wait % and \

@@ -89,14 +89,19 @@ pub(crate) fn run_all(args: &RunArgs) -> ExitCode {
     };
     runner::signals::install();
     let mut code = ExitCode::SUCCESS;
-    for (k, c) in all.iter().enumerate() {
+    // With --repeat, the recipes in rounds: a b, a b, ...
+    let rounds = usize::from(args.repeat);
+    let order: Vec<&Checked> = (0..rounds).flat_map(|_| all.iter()).collect();
+    // The runs this call completed, for the comparison after the last round.
+    let mut made: Vec<PathBuf> = vec![];
+    for (k, c) in order.iter().copied().enumerate() {
         // A signal that came as the previous recipe's run finished: the rest are not
         // started (the next one said "exiting now, before the run started").
         if let Some(signal) = runner::signals::received().filter(|_| k > 0) {
             runner::errln!(
                 "{}{}: not run: {} came as the run before it finished",
                 c.path.display(),
-                match all.len() - k - 1 {
+                match order.len() - k - 1 {
                     0 => String::new(),
                     n => format!(" (and the {n} recipe(s) after it)"),
                 },
@@ -110,9 +115,10 @@ pub(crate) fn run_all(args: &RunArgs) -> ExitCode {
                 again: Some(grid_again(c, args)),
                 ..opts.clone()
             };
-            run_grid(c, sel, &opts)
+            // With --repeat, one table after the last round (each round's said `?`).
+            run_grid(c, sel, &opts, &mut made, rounds == 1)
         } else {
-            run_one(&c.plans[0], &opts).map(|_| ())
+            run_one(&c.plans[0], &opts).map(|dir| made.push(dir))
         };
         match outcome {
             Ok(()) => {}
@@ -127,10 +133,10 @@ pub(crate) fn run_all(args: &RunArgs) -> ExitCode {
             Err(e @ RunError::Interrupted { .. }) => {
                 // The recipes after it, not started, and how to run them (the command to go
                 // on named only the interrupted one, and they were left out in silence).
-                if let Some(rest) = rest_command(&all[k + 1..], args) {
+                if let Some(rest) = rest_command(&all, k, args) {
                     runner::errln!(
                         "note: {} recipe(s) after it not started; run them with: {rest}",
-                        all.len() - k - 1
+                        order.len() - k - 1
                     );
                 }
                 return ExitCode::from(e.exit_code());
@@ -139,6 +145,17 @@ pub(crate) fn run_all(args: &RunArgs) -> ExitCode {
                 runner::errln!("{e}");
                 return ExitCode::from(e.exit_code());
             }
+        }
+    }
+    if rounds > 1 {
+        runner::outln!(
+            "\n{} rounds of {} recipe(s), {} run(s) completed:",
+            rounds,
+            all.len(),
+            made.len()
+        );
+        if !made.is_empty() {
+            print_table(&made);
         }
     }
     code
@@ -260,21 +277,33 @@ fn summary_line(s: &Summary, dir: &Path) -> String {
     format!("{}: {}, {}", s.name, s.headline(), dir.display())
 }
 
-/// The command that runs `rest`, recipes not started: this one, for them alone.
-fn rest_command(rest: &[Checked], args: &RunArgs) -> Option<String> {
-    (!rest.is_empty()).then(|| command_for(rest, args, args.resume))
+/// The command that runs what is left after the `k`th run of the call's order (`all`,
+/// `--repeat` times): this one for the rest of that round, then, where whole rounds are
+/// left, this one with `--repeat` that many.
+fn rest_command(all: &[Checked], k: usize, args: &RunArgs) -> Option<String> {
+    let rest = &all[k % all.len() + 1..];
+    let rounds = usize::from(args.repeat) - 1 - k / all.len();
+    let commands: Vec<String> = [
+        (!rest.is_empty()).then(|| command_for(rest, args, args.resume, 1)),
+        (rounds > 0).then(|| command_for(all, args, args.resume, rounds)),
+    ]
+    .into_iter()
+    .flatten()
+    .collect();
+    (!commands.is_empty()).then(|| commands.join(" && "))
 }
 
 /// The command that continues a grid after an interruption: this one, for this grid alone,
 /// with `--resume`.
 fn grid_again(c: &Checked, args: &RunArgs) -> String {
-    command_for(std::slice::from_ref(c), args, true)
+    command_for(std::slice::from_ref(c), args, true, 1)
 }
 
 /// This command for `recipes` alone, as a shell line: its `--set`s, `--max-cells` and
 /// `--cell`/`--shard` are kept (without the sets, `--resume` expanded another grid and
-/// trained its cells from the start), `-q` too, and `--resume` where `resume`.
-fn command_for(recipes: &[Checked], args: &RunArgs, resume: bool) -> String {
+/// trained its cells from the start), `-q` too, `--resume` where `resume`, and `--repeat`
+/// where `repeat` is more than one.
+fn command_for(recipes: &[Checked], args: &RunArgs, resume: bool, repeat: usize) -> String {
     let mut words: Vec<String> = recipes
         .iter()
         .map(|c| c.path.display().to_string())
@@ -295,11 +324,22 @@ fn command_for(recipes: &[Checked], args: &RunArgs, resume: bool) -> String {
     if resume {
         words.push("--resume".into());
     }
+    if repeat > 1 {
+        words.extend(["--repeat".into(), repeat.to_string()]);
+    }
     let words: Vec<String> = words.iter().map(|w| slurm::shell_word(w)).collect();
     format!("{} {}", runner::program(), words.join(" "))
 }
 
-pub(crate) fn run_grid(c: &Checked, sel: Selection, opts: &RunOptions) -> Result<(), RunError> {
+/// Runs the cells `sel` takes; each completed cell's run directory is added to `made`.
+/// Then, where `table`, prints the comparison of every cell done.
+pub(crate) fn run_grid(
+    c: &Checked,
+    sel: Selection,
+    opts: &RunOptions,
+    made: &mut Vec<PathBuf>,
+    table: bool,
+) -> Result<(), RunError> {
     let root = &c.plans[0].log.dir;
     // --resume where no sweep of this grid ran (log.dir is relative to the working
     // directory: from another one, it started the grid over in silence).
@@ -482,6 +522,9 @@ pub(crate) fn run_grid(c: &Checked, sel: Selection, opts: &RunOptions) -> Result
             }
             _ => run_one(&c.plans[cell.index], opts),
         };
+        if let Ok(dir) = &result {
+            made.push(dir.clone());
+        }
         cell_end(result, &mut stop)
     })
     .map_err(|e| {
@@ -523,7 +566,9 @@ pub(crate) fn run_grid(c: &Checked, sel: Selection, opts: &RunOptions) -> Result
             outcome.skipped.len()
         );
     }
-    print_comparison(c, &dir);
+    if table {
+        print_comparison(c, &dir);
+    }
     match outcome.failed.first() {
         Some((i, msg)) => Err(RunError::Failed {
             dir: dir.dir.clone(),
@@ -579,18 +624,21 @@ fn print_comparison(c: &Checked, dir: &SweepDir) {
         .filter_map(|cell| dir.status(cell)?.run_dir)
         .collect();
     if !done.is_empty() {
-        match done
-            .iter()
-            .map(|d| report::load_run(d))
-            .collect::<Result<Vec<_>, _>>()
-            .and_then(|runs| report::rows(&runs, None))
-        {
-            Ok(rows) => {
-                runner::outln!("\n{} of {} cells done:", done.len(), c.cells.len());
-                runner::out!("{}", report::render(&rows, report::Format::Table));
-            }
-            Err(e) => runner::errln!("{e}"),
-        }
+        runner::outln!("\n{} of {} cells done:", done.len(), c.cells.len());
+        print_table(&done);
+    }
+}
+
+/// `report`'s table of these completed runs, in their order.
+fn print_table(dirs: &[PathBuf]) {
+    match dirs
+        .iter()
+        .map(|d| report::load_run(d))
+        .collect::<Result<Vec<_>, _>>()
+        .and_then(|runs| report::rows(&runs, None))
+    {
+        Ok(rows) => runner::out!("{}", report::render(&rows, report::Format::Table)),
+        Err(e) => runner::errln!("{e}"),
     }
 }
 
@@ -990,6 +1038,12 @@ pub(crate) fn slurm(args: &SweepArgs) -> ExitCode {
         return ExitCode::from(2);
     }
     // Refused before anything is written.
+    if args.run.repeat > 1 {
+        runner::errln!(
+            "error: --repeat runs the recipes here, round after round; with --slurm each cell is an array task that runs once (resubmitting the script resumes the grid, it does not repeat it)\n  = help: leave --repeat out; to repeat a grid's runs, run it without --slurm, with --repeat"
+        );
+        return ExitCode::from(2);
+    }
     if let Some(flag) = [
         args.run.cell.map(|_| "--cell"),
         args.run.shard.as_ref().map(|_| "--shard"),

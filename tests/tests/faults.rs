@@ -1653,3 +1653,30 @@ fn eval_of_a_run_killed_before_any_checkpoint_says_to_run_it_again() {
     expect_exit(&check, 0);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A run of a `--repeat` call interrupted: what was not started is said with the commands
+/// that run it, the rest of this round and then the rounds left (`--repeat` less the ones
+/// begun), and no comparison is printed.
+#[test]
+fn an_interrupted_repeat_says_the_rounds_left() {
+    let dir = tempdir("repeat-interrupted");
+    let a = long_recipe(&dir, "a", "");
+    let b = tiny_recipe(&dir, "b", "");
+    let mut cmd = runner_cmd();
+    cmd.args([&a, &b]).args(["--repeat", "3", "-q"]);
+    let (child, _) = spawn_until(cmd, &dir.join("runs"), has_a_line);
+    send("-INT", &child);
+    let out = child.wait_with_output().unwrap();
+    expect_exit(&out, 130);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let runner = env!("CARGO_BIN_EXE_runner");
+    let (a, b) = (a.display(), b.display());
+    assert!(
+        stderr.contains(&format!(
+            "note: 5 recipe(s) after it not started; run them with: {runner} {b} -q && {runner} {a} {b} -q --repeat 2"
+        )),
+        "{stderr}"
+    );
+    assert!(!String::from_utf8_lossy(&out.stdout).contains("rounds of"));
+    assert!(!dir.join("runs/b").exists());
+}

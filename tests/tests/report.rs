@@ -992,3 +992,74 @@ fn a_verdict_on_noise_needs_a_recipe_run_twice() {
     );
     assert!(row(&repeated, "tuned").ends_with("1.00x ≈"), "{repeated}");
 }
+
+/// `--repeat N` runs the recipes in rounds (a b, a b) and ends with the comparison of the
+/// call's runs, each recipe's repeats in one row, so that a verdict on noise can be given
+/// (a single round's rows are all `?`). It refuses 0, `--resume` (which would skip every
+/// cell the first round did) and `--slurm` (whose tasks run each cell once).
+#[test]
+fn a_repeat_runs_the_recipes_in_rounds_and_compares_them() {
+    let dir = tempdir("repeat-rounds");
+    let a = tiny_recipe(&dir, "a", "");
+    let b = tiny_recipe(&dir, "b", "[optim]\nlr = 0.05\n");
+    let out = runner_cmd()
+        .args([&a, &b])
+        .args(["--repeat", "2", "-q"])
+        .output()
+        .unwrap();
+    expect_exit(&out, 0);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let ran: Vec<&str> = stdout
+        .lines()
+        .filter_map(|l| l.split_once(": ").filter(|(_, r)| r.contains(" steps, ")))
+        .map(|(name, _)| name)
+        .collect();
+    assert_eq!(ran, ["a", "b", "a", "b"], "{stdout}");
+    let (_, table) = stdout
+        .split_once("2 rounds of 2 recipe(s), 4 run(s) completed:\n")
+        .unwrap_or_else(|| panic!("{stdout}"));
+    let rows: Vec<Vec<&str>> = table
+        .lines()
+        .skip(1)
+        .take_while(|l| !l.is_empty())
+        .map(|l| l.split_whitespace().collect())
+        .collect();
+    assert_eq!(rows.len(), 2, "{table}");
+    assert_eq!((rows[0][0], rows[0][1]), ("a", "2"), "{table}");
+    assert_eq!((rows[1][0], rows[1][1]), ("b", "2"), "{table}");
+    assert_ne!(rows[1].last(), Some(&"?"), "{table}");
+    for name in ["a", "b"] {
+        assert_eq!(
+            std::fs::read_dir(dir.join("runs").join(name))
+                .unwrap()
+                .count(),
+            2
+        );
+    }
+    // One round: no table of its own (`runner report` makes it).
+    let once = runner_cmd().arg(&a).arg("-q").output().unwrap();
+    expect_exit(&once, 0);
+    assert!(!String::from_utf8_lossy(&once.stdout).contains("rounds of"));
+    let refused = |extra: &[&str], want: &str| {
+        let out = runner_cmd().args(extra).arg(&a).output().unwrap();
+        expect_exit(&out, 2);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.contains(want), "{extra:?}: {stderr}");
+    };
+    refused(&["--repeat", "0"], "--repeat");
+    refused(&["--repeat", "2", "--resume"], "--resume");
+    let grid = tiny_recipe(&dir, "g", "[sweep]\n\"optim.lr\" = [0.1, 0.2]\n");
+    let out = runner_cmd()
+        .args(["sweep", "--slurm", "--repeat", "2"])
+        .arg(&grid)
+        .output()
+        .unwrap();
+    expect_exit(&out, 2);
+    assert!(
+        String::from_utf8_lossy(&out.stderr)
+            .contains("error: --repeat runs the recipes here, round after round; with --slurm"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(!dir.join("runs/g").exists());
+}
