@@ -108,30 +108,50 @@ fn bad_label(path: &Path, i: usize, label: u8, classes: usize) -> DataError {
             super::there_are_classes(classes)
         ),
     )
-    .help("check the file is CIFAR-10 binary; fix it, or raise model.num_classes (or add the class to batches.meta.txt)")
+    .help(if path.with_file_name("batches.meta.txt").is_file() {
+        "check the file is CIFAR-10 binary; fix it, or raise model.num_classes (or add the class to batches.meta.txt)"
+    } else {
+        "check the file is CIFAR-10 binary; fix it, or raise model.num_classes (or name the classes in batches.meta.txt beside the file, one a line)"
+    })
+}
+
+/// What [`check_labels`] found in a file: each record's label, in order, and how many
+/// records at its end are zero bytes only (black images of class 0: what a file
+/// allocated ahead, or a copy cut short and padded, holds past what was written).
+#[derive(Debug, Clone, Default)]
+pub struct Labels {
+    pub labels: Vec<u8>,
+    pub blank_tail: usize,
 }
 
 /// Checks every record's label byte against `classes` without keeping the pixels (what
 /// validation can afford: one pass over the file, a record at a time), and keeps the
 /// file's sum (`sums`).
-pub fn check_labels(path: &Path, classes: usize) -> Result<(), DataError> {
+pub fn check_labels(path: &Path, classes: usize) -> Result<Labels, DataError> {
     use std::io::Read;
     let file = super::sums::Summing::open(path).map_err(|e| DataError::io(path, e))?;
     let mut reader = std::io::BufReader::with_capacity(1 << 20, file);
     let mut rec = vec![0u8; RECORD];
     let mut i = 0usize;
+    let mut found = Labels::default();
     loop {
         match reader.read_exact(&mut rec) {
             Ok(()) => {}
             Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
                 // Read to its end: env.json's sum of the file needs no pass of its own.
-                return reader
+                reader
                     .into_inner()
                     .finish()
-                    .map_err(|e| DataError::io(path, e));
+                    .map_err(|e| DataError::io(path, e))?;
+                return Ok(found);
             }
             Err(e) => return Err(DataError::io(path, e)),
         }
+        found.labels.push(rec[0]);
+        found.blank_tail = match rec.iter().all(|&b| b == 0) {
+            true => found.blank_tail + 1,
+            false => 0,
+        };
         if rec[0] as usize >= classes {
             // Read on, for how many more records are bad.
             let first = bad_label(path, i, rec[0], classes);

@@ -141,7 +141,23 @@ pub fn names_beside(path: &Path, file: &str) -> Result<Option<Vec<String>>, Data
     }
     let bytes = match std::fs::read(&names_path) {
         Ok(b) => b,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        // A link to nowhere is a names file meant and lost (a moved target), not none:
+        // the classes were counted from the labels, their names dropped without a word.
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            return match std::fs::read_link(&names_path) {
+                Ok(target) => Err(DataError::new(
+                    &names_path,
+                    format!(
+                        "is a link to {}, which does not exist",
+                        target.display()
+                    ),
+                )
+                .help(format!(
+                    "{help}; point the link at the class names, or remove it to count the classes from the labels"
+                ))),
+                Err(_) => Ok(None),
+            };
+        }
         Err(e) if names_path.is_dir() => {
             let _ = e;
             return Err(
@@ -697,6 +713,11 @@ mod tests {
         std::fs::create_dir(dir.join("batches.meta.txt")).unwrap();
         let e = names_beside(&data, "batches.meta.txt").unwrap_err();
         assert!(e.message.contains("is a directory"), "{}", e.message);
+        // A link to nowhere: a names file meant (it read as none, the names dropped).
+        std::fs::remove_dir(dir.join("batches.meta.txt")).unwrap();
+        std::os::unix::fs::symlink("moved.txt", dir.join("batches.meta.txt")).unwrap();
+        let e = names_beside(&data, "batches.meta.txt").unwrap_err();
+        assert_eq!(e.message, "is a link to moved.txt, which does not exist");
     }
 
     fn tiny() -> Images {

@@ -206,6 +206,16 @@ pub fn read_jsonl(
     classes: Option<usize>,
     limit: usize,
 ) -> Result<Vec<(String, u32)>, DataError> {
+    // Zero bytes only (a file allocated and never written, a disk image) are no text:
+    // said from the file's start, before gigabytes of zeros are read.
+    let zeros = || {
+        DataError::new(path, "starts with zero bytes only: it holds no text").help(
+            "check the file (was it written whole?): JSON Lines are UTF-8 text, one object a line",
+        )
+    };
+    if all_zeros(&head_of(path).map_err(|e| DataError::io(path, e))?) {
+        return Err(zeros());
+    }
     let bytes = super::sums::read(path).map_err(|e| DataError::io(path, e))?;
     let text = String::from_utf8(bytes).map_err(|e| {
         let at = e.utf8_error().valid_up_to();
@@ -237,16 +247,27 @@ pub fn read_jsonl(
     // UTF-16 without a byte-order mark is valid UTF-8 where it is ASCII (a NUL beside every
     // character), and failed as JSON on every line: said as what it is.
     let head = &text.as_bytes()[..text.len().min(4096)];
-    // Zero bytes only (a file allocated and never written, a disk image) are no text either.
-    if head.len() >= 8 && head.iter().all(|&b| b == 0) {
-        return Err(
-            DataError::new(path, "starts with zero bytes only: it holds no text").help(
-                "check the file (was it written whole?): JSON Lines are UTF-8 text, one object a line",
-            ),
-        );
+    if all_zeros(head) {
+        return Err(zeros());
     }
     if utf16_zeros(head) {
         return Err(DataError::new(path, "is UTF-16 text, not UTF-8").help(UTF16_HELP));
+    }
+    // Zeros after the text: what a download or copy cut short into a file allocated
+    // ahead leaves (it read as UTF-16, or as a line that is not JSON).
+    let written = text.trim_end_matches('\0').len();
+    if text.len() - written >= 8 {
+        let line = 1 + text[..written].matches('\n').count();
+        return Err(DataError::new(
+            path,
+            format!(
+                "line {line}: zero bytes from byte offset {written} to the end of the file ({} bytes): it was not written whole (a copy or download cut short, or a file allocated ahead)",
+                text.len() - written
+            ),
+        )
+        .help(format!(
+            "write the file again; or, if the lines before the zeros are whole, cut them off (truncate -s {written} FILE)"
+        )));
     }
     // A byte-order mark (some editors write one) is not part of the first object.
     let text = text.strip_prefix('\u{feff}').unwrap_or(&text);
@@ -351,8 +372,17 @@ fn parse_line(
                 let what = whole
                     .strip_suffix(&format!(" at line {} column {}", e.line(), e.column()))
                     .unwrap_or(&whole);
-                at(format!("not JSON at byte {} of the line ({what})", e.column()))
-                    .help("each line must be one JSON object, e.g. {\"label\": 1, \"text\": \"...\"}")
+                let t = line.trim();
+                // A JSON document given as JSON Lines: an array, or pretty-printed objects
+                // (each line a piece of one).
+                let help = if t.starts_with('[') {
+                    "this looks like a JSON array, not JSON Lines (one object a line): convert it (jq -c '.[]' FILE > FILE.jsonl)"
+                } else if t == "{" || t.ends_with([',', '{', '[']) {
+                    "this looks like an object spread over several lines (pretty-printed JSON): JSON Lines hold one object a line; convert it (jq -c . FILE > FILE.jsonl)"
+                } else {
+                    "each line must be one JSON object, e.g. {\"label\": 1, \"text\": \"...\"}"
+                };
+                at(format!("not JSON at byte {} of the line ({what})", e.column())).help(help)
             }
             Ok(_) => at("not a JSON object".into()).help("each line must be one JSON object"),
         });
@@ -445,19 +475,37 @@ fn parse_line(
 
 const UTF16_HELP: &str = "this looks like UTF-16 text (what Windows PowerShell 5 and Notepad's \"Unicode\" write): convert it (iconv -f utf-16 -t utf-8 FILE > FILE8)";
 
-/// Whether `head` has a zero byte beside (nearly) every other byte: UTF-16 (Windows
-/// PowerShell 5's `>`, Notepad's "Unicode") of mostly ASCII text.
+/// The first 4 KiB of `path` (less where it is shorter).
+fn head_of(path: &Path) -> std::io::Result<Vec<u8>> {
+    use std::io::Read;
+    let mut head = Vec::with_capacity(4096);
+    std::fs::File::open(path)?
+        .take(4096)
+        .read_to_end(&mut head)?;
+    Ok(head)
+}
+
+/// Eight bytes or more, all zero.
+fn all_zeros(head: &[u8]) -> bool {
+    head.len() >= 8 && head.iter().all(|&b| b == 0)
+}
+
+/// Whether `head` has a zero byte beside (nearly) every other byte, and the others
+/// (nearly) all not zero: UTF-16 (Windows PowerShell 5's `>`, Notepad's "Unicode") of
+/// mostly ASCII text. (Zeros at both, as text followed by a file's unwritten end, are not.)
 fn utf16_zeros(head: &[u8]) -> bool {
     let zeros_at = |odd: usize| {
-        let n = head
-            .iter()
+        head.iter()
             .skip(odd)
             .step_by(2)
             .filter(|&&x| x == 0)
-            .count();
-        n * 4 >= head.len() / 2 * 3
+            .count()
     };
-    head.len() >= 8 && (zeros_at(0) || zeros_at(1))
+    let half = head.len() / 2;
+    let mostly = |n: usize| n * 4 >= half * 3;
+    let few = |n: usize| n * 4 <= half;
+    head.len() >= 8
+        && ((mostly(zeros_at(0)) && few(zeros_at(1))) || (mostly(zeros_at(1)) && few(zeros_at(0))))
 }
 
 /// The label's value as the line writes it, where it is a plain number (`"label": -0`):
@@ -965,6 +1013,40 @@ mod tests {
             std::fs::write(&p, bytes).unwrap();
             let e = read_jsonl(&p, "text", "label", Some(2), usize::MAX).unwrap_err();
             assert!(e.help_text().contains(want), "{}", e.help_text());
+        }
+        // A JSON array, or pretty-printed objects, given as JSON Lines: said as such.
+        for (text, want) in [
+            (
+                "[{\"label\": 1, \"text\": \"ok\"},\n{\"label\": 0, \"text\": \"b\"}]\n",
+                "jq -c '.[]'",
+            ),
+            (
+                "{\n  \"label\": 1,\n  \"text\": \"ok\"\n}\n",
+                "pretty-printed JSON",
+            ),
+        ] {
+            std::fs::write(&p, text).unwrap();
+            let e = read_jsonl(&p, "text", "label", Some(2), usize::MAX).unwrap_err();
+            assert!(e.help_text().contains(want), "{e}");
+        }
+        // Text, then the zeros of a file allocated ahead (a download cut short): not
+        // UTF-16 (zeros at every byte, not every other one), and said where they start,
+        // within the first 4 KiB or past it.
+        for lines in [2, 200] {
+            let mut bytes = "{\"label\": 1, \"text\": \"ok\"}\n"
+                .repeat(lines)
+                .into_bytes();
+            let at = bytes.len();
+            bytes.resize(at + 4096, 0);
+            std::fs::write(&p, bytes).unwrap();
+            let e = read_jsonl(&p, "text", "label", Some(2), usize::MAX).unwrap_err();
+            assert!(
+                e.message.starts_with(&format!(
+                    "line {}: zero bytes from byte offset {at} to the end of the file (4096 bytes)",
+                    lines + 1
+                )) && e.help_text().contains(&format!("truncate -s {at} FILE")),
+                "{e}"
+            );
         }
         // A dict of many keys as one line: the names said are few and short.
         let keys: Vec<String> = (0..1000)

@@ -89,6 +89,23 @@ impl<'a> Validator<'a> {
             crop_padding: a.crop_padding,
             hflip: a.hflip,
         };
+        let (train_files, test_files): (Vec<&Path>, Vec<&Path>) = match &files {
+            Files::Cifar { train, test } => (
+                train.iter().map(PathBuf::as_path).collect(),
+                test.iter().map(PathBuf::as_path).collect(),
+            ),
+            Files::Jsonl { train, test, .. } => {
+                (vec![train], test.iter().map(|t| t.as_path()).collect())
+            }
+            Files::Synthetic { .. } => (vec![], vec![]),
+        };
+        let validation: Vec<&Path> = validation_files.iter().map(PathBuf::as_path).collect();
+        for (key, held) in [
+            ("data.test", &test_files),
+            ("data.validation_file", &validation),
+        ] {
+            self.same_as_training(&train_files, key, held);
+        }
         let source = match files {
             Files::Cifar { train, test } => DataSource::Cifar { train, test, image },
             Files::Synthetic {
@@ -179,14 +196,29 @@ impl<'a> Validator<'a> {
         let read = self.image_room(&parts, machine);
         // Labels are read now, so a bad byte is an error before anything runs: every
         // file's, each with its own count of bad records.
-        let train_ok = !read || self.labels_ok("data.train", &train, classes);
-        let test_ok = !read
-            || test
-                .as_ref()
-                .is_none_or(|t| self.labels_ok("data.test", t, classes));
+        let train_labels = read.then(|| self.labels_of("data.train", &train, classes));
+        let test_labels = match &test {
+            Some(t) if read => Some(self.labels_of("data.test", t, classes)),
+            _ => None,
+        };
         let test = test?;
-        if !(train_ok && test_ok) {
+        if matches!(train_labels, Some(None)) || matches!(test_labels, Some(None)) {
             return None;
+        }
+        if let Some(Some(found)) = &train_labels {
+            // Of the records the limits keep: those past them are never read.
+            let used = |found: &[cifar::Labels], limit: Option<usize>| {
+                found
+                    .iter()
+                    .flat_map(|f| f.labels.iter().map(|&l| u32::from(l)))
+                    .take(limit.unwrap_or(usize::MAX))
+                    .collect::<std::collections::BTreeSet<u32>>()
+            };
+            let trained = used(found, d.limit);
+            self.one_class(&trained);
+            if let Some(Some(tested)) = &test_labels {
+                self.untrained_classes(&trained, &used(tested, d.test_limit), None);
+            }
         }
         if classes > crate::data::MAX_CLASSES {
             self.err(
@@ -272,18 +304,69 @@ impl<'a> Validator<'a> {
         ok
     }
 
-    /// Whether every label byte of the CIFAR-10 files is a class (of `classes`, or of
-    /// `model.num_classes` if more): every file's error is given, each with its count.
-    fn labels_ok(&mut self, key: &str, files: &[PathBuf], classes: usize) -> bool {
+    /// The labels of the CIFAR-10 files, where every label byte is a class (of `classes`,
+    /// or of `model.num_classes` if more): every file's error is given, each with its
+    /// count. A file of zero bytes only is an error too, and zero records at a file's end
+    /// a warning.
+    fn labels_of(
+        &mut self,
+        key: &str,
+        files: &[PathBuf],
+        classes: usize,
+    ) -> Option<Vec<cifar::Labels>> {
         let allowed = self.recipe().model.num_classes.unwrap_or(0).max(classes);
-        let mut ok = true;
+        let mut out = Some(vec![]);
         for f in files {
-            if let Err(e) = cifar::check_labels(f, allowed) {
-                self.data_err(key, &e);
-                ok = false;
+            match cifar::check_labels(f, allowed) {
+                Ok(found) => {
+                    self.blank_records(key, f, &found);
+                    if found.blank_tail == found.labels.len() {
+                        out = None;
+                    }
+                    if let Some(out) = &mut out {
+                        out.push(found);
+                    }
+                }
+                Err(e) => {
+                    self.data_err(key, &e);
+                    out = None;
+                }
             }
         }
-        ok
+        out
+    }
+
+    /// Records of zero bytes only at the end of a CIFAR-10 file: black images of class 0
+    /// that a file allocated ahead, or a copy cut short and padded, holds past what was
+    /// written. All of them: an error (it trained in silence); some: a warning.
+    fn blank_records(&mut self, key: &str, file: &Path, found: &cifar::Labels) {
+        let (n, blank) = (found.labels.len(), found.blank_tail);
+        let shown = crate::recipe::lexical(file);
+        if blank == 0 {
+        } else if blank == n {
+            self.err(
+                key,
+                format!(
+                    "{} holds zero bytes only: its {n} record(s) would train as black images of class 0",
+                    shown.display()
+                ),
+                "check the file (was it written whole? a file allocated ahead, or a copy cut short, reads so), and point the key at the data",
+            );
+        } else {
+            let first = n - blank;
+            self.warn(
+                key,
+                format!(
+                    "{}: its last {blank} of {n} records (from record {first}, byte offset {}) are zero bytes only, which train as black images of class 0",
+                    shown.display(),
+                    first * cifar::RECORD
+                ),
+                format!(
+                    "check the file: a copy cut short and padded, or a file allocated ahead, ends so; if the records before them are whole, cut the zeros off (truncate -s {} FILE)",
+                    first * cifar::RECORD
+                ),
+            );
+        }
     }
 
     /// A warning where the class names beside the test file are not the training data's:
@@ -375,6 +458,7 @@ impl<'a> Validator<'a> {
         let mut distinct = std::collections::BTreeSet::new();
         let mut counts = [0usize; 2];
         let mut train_labels = std::collections::BTreeSet::new();
+        let mut test_labels: Option<std::collections::BTreeSet<u32>> = None;
         let max_length = self.recipe().padding.clone().unwrap_or_default().max_length;
         // `cut` of the `used` training texts (the first `data.limit`) are cut to max_length.
         let (mut cut, mut train_longest, mut used) = (0, 0, 0);
@@ -447,8 +531,9 @@ impl<'a> Validator<'a> {
                     }
                     let top = scan.labels.last().map_or(0, |&l| l as usize);
                     max_label = max_label.max(top);
-                    if i == 0 {
-                        train_max = top;
+                    match i {
+                        0 => train_max = top,
+                        _ => test_labels = Some(scan.labels.clone()),
                     }
                     distinct.extend(scan.labels);
                 }
@@ -476,8 +561,10 @@ impl<'a> Validator<'a> {
         }
         // Labels only the texts past data.limit have still count as classes, never trained.
         let kept_max = train_labels.last().map_or(0, |&l| l as usize);
+        // (A limit of 0 is an error of its own, said at its key.)
         if limit.is_none()
             && kept_labels.is_some()
+            && self.recipe().data.limit != Some(0)
             && train_max > kept_max
             && max_label == train_max
         {
@@ -496,9 +583,10 @@ impl<'a> Validator<'a> {
             self.warn(
                 "padding.max_length",
                 format!(
-                    "{cut} of the {} training texts ({:.1}%) are longer than {max_length} tokens (the longest has {}): each is cut to its first {max_length}",
+                    "{cut} of the {} training texts ({:.1}%) are longer than {max_length} token{} (the longest has {}): each is cut to its first {max_length}",
                     used,
                     100.0 * cut as f64 / used.max(1) as f64,
+                    if max_length == 1 { "" } else { "s" },
                     train_longest
                 ),
                 format!("raise padding.max_length (at most {MAX_TOKENS}) to keep them whole, if the cut matters; memory grows with it"),
@@ -506,12 +594,13 @@ impl<'a> Validator<'a> {
         }
         // Labels that train nothing useful, which the run would report in silence (a
         // test accuracy of 100% for one class; a class 0 never seen).
+        if let Some(test) = &test_labels {
+            // Those above the training labels are said above, where they add classes.
+            let above = (limit.is_none() && max_label > train_max).then_some(train_max as u32);
+            self.untrained_classes(&train_labels, test, above);
+        }
         match (train_labels.first(), train_labels.last()) {
-            (Some(&only), Some(&last)) if only == last => self.warn(
-                "data.train",
-                format!("every training label is {only}: the model learns one class, and its accuracy is that class's share of the test set"),
-                "check data.label_field and the file: classification needs at least two classes",
-            ),
+            (Some(&only), Some(&last)) if only == last => self.one_class(&train_labels),
             (Some(&first), Some(&last)) if first > 0 && named.is_none() => self.warn(
                 "data.train",
                 format!("no training label is 0: labels run from {first} to {last}, so the model gets {classes} classes and class 0 is never trained"),
@@ -543,6 +632,85 @@ impl<'a> Validator<'a> {
             train_total: counts[0],
             test_total: counts[1],
         })
+    }
+
+    /// A warning where a file of `key` holds the very bytes of a training file (by the
+    /// size and CRC-32 the checks took as they read them): its scores are of data the
+    /// model trained on, so they measure what it memorised.
+    fn same_as_training(&mut self, train: &[&Path], key: &str, held: &[&Path]) {
+        use crate::data::sums::recorded;
+        let same = held.iter().find_map(|h| {
+            let sum = recorded(h).filter(|s| s.bytes > 0)?;
+            let t = train.iter().find(|t| recorded(t).as_ref() == Some(&sum))?;
+            Some((*h, *t, sum))
+        });
+        if let Some((h, t, sum)) = same {
+            let what = match key {
+                "data.test" => "the test accuracy",
+                _ => "validation (and so early stopping and model-best)",
+            };
+            self.warn(
+                key,
+                format!(
+                    "{} holds the same bytes as the training file {} ({} bytes, CRC-32 {}): {what} is measured on data the model trains on, and says what it memorised, not how it does on data it has not seen",
+                    crate::recipe::lexical(h).display(),
+                    crate::recipe::lexical(t).display(),
+                    sum.bytes,
+                    sum.crc32
+                ),
+                "point it at held-out data, or hold out part of the training file with data.validation = FRACTION",
+            );
+        }
+    }
+
+    /// A warning where the training labels used are all one: the model learns one class.
+    fn one_class(&mut self, trained: &std::collections::BTreeSet<u32>) {
+        if let (Some(&only), 1) = (trained.first(), trained.len()) {
+            self.warn(
+                "data.train",
+                format!("every training label is {only}: the model learns one class, and its accuracy is that class's share of the test set"),
+                "check data.label_field and the file: classification needs at least two classes",
+            );
+        }
+    }
+
+    /// A warning where the test set has labels no training sample used has (but those
+    /// above `said_above`, warned of already): classes the model never trains, whose test
+    /// samples it is scored on.
+    fn untrained_classes(
+        &mut self,
+        trained: &std::collections::BTreeSet<u32>,
+        tested: &std::collections::BTreeSet<u32>,
+        said_above: Option<u32>,
+    ) {
+        let untrained: Vec<u32> = tested
+            .difference(trained)
+            .copied()
+            .filter(|&l| said_above.is_none_or(|top| l <= top))
+            .collect();
+        if untrained.is_empty() || trained.is_empty() {
+            return;
+        }
+        let mut shown: Vec<String> = untrained.iter().take(8).map(u32::to_string).collect();
+        if untrained.len() > 8 {
+            shown.push(format!("and {} more", untrained.len() - 8));
+        }
+        let limited = match self.recipe().data.limit {
+            Some(n) => format!(" of the first {n}"),
+            None => String::new(),
+        };
+        self.warn(
+            "data.test",
+            format!(
+                "label{} {} occur{} in the test set but in no training sample{limited}: the model never trains {}, and is scored on {} test samples",
+                if untrained.len() == 1 { "" } else { "s" },
+                shown.join(", "),
+                if untrained.len() == 1 { "s" } else { "" },
+                if untrained.len() == 1 { "that class" } else { "those classes" },
+                if untrained.len() == 1 { "its" } else { "their" },
+            ),
+            "check the files' labels (does the training data hold every class?), or raise data.limit if the class is in samples past it",
+        );
     }
 
     /// `synthetic`: the generated set's sizes.
@@ -690,9 +858,7 @@ impl<'a> Validator<'a> {
                 if !self.image_room(&[("data.validation_file", bytes)], machine) {
                     return None;
                 }
-                if !self.labels_ok("data.validation_file", &files, classes) {
-                    return None;
-                }
+                self.labels_of("data.validation_file", &files, classes)?;
                 validation_files = files;
                 n
             }

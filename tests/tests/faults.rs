@@ -1284,11 +1284,11 @@ fn a_recipe_beyond_the_address_space_limit_is_refused_before_it_starts() {
 fn text_too_large_to_hold_is_refused_at_its_key() {
     let dir = tempdir("text-too-large");
     let big = dir.join("big.jsonl");
-    // Sparse: 1 GB that takes no disk.
-    std::fs::File::create(&big)
-        .unwrap()
-        .set_len(1 << 30)
-        .unwrap();
+    // Sparse: 1 GB that takes no disk, after a line of text (a file of zeros only is
+    // refused from its first bytes, before its size).
+    let mut file = std::fs::File::create(&big).unwrap();
+    std::io::Write::write_all(&mut file, b"{\"text\": \"a\", \"label\": 0}\n").unwrap();
+    file.set_len(1 << 30).unwrap();
     let command = |first: &[&str], sets: &[String]| {
         let mut cmd = runner_cmd();
         cmd.args(first).arg("recipes/text/rotten_tomatoes.toml");
@@ -1411,10 +1411,10 @@ fn image_data_too_large_to_hold_is_refused_before_its_labels_are_read() {
     assert!(!dir.join("runs").exists(), "a run directory was created");
     // A validation file is held too: one that cannot be is refused at its key.
     let clean = dir.join("clean.bin");
-    std::fs::File::create(&clean)
-        .unwrap()
-        .set_len(records * record)
-        .unwrap();
+    // Sparse, but for a pixel (a file of zeros only is refused as unwritten).
+    let mut file = std::fs::File::create(&clean).unwrap();
+    std::io::Write::write_all(&mut file, &[0, 9]).unwrap();
+    file.set_len(records * record).unwrap();
     let out = run(&[
         "data.limit=1000",
         &format!("data.train={:?}", clean.display().to_string()),
@@ -1598,7 +1598,9 @@ fn metrics_removed_mid_run_are_written_again() {
 #[test]
 fn one_class_named_beside_the_data_is_blamed_on_the_data() {
     let dir = tempdir("one-class");
-    std::fs::write(dir.join("data_batch.bin"), [[0u8; 3073]; 4].concat()).unwrap();
+    // Label 0, grey pixels (a file of zeros only is refused as unwritten).
+    let record: Vec<u8> = std::iter::once(0).chain([7u8; 3072]).collect();
+    std::fs::write(dir.join("data_batch.bin"), record.repeat(4)).unwrap();
     std::fs::write(dir.join("batches.meta.txt"), "only\n").unwrap();
     let recipe = dir.join("r.toml");
     std::fs::write(

@@ -796,7 +796,136 @@ fn a_label_only_the_test_file_has_is_warned_of() {
     std::fs::write(dir.join("test.jsonl"), line(1, "fine")).unwrap();
     let out = runner_cmd().arg("validate").arg(&recipe).output().unwrap();
     expect_exit(&out, 0);
-    assert!(!String::from_utf8_lossy(&out.stderr).contains("occurs in the test set"));
+    assert!(!String::from_utf8_lossy(&out.stderr).contains("occurs"));
+    // One below the training labels' largest, which adds no class: still never trained
+    // (it was not said, as the check looked only above the training labels).
+    std::fs::write(dir.join("train.jsonl"), line(0, "bad") + &line(3, "good")).unwrap();
+    let out = runner_cmd().arg("validate").arg(&recipe).output().unwrap();
+    expect_exit(&out, 0);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("data.test: label 1 occurs in the test set but in no training sample: the model never trains that class, and is scored on its test samples"),
+        "{stderr}"
+    );
+    // The test set the training file itself: its accuracy is of data trained on.
+    std::fs::copy(dir.join("train.jsonl"), dir.join("test.jsonl")).unwrap();
+    let out = runner_cmd().arg("validate").arg(&recipe).output().unwrap();
+    expect_exit(&out, 0);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains(&format!(
+            "data.test: {} holds the same bytes as the training file {} (",
+            dir.join("test.jsonl").display(),
+            dir.join("train.jsonl").display()
+        )) && !stderr.contains("occurs"),
+        "{stderr}"
+    );
+}
+
+/// CIFAR-10 files are held to what JSON Lines are: a file of zero bytes only (allocated,
+/// never written) is refused, zero records at a file's end are warned of with where they
+/// start, and so are one training class, a test class never trained, and a test or
+/// validation file that is the training data. All of it trained in silence.
+#[test]
+fn cifar_files_of_zeros_one_class_or_the_training_data_are_said() {
+    let dir = tempdir("cifar-findings");
+    const RECORD: usize = 3073;
+    let records = |labels: &[u8], zeros: usize| {
+        let mut bytes = vec![];
+        for (i, &l) in labels.iter().enumerate() {
+            bytes.push(l);
+            bytes.extend((0..RECORD - 1).map(|k| (k * 7 + i * 13 + 1) as u8 | 1));
+        }
+        bytes.resize(bytes.len() + zeros * RECORD, 0);
+        bytes
+    };
+    let recipe = dir.join("c.toml");
+    std::fs::write(
+        &recipe,
+        "[model]\narch = \"mlp\"\n[data]\nformat = \"cifar10-bin\"\ntrain = \"train.bin\"\ntest = \"test.bin\"\n",
+    )
+    .unwrap();
+    let validate = |train: &[u8], test: &[u8], sets: &[&str]| {
+        std::fs::write(dir.join("train.bin"), train).unwrap();
+        std::fs::write(dir.join("test.bin"), test).unwrap();
+        let mut cmd = runner_cmd();
+        cmd.arg("validate").arg(&recipe);
+        for s in sets {
+            cmd.args(["--set", s]);
+        }
+        let out = cmd.output().unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (code, stderr) = validate(&records(&[], 4), &records(&[0, 1], 0), &[]);
+    assert_eq!(code, Some(2), "{stderr}");
+    assert!(
+        stderr.contains(&format!(
+            "data.train: {} holds zero bytes only: its 4 record(s) would train as black images of class 0",
+            dir.join("train.bin").display()
+        )),
+        "{stderr}"
+    );
+    let (code, stderr) = validate(&records(&[0, 1, 2, 1], 2), &records(&[0, 1], 0), &[]);
+    assert_eq!(code, Some(0), "{stderr}");
+    assert!(
+        stderr.contains(&format!(
+            "data.train: {}: its last 2 of 6 records (from record 4, byte offset 12292) are zero bytes only",
+            dir.join("train.bin").display()
+        ))
+            && stderr.contains("truncate -s 12292 FILE"),
+        "{stderr}"
+    );
+    let (code, stderr) = validate(&records(&[3, 3, 3], 0), &records(&[3], 0), &[]);
+    assert_eq!(code, Some(0), "{stderr}");
+    assert!(
+        stderr.contains("data.train: every training label is 3: the model learns one class"),
+        "{stderr}"
+    );
+    // Of the records data.limit keeps.
+    let (_, stderr) = validate(
+        &records(&[3, 3, 4], 0),
+        &records(&[3], 0),
+        &["data.limit=2"],
+    );
+    assert!(stderr.contains("every training label is 3"), "{stderr}");
+    let (code, stderr) = validate(&records(&[0, 1, 2], 0), &records(&[5, 1, 7], 0), &[]);
+    assert_eq!(code, Some(0), "{stderr}");
+    assert!(
+        stderr.contains("data.test: labels 5, 7 occur in the test set but in no training sample: the model never trains those classes, and is scored on their test samples"),
+        "{stderr}"
+    );
+    let train = records(&[0, 1, 2], 0);
+    let (code, stderr) = validate(&train, &train, &[]);
+    assert_eq!(code, Some(0), "{stderr}");
+    assert!(
+        stderr.contains(&format!(
+            "data.test: {} holds the same bytes as the training file {} (9219 bytes, CRC-32 ",
+            dir.join("test.bin").display(),
+            dir.join("train.bin").display()
+        )),
+        "{stderr}"
+    );
+    let held = format!(
+        "data.validation_file=\"{}\"",
+        dir.join("train.bin").display()
+    );
+    let (code, stderr) = validate(&train, &records(&[0, 1], 0), &[&held]);
+    assert_eq!(code, Some(0), "{stderr}");
+    assert!(
+        stderr.contains(&format!(
+            "data.validation_file: {0} holds the same bytes as the training file {0}",
+            dir.join("train.bin").display()
+        ))
+            && stderr.contains("validation (and so early stopping and model-best) is measured on data the model trains on"),
+        "{stderr}"
+    );
+    // Files of their own: none of it.
+    let (code, stderr) = validate(&train, &records(&[2, 0], 0), &[]);
+    assert_eq!(code, Some(0), "{stderr}");
+    assert!(!stderr.contains("data.t"), "{stderr}");
 }
 
 #[test]
