@@ -182,6 +182,7 @@ impl<'a> Validator<'a> {
     pub(super) fn kernels(&mut self, device: Device, m: &Machine) -> KernelPlan {
         let b = self.recipe().backend.clone();
         let (fusion, fusion_reason) = self.fusion(b.fusion, device, m.cpus);
+        self.kernel_keys_unused(device);
         if b.conv == ConvAlgo::Autotune {
             let set = [
                 (
@@ -231,6 +232,60 @@ impl<'a> Validator<'a> {
             norm_sums: b.norm_sums,
             matmul: b.matmul,
             cache_dir,
+        }
+    }
+
+    /// The keys that choose CubeCL's kernels, set to other than their defaults where they
+    /// choose nothing: on the CPU backend (it compiles no kernel), or, the convolution and
+    /// batch norm keys, for a model that has neither. Said, as `loader.pin_memory` on the
+    /// CPU is: a grid over `backend.autotune` on the CPU compared one run with itself, as if
+    /// the knob worked. (A resolved recipe, a run's recipe.toml, writes every key with its
+    /// default: that sets nothing.)
+    fn kernel_keys_unused(&mut self, device: Device) {
+        use crate::recipe::{Arch, BackendSection};
+        let (b, d) = (&self.recipe().backend, BackendSection::default());
+        let kernel_keys: [(&str, bool); 8] = [
+            ("backend.autotune", b.autotune != d.autotune),
+            ("backend.fusion", b.fusion != d.fusion),
+            ("backend.matmul", b.matmul != d.matmul),
+            ("backend.conv", b.conv != d.conv),
+            ("backend.conv_kernel", b.conv_kernel != d.conv_kernel),
+            ("backend.conv_tile", b.conv_tile != d.conv_tile),
+            ("backend.conv_split", b.conv_split != d.conv_split),
+            ("backend.norm_sums", b.norm_sums != d.norm_sums),
+        ];
+        let arch = self.recipe().model.arch;
+        let convolutions = matches!(
+            arch,
+            None | Some(Arch::Resnet18 | Arch::Resnet34 | Arch::Resnet50 | Arch::SmallCnn)
+        );
+        let (keys, why, help): (&[(&str, bool)], String, &str) = match device {
+            Device::Cpu => (
+                &kernel_keys,
+                "the CPU backend, which this run uses, compiles no kernels: they choose CubeCL's (CUDA, WebGPU)".into(),
+                "keep them for GPU runs; on the CPU every value runs the same code",
+            ),
+            _ if !convolutions => (
+                &kernel_keys[3..],
+                format!(
+                    "model.arch = \"{}\" has no convolution or batch norm, which they choose kernels for",
+                    arch.map_or("", |a| a.name())
+                ),
+                "leave them out for this model",
+            ),
+            _ => return,
+        };
+        let set: Vec<&str> = keys
+            .iter()
+            .filter(|(k, other)| *other && self.l.is_set(k))
+            .map(|(k, _)| *k)
+            .collect();
+        if let Some((first, others)) = set.split_first() {
+            let also = match others {
+                [] => String::new(),
+                _ => format!(", nor do {}", others.join(", ")),
+            };
+            self.warn(first, format!("does nothing here{also}: {why}"), help);
         }
     }
 

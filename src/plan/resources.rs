@@ -201,9 +201,15 @@ pub fn estimate(
             4,
         ),
     };
+    // No more than an epoch has: the workers are given an epoch's batches at its start
+    // (a prefetch of 100 over 4 batches an epoch was counted as 500 batches, 25 GiB, and
+    // refused a run that held 1 GiB).
+    let epoch_batches = data.train_len.div_ceil(loader.batch_size.max(1)).max(1) as u64;
     let batches_ahead = match loader.workers {
         0 => 1,
-        w => (w as u64).saturating_mul((loader.prefetch as u64).saturating_add(1)),
+        w => (w as u64)
+            .saturating_mul((loader.prefetch as u64).saturating_add(1))
+            .min(epoch_batches),
     };
     let loader_bytes = batches_ahead
         .saturating_mul(rows)

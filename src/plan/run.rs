@@ -145,10 +145,24 @@ impl<'a> Validator<'a> {
                         "use 0, or a small positive change such as 1e-3",
                     );
                 }
+                let natural = e.metric == EarlyStopMetric::ValAccuracy;
                 let maximize = match e.mode {
                     Some(m) => m == EarlyStopMode::Max,
-                    None => e.metric == EarlyStopMetric::ValAccuracy,
+                    None => natural,
                 };
+                // An accuracy minimised (or a loss maximised) keeps the worst weights as
+                // the best, and stops when the model stops getting worse.
+                if maximize != natural {
+                    let (metric, mode, worse) = match natural {
+                        true => ("val_accuracy", "min", "lowest accuracy"),
+                        false => ("val_loss", "max", "highest loss"),
+                    };
+                    self.warn(
+                        "run.early_stop.mode",
+                        format!("\"{mode}\" with metric = \"{metric}\": the best validation is the one of the {worse}, model-best.safetensors keeps its weights, and the run stops once the model stops getting worse"),
+                        "leave mode out (val_accuracy is maximised, val_loss minimised), or set the other one",
+                    );
+                }
                 Some(Watch {
                     metric: e.metric,
                     maximize,
@@ -342,7 +356,8 @@ impl<'a> Validator<'a> {
                 Every::Never => Some(0),
                 Every::Steps(n) => Some(total / n.max(1)),
                 Every::Step => Some(total),
-                Every::Epoch => None,
+                // One at each epoch's end, the last cut short by run.max_steps too.
+                Every::Epoch => Some(total.div_ceil(run.steps_per_epoch.max(1))),
             };
             if validations.is_some_and(|v| v <= patience) {
                 // Pointed at the patience where the recipe sets it (a --set of another

@@ -336,9 +336,12 @@ fn fusion_auto_follows_the_cpus_this_process_may_use() {
             && warnings[0].contains("give the process at least 2 CPUs"),
         "{warnings:?}"
     );
-    // The CPU backend has no such threads.
+    // The CPU backend has no such threads: fusion does nothing there at all, said so.
     let (_, warnings) = check_with(&["backend.kind=\"cpu\"", "backend.fusion=true"], Some(1));
-    assert!(warnings.is_empty(), "{warnings:?}");
+    assert!(
+        warnings.len() == 1 && warnings[0].contains("backend.fusion: does nothing here"),
+        "{warnings:?}"
+    );
 
     // Anything else is refused with the values it takes.
     let sets = ["backend.fusion=\"yes\"".to_string()];

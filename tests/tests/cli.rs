@@ -816,6 +816,77 @@ fn knobs_whose_cadence_the_run_never_reaches_are_warned() {
             && err.contains("| run.early_stop.patience=4\n"),
         "{err}"
     );
+    // Every epoch, the default, counts too: the quickstart's 8 epochs give 8 (it was
+    // never said), and a run cut short by run.max_steps validates where it stops.
+    let err = validate(&["data.validation=0.1", "run.early_stop.patience=8"]);
+    assert!(
+        err.contains("patience is 8 validations, but run.validate = \"epoch\" gives 8: the run never stops early"),
+        "{err}"
+    );
+    let err = validate(&["data.validation=0.1", "run.early_stop.patience=7"]);
+    assert!(!err.contains("never stops early"), "{err}");
+    let err = validate(&[
+        "data.validation=0.1",
+        "run.early_stop.patience=3",
+        "run.max_steps=100",
+    ]);
+    assert!(err.contains("run.validate = \"epoch\" gives 2"), "{err}");
+    // An accuracy minimised keeps the worst weights as the best.
+    let err = validate(&[
+        "data.validation=0.1",
+        "run.early_stop.metric=\"val_accuracy\"",
+        "run.early_stop.mode=\"min\"",
+    ]);
+    assert!(
+        err.contains("run.early_stop.mode: \"min\" with metric = \"val_accuracy\": the best validation is the one of the lowest accuracy"),
+        "{err}"
+    );
+    let err = validate(&["data.validation=0.1", "run.early_stop.mode=\"min\""]);
+    assert!(!err.contains("run.early_stop.mode"), "{err}");
+}
+
+/// The keys that choose CubeCL's kernels do nothing on the CPU backend, nor the
+/// convolution and batch norm ones for a model without either: said, as
+/// `loader.pin_memory` on the CPU is (a grid over `backend.autotune` on the CPU compared
+/// one run with itself, in silence).
+#[test]
+fn kernel_keys_that_choose_nothing_are_said() {
+    let said = |recipe: &str, sets: &[&str]| {
+        let out = with_sets("validate", &root().join(recipe), sets);
+        expect_exit(&out, 0);
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let err = said(
+        "recipes/quickstart.toml",
+        &["backend.autotune=\"full\"", "backend.fusion=true"],
+    );
+    assert!(
+        err.contains("backend.autotune: does nothing here, nor do backend.fusion: the CPU backend, which this run uses, compiles no kernels"),
+        "{err}"
+    );
+    assert!(!said("recipes/quickstart.toml", &[]).contains("does nothing"));
+    // A key written with its default (as every run's recipe.toml writes it) sets nothing.
+    let err = said(
+        "recipes/quickstart.toml",
+        &["backend.autotune=\"balanced\"", "backend.fusion=\"auto\""],
+    );
+    assert!(!err.contains("does nothing"), "{err}");
+    let cuda_mlp = [
+        "backend.kind=\"cuda\"",
+        "model.arch=\"mlp\"",
+        "~model.width",
+        "backend.norm_sums=\"reduce\"",
+    ];
+    let err = said("recipes/quickstart.toml", &cuda_mlp);
+    assert!(
+        err.contains("backend.norm_sums: does nothing here: model.arch = \"mlp\" has no convolution or batch norm"),
+        "{err}"
+    );
+    let err = said(
+        "recipes/quickstart.toml",
+        &["backend.kind=\"cuda\"", "backend.norm_sums=\"reduce\""],
+    );
+    assert!(!err.contains("does nothing"), "{err}");
 }
 
 /// A synthetic size out of range is said once, at its key (0 samples was also said as

@@ -1682,3 +1682,39 @@ fn an_interrupted_repeat_says_the_rounds_left() {
     assert!(!String::from_utf8_lossy(&out.stdout).contains("rounds of"));
     assert!(!dir.join("runs/b").exists());
 }
+
+/// The batches the loader holds ahead are counted up to an epoch's: the workers are given
+/// an epoch's batches at its start. A prefetch of 100 over 4 batches an epoch was counted
+/// as 404 batches (1.6 GiB) and refused a run that holds a few MiB; past an epoch's
+/// batches, a large batch still counts whole.
+#[test]
+fn batches_ahead_are_counted_up_to_an_epoch_s() {
+    let dir = tempdir("prefetch-epoch");
+    let recipe = tiny_recipe(&dir, "pf", "");
+    let run = |sets: &[&str]| {
+        let mut cmd = runner_cmd();
+        cmd.arg(&recipe).arg("-q");
+        let data = "data.synthetic={ samples = 64, test_samples = 4, classes = 4, image_size = 128, channels = 16 }";
+        let loader = [
+            "loader.batch_size=16",
+            "loader.workers=4",
+            "loader.prefetch=100",
+        ];
+        for s in [data, "run.max_steps=2"].iter().chain(&loader).chain(sets) {
+            cmd.args(["--set", s]);
+        }
+        limit_address_space(&mut cmd, 1_000_000 << 10);
+        cmd.output().unwrap()
+    };
+    let out = run(&[]);
+    expect_exit(&out, 0);
+    // An epoch of 64 batches: all 64 (of the 404 the workers could hold) are counted.
+    let out = run(&["data.synthetic.samples=1024"]);
+    expect_exit(&out, 2);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("the run needs at least")
+            && stderr.contains("batches loaded ahead 0.2 GiB"),
+        "{stderr}"
+    );
+}
