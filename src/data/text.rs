@@ -235,12 +235,25 @@ pub fn read_jsonl(
         } else {
             "JSON Lines are UTF-8: convert the file (e.g. iconv -f latin1 -t utf-8)"
         };
-        DataError::new(
-            path,
-            format!(
-                "line {line} is not UTF-8 text (byte 0x{:02x} at offset {at})",
-                b[at]
+        // Where in its line, as the JSON errors say it; and the other such lines counted.
+        let line_start = b[..at].iter().rposition(|&c| c == b'\n').map_or(0, |i| i + 1);
+        let mut more = super::MoreBad::default();
+        let rest = b[at..].iter().position(|&c| c == b'\n').map_or(b.len(), |i| at + i + 1);
+        for (k, l) in b[rest..].split(|&c| c == b'\n').enumerate() {
+            if std::str::from_utf8(l).is_err() {
+                more.add(line + 1 + k);
+            }
+        }
+        more.said_after(
+            DataError::new(
+                path,
+                format!(
+                    "line {line} is not UTF-8 text (byte 0x{:02x}, at byte {} of the line; file offset {at})",
+                    b[at],
+                    at - line_start + 1
+                ),
             ),
+            "line",
         )
         .help(help)
     })?;
@@ -273,7 +286,13 @@ pub fn read_jsonl(
     let text = text.strip_prefix('\u{feff}').unwrap_or(&text);
     // Lines ended by a carriage return alone (classic Mac OS) read as one long line, and
     // serde's "trailing characters at column 37" did not say why.
-    if !text.contains('\n') && text.trim_end().contains('\r') {
+    // (Mostly so: a file whose last line alone ends in a newline read so too.)
+    let bare_cr = text
+        .trim_end()
+        .match_indices('\r')
+        .filter(|(i, _)| !text[i + 1..].starts_with('\n'))
+        .count();
+    if bare_cr > 0 && bare_cr >= text.matches('\n').count() {
         return Err(DataError::new(
             path,
             "ends its lines with a carriage return alone (CR, as classic Mac OS did), so it reads as one line",
@@ -836,7 +855,19 @@ mod tests {
         let e = read_jsonl(&latin1, "text", "label", None, usize::MAX).unwrap_err();
         assert_eq!(
             e.message,
-            "line 2 is not UTF-8 text (byte 0xe9 at offset 40)"
+            "line 2 is not UTF-8 text (byte 0xe9, at byte 14 of the line; file offset 40)"
+        );
+        // The others counted, as other bad lines are.
+        std::fs::write(
+            &latin1,
+            b"{\"text\": \"ok\", \"label\": 0}\n{\"text\": \"caf\xe9\", \"label\": 1}\n{\"text\": \"ok\", \"label\": 0}\n\xe9\n\xff\n",
+        )
+        .unwrap();
+        let e = read_jsonl(&latin1, "text", "label", None, usize::MAX).unwrap_err();
+        assert!(
+            e.message.ends_with("(and 2 more bad lines: 4, 5)"),
+            "{}",
+            e.message
         );
         assert!(e.help_text().contains("iconv"));
         let binary = dir.join("data.bin");
@@ -992,6 +1023,26 @@ mod tests {
         .unwrap();
         let e = read_jsonl(&p, "text", "label", Some(2), usize::MAX).unwrap_err();
         assert!(e.to_string().contains("carriage return alone"), "{e}");
+        // The last line alone ended by a newline (an editor's fix-up): the same.
+        std::fs::write(
+            &p,
+            "{\"label\": 1, \"text\": \"a\"}\r{\"label\": 0, \"text\": \"b\"}\r{\"label\": 0, \"text\": \"c\"}\n",
+        )
+        .unwrap();
+        let e = read_jsonl(&p, "text", "label", Some(2), usize::MAX).unwrap_err();
+        assert!(e.to_string().contains("carriage return alone"), "{e}");
+        // CRLF is read as it is.
+        std::fs::write(
+            &p,
+            "{\"label\": 1, \"text\": \"a\"}\r\n{\"label\": 0, \"text\": \"b\"}\r\n",
+        )
+        .unwrap();
+        assert_eq!(
+            read_jsonl(&p, "text", "label", Some(2), usize::MAX)
+                .unwrap()
+                .len(),
+            2
+        );
         // Encoded files get the help that fits them.
         let utf16: Vec<u8> = [0xff, 0xfe]
             .into_iter()
