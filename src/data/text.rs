@@ -461,8 +461,21 @@ fn parse_line(
         // "99999999999999999999999" was said as "1e+23", "-0" as "-0.0".
         Some(other) => {
             let written = label_text(line, label_field).unwrap_or_else(|| short(other));
-            return Err(at(format!("label {written} is not a non-negative integer"))
-                .help("labels are class indices 0, 1, ..."));
+            // What kind of value it is says what to do about it.
+            let help = match other {
+                serde_json::Value::String(s) if s.trim().parse::<u32>().is_ok() => format!(
+                    "labels are class indices 0, 1, ... written as numbers: write {} without quotes (jq -c '.{label_field} |= tonumber' FILE)",
+                    s.trim()
+                ),
+                serde_json::Value::String(_) => format!(
+                    "labels are class indices 0, 1, ...: map each class name to its index (the names, one a line in that order, go in labels.txt beside the file); or is \"{label_field}\" the text, and data.label_field another field?"
+                ),
+                serde_json::Value::Number(n) if n.as_f64().is_some_and(|f| (0.0..=u32::MAX as f64).contains(&f) && f.fract() == 0.0) => {
+                    format!("labels are class indices 0, 1, ... written as integers: write {} without its fraction", n.as_f64().unwrap_or(0.0) as u64)
+                }
+                _ => "labels are class indices 0, 1, ...".to_string(),
+            };
+            return Err(at(format!("label {written} is not a non-negative integer")).help(help));
         }
         None => {
             return Err(at(format!(
@@ -1003,6 +1016,7 @@ mod tests {
                 "{\"label\": \"1\", \"text\": \"x\"}\n",
                 "line 1: label \"1\" is not a non-negative integer",
             ),
+
             ("[1, 2]\n", "line 1: not a JSON object"),
             (
                 "{\"label\": 0, \"text\": \"a\", \"label\": 1}\n",
@@ -1015,6 +1029,29 @@ mod tests {
                 .unwrap_err()
                 .to_string();
             assert!(e.contains(want) && e.contains("t.jsonl"), "{e}");
+        }
+        // Each kind of wrong label with what to do about it.
+        for (text, want) in [
+            (
+                "{\"label\": \" 1\", \"text\": \"x\"}\n",
+                "write 1 without quotes (jq -c '.label |= tonumber' FILE)",
+            ),
+            (
+                "{\"label\": \"spam\", \"text\": \"x\"}\n",
+                "map each class name to its index",
+            ),
+            (
+                "{\"label\": 1.0, \"text\": \"x\"}\n",
+                "write 1 without its fraction",
+            ),
+            (
+                "{\"label\": 1e23, \"text\": \"x\"}\n",
+                "labels are class indices 0, 1, ...",
+            ),
+        ] {
+            std::fs::write(&p, text).unwrap();
+            let e = read_jsonl(&p, "text", "label", Some(2), usize::MAX).unwrap_err();
+            assert!(e.help_text().contains(want), "{e}: {}", e.help_text());
         }
         std::fs::write(
             &p,
