@@ -166,7 +166,7 @@ struct RunArgs {
     /// Run the recipes N times, in rounds (a b, a b, ...: the machine's drift falls on
     /// each alike), then print the comparison of this call's runs, each recipe's repeats
     /// aggregated: a ratio is called within the noise or not only for recipes run twice.
-    #[arg(long, value_name = "N", default_value_t = 1, conflicts_with = "resume", value_parser = clap::value_parser!(u16).range(1..))]
+    #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..))]
     repeat: u16,
 }
 

@@ -18,6 +18,13 @@ pub(crate) fn run_all(args: &RunArgs) -> ExitCode {
     let Some(all) = check_all(&args.check, &machine) else {
         return ExitCode::from(2);
     };
+    if args.repeat > 1 && args.resume {
+        runner::errln!(
+            "error: --repeat {} with --resume: a round would skip every cell the round before it did\n  = help: finish the grid with --resume first, then run it with --repeat",
+            args.repeat
+        );
+        return ExitCode::from(2);
+    }
     let shard = match args.shard.as_deref().map(sweep::parse_shard).transpose() {
         Ok(s) => s,
         Err(e) => {
@@ -92,33 +99,61 @@ pub(crate) fn run_all(args: &RunArgs) -> ExitCode {
     // With --repeat, the recipes in rounds: a b, a b, ...
     let rounds = usize::from(args.repeat);
     let order: Vec<&Checked> = (0..rounds).flat_map(|_| all.iter()).collect();
-    // The runs this call completed, for the comparison after the last round.
-    let mut made: Vec<PathBuf> = vec![];
+    // The runs this call completed and failed, for the comparison after the last round
+    // (or the last run, where the call ends before it).
+    let mut made = Made::default();
+    let runs = |n: usize| match rounds {
+        1 => format!("{n} recipe(s)"),
+        _ => format!("{n} run(s) of the recipes"),
+    };
     for (k, c) in order.iter().copied().enumerate() {
         // A signal that came as the previous recipe's run finished: the rest are not
         // started (the next one said "exiting now, before the run started").
         if let Some(signal) = runner::signals::received().filter(|_| k > 0) {
             runner::errln!(
-                "{}{}: not run: {} came as the run before it finished",
+                "{}{}: not run: {} came as the run before it finished{}",
                 c.path.display(),
                 match order.len() - k - 1 {
                     0 => String::new(),
-                    n => format!(" (and the {n} recipe(s) after it)"),
+                    n => format!(" (and the {} after it)", runs(n)),
                 },
-                runner::signals::name(signal)
+                runner::signals::name(signal),
+                rest_command(&all, k, args).map_or(String::new(), |r| format!(
+                    "; run {} with: {r}",
+                    if k + 1 == order.len() { "it" } else { "them" }
+                ))
             );
+            made.print_so_far(rounds, all.len());
             // 128 + the signal, as for a run it stops.
             return ExitCode::from(u8::try_from(128 + signal).unwrap_or(130));
         }
+        // What is not started if a signal ends the process before this run's first step.
+        let rest = rest_command(&all, k + 1, args).map(|r| {
+            format!(
+                "{} after it not started; run them with: {r}",
+                runs(order.len() - k - 1)
+            )
+        });
         let outcome = if c.grid {
             let opts = RunOptions {
                 again: Some(grid_again(c, args)),
+                rest,
                 ..opts.clone()
             };
-            // With --repeat, one table after the last round (each round's said `?`).
-            run_grid(c, sel, &opts, &mut made, rounds == 1)
+            // With --repeat, one table after the last round (each round's said `?`); a
+            // round after the first runs every cell again (the cells done are taken as
+            // not done, so that an interrupted round goes on with `--resume`).
+            let round = Round {
+                again: k >= all.len(),
+                table: rounds == 1,
+            };
+            run_grid(c, sel, &opts, &mut made, round)
         } else {
-            run_one(&c.plans[0], &opts).map(|dir| made.push(dir))
+            let opts = RunOptions {
+                rest,
+                ..opts.clone()
+            };
+            run_one(&c.plans[0], &opts).map(|dir| made.done.push(dir))
         };
         match outcome {
             Ok(()) => {}
@@ -129,36 +164,78 @@ pub(crate) fn run_all(args: &RunArgs) -> ExitCode {
                 code = ExitCode::from(1);
             }
             // Already said where it happened (run_one).
-            Err(RunError::Failed { .. }) => code = ExitCode::from(1),
+            Err(RunError::Failed { .. }) => {
+                made.failed += 1;
+                code = ExitCode::from(1);
+            }
             Err(e @ RunError::Interrupted { .. }) => {
                 // The recipes after it, not started, and how to run them (the command to go
                 // on named only the interrupted one, and they were left out in silence).
-                if let Some(rest) = rest_command(&all, k, args) {
+                if let Some(rest) = rest_command(&all, k + 1, args) {
                     runner::errln!(
-                        "note: {} recipe(s) after it not started; run them with: {rest}",
-                        order.len() - k - 1
+                        "note: {} after it not started; run them with: {rest}",
+                        runs(order.len() - k - 1)
                     );
                 }
+                made.print_so_far(rounds, all.len());
                 return ExitCode::from(e.exit_code());
             }
             Err(e @ (RunError::Input(_) | RunError::Io(_))) => {
                 runner::errln!("{e}");
+                if order.len() > k + 1 {
+                    runner::errln!(
+                        "note: {}: {} after it not started (the input above is the call's, not this run's alone)",
+                        c.path.display(),
+                        runs(order.len() - k - 1)
+                    );
+                }
+                made.print_so_far(rounds, all.len());
                 return ExitCode::from(e.exit_code());
             }
         }
     }
-    if rounds > 1 {
+    made.print_so_far(rounds, all.len());
+    code
+}
+
+/// The runs a call made, for `--repeat`'s comparison.
+#[derive(Default)]
+pub(crate) struct Made {
+    /// The completed runs' directories, in the order they ran.
+    pub(crate) done: Vec<PathBuf>,
+    /// How many failed.
+    pub(crate) failed: usize,
+}
+
+impl Made {
+    /// With more than one round: the comparison of the runs completed so far (a call that
+    /// ends early, by a signal or bad input, keeps the table of what it did).
+    fn print_so_far(&self, rounds: usize, recipes: usize) {
+        if rounds < 2 {
+            return;
+        }
+        let failed = match self.failed {
+            0 => String::new(),
+            n => format!(", {n} failed (said above, and not in the table)"),
+        };
         runner::outln!(
-            "\n{} rounds of {} recipe(s), {} run(s) completed:",
-            rounds,
-            all.len(),
-            made.len()
+            "\n{rounds} rounds of {recipes} recipe(s): {} run(s) completed{failed}{}",
+            self.done.len(),
+            if self.done.is_empty() { "" } else { ":" }
         );
-        if !made.is_empty() {
-            print_table(&made);
+        if !self.done.is_empty() {
+            print_table(&self.done);
         }
     }
-    code
+}
+
+/// Where a grid stands in a `--repeat` call.
+#[derive(Clone, Copy)]
+pub(crate) struct Round {
+    /// A round after the first: the cells done (by the first) are run again.
+    again: bool,
+    /// Print the grid's comparison after it (one round only).
+    table: bool,
 }
 
 pub(crate) fn run_one(p: &Plan, opts: &RunOptions) -> Result<PathBuf, RunError> {
@@ -277,12 +354,19 @@ fn summary_line(s: &Summary, dir: &Path) -> String {
     format!("{}: {}, {}", s.name, s.headline(), dir.display())
 }
 
-/// The command that runs what is left after the `k`th run of the call's order (`all`,
-/// `--repeat` times): this one for the rest of that round, then, where whole rounds are
-/// left, this one with `--repeat` that many.
+/// The command that runs the call's order (`all`, `--repeat` times) from its `k`th run
+/// on: this one for the rest of that round, then, where whole rounds are left, this one
+/// with `--repeat` that many (`;` between them: a run that fails does not stop the rest).
 fn rest_command(all: &[Checked], k: usize, args: &RunArgs) -> Option<String> {
-    let rest = &all[k % all.len() + 1..];
-    let rounds = usize::from(args.repeat) - 1 - k / all.len();
+    let total = usize::from(args.repeat) * all.len();
+    if k >= total {
+        return None;
+    }
+    let rest = match k % all.len() {
+        0 => &all[..0],
+        i => &all[i..],
+    };
+    let rounds = (total - k - rest.len()) / all.len();
     let commands: Vec<String> = [
         (!rest.is_empty()).then(|| command_for(rest, args, args.resume, 1)),
         (rounds > 0).then(|| command_for(all, args, args.resume, rounds)),
@@ -290,7 +374,7 @@ fn rest_command(all: &[Checked], k: usize, args: &RunArgs) -> Option<String> {
     .into_iter()
     .flatten()
     .collect();
-    (!commands.is_empty()).then(|| commands.join(" && "))
+    (!commands.is_empty()).then(|| commands.join("; "))
 }
 
 /// The command that continues a grid after an interruption: this one, for this grid alone,
@@ -332,13 +416,13 @@ fn command_for(recipes: &[Checked], args: &RunArgs, resume: bool, repeat: usize)
 }
 
 /// Runs the cells `sel` takes; each completed cell's run directory is added to `made`.
-/// Then, where `table`, prints the comparison of every cell done.
+/// Then, where `round.table`, prints the comparison of every cell done.
 pub(crate) fn run_grid(
     c: &Checked,
     sel: Selection,
     opts: &RunOptions,
-    made: &mut Vec<PathBuf>,
-    table: bool,
+    made: &mut Made,
+    round: Round,
 ) -> Result<(), RunError> {
     let root = &c.plans[0].log.dir;
     // --resume where no sweep of this grid ran (log.dir is relative to the working
@@ -363,6 +447,16 @@ pub(crate) fn run_grid(
         c.cells.len(),
         dir.dir.display()
     );
+    if round.again {
+        for cell in c.cells.iter().filter(|cell| sel.takes(cell.index)) {
+            dir.forget_done(cell).map_err(|e| {
+                RunError::Io(format!(
+                    "error: cannot write the sweep state in {}: {e}",
+                    dir.dir.display()
+                ))
+            })?;
+        }
+    }
     let mut stop: Option<RunError> = None;
     let resuming = sel.resume;
     // A cell's id names its data by path: a done cell whose run trained on other files at
@@ -420,6 +514,7 @@ pub(crate) fn run_grid(
             interrupted: Some(interrupted),
             unstarted: Some(unstarted),
             again: opts.again.clone(),
+            rest: opts.rest.clone(),
             cell: Some(sweep::GridCell {
                 index: cell.index,
                 id: cell.id.clone(),
@@ -522,8 +617,10 @@ pub(crate) fn run_grid(
             }
             _ => run_one(&c.plans[cell.index], opts),
         };
-        if let Ok(dir) = &result {
-            made.push(dir.clone());
+        match &result {
+            Ok(dir) => made.done.push(dir.clone()),
+            Err(RunError::Failed { .. }) => made.failed += 1,
+            Err(_) => {}
         }
         cell_end(result, &mut stop)
     })
@@ -566,7 +663,7 @@ pub(crate) fn run_grid(
             outcome.skipped.len()
         );
     }
-    if table {
+    if round.table {
         print_comparison(c, &dir);
     }
     match outcome.failed.first() {

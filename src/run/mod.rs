@@ -58,6 +58,10 @@ pub struct RunOptions {
     /// The command that continues this run's work after an interruption, when it is not
     /// `runner resume RUN_DIR` (a grid's cell: the grid with `--resume`).
     pub again: Option<String>,
+    /// What of the call is not started if the process exits before this run's first step,
+    /// with the command that runs it ("2 recipe(s) after it not started; run them with:
+    /// ..."): said after the run's own line.
+    pub rest: Option<String>,
     /// The grid cell this run is (env.json's `cell`).
     pub cell: Option<crate::sweep::GridCell>,
 }
@@ -310,17 +314,22 @@ fn on_its_threads<R: Send>(plan: &Plan, body: impl FnOnce() -> R + Send) -> R {
 
 fn execute_here(plan: &Plan, opts: &RunOptions) -> Result<Finished, RunError> {
     // Nothing is written while the data loads: a signal then ends the process at once.
-    let (unstarted, again) = (opts.unstarted.clone(), opts.again.clone());
+    let (unstarted, again, rest) = (
+        opts.unstarted.clone(),
+        opts.again.clone(),
+        opts.rest.clone(),
+    );
     let loading = crate::signals::exit_before_first_step(move |_| {
         if let Some(hook) = &unstarted {
             hook();
         }
-        match &again {
+        let said = match &again {
             Some(cmd) => format!(
                 "exiting now, before the run started: nothing was written; continue the grid with: {cmd}"
             ),
             None => "exiting now, before the run started: nothing was written".into(),
-        }
+        };
+        with_rest(said, rest.as_deref())
     });
     let prepared = prepare(plan, opts)?;
     drop(loading);
@@ -626,7 +635,11 @@ fn stop_before_first_step(
     // Its own handle: the summary goes where the directory is by then.
     let held = crate::rundir::RunDir::open(dir)?;
     let mut summary = summary.clone();
-    let (hook, again) = (opts.interrupted.clone(), opts.again.clone());
+    let (hook, again, rest) = (
+        opts.interrupted.clone(),
+        opts.again.clone(),
+        opts.rest.clone(),
+    );
     Ok(crate::signals::exit_before_first_step(move |sig| {
         let signal = crate::signals::name(sig);
         summary.status = RunStatus::Interrupted;
@@ -674,7 +687,7 @@ fn stop_before_first_step(
         if let Ok(d) = &written {
             let _ = std::fs::remove_file(d.join(RUN_LOCK));
         }
-        match written {
+        let said = match written {
             Ok(d) => {
                 let next = if resumed_at.is_some() {
                     format!(
@@ -690,8 +703,17 @@ fn stop_before_first_step(
                 )
             }
             Err(e) => format!("exiting now, before the first step was done{compiled}; {e}"),
-        }
+        };
+        with_rest(said, rest.as_deref())
     }))
+}
+
+/// `said`, then on a line of its own what of the call is not started (`RunOptions::rest`).
+fn with_rest(said: String, rest: Option<&str>) -> String {
+    match rest {
+        Some(rest) => format!("{said}\nnote: {rest}"),
+        None => said,
+    }
 }
 
 /// Arms what a second signal does (see `signals`): the process ends at once, where the

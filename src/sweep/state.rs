@@ -311,6 +311,16 @@ impl SweepDir {
         self.done_run(c).is_some()
     }
 
+    /// A cell marked done taken as not done again (its status file removed; its run is
+    /// kept): a later round of `--repeat` runs it again, and a `--resume` of that round,
+    /// interrupted, runs it too.
+    pub fn forget_done(&self, c: &Cell) -> std::io::Result<()> {
+        match self.status(c) {
+            Some(s) if s.state == State::Done => std::fs::remove_file(self.status_path(c)),
+            _ => Ok(()),
+        }
+    }
+
     /// The run of a cell marked done here, where its summary says it completed.
     pub fn done_run(&self, c: &Cell) -> Option<PathBuf> {
         self.status(c)

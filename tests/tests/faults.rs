@@ -1675,12 +1675,64 @@ fn an_interrupted_repeat_says_the_rounds_left() {
     let (a, b) = (a.display(), b.display());
     assert!(
         stderr.contains(&format!(
-            "note: 5 recipe(s) after it not started; run them with: {runner} {b} -q && {runner} {a} {b} -q --repeat 2"
+            "note: 5 run(s) of the recipes after it not started; run them with: {runner} {b} -q; {runner} {a} {b} -q --repeat 2"
         )),
         "{stderr}"
     );
-    assert!(!String::from_utf8_lossy(&out.stdout).contains("rounds of"));
+    // What was completed before the signal: none here, said so.
+    assert!(
+        String::from_utf8_lossy(&out.stdout)
+            .contains("3 rounds of 2 recipe(s): 0 run(s) completed\n"),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
     assert!(!dir.join("runs/b").exists());
+}
+
+/// A grid's round after the first takes its cells as not done as it starts, so that
+/// the `--resume` an interruption in it says runs the rest of that round: the cells after
+/// the interrupted one were still marked done by the first round, and were skipped.
+#[test]
+fn a_grid_interrupted_in_a_later_round_goes_on_with_that_round() {
+    let dir = tempdir("repeat-grid-round");
+    let grid = long_recipe(&dir, "g", "[sweep]\n\"optim.lr\" = [0.05, 0.1]\n");
+    let mut cmd = runner_cmd();
+    cmd.arg(&grid).args(["--repeat", "2", "-q"]);
+    // Round 2's first cell under way: a third run with a line.
+    let third = |_: &Path| {
+        crate::common::walk_files(&dir.join("runs/g"))
+            .iter()
+            .filter(|p| has_a_line(p))
+            .count()
+            >= 3
+    };
+    let (child, _) = spawn_until(cmd, &dir.join("runs"), third);
+    send("-INT", &child);
+    let out = child.wait_with_output().unwrap();
+    expect_exit(&out, 130);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("continue the grid with: "), "{stderr}");
+    // The round's table of what was completed: the first round's two cells.
+    assert!(
+        String::from_utf8_lossy(&out.stdout)
+            .contains("2 rounds of 1 recipe(s): 2 run(s) completed:"),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    let out = runner_cmd()
+        .arg(&grid)
+        .args(["-q", "--resume"])
+        .output()
+        .unwrap();
+    expect_exit(&out, 0);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!stderr.contains("already done were skipped"), "{stderr}");
+    for cell in ["optim.lr=0.05", "optim.lr=0.1"] {
+        let runs = std::fs::read_dir(dir.join("runs/g").join(cell))
+            .unwrap()
+            .count();
+        assert_eq!(runs, 2, "{cell}: {stderr}");
+    }
 }
 
 /// The batches the loader holds ahead are counted up to an epoch's: the workers are given

@@ -1016,7 +1016,7 @@ fn a_repeat_runs_the_recipes_in_rounds_and_compares_them() {
         .collect();
     assert_eq!(ran, ["a", "b", "a", "b"], "{stdout}");
     let (_, table) = stdout
-        .split_once("2 rounds of 2 recipe(s), 4 run(s) completed:\n")
+        .split_once("2 rounds of 2 recipe(s): 4 run(s) completed:\n")
         .unwrap_or_else(|| panic!("{stdout}"));
     let rows: Vec<Vec<&str>> = table
         .lines()
@@ -1047,8 +1047,19 @@ fn a_repeat_runs_the_recipes_in_rounds_and_compares_them() {
         assert!(stderr.contains(want), "{extra:?}: {stderr}");
     };
     refused(&["--repeat", "0"], "--repeat");
-    refused(&["--repeat", "2", "--resume"], "--resume");
     let grid = tiny_recipe(&dir, "g", "[sweep]\n\"optim.lr\" = [0.1, 0.2]\n");
+    let out = runner_cmd()
+        .arg(&grid)
+        .args(["--repeat", "2", "--resume"])
+        .output()
+        .unwrap();
+    expect_exit(&out, 2);
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("error: --repeat 2 with --resume: a round would skip every cell the round before it did"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(!dir.join("runs/g").exists());
     let out = runner_cmd()
         .args(["sweep", "--slurm", "--repeat", "2"])
         .arg(&grid)
