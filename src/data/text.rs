@@ -209,7 +209,7 @@ pub fn read_jsonl(
     // Zero bytes only (a file allocated and never written, a disk image) are no text:
     // said from the file's start, before gigabytes of zeros are read.
     let zeros = || {
-        DataError::new(path, "starts with zero bytes only: it holds no text").help(
+        DataError::new(path, "starts with zero bytes only (its first 4 KiB, or all of it, if less): it is no text file").help(
             "check the file (was it written whole?): JSON Lines are UTF-8 text, one object a line",
         )
     };
@@ -217,6 +217,23 @@ pub fn read_jsonl(
         return Err(zeros());
     }
     let bytes = super::sums::read(path).map_err(|e| DataError::io(path, e))?;
+    // Zeros after the text: what a download or copy cut short into a file allocated
+    // ahead leaves (it read as UTF-16, as a line that is not JSON, or, cut inside a
+    // character, as text that is not UTF-8).
+    let written = bytes.len() - bytes.iter().rev().take_while(|&&b| b == 0).count();
+    if bytes.len() - written >= 8 {
+        let line = 1 + bytes[..written].iter().filter(|&&b| b == b'\n').count();
+        return Err(DataError::new(
+            path,
+            format!(
+                "line {line}: zero bytes from byte offset {written} to the end of the file ({} bytes): it was not written whole (a copy or download cut short, or a file allocated ahead)",
+                bytes.len() - written
+            ),
+        )
+        .help(format!(
+            "write the file again; or, if the lines before the zeros are whole, cut them off (truncate -s {written} FILE)"
+        )));
+    }
     let text = String::from_utf8(bytes).map_err(|e| {
         let at = e.utf8_error().valid_up_to();
         let line = 1 + e.as_bytes()[..at].iter().filter(|&&b| b == b'\n').count();
@@ -266,22 +283,7 @@ pub fn read_jsonl(
     if utf16_zeros(head) {
         return Err(DataError::new(path, "is UTF-16 text, not UTF-8").help(UTF16_HELP));
     }
-    // Zeros after the text: what a download or copy cut short into a file allocated
-    // ahead leaves (it read as UTF-16, or as a line that is not JSON).
-    let written = text.trim_end_matches('\0').len();
-    if text.len() - written >= 8 {
-        let line = 1 + text[..written].matches('\n').count();
-        return Err(DataError::new(
-            path,
-            format!(
-                "line {line}: zero bytes from byte offset {written} to the end of the file ({} bytes): it was not written whole (a copy or download cut short, or a file allocated ahead)",
-                text.len() - written
-            ),
-        )
-        .help(format!(
-            "write the file again; or, if the lines before the zeros are whole, cut them off (truncate -s {written} FILE)"
-        )));
-    }
+
     // A byte-order mark (some editors write one) is not part of the first object.
     let text = text.strip_prefix('\u{feff}').unwrap_or(&text);
     // Lines ended by a carriage return alone (classic Mac OS) read as one long line, and
@@ -1120,10 +1122,16 @@ mod tests {
         // Text, then the zeros of a file allocated ahead (a download cut short): not
         // UTF-16 (zeros at every byte, not every other one), and said where they start,
         // within the first 4 KiB or past it.
-        for lines in [2, 200] {
+        for (lines, cut) in [
+            (2, ""),
+            (200, ""),
+            (2, "{\"label\": 1, \"text\": \"caf\u{e9}"),
+        ] {
             let mut bytes = "{\"label\": 1, \"text\": \"ok\"}\n"
                 .repeat(lines)
                 .into_bytes();
+            // A line cut inside its last character (é is two bytes: one is kept).
+            bytes.extend(&cut.as_bytes()[..cut.len().saturating_sub(1)]);
             let at = bytes.len();
             bytes.resize(at + 4096, 0);
             std::fs::write(&p, bytes).unwrap();

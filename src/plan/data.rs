@@ -196,9 +196,9 @@ impl<'a> Validator<'a> {
         let read = self.image_room(&parts, machine);
         // Labels are read now, so a bad byte is an error before anything runs: every
         // file's, each with its own count of bad records.
-        let train_labels = read.then(|| self.labels_of("data.train", &train, classes));
+        let train_labels = read.then(|| self.labels_of("data.train", &train, classes, d.limit));
         let test_labels = match &test {
-            Some(t) if read => Some(self.labels_of("data.test", t, classes)),
+            Some(t) if read => Some(self.labels_of("data.test", t, classes, d.test_limit)),
             _ => None,
         };
         let test = test?;
@@ -306,21 +306,25 @@ impl<'a> Validator<'a> {
 
     /// The labels of the CIFAR-10 files, where every label byte is a class (of `classes`,
     /// or of `model.num_classes` if more): every file's error is given, each with its
-    /// count. A file of zero bytes only is an error too, and zero records at a file's end
-    /// a warning.
+    /// count. Of the records the first `limit` take (in the files' order), a file of zero
+    /// bytes only is an error too, and zero records at a file's end a warning.
     fn labels_of(
         &mut self,
         key: &str,
         files: &[PathBuf],
         classes: usize,
+        limit: Option<usize>,
     ) -> Option<Vec<cifar::Labels>> {
         let allowed = self.recipe().model.num_classes.unwrap_or(0).max(classes);
         let mut out = Some(vec![]);
+        // Records of the files before this one.
+        let mut before = 0usize;
         for f in files {
             match cifar::check_labels(f, allowed) {
                 Ok(found) => {
-                    self.blank_records(key, f, &found);
-                    if found.blank_tail == found.labels.len() {
+                    let used = limit.map_or(usize::MAX, |l| l.saturating_sub(before));
+                    before += found.labels.len();
+                    if self.blank_records(key, f, &found, used) {
                         out = None;
                     }
                     if let Some(out) = &mut out {
@@ -336,28 +340,42 @@ impl<'a> Validator<'a> {
         out
     }
 
-    /// Records of zero bytes only at the end of a CIFAR-10 file: black images of class 0
-    /// that a file allocated ahead, or a copy cut short and padded, holds past what was
-    /// written. All of them: an error (it trained in silence); some: a warning.
-    fn blank_records(&mut self, key: &str, file: &Path, found: &cifar::Labels) {
+    /// Records of zero bytes only at the end of a CIFAR-10 file, of its first `used`
+    /// (those a limit keeps): black images of class 0 that a file allocated ahead, or a
+    /// copy cut short and padded, holds past what was written. All of them: an error (it
+    /// trained in silence), and `true`; some: a warning.
+    fn blank_records(
+        &mut self,
+        key: &str,
+        file: &Path,
+        found: &cifar::Labels,
+        used: usize,
+    ) -> bool {
         let (n, blank) = (found.labels.len(), found.blank_tail);
+        let first = n - blank;
         let shown = crate::recipe::lexical(file);
-        if blank == 0 {
+        let (would, are) = match key {
+            "data.train" => ("would train", "train"),
+            "data.test" => ("would be scored", "are scored"),
+            _ => ("would be validated on", "are validated on"),
+        };
+        if blank == 0 || first >= used {
+            false
         } else if blank == n {
             self.err(
                 key,
                 format!(
-                    "{} holds zero bytes only: its {n} record(s) would train as black images of class 0",
+                    "{} holds zero bytes only: its {n} record(s) {would} as black images of class 0",
                     shown.display()
                 ),
                 "check the file (was it written whole? a file allocated ahead, or a copy cut short, reads so), and point the key at the data",
             );
+            true
         } else {
-            let first = n - blank;
             self.warn(
                 key,
                 format!(
-                    "{}: its last {blank} of {n} records (from record {first}, byte offset {}) are zero bytes only, which train as black images of class 0",
+                    "{}: its last {blank} of {n} records (from record {first}, byte offset {}) are zero bytes only, which {are} as black images of class 0",
                     shown.display(),
                     first * cifar::RECORD
                 ),
@@ -366,6 +384,7 @@ impl<'a> Validator<'a> {
                     first * cifar::RECORD
                 ),
             );
+            false
         }
     }
 
@@ -533,6 +552,13 @@ impl<'a> Validator<'a> {
                     max_label = max_label.max(top);
                     match i {
                         0 => train_max = top,
+                        // Of the texts data.test_limit keeps: those past it are not scored.
+                        _ if first < scan.rows => {
+                            test_labels =
+                                crate::data::text::read_jsonl(path, &tf, &lf, limit, first)
+                                    .ok()
+                                    .map(|rows| rows.iter().map(|(_, l)| *l).collect());
+                        }
                         _ => test_labels = Some(scan.labels.clone()),
                     }
                     distinct.extend(scan.labels);
@@ -652,7 +678,7 @@ impl<'a> Validator<'a> {
             self.warn(
                 key,
                 format!(
-                    "{} holds the same bytes as the training file {} ({} bytes, CRC-32 {}): {what} is measured on data the model trains on, and says what it memorised, not how it does on data it has not seen",
+                    "{} {SAME_AS_TRAINING} {} ({} bytes, CRC-32 {}): {what} is measured on data the model trains on, and says what it memorised, not how it does on data it has not seen",
                     crate::recipe::lexical(h).display(),
                     crate::recipe::lexical(t).display(),
                     sum.bytes,
@@ -709,7 +735,10 @@ impl<'a> Validator<'a> {
                 if untrained.len() == 1 { "that class" } else { "those classes" },
                 if untrained.len() == 1 { "its" } else { "their" },
             ),
-            "check the files' labels (does the training data hold every class?), or raise data.limit if the class is in samples past it",
+            match self.recipe().data.limit {
+                Some(_) => "check the files' labels (does the training data hold every class?), or raise data.limit if the class is in samples past it",
+                None => "check the files' labels: does the training data hold every class?",
+            },
         );
     }
 
@@ -858,7 +887,7 @@ impl<'a> Validator<'a> {
                 if !self.image_room(&[("data.validation_file", bytes)], machine) {
                     return None;
                 }
-                self.labels_of("data.validation_file", &files, classes)?;
+                self.labels_of("data.validation_file", &files, classes, None)?;
                 validation_files = files;
                 n
             }

@@ -183,7 +183,8 @@ impl<'a> Validator<'a> {
         let b = self.recipe().backend.clone();
         let (fusion, fusion_reason) = self.fusion(b.fusion, device, m.cpus);
         self.kernel_keys_unused(device);
-        if b.conv == ConvAlgo::Autotune {
+        // (On the CPU, where no key of these does anything, that is said above.)
+        if b.conv == ConvAlgo::Autotune && device != Device::Cpu {
             let set = [
                 (
                     "backend.conv_kernel",

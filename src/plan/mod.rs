@@ -30,6 +30,9 @@ pub const MAX_THREADS: usize = 1024;
 pub const MAX_PREFETCH: usize = 1024;
 /// Longest padded row a text recipe may ask for.
 pub const MAX_TOKENS: usize = 65_536;
+/// The words of the warning that a test or validation file is a training file's bytes
+/// (`runner eval` leaves it out where the test file stands in for training data gone).
+pub const SAME_AS_TRAINING: &str = "holds the same bytes as the training file";
 
 /// What the machine offers, found before validation (see `backend::probe`).
 #[derive(Debug, Clone)]

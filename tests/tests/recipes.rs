@@ -6,7 +6,7 @@ use runner::plan::{self, Machine};
 use runner::recipe::{self, schema};
 
 use crate::common::{
-    any_machine, check, expect, expect_exit, root, runner_cmd, tempdir, tiny_recipe,
+    any_machine, check, expect, expect_exit, root, runner_cmd, tempdir, tiny_recipe, with_sets,
 };
 
 /// Recipe files under `dir`, recursively, in name order.
@@ -807,6 +807,11 @@ fn a_label_only_the_test_file_has_is_warned_of() {
         stderr.contains("data.test: label 1 occurs in the test set but in no training sample: the model never trains that class, and is scored on its test samples"),
         "{stderr}"
     );
+    // Past data.test_limit a label is not scored: nothing to say of it.
+    std::fs::write(dir.join("test.jsonl"), line(0, "fine") + &line(1, "odd")).unwrap();
+    let out = with_sets("validate", &recipe, &["data.test_limit=1"]);
+    expect_exit(&out, 0);
+    assert!(!String::from_utf8_lossy(&out.stderr).contains("occurs"));
     // The test set the training file itself: its accuracy is of data trained on.
     std::fs::copy(dir.join("train.jsonl"), dir.join("test.jsonl")).unwrap();
     let out = runner_cmd().arg("validate").arg(&recipe).output().unwrap();
@@ -876,6 +881,17 @@ fn cifar_files_of_zeros_one_class_or_the_training_data_are_said() {
             dir.join("train.bin").display()
         ))
             && stderr.contains("truncate -s 12292 FILE"),
+        "{stderr}"
+    );
+    // A test file's are scored, not trained on; zeros past data.limit are never read.
+    let (_, stderr) = validate(
+        &records(&[0, 1, 2, 1], 2),
+        &records(&[0, 1], 1),
+        &["data.limit=4"],
+    );
+    assert!(
+        stderr.contains("its last 1 of 3 records (from record 2, byte offset 6146) are zero bytes only, which are scored as black images")
+            && !stderr.contains("data.train:"),
         "{stderr}"
     );
     let (code, stderr) = validate(&records(&[3, 3, 3], 0), &records(&[3], 0), &[]);
