@@ -18,13 +18,6 @@ pub(crate) fn run_all(args: &RunArgs) -> ExitCode {
     let Some(all) = check_all(&args.check, &machine) else {
         return ExitCode::from(2);
     };
-    if args.repeat > 1 && args.resume {
-        runner::errln!(
-            "error: --repeat {} with --resume: a round would skip every cell the round before it did\n  = help: finish the grid with --resume first, then run it with --repeat",
-            args.repeat
-        );
-        return ExitCode::from(2);
-    }
     let shard = match args.shard.as_deref().map(sweep::parse_shard).transpose() {
         Ok(s) => s,
         Err(e) => {
@@ -68,6 +61,14 @@ pub(crate) fn run_all(args: &RunArgs) -> ExitCode {
             return ExitCode::from(2);
         }
     }
+    // (After the check that --resume is for grids.)
+    if args.repeat > 1 && args.resume {
+        runner::errln!(
+            "error: --repeat {} with --resume: a round would skip every cell the round before it did\n  = help: finish the grid with --resume first, then run it with --repeat",
+            args.repeat
+        );
+        return ExitCode::from(2);
+    }
     let sel = Selection {
         shard,
         only: args.cell,
@@ -102,9 +103,19 @@ pub(crate) fn run_all(args: &RunArgs) -> ExitCode {
     // The runs this call completed and failed, for the comparison after the last round
     // (or the last run, where the call ends before it).
     let mut made = Made::default();
-    let runs = |n: usize| match rounds {
-        1 => format!("{n} recipe(s)"),
-        _ => format!("{n} run(s) of the recipes"),
+    // The runs from the `k`th of the order on, a grid's cells each, as words.
+    let runs = |k: usize| {
+        let n: usize = order[k.min(order.len())..]
+            .iter()
+            .map(|c| match c.grid {
+                true => c.cells.iter().filter(|cell| sel.takes(cell.index)).count(),
+                false => 1,
+            })
+            .sum();
+        match (rounds, order[k.min(order.len())..].iter().any(|c| c.grid)) {
+            (1, false) => format!("{n} recipe(s)"),
+            _ => format!("{n} run(s)"),
+        }
     };
     for (k, c) in order.iter().copied().enumerate() {
         // A signal that came as the previous recipe's run finished: the rest are not
@@ -115,7 +126,7 @@ pub(crate) fn run_all(args: &RunArgs) -> ExitCode {
                 c.path.display(),
                 match order.len() - k - 1 {
                     0 => String::new(),
-                    n => format!(" (and the {} after it)", runs(n)),
+                    _ => format!(" (and the {} after it)", runs(k + 1)),
                 },
                 runner::signals::name(signal),
                 rest_command(&all, k, args).map_or(String::new(), |r| format!(
@@ -128,12 +139,8 @@ pub(crate) fn run_all(args: &RunArgs) -> ExitCode {
             return ExitCode::from(u8::try_from(128 + signal).unwrap_or(130));
         }
         // What is not started if a signal ends the process before this run's first step.
-        let rest = rest_command(&all, k + 1, args).map(|r| {
-            format!(
-                "{} after it not started; run them with: {r}",
-                runs(order.len() - k - 1)
-            )
-        });
+        let rest = rest_command(&all, k + 1, args)
+            .map(|r| format!("{} after it not started; run them with: {r}", runs(k + 1)));
         let outcome = if c.grid {
             let opts = RunOptions {
                 again: Some(grid_again(c, args)),
@@ -174,7 +181,7 @@ pub(crate) fn run_all(args: &RunArgs) -> ExitCode {
                 if let Some(rest) = rest_command(&all, k + 1, args) {
                     runner::errln!(
                         "note: {} after it not started; run them with: {rest}",
-                        runs(order.len() - k - 1)
+                        runs(k + 1)
                     );
                 }
                 made.print_so_far(rounds, all.len());
@@ -182,11 +189,11 @@ pub(crate) fn run_all(args: &RunArgs) -> ExitCode {
             }
             Err(e @ (RunError::Input(_) | RunError::Io(_))) => {
                 runner::errln!("{e}");
-                if order.len() > k + 1 {
+                if let Some(rest) = rest_command(&all, k + 1, args) {
                     runner::errln!(
-                        "note: {}: {} after it not started (the input above is the call's, not this run's alone)",
+                        "note: {}: the call stops here, {} after it not started; once that is put right, run them with: {rest}",
                         c.path.display(),
-                        runs(order.len() - k - 1)
+                        runs(k + 1)
                     );
                 }
                 made.print_so_far(rounds, all.len());

@@ -1675,7 +1675,7 @@ fn an_interrupted_repeat_says_the_rounds_left() {
     let (a, b) = (a.display(), b.display());
     assert!(
         stderr.contains(&format!(
-            "note: 5 run(s) of the recipes after it not started; run them with: {runner} {b} -q; {runner} {a} {b} -q --repeat 2"
+            "note: 5 run(s) after it not started; run them with: {runner} {b} -q; {runner} {a} {b} -q --repeat 2"
         )),
         "{stderr}"
     );
