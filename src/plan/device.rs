@@ -183,8 +183,12 @@ impl<'a> Validator<'a> {
         let b = self.recipe().backend.clone();
         let (fusion, fusion_reason) = self.fusion(b.fusion, device, m.cpus);
         self.kernel_keys_unused(device);
-        // (On the CPU, where no key of these does anything, that is said above.)
-        if b.conv == ConvAlgo::Autotune && device != Device::Cpu {
+        // (On the CPU, or for a model without convolutions, where these keys do nothing,
+        // that is said above.)
+        if b.conv == ConvAlgo::Autotune
+            && device != Device::Cpu
+            && convolutions(self.recipe().model.arch)
+        {
             let set = [
                 (
                     "backend.conv_kernel",
@@ -243,7 +247,7 @@ impl<'a> Validator<'a> {
     /// the knob worked. (A resolved recipe, a run's recipe.toml, writes every key with its
     /// default: that sets nothing.)
     fn kernel_keys_unused(&mut self, device: Device) {
-        use crate::recipe::{Arch, BackendSection};
+        use crate::recipe::BackendSection;
         let (b, d) = (&self.recipe().backend, BackendSection::default());
         let kernel_keys: [(&str, bool); 8] = [
             ("backend.autotune", b.autotune != d.autotune),
@@ -256,17 +260,13 @@ impl<'a> Validator<'a> {
             ("backend.norm_sums", b.norm_sums != d.norm_sums),
         ];
         let arch = self.recipe().model.arch;
-        let convolutions = matches!(
-            arch,
-            None | Some(Arch::Resnet18 | Arch::Resnet34 | Arch::Resnet50 | Arch::SmallCnn)
-        );
         let (keys, why, help): (&[(&str, bool)], String, &str) = match device {
             Device::Cpu => (
                 &kernel_keys,
                 "the CPU backend, which this run uses, compiles no kernels: they choose CubeCL's (CUDA, WebGPU)".into(),
                 "keep them for GPU runs; on the CPU every value runs the same code",
             ),
-            _ if !convolutions => (
+            _ if !convolutions(arch) => (
                 &kernel_keys[3..],
                 format!(
                     "model.arch = \"{}\" has no convolution or batch norm, which they choose kernels for",
@@ -467,4 +467,14 @@ fn blame(biggest: &str, model: &ModelPlan, data: &DataPlan) -> (&'static str, &'
         ),
         _ => ("data.limit", "set data.limit to use part of the data"),
     }
+}
+
+/// Whether the model has convolutions and batch norm, which the `backend.conv*` and
+/// `backend.norm_sums` keys choose kernels for (a model not named yet counts as having).
+fn convolutions(arch: Option<crate::recipe::Arch>) -> bool {
+    use crate::recipe::Arch;
+    matches!(
+        arch,
+        None | Some(Arch::Resnet18 | Arch::Resnet34 | Arch::Resnet50 | Arch::SmallCnn)
+    )
 }

@@ -196,7 +196,10 @@ impl<'a> Validator<'a> {
         if n < bs && !loader.drop_last {
             self.warn(
                 "loader.batch_size",
-                format!("{bs} is more than the {n} training samples: each batch holds {n}"),
+                format!(
+                    "{bs} is more than the {n} training sample{}: each batch holds {n}",
+                    if n == 1 { "" } else { "s" }
+                ),
                 format!("use a batch_size of at most {n}, or more data"),
             );
         }
@@ -350,7 +353,9 @@ impl<'a> Validator<'a> {
                 ),
             );
         }
-        // Patience counts validations: with none (or fewer than it takes), no early stop.
+        // Patience counts validations: the first sets the best, `patience` more without
+        // improvement stop the run; so a stop before the run's own end needs more than
+        // patience + 1 (with patience + 1, the stop would fall on the last validation).
         if let Some(patience) = run.watch.as_ref().and_then(|w| w.patience) {
             let validations = match run.validate {
                 Every::Never => Some(0),
@@ -359,7 +364,7 @@ impl<'a> Validator<'a> {
                 // One at each epoch's end, the last cut short by run.max_steps too.
                 Every::Epoch => Some(total.div_ceil(run.steps_per_epoch.max(1))),
             };
-            if validations.is_some_and(|v| v <= patience) {
+            if validations.is_some_and(|v| v <= patience.saturating_add(1)) {
                 // Pointed at the patience where the recipe sets it (a --set of another
                 // run.early_stop key was shown).
                 let key = if self.l.is_set("run.early_stop.patience") {
@@ -370,7 +375,7 @@ impl<'a> Validator<'a> {
                 self.warn(
                     key,
                     format!(
-                        "patience is {patience} validations, but run.validate = {} gives {}: the run never stops early",
+                        "patience is {patience} validations, but run.validate = {} gives {}: the run never stops early (a stop needs the validation that sets the best, then {patience} without improvement, before the last)",
                         match run.validate {
                             Every::Never => "\"never\"".to_string(),
                             Every::Step => "\"step\"".into(),

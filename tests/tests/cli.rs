@@ -523,7 +523,7 @@ fn small_input_mistakes_get_plain_answers() {
     ] {
         std::fs::write(
             &kernel,
-            format!("[backend]\nconv = \"autotune\"\n{line}\n\n[model]\narch = \"mlp\"\n\n[data]\nformat = \"synthetic\"\n"),
+            format!("[backend]\nconv = \"autotune\"\n{line}\n\n[model]\narch = \"small_cnn\"\n\n[data]\nformat = \"synthetic\"\n"),
         )
         .unwrap();
         let out = runner_cmd()
@@ -800,8 +800,17 @@ fn knobs_whose_cadence_the_run_never_reaches_are_warned() {
     ] {
         assert!(err.contains(want), "{want}\n{err}");
     }
-    let err = step_and_stop("29", "3");
+    // 4 validations: the best, 2 without improvement, a stop before the last: possible.
+    let err = step_and_stop("29", "2");
     assert!(!err.contains("warning"), "{err}");
+    // With patience + 1, the stop would fall on the last validation: never early.
+    let err = step_and_stop("29", "3");
+    assert!(
+        err.contains(
+            "patience is 3 validations, but run.validate = 10 gives 4: the run never stops early"
+        ),
+        "{err}"
+    );
     // Said at the patience where it is set (a --set of another run.early_stop key was
     // pointed at).
     let err = validate(&[
@@ -818,12 +827,12 @@ fn knobs_whose_cadence_the_run_never_reaches_are_warned() {
     );
     // Every epoch, the default, counts too: the quickstart's 8 epochs give 8 (it was
     // never said), and a run cut short by run.max_steps validates where it stops.
-    let err = validate(&["data.validation=0.1", "run.early_stop.patience=8"]);
+    let err = validate(&["data.validation=0.1", "run.early_stop.patience=7"]);
     assert!(
-        err.contains("patience is 8 validations, but run.validate = \"epoch\" gives 8: the run never stops early"),
+        err.contains("patience is 7 validations, but run.validate = \"epoch\" gives 8: the run never stops early"),
         "{err}"
     );
-    let err = validate(&["data.validation=0.1", "run.early_stop.patience=7"]);
+    let err = validate(&["data.validation=0.1", "run.early_stop.patience=6"]);
     assert!(!err.contains("never stops early"), "{err}");
     let err = validate(&[
         "data.validation=0.1",
