@@ -221,32 +221,66 @@ pub fn read_jsonl(
     // ahead leaves (it read as UTF-16, as a line that is not JSON, or, cut inside a
     // character, as text that is not UTF-8).
     let written = bytes.len() - bytes.iter().rev().take_while(|&&b| b == 0).count();
+    // Where the whole lines before `end` end: what `truncate -s` keeps of them.
+    let whole_lines = |end: usize| {
+        bytes[..end]
+            .iter()
+            .rposition(|&c| c == b'\n')
+            .map_or(0, |i| i + 1)
+    };
     if bytes.len() - written >= 8 {
         let line = 1 + bytes[..written].iter().filter(|&&b| b == b'\n').count();
+        let keep = whole_lines(written);
+        let cut = match keep == written {
+            true => String::new(),
+            false => format!(" (line {line} is cut short before them)"),
+        };
         return Err(DataError::new(
             path,
             format!(
-                "line {line}: zero bytes from byte offset {written} to the end of the file ({} bytes): it was not written whole (a copy or download cut short, or a file allocated ahead)",
+                "line {line}: zero bytes from byte offset {written} to the end of the file ({} bytes){cut}: it was not written whole (a copy or download cut short, or a file allocated ahead)",
                 bytes.len() - written
             ),
         )
         .help(format!(
-            "write the file again; or, if the lines before the zeros are whole, cut them off (truncate -s {written} FILE)"
+            "write the file again; or keep its whole lines, before the zeros: truncate -s {keep} FILE"
         )));
+    }
+    // A file that ends inside a character was cut short there (a copy or download that
+    // stopped), not written in another encoding.
+    if let Err(e) = std::str::from_utf8(&bytes) {
+        if e.error_len().is_none() {
+            let line = 1 + bytes[..e.valid_up_to()]
+                .iter()
+                .filter(|&&b| b == b'\n')
+                .count();
+            let keep = whole_lines(bytes.len());
+            return Err(DataError::new(
+                path,
+                format!(
+                    "line {line}: the file ends inside a character (byte offset {}): it was cut short",
+                    bytes.len()
+                ),
+            )
+            .help(format!(
+                "write the file again; or keep its whole lines: truncate -s {keep} FILE"
+            )));
+        }
     }
     let text = String::from_utf8(bytes).map_err(|e| {
         let at = e.utf8_error().valid_up_to();
         let line = 1 + e.as_bytes()[..at].iter().filter(|&&b| b == b'\n').count();
         let b = e.as_bytes();
         let head = &b[..b.len().min(4096)];
+        // UTF-16 is said as the file's encoding, not as its lines (with a byte-order mark,
+        // or of text that is not ASCII, it was "line 1 is not UTF-8, and 19 more").
+        if head.starts_with(&[0xff, 0xfe]) || head.starts_with(&[0xfe, 0xff]) || utf16_zeros(head)
+        {
+            return DataError::new(path, "is UTF-16 text, not UTF-8").help(UTF16_HELP);
+        }
         // gzip starts 1f 8b: neither it nor UTF-16 is a CIFAR-10 file.
         let help = if head.starts_with(&[0x1f, 0x8b]) {
             "this is a gzip file: decompress it (gunzip -k FILE) and name the .jsonl"
-        } else if head.starts_with(&[0xff, 0xfe])
-            || head.starts_with(&[0xfe, 0xff])
-            || utf16_zeros(head)
-        {
-            UTF16_HELP
         } else if head.contains(&0) {
             "this looks like a binary file: is it a CIFAR-10 .bin given as format = \"jsonl\"?"
         } else {
@@ -289,10 +323,11 @@ pub fn read_jsonl(
     // Lines ended by a carriage return alone (classic Mac OS) read as one long line, and
     // serde's "trailing characters at column 37" did not say why.
     // (Mostly so: a file whose last line alone ends in a newline read so too.)
+    // Only a CR after an object's end counts: inside a line it is JSON's whitespace.
     let bare_cr = text
         .trim_end()
         .match_indices('\r')
-        .filter(|(i, _)| !text[i + 1..].starts_with('\n'))
+        .filter(|(i, _)| !text[i + 1..].starts_with('\n') && text[..*i].ends_with('}'))
         .count();
     if bare_cr > 0 && bare_cr >= text.matches('\n').count() {
         return Err(DataError::new(
@@ -405,6 +440,9 @@ fn parse_line(
                 };
                 at(format!("not JSON at byte {} of the line ({what})", e.column())).help(help)
             }
+            Ok(serde_json::Value::Array(_)) => at("not a JSON object, but an array".into()).help(
+                "JSON Lines hold one object a line; a JSON array of objects converts with jq -c '.[]' FILE > FILE.jsonl",
+            ),
             Ok(_) => at("not a JSON object".into()).help("each line must be one JSON object"),
         });
     };
@@ -463,6 +501,21 @@ fn parse_line(
         // "99999999999999999999999" was said as "1e+23", "-0" as "-0.0".
         Some(other) => {
             let written = label_text(line, label_field).unwrap_or_else(|| short(other));
+            // A whole number past u64 (serde_json reads it as a float): too large, not wrong.
+            if let serde_json::Value::Number(n) = other {
+                if n.as_f64()
+                    .is_some_and(|f| f > u32::MAX as f64 && f.fract() == 0.0)
+                {
+                    return Err(
+                        at(format!("label {written} is too large for a class index")).help(
+                            format!(
+                            "labels are class indices 0, 1, ..., at most {} (the cap on classes)",
+                            super::MAX_CLASSES - 1
+                        ),
+                        ),
+                    );
+                }
+            }
             // What kind of value it is says what to do about it.
             let help = match other {
                 serde_json::Value::String(s) if s.trim().parse::<u32>().is_ok() => format!(
@@ -1004,7 +1057,7 @@ mod tests {
             ),
             (
                 "{\"label\": 99999999999999999999999, \"text\": \"x\"}\n",
-                "line 1: label 99999999999999999999999 is not a non-negative integer",
+                "line 1: label 99999999999999999999999 is too large for a class index",
             ),
             (
                 "{\"text\": \"x\", \"label\": -0}\n",
@@ -1048,8 +1101,9 @@ mod tests {
             ),
             (
                 "{\"label\": 1e23, \"text\": \"x\"}\n",
-                "labels are class indices 0, 1, ...",
+                "at most 99999 (the cap on classes)",
             ),
+            ("[{\"label\": 1, \"text\": \"x\"}]\n", "jq -c '.[]'"),
         ] {
             std::fs::write(&p, text).unwrap();
             let e = read_jsonl(&p, "text", "label", Some(2), usize::MAX).unwrap_err();
@@ -1070,6 +1124,36 @@ mod tests {
         .unwrap();
         let e = read_jsonl(&p, "text", "label", Some(2), usize::MAX).unwrap_err();
         assert!(e.to_string().contains("carriage return alone"), "{e}");
+        // A CR inside a line is JSON's whitespace: read as it is.
+        std::fs::write(
+            &p,
+            "{\"label\": 1,\r\"text\": \"a\"}\n{\"label\": 0,\r\"text\": \"b\"}\n",
+        )
+        .unwrap();
+        assert_eq!(
+            read_jsonl(&p, "text", "label", Some(2), usize::MAX)
+                .unwrap()
+                .len(),
+            2
+        );
+        // Cut short inside a character: said so, with the size that keeps the whole lines.
+        std::fs::write(
+            &p,
+            "{\"label\": 1, \"text\": \"a\"}\n{\"label\": 0, \"text\": \"caf\u{e9}"
+                .as_bytes()
+                .split_last()
+                .unwrap()
+                .1,
+        )
+        .unwrap();
+        let e = read_jsonl(&p, "text", "label", Some(2), usize::MAX).unwrap_err();
+        assert!(
+            e.message
+                .starts_with("line 2: the file ends inside a character")
+                && e.help_text().contains("truncate -s 26 FILE"),
+            "{e}: {}",
+            e.help_text()
+        );
         // CRLF is read as it is.
         std::fs::write(
             &p,
@@ -1140,7 +1224,10 @@ mod tests {
                 e.message.starts_with(&format!(
                     "line {}: zero bytes from byte offset {at} to the end of the file (4096 bytes)",
                     lines + 1
-                )) && e.help_text().contains(&format!("truncate -s {at} FILE")),
+                )) && e.help_text().contains(&format!(
+                    "truncate -s {} FILE",
+                    at - cut.len().saturating_sub(1)
+                )),
                 "{e}"
             );
         }

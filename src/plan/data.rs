@@ -90,10 +90,22 @@ impl<'a> Validator<'a> {
             hflip: a.hflip,
         };
         let (train_files, test_files): (Vec<&Path>, Vec<&Path>) = match &files {
-            Files::Cifar { train, test } => (
-                train.iter().map(PathBuf::as_path).collect(),
-                test.iter().map(PathBuf::as_path).collect(),
-            ),
+            // The files data.limit reaches: those past it are never trained on.
+            Files::Cifar { train, test } => {
+                let limit = self.recipe().data.limit.unwrap_or(usize::MAX);
+                let mut before = 0usize;
+                let reached = train.iter().take_while(|f| {
+                    let reached = before < limit;
+                    let len = std::fs::metadata(f).map_or(0, |m| m.len());
+                    before = before
+                        .saturating_add(usize::try_from(len).unwrap_or(usize::MAX) / cifar::RECORD);
+                    reached
+                });
+                (
+                    reached.map(PathBuf::as_path).collect(),
+                    test.iter().map(PathBuf::as_path).collect(),
+                )
+            }
             Files::Jsonl { train, test, .. } => {
                 (vec![train], test.iter().map(|t| t.as_path()).collect())
             }
@@ -212,12 +224,13 @@ impl<'a> Validator<'a> {
                     .iter()
                     .flat_map(|f| f.labels.iter().map(|&l| u32::from(l)))
                     .take(limit.unwrap_or(usize::MAX))
-                    .collect::<std::collections::BTreeSet<u32>>()
+                    .collect::<Vec<u32>>()
             };
-            let trained = used(found, d.limit);
-            self.one_class(&trained);
+            let trained = self.trained_labels(&used(found, d.limit));
+            self.one_class(&trained, "cifar10-bin");
             if let Some(Some(tested)) = &test_labels {
-                self.untrained_classes(&trained, &used(tested, d.test_limit), None);
+                let tested = used(tested, d.test_limit).into_iter().collect();
+                self.untrained_classes(&trained, &tested, None);
             }
         }
         if classes > crate::data::MAX_CLASSES {
@@ -390,15 +403,25 @@ impl<'a> Validator<'a> {
 
     /// A warning where the class names beside the test file are not the training data's:
     /// its labels then mean other classes (a Fashion-MNIST model scored on CIFAR-10's
-    /// test set), and its accuracy means nothing. Silent where either has no names file,
-    /// or the test's cannot be read (training's own is checked where it is read).
+    /// test set), and its accuracy means nothing. Silent where either has no names file;
+    /// one beside the test file that cannot be used is an error, as beside the training
+    /// file (where it is checked as it is read).
     fn same_classes(
         &mut self,
         train: Option<&[String]>,
         test: &Path,
         read: fn(&Path) -> Result<Option<Vec<String>>, crate::data::DataError>,
     ) {
-        let (Some(train), Ok(Some(theirs))) = (train, read(test)) else {
+        let theirs = match read(test) {
+            Ok(theirs) => theirs,
+            // A names file beside the test file that cannot be used (a link to nowhere, a
+            // blank line) is said, as beside the training file (it was passed over).
+            Err(e) => {
+                self.data_err("data.test", &e);
+                return;
+            }
+        };
+        let (Some(train), Some(theirs)) = (train, theirs) else {
             return;
         };
         let n = train.len().max(theirs.len());
@@ -489,6 +512,7 @@ impl<'a> Validator<'a> {
         };
         let mut used_words = 0;
         let mut kept_labels: Option<std::collections::BTreeSet<u32>> = None;
+        let mut trained: Option<std::collections::BTreeSet<u32>> = None;
         for (i, (key, path)) in [("data.train", Some(&train)), ("data.test", test.as_ref())]
             .into_iter()
             .enumerate()
@@ -532,6 +556,11 @@ impl<'a> Validator<'a> {
                             tokenizer.min_freq,
                             tokenizer.max_vocab,
                         );
+                        // Trained on: the texts used, less those held out for validation.
+                        trained = rows.as_ref().filter(|_| held > 0).map(|rows| {
+                            let labels: Vec<u32> = rows.iter().map(|(_, l)| *l).collect();
+                            self.trained_labels(&labels)
+                        });
                         kept_labels = rows
                             .filter(|_| first < scan.rows)
                             .map(|rows| rows.iter().map(|(_, l)| *l).collect());
@@ -620,13 +649,14 @@ impl<'a> Validator<'a> {
         }
         // Labels that train nothing useful, which the run would report in silence (a
         // test accuracy of 100% for one class; a class 0 never seen).
+        let trained = trained.unwrap_or_else(|| train_labels.clone());
         if let Some(test) = &test_labels {
             // Those above the training labels are said above, where they add classes.
             let above = (limit.is_none() && max_label > train_max).then_some(train_max as u32);
-            self.untrained_classes(&train_labels, test, above);
+            self.untrained_classes(&trained, test, above);
         }
-        match (train_labels.first(), train_labels.last()) {
-            (Some(&only), Some(&last)) if only == last => self.one_class(&train_labels),
+        match (trained.first(), trained.last()) {
+            (Some(&only), Some(&last)) if only == last => self.one_class(&trained, "jsonl"),
             (Some(&first), Some(&last)) if first > 0 && named.is_none() => self.warn(
                 "data.train",
                 format!("no training label is 0: labels run from {first} to {last}, so the model gets {classes} classes and class 0 is never trained"),
@@ -689,13 +719,24 @@ impl<'a> Validator<'a> {
         }
     }
 
+    /// The labels of the samples `used` (those the limits keep) that are trained on: less
+    /// those `data.validation` holds out, as `data::load` splits them.
+    fn trained_labels(&self, used: &[u32]) -> std::collections::BTreeSet<u32> {
+        let held = self.held_out(used.len());
+        let kept = crate::data::stratified_split(used, held, self.recipe().seed).0;
+        kept.iter().map(|&k| used[k]).collect()
+    }
+
     /// A warning where the training labels used are all one: the model learns one class.
-    fn one_class(&mut self, trained: &std::collections::BTreeSet<u32>) {
+    fn one_class(&mut self, trained: &std::collections::BTreeSet<u32>, format: &str) {
         if let (Some(&only), 1) = (trained.first(), trained.len()) {
             self.warn(
                 "data.train",
                 format!("every training label is {only}: the model learns one class, and its accuracy is that class's share of the test set"),
-                "check data.label_field and the file: classification needs at least two classes",
+                match format {
+                    "jsonl" => "check data.label_field and the file: classification needs at least two classes",
+                    _ => "check the file (is it the training data, whole?): classification needs at least two classes",
+                },
             );
         }
     }
@@ -717,9 +758,10 @@ impl<'a> Validator<'a> {
         if untrained.is_empty() || trained.is_empty() {
             return;
         }
-        let mut shown: Vec<String> = untrained.iter().take(8).map(u32::to_string).collect();
-        if untrained.len() > 8 {
-            shown.push(format!("and {} more", untrained.len() - 8));
+        let named = if untrained.len() > 9 { 8 } else { 9 };
+        let mut shown: Vec<String> = untrained.iter().take(named).map(u32::to_string).collect();
+        if untrained.len() > named {
+            shown.push(format!("and {} more", untrained.len() - named));
         }
         let limited = match self.recipe().data.limit {
             Some(n) => format!(" of the first {n}"),

@@ -938,6 +938,39 @@ fn cifar_files_of_zeros_one_class_or_the_training_data_are_said() {
             && stderr.contains("validation (and so early stopping and model-best) is measured on data the model trains on"),
         "{stderr}"
     );
+    // A training file data.limit never reaches is not trained on: scoring it is fine.
+    let parts = dir.join("parts");
+    std::fs::create_dir_all(&parts).unwrap();
+    std::fs::write(parts.join("data_batch_1.bin"), records(&[0, 1, 2], 0)).unwrap();
+    std::fs::write(parts.join("data_batch_2.bin"), records(&[2, 1, 0, 1], 0)).unwrap();
+    let from_parts = format!("data.train=\"{}\"", parts.display());
+    let (code, stderr) = validate(&train, &records(&[2, 1, 0, 1], 0), &[&from_parts]);
+    assert_eq!(code, Some(0), "{stderr}");
+    assert!(
+        stderr.contains("holds the same bytes as the training file"),
+        "{stderr}"
+    );
+    let (code, stderr) = validate(
+        &train,
+        &records(&[2, 1, 0, 1], 0),
+        &[&from_parts, "data.limit=3"],
+    );
+    assert_eq!(code, Some(0), "{stderr}");
+    assert!(!stderr.contains("same bytes"), "{stderr}");
+    // A names file beside the test file that is a link to nowhere: an error, as beside
+    // the training file (it was passed over).
+    let other = dir.join("other");
+    std::fs::create_dir_all(&other).unwrap();
+    std::fs::write(other.join("test.bin"), records(&[0, 1], 0)).unwrap();
+    std::os::unix::fs::symlink("/nonexistent/names.txt", other.join("batches.meta.txt")).unwrap();
+    let elsewhere = format!("data.test=\"{}\"", other.join("test.bin").display());
+    let (code, stderr) = validate(&train, &records(&[0], 0), &[&elsewhere]);
+    assert_eq!(code, Some(2), "{stderr}");
+    assert!(
+        stderr.contains("data.test: ")
+            && stderr.contains("is a link to /nonexistent/names.txt, which does not exist"),
+        "{stderr}"
+    );
     // Files of their own: none of it.
     let (code, stderr) = validate(&train, &records(&[2, 0], 0), &[]);
     assert_eq!(code, Some(0), "{stderr}");

@@ -482,6 +482,32 @@ fn the_memory_check_counts_the_texts_not_the_caps() {
 #[test]
 fn one_class_or_one_based_labels_are_warned() {
     let dir = tempdir("label-warnings");
+    // Of the texts trained on: data.validation holds the only label 0 out (23 of 24 texts
+    // are label 1; 22 held out), so training sees label 1 alone, and never class 0.
+    let rows: String = std::iter::once("{\"text\": \"z\", \"label\": 0}\n".to_string())
+        .chain((0..23).map(|i| format!("{{\"text\": \"w{i}\", \"label\": 1}}\n")))
+        .collect();
+    let file = dir.join("held.jsonl");
+    std::fs::write(&file, rows).unwrap();
+    let out = runner_cmd()
+        .args(["validate", "recipes/text/rotten_tomatoes.toml", "--set"])
+        .arg(format!("data.train=\"{}\"", file.display()))
+        .args([
+            "--set",
+            "data.validation=0.9",
+            "--set",
+            "~data.test",
+            "--set",
+            "run.eval=\"never\"",
+        ])
+        .output()
+        .unwrap();
+    expect_exit(&out, 0);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("data.train: every training label is 1: the model learns one class"),
+        "{stderr}"
+    );
     for (rows, want) in [
         (
             "{\"text\": \"a b\", \"label\": 0}\n{\"text\": \"c\", \"label\": 0}\n",
