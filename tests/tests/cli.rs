@@ -5,8 +5,8 @@ use std::path::Path;
 use runner::metrics::RunStatus;
 
 use crate::common::{
-    expect_exit, json, only_run, refuses, root, runner_cmd, statuses, summary, tempdir,
-    tiny_recipe, with_sets,
+    expect_exit, json, only_run, refuses, resume_grid_quietly, root, runner_cmd, statuses, summary,
+    tempdir, tiny_recipe, with_sets,
 };
 
 #[test]
@@ -468,25 +468,14 @@ fn small_input_mistakes_get_plain_answers() {
     expect_exit(&runner_cmd().arg(&grid).arg("-q").output().unwrap(), 0);
     let sweep = only_run(&dir.join("runs/g/sweeps"));
     std::fs::write(sweep.join("manifest.json"), "{\"grid_id\": ").unwrap();
-    expect_exit(
-        &runner_cmd()
-            .arg(&grid)
-            .args(["-q", "--resume"])
-            .output()
-            .unwrap(),
-        0,
-    );
+    expect_exit(&resume_grid_quietly(&grid), 0);
     let m = json(&sweep.join("manifest.json"));
     assert_eq!(m["cells"].as_array().map(Vec::len), Some(2));
     // Something in the way of the sweep directory's own files is named (it said only
     // "Is a directory").
     std::fs::remove_file(sweep.join("manifest.json")).unwrap();
     std::fs::create_dir(sweep.join("manifest.json")).unwrap();
-    let out = runner_cmd()
-        .arg(&grid)
-        .args(["-q", "--resume"])
-        .output()
-        .unwrap();
+    let out = resume_grid_quietly(&grid);
     expect_exit(&out, 2);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(

@@ -155,6 +155,15 @@ pub fn only_run(dir: &Path) -> PathBuf {
     runs.into_iter().next().unwrap()
 }
 
+/// `runner GRID -q --resume`, its output.
+pub fn resume_grid_quietly(grid: &Path) -> std::process::Output {
+    runner_cmd()
+        .arg(grid)
+        .args(["-q", "--resume"])
+        .output()
+        .unwrap()
+}
+
 /// `runner resume RUN -q`, its output.
 pub fn resume_quietly(run: &Path) -> std::process::Output {
     runner_cmd()

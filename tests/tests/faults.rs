@@ -6,9 +6,9 @@ use std::process::Command;
 use runner::metrics::{RunStatus, StepRecord, Summary};
 
 use crate::common::{
-    as_other, copy_dir, expect_exit, has_a_line, long_recipe, only_run, resume_quietly, root,
-    runner_cmd, says_running, send, spawn_until, summary, tempdir, tiny_recipe, whole_lines,
-    writable_by_other, SLOW_FIRST_STEP,
+    as_other, copy_dir, expect_exit, has_a_line, long_recipe, only_run, resume_grid_quietly,
+    resume_quietly, root, runner_cmd, says_running, send, spawn_until, summary, tempdir,
+    tiny_recipe, whole_lines, writable_by_other, SLOW_FIRST_STEP,
 };
 
 /// Starts `runner` on a long synthetic run, waits for its first metrics line, sends
@@ -1719,11 +1719,7 @@ fn a_grid_interrupted_in_a_later_round_goes_on_with_that_round() {
         "{}",
         String::from_utf8_lossy(&out.stdout)
     );
-    let out = runner_cmd()
-        .arg(&grid)
-        .args(["-q", "--resume"])
-        .output()
-        .unwrap();
+    let out = resume_grid_quietly(&grid);
     expect_exit(&out, 0);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!stderr.contains("already done were skipped"), "{stderr}");

@@ -9,9 +9,9 @@ use runner::recipe;
 
 use crate::common::{
     as_other, copy_dir, cut_records, expect_exit, has_a_line, invalid_quickstart_grid, json,
-    long_recipe, losses, mlp_over_a_copy, only_run, records, resume_quietly, root, runner_cmd,
-    runner_logged, says_running, send, spawn_until, statuses, summary, tempdir, tiny_recipe,
-    walk_files, with_sets, writable_by_other, SLOW_FIRST_STEP,
+    long_recipe, losses, mlp_over_a_copy, only_run, records, resume_grid_quietly, resume_quietly,
+    root, runner_cmd, runner_logged, says_running, send, spawn_until, statuses, summary, tempdir,
+    tiny_recipe, walk_files, with_sets, writable_by_other, SLOW_FIRST_STEP,
 };
 
 // ---------------------------------------------------------------- sweeps and sharing
@@ -1046,11 +1046,7 @@ fn a_locked_cell_is_left_to_its_owner_and_a_stale_lock_is_taken_over() {
     assert!(states[0].0.starts_with("0001-"));
     // A lock whose process is gone is stale: --resume takes it over and runs cell 0.
     std::fs::write(&lock, format!("{} 4000000\n", host.trim())).unwrap();
-    let out = runner_cmd()
-        .arg(&grid)
-        .args(["-q", "--resume"])
-        .output()
-        .unwrap();
+    let out = resume_grid_quietly(&grid);
     expect_exit(&out, 0);
     let states: Vec<String> = statuses(&sweep.dir).into_iter().map(|(_, s)| s).collect();
     assert_eq!(states, ["done", "done"]);
@@ -1419,11 +1415,7 @@ fn report_orders_a_grown_grid_as_the_grids_own_table() {
     // (The sweep directories are ordered by when each was made.)
     std::thread::sleep(std::time::Duration::from_millis(50));
     let two = grown(&one, "g2.toml", "[0.2]", "[0.1, 0.2]");
-    let grid = runner_cmd()
-        .arg(&two)
-        .args(["-q", "--resume"])
-        .output()
-        .unwrap();
+    let grid = resume_grid_quietly(&two);
     expect_exit(&grid, 0);
     let report = runner_cmd()
         .arg("report")
@@ -1920,11 +1912,7 @@ fn a_grid_resume_runs_each_cell_on_its_own_thread_count() {
     }
     let dir = tempdir("grid-threads");
     let grid = cell0_interrupted(&dir, &[("RAYON_NUM_THREADS", "1")]);
-    let out = runner_cmd()
-        .arg(&grid)
-        .args(["-q", "--resume"])
-        .output()
-        .unwrap();
+    let out = resume_grid_quietly(&grid);
     expect_exit(&out, 0);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!stderr.contains("CPU threads"), "{stderr}");
@@ -2009,13 +1997,7 @@ fn a_grid_over_cpu_threads_runs_each_cell_on_its_count() {
 fn resume_adopts_an_earlier_sweep_s_done_cell_only_on_the_same_data() {
     let dir = tempdir("adopt-other-data");
     let (grid, train) = mlp_over_a_copy(&dir, "g", "train", "[sweep]\n\"optim.lr\" = [0.1]\n");
-    let run = || {
-        runner_cmd()
-            .arg(&grid)
-            .args(["-q", "--resume"])
-            .output()
-            .unwrap()
-    };
+    let run = || resume_grid_quietly(&grid);
     expect_exit(&run(), 0);
     // Another value on the axis: a new sweep directory, which adopts the done cell...
     let text = std::fs::read_to_string(&grid).unwrap();
