@@ -237,34 +237,6 @@ pub struct EvalRecord {
     pub ms: f64,
 }
 
-/// The steps whose time counts: after the warm-up (the run's first `warmup_steps`, and a
-/// resumed process's own, `rewarm`), outside the profile window (synced, so slower) unless
-/// every such step is in it.
-pub fn timed_steps<'a>(
-    records: impl IntoIterator<Item = &'a StepRecord>,
-    warmup_steps: u64,
-) -> Vec<&'a StepRecord> {
-    let after: Vec<&StepRecord> = records
-        .into_iter()
-        .filter(|r| r.step > warmup_steps && !r.rewarm)
-        .collect();
-    let unsynced: Vec<&StepRecord> = after.iter().copied().filter(|r| !r.synced).collect();
-    if unsynced.is_empty() {
-        after
-    } else {
-        unsynced
-    }
-}
-
-/// A step's loss is the mean over its samples: the mean of several steps' weights each by
-/// them (a short last batch's 8 samples counted as much as a full step's 96).
-pub fn mean_loss<'a>(records: impl IntoIterator<Item = &'a StepRecord>) -> f64 {
-    let (sum, n) = records.into_iter().fold((0.0, 0usize), |(s, n), r| {
-        (s + r.loss * r.samples as f64, n + r.samples)
-    });
-    sum / n as f64
-}
-
 /// Per-phase medians over a set of steps, milliseconds.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Phases {
@@ -286,33 +258,310 @@ pub struct Phases {
 
 impl Phases {
     pub fn of(steps: &[&StepRecord]) -> Option<Self> {
-        if steps.is_empty() {
+        let mut c = Columns::default();
+        steps.iter().for_each(|r| c.push(r));
+        c.phases()
+    }
+}
+
+/// A set of steps' times, a column each: what their medians need, and no more (a step
+/// record is ~360 bytes; these are 64).
+#[derive(Debug, Clone, Default)]
+struct Columns {
+    iter_ms: Vec<f64>,
+    data_wait_ms: Vec<f64>,
+    h2d_ms: Vec<f64>,
+    forward_backward_ms: Vec<f64>,
+    optimizer_ms: Vec<f64>,
+    cleanup_ms: Vec<f64>,
+    log_ms: Vec<f64>,
+    mem_query_ms: Vec<f64>,
+}
+
+impl Columns {
+    fn push(&mut self, r: &StepRecord) {
+        self.iter_ms.push(r.iter_ms);
+        self.data_wait_ms.push(r.data_wait_ms);
+        self.h2d_ms.push(r.h2d_ms);
+        self.forward_backward_ms.push(r.forward_backward_ms);
+        self.optimizer_ms.push(r.optimizer_ms);
+        self.cleanup_ms.push(r.cleanup_ms);
+        self.log_ms.push(r.log_ms);
+        self.mem_query_ms.push(r.mem_query_ms);
+    }
+
+    fn phases(&self) -> Option<Phases> {
+        if self.iter_ms.is_empty() {
             return None;
         }
-        let med = |f: fn(&StepRecord) -> f64| {
-            Stats::of(&steps.iter().map(|r| f(r)).collect::<Vec<_>>()).median
-        };
-        Some(Self {
-            steps: steps.len(),
-            data_wait_ms: med(|r| r.data_wait_ms),
-            h2d_ms: med(|r| r.h2d_ms),
-            forward_backward_ms: med(|r| r.forward_backward_ms),
-            optimizer_ms: med(|r| r.optimizer_ms),
-            cleanup_ms: med(|r| r.cleanup_ms),
-            log_ms: med(|r| r.log_ms),
-            mem_query_ms: med(|r| r.mem_query_ms),
-            other_ms: med(|r| {
-                r.iter_ms
-                    - r.data_wait_ms
-                    - r.h2d_ms
-                    - r.forward_backward_ms
-                    - r.optimizer_ms
-                    - r.cleanup_ms
-                    - r.log_ms
-                    - r.mem_query_ms
-            }),
-            iter_ms: med(|r| r.iter_ms),
+        let med = |v: &[f64]| Stats::of(v).median;
+        let other: Vec<f64> = (0..self.iter_ms.len())
+            .map(|i| {
+                self.iter_ms[i]
+                    - self.data_wait_ms[i]
+                    - self.h2d_ms[i]
+                    - self.forward_backward_ms[i]
+                    - self.optimizer_ms[i]
+                    - self.cleanup_ms[i]
+                    - self.log_ms[i]
+                    - self.mem_query_ms[i]
+            })
+            .collect();
+        Some(Phases {
+            steps: self.iter_ms.len(),
+            data_wait_ms: med(&self.data_wait_ms),
+            h2d_ms: med(&self.h2d_ms),
+            forward_backward_ms: med(&self.forward_backward_ms),
+            optimizer_ms: med(&self.optimizer_ms),
+            cleanup_ms: med(&self.cleanup_ms),
+            log_ms: med(&self.log_ms),
+            mem_query_ms: med(&self.mem_query_ms),
+            other_ms: med(&other),
+            iter_ms: med(&self.iter_ms),
         })
+    }
+}
+
+/// A sum as `Iterator::sum` makes it (from -0.0, in order), a value at a time.
+#[derive(Debug, Clone, Copy)]
+struct Sum(f64);
+
+impl Default for Sum {
+    fn default() -> Self {
+        Sum(-0.0)
+    }
+}
+
+/// A mean of the values given, a value at a time; none of none.
+#[derive(Debug, Clone, Copy, Default)]
+struct Mean {
+    sum: Sum,
+    n: usize,
+}
+
+impl Mean {
+    fn add(&mut self, x: Option<f64>) {
+        if let Some(x) = x {
+            self.sum.0 += x;
+            self.n += 1;
+        }
+    }
+    fn get(self) -> Option<f64> {
+        (self.n > 0).then(|| self.sum.0 / self.n as f64)
+    }
+}
+
+/// A saturating count of the values given; none of none.
+fn add_count(total: &mut Option<u64>, x: Option<u64>) {
+    if let Some(x) = x {
+        *total = Some(total.unwrap_or(0).saturating_add(x));
+    }
+}
+
+/// What the timed figures take from a set of steps.
+#[derive(Debug, Clone, Default)]
+struct Timed {
+    columns: Columns,
+    samples: usize,
+    real_tokens: Option<u64>,
+    padded_tokens: Option<u64>,
+    gpu_util_pct: Mean,
+    cpu_util_pct: Mean,
+    sm_clock_mhz: Mean,
+    power_w: Mean,
+}
+
+impl Timed {
+    fn push(&mut self, r: &StepRecord) {
+        self.columns.push(r);
+        self.samples = self.samples.saturating_add(r.samples);
+        add_count(&mut self.real_tokens, r.real_tokens);
+        add_count(&mut self.padded_tokens, r.padded_tokens);
+        self.gpu_util_pct.add(r.gpu_util_pct);
+        self.cpu_util_pct.add(r.cpu_util_pct);
+        self.sm_clock_mhz.add(r.sm_clock_mhz);
+        self.power_w.add(r.power_w);
+    }
+}
+
+/// A run's figures from its steps, taken one at a time as they come (from the training
+/// loop, or from `metrics.jsonl` a line at a time), without keeping them: the run kept
+/// every step's record to the end (a million steps: 360 MB, which its own `rss_bytes`
+/// then counted as the run's memory), and `report` every run's. What a step adds is
+/// its times (64 bytes) where it is timed; [`Summary::absorb`] is this over a slice.
+#[derive(Debug, Clone, Default)]
+pub struct Tally {
+    warmup_steps: u64,
+    steps: u64,
+    samples: u64,
+    final_loss: Option<f64>,
+    cleanup_ms_total: Sum,
+    data_wait_ms_total: Sum,
+    freed: Option<u64>,
+    peak_mem_in_use_bytes: Option<u64>,
+    peak_mem_reserved_bytes: Option<u64>,
+    peak_rss_bytes: Option<u64>,
+    real_tokens: Option<u64>,
+    padded_tokens: Option<u64>,
+    /// The steps after the warm-up (the run's first `warmup_steps`, and a resumed
+    /// process's own, `rewarm`), outside the profile window and in it: the steps whose
+    /// time counts are the first (the window's are synced, so slower), or where there are
+    /// none, the second.
+    unsynced: Timed,
+    synced_after: Timed,
+    /// Every step in the profile window, warm-up steps too.
+    synced: Columns,
+}
+
+impl Tally {
+    pub fn new(warmup_steps: u64) -> Self {
+        Tally {
+            warmup_steps,
+            ..Default::default()
+        }
+    }
+
+    pub fn push(&mut self, r: &StepRecord) {
+        self.steps += 1;
+        // Saturating sums: a hand-edited line's huge count wrapped around in silence.
+        self.samples = self.samples.saturating_add(r.samples as u64);
+        self.final_loss = Some(r.loss);
+        self.cleanup_ms_total.0 += r.cleanup_ms;
+        self.data_wait_ms_total.0 += r.data_wait_ms;
+        if let (Some(before), Some(after)) = (r.cleanup_mem_before_bytes, r.cleanup_mem_after_bytes)
+        {
+            add_count(&mut self.freed, Some(before.saturating_sub(after)));
+        }
+        self.peak_mem_in_use_bytes = self.peak_mem_in_use_bytes.max(r.mem_in_use_bytes);
+        self.peak_mem_reserved_bytes = self.peak_mem_reserved_bytes.max(r.mem_reserved_bytes);
+        self.peak_rss_bytes = self.peak_rss_bytes.max(r.rss_bytes);
+        add_count(&mut self.real_tokens, r.real_tokens);
+        add_count(&mut self.padded_tokens, r.padded_tokens);
+        if r.synced {
+            self.synced.push(r);
+        }
+        if r.step > self.warmup_steps && !r.rewarm {
+            match r.synced {
+                false => self.unsynced.push(r),
+                true => self.synced_after.push(r),
+            }
+        }
+    }
+
+    /// The steps taken so far.
+    pub fn steps(&self) -> u64 {
+        self.steps
+    }
+
+    /// Into `summary`: its step figures, as [`Summary::absorb`] documents them.
+    pub fn fill(&self, summary: &mut Summary) {
+        let s = summary;
+        s.warmup_steps = self.warmup_steps;
+        s.steps = self.steps;
+        s.samples = self.samples;
+        s.final_loss = self.final_loss;
+        let timed = match self.unsynced.columns.iter_ms.is_empty() {
+            false => &self.unsynced,
+            true => &self.synced_after,
+        };
+        let c = &timed.columns;
+        s.iter_ms = Stats::of(&c.iter_ms);
+        let total_ms: f64 = c.iter_ms.iter().sum();
+        s.samples_per_s = if total_ms > 0.0 {
+            timed.samples as f64 / (total_ms / 1e3)
+        } else {
+            f64::NAN
+        };
+        s.cleanup_ms_total = self.cleanup_ms_total.0;
+        s.data_wait_ms_total = self.data_wait_ms_total.0;
+        let pct = |v: &[f64]| {
+            if total_ms > 0.0 {
+                100.0 * v.iter().sum::<f64>() / total_ms
+            } else {
+                f64::NAN
+            }
+        };
+        s.cleanup_pct = pct(&c.cleanup_ms);
+        s.data_wait_pct = pct(&c.data_wait_ms);
+        // The timed steps outside the window: none where the window holds them all.
+        s.phases = self.unsynced.columns.phases();
+        s.synced_phases = self.synced.phases();
+        s.cleanup_freed_bytes = self.freed;
+        s.peak_mem_in_use_bytes = self.peak_mem_in_use_bytes;
+        s.peak_mem_reserved_bytes = self.peak_mem_reserved_bytes;
+        s.peak_rss_bytes = self.peak_rss_bytes;
+        s.real_tokens = self.real_tokens;
+        s.padded_tokens = self.padded_tokens;
+        s.pad_waste_pct = match (self.real_tokens, self.padded_tokens) {
+            (Some(r), Some(p)) if p > 0 => Some(100.0 * p.saturating_sub(r) as f64 / p as f64),
+            _ => None,
+        };
+        let per_s = |n: Option<u64>| {
+            n.filter(|_| total_ms > 0.0)
+                .map(|n| n as f64 / (total_ms / 1e3))
+        };
+        s.real_tokens_per_s = per_s(timed.real_tokens);
+        s.padded_tokens_per_s = per_s(timed.padded_tokens);
+        s.gpu_util_pct = timed.gpu_util_pct.get();
+        s.cpu_util_pct = timed.cpu_util_pct.get();
+        s.sm_clock_mhz = timed.sm_clock_mhz.get();
+        s.power_w = timed.power_w.get();
+    }
+}
+
+/// One epoch's line in the progress display, from its steps as they come: its steps,
+/// their mean loss, and the median time of those the run's ms/iter counts.
+#[derive(Debug, Clone, Default)]
+pub struct EpochTally {
+    pub epoch: usize,
+    pub steps: usize,
+    /// Each step's loss times its samples, summed from 0.0.
+    loss: f64,
+    samples: usize,
+    unsynced: Vec<f64>,
+    synced_after: Vec<f64>,
+    warm: Vec<f64>,
+}
+
+impl EpochTally {
+    pub fn new(epoch: usize) -> Self {
+        EpochTally {
+            epoch,
+            ..Default::default()
+        }
+    }
+
+    pub fn push(&mut self, r: &StepRecord, warmup_steps: u64) {
+        self.steps += 1;
+        self.loss += r.loss * r.samples as f64;
+        self.samples += r.samples;
+        let list = match (r.step > warmup_steps && !r.rewarm, r.synced) {
+            (true, false) => &mut self.unsynced,
+            (true, true) => &mut self.synced_after,
+            (false, _) => &mut self.warm,
+        };
+        list.push(r.iter_ms);
+    }
+
+    /// Mean loss: a step's loss is the mean over its samples, so the mean of several
+    /// steps' weighs each by them (a short last batch's 8 samples counted as much as a
+    /// full step's 96).
+    pub fn mean_loss(&self) -> f64 {
+        self.loss / self.samples as f64
+    }
+
+    /// The median of the timed steps' times, and whether the epoch had none (only
+    /// warm-up steps: then the median of all its steps).
+    pub fn median_ms(&self) -> (f64, bool) {
+        let warm_only = self.unsynced.is_empty() && self.synced_after.is_empty();
+        let times = if !self.unsynced.is_empty() {
+            &self.unsynced
+        } else if !self.synced_after.is_empty() {
+            &self.synced_after
+        } else {
+            &self.warm
+        };
+        (Stats::of(times).median, warm_only)
     }
 }
 
@@ -524,82 +773,21 @@ impl Summary {
 
     /// Fills the statistics from the step records. Timed ones are those after warm-up and
     /// outside the profile window (whose device syncs slow them down), unless the window
-    /// holds every step after warm-up.
+    /// holds every step after warm-up. (A [`Tally`] of them: one that takes the steps as
+    /// they come does the same without keeping them.)
     pub fn absorb(&mut self, records: &[StepRecord], warmup_steps: u64) {
-        self.warmup_steps = warmup_steps;
-        self.steps = records.len() as u64;
-        // Saturating sums: a hand-edited line's huge count wrapped around in silence.
-        self.samples = records
-            .iter()
-            .fold(0u64, |a, r| a.saturating_add(r.samples as u64));
-        self.final_loss = records.last().map(|r| r.loss);
-        let timed = timed_steps(records, warmup_steps);
-        let iters: Vec<f64> = timed.iter().map(|r| r.iter_ms).collect();
-        self.iter_ms = Stats::of(&iters);
-        let total_ms: f64 = iters.iter().sum();
-        let timed_samples = timed
-            .iter()
-            .fold(0usize, |a, r| a.saturating_add(r.samples));
-        self.samples_per_s = if total_ms > 0.0 {
-            timed_samples as f64 / (total_ms / 1e3)
-        } else {
-            f64::NAN
-        };
-        self.cleanup_ms_total = records.iter().map(|r| r.cleanup_ms).sum();
-        self.data_wait_ms_total = records.iter().map(|r| r.data_wait_ms).sum();
-        let pct = |f: fn(&StepRecord) -> f64| {
-            if total_ms > 0.0 {
-                100.0 * timed.iter().map(|r| f(r)).sum::<f64>() / total_ms
-            } else {
-                f64::NAN
-            }
-        };
-        self.cleanup_pct = pct(|r| r.cleanup_ms);
-        self.data_wait_pct = pct(|r| r.data_wait_ms);
-        let unsynced: Vec<&StepRecord> = timed.iter().copied().filter(|r| !r.synced).collect();
-        let synced: Vec<&StepRecord> = records.iter().filter(|r| r.synced).collect();
-        self.phases = Phases::of(&unsynced);
-        self.synced_phases = Phases::of(&synced);
-        let freed: Vec<u64> = records
-            .iter()
-            .filter_map(|r| {
-                Some(
-                    r.cleanup_mem_before_bytes?
-                        .saturating_sub(r.cleanup_mem_after_bytes?),
-                )
-            })
-            .collect();
-        self.cleanup_freed_bytes =
-            (!freed.is_empty()).then(|| freed.iter().fold(0u64, |a, b| a.saturating_add(*b)));
-        self.peak_mem_in_use_bytes = records.iter().filter_map(|r| r.mem_in_use_bytes).max();
-        self.peak_mem_reserved_bytes = records.iter().filter_map(|r| r.mem_reserved_bytes).max();
-        self.peak_rss_bytes = records.iter().filter_map(|r| r.rss_bytes).max();
-        let mean = |f: fn(&StepRecord) -> Option<f64>| {
-            let v: Vec<f64> = timed.iter().filter_map(|r| f(r)).collect();
-            (!v.is_empty()).then(|| v.iter().sum::<f64>() / v.len() as f64)
-        };
-        let sum = |v: &[&StepRecord], f: fn(&StepRecord) -> Option<u64>| {
-            let x: Vec<u64> = v.iter().filter_map(|r| f(r)).collect();
-            (!x.is_empty()).then(|| x.iter().fold(0u64, |a, b| a.saturating_add(*b)))
-        };
-        let all: Vec<&StepRecord> = records.iter().collect();
-        self.real_tokens = sum(&all, |r| r.real_tokens);
-        self.padded_tokens = sum(&all, |r| r.padded_tokens);
-        self.pad_waste_pct = match (self.real_tokens, self.padded_tokens) {
-            (Some(r), Some(p)) if p > 0 => Some(100.0 * p.saturating_sub(r) as f64 / p as f64),
-            _ => None,
-        };
-        let per_s = |n: Option<u64>| {
-            n.filter(|_| total_ms > 0.0)
-                .map(|n| n as f64 / (total_ms / 1e3))
-        };
-        self.real_tokens_per_s = per_s(sum(&timed, |r| r.real_tokens));
-        self.padded_tokens_per_s = per_s(sum(&timed, |r| r.padded_tokens));
-        self.gpu_util_pct = mean(|r| r.gpu_util_pct);
-        self.cpu_util_pct = mean(|r| r.cpu_util_pct);
-        self.sm_clock_mhz = mean(|r| r.sm_clock_mhz);
-        self.power_w = mean(|r| r.power_w);
+        let mut tally = Tally::new(warmup_steps);
+        records.iter().for_each(|r| tally.push(r));
+        tally.fill(self);
     }
+}
+
+/// Why [`JsonLines::each`] stopped short.
+#[derive(Debug)]
+pub enum Each {
+    Io(std::io::Error),
+    /// The line (from 1) that is not a record, and why.
+    Line(usize, serde_json::Error),
 }
 
 /// An append-only JSON-lines file; every record is written whole and flushed.
@@ -666,6 +854,57 @@ impl JsonLines {
             len,
             folder: folder_of(path),
         })
+    }
+
+    /// The records of a JSON-lines file, read a line at a time (a long run's
+    /// `metrics.jsonl` is hundreds of MB: it was read whole, and its records kept), taken
+    /// as [`JsonLines::records`] takes them from text: blank lines skipped, and a partial
+    /// last line too. `f` is given each record, with its line's number and the bytes up
+    /// to its end, until it returns `false`. A line that is not a record is
+    /// `Err(Line(number, why))`; one that is not UTF-8, an `InvalidData` error saying
+    /// where.
+    pub fn each<T: serde::de::DeserializeOwned>(
+        path: &Path,
+        mut f: impl FnMut(T, usize, u64) -> bool,
+    ) -> Result<(), Each> {
+        use std::io::BufRead as _;
+        let file = open_regular(path, false).map_err(Each::Io)?;
+        let mut reader = std::io::BufReader::with_capacity(1 << 16, file);
+        let (mut line, mut n, mut end) = (vec![], 0usize, 0u64);
+        loop {
+            line.clear();
+            let read = reader.read_until(b'\n', &mut line).map_err(Each::Io)?;
+            if read == 0 {
+                return Ok(());
+            }
+            n += 1;
+            end += read as u64;
+            let text = std::str::from_utf8(&line).map_err(|e| {
+                let column = 1 + String::from_utf8_lossy(&line[..e.valid_up_to()])
+                    .chars()
+                    .count();
+                Each::Io(std::io::Error::new(
+                    std::io::ErrorKind::InvalidData,
+                    format!(
+                        "line {n}, column {column} is not UTF-8 text (byte 0x{:02x})",
+                        line[e.valid_up_to()]
+                    ),
+                ))
+            })?;
+            if text.trim().is_empty() {
+                continue;
+            }
+            match serde_json::from_str::<T>(text) {
+                Ok(r) => {
+                    if !f(r, n, end) {
+                        return Ok(());
+                    }
+                }
+                // Only the last piece can lack its newline.
+                Err(_) if !text.ends_with('\n') => return Ok(()),
+                Err(e) => return Err(Each::Line(n, e)),
+            }
+        }
     }
 
     /// The records of a JSON-lines file's text, blank lines skipped, and a partial last
@@ -885,11 +1124,22 @@ pub fn read_utf8(path: &Path) -> std::io::Result<String> {
 /// "is a named pipe, not a file" rather than a read that waits for a writer for good (a
 /// resume, a report, an eval, a grid's `--resume` hung) or never ends.
 pub fn read_regular(path: impl AsRef<Path>) -> std::io::Result<Vec<u8>> {
-    let path = path.as_ref();
     use std::io::Read as _;
+    let mut file = open_regular(path, false)?;
+    let len = file.metadata()?.len();
+    let mut bytes = Vec::with_capacity(len.min(1 << 30) as usize);
+    file.read_to_end(&mut bytes)?;
+    Ok(bytes)
+}
+
+/// Opens a file the runner wrote, to read (and with `write`, to write too), as
+/// [`read_regular`] reads it: a named pipe, socket or device in its place is an error.
+pub fn open_regular(path: impl AsRef<Path>, write: bool) -> std::io::Result<File> {
+    let path = path.as_ref();
     use std::os::unix::fs::{FileTypeExt as _, OpenOptionsExt as _};
-    let mut file = std::fs::OpenOptions::new()
+    let file = std::fs::OpenOptions::new()
         .read(true)
+        .write(write)
         .custom_flags(libc::O_NONBLOCK)
         .open(path)?;
     let meta = file.metadata()?;
@@ -907,9 +1157,7 @@ pub fn read_regular(path: impl AsRef<Path>) -> std::io::Result<Vec<u8>> {
             format!("is {kind}, not a file"),
         ));
     }
-    let mut bytes = Vec::with_capacity(meta.len().min(1 << 30) as usize);
-    file.read_to_end(&mut bytes)?;
-    Ok(bytes)
+    Ok(file)
 }
 
 /// [`read_regular`], as text (the error of `std::fs::read_to_string` where it is not UTF-8).
@@ -1219,5 +1467,35 @@ mod tests {
         assert_eq!(sum.samples_per_s, 1000.0);
         assert!((sum.cleanup_pct - 10.0).abs() < 1e-9);
         assert_eq!(sum.cleanup_ms_total, 4.0);
+    }
+
+    /// An epoch's line: the mean loss weighs each step by its samples, and the median
+    /// is of the steps the run's ms/iter counts (outside the profile window where there
+    /// are such), or of all its steps where they are all warm-up.
+    #[test]
+    fn an_epoch_s_line_takes_the_steps_the_run_times() {
+        let step = |step: u64, ms: f64, synced: bool, samples: usize, loss: f64| StepRecord {
+            step,
+            iter_ms: ms,
+            synced,
+            samples,
+            loss,
+            ..Default::default()
+        };
+        let mut e = EpochTally::new(0);
+        e.push(&step(1, 100.0, false, 32, 2.0), 2);
+        e.push(&step(2, 90.0, false, 32, 2.0), 2);
+        assert_eq!(e.median_ms(), (95.0, true), "warm-up steps only");
+        e.push(&step(3, 30.0, true, 32, 1.0), 2);
+        assert_eq!(
+            e.median_ms(),
+            (30.0, false),
+            "the window's, where none is outside"
+        );
+        e.push(&step(4, 10.0, false, 8, 1.0), 2);
+        e.push(&step(5, 12.0, false, 32, 1.0), 2);
+        assert_eq!(e.median_ms(), (11.0, false));
+        assert_eq!(e.steps, 5);
+        assert!((e.mean_loss() - (2.0 * 64.0 + 72.0) / 136.0).abs() < 1e-12);
     }
 }

@@ -142,18 +142,13 @@ fn step_times(top: &Area, runs: &[Run], rows: &[Row], err: Err) -> Result<(), St
     let index = |l: &str| rows.iter().position(|r| r.recipe == l).unwrap_or(0);
     // Per-step time, clipped above at 1.5 × the largest p95 so one slow first step (autotune,
     // allocation) does not flatten the rest.
-    let steps = runs
-        .iter()
-        .map(|r| r.records.len())
-        .max()
-        .unwrap_or(1)
-        .max(2) as f64;
+    let steps = runs.iter().map(|r| r.trace.steps).max().unwrap_or(1).max(2) as f64;
     // (A run with no timed step, all of it warm-up, has no p95: its slowest step instead.)
     let ymax = runs
         .iter()
         .map(|r| match r.summary.iter_ms.p95 {
             p if p.is_finite() && p > 0.0 => p,
-            _ => r.records.iter().map(|s| s.iter_ms).fold(0.0, f64::max) / 1.5,
+            _ => r.trace.max_ms / 1.5,
         })
         .fold(0.0, f64::max)
         .clamp(1e-3, 1e300)
@@ -175,10 +170,7 @@ fn step_times(top: &Area, runs: &[Run], rows: &[Row], err: Err) -> Result<(), St
     for (run, l) in runs.iter().zip(&label) {
         let i = index(l);
         let style = colour(i).stroke_width(1);
-        let points = run
-            .records
-            .iter()
-            .map(|r| (r.step as f64, r.iter_ms.min(ymax)));
+        let points = run.trace.points().map(|(step, ms)| (step, ms.min(ymax)));
         match dashes(i) {
             Some((dash, gap)) => chart.draw_series(DashedLineSeries::new(points, dash, gap, style)),
             None => chart.draw_series(LineSeries::new(points, style)),

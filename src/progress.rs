@@ -37,6 +37,8 @@ pub struct Progress {
     step_lines: Option<StepLines>,
     /// The bar's last steps' times, for its ms/iter (one step's time jumps about).
     recent_ms: std::collections::VecDeque<f64>,
+    /// The steps of the epoch under way, for its line.
+    epoch: crate::metrics::EpochTally,
 }
 
 /// The bar's ms/iter is the median of this many last steps.
@@ -416,6 +418,7 @@ impl Progress {
             warmup_steps: plan.run.warmup_steps,
             step_lines,
             recent_ms: Default::default(),
+            epoch: Default::default(),
         }
     }
 
@@ -448,7 +451,21 @@ impl Progress {
         self.line(line);
     }
 
+    /// A step into its epoch's line, shown nowhere else (a resumed run's steps before its
+    /// checkpoint, in the epoch it goes on with).
+    pub fn seen(&mut self, r: &StepRecord) {
+        // A step of an epoch whose line is out (its last, held for the checkpoint at the
+        // epoch's end) is in that line already.
+        if r.epoch > self.epoch.epoch {
+            self.epoch = crate::metrics::EpochTally::new(r.epoch);
+        }
+        if r.epoch == self.epoch.epoch {
+            self.epoch.push(r, self.warmup_steps);
+        }
+    }
+
     pub fn step(&mut self, r: &StepRecord) {
+        self.seen(r);
         if let Some(l) = &mut self.step_lines {
             let now = std::time::Instant::now();
             let (t0, s0) = *l.from.get_or_insert((now, r.step));
@@ -495,43 +512,34 @@ impl Progress {
         }
     }
 
-    /// The epoch's line, from its records and its last step's if that one's line is still
+    /// The epoch's line, from its steps and its last step's if that one's line is still
     /// `held` (for the checkpoint at the epoch's end).
     /// `cut_short`: what ended the run inside this epoch (`run.max_steps`, early stopping).
-    pub fn epoch_end(
-        &mut self,
-        epoch: usize,
-        records: &[StepRecord],
-        held: Option<&StepRecord>,
-        cut_short: Option<&str>,
-    ) {
-        let this: Vec<&StepRecord> = records
-            .iter()
-            .chain(held)
-            .filter(|r| r.epoch == epoch)
-            .collect();
-        if this.is_empty() {
+    pub fn epoch_end(&mut self, epoch: usize, held: Option<&StepRecord>, cut_short: Option<&str>) {
+        let mut this = match self.epoch.epoch == epoch {
+            true => std::mem::replace(&mut self.epoch, crate::metrics::EpochTally::new(epoch + 1)),
+            false => crate::metrics::EpochTally::new(epoch),
+        };
+        if let Some(r) = held.filter(|r| r.epoch == epoch) {
+            this.push(r, self.warmup_steps);
+        }
+        if this.steps == 0 {
             return;
         }
-        let loss = crate::metrics::mean_loss(this.iter().copied());
+        let loss = this.mean_loss();
         // The steps the run's ms/iter counts; an epoch of warm-up steps only, those, said.
-        let timed = crate::metrics::timed_steps(this.iter().copied(), self.warmup_steps);
-        let (steps, warm) = match timed.is_empty() {
-            true => (&this, " (warm-up steps)"),
-            false => (&timed, ""),
-        };
-        let iters: Vec<f64> = steps.iter().map(|r| r.iter_ms).collect();
+        let (median, warm_only) = this.median_ms();
+        let warm = if warm_only { " (warm-up steps)" } else { "" };
         self.line(format!(
-            "epoch {}/{}: {} step{}{}, mean loss {loss:.4}, median {:.1} ms/iter{warm}",
+            "epoch {}/{}: {} step{}{}, mean loss {loss:.4}, median {median:.1} ms/iter{warm}",
             epoch + 1,
             self.epochs,
-            this.len(),
-            if this.len() == 1 { "" } else { "s" },
+            this.steps,
+            if this.steps == 1 { "" } else { "s" },
             match cut_short {
                 Some(by) => format!(" (cut short by {by})"),
                 None => String::new(),
             },
-            Stats::of(&iters).median
         ));
     }
 

@@ -7,7 +7,7 @@ use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
 use crate::error::Error;
-use crate::metrics::{JsonLines, Process, RunStatus, Stats, StepRecord, Summary};
+use crate::metrics::{Each, JsonLines, Process, RunStatus, Stats, StepRecord, Summary, Tally};
 
 /// One run directory, read back.
 #[derive(Debug, Clone)]
@@ -23,9 +23,56 @@ pub struct Run {
     /// Runs of one name are repeats only where these are equal. Empty when the run has no
     /// `recipe.toml`.
     pub recipe: Vec<(String, String)>,
-    pub records: Vec<StepRecord>,
-    /// Recomputed from `records` (and `summary.json` for what metrics lines lack).
+    /// Its step times, for the figure.
+    pub trace: Trace,
+    /// Recomputed from `metrics.jsonl` (and `summary.json` for what metrics lines lack).
     pub summary: Summary,
+}
+
+/// A run's step times for the figure: every step's, up to [`Trace::MAX`] of them; a
+/// longer run's as means of 2, 4, 8, ... consecutive steps, at their mean step (a figure
+/// 1,200 pixels wide shows no more, and a million-step run drew a million points).
+#[derive(Debug, Clone, Default)]
+pub struct Trace {
+    points: Vec<(f64, f64)>,
+    /// Steps a point stands for.
+    per: usize,
+    /// The steps of the point being made: their steps' and times' sums, and how many.
+    pending: (f64, f64, usize),
+    /// Steps taken, and the slowest step's time.
+    pub steps: u64,
+    pub max_ms: f64,
+}
+
+impl Trace {
+    pub const MAX: usize = 4096;
+
+    pub fn push(&mut self, step: u64, ms: f64) {
+        self.per = self.per.max(1);
+        self.steps += 1;
+        self.max_ms = self.max_ms.max(ms);
+        let p = &mut self.pending;
+        (p.0, p.1, p.2) = (p.0 + step as f64, p.1 + ms, p.2 + 1);
+        if p.2 == self.per {
+            self.points.push((p.0 / p.2 as f64, p.1 / p.2 as f64));
+            self.pending = (0.0, 0.0, 0);
+        }
+        if self.points.len() == 2 * Self::MAX {
+            self.points = self
+                .points
+                .chunks(2)
+                .map(|c| ((c[0].0 + c[1].0) / 2.0, (c[0].1 + c[1].1) / 2.0))
+                .collect();
+            self.per *= 2;
+        }
+    }
+
+    /// The points, `(step, ms)`, the steps of an unfinished point's too.
+    pub fn points(&self) -> impl Iterator<Item = (f64, f64)> + Clone + '_ {
+        let (s, ms, n) = self.pending;
+        let last = (n > 0).then(|| (s / n as f64, ms / n as f64));
+        self.points.iter().copied().chain(last)
+    }
 }
 
 /// A run left out of the table, and why, in words.
@@ -361,27 +408,32 @@ pub fn load_run(dir: &Path) -> Result<Run, Error> {
             sp.display()
         )));
     }
-    let text = crate::metrics::read_utf8(&mp)
-        .map_err(|e| Error::Input(format!("error: {}: {e}", mp.display())))?;
-    let records: Vec<StepRecord> = JsonLines::records(&text).map_err(|(line, e)| {
-        Error::Input(format!(
+    // A line at a time, into the figures: a run of a million steps has ~800 MB of lines
+    // (read whole, and every run's records kept to the table's end, before).
+    let mut tally = Tally::new(stored.warmup_steps);
+    let mut trace = Trace::default();
+    JsonLines::each::<StepRecord>(&mp, |r, _, _| {
+        tally.push(&r);
+        trace.push(r.step, r.iter_ms);
+        true
+    })
+    .map_err(|e| match e {
+        Each::Io(e) => Error::Input(format!("error: {}: {e}", mp.display())),
+        Each::Line(line, e) => Error::Input(format!(
             "error: {}:{line}:{}: not a metrics record: {e}\n  = help: metrics.jsonl is written by runner; was it edited?",
             mp.display(),
             e.column()
-        ))
+        )),
     })?;
     // A completed run's figures are recomputed from its lines: fewer than its steps (the
     // file cut short, emptied or edited) would make a row of other figures (it was one,
     // of nothing).
     // (A summary that gives no steps, as hand-made ones, is not checked.)
-    if stored.status == RunStatus::Completed
-        && stored.steps > 0
-        && records.len() as u64 != stored.steps
-    {
+    if stored.status == RunStatus::Completed && stored.steps > 0 && tally.steps() != stored.steps {
         return Err(Error::Input(format!(
             "error: {}: {} lines for the {} steps summary.json says the run took; its figures cannot be recomputed\n  = help: metrics.jsonl is written by runner, a line a step; was it cut short or edited?",
             mp.display(),
-            records.len(),
+            tally.steps(),
             stored.steps
         )));
     }
@@ -406,7 +458,7 @@ pub fn load_run(dir: &Path) -> Result<Run, Error> {
         diverged_at_step: stored.diverged_at_step,
         ..Default::default()
     };
-    summary.absorb(&records, stored.warmup_steps);
+    tally.fill(&mut summary);
     // What it ran on, too: one recipe on an H100 and an H200 (or two CPUs) is no repeat,
     // and their mean is neither machine's figure.
     // env.json once: the data files, the threads and the cores.
@@ -432,7 +484,7 @@ pub fn load_run(dir: &Path) -> Result<Run, Error> {
         dir: dir.to_path_buf(),
         name: stored.name,
         recipe,
-        records,
+        trace,
         summary,
     })
 }
@@ -1353,12 +1405,17 @@ mod tests {
     use super::*;
 
     fn run(name: &str, iters: &[f64]) -> Run {
+        run_with(name, iters, 10, 0)
+    }
+
+    /// A run of steps of `iters` ms and `samples` samples each, the first `warmup` untimed.
+    fn run_with(name: &str, iters: &[f64], samples: usize, warmup: u64) -> Run {
         let records: Vec<StepRecord> = iters
             .iter()
             .enumerate()
             .map(|(i, &ms)| StepRecord {
                 step: i as u64 + 1,
-                samples: 10,
+                samples,
                 iter_ms: ms,
                 ..Default::default()
             })
@@ -1367,12 +1424,14 @@ mod tests {
             name: name.into(),
             ..Default::default()
         };
-        summary.absorb(&records, 0);
+        summary.absorb(&records, warmup);
+        let mut trace = Trace::default();
+        records.iter().for_each(|r| trace.push(r.step, r.iter_ms));
         Run {
             dir: PathBuf::new(),
             name: name.into(),
             recipe: vec![],
-            records,
+            trace,
             summary,
         }
     }
@@ -1541,15 +1600,7 @@ mod tests {
 
     /// A run of `batch` samples a step (× `accumulation`), each step `ms`.
     fn run_of(name: &str, ms: f64, batch: u64, accumulation: u64) -> Run {
-        let mut r = run(name, &[ms; 8]);
-        for rec in &mut r.records {
-            rec.samples = (batch * accumulation) as usize;
-        }
-        r.summary = Summary {
-            name: name.into(),
-            ..Default::default()
-        };
-        r.summary.absorb(&r.records, 0);
+        let mut r = run_with(name, &[ms; 8], (batch * accumulation) as usize, 0);
         r.recipe = vec![
             ("loader.batch_size".into(), batch.to_string()),
             ("optim.accumulation_steps".into(), accumulation.to_string()),
@@ -1672,8 +1723,7 @@ mod tests {
     /// the time columns: not a 0 ms median pulling the mean down, nor a NaN spread.
     #[test]
     fn runs_without_timed_steps_are_left_out_of_the_times() {
-        let mut short = run("quickstart", &[30.0, 40.0]);
-        short.summary.absorb(&short.records.clone(), 5);
+        let short = run_with("quickstart", &[30.0, 40.0], 10, 5);
         assert_eq!(short.summary.iter_ms.count, 0);
         let runs = vec![
             run("quickstart", &[18.0, 18.5, 19.0]),
@@ -1713,5 +1763,29 @@ mod tests {
         let by = rows(&first_untimed, None).unwrap();
         assert_eq!(by[0].recipe, "untimed");
         assert!(by[1].is_baseline && (by[2].ratio - 9.0 / 18.5).abs() < 1e-12);
+    }
+
+    /// The figure's step times: every step's up to `Trace::MAX`, then means of 2, 4, ...
+    /// consecutive steps, at their mean step, with the slowest step kept.
+    #[test]
+    fn a_long_run_s_trace_is_means_of_consecutive_steps() {
+        let mut short = Trace::default();
+        (1..=10).for_each(|s| short.push(s, s as f64));
+        let points: Vec<(f64, f64)> = short.points().collect();
+        assert_eq!(
+            points,
+            (1..=10).map(|s| (s as f64, s as f64)).collect::<Vec<_>>()
+        );
+        let mut long = Trace::default();
+        let n = 5 * Trace::MAX as u64 + 3;
+        (1..=n).for_each(|s| long.push(s, if s == 77 { 1e6 } else { s as f64 }));
+        let points: Vec<(f64, f64)> = long.points().collect();
+        assert!(points.len() <= 2 * Trace::MAX, "{}", points.len());
+        assert_eq!((long.steps, long.max_ms), (n, 1e6));
+        // Four steps a point (2 × MAX points were reached twice), the last three as one.
+        assert_eq!(points[0], (2.5, 2.5));
+        assert_eq!(points[1], (6.5, 6.5));
+        assert_eq!(*points.last().unwrap(), ((n - 1) as f64, (n - 1) as f64));
+        assert!(points.windows(2).all(|w| w[0].0 < w[1].0));
     }
 }

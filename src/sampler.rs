@@ -1,15 +1,20 @@
 //! The utilisation sampler: a thread that reads, at a fixed interval, GPU utilisation,
 //! memory, SM clock and power from NVML (libnvidia-ml, loaded at run time) or, on the CPU
-//! backend, this process's CPU utilisation from /proc. Samples are kept with their time so
-//! each step can be given the mean of the samples taken while it ran. Where NVML cannot be
+//! backend, this process's CPU utilisation from /proc. Each sample is written to the run's
+//! `samples.jsonl` as it is taken, and kept with its time until no step still to come can
+//! take it, so that each step can be given the mean of the samples taken while it ran. Where NVML cannot be
 //! loaded the sampler says "unavailable: <why>" and the run goes on. No Burn here.
 
+use std::collections::VecDeque;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
+
+use crate::metrics::JsonLines;
 
 /// One reading. GPU fields come from NVML, `cpu_util_pct` from /proc.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -51,6 +56,36 @@ impl Sample {
     }
 }
 
+/// Cuts the samples file at `path` before its first sample after `t_ms` (a resumed run
+/// goes on from its checkpoint's step, at that time on its clock, as its metrics lines
+/// do: the samples after it, of the steps trained again, went with them). A file that is
+/// not there is left so.
+pub fn cut_after(path: &Path, t_ms: f64) -> std::io::Result<()> {
+    use std::io::BufRead as _;
+    let file = match crate::metrics::open_regular(path, true) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        f => f?,
+    };
+    let mut reader = std::io::BufReader::new(&file);
+    let (mut kept, mut line) = (0u64, vec![]);
+    loop {
+        line.clear();
+        let n = reader.read_until(b'\n', &mut line)?;
+        // A line cut short by a kill (no newline) goes too.
+        if n == 0 || line.last() != Some(&b'\n') {
+            break;
+        }
+        if serde_json::from_slice::<Sample>(&line).is_ok_and(|s| s.t_ms > t_ms) {
+            break;
+        }
+        kept += n as u64;
+    }
+    if kept < file.metadata()?.len() {
+        file.set_len(kept)?;
+    }
+    Ok(())
+}
+
 /// What to sample.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum UtilSource {
@@ -64,23 +99,52 @@ pub enum UtilSource {
 type Reader = Box<dyn FnMut() -> Result<Sample, String> + Send>;
 
 pub struct Sampler {
-    samples: Arc<Mutex<Vec<Sample>>>,
+    shared: Arc<Mutex<Shared>>,
     stop: Arc<AtomicBool>,
     handle: Option<JoinHandle<()>>,
     /// `nvml: <device>`, `proc`, `off` or `unavailable: <why>`.
     pub status: String,
 }
 
+/// What the sampler thread and the steps share.
+#[derive(Default)]
+struct Shared {
+    /// The samples a later step's window can still take: those after the start of the
+    /// latest step asked for, and the latest sample (see [`Sampler::window`]). All of
+    /// them were kept, and every step's window scanned them all: a day's run at the
+    /// default 100 ms held 864,000 samples, scanned at each step.
+    recent: VecDeque<Sample>,
+    /// Samples taken, and the first error writing them to their file.
+    taken: usize,
+    error: Option<String>,
+}
+
+/// The sampler's clock and file: a sample's `t_ms` is `offset_ms` plus the time since
+/// `t0` (a resumed run's clock goes on from its checkpoint's step, as its metrics lines'
+/// do), and each sample is appended to `file` as it is taken.
+pub struct SampleTo {
+    pub t0: Instant,
+    pub offset_ms: f64,
+    pub file: Option<PathBuf>,
+}
+
+/// How sampling ended: samples taken, and the first error writing them, if any.
+#[derive(Debug, Default, PartialEq)]
+pub struct Finished {
+    pub taken: usize,
+    pub error: Option<String>,
+}
+
 impl Sampler {
-    /// Starts sampling every `interval` (zero: no sampling), times relative to `t0`.
-    pub fn start(source: UtilSource, interval: Duration, t0: Instant) -> Self {
+    /// Starts sampling every `interval` (zero: no sampling).
+    pub fn start(source: UtilSource, interval: Duration, to: SampleTo) -> Self {
         if interval.is_zero() {
             return Self::off("off");
         }
         let (status_tx, status_rx) = mpsc::channel();
-        let samples = Arc::new(Mutex::new(vec![]));
+        let shared = Arc::new(Mutex::new(Shared::default()));
         let stop = Arc::new(AtomicBool::new(false));
-        let (s, st) = (Arc::clone(&samples), Arc::clone(&stop));
+        let (s, st) = (Arc::clone(&shared), Arc::clone(&stop));
         let handle = std::thread::Builder::new()
             .name("sampler".into())
             .spawn(move || {
@@ -93,14 +157,14 @@ impl Sampler {
                     }
                 };
                 let _ = status_tx.send(status);
-                run(reader, interval, t0, s, st);
+                run(reader, interval, to, s, st);
             })
             .expect("spawning the sampler thread");
         let status = status_rx
             .recv()
             .unwrap_or_else(|_| "unavailable: the sampler thread ended".into());
         Self {
-            samples,
+            shared,
             stop,
             handle: Some(handle),
             status,
@@ -109,7 +173,7 @@ impl Sampler {
 
     fn off(status: &str) -> Self {
         Self {
-            samples: Arc::new(Mutex::new(vec![])),
+            shared: Arc::default(),
             stop: Arc::new(AtomicBool::new(true)),
             handle: None,
             status: status.into(),
@@ -120,29 +184,35 @@ impl Sampler {
     /// shorter than the interval): the first sample after it, which covers it, if it has
     /// been taken; else (the usual case when a step is written as it ends) the latest
     /// sample, which covers the interval just before.
+    ///
+    /// Steps are asked for in order, so `from_ms` never goes back: the samples at or
+    /// before it (but the latest) are let go.
     pub fn window(&self, from_ms: f64, to_ms: f64) -> Option<Sample> {
-        let all = self.samples.lock().ok()?;
-        let inside: Vec<&Sample> = all
-            .iter()
-            .filter(|s| s.t_ms > from_ms && s.t_ms <= to_ms)
-            .collect();
-        if !inside.is_empty() {
+        let mut shared = self.shared.lock().ok()?;
+        let recent = &mut shared.recent;
+        let behind = recent.partition_point(|s| s.t_ms <= from_ms);
+        recent.drain(..behind.min(recent.len().saturating_sub(1)));
+        let first = recent.partition_point(|s| s.t_ms <= from_ms);
+        let end = recent.partition_point(|s| s.t_ms <= to_ms);
+        if first < end {
+            let inside: Vec<&Sample> = recent.range(first..end).collect();
             return Sample::mean(&inside);
         }
-        all.iter()
-            .find(|s| s.t_ms > to_ms)
-            .or_else(|| all.last())
-            .cloned()
+        recent.get(end).or_else(|| recent.back()).cloned()
     }
 
-    /// Stops the thread and returns every sample.
-    pub fn finish(mut self) -> Vec<Sample> {
+    /// Stops the thread (the samples are in their file as they were taken).
+    pub fn finish(mut self) -> Finished {
         self.stop.store(true, Ordering::Relaxed);
         if let Some(h) = self.handle.take() {
             h.thread().unpark();
             let _ = h.join();
         }
-        std::mem::take(&mut *self.samples.lock().unwrap_or_else(|p| p.into_inner()))
+        let mut shared = self.shared.lock().unwrap_or_else(|p| p.into_inner());
+        Finished {
+            taken: shared.taken,
+            error: shared.error.take(),
+        }
     }
 }
 
@@ -158,10 +228,13 @@ impl Drop for Sampler {
 fn run(
     mut reader: Reader,
     interval: Duration,
-    t0: Instant,
-    samples: Arc<Mutex<Vec<Sample>>>,
+    to: SampleTo,
+    shared: Arc<Mutex<Shared>>,
     stop: Arc<AtomicBool>,
 ) {
+    // Opened at the first sample: a run shorter than one interval has no file.
+    let mut file: Option<JsonLines> = None;
+    let mut failed = false;
     let mut next = Instant::now() + interval;
     while !stop.load(Ordering::Relaxed) {
         let now = Instant::now();
@@ -173,10 +246,29 @@ fn run(
             continue;
         }
         next += interval;
-        if let Ok(mut s) = reader() {
-            s.t_ms = t0.elapsed().as_secs_f64() * 1e3;
-            if let Ok(mut v) = samples.lock() {
-                v.push(s);
+        let Ok(mut s) = reader() else { continue };
+        s.t_ms = to.offset_ms + to.t0.elapsed().as_secs_f64() * 1e3;
+        // For the steps first: a step that ends now asks for it.
+        if let Ok(mut shared) = shared.lock() {
+            shared.recent.push_back(s.clone());
+            shared.taken += 1;
+        }
+        // Written as taken (they were kept for the run's end, and a run killed outright
+        // lost them all); the first error ends the writing, and `finish` says it.
+        if let (Some(path), false) = (&to.file, failed) {
+            let written = match &mut file {
+                Some(f) => f.write(&s),
+                None => JsonLines::append(path).and_then(|mut f| {
+                    f.write(&s)?;
+                    file = Some(f);
+                    Ok(())
+                }),
+            };
+            if let Err(e) = written {
+                failed = true;
+                if let Ok(mut shared) = shared.lock() {
+                    shared.error = Some(format!("{}: {e}", path.display()));
+                }
             }
         }
     }
@@ -258,23 +350,44 @@ mod nvml {
 mod tests {
     use super::*;
 
-    #[test]
-    fn without_nvml_the_sampler_says_unavailable() {
-        // CI machines have no NVIDIA driver; on a GPU machine index 9999 does not exist.
-        let s = Sampler::start(
-            UtilSource::Nvml(9999),
-            Duration::from_millis(10),
-            Instant::now(),
-        );
-        assert!(s.status.starts_with("unavailable: NVML"), "{}", s.status);
-        assert!(s.window(0.0, 1e9).is_none());
-        assert!(s.finish().is_empty());
+    fn at(t0: Instant, file: Option<PathBuf>) -> SampleTo {
+        SampleTo {
+            t0,
+            offset_ms: 0.0,
+            file,
+        }
     }
 
     #[test]
-    fn proc_sampler_sees_a_busy_thread() {
+    fn without_nvml_the_sampler_says_unavailable() {
+        // CI machines have no NVIDIA driver; on a GPU machine index 9999 does not exist.
+        let dir = crate::scratch::Scratch::new("sampler-nvml");
+        let file = dir.join("samples.jsonl");
+        let s = Sampler::start(
+            UtilSource::Nvml(9999),
+            Duration::from_millis(10),
+            at(Instant::now(), Some(file.clone())),
+        );
+        assert!(s.status.starts_with("unavailable: NVML"), "{}", s.status);
+        assert!(s.window(0.0, 1e9).is_none());
+        assert_eq!(s.finish(), Finished::default());
+        assert!(!file.exists(), "no sample, no file");
+    }
+
+    #[test]
+    fn proc_sampler_sees_a_busy_thread_and_writes_each_sample_as_taken() {
+        let dir = crate::scratch::Scratch::new("sampler-proc");
+        let file = dir.join("samples.jsonl");
         let t0 = Instant::now();
-        let s = Sampler::start(UtilSource::Proc, Duration::from_millis(20), t0);
+        let s = Sampler::start(
+            UtilSource::Proc,
+            Duration::from_millis(20),
+            SampleTo {
+                t0,
+                offset_ms: 5000.0,
+                file: Some(file.clone()),
+            },
+        );
         assert_eq!(s.status, "cpu_clock");
         let until = Instant::now() + Duration::from_millis(300);
         let mut x = 0u64;
@@ -282,29 +395,59 @@ mod tests {
             x = x.wrapping_mul(6364136223846793005).wrapping_add(1);
         }
         std::hint::black_box(x);
+        // Before the sampler stops: the file holds what it has taken.
+        let lines = std::fs::read_to_string(&file).unwrap().lines().count();
+        assert!(lines >= 5, "{lines} samples written in 300 ms at 20 ms");
         let w = s
-            .window(0.0, t0.elapsed().as_secs_f64() * 1e3)
+            .window(5000.0, 5000.0 + t0.elapsed().as_secs_f64() * 1e3)
             .expect("samples");
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
         // One busy thread is 100/cores percent of the machine; allow for tick granularity.
         let util = w.cpu_util_pct.unwrap();
         assert!(util > 40.0 / cores && util <= 100.0, "cpu util {util}");
-        let all = s.finish();
-        assert!(all.len() >= 5, "{} samples in 300 ms at 20 ms", all.len());
+        let done = s.finish();
+        assert_eq!(done.error, None);
+        let all: Vec<Sample> =
+            JsonLines::records(&std::fs::read_to_string(&file).unwrap()).unwrap();
+        assert_eq!(all.len(), done.taken);
         assert!(all.windows(2).all(|w| w[0].t_ms < w[1].t_ms));
+        assert!(all[0].t_ms > 5000.0, "on the run's clock: {}", all[0].t_ms);
     }
 
     #[test]
-    fn window_means_and_falls_back_to_the_next_or_latest_sample() {
+    fn a_sample_file_that_cannot_be_written_is_said_at_the_end() {
+        let dir = crate::scratch::Scratch::new("sampler-unwritable");
+        let file = dir.join("samples.jsonl");
+        std::fs::create_dir(&file).unwrap();
+        let s = Sampler::start(
+            UtilSource::Proc,
+            Duration::from_millis(5),
+            at(Instant::now(), Some(file.clone())),
+        );
+        std::thread::sleep(Duration::from_millis(60));
+        let done = s.finish();
+        assert!(done.taken > 0);
+        let error = done.error.expect("the write error");
+        assert!(error.starts_with(&file.display().to_string()), "{error}");
+    }
+
+    fn with(samples: &[f64]) -> Sampler {
         let s = Sampler::off("test");
-        s.samples
+        s.shared
             .lock()
             .unwrap()
-            .extend([10.0, 20.0, 30.0].map(|t| Sample {
+            .recent
+            .extend(samples.iter().map(|&t| Sample {
                 t_ms: t,
                 cpu_util_pct: Some(t),
                 ..Default::default()
             }));
+        s
+    }
+
+    #[test]
+    fn window_means_and_falls_back_to_the_next_or_latest_sample() {
+        let s = with(&[10.0, 20.0, 30.0]);
         assert_eq!(s.window(5.0, 20.0).unwrap().cpu_util_pct, Some(15.0));
         assert_eq!(
             s.window(21.0, 25.0).unwrap().t_ms,
@@ -317,5 +460,27 @@ mod tests {
             "short step, next sample not taken yet: the latest"
         );
         assert!(Sampler::off("empty").window(0.0, 1.0).is_none());
+    }
+
+    #[test]
+    fn samples_behind_the_steps_are_let_go_and_the_answers_stay_the_same() {
+        let times: Vec<f64> = (1..=100).map(|i| i as f64 * 10.0).collect();
+        let s = with(&times);
+        // Steps of 25 ms from 0 on, asked for in order: the mean of what each covered.
+        for k in 0..40 {
+            let (from, to) = (k as f64 * 25.0, (k + 1) as f64 * 25.0);
+            let inside: Vec<f64> = times
+                .iter()
+                .copied()
+                .filter(|&t| t > from && t <= to)
+                .collect();
+            let want = inside.iter().sum::<f64>() / inside.len() as f64;
+            assert_eq!(s.window(from, to).unwrap().cpu_util_pct, Some(want), "{k}");
+        }
+        let kept = s.shared.lock().unwrap().recent.len();
+        assert_eq!(kept, 100 - 97, "up to the last step's start (975 ms)");
+        // Past the last sample: the latest, still.
+        assert_eq!(s.window(5000.0, 5010.0).unwrap().t_ms, 1000.0);
+        assert_eq!(s.shared.lock().unwrap().recent.len(), 1);
     }
 }

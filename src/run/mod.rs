@@ -494,9 +494,10 @@ fn drive(
         message,
     };
     let t0 = Instant::now();
-    let sampler = start_sampler(plan, t0);
+    let sampler = start_sampler(plan, t0, records.last().map_or(0.0, |r| r.t_ms), &dir);
     let mut sink = FileSink::new(
         (metrics, records, evals),
+        plan.run.warmup_steps,
         progress,
         (counts_at_start, origin),
         &summary,
@@ -512,7 +513,7 @@ fn drive(
     // that is put right (it was marked failed, and a grid then started the cell over).
     let before_start = |mut sink: FileSink, summary: &mut Summary, message: String| {
         sink.progress.finish();
-        summary.util_source = finish_sampler(&mut sink, &dir);
+        summary.util_source = finish_sampler(&mut sink);
         drop(sink);
         match resumed_at {
             Some(step) => {
@@ -595,9 +596,9 @@ fn drive(
         dir: dir.clone(),
         message,
     };
-    summary.util_source = finish_sampler(&mut sink, &dir);
+    summary.util_source = finish_sampler(&mut sink);
     summary.wall_s += wall.elapsed().as_secs_f64();
-    record(&mut summary, &sink, plan);
+    record(&mut summary, &sink);
     record_kernels(env, &mut summary, &mut sink, &dir, resumed_at.is_some());
     let stop = ending(outcome, &mut summary, &sink);
     let summary_path = dir.join("summary.json");
@@ -741,19 +742,28 @@ fn stop_at_second_signal(
         // The lines written so far, and no more after them: the summary counts these (one
         // being written is finished first).
         crate::metrics::stop_line_writes();
-        let text = crate::metrics::read_text(d.join("metrics.jsonl")).unwrap_or_default();
-        let records: Vec<StepRecord> = JsonLines::records(&text).unwrap_or_default();
-        summary.absorb(&records, warmup);
-        match parameters.load(std::sync::atomic::Ordering::SeqCst) {
-            0 => {}
-            n => summary.parameters = n,
-        }
         // This summary is the run's start's: what the run did besides its steps, up to its
         // latest checkpoint, is in that checkpoint (the checkpoints written, the
         // evaluations), and a resume goes on from there.
         let latest = crate::checkpoint::list(&d).pop();
+        // The lines a line at a time (a long run's are hundreds of MB), and the latest
+        // checkpoint's own time on the line of its step.
+        let mut tally = crate::metrics::Tally::new(warmup);
+        let mut own_ms = 0.0;
+        let _ = JsonLines::each::<StepRecord>(&d.join("metrics.jsonl"), |r, _, _| {
+            tally.push(&r);
+            if latest.as_ref().is_some_and(|(_, s)| s.step == r.step) {
+                own_ms = r.checkpoint_ms;
+            }
+            true
+        });
+        tally.fill(&mut summary);
+        match parameters.load(std::sync::atomic::Ordering::SeqCst) {
+            0 => {}
+            n => summary.parameters = n,
+        }
         if let Some((_, state)) = &latest {
-            if let Some((n, ms)) = resume::checkpoints_up_to(state, &records) {
+            if let Some((n, ms)) = resume::checkpoints_up_to(state, own_ms) {
                 summary.checkpoints = n;
                 summary.checkpoint_ms_total = ms;
             }

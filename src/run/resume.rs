@@ -98,6 +98,16 @@ pub fn resume(
             ))
         })?;
         set_aside(&passed_over);
+        // The utilisation samples go on from the checkpoint too (they are extra: a file
+        // that cannot be cut is said, and the run goes on).
+        let samples = run_dir.join("samples.jsonl");
+        let at = records.last().map_or(0.0, |r| r.t_ms);
+        if let Err(e) = crate::sampler::cut_after(&samples, at) {
+            crate::errln!(
+                "warning: {}: {e}; its samples after the checkpoint's step are not cut, so the resumed run's follow them",
+                samples.display()
+            );
+        }
         let mut summary =
             read_summary.unwrap_or_else(|why| rebuilt_summary(run_dir, &plan, &prepared, &why));
         let evals = rewind(&mut summary, &state, &records);
@@ -853,17 +863,13 @@ fn pick_checkpoint(
 /// The checkpoints written up to `state`'s (it included) and their time, from what it
 /// recorded and its own time on the line of its step (a signal's checkpoint has none);
 /// `None` for a checkpoint of an earlier version, which recorded none.
+/// `own_ms`: the `checkpoint_ms` of the line of its step (0 where there is none).
 pub(super) fn checkpoints_up_to(
     state: &crate::checkpoint::State,
-    records: &[StepRecord],
+    own_ms: f64,
 ) -> Option<(usize, f64)> {
     let r = state.recorded.as_ref()?;
-    let own = records
-        .iter()
-        .rev()
-        .find(|r| r.step == state.step)
-        .map_or(0.0, |r| r.checkpoint_ms);
-    Some((r.checkpoints_before + 1, r.checkpoint_ms_before + own))
+    Some((r.checkpoints_before + 1, r.checkpoint_ms_before + own_ms))
 }
 
 fn rewind(
@@ -876,7 +882,12 @@ fn rewind(
         // which still reads as at its start: what it did is in the checkpoint's state and
         // the lines kept, the checkpoint's own time on the line of its step (a signal's
         // checkpoint has none).
-        match checkpoints_up_to(state, records) {
+        let own_ms = records
+            .iter()
+            .rev()
+            .find(|r| r.step == state.step)
+            .map_or(0.0, |r| r.checkpoint_ms);
+        match checkpoints_up_to(state, own_ms) {
             Some((n, ms)) => {
                 summary.checkpoints = n;
                 summary.checkpoint_ms_total = ms;

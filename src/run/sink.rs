@@ -3,13 +3,15 @@
 //! written into the summary at the end.
 
 use super::*;
+use crate::metrics::Tally;
 
 /// Writes metrics lines as they come, keeps them for the summary, drives the progress bar.
 pub(super) struct FileSink {
     metrics: JsonLines,
     /// Taken (and stopped) when the loop ends.
     pub(super) sampler: Option<Sampler>,
-    records: Vec<StepRecord>,
+    /// The run's figures so far, from its steps (not the steps themselves: see `Tally`).
+    tally: Tally,
     evals: Vec<EvalRecord>,
     /// The model's trainable parameters, once it is built; shared with what a second
     /// signal writes (see `stop_at_second_signal`).
@@ -128,7 +130,7 @@ impl Sink for FileSink {
         }
         self.event(r.step, &Self::scalars(r));
         self.progress.step(r);
-        self.records.push(r.clone());
+        self.tally.push(r);
     }
     fn eval(&mut self, e: &EvalRecord) {
         self.progress.eval(e);
@@ -144,8 +146,7 @@ impl Sink for FileSink {
         );
     }
     fn epoch_end(&mut self, epoch: usize, held: Option<&StepRecord>, cut_short: Option<&str>) {
-        self.progress
-            .epoch_end(epoch, &self.records, held, cut_short);
+        self.progress.epoch_end(epoch, held, cut_short);
     }
     fn phase(&mut self, what: &str) {
         self.progress.phase(what);
@@ -260,22 +261,28 @@ impl Sink for FileSink {
 
 impl FileSink {
     /// A sink continuing what `summary` and the metrics `records` already hold (a resumed
-    /// run), or starting empty.
+    /// run), or starting empty. `warmup_steps`: the plan's.
     pub(super) fn new(
         (metrics, records, evals): (JsonLines, Vec<StepRecord>, Vec<EvalRecord>),
-        progress: Progress,
+        warmup_steps: u64,
+        mut progress: Progress,
         (counts_at_start, origin): (KernelCounts, Instant),
         summary: &Summary,
         quiet: bool,
         sampler: Sampler,
     ) -> Self {
         *THIS_PROCESS.lock().unwrap_or_else(|e| e.into_inner()) = Evaluated::default();
+        let mut tally = Tally::new(warmup_steps);
+        for r in &records {
+            tally.push(r);
+            progress.seen(r);
+        }
         FileSink {
             metrics,
             sampler: Some(sampler),
             lines: records.len() as u64,
             t_offset_ms: records.last().map_or(0.0, |r| r.t_ms),
-            records,
+            tally,
             evals,
             parameters: Arc::default(),
             progress,
@@ -321,8 +328,10 @@ pub(super) fn evaluated() -> Evaluated {
         .clone()
 }
 
-/// The utilisation sampler of the run's device (NVML on CUDA, /proc on the CPU).
-pub(super) fn start_sampler(plan: &Plan, t0: Instant) -> Sampler {
+/// The utilisation sampler of the run's device (NVML on CUDA, /proc on the CPU), writing
+/// to `samples.jsonl` in `dir` on the run's clock: from `t0`, after the `offset_ms` of a
+/// resumed run's kept metrics lines.
+pub(super) fn start_sampler(plan: &Plan, t0: Instant, offset_ms: f64, dir: &Path) -> Sampler {
     let source = match plan.device {
         Device::Cuda(i) => UtilSource::Nvml(i as u32),
         // No utilisation counter for a WebGPU adapter: the process's CPU use is recorded
@@ -330,7 +339,12 @@ pub(super) fn start_sampler(plan: &Plan, t0: Instant) -> Sampler {
         Device::Cpu | Device::Wgpu(_) => UtilSource::Proc,
     };
     let interval = std::time::Duration::from_millis(plan.profile.sample_ms);
-    Sampler::start(source, interval, t0)
+    let to = crate::sampler::SampleTo {
+        t0,
+        offset_ms,
+        file: Some(dir.join("samples.jsonl")),
+    };
+    Sampler::start(source, interval, to)
 }
 
 /// `metrics.csv` and the TensorBoard event file, opened before the first step so a bad
@@ -358,9 +372,22 @@ pub(super) fn open_exports(
         } else {
             JsonLines::create(&path).and_then(|mut f| {
                 f.write_line(StepRecord::csv_header())?;
-                for r in &sink.records {
-                    f.write_line(r.csv_row())?;
-                }
+                let mut written = Ok(());
+                let lines = sink.lines as usize;
+                let read = JsonLines::each::<StepRecord>(&dir.join("metrics.jsonl"), |r, n, _| {
+                    if n > lines {
+                        return false;
+                    }
+                    written = f.write_line(r.csv_row());
+                    written.is_ok()
+                });
+                written?;
+                read.map_err(|e| match e {
+                    crate::metrics::Each::Io(e) => e,
+                    crate::metrics::Each::Line(n, e) => {
+                        std::io::Error::other(format!("metrics.jsonl line {n}: {e}"))
+                    }
+                })?;
                 Ok(f)
             })
         };
@@ -378,31 +405,25 @@ pub(super) fn open_exports(
     Ok(())
 }
 
-/// Stops the sampler and writes its samples to `samples.jsonl`; returns its status.
-pub(super) fn finish_sampler(sink: &mut FileSink, dir: &Path) -> String {
+/// Stops the sampler (its samples are in `samples.jsonl` as they were taken); returns its
+/// status.
+pub(super) fn finish_sampler(sink: &mut FileSink) -> String {
     let sampler = sink.sampler.take().expect("the sampler runs until here");
     let status = sampler.status.clone();
-    let samples = sampler.finish();
-    if !samples.is_empty() {
-        let path = dir.join("samples.jsonl");
-        let written =
-            JsonLines::append(&path).and_then(|mut f| samples.iter().try_for_each(|s| f.write(s)));
-        // The raw samples are extra: the steps' figures already hold their windows, so a
-        // run that trained is not failed for them (a completed run was, and `report` and
-        // `resume` then had nothing to say of it).
-        if let Err(e) = written {
-            crate::errln!(
-                "warning: cannot write {}: {e}; the utilisation samples are not kept (each step's figures in metrics.jsonl are)",
-                path.display()
-            );
-        }
+    // The raw samples are extra: the steps' figures already hold their windows, so a
+    // run that trained is not failed for them (a completed run was, and `report` and
+    // `resume` then had nothing to say of it).
+    if let Some(e) = sampler.finish().error {
+        crate::errln!(
+            "warning: cannot write {e}; the utilisation samples from then on are not kept (each step's figures in metrics.jsonl are)"
+        );
     }
     status
 }
 
 /// What the sink saw, into the summary.
-pub(super) fn record(summary: &mut Summary, sink: &FileSink, plan: &Plan) {
-    summary.absorb(&sink.records, plan.run.warmup_steps);
+pub(super) fn record(summary: &mut Summary, sink: &FileSink) {
+    sink.tally.fill(summary);
     summary.parameters = sink.parameters.load(std::sync::atomic::Ordering::SeqCst);
     summary.evals = sink.evals.clone();
     summary.test_accuracy = sink.evals.last().map(|e| e.accuracy);

@@ -2228,3 +2228,81 @@ fn flip_a_tensor_byte(path: &Path) {
     bytes[at] ^= 0x40;
     std::fs::write(path, &bytes).unwrap();
 }
+
+/// The utilisation samples are written as they are taken: a run killed outright (kill -9)
+/// keeps those up to its end (it lost them all: they were written at the run's end). And
+/// they are on the run's clock, as its metrics lines: a resume cuts those after its
+/// checkpoint's step and goes on from that step's time (a resumed process's samples
+/// started from 0 again, so that no resumed step's window held any, and each took the
+/// latest sample instead of the mean of those taken while it ran).
+#[test]
+fn samples_are_kept_as_taken_and_a_resume_goes_on_with_the_run_s_clock() {
+    let dir = tempdir("samples-resume");
+    let recipe = long_recipe(
+        &dir,
+        "r",
+        "[checkpoint]\nevery = 5\n[profile]\nsample_ms = 5\n",
+    );
+    let out = kill_after(
+        &[recipe.as_os_str(), "-q".as_ref()],
+        &dir.join("runs"),
+        12,
+        "-KILL",
+    );
+    assert_eq!(out.status.code(), None, "killed by a signal");
+    let run = only_run(&dir.join("runs/r"));
+    let times = |run: &Path| -> Vec<runner::sampler::Sample> {
+        std::fs::read_to_string(run.join("samples.jsonl"))
+            .unwrap()
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect()
+    };
+    let before = times(&run);
+    let lines = records(&run);
+    assert!(
+        before.len() >= 10 && before[0].t_ms < lines[0].t_ms,
+        "{} samples before the kill",
+        before.len()
+    );
+    let (_, state) = runner::checkpoint::latest(&run).expect("a checkpoint every 5 steps");
+    let at = lines[state.step as usize - 1].t_ms;
+    let kept = before.iter().take_while(|s| s.t_ms <= at).count();
+    let out = resume_quietly(&run);
+    expect_exit(&out, 0);
+    let after = times(&run);
+    assert_eq!(
+        after[..kept],
+        before[..kept],
+        "the samples up to the checkpoint's step"
+    );
+    assert!(after[kept].t_ms > at, "{} after {at}", after[kept].t_ms);
+    assert!(after.windows(2).all(|w| w[0].t_ms < w[1].t_ms));
+    // Each resumed step that samples were taken during has their mean (of those taken
+    // before its line was written: the last may come as it is written).
+    let mut checked = 0;
+    for r in records(&run).iter().filter(|r| r.step > state.step) {
+        let inside: Vec<f64> = after
+            .iter()
+            .filter(|s| s.t_ms > r.t_ms - r.iter_ms && s.t_ms <= r.t_ms)
+            .filter_map(|s| s.cpu_util_pct)
+            .collect();
+        if inside.is_empty() {
+            continue;
+        }
+        let got = r.cpu_util_pct.expect("a reading");
+        let means: Vec<f64> = (1..=inside.len())
+            .map(|k| inside[..k].iter().sum::<f64>() / k as f64)
+            .collect();
+        assert!(
+            means
+                .iter()
+                .any(|m| (got - m).abs() <= 1e-9 * m.abs().max(1.0)),
+            "step {}: {got}, not a mean of the samples taken while it ran: {inside:?}",
+            r.step
+        );
+        checked += 1;
+    }
+    assert!(checked >= 20, "{checked} steps checked");
+    let _ = std::fs::remove_dir_all(&dir);
+}
