@@ -531,6 +531,18 @@ impl EpochTally {
         }
     }
 
+    /// A step into the tally of its epoch: a later epoch's starts the tally over, an
+    /// earlier one's is not taken (its line is out: its last step, held for the
+    /// checkpoint at the epoch's end, is in it already).
+    pub fn take(&mut self, r: &StepRecord, warmup_steps: u64) {
+        if r.epoch > self.epoch {
+            *self = EpochTally::new(r.epoch);
+        }
+        if r.epoch == self.epoch {
+            self.push(r, warmup_steps);
+        }
+    }
+
     pub fn push(&mut self, r: &StepRecord, warmup_steps: u64) {
         self.steps += 1;
         self.loss += r.loss * r.samples as f64;
@@ -782,6 +794,31 @@ impl Summary {
     }
 }
 
+/// Reads the whole lines of a file, a line at a time, up to `most` of them or until
+/// `go_on` returns `false` for one (given each line, its newline included); returns how
+/// many lines it read and the byte after the last. A last line without its newline is
+/// not one.
+pub fn whole_lines(
+    path: &Path,
+    most: u64,
+    mut go_on: impl FnMut(&[u8]) -> bool,
+) -> std::io::Result<(u64, u64)> {
+    use std::io::BufRead as _;
+    let file = open_regular(path, false)?;
+    let mut reader = std::io::BufReader::with_capacity(1 << 16, file);
+    let (mut line, mut n, mut end) = (vec![], 0u64, 0u64);
+    while n < most {
+        line.clear();
+        let read = reader.read_until(b'\n', &mut line)?;
+        if read == 0 || line.last() != Some(&b'\n') || !go_on(&line) {
+            break;
+        }
+        n += 1;
+        end += read as u64;
+    }
+    Ok((n, end))
+}
+
 /// Why [`JsonLines::each`] stopped short.
 #[derive(Debug)]
 pub enum Each {
@@ -928,47 +965,56 @@ impl JsonLines {
         Ok(records)
     }
 
-    /// Keeps the first `keep` lines of `path` (a resumed run continues after them), reads
-    /// them back, and opens the file to append. Fewer lines than `keep` is an error.
+    /// Keeps the first `keep` lines of `path` (a resumed run continues after them), gives
+    /// each to `f` as it reads them (a line at a time: a long run's are hundreds of MB,
+    /// which were read whole and kept), and opens the file to append. Fewer lines than
+    /// `keep` is an error.
     pub fn reopen<T: serde::de::DeserializeOwned>(
         path: &Path,
         keep: u64,
-    ) -> std::io::Result<(Self, Vec<T>)> {
-        let text = read_utf8(path)?;
-        let mut records = vec![];
-        let mut end = 0;
-        for (i, line) in text.split_inclusive('\n').take(keep as usize).enumerate() {
-            let r = serde_json::from_str(line.trim_end()).map_err(|e| {
-                std::io::Error::new(
-                    std::io::ErrorKind::InvalidData,
-                    format!("line {}: {e}", i + 1),
-                )
+        mut f: impl FnMut(T),
+    ) -> std::io::Result<Self> {
+        use std::io::BufRead as _;
+        let bad = |why: String| std::io::Error::new(std::io::ErrorKind::InvalidData, why);
+        let file = open_regular(path, false)?;
+        let mut reader = std::io::BufReader::with_capacity(1 << 16, file);
+        let (mut line, mut n, mut end) = (vec![], 0u64, 0u64);
+        while n < keep {
+            line.clear();
+            let read = reader.read_until(b'\n', &mut line)?;
+            if read == 0 {
+                break;
+            }
+            let text = std::str::from_utf8(&line).map_err(|e| {
+                bad(format!(
+                    "line {}, column {} is not UTF-8 text (byte 0x{:02x})",
+                    n + 1,
+                    1 + String::from_utf8_lossy(&line[..e.valid_up_to()])
+                        .chars()
+                        .count(),
+                    line[e.valid_up_to()]
+                ))
             })?;
-            records.push(r);
-            end += line.len();
+            let r = serde_json::from_str(text.trim_end())
+                .map_err(|e| bad(format!("line {}: {e}", n + 1)))?;
+            f(r);
+            n += 1;
+            end += read as u64;
         }
-        if (records.len() as u64) < keep {
-            return Err(std::io::Error::new(
-                std::io::ErrorKind::InvalidData,
-                format!("has {} lines, the checkpoint expects {keep}", records.len()),
-            ));
+        if n < keep {
+            return Err(bad(format!("has {n} lines, the checkpoint expects {keep}")));
         }
         let file = std::fs::OpenOptions::new().write(true).open(path)?;
-        file.set_len(end as u64)?;
+        file.set_len(end)?;
         drop(file);
-        Ok((Self::append(path)?, records))
+        Self::append(path)
     }
 
     /// Keeps the first `keep` lines of `path` as they are and opens it to append.
     pub fn reopen_raw(path: &Path, keep: u64) -> std::io::Result<Self> {
-        let text = crate::metrics::read_text(path)?;
-        let end: usize = text
-            .split_inclusive('\n')
-            .take(keep as usize)
-            .map(str::len)
-            .sum();
+        let (_, end) = whole_lines(path, keep, |_| true)?;
         let file = std::fs::OpenOptions::new().write(true).open(path)?;
-        file.set_len(end as u64)?;
+        file.set_len(end)?;
         drop(file);
         Self::append(path)
     }

@@ -451,21 +451,13 @@ impl Progress {
         self.line(line);
     }
 
-    /// A step into its epoch's line, shown nowhere else (a resumed run's steps before its
-    /// checkpoint, in the epoch it goes on with).
-    pub fn seen(&mut self, r: &StepRecord) {
-        // A step of an epoch whose line is out (its last, held for the checkpoint at the
-        // epoch's end) is in that line already.
-        if r.epoch > self.epoch.epoch {
-            self.epoch = crate::metrics::EpochTally::new(r.epoch);
-        }
-        if r.epoch == self.epoch.epoch {
-            self.epoch.push(r, self.warmup_steps);
-        }
+    /// The steps a resumed run kept of the epoch it goes on with, for that epoch's line.
+    pub fn continue_epoch(&mut self, steps: crate::metrics::EpochTally) {
+        self.epoch = steps;
     }
 
     pub fn step(&mut self, r: &StepRecord) {
-        self.seen(r);
+        self.epoch.take(r, self.warmup_steps);
         if let Some(l) = &mut self.step_lines {
             let now = std::time::Instant::now();
             let (t0, s0) = *l.from.get_or_insert((now, r.step));

@@ -294,9 +294,48 @@ struct Files {
     env: Environment,
     summary: Summary,
     metrics: JsonLines,
-    records: Vec<StepRecord>,
+    kept: Kept,
     evals: Vec<EvalRecord>,
     resume: Option<(PathBuf, crate::checkpoint::State)>,
+}
+
+/// What a run goes on from of its metrics lines (a resumed run's, up to its checkpoint;
+/// a new run's, none), taken a line at a time: the lines of a long run are hundreds of
+/// MB, which a resume read whole and kept as records (~500 bytes a line) to the end.
+pub(super) struct Kept {
+    warmup_steps: u64,
+    pub lines: u64,
+    /// The last line's time: the run's clock goes on from it.
+    pub t_ms: f64,
+    /// The run's figures so far.
+    pub tally: crate::metrics::Tally,
+    /// The steps of the last line's epoch, for that epoch's line.
+    pub epoch: crate::metrics::EpochTally,
+    /// The lines that wrote a checkpoint: their step and its time.
+    pub checkpoints: Vec<(u64, f64)>,
+}
+
+impl Kept {
+    pub fn new(warmup_steps: u64) -> Self {
+        Kept {
+            warmup_steps,
+            lines: 0,
+            t_ms: 0.0,
+            tally: crate::metrics::Tally::new(warmup_steps),
+            epoch: Default::default(),
+            checkpoints: vec![],
+        }
+    }
+
+    pub fn push(&mut self, r: &StepRecord) {
+        self.lines += 1;
+        self.t_ms = r.t_ms;
+        self.tally.push(r);
+        self.epoch.take(r, self.warmup_steps);
+        if r.checkpoint_ms > 0.0 {
+            self.checkpoints.push((r.step, r.checkpoint_ms));
+        }
+    }
 }
 
 /// Runs a validated plan. Data errors come back before anything is written.
@@ -448,7 +487,7 @@ fn execute_here(plan: &Plan, opts: &RunOptions) -> Result<Finished, RunError> {
         env,
         summary,
         metrics,
-        records: vec![],
+        kept: Kept::new(plan.run.warmup_steps),
         evals: vec![],
         resume: None,
     };
@@ -485,7 +524,7 @@ fn drive(
         env,
         mut summary,
         metrics,
-        records,
+        kept,
         evals,
         resume,
     } = files;
@@ -494,10 +533,9 @@ fn drive(
         message,
     };
     let t0 = Instant::now();
-    let sampler = start_sampler(plan, t0, records.last().map_or(0.0, |r| r.t_ms), &dir);
+    let sampler = start_sampler(plan, t0, kept.t_ms, &dir);
     let mut sink = FileSink::new(
-        (metrics, records, evals),
-        plan.run.warmup_steps,
+        (metrics, kept, evals),
         progress,
         (counts_at_start, origin),
         &summary,

@@ -90,7 +90,10 @@ pub fn resume(
             }
         }
         // Nothing is written yet: a metrics file that cannot be continued is bad input.
-        let (metrics, records) = JsonLines::reopen::<StepRecord>(&metrics_path, state.metrics_lines)
+        let mut kept = super::Kept::new(plan.run.warmup_steps);
+        let metrics = JsonLines::reopen(&metrics_path, state.metrics_lines, |r: StepRecord| {
+            kept.push(&r)
+        })
         .map_err(|e| {
             input(format!(
                 "error: {}: {e}\n  = help: metrics.jsonl is written by runner; restore it (the run cannot continue without the lines up to its checkpoint)",
@@ -101,8 +104,7 @@ pub fn resume(
         // The utilisation samples go on from the checkpoint too (they are extra: a file
         // that cannot be cut is said, and the run goes on).
         let samples = run_dir.join("samples.jsonl");
-        let at = records.last().map_or(0.0, |r| r.t_ms);
-        if let Err(e) = crate::sampler::cut_after(&samples, at) {
+        if let Err(e) = crate::sampler::cut_after(&samples, kept.t_ms) {
             crate::errln!(
                 "warning: {}: {e}; its samples after the checkpoint's step are not cut, so the resumed run's follow them",
                 samples.display()
@@ -110,7 +112,7 @@ pub fn resume(
         }
         let mut summary =
             read_summary.unwrap_or_else(|why| rebuilt_summary(run_dir, &plan, &prepared, &why));
-        let evals = rewind(&mut summary, &state, &records);
+        let evals = rewind(&mut summary, &state, &kept);
         summary.best_weights_sha256 = best_weights_at(run_dir, &state);
         if let Some((t, made)) = tokenizer {
             restore_tokenizer(run_dir, t, made, &mut summary).map_err(fail)?;
@@ -133,7 +135,7 @@ pub fn resume(
             env,
             summary,
             metrics,
-            records,
+            kept,
             evals,
             resume: Some((ckpt_dir, state)),
         };
@@ -782,17 +784,24 @@ fn pick_checkpoint(
     metrics_path: &Path,
 ) -> (Option<(PathBuf, crate::checkpoint::State)>, Vec<Unusable>) {
     // Whole lines only: a last line cut short (a crash mid-write, a copy cut off) is not
-    // one, so a checkpoint that needs it gives way to the one before it.
-    let text = crate::metrics::read_regular(metrics_path).unwrap_or_default();
-    let whole: Vec<&[u8]> = match text.iter().rposition(|&b| b == b'\n') {
-        Some(end) => text[..end].split(|&b| b == b'\n').collect(),
-        None => vec![],
-    };
-    let lines = whole.len() as u64;
+    // one, so a checkpoint that needs it gives way to the one before it. Where each
+    // starts (8 bytes a line; the file was read whole, hundreds of MB for a long run), to
+    // read back the few the checkpoints name.
+    let mut starts = vec![0u64];
+    let _ = crate::metrics::whole_lines(metrics_path, u64::MAX, |l| {
+        starts.push(starts.last().copied().unwrap_or(0) + l.len() as u64);
+        true
+    });
+    let lines = starts.len() as u64 - 1;
+    let file = crate::metrics::open_regular(metrics_path, false).ok();
     // The step of line `i` (0-based), if it is a metrics line.
     let step_at = |i: u64| -> Option<u64> {
-        let line = whole.get(usize::try_from(i).ok()?)?;
-        serde_json::from_slice::<serde_json::Value>(line)
+        use std::os::unix::fs::FileExt as _;
+        let i = usize::try_from(i).ok()?;
+        let (from, to) = (*starts.get(i)?, *starts.get(i + 1)?);
+        let mut line = vec![0; usize::try_from(to - from).ok()?];
+        file.as_ref()?.read_exact_at(&mut line, from).ok()?;
+        serde_json::from_slice::<serde_json::Value>(&line)
             .ok()?
             .get("step")?
             .as_u64()
@@ -857,9 +866,6 @@ fn pick_checkpoint(
     (chosen, unusable)
 }
 
-/// The summary as it was at the checkpoint, marked running again in this process;
-/// returns the test evaluations up to the checkpoint. `records` are the metrics lines
-/// kept (up to the checkpoint).
 /// The checkpoints written up to `state`'s (it included) and their time, from what it
 /// recorded and its own time on the line of its step (a signal's checkpoint has none);
 /// `None` for a checkpoint of an earlier version, which recorded none.
@@ -872,21 +878,25 @@ pub(super) fn checkpoints_up_to(
     Some((r.checkpoints_before + 1, r.checkpoint_ms_before + own_ms))
 }
 
+/// The summary as it was at the checkpoint, marked running again in this process;
+/// returns the test evaluations up to the checkpoint. `kept`: the metrics lines kept (up
+/// to the checkpoint).
 fn rewind(
     summary: &mut Summary,
     state: &crate::checkpoint::State,
-    records: &[StepRecord],
+    kept: &super::Kept,
 ) -> Vec<EvalRecord> {
     if summary.status == RunStatus::Running {
         // The process died (kill -9, out of memory, a lost node) before its last summary,
         // which still reads as at its start: what it did is in the checkpoint's state and
         // the lines kept, the checkpoint's own time on the line of its step (a signal's
         // checkpoint has none).
-        let own_ms = records
+        let own_ms = kept
+            .checkpoints
             .iter()
             .rev()
-            .find(|r| r.step == state.step)
-            .map_or(0.0, |r| r.checkpoint_ms);
+            .find(|c| c.0 == state.step)
+            .map_or(0.0, |c| c.1);
         match checkpoints_up_to(state, own_ms) {
             Some((n, ms)) => {
                 summary.checkpoints = n;
@@ -894,16 +904,12 @@ fn rewind(
             }
             // Checkpoints of earlier versions: the lines' checkpoint times.
             None => {
-                let written: Vec<f64> = records
-                    .iter()
-                    .map(|r| r.checkpoint_ms)
-                    .filter(|&ms| ms > 0.0)
-                    .collect();
+                let written: Vec<f64> = kept.checkpoints.iter().map(|c| c.1).collect();
                 summary.checkpoints = written.len();
                 summary.checkpoint_ms_total = written.iter().sum();
             }
         }
-        let trained_s = records.last().map_or(0.0, |r| r.t_ms / 1e3);
+        let trained_s = kept.t_ms / 1e3;
         summary.wall_s = summary.wall_s.max(trained_s);
     }
     // The evaluations up to the checkpoint, from the checkpoint itself where it has them:

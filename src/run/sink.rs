@@ -260,11 +260,10 @@ impl Sink for FileSink {
 }
 
 impl FileSink {
-    /// A sink continuing what `summary` and the metrics `records` already hold (a resumed
-    /// run), or starting empty. `warmup_steps`: the plan's.
+    /// A sink continuing what `summary` and the metrics lines `kept` already hold (a
+    /// resumed run), or starting empty.
     pub(super) fn new(
-        (metrics, records, evals): (JsonLines, Vec<StepRecord>, Vec<EvalRecord>),
-        warmup_steps: u64,
+        (metrics, kept, evals): (JsonLines, super::Kept, Vec<EvalRecord>),
         mut progress: Progress,
         (counts_at_start, origin): (KernelCounts, Instant),
         summary: &Summary,
@@ -272,16 +271,13 @@ impl FileSink {
         sampler: Sampler,
     ) -> Self {
         *THIS_PROCESS.lock().unwrap_or_else(|e| e.into_inner()) = Evaluated::default();
-        let mut tally = Tally::new(warmup_steps);
-        for r in &records {
-            tally.push(r);
-            progress.seen(r);
-        }
+        progress.continue_epoch(kept.epoch);
+        let tally = kept.tally;
         FileSink {
             metrics,
             sampler: Some(sampler),
-            lines: records.len() as u64,
-            t_offset_ms: records.last().map_or(0.0, |r| r.t_ms),
+            lines: kept.lines,
+            t_offset_ms: kept.t_ms,
             tally,
             evals,
             parameters: Arc::default(),
@@ -362,11 +358,14 @@ pub(super) fn open_exports(
         // line kept; else written again whole from metrics.jsonl: an older version's
         // columns, or rows missing (a write to it failed where metrics.jsonl's did not, a
         // copy cut short), which it went on after without a word.
+        let header = StepRecord::csv_header() + "\n";
+        // (Read a line at a time, as far as needed: a long run's is hundreds of MB.)
+        let lines = |most, first: &dyn Fn(&[u8]) -> bool| {
+            crate::metrics::whole_lines(&path, most, first).is_ok_and(|(n, _)| n == most)
+        };
         let continues = resumed_at.is_some()
-            && std::fs::read_to_string(&path).is_ok_and(|t| {
-                t.lines().next() == Some(StepRecord::csv_header().as_str())
-                    && t.matches('\n').count() as u64 > sink.lines
-            });
+            && lines(1, &|l| l == header.as_bytes())
+            && lines(sink.lines + 1, &|_| true);
         let opened = if continues {
             JsonLines::reopen_raw(&path, sink.lines + 1)
         } else {
