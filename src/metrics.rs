@@ -361,6 +361,7 @@ fn add_count(total: &mut Option<u64>, x: Option<u64>) {
 /// What the timed figures take from a set of steps.
 #[derive(Debug, Clone, Default)]
 struct Timed {
+    steps: usize,
     columns: Columns,
     samples: usize,
     real_tokens: Option<u64>,
@@ -372,8 +373,11 @@ struct Timed {
 }
 
 impl Timed {
-    fn push(&mut self, r: &StepRecord) {
-        self.columns.push(r);
+    fn push(&mut self, r: &StepRecord, times: bool) {
+        self.steps += 1;
+        if times {
+            self.columns.push(r);
+        }
         self.samples = self.samples.saturating_add(r.samples);
         add_count(&mut self.real_tokens, r.real_tokens);
         add_count(&mut self.padded_tokens, r.padded_tokens);
@@ -384,13 +388,16 @@ impl Timed {
     }
 }
 
-/// A run's figures from its steps, taken one at a time as they come (from the training
-/// loop, or from `metrics.jsonl` a line at a time), without keeping them: the run kept
-/// every step's record to the end (a million steps: 360 MB, which its own `rss_bytes`
-/// then counted as the run's memory), and `report` every run's. What a step adds is
-/// its times (64 bytes) where it is timed; [`Summary::absorb`] is this over a slice.
+/// A run's figures from its steps, taken one at a time (from `metrics.jsonl` a line at a
+/// time: [`Tally::read`]), without keeping them: the run kept every step's record to the
+/// end (a million steps: 500 MB, which its own `rss_bytes` then counted as the run's
+/// memory), and `report` every run's. What a step adds is its times (64 bytes) where it
+/// is timed, for the exact medians; [`Summary::absorb`] is this over a slice. One made
+/// [`Tally::counting`] keeps no times: its medians are of no step.
 #[derive(Debug, Clone, Default)]
 pub struct Tally {
+    /// Whether the timed steps' times are kept.
+    times: bool,
     warmup_steps: u64,
     steps: u64,
     samples: u64,
@@ -416,9 +423,28 @@ pub struct Tally {
 impl Tally {
     pub fn new(warmup_steps: u64) -> Self {
         Tally {
+            times: true,
             warmup_steps,
             ..Default::default()
         }
+    }
+
+    /// A tally without the steps' times: its counts, sums, peaks and means only.
+    pub fn counting(warmup_steps: u64) -> Self {
+        Tally {
+            times: false,
+            ..Tally::new(warmup_steps)
+        }
+    }
+
+    /// The tally of a `metrics.jsonl`, read a line at a time.
+    pub fn read(path: &Path, warmup_steps: u64) -> Result<Self, Each> {
+        let mut tally = Tally::new(warmup_steps);
+        JsonLines::each::<StepRecord>(path, |r, _, _| {
+            tally.push(&r);
+            true
+        })?;
+        Ok(tally)
     }
 
     pub fn push(&mut self, r: &StepRecord) {
@@ -437,13 +463,13 @@ impl Tally {
         self.peak_rss_bytes = self.peak_rss_bytes.max(r.rss_bytes);
         add_count(&mut self.real_tokens, r.real_tokens);
         add_count(&mut self.padded_tokens, r.padded_tokens);
-        if r.synced {
+        if r.synced && self.times {
             self.synced.push(r);
         }
         if r.step > self.warmup_steps && !r.rewarm {
             match r.synced {
-                false => self.unsynced.push(r),
-                true => self.synced_after.push(r),
+                false => self.unsynced.push(r, self.times),
+                true => self.synced_after.push(r, self.times),
             }
         }
     }
@@ -460,9 +486,9 @@ impl Tally {
         s.steps = self.steps;
         s.samples = self.samples;
         s.final_loss = self.final_loss;
-        let timed = match self.unsynced.columns.iter_ms.is_empty() {
-            false => &self.unsynced,
-            true => &self.synced_after,
+        let timed = match self.unsynced.steps {
+            0 => &self.synced_after,
+            _ => &self.unsynced,
         };
         let c = &timed.columns;
         s.iter_ms = Stats::of(&c.iter_ms);
@@ -825,6 +851,15 @@ pub enum Each {
     Io(std::io::Error),
     /// The line (from 1) that is not a record, and why.
     Line(usize, serde_json::Error),
+}
+
+impl std::fmt::Display for Each {
+    fn fmt(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        match self {
+            Each::Io(e) => write!(f, "{e}"),
+            Each::Line(n, e) => write!(f, "line {n}: {e}"),
+        }
+    }
 }
 
 /// An append-only JSON-lines file; every record is written whole and flushed.
@@ -1543,5 +1578,37 @@ mod tests {
         assert_eq!(e.median_ms(), (11.0, false));
         assert_eq!(e.steps, 5);
         assert!((e.mean_loss() - (2.0 * 64.0 + 72.0) / 136.0).abs() < 1e-12);
+    }
+
+    /// A counting tally (what a run keeps while it trains, for a summary whose lines
+    /// cannot be read back) has the full tally's counts, sums and peaks, and no times.
+    #[test]
+    fn a_counting_tally_has_the_counts_and_no_times() {
+        let recs: Vec<StepRecord> = (1..=6)
+            .map(|step| StepRecord {
+                step,
+                samples: 10,
+                iter_ms: step as f64,
+                cleanup_ms: 0.5,
+                rss_bytes: Some(step * 100),
+                loss: 1.0 / step as f64,
+                ..Default::default()
+            })
+            .collect();
+        let (mut full, mut counting) = (Tally::new(2), Tally::counting(2));
+        for r in &recs {
+            full.push(r);
+            counting.push(r);
+        }
+        let (mut a, mut b) = (Summary::default(), Summary::default());
+        full.fill(&mut a);
+        counting.fill(&mut b);
+        assert_eq!((a.steps, a.samples, a.iter_ms.count), (6, 60, 4));
+        assert_eq!((b.steps, b.samples, b.iter_ms.count), (6, 60, 0));
+        assert_eq!(
+            (b.final_loss, b.cleanup_ms_total, b.peak_rss_bytes),
+            (a.final_loss, a.cleanup_ms_total, a.peak_rss_bytes)
+        );
+        assert!(b.phases.is_none() && b.iter_ms.median.is_nan());
     }
 }

@@ -307,7 +307,7 @@ pub(super) struct Kept {
     pub lines: u64,
     /// The last line's time: the run's clock goes on from it.
     pub t_ms: f64,
-    /// The run's figures so far.
+    /// The run's counts so far (see `sink::record`).
     pub tally: crate::metrics::Tally,
     /// The steps of the last line's epoch, for that epoch's line.
     pub epoch: crate::metrics::EpochTally,
@@ -321,7 +321,7 @@ impl Kept {
             warmup_steps,
             lines: 0,
             t_ms: 0.0,
-            tally: crate::metrics::Tally::new(warmup_steps),
+            tally: crate::metrics::Tally::counting(warmup_steps),
             epoch: Default::default(),
             checkpoints: vec![],
         }
@@ -636,7 +636,12 @@ fn drive(
     };
     summary.util_source = finish_sampler(&mut sink);
     summary.wall_s += wall.elapsed().as_secs_f64();
-    record(&mut summary, &sink);
+    record(
+        &mut summary,
+        &sink,
+        &dir.join("metrics.jsonl"),
+        plan.run.warmup_steps,
+    );
     record_kernels(env, &mut summary, &mut sink, &dir, resumed_at.is_some());
     let stop = ending(outcome, &mut summary, &sink);
     let summary_path = dir.join("summary.json");

@@ -1766,3 +1766,35 @@ fn batches_ahead_are_counted_up_to_an_epoch_s() {
         "{stderr}"
     );
 }
+
+/// The summary's step figures are read back from `metrics.jsonl` at the run's end (the
+/// run keeps no step's times meanwhile): where that file cannot be read then (here a
+/// folder took its name; the run goes on writing to the file it opened), the summary
+/// still counts the run's steps and says its times are missing, with a warning; the run
+/// completes.
+#[test]
+fn a_summary_whose_lines_cannot_be_read_back_keeps_the_counts() {
+    let dir = tempdir("lines-gone");
+    let cmd = long_synthetic(&dir, "linesgone", "", &[]);
+    let (child, run) = started(cmd, &dir.join("runs"));
+    let metrics = run.join("metrics.jsonl");
+    std::fs::rename(&metrics, run.join("moved.jsonl")).unwrap();
+    std::fs::create_dir(&metrics).unwrap();
+    let out = child.wait_with_output().unwrap();
+    expect_exit(&out, 0);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains(&format!("warning: cannot read back {}", metrics.display()))
+            && stderr.contains("without its step times"),
+        "{stderr}"
+    );
+    let s = summary(&run);
+    let lines = std::fs::read_to_string(run.join("moved.jsonl"))
+        .unwrap()
+        .lines()
+        .count() as u64;
+    assert_eq!(s.status, RunStatus::Completed, "{s:?}");
+    assert_eq!((s.steps, s.iter_ms.count), (lines, 0), "{s:?}");
+    assert!(s.samples > 0 && s.final_loss.is_some(), "{s:?}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
