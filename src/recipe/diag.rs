@@ -233,7 +233,10 @@ pub fn did_you_mean<'a>(word: &str, candidates: &[&'a str]) -> Option<&'a str> {
 
 /// The key of `keys` a mistyped or misremembered `word` most likely meant: a typo of it
 /// (`wokers`), its initials (`wd` for `weight_decay`), or a key that holds it whole
-/// (`warmup_steps` in `lr_warmup_steps`, `warmup` in `warmup_steps`). Two letters are too
+/// (`warmup_steps` in `lr_warmup_steps`, `warmup` in `warmup_steps`), or a key it holds
+/// as a word with a qualifier before or after (`samples` in `train_samples`, `epochs` in
+/// `max_epochs`: other tools' names; by distance alone `train_samples` was
+/// `test_samples`, and `max_epochs` `max_steps`). Two letters are too
 /// few to tell a typo by distance (`wd` is 2 from `lr`): there only a swap counts.
 pub fn near_key<'a>(word: &str, keys: &[&'a str]) -> Option<&'a str> {
     near_key_by(word, keys).map(|(k, _)| k)
@@ -266,7 +269,19 @@ pub fn near_key_by<'a>(word: &str, keys: &[&'a str]) -> Option<(&'a str, bool)> 
             .filter(|k| n >= 3 && k.split('_').count() > 1 && k.contains(word.as_str()))
             .min_by_key(|k| k.len())
     };
-    match (initials().or_else(holds), typo) {
+    let held = || {
+        keys.iter()
+            .copied()
+            .filter(|k| {
+                k.len() >= 3
+                    && (word.ends_with(&format!("_{k}")) || word.starts_with(&format!("{k}_")))
+            })
+            .max_by_key(|k| k.len())
+    };
+    // A key the word holds is a guess as the typo is: the word itself as a key of
+    // another table wins over it (`lr_warmup_steps` in [run] is [optim]'s, not [run]'s
+    // `warmup_steps`).
+    match (initials().or_else(holds), held().or(typo)) {
         (Some(k), _) => Some((k, true)),
         (None, Some(k)) => Some((k, false)),
         (None, None) => None,
@@ -324,6 +339,17 @@ mod tests {
         assert_eq!(near_key("warmup", &run), Some("warmup_steps"));
         assert_eq!(near_key("steps", &run), Some("max_steps"));
         assert_eq!(near_key("colour", &run), None);
+        assert_eq!(near_key("max_epochs", &run), Some("epochs"));
+        let synthetic = [
+            "samples",
+            "test_samples",
+            "classes",
+            "image_size",
+            "channels",
+        ];
+        assert_eq!(near_key("train_samples", &synthetic), Some("samples"));
+        assert_eq!(near_key("num_classes", &synthetic), Some("classes"));
+        assert_eq!(near_key("channels_last", &synthetic), Some("channels"));
     }
 
     #[test]

@@ -1321,6 +1321,10 @@ fn a_set_the_run_would_not_honour_is_refused_with_the_fix() {
         ),
         ("loader.model=3", "`model` is a table of its own, [model]"),
         ("loader.lr=0.1", "`lr` belongs in [optim]"),
+        // Other tools' names: the key they qualify, not the nearest spelling
+        // (`test_samples`, `max_steps`).
+        ("data.synthetic.train_samples=3", "did you mean `samples`?"),
+        ("run.max_epochs=3", "did you mean `epochs`?"),
     ] {
         let out = with_sets("validate", &quick, &[set]);
         expect_exit(&out, 2);
