@@ -6,7 +6,7 @@
 //! loaded the sampler says "unavailable: <why>" and the run goes on. No Burn here.
 
 use std::collections::VecDeque;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
 use std::thread::JoinHandle;
@@ -121,11 +121,13 @@ struct Shared {
 
 /// The sampler's clock and file: a sample's `t_ms` is `offset_ms` plus the time since
 /// `t0` (a resumed run's clock goes on from its checkpoint's step, as its metrics lines'
-/// do), and each sample is appended to `file` as it is taken.
+/// do), and each sample is appended to `file` as it is taken: the file of that name in
+/// the run directory, wherever the directory is by the first sample (one moved before it
+/// lost them all: the file was opened at the path the directory had).
 pub struct SampleTo {
     pub t0: Instant,
     pub offset_ms: f64,
-    pub file: Option<PathBuf>,
+    pub file: Option<(crate::rundir::RunDir, &'static str)>,
 }
 
 /// How sampling ended: samples taken, and the first error writing them, if any.
@@ -255,19 +257,26 @@ fn run(
         }
         // Written as taken (they were kept for the run's end, and a run killed outright
         // lost them all); the first error ends the writing, and `finish` says it.
-        if let (Some(path), false) = (&to.file, failed) {
+        if let (Some((dir, name)), false) = (&to.file, failed) {
             let written = match &mut file {
-                Some(f) => f.write(&s),
-                None => JsonLines::append(path).and_then(|mut f| {
-                    f.write(&s)?;
-                    file = Some(f);
-                    Ok(())
+                Some(f) => f
+                    .write(&s)
+                    .map_err(|e| format!("{}: {e}", f.path().display())),
+                None => dir.now().and_then(|d| {
+                    let path = d.join(name);
+                    JsonLines::append(&path)
+                        .and_then(|mut f| {
+                            f.write(&s)?;
+                            file = Some(f);
+                            Ok(())
+                        })
+                        .map_err(|e| format!("{}: {e}", path.display()))
                 }),
             };
             if let Err(e) = written {
                 failed = true;
                 if let Ok(mut shared) = shared.lock() {
-                    shared.error = Some(format!("{}: {e}", path.display()));
+                    shared.error = Some(e);
                 }
             }
         }
@@ -349,13 +358,20 @@ mod nvml {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::path::PathBuf;
 
     fn at(t0: Instant, file: Option<PathBuf>) -> SampleTo {
         SampleTo {
             t0,
             offset_ms: 0.0,
-            file,
+            file: file.map(in_dir),
         }
+    }
+
+    fn in_dir(file: PathBuf) -> (crate::rundir::RunDir, &'static str) {
+        let dir = crate::rundir::RunDir::open(file.parent().unwrap()).unwrap();
+        assert_eq!(file.file_name().unwrap(), "samples.jsonl");
+        (dir, "samples.jsonl")
     }
 
     #[test]
@@ -385,7 +401,7 @@ mod tests {
             SampleTo {
                 t0,
                 offset_ms: 5000.0,
-                file: Some(file.clone()),
+                file: Some(in_dir(file.clone())),
             },
         );
         assert_eq!(s.status, "cpu_clock");

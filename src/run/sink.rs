@@ -338,7 +338,10 @@ pub(super) fn start_sampler(plan: &Plan, t0: Instant, offset_ms: f64, dir: &Path
     let to = crate::sampler::SampleTo {
         t0,
         offset_ms,
-        file: Some(dir.join("samples.jsonl")),
+        // (A directory that cannot be opened has no file written in it either.)
+        file: crate::rundir::RunDir::open(dir)
+            .ok()
+            .map(|d| (d, "samples.jsonl")),
     };
     Sampler::start(source, interval, to)
 }
@@ -363,9 +366,10 @@ pub(super) fn open_exports(
         let lines = |most, first: &dyn Fn(&[u8]) -> bool| {
             crate::metrics::whole_lines(&path, most, first).is_ok_and(|(n, _)| n == most)
         };
+        // (Rows that are not UTF-8 text, as a CSV reader needs, are not continued either.)
         let continues = resumed_at.is_some()
             && lines(1, &|l| l == header.as_bytes())
-            && lines(sink.lines + 1, &|_| true);
+            && lines(sink.lines + 1, &|l| std::str::from_utf8(l).is_ok());
         let opened = if continues {
             JsonLines::reopen_raw(&path, sink.lines + 1)
         } else {

@@ -1213,7 +1213,10 @@ fn a_summary_that_cannot_be_written_is_said_on_stderr() {
 fn a_run_directory_moved_mid_run_is_followed_and_one_removed_stops_the_run() {
     let dir = tempdir("moved");
     let ckpt = "[checkpoint]\nevery = 100\n";
-    let cmd = long_synthetic(&dir, "mv", ckpt, &["run.epochs=8"]);
+    // The sampler's first reading comes after the move: its file goes with the run too
+    // (it was opened at the old path, and every reading was lost).
+    let sampled = format!("{ckpt}[profile]\nsample_ms = 250\n");
+    let cmd = long_synthetic(&dir, "mv", &sampled, &["run.epochs=8"]);
     let (child, run) = started(cmd, &dir.join("runs"));
     let to = dir.join("elsewhere");
     std::fs::rename(&run, &to).unwrap();
@@ -1227,6 +1230,9 @@ fn a_run_directory_moved_mid_run_is_followed_and_one_removed_stops_the_run() {
     );
     assert!(stdout.contains(&to.display().to_string()), "{stdout}");
     assert!(!run.exists(), "the old path came back");
+    assert!(!stderr.contains("cannot write"), "{stderr}");
+    let samples = std::fs::read_to_string(to.join("samples.jsonl")).unwrap_or_default();
+    assert!(samples.lines().count() >= 1, "no samples kept: {stderr}");
     let s = summary(&to);
     assert_eq!((s.status, s.steps), (RunStatus::Completed, 1000));
     assert_eq!(whole_lines(&to).len(), 1000);
@@ -1796,5 +1802,32 @@ fn a_summary_whose_lines_cannot_be_read_back_keeps_the_counts() {
     assert_eq!(s.status, RunStatus::Completed, "{s:?}");
     assert_eq!((s.steps, s.iter_ms.count), (lines, 0), "{s:?}");
     assert!(s.samples > 0 && s.final_loss.is_some(), "{s:?}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A `metrics.csv` row that is not UTF-8 text (a disk error, an edit) is not continued
+/// after, as a CSV reader would refuse the file: the resume writes it again whole from
+/// `metrics.jsonl`, as it does where rows are missing.
+#[test]
+fn a_resume_writes_metrics_csv_again_where_a_row_is_not_text() {
+    let (out, dir) = interrupt_n("csv-not-text", "", &["run.epochs=3"], "-TERM", 1);
+    expect_exit(&out, 143);
+    let run = only_run(&dir.join("runs/csv-not-text"));
+    let path = run.join("metrics.csv");
+    let mut bytes = std::fs::read(&path).unwrap();
+    let row = bytes.iter().position(|&b| b == b'\n').unwrap() + 1;
+    assert!(row < bytes.len(), "a row after the header");
+    bytes[row] = 0xff;
+    std::fs::write(&path, &bytes).unwrap();
+    expect_exit(&resume_quietly(&run), 0);
+    let csv = String::from_utf8(std::fs::read(&path).unwrap())
+        .map_err(|e| e.utf8_error())
+        .expect("UTF-8 text again");
+    let steps: Vec<u64> = csv
+        .lines()
+        .skip(1)
+        .map(|l| l.split(',').next().unwrap().parse().unwrap())
+        .collect();
+    assert_eq!(steps, (1..=summary(&run).steps).collect::<Vec<_>>());
     let _ = std::fs::remove_dir_all(&dir);
 }
